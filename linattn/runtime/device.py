@@ -1,0 +1,52 @@
+"""Device facts with a CPU answer.
+
+Under TRITON_INTERPRET=1 on a CPU, asking Triton's driver for properties fails ("0 active drivers"), so every
+device query of the package goes through here and answers for the CPU too.
+"""
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    kind: str                 # "cuda" or "cpu"
+    name: str
+    capability: tuple         # (major, minor); (0, 0) on the CPU
+    num_sms: int
+    smem_per_block: int       # bytes a block may use with the opt-in limit; 0 on the CPU
+    total_memory: int
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.capability
+        if self.kind != "cuda":
+            return "cpu"
+        return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.kind == "cuda" and self.capability[0] == 9
+
+
+@lru_cache(maxsize=None)
+def _cuda_facts(index: int) -> DeviceFacts:
+    p = torch.cuda.get_device_properties(index)
+    smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "max_shared_memory_per_block_optin", 0)
+    if not smem:
+        smem = 232448 if p.major == 9 else 166912 if p.major == 8 else 49152
+    return DeviceFacts("cuda", p.name, (p.major, p.minor), p.multi_processor_count, int(smem), int(p.total_memory))
+
+
+def device_facts(device=None) -> DeviceFacts:
+    """Facts about `device` (a torch.device, a string, a tensor or None for the current CUDA device, else CPU)."""
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _cuda_facts(device.index if device.index is not None else torch.cuda.current_device())
+    import os
+    return DeviceFacts("cpu", "cpu", (0, 0), os.cpu_count() or 1, 0, 0)

@@ -1,0 +1,30 @@
+"""Every environment variable linattn reads, in one place.
+
+TRITON_INTERPRET   Triton's own switch: run @triton.jit kernels on the CPU through the interpreter.
+LINATTN_BACKEND    default backend for ops called with backend="auto" ("auto", "triton", "gluon", "reference").
+LINATTN_LOG        "1" prints the backend choice and every rejection reason once per op and reason.
+"""
+import os
+from dataclasses import dataclass
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class _Settings:
+    @property
+    def interpret(self) -> bool:
+        return _flag("TRITON_INTERPRET")
+
+    @property
+    def default_backend(self) -> str:
+        return os.environ.get("LINATTN_BACKEND", "auto")
+
+    @property
+    def log_choices(self) -> bool:
+        return _flag("LINATTN_LOG")
+
+
+settings = _Settings()
