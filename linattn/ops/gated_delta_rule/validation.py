@@ -1,0 +1,86 @@
+"""Argument checks shared by the Gated DeltaNet ops: every bad input gets a clear ValueError, never a crash or
+silent garbage. No check reads device data (no host synchronisation): cu_seqlens is checked on the host only
+when it already lives there; on a GPU it is checked by `check_cu_seqlens_values` only when asked
+(`validate_cu_seqlens=True`), since that needs a sync."""
+from typing import Optional
+
+import torch
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def _fail(msg: str):
+    raise ValueError(f"gated_delta_rule: {msg}")
+
+
+def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, op: str = "chunk_gated_delta_rule",
+                     num_states: Optional[int] = None, gate_optional: bool = False) -> dict:
+    """Validate the shared arguments and return the problem's sizes:
+    dict(B, T, H, HV, K, V, N) where N is the number of sequences (states)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)) + (() if gate_optional and g is None else (("g", g),)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        _fail(f"{op}: q, k must be [B, T, H, K] and v [B, T, HV, V]; got ranks {q.dim()}, {k.dim()}, {v.dim()}")
+    if q.shape != k.shape:
+        _fail(f"{op}: q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.shape[:2] != (B, T):
+        _fail(f"{op}: v must be [B, T, HV, V] with B={B}, T={T}; got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if H == 0 or HV % H != 0:
+        _fail(f"{op}: the value heads HV={HV} must be a multiple of the query/key heads H={H}")
+    for name, n in (("K", K), ("V", V)):
+        if n < 1 or n > MAX_HEAD_DIM:
+            _fail(f"{op}: head size {name}={n} is not supported (1..{MAX_HEAD_DIM})")
+    gates = (("beta", beta),) if (gate_optional and g is None) else (("g", g), ("beta", beta))
+    for name, t in gates:
+        if tuple(t.shape) != (B, T, HV):
+            _fail(f"{op}: {name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(t.shape)}")
+        if t.dtype not in FLOATS:
+            _fail(f"{op}: {name} must be a float tensor, got {t.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in QKV_DTYPES:
+            _fail(f"{op}: {name} must be bf16, fp16 or fp32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        _fail(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    dev = q.device
+    named = [("k", k), ("v", v), ("beta", beta), ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)]
+    if g is not None:
+        named.append(("g", g))
+    for name, t in named:
+        if t is not None and t.device != dev:
+            _fail(f"{op}: {name} is on {t.device} but q is on {dev}")
+    if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            _fail(f"{op}: cu_seqlens must be a 1-D tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            _fail(f"{op}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            _fail(f"{op}: with cu_seqlens the batch size must be 1 (sequences packed along T), got B={B}")
+        N = cu_seqlens.numel() - 1
+        if cu_seqlens.device.type == "cpu":
+            check_cu_seqlens_values(cu_seqlens, T, op)
+    else:
+        N = B
+    if num_states is not None:
+        N = num_states
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or initial_state.dtype not in FLOATS:
+            _fail(f"{op}: initial_state must be a float tensor")
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            _fail(f"{op}: initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}")
+    return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int, op: str = "chunk_gated_delta_rule"):
+    """Values check: starts at 0, non-decreasing, ends at T. Reads the tensor (a host sync on a GPU)."""
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(cu[0]) != 0:
+        _fail(f"{op}: cu_seqlens must start at 0, got {int(cu[0])}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        _fail(f"{op}: cu_seqlens must be sorted (non-decreasing), got {cu.tolist()[:16]}")
+    if int(cu[-1]) != T:
+        _fail(f"{op}: cu_seqlens must end at T={T} (the packed length), got {int(cu[-1])}")
