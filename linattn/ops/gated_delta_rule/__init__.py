@@ -1,0 +1,4 @@
+"""Gated DeltaNet ops."""
+from linattn.ops.gated_delta_rule.api import chunk_gated_delta_rule
+
+__all__ = ["chunk_gated_delta_rule"]

@@ -1,0 +1,62 @@
+"""Shape presets. A shape is a dict: B, T, H, HV, K, V and, for varlen, `lengths` (then B = 1 and T = sum).
+
+`production`: the sizes people train and serve at (shared/anchors.md); `quick`: three rows for `verify`;
+`tiny`: small enough for the Triton interpreter on a 2-core CPU. `production_hv32` / `_hv64` / `_hv8` split
+`production` by head configuration, so each part fits one lease call on the H200 (FLA re-autotunes per
+head configuration: see benchmarks/gpu/bench_production.sh for the estimate).
+"""
+import random
+from typing import Dict, List
+
+HEADS = {"hv32": (16, 32), "hv64": (16, 64), "hv8": (2, 8)}
+PRODUCTION_BT = [(1, 8192), (1, 32768), (1, 65536), (8, 4096), (4, 16384)]
+
+
+def varlen_lengths(n: int, lo: int, hi: int, seed: int) -> List[int]:
+    """n sequence lengths uniform in [lo, hi] from a fixed seed: the same mix on every machine and run."""
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def varlen_shape(lengths, H, HV, K, V) -> Dict:
+    return dict(B=1, T=sum(lengths), H=H, HV=HV, K=K, V=V, lengths=list(lengths))
+
+
+def _dense(B, T, H, HV, K=128, V=128) -> Dict:
+    return dict(B=B, T=T, H=H, HV=HV, K=K, V=V)
+
+
+# 24 sequences of 256..4096 tokens, H=16, HV=32: the varlen row of anchors.md
+PRODUCTION_VARLEN = varlen_shape(varlen_lengths(24, 256, 4096, seed=2024), 16, 32, 128, 128)
+
+
+def _production_part(tag: str) -> List[Dict]:
+    H, HV = HEADS[tag]
+    rows = [_dense(B, T, H, HV) for B, T in PRODUCTION_BT]
+    return rows + ([PRODUCTION_VARLEN] if tag == "hv32" else [])
+
+
+PRESETS = {
+    "production_hv32": _production_part("hv32"),
+    "production_hv64": _production_part("hv64"),
+    "production_hv8": _production_part("hv8"),
+    "quick": [_dense(1, 8192, 16, 32), _dense(8, 4096, 16, 32), PRODUCTION_VARLEN],
+    # interpreter-sized: one dense row of two chunks and a varlen row with a 1-token sequence
+    "tiny": [_dense(1, 128, 2, 4, 32, 32), varlen_shape([1] + varlen_lengths(2, 20, 90, seed=7), 2, 4, 32, 32)],
+}
+PRESETS["production"] = PRESETS["production_hv32"] + PRESETS["production_hv64"] + PRESETS["production_hv8"]
+
+CPU_PRESETS = ("tiny",)
+
+
+def shape_label(s: Dict) -> str:
+    head = f"H{s['H']}/HV{s['HV']} K{s['K']} V{s['V']}"
+    if s.get("lengths"):
+        return f"varlen{len(s['lengths'])} T{s['T']} {head}"
+    return f"B{s['B']} T{s['T']} {head}"
+
+
+def get_preset(name: str) -> List[Dict]:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    return [dict(s) for s in PRESETS[name]]

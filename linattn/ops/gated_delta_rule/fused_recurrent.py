@@ -1,0 +1,274 @@
+"""Gated DeltaNet decode for serving: `fused_recurrent_gated_delta_rule`.
+
+Stack (DESIGN.md, "One op, one stack"): Triton kernel (triton/fused_recurrent.py) -> launcher -> two torch custom
+ops (`linattn::fused_recurrent_gdn`, out of place, and `linattn::fused_recurrent_gdn_inplace`, which declares
+that it mutates the state pool; `mutates_args` is static, hence two ops) with fake implementations, so the op
+works under torch.compile(fullgraph=True) and inside CUDA graphs -> backends in the registry -> the public
+function below. `fused_recurrent_reference` is the same function in plain PyTorch (the "reference" backend).
+Forward only: decode needs no autograd.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
+from linattn.ops.gated_delta_rule.validation import check_gdn_inputs, _fail
+from linattn.runtime.settings import settings
+
+OP = "fused_recurrent_gated_delta_rule"
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def _num_sequences(q, cu_seqlens):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias):
+    """The shared checks plus the decode-only ones. Reads index values only when they live on the CPU (no
+    host synchronisation on a GPU; there the kernel treats out-of-range slots as padded rows)."""
+    if state_indices is None:
+        dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, gate_optional=True)
+    else:
+        dims = check_gdn_inputs(q, k, v, g, beta, None, cu_seqlens, op=OP, gate_optional=True)
+        if not isinstance(state_indices, torch.Tensor):
+            _fail(f"{OP}: state_indices must be a torch.Tensor, got {type(state_indices).__name__}")
+        N = _num_sequences(q, cu_seqlens)
+        if state_indices.dim() != 1 or state_indices.shape[0] != N:
+            _fail(f"{OP}: state_indices must be [N] = [{N}] (one pool slot per sequence), "
+                  f"got shape {tuple(state_indices.shape)}")
+        if state_indices.dtype not in (torch.int32, torch.int64):
+            _fail(f"{OP}: state_indices must be int32 or int64, got {state_indices.dtype}")
+        if state_indices.device != q.device:
+            _fail(f"{OP}: state_indices is on {state_indices.device} but q is on {q.device}")
+        if initial_state is None:
+            _fail(f"{OP}: state_indices needs the state pool as initial_state [num_slots, HV, K, V]")
+        if not isinstance(initial_state, torch.Tensor) or initial_state.dim() != 4 \
+                or tuple(initial_state.shape[1:]) != (dims["HV"], dims["K"], dims["V"]) \
+                or initial_state.shape[0] < 1:
+            _fail(f"{OP}: the state pool (initial_state) must be [num_slots >= 1, HV, K, V] with "
+                  f"(HV, K, V) = {(dims['HV'], dims['K'], dims['V'])}, got {tuple(getattr(initial_state, 'shape', ()))}")
+        if initial_state.device != q.device:
+            _fail(f"{OP}: the state pool is on {initial_state.device} but q is on {q.device}")
+        if not initial_state.is_floating_point():
+            _fail(f"{OP}: the state pool must be a float tensor, got {initial_state.dtype}")
+        dims["N"] = N
+        if state_indices.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_index_values(state_indices, initial_state.shape[0], inplace)
+    if inplace:
+        if initial_state is None:
+            _fail(f"{OP}: inplace=True needs initial_state (the state pool to update)")
+        if not initial_state.is_contiguous():
+            _fail(f"{OP}: inplace=True needs a contiguous initial_state (the kernel writes it in place)")
+    if dt_bias is not None and A_log is None:
+        _fail(f"{OP}: dt_bias is only used by the fused gate; pass A_log too")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (dims["HV"],):
+            _fail(f"{OP}: {name} must be a tensor [HV] = [{dims['HV']}], got {tuple(getattr(t, 'shape', ()))}")
+        if not t.is_floating_point():
+            _fail(f"{OP}: {name} must be a float tensor, got {t.dtype}")
+        if t.device != q.device:
+            _fail(f"{OP}: {name} is on {t.device} but q is on {q.device}")
+    if A_log is not None and g is None:
+        _fail(f"{OP}: the fused gate (A_log) needs the raw gate input g")
+    return dims
+
+
+def _check_index_values(state_indices, num_slots, inplace):
+    idx = state_indices.to(torch.int64)
+    bad = idx >= num_slots
+    if bool(bad.any()):
+        _fail(f"{OP}: state_indices {idx[bad].tolist()[:8]} out of range for a pool of {num_slots} slots "
+              f"(use a negative index for a padded row)")
+    if inplace:
+        live = idx[idx >= 0]
+        if live.unique().numel() != live.numel():
+            _fail(f"{OP}: state_indices name a slot twice; with inplace=True two sequences would write one slot")
+
+
+# ------------------------------------------------------------------------------------------------ reference
+def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                              cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False,
+                              A_log=None, dt_bias=None, beta_sigmoid=False):
+    """The op in plain PyTorch: gating formulas, pool gather/scatter and padding done explicitly, then
+    `naive_recurrent`. Computes in fp32 (fp64 when q is fp64); the state is kept in that precision over the T
+    tokens of the call and rounded to the pool's dtype only when written back, as the kernel does."""
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, T, HV = v.shape[0], v.shape[1], v.shape[2]
+    if g is None:
+        g_eff = torch.zeros(B, T, HV, dtype=dt, device=q.device)
+    elif A_log is not None:
+        x = g.to(dt) + (0 if dt_bias is None else dt_bias.to(dt))
+        g_eff = -torch.exp(A_log.to(dt)) * F.softplus(x)
+    else:
+        g_eff = g.to(dt)
+    beta_eff = torch.sigmoid(beta.to(dt)) if beta_sigmoid else beta.to(dt)
+    N = state_indices.shape[0] if state_indices is not None else _num_sequences(q, cu_seqlens)
+    valid = [True] * N
+    h0 = None
+    if state_indices is not None:
+        pool = initial_state
+        slots = [int(i) for i in state_indices.tolist()]
+        valid = [0 <= s < pool.shape[0] for s in slots]
+        h0 = torch.stack([pool[s].to(dt) if ok else torch.zeros_like(pool[0], dtype=dt)
+                          for s, ok in zip(slots, valid)])
+    elif initial_state is not None:
+        h0 = initial_state.to(dt)
+    o, ht = naive_recurrent(q.to(dt), k.to(dt), v.to(dt), g_eff, beta_eff, scale, h0, True, cu_seqlens,
+                            use_qk_l2norm_in_kernel)
+    o = o.clone()
+    if cu_seqlens is None:
+        spans = [(n, 0, T) for n in range(N)]
+    else:
+        cu = cu_seqlens.tolist()
+        spans = [(0, cu[n], cu[n + 1]) for n in range(N)]
+    for n, ok in enumerate(valid):
+        if not ok:                           # padded row: zero output, zero out-of-place state, pool untouched
+            b, s, e = spans[n]
+            o[b, s:e] = 0
+            ht[n] = 0
+    o = o.to(v.dtype)
+    if inplace:
+        if state_indices is None:
+            initial_state.copy_(ht.to(initial_state.dtype))
+        else:
+            for n, (s, ok) in enumerate(zip(slots, valid)):
+                if ok:
+                    initial_state[s] = ht[n].to(initial_state.dtype)
+        return o, initial_state
+    if not output_final_state:
+        return o, None
+    state_dtype = initial_state.dtype if initial_state is not None else dt
+    return o, ht.to(state_dtype)
+
+
+# ----------------------------------------------------------------------------------------------- custom ops
+def _fake_outputs(q, v, cu_seqlens, state_indices, initial_state, output_final_state):
+    B, _, HV, V = v.shape
+    K = q.shape[-1]
+    N = state_indices.shape[0] if state_indices is not None else (
+        B if cu_seqlens is None else cu_seqlens.shape[0] - 1)
+    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    ht = q.new_empty(N, HV, K, V, dtype=dtype) if output_final_state else q.new_empty(0, dtype=dtype)
+    return torch.empty_like(v), ht
+
+
+@torch.library.custom_op("linattn::fused_recurrent_gdn", mutates_args=())
+def _gdn_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                   beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
+                   cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
+                   A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
+                   beta_sigmoid: bool, output_final_state: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, ht = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
+                                    dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state, inplace=False)
+    if ht is None:     # a custom op returns tensors only: an empty one stands for "no final state"
+        ht = q.new_empty(0, dtype=initial_state.dtype if initial_state is not None else torch.float32)
+    return o, ht
+
+
+@_gdn_decode_op.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
+      beta_sigmoid, output_final_state):
+    return _fake_outputs(q, v, cu_seqlens, state_indices, initial_state, output_final_state)
+
+
+@torch.library.custom_op("linattn::fused_recurrent_gdn_inplace", mutates_args=("initial_state",))
+def _gdn_decode_inplace_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                           beta: torch.Tensor, scale: float, initial_state: torch.Tensor,
+                           cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
+                           A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
+                           beta_sigmoid: bool) -> torch.Tensor:
+    o, _ = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
+                                   dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state=False, inplace=True)
+    return o
+
+
+@_gdn_decode_inplace_op.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
+      beta_sigmoid):
+    return torch.empty_like(v)
+
+
+# ------------------------------------------------------------------------------------------------- backends
+def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                 use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
+                 beta_sigmoid=False):
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if inplace:
+        o = torch.ops.linattn.fused_recurrent_gdn_inplace(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                          state_indices, A_log, dt_bias,
+                                                          use_qk_l2norm_in_kernel, beta_sigmoid)
+        return o, initial_state
+    o, ht = torch.ops.linattn.fused_recurrent_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                  state_indices, A_log, dt_bias, use_qk_l2norm_in_kernel,
+                                                  beta_sigmoid, output_final_state)
+    return o, ht if output_final_state else None
+
+
+def _triton_supports(q, k, v, g, beta, initial_state=None, A_log=None, dt_bias=None, **_) -> Tuple[bool, str]:
+    if q.device.type == "cpu" and not settings.interpret:
+        return False, "CPU tensors need TRITON_INTERPRET=1"
+    if q.device.type not in ("cpu", "cuda"):
+        return False, f"device {q.device.type} is not supported"
+    if q.dtype == torch.float64:
+        return False, "fp64 q/k/v: use the reference backend"
+    if initial_state is not None and initial_state.dtype not in STATE_DTYPES:
+        return False, f"state dtype {initial_state.dtype}: the kernel keeps states in fp32 or bf16"
+    for name, t in (("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if t is not None and t.dtype == torch.float64:
+            return False, f"fp64 {name}: use the reference backend"
+    return True, ""
+
+
+def _reference_supports(**_) -> Tuple[bool, str]:
+    return True, ""
+
+
+_backends = op_backends(OP)
+_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("reference", fused_recurrent_reference, _reference_supports, priority=100, auto=False)
+
+
+# --------------------------------------------------------------------------------------------- public function
+def fused_recurrent_gated_delta_rule(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+        scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+        output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+        use_qk_l2norm_in_kernel: bool = False, state_indices: Optional[torch.Tensor] = None,
+        inplace: bool = False, A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+        beta_sigmoid: bool = False, backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Gated DeltaNet over T >= 1 new tokens per sequence from a carried state (decode, speculative decode).
+
+    q, k: [B, T, H, K]; v: [B, T, HV, V] with HV a multiple of H (value head j reads q/k head j // (HV // H));
+    g, beta: [B, T, HV] (g is the log decay; or, with A_log, the raw gate input; g may be None: no decay);
+    cu_seqlens: [N + 1] int, packed sequences with B = 1; otherwise N = B sequences of T tokens.
+    scale: defaults to K ** -0.5. use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
+
+    States, fp32 or bf16 (read, computed in fp32, written back in the same dtype):
+    - without state_indices: initial_state is [N, HV, K, V] (or None: zeros). final_state is a new
+      [N, HV, K, V] tensor of initial_state's dtype (fp32 without one) if output_final_state, else None;
+      with inplace=True the final states overwrite initial_state and final_state is initial_state.
+    - serving mode: initial_state is a pool [num_slots, HV, K, V] and state_indices [N] (int32/int64, on q's
+      device) gives each sequence's slot. A negative index is a padded row: nothing is read or written for it
+      and its output rows are 0 (its rows of an out-of-place final_state too). With inplace=True the updated
+      states go back into their slots, no extra copy, and final_state is the pool. Indices >= num_slots raise
+      on the CPU; on a GPU (where checking would need a host sync) the kernel treats them as padded. Two live
+      sequences must not share a slot when inplace=True.
+
+    Fused gating (Qwen3-Next): with A_log [HV] (and optionally dt_bias [HV]) the decay used is
+    g_eff = -exp(A_log) * softplus(g + dt_bias); with beta_sigmoid=True beta is a logit and sigmoid(beta) is used.
+
+    Returns (o [B, T, HV, V] in v's dtype, final_state). backend: "auto" (Triton), "triton" or "reference".
+    Works under torch.compile and in CUDA graphs (the Triton path is a torch custom op, host-sync free).
+    """
+    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias)
+    call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
+                A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid)
+    return _backends.select(backend, **call).impl(**call)

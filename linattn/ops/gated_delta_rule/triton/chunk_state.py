@@ -1,0 +1,69 @@
+"""Stage 3 of the forward (gdn-math.md): the sequential state pass over the chunks of one sequence.
+
+Per chunk, with S the state at the chunk's start (fp32, in registers):
+    h[chunk] = S                                   (stored in the operand dtype for the output stage)
+    Vnew     = U - W S
+    S        = exp(gam_C) S + (diag(exp(gam_C - gam)) K)^T Vnew
+One program per (V block, sequence * value head); the [K, BV] state never leaves registers. Splitting V across
+programs is exact (columns of S are independent) and fills more SMs when N * HV is small.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_state_fwd_kernel(
+    k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
+    h_ptr, vnew_ptr,                           # h [slots, HV, K, V] (chunk-start states), vnew [T_tot, HV, V]
+    h0_ptr, ht_ptr,                            # initial / final state [N, HV, K, V] fp32
+    cu_ptr, chunk_off_ptr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    vb = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // HV
+    hv = nh % HV
+    hk = hv // (HV // H)
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
+    slot0 = tl.load(chunk_off_ptr + n)
+    nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    state_off = (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    if USE_H0:
+        s = tl.load(h0_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
+    else:
+        s = tl.zeros([BK, BV], dtype=tl.float32)
+
+    rows = tl.arange(0, BT)
+    for c in range(0, nchunks):
+        t0 = bos + c * BT
+        slot = (slot0 + c).to(tl.int64)
+        tl.store(h_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
+                 s.to(h_ptr.dtype.element_ty), mask=mkv)
+        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_u = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        valid = (t0 + rows) < eos
+        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        last = tl.minimum(eos - t0, BT) - 1
+        gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
+
+        vnew = b_u - tl.dot(b_w, s.to(b_w.dtype), input_precision=DOT_PREC)
+        p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        vnew_op = vnew.to(vnew_ptr.dtype.element_ty)
+        tl.store(p_vn, vnew_op, boundary_check=(0, 1))
+        # rows past the sequence end: k was zero-filled, so they add nothing to the state
+        kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+        s = s * tl.exp(gam_last) + tl.dot(tl.trans(kdec), vnew_op, input_precision=DOT_PREC)
+
+    if STORE_HT:
+        tl.store(ht_ptr + state_off, s, mask=mkv)

@@ -1,0 +1,105 @@
+"""Launcher of the Triton forward: allocates the intermediates, picks launch configs, runs the four stages.
+
+Launch configs are a small frozen heuristic (no autotuning on the first call): see `_configs`.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
+from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
+from linattn.runtime.device import device_facts
+
+CHUNK = 64
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+@dataclass
+class FwdConfig:
+    BK_intra: int
+    BV_intra: int
+    BV_state: int
+    BV_out: int
+    warps_intra: int
+    warps_state: int
+    warps_out: int
+    stages: int
+
+
+def _configs(K: int, V: int, N: int, HV: int, device) -> FwdConfig:
+    facts = device_facts(device)
+    BK = _pow2(K)
+    BV = _pow2(V)
+    # state pass: [BK, BV] fp32 state in registers; split V so that N*HV*(V/BV) programs cover the SMs
+    bv_state = min(BV, 64 if BK <= 128 else 32)
+    sms = facts.num_sms if facts.kind == "cuda" else 1
+    while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
+        bv_state //= 2
+    return FwdConfig(BK_intra=min(BK, 64), BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
+                     warps_intra=4, warps_state=4, warps_out=4, stages=2)
+
+
+@dataclass
+class FwdResult:
+    o: torch.Tensor
+    final_state: Optional[torch.Tensor]
+    # intermediates the backward may reuse
+    gcum: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    vnew: torch.Tensor
+    h: torch.Tensor
+    tinv: Optional[torch.Tensor]
+    plan: ChunkPlan
+
+
+def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                               output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+                               store_tinv: bool = False, plan: Optional[ChunkPlan] = None) -> FwdResult:
+    """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
+    initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    if plan is None:
+        plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    cfg = _configs(K, V, N, HV, dev)
+    BK = _pow2(K)
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    dt = q.dtype
+
+    gcum = torch.empty(T_tot, HV, dtype=torch.float32, device=dev)
+    w = torch.empty(T_tot, HV, K, dtype=dt, device=dev)
+    u = torch.empty(T_tot, HV, V, dtype=dt, device=dev)
+    tinv = torch.empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
+    intra_chunk_wy_kernel[(slots, HV)](
+        k, v, g, beta, gcum, w, u, tinv if tinv is not None else gcum,
+        plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
+        STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
+
+    h = torch.empty(slots, HV, K, V, dtype=dt, device=dev)
+    vnew = torch.empty(T_tot, HV, V, dtype=dt, device=dev)
+    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+        k, w, u, gcum, h, vnew,
+        initial_state if initial_state is not None else gcum, final if final is not None else gcum,
+        plan.cu, plan.chunk_offsets,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_state,
+        USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_state, num_stages=cfg.stages)
+
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
+        q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_out, num_stages=cfg.stages)
+    return FwdResult(o, final, gcum, w, u, vnew, h, tinv, plan)

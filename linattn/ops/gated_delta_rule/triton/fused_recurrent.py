@@ -1,0 +1,198 @@
+"""Gated DeltaNet decode: the step-by-step recurrence (shared/gdn-math.md, "The recurrence") fused over the T
+tokens of each sequence, for serving (T = 1 decode, a few tokens for speculative decoding).
+
+One program owns one (sequence, value head, V-block): the state block S[:, v0:v0+BV] ([BK, BV], fp32) lives in
+registers for the whole call, so the state is read once and written once per call whatever T is. That state
+traffic is the whole cost at large batch (q, k, v, g, beta are a few hundred bytes per head), so the launch
+config below is about bandwidth: contiguous 16-byte (or wider) accesses along V, about 32 fp32 state elements
+per thread so each thread has several vector loads in flight, and V split across programs so that a small batch
+still fills every SM.
+
+Serving mode: `state_indices[n]` names the pool slot of sequence n. A negative index, or one >= num_slots, is
+a padded row: the program computes nothing that reaches memory except zeros in its output rows (and in its rows
+of an out-of-place final state); it never touches the pool. The check is done here, in the kernel, so the host
+never reads the indices (no synchronisation, CUDA-graph safe).
+"""
+import contextlib
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.runtime.device import device_facts
+
+
+@triton.jit(do_not_specialize=["T", "num_slots"])
+def fused_recurrent_gdn_fwd_kernel(
+    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices,
+    scale, T, num_slots,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+    QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr,
+):
+    # int64 from the start: (slot * HV + head) * K * V overflows int32 for pools above 2^31 elements (8 GiB fp32)
+    pid = tl.program_id(0).to(tl.int64)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)           # GVA: value head j reads query/key head j // (HV // H)
+
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seq_len = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        bos = i_n * T
+        seq_len = T
+
+    o_k = tl.arange(0, BK)
+    # BV-contiguous, BV-aligned columns: lets the compiler use 16-byte vector loads and stores along V
+    o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_k[:, None] & mask_v[None, :]
+
+    if INDEXED:
+        idx = tl.load(state_indices + i_n).to(tl.int64)
+        # out-of-range slots are padded rows too: the kernel must never address outside the pool
+        valid = (idx >= 0) & (idx < num_slots)
+        slot = tl.where(valid, idx, 0)
+        mask_io = mask_h & valid
+    else:
+        slot = i_n
+        mask_io = mask_h
+    state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_h += tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
+
+    if FUSED_GATE:
+        # Qwen3-Next gate: g_eff = -exp(A_log) * softplus(g + dt_bias), per value head
+        b_neg_a = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        if HAS_DT_BIAS:
+            b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    p_q = q + (bos * H + i_h) * K + o_k
+    p_k = k + (bos * H + i_h) * K + o_k
+    p_v = v + (bos * HV + i_hv) * V + o_v
+    p_o = o + (bos * HV + i_hv) * V + o_v
+    p_beta = beta + bos * HV + i_hv
+    if USE_G:
+        p_g = g + bos * HV + i_hv
+    for _ in range(0, seq_len):
+        b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(p_beta).to(tl.float32)
+        if QK_L2NORM:
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        if BETA_SIGMOID:
+            b_beta = tl.sigmoid(b_beta)
+        if USE_G:
+            b_g = tl.load(p_g).to(tl.float32)
+            if FUSED_GATE:
+                if HAS_DT_BIAS:
+                    b_g = b_g + b_dt
+                # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
+                b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
+            b_h = b_h * tl.exp(b_g)                         # S <- exp(g_t) S
+        # Both reductions read the decayed state, so they are independent and can overlap:
+        #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
+        b_kS = tl.sum(b_h * b_k[:, None], 0)
+        b_qS = tl.sum(b_h * b_q[:, None], 0)
+        b_u = b_beta * (b_v - b_kS)
+        b_o = b_qS + tl.sum(b_q * b_k) * b_u
+        b_h = b_h + b_k[:, None] * b_u[None, :]
+        if INDEXED:
+            b_o = tl.where(valid, b_o, 0.0)                 # padded rows: zeros, never garbage
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_o += HV * V
+        p_beta += HV
+        if USE_G:
+            p_g += HV
+
+    if STORE_HT:
+        if INPLACE:
+            # back into the pool slot it came from; padded rows write nothing
+            tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
+        else:
+            p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+            if INDEXED:
+                b_h = tl.where(valid, b_h, 0.0)
+            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+
+
+def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
+    """(BK, BV, num_warps) for N sequences.
+
+    BV: start at 32 fp32 columns (BK * 32 * 4 bytes of state per program; with ~32 state elements per thread
+    that is 4 warps at K = 128), and halve it while the grid has fewer than 4 programs per SM, down to 32 bytes
+    per state row (one DRAM sector: 8 fp32 or 16 bf16 columns). Batch 1 at H = 32, V = 128 thus runs 512
+    programs of one warp each instead of 128 of four, which keeps all 132 SMs of an H200 loading."""
+    BK = triton.next_power_of_2(K)
+    elem = torch.empty((), dtype=state_dtype).element_size()
+    bv_min = max(1, 32 // elem)
+    BV = min(triton.next_power_of_2(V), 32)
+    BV = max(BV, min(bv_min, triton.next_power_of_2(V)))
+    target = 4 * num_sms
+    while BV > bv_min and N * HV * triton.cdiv(V, BV) < target:
+        BV //= 2
+    num_warps = max(1, min(8, BK * BV // (32 * 32)))
+    return BK, BV, num_warps
+
+
+def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                            cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
+                            A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                            use_qk_l2norm: bool, beta_sigmoid: bool, output_final_state: bool, inplace: bool,
+                            block_v: Optional[int] = None):
+    """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
+    requested. The arguments are assumed checked (fused_recurrent.py validates them)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if state_indices is not None:
+        N = state_indices.shape[0]
+    elif cu_seqlens is not None:
+        N = cu_seqlens.shape[0] - 1
+    else:
+        N = B
+    # decode inputs are tiny; .contiguous() is a no-op for the usual contiguous projections
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    g = None if g is None else g.contiguous()
+    if initial_state is not None and not inplace:
+        initial_state = initial_state.contiguous()
+    state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+    o = torch.empty_like(v)
+    ht = None
+    if output_final_state and not inplace:
+        ht = q.new_empty(N, HV, K, V, dtype=state_dtype)
+    BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, device_facts(q.device).num_sms)
+    if block_v is not None:
+        BV = block_v
+    grid = (N * HV * triton.cdiv(V, BV),)
+    if grid[0] == 0:
+        return o, ht
+    num_slots = initial_state.shape[0] if state_indices is not None else 0
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        fused_recurrent_gdn_fwd_kernel[grid](
+            q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
+            float(scale), T, num_slots,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+            USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+            BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
+            STORE_HT=inplace or output_final_state, INPLACE=inplace,
+            IS_VARLEN=cu_seqlens is not None, INDEXED=state_indices is not None,
+            num_warps=num_warps, num_stages=1,
+        )
+    return o, ht
+

@@ -1,0 +1,55 @@
+"""AOT registrations of the matmul kernels: what `linattn inspect` compiles and tests/test_aot_gluon.py checks."""
+from __future__ import annotations
+
+from linattn.runtime.aot import AotKernel, register
+
+_GLUON_INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
+
+
+def _desc_sig(dtype_name: str, block):
+    from linattn.runtime.gluon_compat import gl
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype_name]
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+    # exactly the string the JIT derives (triton.runtime.jit.mangle_type) for a Gluon TensorDescriptor
+    return f"tensordesc<{dtype_name}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def _gluon_build(cfg_name: str, a_t: bool, b_t: bool, dtype: str):
+    def build():
+        from linattn.ops.matmul.gluon.matmul import CONFIGS, matmul_ws_persistent
+        c = CONFIGS[cfg_name]
+        a_block = [c.BK, c.BM] if a_t else [c.BM, c.BK]
+        b_block = [c.BN, c.BK] if b_t else [c.BK, c.BN]
+        sig = {"a_desc": _desc_sig(dtype, a_block), "b_desc": _desc_sig(dtype, b_block),
+               "c_desc": _desc_sig(dtype, [c.BM, c.BN]), "M": "i32", "N": "i32", "K": "i32",
+               "A_T": "constexpr", "B_T": "constexpr", "STAGES": "constexpr", "GROUP_M": "constexpr"}
+        constexprs = {"A_T": a_t, "B_T": b_t, "STAGES": c.stages, "GROUP_M": c.group_m}
+        return matmul_ws_persistent, sig, constexprs, {"num_warps": c.num_warps}
+    return build
+
+
+def _triton_build(cfg_name: str, dtype: str):
+    def build():
+        from linattn.ops.matmul.triton.matmul import CONFIGS, matmul_grouped
+        c = CONFIGS[cfg_name]
+        sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "M": "i32", "N": "i32", "K": "i32",
+               "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32",
+               "stride_cm": "i32", "stride_cn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
+               "GROUP_M": "constexpr", "EVEN_K": "constexpr", "DOT_FP32": "constexpr"}
+        # What the JIT specialises for a row-major call: unit inner strides are the constant 1.
+        constexprs = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "BM": c.BM, "BN": c.BN, "BK": c.BK,
+                      "GROUP_M": c.group_m, "EVEN_K": True, "DOT_FP32": False}
+        sig.update({k: "constexpr" for k in ("stride_ak", "stride_bn", "stride_cn")})
+        return matmul_grouped, sig, constexprs, {"num_warps": c.num_warps, "num_stages": c.num_stages}
+    return build
+
+
+for _cfg in ("128x256x64_s3_w8", "128x128x64_s5_w8", "128x128x64_s4_w4"):
+    register(AotKernel(f"matmul_gluon_{_cfg}", _gluon_build(_cfg, False, False, "bf16"), _GLUON_INTENDED,
+                       description=f"persistent warp-specialised TMA+WGMMA GEMM, {_cfg}, A and B row-major, bf16"))
+register(AotKernel("matmul_gluon_128x256x64_s3_w8_tt_fp16", _gluon_build("128x256x64_s3_w8", True, True, "fp16"),
+                   _GLUON_INTENDED, description="same kernel, A and B stored transposed, fp16"))
+register(AotKernel("matmul_triton_128x256x64_s3_w8", _triton_build("128x256x64_s3_w8", "bf16"), ("HGMMA",),
+                   archs=("sm_90a", "sm_80"), language="triton",
+                   div16=("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"),
+                   description="textbook grouped Triton GEMM (Triton pipelines it with WGMMA on sm_90a)"))

@@ -1,0 +1,178 @@
+"""Ahead-of-time compilation of registered kernels on a CPU host, and the SASS facts `linattn inspect` prints.
+
+Each op may ship `linattn/ops/<op>/aot.py` that calls `register(AotKernel(...))`; `kernels()` imports every such
+module, so a new op registers its kernels without touching this file. A spec builds its jit function and
+signature lazily (`build`), because Gluon names exist only on a Triton that has them.
+
+Compiling needs no GPU: triton.compile with a GPUTarget runs the whole pipeline down to a cubin with the
+wheel's ptxas; registers and spills come from `ptxas -v` (k.n_regs needs a driver), SASS from cuobjdump.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+# SASS opcode families `inspect` counts; a family counts every opcode that starts with it.
+SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP")
+
+ARCHS = {"sm_90a": 90, "sm_80": 80, "sm_100a": 100}
+
+
+@dataclass
+class AotKernel:
+    """One kernel configuration to compile ahead of time.
+
+    build() -> (jit_fn, signature, constexprs, options): signature maps every argument to a Triton type string
+    ('*bf16', 'i32', a tensordesc string, or 'constexpr'); options holds num_warps etc.
+    intended: SASS opcode prefixes the kernel must contain on its first arch (e.g. 'HGMMA', 'UTMALDG').
+    div16: argument names the JIT would mark 16-divisible (aligned pointers, strides); AOT must say so.
+    """
+    name: str
+    build: Callable[[], Tuple[Callable, Dict[str, str], Dict[str, object], Dict[str, object]]]
+    intended: Tuple[str, ...] = ()
+    archs: Tuple[str, ...] = ("sm_90a",)
+    language: str = "gluon"                       # "gluon" or "triton"
+    div16: Tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass
+class AotReport:
+    name: str
+    arch: str
+    regs: int
+    spill_bytes: int
+    smem: int
+    num_warps: int
+    sass: Dict[str, int] = field(default_factory=dict)        # opcode -> count (families above only)
+    families: Dict[str, int] = field(default_factory=dict)    # family -> total count
+    missing: List[str] = field(default_factory=list)          # intended prefixes absent from the SASS
+
+
+_REGISTRY: Dict[str, AotKernel] = {}
+_DISCOVERED = False
+
+
+def register(spec: AotKernel) -> AotKernel:
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def kernels() -> Dict[str, AotKernel]:
+    """Every registered kernel, after importing each linattn.ops.<op>.aot module. An op whose aot module fails
+    to import (e.g. no Gluon in this Triton) contributes nothing; its error is kept in `discovery_errors`."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        import linattn.ops as ops_pkg
+        for info in pkgutil.iter_modules(ops_pkg.__path__):
+            if not info.ispkg:
+                continue
+            modname = f"linattn.ops.{info.name}.aot"
+            if importlib.util.find_spec(modname) is None:
+                continue
+            try:
+                importlib.import_module(modname)
+            except Exception as e:  # noqa: BLE001 - report, do not hide other ops' kernels
+                discovery_errors[modname] = repr(e)
+        _DISCOVERED = True
+    return dict(_REGISTRY)
+
+
+discovery_errors: Dict[str, str] = {}
+
+
+def _tool(name: str) -> str:
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_kernel(spec: AotKernel, arch: str = "sm_90a"):
+    """triton.compile the spec for `arch`; returns the CompiledKernel (asm: ttgir, ptx, cubin...)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    fn, signature, constexprs, options = spec.build()
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in spec.div16}
+    if spec.language == "gluon":
+        from linattn.runtime.gluon_compat import GluonASTSource
+        src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    else:
+        from triton.compiler import ASTSource
+        from triton.runtime.jit import JITFunction
+        if not isinstance(fn, JITFunction):
+            # Under TRITON_INTERPRET=1, @triton.jit returns an InterpretedFunction; the compiler needs the
+            # JITFunction of the same Python function (our kernels call no other jit functions).
+            fn = JITFunction(fn.fn)
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", ARCHS[arch], 32), options=dict(options))
+
+
+def ptxas_usage(ptx: str, arch: str) -> Tuple[int, int]:
+    """(registers, spill-store bytes) from the wheel's `ptxas -v`."""
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.ptx")
+        with open(p, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", p, "-o", p + ".cubin"],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    if regs is None or spills is None:
+        raise RuntimeError(f"could not parse ptxas -v output:\n{log}")
+    return int(regs[1]), int(spills[1])
+
+
+def sass_counts(cubin: bytes) -> Dict[str, int]:
+    """Opcode -> count over the cubin's SASS (predicates stripped), for opcodes in SASS_FAMILIES."""
+    from triton.tools.disasm import get_sass
+    sass = get_sass(cubin)
+    ops = collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M))
+    return {op: n for op, n in sorted(ops.items()) if op.startswith(SASS_FAMILIES)}
+
+
+def inspect_kernel(spec: AotKernel, arch: Optional[str] = None) -> AotReport:
+    arch = arch or spec.archs[0]
+    if spec.language == "triton" and _interpreting():
+        return _inspect_in_subprocess(spec.name, arch)
+    k = compile_kernel(spec, arch)
+    regs, spills = ptxas_usage(k.asm["ptx"], arch)
+    sass = sass_counts(k.asm["cubin"])
+    families = {f: sum(n for op, n in sass.items() if op.startswith(f)) for f in SASS_FAMILIES}
+    missing = [p for p in spec.intended if not any(op.startswith(p) for op in sass)] if arch == spec.archs[0] else []
+    return AotReport(spec.name, arch, regs, spills, int(k.metadata.shared), int(k.metadata.num_warps), sass,
+                     families, missing)
+
+
+def _interpreting() -> bool:
+    from linattn.runtime.settings import settings
+    return settings.interpret
+
+
+def _inspect_in_subprocess(name: str, arch: str) -> AotReport:
+    """Plain Triton kernels cannot be compiled in a process that imported triton with TRITON_INTERPRET=1: every
+    @triton.jit there, tl.cdiv included, is an InterpretedFunction. Compile in a child without the variable.
+    (Gluon's @gluon.jit ignores the interpreter, so Gluon kernels compile in-process.)"""
+    import json
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "linattn.runtime.aot", name, arch], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT compile of {name} for {arch} failed:\n{proc.stderr[-4000:]}")
+    return AotReport(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    from dataclasses import asdict
+    # Run as a script this file is __main__; the registry lives in the imported module.
+    from linattn.runtime import aot as _aot
+    print(json.dumps(asdict(_aot.inspect_kernel(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
