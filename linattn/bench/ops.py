@@ -121,11 +121,11 @@ def gdn_bytes(shape: Dict, mode: str, runner: str = "") -> float:
 
 
 def _gdn_call_args(inputs: Dict, mode: str, cu_dtype=None):
+    """(kwargs, leaves, output grads). Called once per input set outside the timed region, so converting
+    cu_seqlens to the peers' int64 costs nothing in the timing."""
     kw = {n: inputs[n] for n in ("q", "k", "v", "g", "beta", "initial_state")}
     cu = inputs.get("cu_seqlens")
-    kw.update(output_final_state=True, cu_seqlens=None if cu is None or cu_dtype is None else cu.to(cu_dtype))
-    if cu is not None and cu_dtype is None:
-        kw["cu_seqlens"] = cu
+    kw.update(output_final_state=True, cu_seqlens=cu if cu is None or cu_dtype is None else cu.to(cu_dtype))
     if mode != "fwdbwd":
         return kw, (), ()
     return kw, tuple(inputs[n] for n in GDN_LEAVES), (inputs["do"], inputs["dht"])
@@ -217,12 +217,8 @@ def _bypass_fla_hopper_guard() -> bool:
              and not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True))
     if fires:
         chunk_o.TRITON_ABOVE_3_7_1 = True
-    return bool(fires or getattr(chunk_o, "_linattn_guard_bypassed", False)) and _mark(chunk_o)
-
-
-def _mark(mod) -> bool:
-    mod._linattn_guard_bypassed = True               # later calls in this process still report the bypass
-    return True
+        chunk_o._linattn_guard_bypassed = True      # later calls in this process still report the bypass
+    return bool(getattr(chunk_o, "_linattn_guard_bypassed", False))
 
 
 def _prepare_flashqla(shape, inputs, mode) -> Runner:

@@ -12,6 +12,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_ch
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
+from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 
 CHUNK = 64
@@ -76,19 +77,19 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     dt = q.dtype
 
-    gcum = torch.empty(T_tot, HV, dtype=torch.float32, device=dev)
-    w = torch.empty(T_tot, HV, K, dtype=dt, device=dev)
-    u = torch.empty(T_tot, HV, V, dtype=dt, device=dev)
-    tinv = torch.empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
+    gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)
+    w = empty(T_tot, HV, K, dtype=dt, device=dev)
+    u = empty(T_tot, HV, V, dtype=dt, device=dev)
+    tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
     intra_chunk_wy_kernel[(slots, HV)](
         k, v, g, beta, gcum, w, u, tinv if tinv is not None else gcum,
         plan.cu, plan.chunk_indices, N,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
         STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
 
-    h = torch.empty(slots, HV, K, V, dtype=dt, device=dev)
-    vnew = torch.empty(T_tot, HV, V, dtype=dt, device=dev)
-    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    h = empty(slots, HV, K, V, dtype=dt, device=dev)
+    vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
         k, w, u, gcum, h, vnew,
         initial_state if initial_state is not None else gcum, final if final is not None else gcum,
@@ -97,7 +98,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
         num_warps=cfg.warps_state, num_stages=cfg.stages)
 
-    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
         q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,

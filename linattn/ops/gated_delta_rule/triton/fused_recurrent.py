@@ -155,9 +155,11 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                             use_qk_l2norm: bool, beta_sigmoid: bool, output_final_state: bool, inplace: bool,
-                            block_v: Optional[int] = None):
+                            block_v: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                            final_out: Optional[torch.Tensor] = None):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
-    requested. The arguments are assumed checked (fused_recurrent.py validates them)."""
+    requested. The arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`:
+    optional preallocated contiguous outputs (tests pass NaN-poisoned ones); `block_v` overrides BV."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if state_indices is not None:
@@ -172,10 +174,10 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     if initial_state is not None and not inplace:
         initial_state = initial_state.contiguous()
     state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-    o = torch.empty_like(v)
+    o = torch.empty_like(v) if out is None else out
     ht = None
     if output_final_state and not inplace:
-        ht = q.new_empty(N, HV, K, V, dtype=state_dtype)
+        ht = q.new_empty(N, HV, K, V, dtype=state_dtype) if final_out is None else final_out
     BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, device_facts(q.device).num_sms)
     if block_v is not None:
         BV = block_v

@@ -1,0 +1,166 @@
+"""Timing (shared/.library METHOD: events or graph replays, warm-up first, median of repeats, rotated inputs),
+the two roofline ceilings measured in the same run, and cold start in a fresh process.
+
+Nothing inside a timed region synchronises with the host: on a GPU each repeat is one CUDA-graph replay (or,
+when the backend cannot be captured, one eager pass) between two events, and the events are read after a
+single synchronisation at the end. On the CPU the host clock is the only clock (work there is synchronous).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+
+def step(fn: Callable, kw: Dict, leaves: Sequence, gouts: Sequence):
+    """One call; with leaves, also the backward (autograd.grad: fresh gradient tensors, no accumulation
+    into .grad between repeats). Returns (outputs tuple, grads tuple)."""
+    outs = fn(**kw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    if not leaves:
+        return outs, ()
+    pairs = [(o, g) for o, g in zip(outs, gouts) if o is not None and o.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], list(leaves), [g for _, g in pairs], allow_unused=True)
+    return outs, grads
+
+
+def l2_bytes(device) -> int:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20))
+    return 0
+
+
+def num_input_sets(set_bytes: float, device, max_sets: int = 8) -> int:
+    """How many input sets to cycle through so that a repeat never finds its inputs in the L2: together they
+    span at least 3x the L2 (the H200's is 60 MB), and never fewer than two on a GPU. One on the CPU, where
+    the interpreter's time is nowhere near cache effects."""
+    l2 = l2_bytes(device)
+    if l2 == 0:
+        return 1
+    return int(min(max_sets, max(2, math.ceil(3 * l2 / max(set_bytes, 1.0)))))
+
+
+def _summary(times: List[float], method: str, n_sets: int) -> Dict:
+    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), repeats=len(times),
+                times_ms=times, timing=method, input_sets=n_sets)
+
+
+def time_calls(fn: Callable, arg_sets: List, repeats: int, warmup: int, device, use_graph: bool = True) -> Dict:
+    """Median / min / max milliseconds per call. `arg_sets`: [(kwargs, leaves, grad outputs)] cycled through;
+    each repeat runs every set once and is divided by their number."""
+    n = len(arg_sets)
+
+    def one_pass():
+        for kw, leaves, gouts in arg_sets:
+            step(fn, kw, leaves, gouts)
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        for _ in range(warmup):
+            one_pass()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            one_pass()
+            times.append((time.perf_counter() - t0) * 1e3 / n)
+        return _summary(times, "host clock (cpu)", n)
+
+    for _ in range(warmup):
+        one_pass()
+    torch.cuda.synchronize()
+    run, method, graph = one_pass, "cuda events (eager)", None
+    if use_graph:
+        try:
+            # warm the side stream first, as torch's graph docs require, then capture one pass over all sets
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                one_pass()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                one_pass()
+            run, method = graph.replay, "cuda graph replay"
+        except Exception as e:                      # host sync, CPU tensors or unsupported calls in capture
+            graph = None
+            torch.cuda.synchronize()
+            method = f"cuda events (eager; graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    run()                                           # one untimed replay: the graph's first launch uploads it
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) / n for s, e in zip(starts, ends)]
+    del graph
+    return _summary(times, method, n)
+
+
+def measure_ceilings(device) -> Dict:
+    """The matrix rate and the copy bandwidth of this device, measured now. GPU: a bf16 8192^3 torch.matmul
+    and a 1 GiB device-to-device copy (bytes read + written). CPU: tiny stand-ins (fp32 512^3, 64 MiB copy)
+    that only keep the columns filled; they say nothing about a GPU."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    if dev.type == "cuda":
+        n, dt, copy_elems, reps, how = 8192, torch.bfloat16, 1 << 28, 10, "bf16 8192^3 torch.matmul; 1 GiB fp32 copy"
+    else:
+        n, dt, copy_elems, reps, how = 512, torch.float32, 1 << 24, 5, "CPU stand-ins: fp32 512^3 matmul; 64 MiB copy"
+    a = torch.randn(n, n, device=dev, generator=gen).to(dt)
+    b = torch.randn(n, n, device=dev, generator=gen).to(dt)
+    src = torch.randn(copy_elems, device=dev, generator=gen)
+    dst = torch.empty_like(src)
+    mm = time_calls(lambda: torch.matmul(a, b), [({}, (), ())], reps, 3, dev, use_graph=False)
+    cp = time_calls(lambda: dst.copy_(src), [({}, (), ())], reps, 3, dev, use_graph=False)
+    flops = 2.0 * n ** 3
+    nbytes = 2.0 * src.numel() * src.element_size()
+    return dict(matmul_tflops=flops / (mm["median_ms"] * 1e-3) / 1e12, copy_gbps=nbytes / (cp["median_ms"] * 1e-3) / 1e9,
+                matmul_ms=mm["median_ms"], copy_ms=cp["median_ms"], how=how)
+
+
+def floor_ms(flops: float, nbytes: float, ceilings: Dict) -> Dict:
+    t_math = flops / (ceilings["matmul_tflops"] * 1e12) * 1e3
+    t_mem = nbytes / (ceilings["copy_gbps"] * 1e9) * 1e3
+    return dict(floor_ms=max(t_math, t_mem), math_ms=t_math, memory_ms=t_mem,
+                bound="math" if t_math >= t_mem else "memory")
+
+
+# ------------------------------------------------------------------------------------------------- cold start
+
+CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR")
+
+
+def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeout_s: float = 900) -> Dict:
+    """The first call of `backend` in a fresh process with the same python: import, compile and any
+    autotuning included. The JIT caches we know of (Triton, Inductor, TileLang) point at an empty folder, so
+    an earlier run on this machine does not make the start look warm."""
+    spec = json.dumps(dict(op=op, backend=backend, mode=mode, shape=shape, device=device))
+    with tempfile.TemporaryDirectory(prefix="linattn-cold-") as tmp:
+        env = dict(os.environ)
+        for var in CACHE_VARS:
+            env[var] = os.path.join(tmp, var.lower())
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, "-m", "linattn.bench.cold", spec], env=env, capture_output=True,
+                               text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return dict(backend=backend, mode=mode, status="error", reason=f"timed out after {timeout_s:.0f} s")
+        wall = time.perf_counter() - t0
+    last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not last:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+        return dict(backend=backend, mode=mode, status="error", reason=f"rc={p.returncode}: {tail[0][:300]}")
+    out = json.loads(last[-1])
+    out.update(process_s=wall, isolated_caches=list(CACHE_VARS))
+    return out
