@@ -208,8 +208,10 @@ def child(section: str, out_dir: str) -> None:
 
 
 def _geomean(xs):
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+    """None when any shape lacks a timing: a missing shape must not make a target look met."""
+    if not xs or any(x is None or x <= 0 for x in xs):
+        return None
+    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def summarise(result: dict) -> list:

@@ -1,0 +1,127 @@
+"""Terminal table, JSON file, PNG plot, and merging of several result files (the production preset is run
+in parts on the H200: one lease call each)."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, List, Optional
+
+from linattn.bench.presets import shape_label
+
+SCHEMA = "linattn-bench/1"
+
+
+def _f(x, fmt="{:.3f}", none="-"):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none
+    return fmt.format(x)
+
+
+def _err_text(row: Dict) -> str:
+    errs = row.get("errors") or {}
+    if not errs:
+        return row.get("compared_to") or "-"
+    worst = max(errs.values())
+    tag = "" if row.get("grads", "verified") == "verified" or row["mode"] == "fwd" else " (grads unverified)"
+    return f"{worst:.1e} vs {row.get('compared_to')}{tag}"
+
+
+def format_table(result: Dict) -> str:
+    hdr = ["shape", "mode", "backend", "median ms", "min..max", "TFLOP/s", "GB/s", "% floor", "speedup", "timing",
+           "max rel err"]
+    lines = []
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            lines.append([r["shape_label"], r["mode"], r["backend"], r["status"], "", "", "", "", "", "",
+                          (r.get("reason") or "")[:90]])
+            continue
+        timing = "graph" if r["timing"].startswith("cuda graph") else r["timing"].split(" (")[0]
+        lines.append([r["shape_label"], r["mode"], r["backend"], _f(r["median_ms"]),
+                      f"{_f(r['min_ms'])}..{_f(r['max_ms'])}", _f(r["tflops"], "{:.1f}"), _f(r["gbps"], "{:.0f}"),
+                      _f(r["pct_of_floor"], "{:.0f}%"), _f(r.get("speedup"), "{:.2f}x"), timing, _err_text(r)])
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    out = [fmt.format(*hdr), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*map(str, ln)) for ln in lines]
+    c = result.get("ceilings", {})
+    out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.1f}')} TFLOP/s, bytes / "
+               f"{_f(c.get('copy_gbps'), '{:.0f}')} GB/s) [{c.get('how', '')}]; speedup vs {result.get('baseline')}")
+    for cold in result.get("cold", []):
+        if cold.get("status") == "ok":
+            out.append(f"cold start {cold['backend']} {cold['mode']}: first call {cold['first_call_s']:.2f} s, "
+                       f"second {cold['second_call_s'] * 1e3:.2f} ms, fresh process {cold['process_s']:.1f} s")
+        else:
+            out.append(f"cold start {cold['backend']} {cold['mode']}: {cold.get('status')}: {cold.get('reason')}")
+    out.append("env: " + result.get("env_line", ""))
+    return "\n".join(out)
+
+
+def write_json(result: Dict, path: str):
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str, allow_nan=True)
+
+
+def load_results(paths: List[str]) -> Dict:
+    """Merge result files of one op: rows concatenated, each part's env and ceilings kept (parts may come
+    from different machines: the merged file says so rather than pretending one run)."""
+    parts = []
+    for p in paths:
+        with open(p) as f:
+            parts.append(json.load(f))
+    if not parts:
+        raise ValueError("no result files")
+    ops = {p["op"] for p in parts}
+    if len(ops) != 1:
+        raise ValueError(f"result files are of different ops: {sorted(ops)}")
+    merged = dict(parts[0])
+    merged["rows"] = [r for p in parts for r in p["rows"]]
+    merged["cold"] = [c for p in parts for c in p.get("cold", [])]
+    merged["parts"] = [dict(preset=p.get("preset"), env_line=p.get("env_line"), ceilings=p.get("ceilings"))
+                       for p in parts]
+    merged["preset"] = "+".join(str(p.get("preset")) for p in parts)
+    return merged
+
+
+def plot(result: Dict, path: str) -> Optional[str]:
+    """ms vs T per backend (one line per batch size), log-log, one panel per (mode, heads). Returns None, or why no plot was made."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    groups: Dict[tuple, Dict[str, List]] = {}
+    for r in result["rows"]:
+        if r["status"] != "ok" or r["shape"].get("lengths"):
+            continue
+        s = r["shape"]
+        key = (r["mode"], f"H{s['H']}/HV{s['HV']} K{s['K']}")
+        groups.setdefault(key, {}).setdefault(f"{r['backend']} B={s['B']}", []).append((s["T"], r["median_ms"]))
+    if not groups:
+        return "no dense rows to plot"
+    keys = sorted(groups)
+    cols = min(3, len(keys))
+    nrows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
+        for backend, pts in sorted(groups[key].items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
+        ax.set_xlabel("T (tokens per sequence)")
+        ax.set_ylabel("ms (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result['op']} ({result.get('preset')}): {result.get('env_line', '')[:110]}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def label(shape: Dict) -> str:
+    return shape_label(shape)

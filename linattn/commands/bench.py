@@ -1,0 +1,60 @@
+"""`linattn bench`: same-run timing of an op's backends against peers and the roofline floor."""
+import os
+import sys
+
+from linattn.bench.presets import CPU_PRESETS, PRESETS
+
+
+def add_arguments(p):
+    p.add_argument("--op", default="gated_delta_rule", help="bench op (linattn.bench.ops.BENCH_OPS)")
+    p.add_argument("--backends", nargs="+", default=["triton", "fla", "sdpa"],
+                   help="linattn backends (triton, gluon, reference) and peers (fla, flashqla, sdpa)")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
+    p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the CPU)")
+    p.add_argument("--json", default=None, help="write the full result here")
+    p.add_argument("--plot", default=None, help="write a PNG: ms vs T per backend, log-log (needs matplotlib)")
+    p.add_argument("--baseline", default=None, help="speedups against this backend (default: fla if it ran, else triton)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default 20 on a GPU, 3 on the CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default 3 on a GPU, 1 on the CPU)")
+    p.add_argument("--cold", dest="cold", action="store_true", default=None,
+                   help="measure each backend's first call in a fresh process (first row only; default on a GPU)")
+    p.add_argument("--no-cold", dest="cold", action="store_false")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="F",
+                   help="do not run: merge these result files and print / write / plot them")
+
+
+def emit(result, args) -> int:
+    from linattn.bench.report import format_table, plot, write_json
+    print(format_table(result))
+    if args.json:
+        d = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(d, exist_ok=True)
+        write_json(result, args.json)
+        print(f"[bench] wrote {args.json}")
+    if args.plot:
+        why = plot(result, args.plot)
+        print(f"[bench] {why}" if why else f"[bench] wrote {args.plot}")
+    return 0
+
+
+def run(args) -> int:
+    import torch
+    from linattn.bench.report import load_results
+    if args.from_json:
+        return emit(load_results(args.from_json), args)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = torch.device(device).type == "cuda"
+    preset = args.preset or ("quick" if on_gpu else "tiny")
+    if not on_gpu and preset not in CPU_PRESETS:
+        print(f"linattn bench: no GPU here; only the {', '.join(CPU_PRESETS)} preset runs on the CPU "
+              f"(asked for {preset!r})", file=sys.stderr)
+        return 2
+    if preset not in PRESETS:
+        print(f"linattn bench: unknown preset {preset!r}; known: {sorted(PRESETS)}", file=sys.stderr)
+        return 2
+    from linattn.bench.runner import run_bench
+    result = run_bench(args.op, preset, args.backends, args.modes,
+                       repeats=args.repeats or (20 if on_gpu else 3), warmup=args.warmup or (3 if on_gpu else 1),
+                       device=device, baseline=args.baseline, cold=on_gpu if args.cold is None else args.cold)
+    return emit(result, args)

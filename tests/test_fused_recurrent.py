@@ -1,0 +1,270 @@
+"""GDN decode (`fused_recurrent_gated_delta_rule`): the Triton kernel under TRITON_INTERPRET=1 against the fp64
+step-by-step reference, the chunk reference, the serving pool contract, fused gating, bf16 states, input
+validation and torch.compile. Fresh random inputs every run; fp32 q/k/v so that the fp32 tolerance applies."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule.fused_recurrent import (
+    fused_recurrent_gated_delta_rule as decode, fused_recurrent_reference)
+from linattn.ops.gated_delta_rule.reference import chunk_reference, naive_recurrent
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_launch_config, fused_recurrent_gdn_fwd
+from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, random_cu_seqlens
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                reason="the Triton kernel needs TRITON_INTERPRET=1 on a CPU")
+
+F32 = TOL[torch.float32]
+# One rounding of an fp32 state to bf16 moves each element by at most 2^-9 relative (8-bit mantissa, round to
+# nearest), so the relative RMS error of a freshly written bf16 state is below 2^-9 = 1.95e-3; 4e-3 allows the
+# fp32 part of the error on top and nothing else.
+BF16_STATE = 4e-3
+
+
+def _f64(d):
+    return {n: (t.double() if t is not None and t.is_floating_point() else t) for n, t in d.items()}
+
+
+def _inputs(B, T, H, HV, K, V, **kw):
+    x = make_gdn_inputs(B, T, H, HV, K, V, dtype=torch.float32, **kw)
+    if x["initial_state"] is None:
+        del x["initial_state"]
+    return x
+
+
+@pytest.mark.parametrize("B,T,H,HV,K,V,l2,h0", [
+    (2, 1, 2, 2, 16, 16, False, True),      # plain decode
+    (3, 4, 2, 4, 32, 32, True, True),       # speculative decode, GVA, in-kernel L2 norm
+    (1, 3, 4, 4, 64, 64, False, False),     # no initial state
+    (2, 2, 1, 2, 100, 100, False, True),    # K, V not powers of 2: masked rows and V-blocks
+])
+def test_matches_naive_recurrent_fp64(B, T, H, HV, K, V, l2, h0):
+    x = _inputs(B, T, H, HV, K, V, initial_state=h0)
+    if l2:
+        x["k"] = torch.randn_like(x["k"])       # unnormalised, so the in-kernel norm matters
+    o = poison_(torch.empty_like(x["v"]))
+    ht = poison_(torch.empty(B, HV, K, V))
+    fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, x.get("initial_state"), None, None,
+                            None, None, l2, False, True, False, out=o, final_out=ht)
+    ro, rht = naive_recurrent(**_f64(x), output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    assert_close("o", o, ro, F32)
+    assert_close("final_state", ht, rht, F32)
+    # the public function (auto backend = Triton) gives the same answer
+    o2, ht2 = decode(**x, output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    assert torch.equal(o2, o) and torch.equal(ht2, ht)
+
+
+def test_varlen_matches_naive_recurrent_fp64():
+    lengths = [1, 3, 0, 2]
+    x = _inputs(1, sum(lengths), 2, 4, 32, 32, num_states=len(lengths))
+    cu = random_cu_seqlens(lengths)
+    o, ht = decode(**x, output_final_state=True, cu_seqlens=cu, scale=0.3)
+    ro, rht = naive_recurrent(**_f64(x), output_final_state=True, cu_seqlens=cu, scale=0.3)
+    assert_close("o", o, ro, F32)
+    assert_close("final_state", ht, rht, F32)
+    assert torch.equal(ht[2], x["initial_state"][2])    # an empty sequence passes its state through
+
+
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 4)])
+def test_decode_reaches_chunk_reference_state(H, HV):
+    """T tokens in one call, and the same T tokens one call each through a pool, end at the chunk form's state."""
+    T, K, V = 9, 32, 32
+    x = _inputs(2, T, H, HV, K, V)
+    _, want = chunk_reference(**_f64(x), output_final_state=True, chunk_size=4)   # 3 chunks, the last partial
+    _, want64 = chunk_reference(**_f64(x), output_final_state=True)                  # the default chunk of 64
+    _, ht = decode(**x, output_final_state=True)
+    assert_close("one call, T tokens", ht, want, F32)
+    assert_close("one call vs C=64", ht, want64, F32)
+    pool = torch.randn(4, HV, K, V)
+    slots = torch.tensor([3, 1])
+    pool[slots] = x["initial_state"]
+    for t in range(T):
+        step = {n: x[n][:, t:t + 1] for n in ("q", "k", "v", "g", "beta")}
+        _, ret = decode(**step, initial_state=pool, state_indices=slots, inplace=True)
+        assert ret is pool
+    assert_close("T calls of one token", pool[slots], want, F32)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 4)])
+def test_pool_with_padding(index_dtype, H, HV):
+    N, T, K, V, slots = 5, 2, 32, 64, 8
+    x = _inputs(N, T, H, HV, K, V, initial_state=False)
+    pool = torch.randn(slots, HV, K, V)
+    idx = torch.tensor([6, -1, 0, 3, -1], dtype=index_dtype)
+    before = pool.clone()
+    ref_pool = pool.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True)
+
+    # out of place: the pool is only read; padded rows give zero outputs and zero final states
+    o = poison_(torch.empty_like(x["v"]))
+    ht = poison_(torch.empty(N, HV, K, V))
+    fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, None, None,
+                            False, False, True, False, out=o, final_out=ht)
+    assert torch.equal(pool, before)
+    assert_close("o", o, ro, F32)
+    assert torch.equal(o[[1, 4]], torch.zeros_like(o[[1, 4]]))
+    assert torch.equal(ht[[1, 4]], torch.zeros_like(ht[[1, 4]]))
+    assert_close("final rows", ht[[0, 2, 3]], ref_pool[[6, 0, 3]], F32)
+
+    # in place: live slots updated, every other slot bit-identical
+    o2, ret = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
+    assert ret is pool
+    assert torch.equal(o2, o)
+    unused = [1, 2, 4, 5, 7]
+    assert torch.equal(pool[unused], before[unused])
+    assert_close("pool", pool, ref_pool, F32)
+
+
+def test_out_of_range_slot_is_padding_in_the_kernel():
+    """The GPU path does not read the indices on the host: an index >= num_slots must not write anywhere.
+    The pool is a view of a larger buffer whose extra rows must stay bit-identical."""
+    HV, K, V, slots = 2, 16, 32, 3
+    x = _inputs(3, 1, 2, HV, K, V, initial_state=False)
+    buf = torch.randn(slots + 2, HV, K, V)
+    before = buf.clone()
+    pool = buf[:slots]
+    idx = torch.tensor([slots, 1, slots + 1])
+    o = poison_(torch.empty_like(x["v"]))
+    fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, None, None,
+                            False, False, False, True, out=o)
+    keep = [0, 2, 3, 4]
+    assert torch.equal(buf[keep], before[keep])
+    assert not torch.equal(buf[1], before[1])
+    assert torch.equal(o[[0, 2]], torch.zeros_like(o[[0, 2]]))
+    assert torch.isfinite(o[1]).all()
+
+
+@pytest.mark.parametrize("dt_bias", [True, False])
+def test_fused_gate_and_beta_sigmoid(dt_bias):
+    N, T, H, HV, K, V = 3, 2, 2, 4, 32, 32
+    x = _inputs(N, T, H, HV, K, V)
+    x["g"] = torch.randn(N, T, HV) * 3           # raw gate input, both signs, some beyond softplus' linear part
+    x["g"][0, 0, 0] = 25.0
+    x["beta"] = torch.randn(N, T, HV) * 2        # logits
+    A_log = torch.rand(HV) * 2 - 1
+    bias = torch.randn(HV) if dt_bias else None
+    o, ht = decode(**x, output_final_state=True, A_log=A_log, dt_bias=bias, beta_sigmoid=True)
+    # the formulas written out here, independent of the reference wrapper
+    x64 = _f64(x)
+    graw = x64["g"] + (bias.double() if dt_bias else 0)
+    x64["g"] = -torch.exp(A_log.double()) * F.softplus(graw)
+    x64["beta"] = torch.sigmoid(x64["beta"])
+    ro, rht = naive_recurrent(**x64, output_final_state=True)
+    assert_close("o", o, ro, F32)
+    assert_close("final_state", ht, rht, F32)
+    wo, wht = fused_recurrent_reference(**_f64(x), output_final_state=True, A_log=A_log.double(),
+                                        dt_bias=None if bias is None else bias.double(), beta_sigmoid=True)
+    assert_close("reference wrapper o", wo, ro, 1e-12)
+    assert_close("reference wrapper state", wht, rht, 1e-12)
+
+
+def test_no_gate():
+    x = _inputs(2, 3, 2, 2, 16, 32)
+    g = x.pop("g")
+    o, ht = decode(**x, g=None, output_final_state=True)
+    ro, rht = naive_recurrent(**_f64(x), g=torch.zeros_like(g, dtype=torch.float64), output_final_state=True)
+    assert_close("o", o, ro, F32)
+    assert_close("final_state", ht, rht, F32)
+
+
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 4)])
+def test_bf16_state_pool(H, HV):
+    """bf16 pool: read bf16, compute fp32, write bf16. Against fp64 from the same bf16 values."""
+    N, T, K, V = 3, 2, 64, 64
+    x = _inputs(N, T, H, HV, K, V, initial_state=False)
+    pool = (torch.randn(5, HV, K, V) * 0.5).to(torch.bfloat16)
+    idx = torch.tensor([2, -1, 4])
+    ref_pool = pool.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True)
+    before = pool.clone()
+    o, _ = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
+    assert pool.dtype == torch.bfloat16
+    assert_close("o (fp32 from the bf16 state)", o, ro, F32)
+    assert_close("bf16 pool", pool[[2, 4]], ref_pool[[2, 4]], BF16_STATE)
+    assert torch.equal(pool[[0, 1, 3]], before[[0, 1, 3]])
+    # out of place with a bf16 initial state: a bf16 final state
+    _, ht = decode(**x, initial_state=before, state_indices=idx, output_final_state=True)
+    assert ht.dtype == torch.bfloat16 and torch.equal(ht[[0, 2]], pool[[2, 4]])
+
+
+def test_inplace_without_indices_and_bf16_qkv():
+    x = make_gdn_inputs(2, 2, 2, 4, 32, 32, dtype=torch.bfloat16)
+    h = x["initial_state"].clone()
+    ro, rht = naive_recurrent(**_f64(x), output_final_state=True)
+    o, ret = decode(**x | {"initial_state": h}, inplace=True)
+    assert ret is h and o.dtype == torch.bfloat16
+    assert_close("o", o, ro, TOL[torch.bfloat16])
+    assert_close("state", h, rht, F32)           # inputs are bf16 values; the state math is fp32
+
+
+def test_bad_inputs_raise_clear_errors():
+    x = _inputs(2, 1, 2, 2, 16, 16, initial_state=False)
+    pool = torch.randn(4, 2, 16, 16)
+    cases = [
+        (dict(initial_state=pool, state_indices=torch.tensor([0, 4])), "out of range"),
+        (dict(initial_state=pool, state_indices=torch.tensor([1, 1]), inplace=True), "twice"),
+        (dict(initial_state=pool, state_indices=torch.tensor([0.0, 1.0])), "int32 or int64"),
+        (dict(initial_state=pool, state_indices=torch.tensor([0, 1, 2])), r"\[N\]"),
+        (dict(initial_state=pool, state_indices=torch.tensor([0, 1], device="meta")), "is on meta"),
+        (dict(state_indices=torch.tensor([0, 1])), "needs the state pool"),
+        (dict(initial_state=torch.randn(4, 2, 16, 8), state_indices=torch.tensor([0, 1])), "num_slots"),
+        (dict(inplace=True), "inplace=True needs initial_state"),
+        (dict(initial_state=torch.randn(2, 2, 16, 32)[..., :16], inplace=True), "contiguous"),
+        (dict(A_log=torch.zeros(3)), "A_log must be a tensor"),
+        (dict(A_log=torch.zeros(2), dt_bias=torch.zeros(2, 1)), "dt_bias must be a tensor"),
+        (dict(dt_bias=torch.zeros(2)), "pass A_log too"),
+    ]
+    for extra, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            decode(**x, **extra)
+    # the failing call must not have touched the pool
+    with pytest.raises(ValueError):
+        before = pool.clone()
+        decode(**x, initial_state=pool, state_indices=torch.tensor([0, 9]), inplace=True)
+    assert torch.equal(pool, before)
+
+
+def test_backends_and_launch_config():
+    b = op_backends("fused_recurrent_gated_delta_rule")
+    assert b.backends["triton"].priority == 10 and b.backends["reference"].priority == 100
+    assert not b.backends["reference"].auto
+    x = _inputs(2, 1, 2, 2, 16, 16)
+    o, ht = decode(**x, output_final_state=True, backend="reference")
+    o2, ht2 = decode(**x, output_final_state=True, backend="triton")
+    assert_close("o", o2, o, F32)
+    assert_close("state", ht2, ht, F32)
+    ok, reason = b.backends["triton"].supports(**_f64(x))
+    assert not ok and "fp64" in reason
+    # on an H200 (132 SMs), batch 1 at H = 32, V = 128 must still fill the machine; batch 256 keeps wide blocks
+    BK, BV, warps = decode_launch_config(1, 32, 128, 128, torch.float32, 132)
+    assert (BK, BV, warps) == (128, 8, 1) and 32 * (128 // BV) >= 4 * 132
+    assert decode_launch_config(256, 32, 128, 128, torch.float32, 132) == (128, 32, 4)
+    assert decode_launch_config(1, 32, 128, 128, torch.bfloat16, 132)[1] == 16   # 32-byte rows in bf16 too
+
+
+def test_torch_compile_fullgraph():
+    """The public function compiles with fullgraph=True (no graph break: custom ops with fake implementations,
+    no host reads of device data); the in-place pool update is visible after the compiled call."""
+    x = _inputs(3, 1, 2, 4, 16, 16, initial_state=False)
+    pool = torch.randn(6, 4, 16, 16)
+    idx = torch.tensor([4, -1, 0])
+    want = pool.clone()
+    wo, _ = decode(**x, initial_state=want, state_indices=idx, inplace=True)
+
+    def step(q, k, v, g, beta, pool, idx):
+        o, _ = decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)
+        o2, ht = decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, output_final_state=True)
+        return o, o2, ht
+
+    torch._dynamo.reset()
+    o, o2, ht = torch.compile(step, fullgraph=True)(**x, pool=pool, idx=idx)
+    assert torch.equal(o, wo) and torch.equal(pool, want)
+    # the out-of-place call ran after the in-place one: it starts from the updated pool
+    _, rht = fused_recurrent_reference(**_f64(x), initial_state=want.double(), state_indices=idx,
+                                       output_final_state=True)
+    assert_close("second call's state", ht, rht, F32)
+    assert torch.isfinite(o2).all()
