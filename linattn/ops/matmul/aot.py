@@ -35,10 +35,10 @@ def _triton_build(cfg_name: str, dtype: str):
         sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "M": "i32", "N": "i32", "K": "i32",
                "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32",
                "stride_cm": "i32", "stride_cn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
-               "GROUP_M": "constexpr", "EVEN_K": "constexpr", "DOT_FP32": "constexpr"}
+               "GROUP_M": "constexpr", "EVEN_K": "constexpr"}
         # What the JIT specialises for a row-major call: unit inner strides are the constant 1.
         constexprs = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "BM": c.BM, "BN": c.BN, "BK": c.BK,
-                      "GROUP_M": c.group_m, "EVEN_K": True, "DOT_FP32": False}
+                      "GROUP_M": c.group_m, "EVEN_K": True}
         sig.update({k: "constexpr" for k in ("stride_ak", "stride_bn", "stride_cn")})
         return matmul_grouped, sig, constexprs, {"num_warps": c.num_warps, "num_stages": c.num_stages}
     return build

@@ -20,7 +20,7 @@ import triton.language as tl
 def matmul_grouped(a_ptr, b_ptr, c_ptr, M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr):
+                   EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
@@ -50,12 +50,7 @@ def matmul_grouped(a_ptr, b_ptr, c_ptr, M, N, K,
             k_left = K - k * BK
             a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if DOT_FP32:
-            # Interpreter only: its tl.dot multiplies bf16 operands as their raw uint16 bits (numpy has no
-            # bf16). Products of bf16 values are exact in fp32, so this matches the GPU's bf16 MMA numerics.
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc)
         a_ptrs += BK * stride_ak
         b_ptrs += BK * stride_bk
     c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
@@ -130,7 +125,6 @@ def matmul_triton(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
     matmul_grouped[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                          out.stride(0), out.stride(1), BM=config.BM, BN=config.BN, BK=config.BK,
                          GROUP_M=config.group_m, EVEN_K=(K % config.BK == 0),
-                         DOT_FP32=(settings.interpret and a.dtype == torch.bfloat16),
                          num_stages=config.num_stages, num_warps=config.num_warps)
     return out
 
