@@ -88,3 +88,18 @@ def test_bad_inputs_raise(a, b, exc, match):
 def test_unknown_backend_raises():
     with pytest.raises(BackendError, match="unknown backend"):
         matmul(torch.randn(2, 2).half(), torch.randn(2, 2).half(), backend="cutlass")
+
+
+def test_config_cache_roundtrip_and_invalidation(tmp_path, monkeypatch):
+    from linattn.runtime import config_cache
+    from linattn.runtime.device import DeviceFacts
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    h200 = DeviceFacts("cuda", "NVIDIA H200", (9, 0), 132, 232448, 0)
+    cfg = {"BM": 128, "BN": 128, "BK": 64, "num_stages": 4, "num_warps": 8, "group_m": 8}
+    path = config_cache.store("matmul_triton", "hashA", "4096x4096x4096:bfloat16", cfg, h200.name)
+    assert path.parent == tmp_path / "linattn" / "configs" and path.exists()
+    assert config_cache.lookup("matmul_triton", "hashA", "4096x4096x4096:bfloat16", h200) == cfg
+    assert config_cache.lookup("matmul_triton", "hashB", "4096x4096x4096:bfloat16", h200) is None   # source changed
+    other = DeviceFacts("cuda", "NVIDIA A100", (8, 0), 108, 166912, 0)
+    assert config_cache.lookup("matmul_triton", "hashA", "4096x4096x4096:bfloat16", other) is None  # other GPU
+    assert not config_cache.fits_shared_memory(240000, h200) and config_cache.fits_shared_memory(200000, h200)

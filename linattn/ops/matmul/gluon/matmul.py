@@ -212,7 +212,7 @@ def matmul_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=a.dtype)
     facts = device_facts(a.device)
-    cfg = config or pick_config(M, N, K, facts.num_sms)
+    cfg = config or _cached_config(M, N, K, a.dtype, facts) or pick_config(M, N, K, facts.num_sms)
     gdt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
     a_kind, a_t = tma_layout(a)
     b_kind, b_t = tma_layout(b)
@@ -232,3 +232,18 @@ def matmul_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
     matmul_ws_persistent[grid](a_desc, b_desc, c_desc, M, N, K, A_T=A_T, B_T=B_T, STAGES=cfg.stages,
                                GROUP_M=cfg.group_m, num_warps=cfg.num_warps)
     return out
+
+
+def kernel_source_hash() -> str:
+    """Hash of the kernel and its partitions' source: a cached tuning result is void once any of them changes."""
+    import hashlib
+    import inspect
+    src = "".join(inspect.getsource(f.fn) for f in (matmul_ws_persistent, _mma_partition, _load_partition, _tile_coords))
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+def _cached_config(M, N, K, dtype, facts):
+    from linattn.ops.matmul.triton.matmul import shape_key
+    from linattn.runtime.config_cache import lookup
+    entry = lookup("matmul_gluon", kernel_source_hash(), shape_key(M, N, K, dtype), facts)
+    return GluonMatmulConfig(**entry) if entry else None
