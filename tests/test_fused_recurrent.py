@@ -12,6 +12,7 @@ from linattn.ops.gated_delta_rule.fused_recurrent import (
     fused_recurrent_gated_delta_rule as decode, fused_recurrent_reference)
 from linattn.ops.gated_delta_rule.reference import chunk_reference, naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_launch_config, fused_recurrent_gdn_fwd
+from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, random_cu_seqlens
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -22,6 +23,13 @@ F32 = TOL[torch.float32]
 # nearest), so the relative RMS error of a freshly written bf16 state is below 2^-9 = 1.95e-3; 4e-3 allows the
 # fp32 part of the error on top and nothing else.
 BF16_STATE = 4e-3
+
+
+@pytest.fixture(autouse=True)
+def _poisoned():
+    """Every buffer the launcher allocates starts as NaN: an element the kernel does not write fails."""
+    with poisoned_allocations():
+        yield
 
 
 def _f64(d):

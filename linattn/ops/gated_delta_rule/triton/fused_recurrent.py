@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 
 
@@ -168,16 +169,17 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         N = cu_seqlens.shape[0] - 1
     else:
         N = B
-    # decode inputs are tiny; .contiguous() is a no-op for the usual contiguous projections
+    # decode inputs are tiny; .contiguous() is a no-op for the usual contiguous projections. Outputs come from
+    # runtime.alloc.empty: NaN-filled inside poisoned_allocations(), so an unwritten element fails a check
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = None if g is None else g.contiguous()
     if initial_state is not None and not inplace:
         initial_state = initial_state.contiguous()
     state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-    o = torch.empty_like(v) if out is None else out
+    o = empty(*v.shape, dtype=v.dtype, device=v.device) if out is None else out
     ht = None
     if output_final_state and not inplace:
-        ht = q.new_empty(N, HV, K, V, dtype=state_dtype) if final_out is None else final_out
+        ht = empty(N, HV, K, V, dtype=state_dtype, device=q.device) if final_out is None else final_out
     BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, device_facts(q.device).num_sms)
     if block_v is not None:
         BV = block_v
