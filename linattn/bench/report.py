@@ -37,14 +37,14 @@ def format_table(result: Dict) -> str:
             continue
         timing = "graph" if r["timing"].startswith("cuda graph") else r["timing"].split(" (")[0]
         lines.append([r["shape_label"], r["mode"], r["backend"], _f(r["median_ms"]),
-                      f"{_f(r['min_ms'])}..{_f(r['max_ms'])}", _f(r["tflops"], "{:.1f}"), _f(r["gbps"], "{:.0f}"),
+                      f"{_f(r['min_ms'])}..{_f(r['max_ms'])}", _f(r["tflops"], "{:.3g}"), _f(r["gbps"], "{:.0f}"),
                       _f(r["pct_of_floor"], "{:.0f}%"), _f(r.get("speedup"), "{:.2f}x"), timing, _err_text(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     out = [fmt.format(*hdr), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*map(str, ln)) for ln in lines]
     c = result.get("ceilings", {})
-    out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.1f}')} TFLOP/s, bytes / "
+    out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.3g}')} TFLOP/s, bytes / "
                f"{_f(c.get('copy_gbps'), '{:.0f}')} GB/s) [{c.get('how', '')}]; speedup vs {result.get('baseline')}")
     for cold in result.get("cold", []):
         if cold.get("status") == "ok":

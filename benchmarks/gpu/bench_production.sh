@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GDN production benchmark on the H200: linattn's triton backend against FLA (its Triton path), FlashQLA when
+# importable, and causal SDPA, forward and forward+backward, every row compared in the same run.
+#
+#   bash benchmarks/gpu/bench_production.sh hv32    # B1 T8k/32k/64k, B8 T4k, B4 T16k at H16/HV32 + varlen mix
+#   bash benchmarks/gpu/bench_production.sh hv64    # the same at H16/HV64
+#   bash benchmarks/gpu/bench_production.sh hv8     # the same at H2/HV8
+#   bash benchmarks/gpu/bench_production.sh merge a.json b.json c.json   # on any machine: one JSON + PNG
+#
+# Run one part per lease call and fetch $OUT after each (the next call empties it). COLD=1 adds the cold-start
+# measurement (fresh processes with empty Triton/Inductor/TileLang caches) for the part's first row.
+#
+# Time estimate per part (anchors.md timings, 10 repeats; each repeat cycles >= 2 input sets, so a row costs
+# about 31 executed calls: 1 check + (3 warm-up + side-stream warm + graph upload + 10 timed) x 2 sets):
+#   timed work, sum over rows of per-call ms x 31: hv32 ~ (FLA 80 + triton ~80 + SDPA 450 [+ FlashQLA 30]) ms
+#     x 31 ~ 20 s; hv64 ~ 40 s (twice the heads); hv8 ~ 6 s.
+#   one-time costs dominate: FLA autotunes per head configuration (its keys include H, HV; the anchors' first
+#     calls: 41 s fwd + 87 s fwd+bwd), plus a re-tune for varlen (IS_VARLEN key) in hv32: ~130-170 s per part;
+#     linattn triton compiles without autotuning (~10-20 s); torch import, inputs, ceilings ~20 s.
+#   => about 3.8 min (hv32), 3.5 min (hv64), 3 min (hv8) without FlashQLA; FlashQLA's TileLang JIT adds about
+#      60 s + 100 s per part (anchors), about 6.5 min then. COLD=1 pays every backend's compile again in fresh
+#      processes: add about 2.5 min (about 5 with FlashQLA). Each part stays under the 10-minute call limit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$PWD/bench_out}"
+mkdir -p "$OUT"
+PART="${1:-hv32}"
+
+if [ "$PART" = "merge" ]; then
+    shift
+    python -m linattn.cli bench --from-json "$@" --json "$OUT/gdn_production.json" --plot "$OUT/gdn_production.png"
+    exit 0
+fi
+case "$PART" in hv32|hv64|hv8) ;; *) echo "usage: $0 hv32|hv64|hv8|merge FILES..." >&2; exit 2 ;; esac
+
+python -c "import linattn" 2>/dev/null || pip install -q --no-deps -e .
+BACKENDS="triton fla sdpa"
+if python -c "import flash_qla" 2>/dev/null; then BACKENDS="triton fla flashqla sdpa"; fi
+COLD_FLAG="--no-cold"
+if [ "${COLD:-0}" = "1" ]; then COLD_FLAG="--cold"; fi
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia_smi_$PART.txt"
+python -m linattn.cli doctor | tee "$OUT/doctor_$PART.txt"
+start=$(date +%s)
+python -m linattn.cli bench --op gated_delta_rule --preset "production_$PART" --backends $BACKENDS \
+    --modes fwd fwdbwd --repeats 10 $COLD_FLAG \
+    --json "$OUT/gdn_production_$PART.json" --plot "$OUT/gdn_production_$PART.png" 2>&1 | tee "$OUT/bench_$PART.log"
+echo "part $PART took $(( $(date +%s) - start )) s (estimate in this script's header)"

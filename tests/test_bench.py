@@ -1,0 +1,119 @@
+"""`linattn bench`, `verify` and `doctor` on the CPU (Triton under TRITON_INTERPRET=1 when CI sets it)."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from linattn.backends import op_backends
+from linattn.cli import main
+
+OP = "chunk_gated_delta_rule"
+
+
+def _tiny_backend() -> str:
+    """The triton backend once it exists and runs here (interpreter), else the reference."""
+    from linattn.bench.ops import _ensure_gdn_registered
+    _ensure_gdn_registered()
+    table = op_backends(OP)
+    if "triton" in table.names() and os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return "reference"
+
+
+def test_bench_tiny_writes_json(tmp_path, capsys):
+    backend = _tiny_backend()
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--op", "gated_delta_rule", "--preset", "tiny", "--backends", backend, "reference", "sdpa",
+               "--modes", "fwd", "--repeats", "2", "--warmup", "1", "--no-cold", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["schema"] == "linattn-bench/1" and res["op"] == "gated_delta_rule" and res["preset"] == "tiny"
+    for key in ("env", "env_line", "ceilings", "baseline", "bytes_model", "rows"):
+        assert key in res, key
+    assert res["env"]["torch"] == torch.__version__
+    assert res["ceilings"]["matmul_tflops"] > 0 and res["ceilings"]["copy_gbps"] > 0
+    rows = {(r["shape_label"], r["backend"]): r for r in res["rows"]}
+    shapes = {r["shape_label"] for r in res["rows"]}
+    assert len(shapes) == 2 and any(s.startswith("varlen") for s in shapes)
+    for shape in shapes:
+        r = rows[(shape, backend)]
+        assert r["status"] == "ok", r
+        for key in ("median_ms", "min_ms", "max_ms", "tflops", "gbps", "pct_of_floor", "flops", "bytes"):
+            assert math.isfinite(r[key]) and r[key] > 0, (key, r[key])
+        assert r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["timing"] == "host clock (cpu)" and r["repeats"] == 2
+    # the same-run comparison: whichever linattn backend ran first is the anchor, the other is compared to it
+    if backend != "reference":
+        for shape in shapes:
+            errs = rows[(shape, "reference")]["errors"]
+            assert set(errs) == {"o", "final_state"} and all(math.isfinite(e) and e < 1.5e-2 for e in errs.values())
+            assert rows[(shape, backend)]["reference_check"]["status"] == "pass"
+    else:
+        assert all(rows[(s, "reference")]["reference_check"]["status"] == "is the reference" for s in shapes)
+    dense = next(s for s in shapes if not s.startswith("varlen"))
+    assert rows[(dense, "sdpa")]["status"] == "ok" and "errors" not in rows[(dense, "sdpa")]
+    varlen = next(s for s in shapes if s.startswith("varlen"))
+    assert rows[(varlen, "sdpa")]["status"] == "skipped" and "varlen" in rows[(varlen, "sdpa")]["reason"]
+    assert "median ms" in capsys.readouterr().out
+
+
+def test_bench_records_unavailable_backends(tmp_path):
+    out = tmp_path / "b.json"
+    rc = main(["bench", "--preset", "tiny", "--backends", "reference", "nosuch", "fla", "--modes", "fwdbwd",
+               "--repeats", "1", "--warmup", "1", "--no-cold", "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    nosuch = [r for r in rows if r["backend"] == "nosuch"]
+    assert nosuch and all(r["status"] == "skipped" and "not registered" in r["reason"] for r in nosuch)
+    ok = [r for r in rows if r["backend"] == "reference"]
+    assert ok and all(r["status"] == "ok" and r["mode"] == "fwdbwd" for r in ok)
+
+
+def test_bench_refuses_gpu_presets_on_cpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["bench", "--preset", "production", "--backends", "reference"]) == 2
+    assert "only the tiny preset" in capsys.readouterr().err
+
+
+def test_doctor_without_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: none" in out
+    assert f"triton {__import__('triton').__version__}" in out
+    assert "fla:" in out and "flash_qla:" in out and "Gluon" in out
+    assert f"op {OP}:" in out and "auto picks" in out
+    assert "reference" in out and "only when requested by name" in out
+
+
+def test_verify_refuses_speed_when_gate_fails(capsys):
+    from linattn.ops.gated_delta_rule.reference import chunk_gated_delta_rule as ref
+
+    def broken(*args, **kwargs):
+        o, s = ref(*args, **kwargs)
+        o = o.clone()
+        o[:, -1] += 1.0                   # wrong last token: a plausible off-by-one in a kernel
+        return o, s
+
+    table = op_backends(OP)
+    table.register("broken", broken, lambda *a, **k: (True, ""), priority=1000, auto=False)
+    try:
+        rc = main(["verify", "--backend", "broken", "--modes", "fwd", "--peers", "sdpa"])
+    finally:
+        table.unregister("broken")
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "GATE RED" in out and "FAIL" in out
+    assert "speedup" not in out and "median ms" not in out and "[bench]" not in out
+
+
+def test_verify_green_gate_then_benches(capsys):
+    rc = main(["verify", "--backend", "reference", "--modes", "fwd", "--peers", "sdpa", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "gate green" in out and "FAIL" not in out
+    assert "median ms" in out and "sdpa" in out
