@@ -63,9 +63,11 @@ class FwdResult:
 
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                               store_tinv: bool = False, plan: Optional[ChunkPlan] = None) -> FwdResult:
+                               store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
+                               compute_output: bool = True) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
-    initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state."""
+    initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
+    compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device

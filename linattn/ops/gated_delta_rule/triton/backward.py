@@ -1,0 +1,116 @@
+"""Launcher of the Triton backward (gdn-math.md, "Backward").
+
+Stages: (0) recompute the forward's intermediates (gam, Tinv, W, U, the chunk-start states h and Vnew) with the
+forward's own kernels, skipping its output stage; (1) the reverse state pass (backward_state.py: dS per chunk,
+dVnew, d initial_state); (2) the chunk-parallel local terms (backward_local.py: dQ, the first part of dK, dW, the
+gate terms of O and S_next); (3) back through the WY representation (backward_wy.py: dV, the rest of dK, dbeta,
+dg with its in-chunk reverse cumsum).
+
+Memory choice: the forward keeps nothing but its inputs; the backward recomputes h and the rest. At B=1,
+T=65536, HV=32, K=V=128 the intermediates are h 1 GB (bf16) plus W, U, Vnew 0.5 GB each and Tinv 0.5 GB (fp32):
+about 3 GB per layer if kept from the forward until the backward, times the number of layers in a model. Recomputing
+them costs about one forward without its output stage (roughly 70% of a forward, under 20% of forward+backward)
+and they live only while this backward runs.
+
+No host synchronisation: grids come from shapes and the chunk plan's host-side bound, varlen indices stay on the
+device, so the backward can be captured in a CUDA graph.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
+from linattn.runtime.device import device_facts
+
+# Tests set this to fill every buffer the backward kernels write with NaN first, so a missed element fails.
+POISON_BUFFERS = False
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+@dataclass
+class BwdConfig:
+    BK_state: int
+    BV_state: int
+    BK: int            # K block of the local and WY stages
+    BV: int            # V block of the local and WY stages
+    warps_state: int
+    warps_local: int
+    warps_wy: int
+
+
+def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
+    facts = device_facts(device)
+    BK = _pow2(K)
+    BV = _pow2(V)
+    # reverse state pass: like the forward's, a [BK, BV] fp32 dS in registers, V split to cover the SMs
+    bv_state = min(BV, 64 if BK <= 128 else 32)
+    sms = facts.num_sms if facts.kind == "cuda" else 1
+    while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
+        bv_state //= 2
+    return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
+                     warps_state=4, warps_local=4, warps_wy=4)
+
+
+def _empty(*shape, dtype, device):
+    t = torch.empty(*shape, dtype=dtype, device=device)
+    return t.fill_(float("nan")) if POISON_BUFFERS else t
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                               cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor]):
+    """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
+    initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
+    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    cfg = _configs(K, V, N, HV, dev)
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    dt = q.dtype
+    NK = triton.cdiv(K, cfg.BK)
+
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
+                                     store_tinv=True, plan=plan, compute_output=False)
+
+    dh = _empty(slots, HV, K, V, dtype=dt, device=dev)
+    dvnew = _empty(T_tot, HV, V, dtype=dt, device=dev)
+    dh0 = _empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+        q, k, fwd.w, fwd.gcum, do, dh, dvnew,
+        dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
+        plan.cu, plan.chunk_offsets, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_state)
+
+    dq = _empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_part = _empty(T_tot, H, K, dtype=torch.float32, device=dev)
+    dw = _empty(T_tot, HV, K, dtype=dt, device=dev)
+    dgam = _empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
+    chunk_local_bwd_kernel[(NK, slots, H)](
+        q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
+        plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_local)
+
+    dk = _empty(B, T, H, K, dtype=k.dtype, device=dev)
+    dv = _empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    dg = _empty(B, T, HV, dtype=g.dtype, device=dev)
+    dbeta = _empty(B, T, HV, dtype=beta.dtype, device=dev)
+    chunk_wy_bwd_kernel[(slots, H)](
+        k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta,
+        plan.cu, plan.chunk_indices, N, T_tot,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_wy)
+    return dq, dk, dv, dg, dbeta, dh0

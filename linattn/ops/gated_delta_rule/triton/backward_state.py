@@ -1,0 +1,85 @@
+"""Backward stage 1 (gdn-math.md, "Backward"): the reverse state pass over the chunks of one sequence.
+
+Per chunk, walked last to first, with dS the gradient flowing into this chunk's S_next (fp32, in registers;
+it starts at d final_state, or zero):
+    dh[chunk] = dS                                                  (stored for the local stage)
+    dVnew     = P^T dO + diag(exp(gam_C - gam)) K dS,   P = (scale Q K^T) * Gam * lower_incl
+    dS        = exp(gam_C) dS + (diag(exp(gam)) scale Q)^T dO - W^T dVnew
+and dh0 = dS after the first chunk. One program per (V block, sequence * value head); every line above is
+column-separable in V, so splitting V across programs is exact (as in the forward state pass).
+
+Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): tl.trans of a dot result still in registers fed to
+another tl.dot is miscompiled. P^T is therefore computed directly as dot(K, trans(Q)) of loaded tiles, never as
+trans(dot(Q, trans(K))); every tl.trans below is of a loaded tile.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_state_bwd_kernel(
+    q_ptr, k_ptr, w_ptr, gcum_ptr, do_ptr,     # q, k [T_tot, H, K], w [T_tot, HV, K], gcum [T_tot, HV], do [T_tot, HV, V]
+    dh_ptr, dvnew_ptr,                         # dh [slots, HV, K, V] (gradient into each chunk's S_next), dvnew [T_tot, HV, V]
+    dht_ptr, dh0_ptr,                          # d final_state (any float) / d initial_state (fp32) [N, HV, K, V]
+    cu_ptr, chunk_off_ptr, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    vb = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // HV
+    hv = nh % HV
+    hk = hv // (HV // H)
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
+    slot0 = tl.load(chunk_off_ptr + n)
+    nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    state_off = (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    if USE_DHT:
+        ds = tl.load(dht_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
+    else:
+        ds = tl.zeros([BK, BV], dtype=tl.float32)
+
+    rows = tl.arange(0, BT)
+    for cc in range(0, nchunks):
+        c = nchunks - 1 - cc
+        t0 = bos + c * BT
+        slot = (slot0 + c).to(tl.int64)
+        tl.store(dh_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
+                 ds.to(dh_ptr.dtype.element_ty), mask=mkv)
+        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1))
+        valid = (t0 + rows) < eos
+        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        last = tl.minimum(eos - t0, BT) - 1
+        gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
+
+        # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp
+        kq = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+        upper = (rows[:, None] <= rows[None, :]) & valid[None, :]
+        gmat = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
+        pt = tl.where(upper, kq * gmat * scale, 0.).to(b_do.dtype)
+        # rows past the sequence end: k was zero-filled and gam is 0 there, so they stay zero
+        kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+        dvnew = tl.dot(pt, b_do, input_precision=DOT_PREC) + tl.dot(kdec, ds.to(b_k.dtype), input_precision=DOT_PREC)
+        dvnew_op = dvnew.to(dvnew_ptr.dtype.element_ty)
+        p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
+
+        qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)
+        ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
+            - tl.dot(tl.trans(b_w), dvnew_op.to(b_w.dtype), input_precision=DOT_PREC)
+
+    if STORE_DH0:
+        tl.store(dh0_ptr + state_off, ds, mask=mkv)
