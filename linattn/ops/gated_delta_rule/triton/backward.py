@@ -26,10 +26,8 @@ from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_k
 from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
+from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
-
-# Tests set this to fill every buffer the backward kernels write with NaN first, so a missed element fails.
-POISON_BUFFERS = False
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -60,11 +58,6 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
                      warps_state=4, warps_local=4, warps_wy=4)
 
 
-def _empty(*shape, dtype, device):
-    t = torch.empty(*shape, dtype=dtype, device=device)
-    return t.fill_(float("nan")) if POISON_BUFFERS else t
-
-
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor]):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
@@ -83,9 +76,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
                                      store_tinv=True, plan=plan, compute_output=False)
 
-    dh = _empty(slots, HV, K, V, dtype=dt, device=dev)
-    dvnew = _empty(T_tot, HV, V, dtype=dt, device=dev)
-    dh0 = _empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    dh = empty(slots, HV, K, V, dtype=dt, device=dev)
+    dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    dh0 = empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
     chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
         q, k, fwd.w, fwd.gcum, do, dh, dvnew,
         dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
@@ -94,20 +87,20 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
         num_warps=cfg.warps_state)
 
-    dq = _empty(B, T, H, K, dtype=q.dtype, device=dev)
-    dk_part = _empty(T_tot, H, K, dtype=torch.float32, device=dev)
-    dw = _empty(T_tot, HV, K, dtype=dt, device=dev)
-    dgam = _empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
+    dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
+    dw = empty(T_tot, HV, K, dtype=dt, device=dev)
+    dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
     chunk_local_bwd_kernel[(NK, slots, H)](
         q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
         plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
         num_warps=cfg.warps_local)
 
-    dk = _empty(B, T, H, K, dtype=k.dtype, device=dev)
-    dv = _empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    dg = _empty(B, T, HV, dtype=g.dtype, device=dev)
-    dbeta = _empty(B, T, HV, dtype=beta.dtype, device=dev)
+    dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
+    dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    dg = empty(B, T, HV, dtype=g.dtype, device=dev)
+    dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     chunk_wy_bwd_kernel[(slots, H)](
         k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta,
         plan.cu, plan.chunk_indices, N, T_tot,

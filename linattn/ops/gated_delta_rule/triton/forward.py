@@ -100,6 +100,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
         num_warps=cfg.warps_state, num_stages=cfg.stages)
 
+    if not compute_output:
+        return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan)
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
         q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
