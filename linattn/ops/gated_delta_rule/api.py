@@ -1,7 +1,14 @@
-"""Public entry of the chunked Gated DeltaNet op: argument checks, backend choice, dtype plumbing.
+"""Public entry of the chunked Gated DeltaNet op: argument checks, backend choice, dtype plumbing, autograd.
 
 Backends registered here: "triton" (portable; every device Triton runs on, and the CPU under TRITON_INTERPRET=1)
-and "reference" (plain PyTorch, by name only). A Gluon backend registers itself from gluon/ with a higher priority.
+and "reference" (plain PyTorch, by name only; differentiable by plain autograd). A Gluon backend registers itself
+from gluon/ with a higher priority.
+
+The Triton path is two torch custom ops, "linattn::chunk_gdn_fwd" and "linattn::chunk_gdn_bwd", with fake
+(meta) implementations and autograd registered, so torch.compile(fullgraph=True) traces a model through them
+without graph breaks. Neither reads device data on the host (no .item(), .cpu(), .tolist()): the forward and the
+backward can be captured in a CUDA graph. Everything differentiable outside the kernels (the in-kernel L2 norm of
+q and k, dtype casts of initial_state, contiguity) stays in plain torch ops, so autograd carries it.
 """
 from typing import Optional, Tuple
 
@@ -16,6 +23,70 @@ OP = "chunk_gated_delta_rule"
 _backends = op_backends(OP)
 
 
+# ---- Triton path as torch custom ops --------------------------------------------------------------------------
+# Optional outputs are not allowed in custom-op schemas: a state that does not exist is returned as an empty
+# [0] tensor and mapped back to None by the caller.
+
+@torch.library.custom_op("linattn::chunk_gdn_fwd", mutates_args=())
+def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                   cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
+    return res.o, final
+
+
+@_chunk_gdn_fwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    o = v.new_empty(B, T, HV, V)
+    final = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
+    return o, final
+
+
+@torch.library.custom_op("linattn::chunk_gdn_bwd", mutates_args=())
+def _chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                   do: torch.Tensor, dht: Optional[torch.Tensor]
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
+    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
+        None if dht is None else dht.contiguous())
+    if dh0 is None:
+        dh0 = q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+@_chunk_gdn_bwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
+    dh0 = (q.new_empty(0, dtype=torch.float32) if initial_state is None
+           else initial_state.new_empty(initial_state.shape, dtype=torch.float32))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), dh0)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+    ctx.scale = scale
+    ctx.output_final_state = output_final_state
+
+
+def _fwd_backward(ctx, do, dfinal):
+    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    # the gradient of final_state flows in only when the state was returned (and used)
+    dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
+    dq, dk, dv, dg, dbeta, dh0 = _chunk_gdn_bwd(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do, dht)
+    return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None
+
+
+_chunk_gdn_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
 def _triton_supports(q=None, **_) -> Tuple[bool, str]:
     if q is None:
         return True, ""
@@ -27,9 +98,8 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 
 
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-    return res.o, res.final_state
+    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return o, (final if output_final_state else None)
 
 
 def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
@@ -61,16 +131,14 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         backend: "auto", "triton", "reference" (or "gluon" where registered).
     Returns:
         o [B, T, HV, V] in v's dtype, and the final state (fp32) or None.
+    Differentiable in q, k, v, g, beta and initial_state (the gradient of the final state flows in); each
+    gradient comes back in its input's dtype.
     """
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP)
     if scale is None:
         scale = dims["K"] ** -0.5
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, output_final_state=output_final_state)
-    if b.name != "reference" and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
-        raise NotImplementedError(
-            f"{OP}: the {b.name} backend has no backward yet; call it under torch.no_grad() or use backend='reference'")
     if use_qk_l2norm_in_kernel:
         q = _ref.l2norm(q.float()).to(q.dtype)
         k = _ref.l2norm(k.float()).to(k.dtype)
