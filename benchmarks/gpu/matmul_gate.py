@@ -228,7 +228,7 @@ def summarise(result: dict) -> list:
     for b in ("triton", "gluon"):
         g = result["gate"][b]
         if "error" in g:
-            lines.append(f"gate {b}: ERROR {g['error'][:300]}")
+            lines.append(f"gate {b}: ERROR {g['error'][-400:]}")
         else:
             errs = [c["rel_rms"] for c in g["cases"] if "rel_rms" in c]
             lines.append(f"gate {b}: {'PASS' if g['passed'] else 'FAIL'} ({g['n_ran']}/{g['n_cases']} cases ran, "
@@ -238,7 +238,7 @@ def summarise(result: dict) -> list:
     times = {}
     for part in result["bench"].values():
         if "error" in part:
-            lines.append(f"bench error: {part['error'][:300]}")
+            lines.append(f"bench error: {part['error'][-400:]}")
         for r in part.get("rows", []):
             times[(tuple(r["shape"]), r["impl"])] = r
     impls = sorted({k[1] for k in times}, key=lambda s: (s != "cublas", s != "triton", s != "gluon", s))
@@ -280,22 +280,34 @@ def main() -> int:
         return 0
     deadline = time.time() + TOTAL_BUDGET_S
     result = dict(environment=environment(), gate={}, bench={})
+    out_json = os.path.join(args.out, "matmul.json")
+
+    def checkpoint(kind, name, res):
+        # Progress line and a partial JSON after every section, in case the whole run is cut short.
+        state = "error" if "error" in res else ("passed" if res.get("passed") else "done" if kind == "bench"
+                                                else "FAILED")
+        print(f"[{time.strftime('%H:%M:%S')}] {kind} {name}: {state} ({res.get('wall_s')} s)", flush=True)
+        with open(out_json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
     for b in ("triton", "gluon"):
         result["gate"][b] = run_section(f"gate_{b}", args.out, deadline)
+        checkpoint("gate", b, result["gate"][b])
     for b in ("cublas", "triton", "gluon"):
         if b != "cublas" and not result["gate"][b].get("passed"):
             # A kernel that failed (or could not run) its gate is not timed as if it were valid.
             result["bench"][b] = dict(error=f"not benchmarked: {b} gate did not pass")
             continue
         result["bench"][b] = run_section(f"bench_{b}", args.out, deadline)
+        checkpoint("bench", b, result["bench"][b])
     try:
         lines = summarise(result)
     except Exception:  # noqa: BLE001
         lines = ["summary failed:", traceback.format_exc()]
-    with open(os.path.join(args.out, "matmul.json"), "w") as f:
+    with open(out_json, "w") as f:
         json.dump(result, f, indent=1, default=str)
     print("\n".join(lines))
-    print(f"wrote {os.path.join(args.out, 'matmul.json')}")
+    print(f"wrote {out_json}")
     gates_ok = all(result["gate"][b].get("passed") for b in ("triton", "gluon"))
     return 0 if gates_ok else 1
 

@@ -139,8 +139,16 @@ def sass_counts(cubin: bytes) -> Dict[str, int]:
 
 def inspect_kernel(spec: AotKernel, arch: Optional[str] = None) -> AotReport:
     arch = arch or spec.archs[0]
-    if spec.language == "triton" and _interpreting():
-        return _inspect_in_subprocess(spec.name, arch)
+    key = (spec.name, arch)
+    if key not in _REPORTS:
+        _REPORTS[key] = _inspect_in_subprocess(spec.name, arch) if _interpreting() else _inspect_here(spec, arch)
+    return _REPORTS[key]
+
+
+_REPORTS: Dict[Tuple[str, str], AotReport] = {}
+
+
+def _inspect_here(spec: AotKernel, arch: str) -> AotReport:
     k = compile_kernel(spec, arch)
     regs, spills = ptxas_usage(k.asm["ptx"], arch)
     sass = sass_counts(k.asm["cubin"])
@@ -156,9 +164,10 @@ def _interpreting() -> bool:
 
 
 def _inspect_in_subprocess(name: str, arch: str) -> AotReport:
-    """Plain Triton kernels cannot be compiled in a process that imported triton with TRITON_INTERPRET=1: every
-    @triton.jit there, tl.cdiv included, is an InterpretedFunction. Compile in a child without the variable.
-    (Gluon's @gluon.jit ignores the interpreter, so Gluon kernels compile in-process.)"""
+    """Compile in a child process without TRITON_INTERPRET. In a process that imported triton with it set, every
+    @triton.jit (tl.cdiv included) is an InterpretedFunction, so plain Triton kernels do not compile; and once the
+    interpreter has run a kernel, the language builtins Gluon shares are left patched, so Gluon kernels then fail
+    too ("'block_argument' object has no attribute 'dtype'"). A child process avoids both."""
     import json
     import sys
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -175,4 +184,4 @@ if __name__ == "__main__":
     from dataclasses import asdict
     # Run as a script this file is __main__; the registry lives in the imported module.
     from linattn.runtime import aot as _aot
-    print(json.dumps(asdict(_aot.inspect_kernel(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
+    print(json.dumps(asdict(_aot._inspect_here(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
