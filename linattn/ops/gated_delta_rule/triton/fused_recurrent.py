@@ -36,7 +36,7 @@ def fused_recurrent_gdn_fwd_kernel(
 ):
     # int64 from the start: (slot * HV + head) * K * V overflows int32 for pools above 2^31 elements (8 GiB fp32)
     pid = tl.program_id(0).to(tl.int64)
-    NV: tl.constexpr = (V + BV - 1) // BV
+    NV = tl.cdiv(V, BV)
     i_v = pid % NV
     i_nh = pid // NV
     i_n = i_nh // HV
@@ -156,11 +156,12 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                             use_qk_l2norm: bool, beta_sigmoid: bool, output_final_state: bool, inplace: bool,
-                            block_v: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                            config: Optional[tuple] = None, out: Optional[torch.Tensor] = None,
                             final_out: Optional[torch.Tensor] = None):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
     requested. The arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`:
-    optional preallocated contiguous outputs (tests pass NaN-poisoned ones); `block_v` overrides BV."""
+    optional preallocated contiguous outputs (tests pass NaN-poisoned ones); `config` = (BV, num_warps) overrides
+    the heuristic (the GPU bench sweeps it)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if state_indices is not None:
@@ -181,8 +182,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     if output_final_state and not inplace:
         ht = empty(N, HV, K, V, dtype=state_dtype, device=q.device) if final_out is None else final_out
     BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, device_facts(q.device).num_sms)
-    if block_v is not None:
-        BV = block_v
+    if config is not None:
+        BV, num_warps = config
     grid = (N * HV * triton.cdiv(V, BV),)
     if grid[0] == 0:
         return o, ht

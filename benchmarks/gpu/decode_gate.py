@@ -1,0 +1,459 @@
+"""GPU gate and benchmark for GDN decode (`fused_recurrent_gated_delta_rule`) on an H200:
+`python benchmarks/gpu/decode_gate.py --out DIR [--fla]`.
+
+1. gate: the Triton decode against a fp64 torch reference (`fused_recurrent_reference` on fp64 copies) at real
+   sizes: K = V = 128, H = HV = 32 and GVA H = 16, HV = 32, batch 1 / 32 / 256, a state pool with padded rows
+   (unused slots must stay bit-identical), fp32 and bf16 pools, speculative T = 4, varlen, fused gate +
+   beta_sigmoid, out-of-range indices (no write outside the pool), CUDA-graph replay = eager, and
+   torch.compile(fullgraph=True). Relative RMS errors recorded; outputs NaN-poisoned (poisoned_allocations).
+2. drift: 1,000 decode steps, one call per token, fp32 and bf16 pools against a fp64 recurrence.
+3. bench: H = HV = 32, K = V = 128, T = 1, bf16 q/k/v, pool inplace, batch 1 / 32 / 256: median time per call
+   inside a CUDA graph (each replay runs several calls on disjoint pool slots spanning >= 3x the L2, so the
+   state comes from HBM as in serving), FLA 0.6.0's fused_recurrent_gated_delta_rule on the same inputs
+   (initial_state -> new final state) with --fla, state bandwidth against a device-to-device copy measured in
+   the same run, bf16-state speedup at batch 256. Targets are checked and recorded.
+
+`--drift-cpu` runs only the drift section on the CPU (under TRITON_INTERPRET=1) at a small size: the numbers
+in benchmarks/DECODE.md. Writes DIR/decode.json (environment line first) and prints a short table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+from linattn.ops.gated_delta_rule.fused_recurrent import (  # noqa: E402
+    fused_recurrent_gated_delta_rule as decode, fused_recurrent_reference)
+from linattn.ops.gated_delta_rule.reference import naive_recurrent  # noqa: E402
+from linattn.runtime.alloc import poisoned_allocations  # noqa: E402
+from linattn.testing import TOL, make_gdn_inputs, rel_rms, random_cu_seqlens  # noqa: E402
+
+K = V = 128
+F32_TOL = TOL[torch.float32]
+BF16_STATE_TOL = 4e-3        # one bf16 rounding of the state: < 2^-9 relative (tests/test_fused_recurrent.py)
+START = time.time()
+DEV = "cuda"                 # a CPU dry run of the gate's logic sets "cpu" (and small K, V) from outside
+
+
+def _sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def environment(fla: bool) -> dict:
+    import triton
+    env = dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), torch=torch.__version__,
+               triton=triton.__version__,
+               gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+    try:
+        from importlib.metadata import version
+        env["fla"] = version("fla-core") if fla else "not requested"
+    except Exception as e:  # noqa: BLE001
+        env["fla"] = f"unknown ({e!r})"
+    try:
+        env["git_commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                                           text=True, timeout=10).stdout.strip()
+        env["git_dirty"] = bool(subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "linattn"],
+                                               capture_output=True, text=True, timeout=10).stdout.strip())
+    except Exception as e:  # noqa: BLE001
+        env["git_commit"] = f"unknown ({e!r})"
+    return env
+
+
+def _f64(x: dict) -> dict:
+    return {n: (t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in x.items()}
+
+
+def _inputs(B, T, H, HV, device=None):
+    x = make_gdn_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, device=device or DEV, initial_state=False)
+    del x["initial_state"]
+    return x
+
+
+def _pool_case(B, H, HV, state_dtype, T=1, extra=None, varlen=None):
+    """Pool of 2B + 3 slots, every 4th sequence padded (-1), live slots a random permutation. Checks o, the
+    updated slots, and that padded outputs are 0 and unused slots bit-identical."""
+    if varlen is not None:
+        x = _inputs(1, sum(varlen), H, HV)
+        x["cu_seqlens"] = random_cu_seqlens(varlen, device=DEV)
+        N = len(varlen)
+    else:
+        x = _inputs(B, T, H, HV)
+        N = B
+    x.update(extra or {})
+    slots = 2 * N + 3
+    pool = (torch.randn(slots, HV, K, V, device=DEV) * 0.5).to(state_dtype)
+    idx = torch.randperm(slots, device=DEV)[:N]
+    idx[3::4] = -1
+    before = pool.clone()
+    ref_pool = pool.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True)
+    with poisoned_allocations():
+        o, ret = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
+    _sync()
+    live = idx[idx >= 0]
+    unused = torch.ones(slots, dtype=torch.bool, device=DEV)
+    unused[live] = False
+    pad = (idx < 0).nonzero().flatten()
+    if varlen is None:
+        pad_rows_zero = bool((o[pad] == 0).all())
+    else:
+        cu = x["cu_seqlens"].tolist()
+        pad_rows_zero = all(bool((o[0, cu[n]:cu[n + 1]] == 0).all()) for n in pad.tolist())
+    err_o = rel_rms(o, ro)
+    err_s = rel_rms(pool[live], ref_pool[live])
+    tol_o = TOL[torch.bfloat16]                    # o is written in v's dtype (bf16)
+    tol_s = F32_TOL if state_dtype == torch.float32 else BF16_STATE_TOL
+    ok = (err_o <= tol_o and err_s <= tol_s and ret is pool and pad_rows_zero
+          and torch.equal(pool[unused], before[unused]))
+    return dict(rel_rms_o=err_o, rel_rms_state=err_s, tol_o=tol_o, tol_state=tol_s, pad_rows_zero=pad_rows_zero,
+                unused_slots_untouched=bool(torch.equal(pool[unused], before[unused])),
+                status="pass" if ok else "FAIL")
+
+
+def _out_of_range_case():
+    """Indices >= num_slots on the GPU (not checked on the host): treated as padded; guard rows untouched."""
+    H = HV = 32
+    x = _inputs(8, 1, H, HV)
+    buf = torch.randn(12, HV, K, V, device=DEV)
+    pool = buf[:8]
+    before = buf.clone()
+    idx = torch.tensor([8, 1, 11, 2, 1000, -1, 3, 9], device=DEV)
+    with poisoned_allocations():
+        o, _ = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
+    _sync()
+    keep = [0, 4, 5, 6, 7, 8, 9, 10, 11]
+    ok_guard = bool(torch.equal(buf[keep], before[keep]))
+    bad = torch.tensor([0, 2, 4, 5, 7], device=DEV)
+    ok_zero = bool((o[bad] == 0).all())
+    return dict(guard_rows_untouched=ok_guard, padded_outputs_zero=ok_zero,
+                status="pass" if ok_guard and ok_zero else "FAIL")
+
+
+def _graph_case():
+    """One CUDA-graph replay gives the eager result (pool state and outputs), with new inputs copied in."""
+    B, H, HV = 32, 16, 32
+    x = _inputs(B, 1, H, HV)
+    pool = torch.randn(2 * B, HV, K, V, device=DEV)
+    idx = torch.randperm(2 * B, device=DEV)[:B].to(torch.int32)
+    p_eager, p_graph = pool.clone(), pool.clone()
+    decode(**x, initial_state=p_graph, state_indices=idx, inplace=True)      # compile outside the capture
+    p_graph.copy_(pool)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        o_graph, _ = decode(**x, initial_state=p_graph, state_indices=idx, inplace=True)
+    torch.cuda.current_stream().wait_stream(s)
+    p_graph.copy_(pool)
+    fresh = _inputs(B, 1, H, HV)
+    for n in x:
+        x[n].copy_(fresh[n])
+    graph.replay()
+    o_eager, _ = decode(**x, initial_state=p_eager, state_indices=idx, inplace=True)
+    _sync()
+    ok = torch.equal(o_graph, o_eager) and torch.equal(p_graph, p_eager)
+    return dict(graph_equals_eager=bool(ok), status="pass" if ok else "FAIL")
+
+
+def _compile_case():
+    B, H, HV = 8, 16, 32
+    x = _inputs(B, 1, H, HV)
+    pool = torch.randn(16, HV, K, V, device=DEV)
+    idx = torch.tensor([3, -1, 0, 9, 15, 7, -1, 2], device=DEV)
+    want = pool.clone()
+    wo, _ = decode(**x, initial_state=want, state_indices=idx, inplace=True)
+
+    def step(q, k, v, g, beta, pool, idx):
+        return decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)[0]
+
+    t0 = time.time()
+    o = torch.compile(step, fullgraph=True)(**x, pool=pool, idx=idx)
+    _sync()
+    ok = torch.equal(o, wo) and torch.equal(pool, want)
+    return dict(compile_s=round(time.time() - t0, 1), matches_eager=bool(ok), status="pass" if ok else "FAIL")
+
+
+def gate() -> dict:
+    cases = []
+
+    def run(name, fn, **kw):
+        case = dict(case=name)
+        t0 = time.time()
+        try:
+            case.update(fn(**kw))
+        except Exception as e:  # noqa: BLE001
+            case.update(status="ERROR", error=f"{e!r}"[:600], trace=traceback.format_exc()[-1500:])
+        case["s"] = round(time.time() - t0, 2)
+        cases.append(case)
+
+    for H, HV in ((32, 32), (16, 32)):
+        for B in (1, 32, 256):
+            for sd in (torch.float32, torch.bfloat16):
+                run(f"pool H={H} HV={HV} B={B} state={str(sd)[6:]}", _pool_case, B=B, H=H, HV=HV, state_dtype=sd)
+    run("spec decode T=4 H=16 HV=32 B=32", _pool_case, B=32, H=16, HV=32, state_dtype=torch.float32, T=4)
+    run("varlen 1..4 tokens H=16 HV=32 N=24", _pool_case, B=None, H=16, HV=32, state_dtype=torch.float32,
+        varlen=[1 + (n * 7) % 4 for n in range(24)])
+    gen = torch.Generator(device=DEV)
+    gen.manual_seed(1)
+    fused = dict(g=torch.randn(32, 1, 32, device=DEV, generator=gen) * 3,
+                 beta=torch.randn(32, 1, 32, device=DEV, generator=gen) * 2,
+                 A_log=torch.rand(32, device=DEV, generator=gen) * 2 - 1,
+                 dt_bias=torch.randn(32, device=DEV, generator=gen), beta_sigmoid=True)
+    run("fused gate + beta_sigmoid H=16 HV=32 B=32", _pool_case, B=32, H=16, HV=32, state_dtype=torch.float32,
+        extra=fused)
+    run("out-of-range indices", _out_of_range_case)
+    run("CUDA graph", _graph_case)
+    if time.time() - START < 70:
+        run("torch.compile fullgraph", _compile_case)
+    else:
+        cases.append(dict(case="torch.compile fullgraph", status="skipped", reason="time budget"))
+    ran = [c for c in cases if c["status"] != "skipped"]
+    return dict(passed=all(c["status"] == "pass" for c in ran), cases=cases)
+
+
+# ------------------------------------------------------------------------------------------------- drift
+def drift(device: str, B: int, H: int, HV: int, Kd: int, Vd: int, steps: int, g_scale: float = 1.0) -> dict:
+    """`steps` decode calls of one token, fp32 and bf16 pools, against the fp64 recurrence (naive_recurrent)
+    run token by token from the same start. g_scale scales the log decays (0.05: alpha ~ 0.99, long memory).
+    q/k/v are fp32 so that only the state's precision differs between the two runs."""
+    x = make_gdn_inputs(B, steps, H, HV, Kd, Vd, dtype=torch.float32, device=device)
+    x["g"] = x["g"] * g_scale
+    h0 = x.pop("initial_state")
+    S64 = h0.double()
+    pools = {"fp32": h0.clone(), "bf16": h0.to(torch.bfloat16)}
+    S64_from_bf16 = pools["bf16"].double()     # the bf16 run starts from a rounded state: give the ref the same
+    outs = {n: [] for n in pools}
+    refs = {"fp32": [], "bf16": []}
+    idx = torch.arange(B, device=device)
+    for t in range(steps):
+        step = {n: x[n][:, t:t + 1] for n in ("q", "k", "v", "g", "beta")}
+        for name, pool in pools.items():
+            o, _ = decode(**step, initial_state=pool, state_indices=idx, inplace=True)
+            outs[name].append(o)
+        s64 = _f64(step)
+        o64, S64 = naive_recurrent(**s64, initial_state=S64, output_final_state=True)
+        ob, S64_from_bf16 = naive_recurrent(**s64, initial_state=S64_from_bf16, output_final_state=True)
+        refs["fp32"].append(o64)
+        refs["bf16"].append(ob)
+    res = dict(B=B, H=H, HV=HV, K=Kd, V=Vd, steps=steps, g_scale=g_scale,
+               mean_alpha=float(torch.exp(x["g"]).mean()))
+    for name in pools:
+        o = torch.cat(outs[name], 1)
+        r = torch.cat(refs[name], 1)
+        S_ref = S64 if name == "fp32" else S64_from_bf16
+        res[name] = dict(rel_rms_o_all=rel_rms(o, r), rel_rms_o_first10=rel_rms(o[:, :10], r[:, :10]),
+                         rel_rms_o_last100=rel_rms(o[:, -100:], r[:, -100:]),
+                         rel_rms_state_final=rel_rms(pools[name], S_ref))
+    return res
+
+
+# ------------------------------------------------------------------------------------------------- bench
+def _time_graph(fns, replays=20) -> float:
+    """Capture all fns (one call each) in one CUDA graph; median ms per call over `replays` replays."""
+    for fn in fns:                                     # warm up / compile outside the capture
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        graph.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for a, b in ev:
+        a.record()
+        graph.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) / len(fns)
+
+
+def _copy_bandwidth() -> dict:
+    n = 1 << 28                                       # 1 GiB of fp32: far beyond the L2
+    src = torch.randn(n, device=DEV)
+    dst = torch.empty_like(src)
+    ms = _time_graph([lambda: dst.copy_(src)] * 4)
+    return dict(bytes=2 * 4 * n, ms=ms, tb_s=2 * 4 * n / ms / 1e9)
+
+
+def _n_calls(state_bytes_per_call: int) -> int:
+    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20))
+    return int(min(64, max(2, math.ceil(3 * l2 / state_bytes_per_call))))
+
+
+def bench(fla: bool) -> dict:
+    H = HV = 32
+    out = dict(shape=dict(H=H, HV=HV, K=K, V=V, T=1, qkv="bf16", mode="pool, inplace"), rows=[])
+    copy = _copy_bandwidth()
+    out["copy"] = copy
+    fla_fn = None
+    if fla:
+        try:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
+        except Exception as e:  # noqa: BLE001
+            out["fla_error"] = f"{e!r}"[:400]
+    for B, sd in ((1, torch.float32), (32, torch.float32), (256, torch.float32), (256, torch.bfloat16)):
+        row = dict(B=B, state=str(sd)[6:])
+        try:
+            x = _inputs(B, 1, H, HV)
+            esize = torch.empty((), dtype=sd).element_size()
+            state_bytes = 2 * B * HV * K * V * esize            # read + write
+            n = _n_calls(state_bytes)
+            pool = (torch.randn(n * B, HV, K, V, device=DEV) * 0.5).to(sd)
+            perm = torch.randperm(n * B, device=DEV)
+            idx = [perm[i * B:(i + 1) * B].contiguous() for i in range(n)]
+            ours = [lambda i=i: decode(**x, initial_state=pool, state_indices=idx[i], inplace=True) for i in range(n)]
+            ms = _time_graph(ours)
+            row.update(calls_per_replay=n, ours_us=ms * 1e3, state_tb_s=state_bytes / ms / 1e9,
+                       of_copy_bw=state_bytes / ms / 1e9 / copy["tb_s"])
+            if fla_fn is not None and sd == torch.float32:
+                try:
+                    h0 = [pool[i].contiguous() for i in idx]
+                    f = [lambda i=i: fla_fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=h0[i],
+                                            output_final_state=True) for i in range(n)]
+                    fms = _time_graph(f)
+                    row.update(fla_us=fms * 1e3, fla_of_copy_bw=state_bytes / fms / 1e9 / copy["tb_s"],
+                               ours_speedup=fms / ms)
+                    # same inputs, same answer (FLA reads h0 copies of our pool's slots at this point)
+                    fo, fh = fla_fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=h0[0],
+                                    output_final_state=True)
+                    oo, oh = decode(**x, initial_state=h0[0], output_final_state=True)
+                    row.update(vs_fla_rel_rms_o=rel_rms(oo, fo), vs_fla_rel_rms_state=rel_rms(oh, fh))
+                except Exception as e:  # noqa: BLE001
+                    row["fla_error"] = f"{e!r}"[:400]
+            del pool
+        except Exception as e:  # noqa: BLE001
+            row.update(error=f"{e!r}"[:600], trace=traceback.format_exc()[-1500:])
+        out["rows"].append(row)
+        torch.cuda.empty_cache()
+    rows = {(r["B"], r["state"]): r for r in out["rows"]}
+    t = {}
+    r256, r256b = rows.get((256, "float32"), {}), rows.get((256, "bfloat16"), {})
+    if "of_copy_bw" in r256:
+        t["batch256_ge_90pct_copy_bw"] = r256["of_copy_bw"] >= 0.90
+    if "ours_us" in r256 and "ours_us" in r256b:
+        out["bf16_speedup_b256"] = r256["ours_us"] / r256b["ours_us"]
+        t["bf16_ge_1.7x_fp32_b256"] = out["bf16_speedup_b256"] >= 1.7
+    for B in (1, 32):
+        r = rows.get((B, "float32"), {})
+        if "fla_us" in r:
+            t[f"batch{B}_not_slower_than_fla"] = r["ours_us"] <= r["fla_us"]
+    if "ours_us" in rows.get((1, "float32"), {}):
+        t["batch1_le_8us"] = rows[(1, "float32")]["ours_us"] <= 8.0
+    out["targets"] = t
+    return out
+
+
+def sweep() -> dict:
+    """Launch configs (BV, num_warps) around the heuristic's choice, timed like the bench (fp32 and bf16 pools,
+    inplace, T = 1, H = HV = 32): data for decode_launch_config, not a gate."""
+    from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_launch_config, fused_recurrent_gdn_fwd
+    H = HV = 32
+    rows = []
+    for B, sd, configs in ((1, torch.float32, [(8, 1), (16, 1), (16, 2), (32, 4), (4, 1)]),
+                           (256, torch.float32, [(32, 4), (32, 2), (16, 2), (64, 4), (64, 8), (128, 8)]),
+                           (256, torch.bfloat16, [(32, 4), (64, 4), (64, 8), (16, 2), (128, 8)])):
+        if time.time() - START > 105:
+            rows.append(dict(B=B, state=str(sd)[6:], skipped="time budget"))
+            continue
+        x = _inputs(B, 1, H, HV)
+        esize = torch.empty((), dtype=sd).element_size()
+        state_bytes = 2 * B * HV * K * V * esize
+        n = _n_calls(state_bytes)
+        pool = (torch.randn(n * B, HV, K, V, device=DEV) * 0.5).to(sd)
+        perm = torch.randperm(n * B, device=DEV)
+        idx = [perm[i * B:(i + 1) * B].contiguous() for i in range(n)]
+        chosen = decode_launch_config(B, HV, K, V, sd, torch.cuda.get_device_properties(0).multi_processor_count)
+        for cfg in configs:
+            row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], heuristic=cfg == chosen[1:])
+            try:
+                fns = [lambda i=i: fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5,
+                                                           pool, None, idx[i], None, None, False, False, False,
+                                                           True, config=cfg) for i in range(n)]
+                ms = _time_graph(fns, replays=10)
+                row.update(us=ms * 1e3, state_tb_s=state_bytes / ms / 1e9)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{e!r}"[:300]
+            rows.append(row)
+        del pool
+        torch.cuda.empty_cache()
+    return dict(rows=rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--drift-cpu", action="store_true", help="only the drift section, on the CPU (interpreter)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = dict(environment=environment(args.fla))
+    sections = ([("drift_cpu", lambda: [drift("cpu", 1, 2, 2, 32, 32, 1000, s) for s in (1.0, 0.05)])]
+                if args.drift_cpu else
+                [("gate", gate), ("drift", lambda: [drift("cuda", 4, 16, 32, K, V, 1000, s) for s in (1.0, 0.05)]),
+                 ("bench", lambda: bench(args.fla)), ("sweep", sweep)])
+    for name, fn in sections:
+        t0 = time.time()
+        try:
+            res[name] = fn()
+        except Exception as e:  # noqa: BLE001
+            res[name] = dict(error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
+        res.setdefault("section_s", {})[name] = round(time.time() - t0, 1)
+        with open(os.path.join(args.out, "decode.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    _print(res)
+
+
+def _print(res):
+    env = res["environment"]
+    print(f"# {env.get('gpu')} torch {env.get('torch')} triton {env.get('triton')} fla {env.get('fla')} "
+          f"commit {str(env.get('git_commit'))[:10]}")
+    g = res.get("gate")
+    if g:
+        print(f"gate: {'PASS' if g.get('passed') else 'FAIL'}" + (f" ({g['error']})" if "error" in g else ""))
+        for c in g.get("cases", []):
+            errs = " ".join(f"{k}={c[k]:.2e}" for k in ("rel_rms_o", "rel_rms_state") if k in c)
+            print(f"  {c['status']:7s} {c['case']:45s} {errs} {c.get('error', '')}")
+    for key in ("drift", "drift_cpu"):
+        for d in res.get(key, []) if isinstance(res.get(key), list) else []:
+            print(f"drift {d['steps']} steps, mean alpha {d['mean_alpha']:.3f}: " + "  ".join(
+                f"{n}: o {d[n]['rel_rms_o_all']:.2e} (last100 {d[n]['rel_rms_o_last100']:.2e}) "
+                f"state {d[n]['rel_rms_state_final']:.2e}" for n in ("fp32", "bf16")))
+    b = res.get("bench")
+    if b and "rows" in b:
+        print(f"copy bandwidth {b['copy']['tb_s']:.2f} TB/s")
+        print(f"{'B':>4} {'state':>8} {'ours us':>8} {'TB/s':>6} {'%copy':>6} {'FLA us':>8} {'FLA %copy':>9}")
+        for r in b["rows"]:
+            if "ours_us" not in r:
+                print(f"{r['B']:>4} {r['state']:>8} error: {r.get('error')}")
+                continue
+            fl = (f"{r['fla_us']:8.1f} {100 * r['fla_of_copy_bw']:8.0f}%" if "fla_us" in r
+                  else r.get("fla_error", "")[:60])
+            print(f"{r['B']:>4} {r['state']:>8} {r['ours_us']:8.1f} {r['state_tb_s']:6.2f} "
+                  f"{100 * r['of_copy_bw']:5.0f}% {fl}")
+        print(f"bf16 speedup at batch 256: {b.get('bf16_speedup_b256', float('nan')):.2f}x; targets: {b.get('targets')}")
+    elif b:
+        print(f"bench error: {b.get('error')}")
+    for r in (res.get("sweep") or {}).get("rows", []):
+        print(f"sweep B={r['B']} {r['state']} BV={r.get('BV')} warps={r.get('num_warps')}"
+              f"{' (heuristic)' if r.get('heuristic') else ''}: "
+              + (f"{r['us']:.1f} us {r['state_tb_s']:.2f} TB/s" if "us" in r else str(r.get("error", r.get("skipped")))))
+
+
+if __name__ == "__main__":
+    main()
