@@ -13,5 +13,6 @@ if _settings.interpret:
 __version__ = "0.1.0"
 
 from linattn.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
+from linattn.ops.matmul import matmul  # noqa: E402
 
-__all__ = ["chunk_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "matmul"]

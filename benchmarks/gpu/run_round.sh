@@ -18,6 +18,7 @@ for step in "$@"; do
     bwd)    timeout 300 python3 benchmarks/gpu/gdn_bwd_gate.py --out "$OUT" --fla ;;
     decode) timeout 200 python3 benchmarks/gpu/decode_gate.py --out "$OUT" --fla ;;
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
+    profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;
     demo)   timeout 120 python3 -m linattn.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
     *) echo "unknown step $step" ;;

@@ -41,10 +41,10 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> FwdConfig:
     # state pass: [BK, BV] fp32 state in registers; split V so that N*HV*(V/BV) programs cover the SMs
     bv_state = min(BV, 64 if BK <= 128 else 32)
     sms = facts.num_sms if facts.kind == "cuda" else 1
-    while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
+    while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
-    return FwdConfig(BK_intra=min(BK, 64), BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
-                     warps_intra=4, warps_state=4, warps_out=4, stages=2)
+    return FwdConfig(BK_intra=BK, BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
+                     warps_intra=4, warps_state=8 if BK >= 256 else 4, warps_out=4, stages=2)
 
 
 @dataclass

@@ -2,14 +2,84 @@
 
     gam  = cumsum(g)                                 (stored: every later stage reads it)
     A    = strict_lower( diag(beta) K K^T * exp(gam_i - gam_j) )
-    Tinv = (I + A)^-1                                (forward substitution, fp32)
+    Tinv = (I + A)^-1
     W    = Tinv diag(beta exp(gam)) K,   U = Tinv diag(beta) V
 
-One program per (chunk slot, value head). K and V are walked in blocks of BK / BV so any head size up to 256
-fits; the chunk's [BT, BT] matrices stay in registers.
+One program per (chunk slot, value head). The 64-row chunk is handled as four 16-row blocks, so every step is a
+small matrix product instead of a 64-step row-by-row substitution (whose per-row cross-warp reductions made
+the first version of this kernel the slowest stage of the forward):
+  - diagonal blocks: D_i = (I + N)^-1 for the strictly lower 16x16 block N, by the exact nilpotent product
+    (I - N)(I + N^2)(I + N^4)(I + N^8)   (N^16 = 0);
+  - off-diagonal blocks of Tinv by block forward substitution: X_ij = -D_i sum_{j<=m<i} A_im X_mj.
+These fp32 products run at DOT_PREC: TF32 for 16-bit inputs (Tinv is rounded to the 16-bit operand type right
+after, which costs more than TF32's 10-bit mantissa), IEEE fp32 for fp32 inputs.
 """
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _k_rows(k_ptr, t0, eos, hk, i: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    p = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (i * 16, 0), (16, BK), (1, 0))
+    return tl.load(p, boundary_check=(0, 1))
+
+
+@triton.jit
+def _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, base, i: tl.constexpr, HV: tl.constexpr):
+    """Block i's cumulative gate (continuing from `base`, the sum of the earlier blocks) and beta."""
+    r = t0 + i * 16 + tl.arange(0, 16)
+    m = r < eos
+    g = tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    gam = tl.cumsum(g, axis=0) + base
+    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    return gam, beta, base + tl.sum(g, axis=0)
+
+
+@triton.jit
+def _a_block(ki, kj, gi, gj, bi, DIAG: tl.constexpr, PREC: tl.constexpr):
+    kk = tl.dot(ki, tl.trans(kj), input_precision=PREC)
+    r = tl.arange(0, 16)
+    if DIAG:
+        # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+        lower = r[:, None] > r[None, :]
+        return tl.where(lower, bi[:, None] * kk * tl.exp(tl.where(lower, gi[:, None] - gj[None, :], 0.)), 0.)
+    return bi[:, None] * kk * tl.exp(gi[:, None] - gj[None, :])
+
+
+@triton.jit
+def _inv_unit_lower16(n, PREC: tl.constexpr):
+    """(I + n)^-1 for a strictly lower triangular 16x16 n: (I - n)(I + n^2)(I + n^4)(I + n^8)."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1., 0.)
+    n2 = tl.dot(n, n, input_precision=PREC)
+    n4 = tl.dot(n2, n2, input_precision=PREC)
+    n8 = tl.dot(n4, n4, input_precision=PREC)
+    x = tl.dot(eye - n, eye + n2, input_precision=PREC)
+    x = tl.dot(x, eye + n4, input_precision=PREC)
+    return tl.dot(x, eye + n8, input_precision=PREC)
+
+
+@triton.jit
+def _store_tinv_row(tinv_ptr, t0, eos, hv, i: tl.constexpr, x0, x1, x2, x3, HV: tl.constexpr, BT: tl.constexpr):
+    r = t0 + i * 16 + tl.arange(0, 16)
+    c = tl.arange(0, 16)
+    base = tinv_ptr + (r * HV + hv)[:, None] * BT + c[None, :]
+    m = (r < eos)[:, None]
+    tl.store(base, x0, mask=m)
+    tl.store(base + 16, x1, mask=m)
+    tl.store(base + 32, x2, mask=m)
+    tl.store(base + 48, x3, mask=m)
+
+
+@triton.jit
+def _apply_rows(x0, x1, x2, x3, s0, s1, s2, s3, PREC: tl.constexpr):
+    """One 16-row block of Tinv @ S, with S given as four 16-row blocks (operand dtype)."""
+    acc = tl.dot(x0.to(s0.dtype), s0, input_precision=PREC)
+    acc += tl.dot(x1.to(s0.dtype), s1, input_precision=PREC)
+    acc += tl.dot(x2.to(s0.dtype), s2, input_precision=PREC)
+    acc += tl.dot(x3.to(s0.dtype), s3, input_precision=PREC)
+    return acc
 
 
 @triton.jit
@@ -21,6 +91,8 @@ def intra_chunk_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     STORE_TINV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    F32: tl.constexpr = DOT_PREC               # fp32 products of the inverse
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n = tl.load(chunk_idx_ptr + 2 * p)
@@ -30,46 +102,84 @@ def intra_chunk_wy_kernel(
     bos = tl.load(cu_ptr + n)
     eos = tl.load(cu_ptr + n + 1)
     t0 = bos + c.to(tl.int64) * BT            # int64: token offsets times head strides can pass 2^31
-    rows = tl.arange(0, BT)
-    valid = (t0 + rows) < eos
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
 
-    g = tl.load(g_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.).to(tl.float32)
-    gam = tl.cumsum(g, axis=0)
-    tl.store(gcum_ptr + (t0 + rows) * HV + hv, gam, mask=valid)
-    beta = tl.load(beta_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.).to(tl.float32)
+    g0, b0, s = _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, 0., 0, HV)
+    g1, b1, s = _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, s, 1, HV)
+    g2, b2, s = _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, s, 2, HV)
+    g3, b3, s = _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, s, 3, HV)
 
-    # A = K K^T over K in blocks
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-    lower = rows[:, None] > rows[None, :]
-    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
-    diff = tl.where(lower, gam[:, None] - gam[None, :], 0.)
-    a = tl.where(lower, beta[:, None] * kk * tl.exp(diff), 0.)
+    # rows past the sequence end load as zeros: their A rows and columns vanish
+    k0 = _k_rows(k_ptr, t0, eos, hk, 0, H, K, BK)
+    k1 = _k_rows(k_ptr, t0, eos, hk, 1, H, K, BK)
+    k2 = _k_rows(k_ptr, t0, eos, hk, 2, H, K, BK)
+    k3 = _k_rows(k_ptr, t0, eos, hk, 3, H, K, BK)
 
-    # Tinv = (I + A)^-1 by forward substitution: row i of Tinv = e_i - sum_{j<i} A_ij Tinv_j
-    tinv = tl.where(rows[:, None] == rows[None, :], 1., 0.)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.), axis=0)          # row i of A, [BT] over columns j
-        x_i = tl.sum(a_i[:, None] * tinv, axis=0)                          # sum_j A_ij Tinv[j, :]
-        tinv = tl.where(rows[:, None] == i, tinv - x_i[None, :], tinv)
+    a10 = _a_block(k1, k0, g1, g0, b1, False, DOT_PREC)
+    a20 = _a_block(k2, k0, g2, g0, b2, False, DOT_PREC)
+    a21 = _a_block(k2, k1, g2, g1, b2, False, DOT_PREC)
+    a30 = _a_block(k3, k0, g3, g0, b3, False, DOT_PREC)
+    a31 = _a_block(k3, k1, g3, g1, b3, False, DOT_PREC)
+    a32 = _a_block(k3, k2, g3, g2, b3, False, DOT_PREC)
+    d0 = _inv_unit_lower16(_a_block(k0, k0, g0, g0, b0, True, DOT_PREC), F32)
+    d1 = _inv_unit_lower16(_a_block(k1, k1, g1, g1, b1, True, DOT_PREC), F32)
+    d2 = _inv_unit_lower16(_a_block(k2, k2, g2, g2, b2, True, DOT_PREC), F32)
+    d3 = _inv_unit_lower16(_a_block(k3, k3, g3, g3, b3, True, DOT_PREC), F32)
+
+    # block forward substitution for the strictly lower blocks of Tinv
+    x10 = -tl.dot(d1, tl.dot(a10, d0, input_precision=F32), input_precision=F32)
+    x21 = -tl.dot(d2, tl.dot(a21, d1, input_precision=F32), input_precision=F32)
+    x20 = -tl.dot(d2, tl.dot(a20, d0, input_precision=F32) + tl.dot(a21, x10, input_precision=F32),
+                  input_precision=F32)
+    x32 = -tl.dot(d3, tl.dot(a32, d2, input_precision=F32), input_precision=F32)
+    x31 = -tl.dot(d3, tl.dot(a31, d1, input_precision=F32) + tl.dot(a32, x21, input_precision=F32),
+                  input_precision=F32)
+    x30 = -tl.dot(d3, tl.dot(a30, d0, input_precision=F32) + tl.dot(a31, x10, input_precision=F32)
+                  + tl.dot(a32, x20, input_precision=F32), input_precision=F32)
+    zero = tl.zeros([16, 16], dtype=tl.float32)
     if STORE_TINV:
-        tl.store(tinv_ptr + ((t0 + rows) * HV + hv)[:, None] * BT + rows[None, :], tinv, mask=valid[:, None])
+        _store_tinv_row(tinv_ptr, t0, eos, hv, 0, d0, zero, zero, zero, HV, BT)
+        _store_tinv_row(tinv_ptr, t0, eos, hv, 1, x10, d1, zero, zero, HV, BT)
+        _store_tinv_row(tinv_ptr, t0, eos, hv, 2, x20, x21, d2, zero, HV, BT)
+        _store_tinv_row(tinv_ptr, t0, eos, hv, 3, x30, x31, x32, d3, HV, BT)
 
-    tinv_op = tinv.to(k_ptr.dtype.element_ty)
-    kscale = beta * tl.exp(gam)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-        b_w = tl.dot(tinv_op, (b_k * kscale[:, None]).to(k_ptr.dtype.element_ty), input_precision=DOT_PREC)
-        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        tl.store(p_w, b_w.to(w_ptr.dtype.element_ty), boundary_check=(0, 1))
+    # W = Tinv diag(beta exp(gam)) K, over K in one block of BK (zero-padded past K)
+    op = k_ptr.dtype.element_ty
+    s0 = (k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]).to(op)
+    s1 = (k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]).to(op)
+    s2 = (k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]).to(op)
+    s3 = (k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]).to(op)
+    wb = w_ptr + t0 * HV * K + hv * K
+    p_w = tl.make_block_ptr(wb, (eos - t0, K), (HV * K, 1), (0, 0), (16, BK), (1, 0))
+    tl.store(p_w, _apply_rows(d0, zero, zero, zero, s0, s1, s2, s3, DOT_PREC).to(op), boundary_check=(0, 1))
+    p_w = tl.make_block_ptr(wb, (eos - t0, K), (HV * K, 1), (16, 0), (16, BK), (1, 0))
+    tl.store(p_w, _apply_rows(x10, d1, zero, zero, s0, s1, s2, s3, DOT_PREC).to(op), boundary_check=(0, 1))
+    p_w = tl.make_block_ptr(wb, (eos - t0, K), (HV * K, 1), (32, 0), (16, BK), (1, 0))
+    tl.store(p_w, _apply_rows(x20, x21, d2, zero, s0, s1, s2, s3, DOT_PREC).to(op), boundary_check=(0, 1))
+    p_w = tl.make_block_ptr(wb, (eos - t0, K), (HV * K, 1), (48, 0), (16, BK), (1, 0))
+    tl.store(p_w, _apply_rows(x30, x31, x32, d3, s0, s1, s2, s3, DOT_PREC).to(op), boundary_check=(0, 1))
+
+    # U = Tinv diag(beta) V, over V in blocks of BV
+    vb_ = v_ptr + t0 * HV * V + hv * V
+    ub = u_ptr + t0 * HV * V + hv * V
     for vb in range(0, tl.cdiv(V, BV)):
-        p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
-        b_u = tl.dot(tinv_op, (b_v * beta[:, None]).to(v_ptr.dtype.element_ty), input_precision=DOT_PREC)
-        p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        tl.store(p_u, b_u.to(u_ptr.dtype.element_ty), boundary_check=(0, 1))
+        v0 = tl.load(tl.make_block_ptr(vb_, (eos - t0, V), (HV * V, 1), (0, vb * BV), (16, BV), (1, 0)),
+                     boundary_check=(0, 1))
+        v1 = tl.load(tl.make_block_ptr(vb_, (eos - t0, V), (HV * V, 1), (16, vb * BV), (16, BV), (1, 0)),
+                     boundary_check=(0, 1))
+        v2 = tl.load(tl.make_block_ptr(vb_, (eos - t0, V), (HV * V, 1), (32, vb * BV), (16, BV), (1, 0)),
+                     boundary_check=(0, 1))
+        v3 = tl.load(tl.make_block_ptr(vb_, (eos - t0, V), (HV * V, 1), (48, vb * BV), (16, BV), (1, 0)),
+                     boundary_check=(0, 1))
+        v0 = (v0.to(tl.float32) * b0[:, None]).to(op)
+        v1 = (v1.to(tl.float32) * b1[:, None]).to(op)
+        v2 = (v2.to(tl.float32) * b2[:, None]).to(op)
+        v3 = (v3.to(tl.float32) * b3[:, None]).to(op)
+        tl.store(tl.make_block_ptr(ub, (eos - t0, V), (HV * V, 1), (0, vb * BV), (16, BV), (1, 0)),
+                 _apply_rows(d0, zero, zero, zero, v0, v1, v2, v3, DOT_PREC).to(op), boundary_check=(0, 1))
+        tl.store(tl.make_block_ptr(ub, (eos - t0, V), (HV * V, 1), (16, vb * BV), (16, BV), (1, 0)),
+                 _apply_rows(x10, d1, zero, zero, v0, v1, v2, v3, DOT_PREC).to(op), boundary_check=(0, 1))
+        tl.store(tl.make_block_ptr(ub, (eos - t0, V), (HV * V, 1), (32, vb * BV), (16, BV), (1, 0)),
+                 _apply_rows(x20, x21, d2, zero, v0, v1, v2, v3, DOT_PREC).to(op), boundary_check=(0, 1))
+        tl.store(tl.make_block_ptr(ub, (eos - t0, V), (HV * V, 1), (48, vb * BV), (16, BV), (1, 0)),
+                 _apply_rows(x30, x31, x32, d3, v0, v1, v2, v3, DOT_PREC).to(op), boundary_check=(0, 1))

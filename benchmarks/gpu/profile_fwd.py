@@ -1,0 +1,63 @@
+"""Per-kernel time of the GDN forward (torch profiler), for OPT_LOG.md.
+
+    python benchmarks/gpu/profile_fwd.py --out DIR [--backend triton] [--fla]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+
+import linattn  # noqa: E402
+from common import env_line, write_json  # noqa: E402
+from linattn.testing import make_gdn_inputs  # noqa: E402
+
+
+def profile(fn, iters=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows[e.key[:80]] = t / iters / 1e3   # ms per call
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--fla", action="store_true")
+    a = ap.parse_args()
+    res = dict(env=env_line(), shapes={})
+    for B, T in ((1, 65536), (8, 4096)):
+        x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, device="cuda")
+        entry = {}
+        with torch.no_grad():
+            entry["linattn"] = profile(lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True,
+                                                                              backend=a.backend))
+            if a.fla:
+                try:
+                    os.environ["FLA_FLASH_QLA"] = "0"
+                    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_fn
+                    entry["fla"] = profile(lambda: fla_fn(**x, output_final_state=True))
+                except Exception as e:
+                    entry["fla_error"] = repr(e)
+        res["shapes"][f"B{B}_T{T}"] = entry
+        for who, rows in entry.items():
+            if isinstance(rows, dict):
+                print(f"B={B} T={T} {who}: total {sum(rows.values()):.3f} ms")
+                for kname, ms in list(rows.items())[:8]:
+                    print(f"    {ms:8.3f} ms  {kname}")
+    write_json(os.path.join(a.out, "gdn_fwd_profile.json"), res)
+
+
+if __name__ == "__main__":
+    main()
