@@ -276,3 +276,34 @@ def test_torch_compile_fullgraph():
                                        output_final_state=True)
     assert_close("second call's state", ht, rht, F32)
     assert torch.isfinite(o2).all()
+
+
+def test_aot_sm90_vector_accesses_no_spills():
+    """The serving configs compile for sm_90a on this CPU host (in a child process without the interpreter,
+    like linattn.runtime.aot does) with 16-byte state loads/stores, no spills and no local memory."""
+    import json
+    import subprocess
+    import sys
+    code = """
+import collections, json, re
+from triton.tools.disasm import get_sass
+from linattn.runtime.aot import compile_kernel, ptxas_usage
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs
+out = []
+for s in aot_specs():
+    k = compile_kernel(s, "sm_90a")
+    regs, spills = ptxas_usage(k.asm["ptx"], "sm_90a")
+    ops = collections.Counter(m[2] for m in re.finditer(r"^\\S+\\s+(@!?U?P\\w+\\s+)?([A-Z][\\w.]+)",
+                                                        get_sass(k.asm["cubin"]), re.M))
+    out.append(dict(name=s.name, regs=regs, spills=spills, intended=list(s.intended),
+                    ops={o: n for o, n in ops.items() if o.startswith(("LDG", "STG", "LDL", "STL"))}))
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(reports) == 5
+    for r in reports:
+        assert all(r["ops"].get(op, 0) > 0 for op in r["intended"]), f"{r['name']}: {r['ops']}"
+        assert r["spills"] == 0 and not any(o.startswith(("LDL", "STL")) for o in r["ops"]), r

@@ -201,3 +201,36 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         )
     return o, ht
 
+
+
+def aot_specs():
+    """AotKernel specs (linattn.runtime.aot) of the serving configs at K = V = 128: fp32 and bf16 pools, in
+    place, at the batch-1 and large-batch block sizes, plus GVA with varlen, fused gate and an out-of-place
+    state. Intended instructions: 16-byte state loads and stores (LDG.E.128 / STG.E.128)."""
+    from linattn.runtime.aot import AotKernel
+
+    def build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True):
+        sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
+        opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
+                   ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
+        sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log=None, dt_bias=None,
+                   o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, scale="fp32", T="i32",
+                   num_slots="i32")
+        sig.update(opt)
+        const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
+                     BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
+                     IS_VARLEN=varlen, INDEXED=True)
+        constexprs = {n: None for n, t in sig.items() if t is None}
+        constexprs.update(const)
+        signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
+        signature.update({n: "constexpr" for n in const})
+        return fused_recurrent_gdn_fwd_kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
+
+    div16 = ("q", "k", "v", "g", "beta", "o", "h0")
+    cases = [("fp32_bv32_w4", dict(state="fp32", BV=32, warps=4)), ("fp32_bv8_w1", dict(state="fp32", BV=8, warps=1)),
+             ("bf16_bv32_w4", dict(state="bf16", BV=32, warps=4)), ("bf16_bv16_w2", dict(state="bf16", BV=16, warps=2)),
+             ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True,
+                                                  inplace=False))]
+    return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)), intended=("LDG.E.128", "STG.E.128"),
+                      language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
+                      description="GDN decode, K = V = 128, HV = 32, pool in place") for name, kw in cases]
