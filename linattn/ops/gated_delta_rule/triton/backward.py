@@ -1,8 +1,9 @@
 """Launcher of the Triton backward (gdn-math.md, "Backward").
 
 Stages: (0) recompute the forward's intermediates (gam, Tinv, W, U, the chunk-start states h and Vnew) with the
-forward's own kernels, skipping its output stage; (1) the reverse state pass (backward_state.py: dS per chunk,
-dVnew, d initial_state); (2) the chunk-parallel local terms (backward_local.py: dQ, the first part of dK, dW, the
+forward's own kernels, skipping its output stage; (1a) the intra-chunk part of dVnew, P^T dO, parallel over
+chunks (backward_dv_local.py); (1) the reverse state pass (backward_state.py: dS per chunk, adds the state term
+to dVnew, d initial_state); (2) the chunk-parallel local terms (backward_local.py: dQ, the first part of dK, dW, the
 gate terms of O and S_next); (3) back through the WY representation (backward_wy.py: dV, the rest of dK, dbeta,
 dg with its in-chunk reverse cumsum).
 
@@ -21,6 +22,7 @@ from typing import Optional
 import torch
 import triton
 
+from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
@@ -41,23 +43,28 @@ class BwdConfig:
     BK: int            # K block of the local and WY stages
     BV: int            # V block of the local and WY stages
     warps_state: int
+    stages_state: int
+    warps_dv_local: int
     warps_local: int
     warps_wy: int
 
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
+    """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K=V=128 and 256), not from timings yet:
+    the reverse state pass spills nothing at BV <= 32 with 4 warps (K <= 128) or 8 warps and one stage (K = 256);
+    the local and WY stages hold five to seven [64, 64] fp32 accumulators and spill 1.4-2.5 KB with 4 warps,
+    under 0.8 KB with 8."""
     facts = device_facts(device)
     BK = _pow2(K)
     BV = _pow2(V)
-    # reverse state pass: like the forward's, a [BK, BV] fp32 dS in registers, V split to cover the SMs
-    bv_state = min(BV, 64 if BK <= 128 else 32)
+    # reverse state pass: a [BK, BV] fp32 dS in registers, V split until the programs cover the SMs
+    bv_state = min(BV, 32)
     sms = facts.num_sms if facts.kind == "cuda" else 1
     while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
-    # local and WY stages hold five to seven [64, 64] fp32 accumulators: 8 warps keep them near 16-32 registers
-    # per thread each instead of spilling (unmeasured heuristic; tune on the H200)
     return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
-                     warps_state=4, warps_local=8, warps_wy=8)
+                     warps_state=4 if BK <= 128 else 8, stages_state=2 if BK <= 128 else 1,
+                     warps_dv_local=4, warps_local=8, warps_wy=8)
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -81,13 +88,17 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     dh0 = empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    chunk_dv_local_kernel[(slots, HV)](
+        q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_dv_local, num_stages=2)
     chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
         q, k, fwd.w, fwd.gcum, do, dh, dvnew,
         dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
         plan.cu, plan.chunk_offsets, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_state)
+        num_warps=cfg.warps_state, num_stages=cfg.stages_state)
 
     dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
@@ -97,7 +108,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
         plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_local)
+        num_warps=cfg.warps_local, num_stages=2)
 
     dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
@@ -107,5 +118,5 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta,
         plan.cu, plan.chunk_indices, N, T_tot,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_wy)
+        num_warps=cfg.warps_wy, num_stages=2)
     return dq, dk, dv, dg, dbeta, dh0

@@ -5,12 +5,12 @@ it starts at d final_state, or zero):
     dh[chunk] = dS                                                  (stored for the local stage)
     dVnew     = P^T dO + diag(exp(gam_C - gam)) K dS,   P = (scale Q K^T) * Gam * lower_incl
     dS        = exp(gam_C) dS + (diag(exp(gam)) scale Q)^T dO - W^T dVnew
-and dh0 = dS after the first chunk. One program per (V block, sequence * value head); every line above is
-column-separable in V, so splitting V across programs is exact (as in the forward state pass).
+and dh0 = dS after the first chunk. P^T dO does not depend on dS: backward_dv_local.py writes it into dvnew
+beforehand (in parallel), and this pass adds the state term in place. One program per (V block, sequence * value
+head); every line above is column-separable in V, so splitting V across programs is exact (as in the forward).
 
 Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): tl.trans of a dot result still in registers fed to
-another tl.dot is miscompiled. P^T is therefore computed directly as dot(K, trans(Q)) of loaded tiles, never as
-trans(dot(Q, trans(K))); every tl.trans below is of a loaded tile.
+another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scaled, W).
 """
 import triton
 import triton.language as tl
@@ -65,16 +65,13 @@ def chunk_state_bwd_kernel(
         last = tl.minimum(eos - t0, BT) - 1
         gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
 
-        # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp
-        kq = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
-        upper = (rows[:, None] <= rows[None, :]) & valid[None, :]
-        gmat = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
-        pt = tl.where(upper, kq * gmat * scale, 0.).to(b_do.dtype)
         # rows past the sequence end: k was zero-filled and gam is 0 there, so they stay zero
         kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
-        dvnew = tl.dot(pt, b_do, input_precision=DOT_PREC) + tl.dot(kdec, ds.to(b_k.dtype), input_precision=DOT_PREC)
-        dvnew_op = dvnew.to(dvnew_ptr.dtype.element_ty)
         p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        # in place: this program alone reads and then writes this tile of dvnew (P^T dO from the dv_local stage)
+        dvnew = tl.load(p_dvn, boundary_check=(0, 1)).to(tl.float32) \
+            + tl.dot(kdec, ds.to(b_k.dtype), input_precision=DOT_PREC)
+        dvnew_op = dvnew.to(dvnew_ptr.dtype.element_ty)
         tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
 
         qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)

@@ -1,0 +1,56 @@
+"""Backward stage 1a (gdn-math.md, "Backward", first line): the intra-chunk part of dVnew, parallel over chunks,
+
+    dVnew_local = P^T dO,   P = (scale Q K^T) * Gam * lower_incl
+
+The reverse state pass (backward_state.py) then adds diag(exp(gam_C - gam)) K dS in place. Taking P^T dO out of
+the sequential pass removes its largest product (the [C, C] Q K^T over all of K, otherwise recomputed by every
+V-block program of the sequential chain) and about a third of its registers.
+
+One program per (chunk slot, value head): P^T is built once over K blocks and applied to every V block.
+
+Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): P^T is computed directly as dot(K, trans(Q)) of loaded
+tiles, never as tl.trans of the dot result Q K^T.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_dv_local_kernel(
+    q_ptr, k_ptr, gcum_ptr, do_ptr, dvnew_ptr,  # q, k [T_tot, H, K], gcum fp32 [T_tot, HV], do, dvnew [T_tot, HV, V]
+    cu_ptr, chunk_idx_ptr, N, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n = tl.load(chunk_idx_ptr + 2 * p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    c = tl.load(chunk_idx_ptr + 2 * p + 1)
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
+    t0 = bos + c.to(tl.int64) * BT
+    hk = hv // (HV // H)
+    rows = tl.arange(0, BT)
+    valid = (t0 + rows) < eos
+
+    kq = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        kq += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+    gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+    # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp (gam is 0 past
+    # the end of the sequence, so exp(gam_j - gam_i) could overflow there)
+    upper = (rows[:, None] <= rows[None, :]) & valid[None, :]
+    gmat = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
+    pt = tl.where(upper, kq * gmat * scale, 0.).to(do_ptr.dtype.element_ty)
+    for vb in range(0, tl.cdiv(V, BV)):
+        p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        b_do = tl.load(p_do, boundary_check=(0, 1))
+        dv = tl.dot(pt, b_do, input_precision=DOT_PREC)
+        p_dv = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        tl.store(p_dv, dv.to(dvnew_ptr.dtype.element_ty), boundary_check=(0, 1))
