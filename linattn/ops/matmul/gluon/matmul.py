@@ -145,6 +145,8 @@ if GLUON_OK:
 
 from dataclasses import dataclass  # noqa: E402
 
+import functools  # noqa: E402
+
 import torch  # noqa: E402
 
 SMEM_BUDGET_SM90 = 232448          # opt-in dynamic shared memory per block on H100/H200
@@ -234,6 +236,7 @@ def matmul_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
     return out
 
 
+@functools.lru_cache(maxsize=None)   # inspect.getsource costs about a millisecond: once per process
 def kernel_source_hash() -> str:
     """Hash of the kernel and its partitions' source: a cached tuning result is void once any of them changes."""
     import hashlib

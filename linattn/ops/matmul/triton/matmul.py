@@ -7,6 +7,7 @@ through the config cache. No run-time autotuning.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from dataclasses import dataclass, asdict
@@ -86,6 +87,7 @@ CONFIGS = {
 }
 
 
+@functools.lru_cache(maxsize=None)   # inspect.getsource costs about a millisecond: once per process
 def kernel_source_hash() -> str:
     """Hash of the kernel's source: a cached tuning result is void once the kernel changes."""
     return hashlib.sha256(inspect.getsource(matmul_grouped.fn).encode()).hexdigest()[:16]
