@@ -67,17 +67,19 @@ def chunk_wy_bwd_kernel(
         tinv_op = tinv.to(dt_op)
         bg = beta * tl.exp(gam)
 
-        dwk = tl.zeros([BT, BT], dtype=tl.float32)         # dW K^T
-        dwkt = tl.zeros([BT, BT], dtype=tl.float32)        # K dW^T, accumulated directly (hazard note above)
+        # dTinv = dW (diag(bg) K)^T + dU (diag(beta) V)^T and its transpose, both accumulated from loaded tiles
+        dtinv = tl.zeros([BT, BT], dtype=tl.float32)
+        dtinvt = tl.zeros([BT, BT], dtype=tl.float32)
+        tcol = tl.zeros([BT], dtype=tl.float32)           # sum_m Tinv_mi (dW K^T)_mi
         for kb in range(0, NK):
             p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
             p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
             b_k = tl.load(p_k, boundary_check=(0, 1))
             b_dw = tl.load(p_dw, boundary_check=(0, 1))
-            dwk += tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
-            dwkt += tl.dot(b_k, tl.trans(b_dw), input_precision=DOT_PREC)
-        dvv = tl.zeros([BT, BT], dtype=tl.float32)         # dU (diag(beta) V)^T
-        dvvt = tl.zeros([BT, BT], dtype=tl.float32)        # (diag(beta) V) dU^T
+            dwk = tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
+            tcol += tl.sum(tinv * dwk, axis=0)
+            dtinv += dwk * bg[None, :]
+            dtinvt += tl.dot(b_k, tl.trans(b_dw), input_precision=DOT_PREC) * bg[:, None]
         dbeta = tl.zeros([BT], dtype=tl.float32)
         for vb in range(0, tl.cdiv(V, BV)):
             p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
@@ -85,16 +87,14 @@ def chunk_wy_bwd_kernel(
             b_v = tl.load(p_v, boundary_check=(0, 1))
             b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
             vbeta = (b_v.to(tl.float32) * beta[:, None]).to(b_v.dtype)
-            dvv += tl.dot(b_dvn, tl.trans(vbeta), input_precision=DOT_PREC)
-            dvvt += tl.dot(vbeta, tl.trans(b_dvn), input_precision=DOT_PREC)
+            dtinv += tl.dot(b_dvn, tl.trans(vbeta), input_precision=DOT_PREC)
+            dtinvt += tl.dot(vbeta, tl.trans(b_dvn), input_precision=DOT_PREC)
             tdu = tl.dot(tl.trans(tinv_op), b_dvn.to(dt_op), input_precision=DOT_PREC)     # Tinv^T dU
             dbeta += tl.sum(b_v.to(tl.float32) * tdu, axis=1)
             p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
             tl.store(p_dv, (tdu * beta[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
 
-        dtinv = dwk * bg[None, :] + dvv
-        dtinvt = dwkt * bg[:, None] + dvvt
-        t = tl.exp(gam) * tl.sum(tinv * dwk, axis=0)       # exp(gam_i) rowsum(K * Tinv^T dW)_i
+        t = tl.exp(gam) * tcol                             # exp(gam_i) rowsum(K * Tinv^T dW)_i
         dbeta += t
         dgam = beta * t
         # dA = -Tinv^T dTinv Tinv^T and dA^T = -Tinv dTinv^T Tinv, each from Tinv as loaded (fp32 chain)
