@@ -307,3 +307,36 @@ print(json.dumps(out))
     for r in reports:
         assert all(r["ops"].get(op, 0) > 0 for op in r["intended"]), f"{r['name']}: {r['ops']}"
         assert r["spills"] == 0 and not any(o.startswith(("LDL", "STL")) for o in r["ops"]), r
+
+
+def _guarded(t, pad=4096, fill=float("nan")):
+    """`t` copied into the middle of a buffer filled with `fill`: with NaN, a read past either end brings NaN
+    into the result; with a finite sentinel, a write past either end changes the guard's bits (NaN would hide
+    a NaN written over it). The interpreter itself does not check bounds."""
+    buf = torch.full((t.numel() + 2 * pad,), fill, dtype=t.dtype)
+    view = buf[pad:pad + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view, buf, pad
+
+
+def test_gva_varlen_pool_stays_in_bounds():
+    """FLA's decode hit an illegal memory access with GVA on the H200: every tensor of a GVA + varlen + pool
+    call sits between NaN guards; the results must be finite and correct and the guards untouched."""
+    lengths = [2, 1, 3]
+    H, HV, K, V = 2, 4, 32, 64
+    x = _inputs(1, sum(lengths), H, HV, K, V, initial_state=False)
+    pool0 = torch.randn(5, HV, K, V)
+    idx = torch.tensor([4, -1, 0])
+    cu = random_cu_seqlens(lengths)
+    ref_pool = pool0.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), cu_seqlens=cu, initial_state=ref_pool, state_indices=idx,
+                                      inplace=True)
+    gx = {n: _guarded(t)[0] for n, t in x.items()}
+    pool, pbuf, pad = _guarded(pool0, pad=pool0[0].numel(), fill=12345.0)     # a whole slot on each side
+    o, obuf, opad = _guarded(torch.full_like(x["v"], float("nan")))
+    fused_recurrent_gdn_fwd(gx["q"], gx["k"], gx["v"], gx["g"], gx["beta"], K ** -0.5, pool, cu, idx, None, None,
+                            False, False, False, True, out=o)
+    assert_close("o", o, ro, F32)
+    assert_close("pool", pool, ref_pool, F32)
+    assert (pbuf[:pad] == 12345.0).all() and (pbuf[pad + pool.numel():] == 12345.0).all()
+    assert torch.isnan(obuf[:opad]).all() and torch.isnan(obuf[opad + o.numel():]).all()
