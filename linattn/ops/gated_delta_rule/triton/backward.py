@@ -51,7 +51,8 @@ class BwdConfig:
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
     """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K=V=128 and 256), not from timings yet:
-    the reverse state pass spills nothing at BV <= 32 with 4 warps (K <= 128) or 8 warps and one stage (K = 256);
+    the reverse state pass spills nothing at BV <= 32 with 8 warps (one stage at K = 256; 4 warps spill when K is
+    not a power of two);
     the local and WY stages hold five to seven [64, 64] fp32 accumulators and spill 1.4-2.5 KB with 4 warps,
     under 0.8 KB with 8."""
     facts = device_facts(device)
@@ -63,7 +64,7 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
     while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
     return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
-                     warps_state=4 if BK <= 128 else 8, stages_state=2 if BK <= 128 else 1,
+                     warps_state=8, stages_state=2 if BK <= 128 else 1,
                      warps_dv_local=4, warps_local=8, warps_wy=8)
 
 
