@@ -294,21 +294,23 @@ def section_compile(dry, save):
                                                    cu_seqlens=cu, backend="triton")
             return (o,) + torch.autograd.grad([o, ht], leaves, [do, dht])
 
-        eager = step()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(2):
+            for _ in range(2):                 # warm-up: compiles every kernel outside the capture
                 step()
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static = step()
-        for t in leaves:                       # fresh values through the same buffers
-            with torch.no_grad():
-                t.mul_(1.0)
+        # fresh values through the captured buffers: the replay must recompute, not return stale results
+        fresh, _ = _make(case, dev, seed=7)
+        with torch.no_grad():
+            for t, f in zip(leaves, fresh.values()):
+                t.copy_(f)
         graph.replay()
         torch.cuda.synchronize()
+        eager = step()
         res["cuda_graph_vs_eager"] = {n: rel_rms(a, b) for n, a, b in zip(("o",) + GRADS, static, eager)}
         res["cuda_graph_ok"] = all(v <= 1e-6 for v in res["cuda_graph_vs_eager"].values())
     except Exception as e:  # noqa: BLE001
