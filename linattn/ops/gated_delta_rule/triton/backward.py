@@ -85,6 +85,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
 
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
                                      store_tinv=True, plan=plan, compute_output=False)
+    fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
