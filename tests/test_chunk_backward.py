@@ -1,4 +1,4 @@
-"""Backward of chunk_gated_delta_rule on the Triton path (CPU, under TRITON_INTERPRET=1).
+"""Backward of chunk_gated_delta_rule on the Triton path (CPU under TRITON_INTERPRET=1, or the GPU when present).
 
 Every gradient (dq, dk, dv, dg, dbeta, d initial_state) is compared with autograd through the chunked reference
 in fp64, by relative RMS error with linattn.testing.TOL of the operand dtype (or of the gradient's own dtype when
@@ -13,7 +13,8 @@ Case matrix (each dimension covered at least once, kept small because the interp
   states       with and without initial_state; with and without the gradient of final_state
   options      use_qk_l2norm_in_kernel; only some inputs requiring grad; torch.compile(fullgraph=True)
 plus a static check that no kernel of the backward feeds tl.trans(<dot result>) into a dot (the Triton 3.4-3.7
-Hopper miscompile behind FLA issues 640 and 984).
+Hopper miscompile behind FLA issues 640 and 984), and an ahead-of-time sm_90a build of every backward kernel with
+ptxas spill bounds (no GPU needed).
 """
 import ast
 import math
@@ -41,8 +42,8 @@ def _tol(dtype, grad_dtype):
     return tol
 
 
-def _check(B, T, H, HV, K, V, *, dtype, device="cpu", lengths=None, h0=True, dht=True, l2norm=False, gate_dtype=torch.float32,
-           beta_dtype=None, state_dtype=torch.float32, grad_of=NAMES, seed=0):
+def _check(B, T, H, HV, K, V, *, dtype, device="cpu", lengths=None, h0=True, dht=True, l2norm=False,
+           gate_dtype=torch.float32, beta_dtype=None, state_dtype=torch.float32, grad_of=NAMES, seed=0):
     gen = torch.Generator().manual_seed(seed)
     cu = random_cu_seqlens(lengths, device=device) if lengths is not None else None
     if lengths is not None:
