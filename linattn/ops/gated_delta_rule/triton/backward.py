@@ -50,18 +50,17 @@ class BwdConfig:
 
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
-    """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K=V=128 and 256), not from timings yet:
-    the reverse state pass spills nothing at BV <= 32 with 8 warps (one stage at K = 256; 4 warps spill when K is
-    not a power of two);
-    the local and WY stages hold five to seven [64, 64] fp32 accumulators and spill 1.4-2.5 KB with 4 warps,
-    under 0.8 KB with 8."""
+    """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K and V from 16 to 256), not from timings yet.
+    Reverse state pass, 8 warps: no spills at BV = 64 when K is a power of two up to 128, else at BV = 32 (one stage
+    at K = 256). As in the forward (OPT_LOG iterations 0-1), V is split no finer than 32: every V-block program
+    re-reads the chunk's Q, K and W tiles. Local and WY stages: five to seven [64, 64] fp32 accumulators spill
+    1.4-2.5 KB with 4 warps, under 1 KB with 8."""
     facts = device_facts(device)
     BK = _pow2(K)
     BV = _pow2(V)
-    # reverse state pass: a [BK, BV] fp32 dS in registers, V split until the programs cover the SMs
-    bv_state = min(BV, 32)
+    bv_state = min(BV, 64 if (K == BK and BK <= 128) else 32)
     sms = facts.num_sms if facts.kind == "cuda" else 1
-    while bv_state > 16 and N * HV * triton.cdiv(V, bv_state) < sms:
+    while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
     return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
                      warps_state=8, stages_state=2 if BK <= 128 else 1,
