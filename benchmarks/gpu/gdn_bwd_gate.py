@@ -427,6 +427,8 @@ def table(result):
                 lines.append(f"bench {key} {impl:5s} fwd {r['fwd_ms']:.3f} ms  fwd+bwd {r['fwd_bwd_ms']:.3f} ms")
             elif r:
                 lines.append(f"bench {key} {impl:5s} error {r.get('error')}")
+        if "fwd_bwd_ratio_fla_over_ours" in row:
+            lines.append(f"bench {key} FLA / ours fwd+bwd time: {row['fwd_bwd_ratio_fla_over_ours']:.2f}x (>1: ours faster)")
     comp = result.get("compile", {})
     lines.append(f"compile ok={comp.get('compile_ok')} cuda_graph ok={comp.get('cuda_graph_ok')} "
                  + str(comp.get("compile_error", "")) + str(comp.get("cuda_graph_error", "")))
