@@ -24,7 +24,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -53,22 +52,10 @@ def _sync():
 
 
 def environment(fla: bool) -> dict:
-    import triton
-    env = dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), torch=torch.__version__,
-               triton=triton.__version__,
-               gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
-    try:
-        from importlib.metadata import version
-        env["fla"] = version("fla-core") if fla else "not requested"
-    except Exception as e:  # noqa: BLE001
-        env["fla"] = f"unknown ({e!r})"
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                                           text=True, timeout=10).stdout.strip()
-        env["git_dirty"] = bool(subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "linattn"],
-                                               capture_output=True, text=True, timeout=10).stdout.strip())
-    except Exception as e:  # noqa: BLE001
-        env["git_commit"] = f"unknown ({e!r})"
+    """linattn.bench.env's record, the one implementation every script shares."""
+    from linattn.bench.env import collect_env, env_line
+    env = collect_env(DEV if torch.cuda.is_available() else "cpu")
+    env.update(fla_requested=fla, line=env_line(env))
     return env
 
 
@@ -430,8 +417,7 @@ def main():
 
 def _print(res):
     env = res["environment"]
-    print(f"# {env.get('gpu')} torch {env.get('torch')} triton {env.get('triton')} fla {env.get('fla')} "
-          f"commit {str(env.get('git_commit'))[:10]}")
+    print(f"# {env.get('line', env)}")
     g = res.get("gate")
     if g:
         print(f"gate: {'PASS' if g.get('passed') else 'FAIL'}" + (f" ({g['error']})" if "error" in g else ""))

@@ -382,26 +382,10 @@ def run_section(section, out_dir, deadline, dry, with_fla):
 
 
 def environment(dry):
-    env = {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry}
-    try:
-        import torch
-        from linattn.bench.env import collect_env, env_line
-        e = collect_env("cpu" if dry else "cuda")
-        env.update(e)
-        env["line"] = env_line(e)
-        env.setdefault("torch", torch.__version__)
-    except Exception as ex:  # noqa: BLE001
-        env["error"] = repr(ex)
-    try:
-        import importlib.metadata as md
-        env["fla_core"] = md.version("fla-core")
-    except Exception as ex:  # noqa: BLE001
-        env["fla_core"] = f"not installed ({type(ex).__name__})"
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           timeout=10).stdout.strip()
-    except Exception as ex:  # noqa: BLE001
-        env["git_commit"] = f"unknown ({ex!r})"
+    """linattn.bench.env's record (the one implementation every script shares), plus this run's mode."""
+    from linattn.bench.env import collect_env, env_line
+    env = collect_env("cpu" if dry else "cuda")
+    env.update(dry_run=dry, line=env_line(env))
     return env
 
 

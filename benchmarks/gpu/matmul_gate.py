@@ -32,22 +32,12 @@ SECTION_TIMEOUT_S = {"gate_triton": 70, "gate_gluon": 80, "bench_cublas": 40, "b
 
 
 def environment() -> dict:
-    env = {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    try:
-        import torch
-        import triton
-        env.update(torch=torch.__version__, triton=triton.__version__,
-                   gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-                   capability=list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None)
-    except Exception as e:  # noqa: BLE001
-        env["error"] = repr(e)
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                                           text=True, timeout=10).stdout.strip()
-        env["git_dirty"] = bool(subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "linattn"],
-                                               capture_output=True, text=True, timeout=10).stdout.strip())
-    except Exception as e:  # noqa: BLE001
-        env["git_commit"] = f"unknown ({e!r})"
+    """linattn.bench.env's record, the one implementation every script shares."""
+    import torch
+
+    from linattn.bench.env import collect_env, env_line
+    env = collect_env("cuda" if torch.cuda.is_available() else "cpu")
+    env["line"] = env_line(env)
     return env
 
 
@@ -271,8 +261,7 @@ def _geomean(xs):
 def summarise(result: dict) -> list:
     lines = []
     env = result["environment"]
-    lines.append(f"env: {env.get('gpu')} torch {env.get('torch')} triton {env.get('triton')} "
-                 f"commit {str(env.get('git_commit'))[:12]}{' (dirty)' if env.get('git_dirty') else ''}")
+    lines.append(f"env: {env.get('line', env)}")
     for b in ("triton", "gluon"):
         g = result["gate"][b]
         if "error" in g:

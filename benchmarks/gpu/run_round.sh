@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
-export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 for step in "$@"; do
   echo "=== $step $(date +%T)"

@@ -46,15 +46,20 @@ def git_commit() -> str:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sha = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root)
     if not sha:
-        return "unknown (not a git checkout)"
+        # the device machine receives a copy of the work tree without .git: the runner passes the commit in
+        given = os.environ.get("LINATTN_COMMIT", "").strip()
+        return f"{given} (LINATTN_COMMIT)" if given else "unknown (not a git checkout)"
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return sha + ("+dirty" if dirty else "")
 
 
 def collect_env(device) -> Dict:
+    """The environment of a result: every bench and GPU script records this dict (and `env_line` of it)."""
+    import time
+
     import triton
     dev = torch.device(device)
-    env = dict(device=str(dev), python=platform.python_version(), torch=torch.__version__,
+    env = dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=str(dev), python=platform.python_version(), torch=torch.__version__,
                triton=triton.__version__, cuda=torch.version.cuda or "none", linattn_commit=git_commit(),
                fla=package_version("fla"), flash_qla=package_version("flash_qla"),
                triton_interpret=os.environ.get("TRITON_INTERPRET", "0"),
