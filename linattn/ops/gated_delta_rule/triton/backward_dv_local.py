@@ -14,6 +14,8 @@ tiles, never as tl.trans of the dot result Q K^T.
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+
 
 @triton.jit
 def chunk_dv_local_kernel(
@@ -24,13 +26,10 @@ def chunk_dv_local_kernel(
 ):
     p = tl.program_id(0)
     hv = tl.program_id(1)
-    n = tl.load(chunk_idx_ptr + 2 * p)
+    n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    c = tl.load(chunk_idx_ptr + 2 * p + 1)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
-    t0 = bos + c.to(tl.int64) * BT
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos

@@ -15,6 +15,8 @@ another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scale
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+
 
 @triton.jit
 def chunk_state_bwd_kernel(
@@ -31,15 +33,9 @@ def chunk_state_bwd_kernel(
     n = nh // HV
     hv = nh % HV
     hk = hv // (HV // H)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
-    slot0 = tl.load(chunk_off_ptr + n)
-    nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mkv = (rk[:, None] < K) & (rv[None, :] < V)
-    state_off = (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
     if USE_DHT:
         ds = tl.load(dht_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

@@ -25,6 +25,8 @@ tiles and dA^T = -Tinv dTinv^T Tinv computed with Tinv loaded from memory; every
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+
 
 @triton.jit
 def chunk_wy_bwd_kernel(
@@ -37,13 +39,10 @@ def chunk_wy_bwd_kernel(
 ):
     p = tl.program_id(0)
     hk = tl.program_id(1)
-    n = tl.load(chunk_idx_ptr + 2 * p)
+    n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    c = tl.load(chunk_idx_ptr + 2 * p + 1)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
-    t0 = bos + c.to(tl.int64) * BT
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     G: tl.constexpr = HV // H
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos

@@ -7,6 +7,8 @@ with S the chunk-start state h[chunk] from the state pass. One program per (V bl
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+
 
 @triton.jit
 def chunk_output_kernel(
@@ -18,14 +20,11 @@ def chunk_output_kernel(
     vb = tl.program_id(0)
     p = tl.program_id(1)
     hv = tl.program_id(2)
-    n = tl.load(chunk_idx_ptr + 2 * p)
-    if n >= N:
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
         return
-    c = tl.load(chunk_idx_ptr + 2 * p + 1)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     slot = (tl.load(chunk_off_ptr + n) + c).to(tl.int64)
-    t0 = bos + c.to(tl.int64) * BT
     hk = hv // (HV // H)
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos

@@ -10,6 +10,8 @@ programs is exact (columns of S are independent) and fills more SMs when N * HV 
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+
 
 @triton.jit
 def chunk_state_fwd_kernel(
@@ -26,15 +28,9 @@ def chunk_state_fwd_kernel(
     n = nh // HV
     hv = nh % HV
     hk = hv // (HV // H)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
-    slot0 = tl.load(chunk_off_ptr + n)
-    nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mkv = (rk[:, None] < K) & (rv[None, :] < V)
-    state_off = (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
     if USE_H0:
         s = tl.load(h0_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

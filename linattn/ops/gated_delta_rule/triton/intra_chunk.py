@@ -17,6 +17,8 @@ after, which costs more than TF32's 10-bit mantissa), IEEE fp32 for fp32 inputs.
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+
 
 @triton.jit
 def _k_rows(k_ptr, t0, eos, hk, i: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
@@ -95,13 +97,10 @@ def intra_chunk_wy_kernel(
     F32: tl.constexpr = DOT_PREC               # fp32 products of the inverse
     p = tl.program_id(0)
     hv = tl.program_id(1)
-    n = tl.load(chunk_idx_ptr + 2 * p)
+    n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    c = tl.load(chunk_idx_ptr + 2 * p + 1)
-    bos = tl.load(cu_ptr + n)
-    eos = tl.load(cu_ptr + n + 1)
-    t0 = bos + c.to(tl.int64) * BT            # int64: token offsets times head strides can pass 2^31
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
 
     g0, b0, s = _gates(g_ptr, beta_ptr, gcum_ptr, t0, eos, hv, 0., 0, HV)

@@ -1,0 +1,40 @@
+"""Index helpers shared by the chunked kernels: where a program's chunk or sequence lies in the packed batch.
+
+Every batch is packed sequences (chunk_indices.py): sequence n spans tokens cu[n]:cu[n+1]; chunk-parallel
+kernels get one program per chunk slot, and slots past the real chunk count carry sequence N (surplus slots of
+the host-side bound) and must exit before touching cu[N + 1].
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def slot_chunk(chunk_idx_ptr, p):
+    """(sequence, chunk within the sequence) of chunk slot p; sequence N marks a surplus slot."""
+    return tl.load(chunk_idx_ptr + 2 * p), tl.load(chunk_idx_ptr + 2 * p + 1)
+
+
+@triton.jit
+def chunk_span(cu_ptr, n, c, BT: tl.constexpr):
+    """(bos, eos, t0): the sequence's token range and the chunk's first token, in int64 (token offsets times
+    head strides can pass 2^31)."""
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
+    return bos, eos, bos + c.to(tl.int64) * BT
+
+
+@triton.jit
+def sequence_span(cu_ptr, chunk_off_ptr, n, BT: tl.constexpr):
+    """(bos, eos, first chunk slot, number of chunks) of sequence n, for the sequential state passes."""
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
+    return bos, eos, tl.load(chunk_off_ptr + n), tl.cdiv(tl.maximum(eos - bos, 0), BT)
+
+
+@triton.jit
+def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor."""
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
