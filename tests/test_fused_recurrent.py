@@ -249,9 +249,10 @@ def test_backends_and_launch_config():
     assert not ok and "fp64" in reason
     # on an H200 (132 SMs), batch 1 at H = 32, V = 128 must still fill the machine; batch 256 keeps wide blocks
     BK, BV, warps = decode_launch_config(1, 32, 128, 128, torch.float32, 132)
-    assert (BK, BV, warps) == (128, 8, 1) and 32 * (128 // BV) >= 3 * 132     # several programs per SM
+    assert (BK, BV, warps) == (128, 16, 2) and 32 * (128 // BV) >= 256         # 64-byte rows, 256 programs
     assert decode_launch_config(256, 32, 128, 128, torch.float32, 132) == (128, 32, 4)
-    assert decode_launch_config(1, 32, 128, 128, torch.bfloat16, 132)[1] == 16   # 32-byte rows in bf16 too
+    assert decode_launch_config(256, 32, 128, 128, torch.bfloat16, 132) == (128, 64, 4)   # 128-byte rows
+    assert decode_launch_config(1, 32, 128, 128, torch.bfloat16, 132)[1] == 32   # 64-byte rows in bf16 too
 
 
 def test_torch_compile_fullgraph():
