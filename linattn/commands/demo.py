@@ -2,6 +2,8 @@
 checked against the fp64 reference and timed; on a CPU, a small problem run by the Triton interpreter and
 checked against the fp64 step-by-step recurrence."""
 import os
+import subprocess
+import sys
 import time
 
 
@@ -13,11 +15,13 @@ def add_arguments(p):
 def run(args) -> int:
     import torch
     on_gpu = torch.cuda.is_available() and not args.cpu
-    if not on_gpu:
-        # the interpreter must be chosen before the kernels are first imported (they are imported lazily)
-        os.environ["TRITON_INTERPRET"] = "1"
-        from linattn.runtime import interpreter_fixes
-        interpreter_fixes.install()
+    if not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton decides at decoration time whether a @triton.jit function is interpreted, and its own library
+        # functions (tl.cumsum, ...) were decorated when `linattn` imported triton: so the interpreter must be
+        # on before triton is imported at all. Run the demo again in a fresh interpreter with it set.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        argv = [sys.executable, "-m", "linattn.cli", "demo", "--cpu"] + ([f"--T={args.T}"] if args.T else [])
+        return subprocess.call(argv, env=env)
     import linattn
     from linattn.ops.gated_delta_rule.reference import chunk_reference, naive_recurrent
     from linattn.testing import TOL, make_gdn_inputs, rel_rms
