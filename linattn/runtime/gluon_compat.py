@@ -18,6 +18,7 @@ from typing import Any, Dict, Tuple
 # Filled by _load(); names stay None when this Triton lacks them.
 gluon = gl = tma = mbarrier = None
 fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+mma_v2 = None                       # ampere mma.sync (valid on sm_90 too); the GDN literal state pass uses it
 TensorDescriptor = None
 tma_load = tma_store = tma_store_wait = None
 GluonASTSource = None
@@ -50,7 +51,7 @@ def _warp_specialize_form(fn) -> str:
 
 def _load() -> Tuple[bool, str, Dict[str, Any]]:
     global gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait
-    global TensorDescriptor, tma_load, tma_store, tma_store_wait, GluonASTSource
+    global TensorDescriptor, tma_load, tma_store, tma_store_wait, GluonASTSource, mma_v2
     details: Dict[str, Any] = {}
     try:
         import triton
@@ -89,6 +90,7 @@ def _load() -> Tuple[bool, str, Dict[str, Any]]:
         ("fence_async_shared", _hopper, ("fence_async_shared",)),
         ("warpgroup_mma", _hopper, ("warpgroup_mma",)),
         ("warpgroup_mma_wait", _hopper, ("warpgroup_mma_wait",)),
+        ("mma_v2", _hopper, ("mma_v2",)),
     ]:
         name, fn = _first_attr(obj, *names)
         globals()[alias] = fn
