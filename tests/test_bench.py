@@ -117,3 +117,47 @@ def test_verify_green_gate_then_benches(capsys):
     assert rc == 0
     assert "gate green" in out and "FAIL" not in out
     assert "median ms" in out and "sdpa" in out
+
+
+def test_cold_only_keeps_the_child_caches_for_the_bench(tmp_path, monkeypatch):
+    """--cold-only: the fresh-process first call runs with new empty cache folders, then what it compiled is
+    merged into this process's cache folders (named by the same variables), so a later bench call on the same
+    machine does not compile it again; no timed rows are produced."""
+    from linattn.bench.timing import CACHE_VARS
+    mine = {var: tmp_path / "mine" / var.lower() for var in CACHE_VARS}
+    for var, d in mine.items():
+        monkeypatch.setenv(var, str(d))
+    # something already in our Triton cache must survive the merge
+    (mine["TRITON_CACHE_DIR"] / "old").mkdir(parents=True)
+    (mine["TRITON_CACHE_DIR"] / "old" / "x.json").write_text("{}")
+    backend = _tiny_backend()
+    out = tmp_path / "cold.json"
+    rc = main(["bench", "--preset", "tiny", "--backends", backend, "--modes", "fwd", "--cold-only",
+               "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["rows"] == []
+    (cold,) = res["cold"]
+    assert cold["status"] == "ok", cold
+    assert cold["backend"] == backend and cold["mode"] == "fwd"
+    assert cold["first_call_s"] > 0 and cold["second_call_s"] > 0 and cold["process_s"] >= cold["first_call_s"]
+    assert (mine["TRITON_CACHE_DIR"] / "old" / "x.json").exists()
+    # whatever the child wrote into its fresh folders (the interpreter compiles no Triton kernel; a GPU run
+    # fills the Triton cache) is now in ours
+    assert set(cold["caches_kept_for_bench"]) <= set(CACHE_VARS)
+    for var in cold["caches_kept_for_bench"]:
+        assert mine[var].is_dir()
+
+
+def test_keep_caches_merges_folders(tmp_path, monkeypatch):
+    from linattn.bench import timing
+    child = tmp_path / "child"
+    (child / "triton_cache_dir" / "abc").mkdir(parents=True)
+    (child / "triton_cache_dir" / "abc" / "k.cubin").write_bytes(b"\x01\x02")
+    dst = tmp_path / "dst"
+    (dst / "old").mkdir(parents=True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(dst))
+    monkeypatch.delenv("TILELANG_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert timing._keep_caches(str(child)) == ["TRITON_CACHE_DIR"]
+    assert (dst / "abc" / "k.cubin").read_bytes() == b"\x01\x02" and (dst / "old").is_dir()

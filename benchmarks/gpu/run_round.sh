@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
-# Steps: fwd (forward gate + FLA timing), bwd, decode, matmul, bench, demo.
+# Steps: fwd (forward gate + FLA timing), bwd, decode, matmul, bench, demo, and the production bench's parts
+# prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call).
+# Wheels: every carried folder .whl* is installed into /tmp/site once per machine (a marker per wheel), so a
+# second call on a warm machine can bring what did not fit in the first (FlashQLA's z3-solver in .whl2).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
+for w in .whl*/*.whl; do
+  [ -e "$w" ] || continue
+  mark=/tmp/site/.installed_$(basename "$w")
+  [ -e "$mark" ] && continue
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
+    && touch "$mark" || echo "wheel install failed: $w"
+done
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
 export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
@@ -20,6 +27,9 @@ for step in "$@"; do
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;
+    prod_cold|prod_hv32|prod_hv64|prod_hv8)
+            python3 -c "import flash_qla" 2>&1 | tail -1
+            timeout ${PROD_TIMEOUT:-570} bash benchmarks/gpu/bench_production.sh ${step#prod_} ;;
     demo)   timeout 120 python3 -m linattn.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -110,7 +110,9 @@ def _order(op, backends: List[str]) -> List[str]:
 
 def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], repeats: int, warmup: int = 3,
               device: Optional[str] = None, baseline: Optional[str] = None, cold: bool = False,
-              log=print) -> Dict:
+              cold_only: bool = False, log=print, on_progress=None) -> Dict:
+    """on_progress(result): called after every cold start and every row (the CLI writes a partial JSON there,
+    so a run cut short by a time limit still leaves its measurements)."""
     op = get_bench_op(op_name)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = get_preset(preset)
@@ -128,7 +130,10 @@ def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], 
             for b in order:
                 log(f"[bench] cold start {b} {mode} (fresh process) ...")
                 result["cold"].append(cold_start(op.name, b, mode, shapes[0], str(dev)))
-    for i, shape in enumerate(shapes):
+                _log_cold(log, result["cold"][-1])
+                if on_progress:
+                    on_progress(result)
+    for i, shape in enumerate([] if cold_only else shapes):
         for mode in modes:
             set_bytes = op.bytes(shape, mode, "")
             n_sets = num_input_sets(set_bytes, dev)
@@ -144,6 +149,8 @@ def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], 
                     row["errors"] = row["reference_check"].get("errors", {})
                 result["rows"].append(row)
                 _log_row(log, row)
+                if on_progress:
+                    on_progress(result)
             del sets, anchor
             gc.collect()
             if dev.type == "cuda":
@@ -161,6 +168,14 @@ def _apply_baseline(rows: List[Dict], baseline: Optional[str]) -> str:
         base = ref.get((r["shape_label"], r["mode"]))
         r["speedup"] = base / r["median_ms"] if (r["status"] == "ok" and base) else None
     return baseline
+
+
+def _log_cold(log, c):
+    if c.get("status") == "ok":
+        log(f"[bench] cold start {c['backend']} {c['mode']}: first call {c['first_call_s']:.2f} s, "
+            f"fresh process {c['process_s']:.1f} s")
+    else:
+        log(f"[bench] cold start {c['backend']} {c['mode']}: {c.get('status')}: {c.get('reason')}")
 
 
 def _log_row(log, r):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -141,10 +141,13 @@ def floor_ms(flops: float, nbytes: float, ceilings: Dict) -> Dict:
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR")
 
 
-def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeout_s: float = 900) -> Dict:
+def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeout_s: float = 900,
+               keep_caches: bool = True) -> Dict:
     """The first call of `backend` in a fresh process with the same python: import, compile and any
-    autotuning included. The JIT caches we know of (Triton, Inductor, TileLang) point at an empty folder, so
-    an earlier run on this machine does not make the start look warm."""
+    autotuning included. The JIT caches we know of (Triton, Inductor, TileLang) point at new empty folders, so
+    an earlier run on this machine does not make the start look warm. With keep_caches, what the child compiled
+    (and FLA's cached autotuning results) is then copied into this process's own cache folders, where the
+    caller names them in the same variables: the bench that follows reuses it instead of compiling twice."""
     spec = json.dumps(dict(op=op, backend=backend, mode=mode, shape=shape, device=device))
     with tempfile.TemporaryDirectory(prefix="linattn-cold-") as tmp:
         env = dict(os.environ)
@@ -157,10 +160,24 @@ def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeo
         except subprocess.TimeoutExpired:
             return dict(backend=backend, mode=mode, status="error", reason=f"timed out after {timeout_s:.0f} s")
         wall = time.perf_counter() - t0
+        kept = _keep_caches(tmp) if keep_caches and p.returncode == 0 else []
     last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not last:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
         return dict(backend=backend, mode=mode, status="error", reason=f"rc={p.returncode}: {tail[0][:300]}")
     out = json.loads(last[-1])
-    out.update(process_s=wall, isolated_caches=list(CACHE_VARS))
+    out.update(process_s=wall, isolated_caches=list(CACHE_VARS), caches_kept_for_bench=kept)
     return out
+
+
+def _keep_caches(tmp: str) -> List[str]:
+    """Copy a cold child's cache folders into this process's own (the variables of CACHE_VARS, where set).
+    The caches are content-addressed, so merging folders is safe. Returns the variables copied."""
+    import shutil
+    kept = []
+    for var in CACHE_VARS:
+        src, dst = os.path.join(tmp, var.lower()), os.environ.get(var)
+        if dst and os.path.isdir(src):
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+            kept.append(var)
+    return kept

@@ -19,6 +19,8 @@ def add_arguments(p):
     p.add_argument("--cold", dest="cold", action="store_true", default=None,
                    help="measure each backend's first call in a fresh process (first row only; default on a GPU)")
     p.add_argument("--no-cold", dest="cold", action="store_false")
+    p.add_argument("--cold-only", action="store_true",
+                   help="only the cold-start measurements (one call of a split run; merge the JSONs with --from-json)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--from-json", nargs="+", default=None, metavar="F",
                    help="do not run: merge these result files and print / write / plot them")
@@ -54,7 +56,17 @@ def run(args) -> int:
         print(f"linattn bench: unknown preset {preset!r}; known: {sorted(PRESETS)}", file=sys.stderr)
         return 2
     from linattn.bench.runner import run_bench
+    on_progress = None
+    if args.json:
+        from linattn.bench.report import write_json
+
+        def on_progress(partial):             # a run cut short by a time limit still leaves its measurements
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            write_json(dict(partial, partial=True), args.json + ".partial")
     result = run_bench(args.op, preset, args.backends, args.modes,
                        repeats=args.repeats or (20 if on_gpu else 3), warmup=args.warmup or (3 if on_gpu else 1),
-                       device=device, baseline=args.baseline, cold=on_gpu if args.cold is None else args.cold)
+                       device=device, baseline=args.baseline,
+                       cold=args.cold_only or (on_gpu if args.cold is None else args.cold), cold_only=args.cold_only, on_progress=on_progress)
+    if on_progress and os.path.exists(args.json + ".partial"):
+        os.remove(args.json + ".partial")
     return emit(result, args)
