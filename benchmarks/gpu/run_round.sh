@@ -16,6 +16,9 @@ for w in .whl*/*.whl; do
 done
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+# one set of JIT caches for every step and call on this machine (bench_production.sh documents why)
+C=${LINATTN_BENCH_CACHE:-/tmp/linattn-bench-cache}
+export TRITON_CACHE_DIR=$C/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=$C/torchinductor_cache_dir TILELANG_CACHE_DIR=$C/tilelang_cache_dir
 export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 for step in "$@"; do
@@ -31,6 +34,7 @@ for step in "$@"; do
             python3 -c "import flash_qla" 2>&1 | tail -1
             timeout ${PROD_TIMEOUT:-570} bash benchmarks/gpu/bench_production.sh ${step#prod_} ;;
     demo)   timeout 120 python3 -m linattn.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
+    imports) python3 -c "import torch, triton, fla, linattn; print('fla', fla.__version__)"; python3 -c "import flash_qla; print('flash_qla', flash_qla.__version__)" 2>&1 | tail -1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "=== $step exit $? $(date +%T)"
