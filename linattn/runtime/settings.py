@@ -3,6 +3,8 @@
 TRITON_INTERPRET   Triton's own switch: run @triton.jit kernels on the CPU through the interpreter.
 LINATTN_BACKEND    default backend for ops called with backend="auto" ("auto", "triton", "gluon", "reference").
 LINATTN_LOG        "1" prints the backend choice and every rejection reason once per op and reason.
+LINATTN_GDN_GLUON_VARIANT  state-pass variant of the GDN "gluon" backend: "literal", "tma" or "wgmma"
+                   (default: "" = the launcher's default, the most advanced variant).
 """
 import os
 from dataclasses import dataclass
@@ -25,6 +27,10 @@ class _Settings:
     @property
     def log_choices(self) -> bool:
         return _flag("LINATTN_LOG")
+
+    @property
+    def gdn_gluon_variant(self) -> str:
+        return os.environ.get("LINATTN_GDN_GLUON_VARIANT", "").strip().lower()
 
 
 settings = _Settings()

@@ -1,8 +1,8 @@
 """Public entry of the chunked Gated DeltaNet op: argument checks, backend choice, dtype plumbing, autograd.
 
-Backends registered here: "triton" (portable; every device Triton runs on, and the CPU under TRITON_INTERPRET=1)
-and "reference" (plain PyTorch, by name only; differentiable by plain autograd). A Gluon backend registers itself
-from gluon/ with a higher priority.
+Backends registered here: "triton" (portable; every device Triton runs on, and the CPU under TRITON_INTERPRET=1),
+"reference" (plain PyTorch, by name only; differentiable by plain autograd) and "gluon" (gluon/backend.py: the
+Triton stages with a Gluon state pass on sm_90a; by name only for now).
 
 The Triton path is two torch custom ops, "linattn::chunk_gdn_fwd" and "linattn::chunk_gdn_bwd", with fake
 (meta) implementations and autograd registered, so torch.compile(fullgraph=True) traces a model through them
@@ -108,6 +108,15 @@ def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, 
 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
+
+
+def _register_gluon():
+    # Gluon state pass on sm_90a (gluon/backend.py); by name only (auto=False) until its GPU gate is green.
+    from linattn.ops.gated_delta_rule.gluon import backend as gluon_backend
+    gluon_backend.register(_backends)
+
+
+_register_gluon()
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

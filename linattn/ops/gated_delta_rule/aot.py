@@ -1,0 +1,72 @@
+"""AOT registrations of the GDN Gluon state pass (gluon/): what `linattn inspect` compiles and
+tests/test_aot_gluon_gdn.py checks. One entry per variant and per launch config the launcher picks
+(gluon/launcher.py state_config: BV=64 when there are at least as many programs as SMs, with 2 ring stages;
+BV=32 otherwise, with 3), at the production head shape H=16, HV=32, K=V=128."""
+from __future__ import annotations
+
+from linattn.runtime.aot import AotKernel, register
+
+# intended SASS per variant: mma.sync; TMA loads + mbarriers (+ the TMA store of h); WGMMA on top of that
+INTENDED = {"literal": ("HMMA",), "tma": ("HMMA", "UTMALDG", "UTMASTG", "SYNCS"),
+            "wgmma": ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")}
+H, HV, K, V, BT = 16, 32, 128, 128, 64
+# the pointer arguments the JIT marks 16-divisible (torch allocations are 256-byte aligned)
+_PTRS_LITERAL = ("k_ptr", "w_ptr", "u_ptr", "gcum_ptr", "h_ptr", "vnew_ptr", "h0_ptr", "ht_ptr", "cu_ptr",
+                 "chunk_off_ptr")
+_PTRS_TMA = ("gcum_ptr", "vnew_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr")
+
+
+def desc_sig(dtype_name: str, block):
+    """Exactly the string the JIT derives (triton.runtime.jit.mangle_type) for a Gluon TensorDescriptor."""
+    from linattn.runtime.gluon_compat import gl
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype_name]
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+    return f"tensordesc<{dtype_name}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def signature(variant: str, dtype: str, BV: int):
+    """The argument types of the variant's kernel as the JIT sees them for a launcher call (state_launch)."""
+    common = {"gcum_ptr": "*fp32"}
+    if variant == "literal":
+        sig = {"k_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "u_ptr": f"*{dtype}", **common,
+               "h_ptr": f"*{dtype}", "vnew_ptr": f"*{dtype}"}
+    else:
+        sig = {"k_desc": desc_sig(dtype, [BT, K]), "w_desc": desc_sig(dtype, [BT, K]),
+               "u_desc": desc_sig(dtype, [BT, BV]), **common, "h_desc": desc_sig(dtype, [K, BV]),
+               "vnew_ptr": f"*{dtype}"}
+    sig.update({"h0_ptr": "*fp32", "ht_ptr": "*fp32", "cu_ptr": "*i64", "chunk_off_ptr": "*i64"})
+    return sig
+
+
+def _build(variant: str, dtype: str, BV: int, warps: int, stages: int):
+    def build():
+        constexprs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=True)
+        if variant == "literal":
+            from linattn.ops.gated_delta_rule.gluon.chunk_state_literal import chunk_state_fwd_literal_kernel as fn
+        else:
+            from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as fn
+            constexprs.update(STAGES=stages, USE_WGMMA=variant == "wgmma")
+        sig = signature(variant, dtype, BV)
+        sig.update({name: "constexpr" for name in constexprs})
+        return fn, sig, constexprs, {"num_warps": warps}
+    return build
+
+
+# (variant, dtype, BV, warps, stages): the configs state_config picks for K=V=128
+CONFIGS = [
+    ("literal", "bf16", 64, 8, 0), ("literal", "bf16", 32, 4, 0),
+    ("tma", "bf16", 64, 4, 2), ("tma", "bf16", 32, 4, 3),
+    ("wgmma", "bf16", 64, 4, 2), ("wgmma", "bf16", 32, 4, 3), ("wgmma", "fp16", 64, 4, 2),
+]
+
+
+def kernel_name(variant: str, dtype: str, BV: int, warps: int, stages: int) -> str:
+    return f"gdn_state_gluon_{variant}_{dtype}_bv{BV}_w{warps}" + (f"_s{stages}" if stages else "")
+
+
+for _v, _dt, _bv, _w, _s in CONFIGS:
+    register(AotKernel(
+        kernel_name(_v, _dt, _bv, _w, _s), _build(_v, _dt, _bv, _w, _s), INTENDED[_v],
+        div16=_PTRS_LITERAL if _v == "literal" else _PTRS_TMA,
+        description=f"GDN forward state pass, Gluon '{_v}', K=V=128 {_dt}, BV={_bv}, {_w} warps"
+                    + (f", {_s}-stage TMA ring" if _s else "")))

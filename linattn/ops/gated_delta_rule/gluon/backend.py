@@ -1,0 +1,100 @@
+"""The "gluon" backend of chunk_gated_delta_rule: Triton intra-chunk and output stages, Gluon state pass (sm_90a).
+
+Registered by api.py with auto=False: it runs only when asked for by name (backend="gluon" or
+LINATTN_BACKEND=gluon) until its GPU gate is green. The forward is the torch custom op
+"linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward is the Triton backward
+("linattn::chunk_gdn_bwd"), which recomputes the intermediates from the saved inputs, so gradients do not depend
+on the variant. The state-pass variant comes from LINATTN_GDN_GLUON_VARIANT (literal | tma | wgmma), read per
+call; unset means the launcher's default.
+
+Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.runtime.settings import settings
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def selected_variant() -> str:
+    from linattn.ops.gated_delta_rule.gluon.launcher import DEFAULT_VARIANT
+    return settings.gdn_gluon_variant or DEFAULT_VARIANT
+
+
+@torch.library.custom_op("linattn::chunk_gdn_fwd_gluon", mutates_args=())
+def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                         cu_seqlens: Optional[torch.Tensor], variant: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
+    res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                           variant)
+    final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
+    return res.o, final
+
+
+@_chunk_gdn_fwd_gluon.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, variant):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    final = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
+    return v.new_empty(B, T, HV, V), final
+
+
+def _setup_context(ctx, inputs, output):
+    from linattn.ops.gated_delta_rule.api import _fwd_setup_context
+    _fwd_setup_context(ctx, inputs[:9], output)          # the variant does not change what the backward needs
+
+
+def _backward(ctx, do, dfinal):
+    from linattn.ops.gated_delta_rule.api import _fwd_backward
+    return (*_fwd_backward(ctx, do, dfinal), None)
+
+
+_chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=_setup_context)
+
+
+def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
+    if q is None:
+        return False, "the Gluon state pass needs the call's tensors to decide"
+    if settings.interpret:
+        return False, "TRITON_INTERPRET=1: the interpreter cannot run Gluon kernels"
+    if q.device.type != "cuda":
+        return False, f"tensors on {q.device}: the Gluon state pass needs an sm_90 GPU"
+    from linattn.runtime.device import device_facts
+    facts = device_facts(q.device)
+    if facts.capability[0] != 9:
+        return False, f"{facts.name} is {facts.arch}; the Gluon state pass targets sm_90a (TMA, WGMMA)"
+    from linattn.runtime.gluon_compat import gluon_status
+    ok, reason, _ = gluon_status()
+    if not ok:
+        return False, reason
+    from linattn.ops.gated_delta_rule.gluon.launcher import VARIANTS
+    variant = selected_variant()
+    if variant not in VARIANTS:
+        return False, f"LINATTN_GDN_GLUON_VARIANT={variant!r}: choose one of {', '.join(VARIANTS)}"
+    if q.dtype not in DTYPES:
+        return False, f"dtype {q.dtype}: the Gluon state pass takes bf16 or fp16 q/k/v"
+    K, V = q.shape[-1], v.shape[-1]
+    if K != 128 or V != 128:
+        return False, f"K={K}, V={V}: the Gluon state pass is built for K == V == 128"
+    HV = v.shape[2]
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    slots_bound = q.shape[0] * q.shape[1] // 64 + N          # chunk_indices.py's bound on the chunk slots
+    if slots_bound * HV * K >= 2 ** 31:
+        return False, "too many chunks for the 32-bit TMA row coordinate of the h store"
+    return True, ""
+
+
+def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    o, final = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                    selected_variant())
+    return o, (final if output_final_state else None)
+
+
+def register(backends) -> None:
+    backends.register("gluon", impl, supports, priority=0, auto=False)

@@ -1,0 +1,143 @@
+"""Launchers of the Gluon state pass (stage 3) and of the forward that uses it.
+
+`chunk_state_gluon` is a drop-in for the Triton launch of `chunk_state_fwd_kernel` in triton/forward.py: the
+same tensors in (k, w, u, gcum, initial state, chunk plan) and out (h, vnew, final state).
+`chunk_gated_delta_rule_fwd_gluon` runs the Triton intra-chunk and output stages around it.
+
+Variants (benchmarks/GLUON_FWD.md): "literal" (masked global loads, mma.sync), "tma" (TMA ring, mma.sync),
+"wgmma" (TMA ring, warpgroup_mma). All need K == V == 128 and 16-bit q/k/v (backend.py checks the call).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+VARIANTS = ("literal", "tma", "wgmma")
+DEFAULT_VARIANT = "wgmma"
+BT = 64
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    BV: int
+    num_warps: int
+    stages: int          # TMA ring depth (unused by "literal")
+
+
+def state_config(variant: str, N: int, HV: int, V: int, num_sms: int) -> StateConfig:
+    """V split as the Triton state pass (forward._configs): BV=64 unless that leaves SMs idle, then 32.
+    Warps: 8 for "literal" at BV=64 (4 warps spill: its tiles pass through registers), else 4 (one warpgroup;
+    wgmma needs exactly that, and "tma" at 4 warps leaves room for 2 CTAs per SM).
+    Stages: 3 where one CTA per SM is all there is (<= num_sms programs), 2 otherwise (smem for 2 CTAs/SM at 4
+    warps; AOT numbers in GLUON_FWD.md)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown Gluon state-pass variant {variant!r}; choose one of {VARIANTS}")
+    bv = 64
+    while bv > 32 and N * HV * (V // bv) < num_sms:
+        bv //= 2
+    programs = N * HV * (V // bv)
+    warps = 8 if (variant == "literal" and bv == 64) else 4
+    stages = 3 if programs <= num_sms else 2
+    return StateConfig(bv, warps, stages)
+
+
+def _gl_dtype(dtype: torch.dtype):
+    from linattn.runtime.gluon_compat import gl
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """TMA needs a 16-byte aligned base; a contiguous view at an odd offset is copied."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def state_launch(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: torch.Tensor, h: torch.Tensor,
+                 vnew: torch.Tensor, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor], plan,
+                 variant: str, cfg: StateConfig):
+    """(kernel, grid, args, kwargs) of one state-pass launch. Separate from the launch itself so that a CPU test
+    can check the arguments (descriptor types) against the AOT signatures of aot.py."""
+    H, K = k.shape[-2], k.shape[-1]
+    HV, V = u.shape[1], u.shape[2]
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    h0 = initial_state if initial_state is not None else gcum
+    ht = final if final is not None else gcum
+    kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_H0=initial_state is not None,
+                  STORE_HT=final is not None, num_warps=cfg.num_warps)
+    grid = (V // cfg.BV, N * HV)
+    if variant == "literal":
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_literal import chunk_state_fwd_literal_kernel
+        args = (k, w, u, gcum, h, vnew, h0, ht, plan.cu, plan.chunk_offsets)
+        return chunk_state_fwd_literal_kernel, grid, args, kwargs
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel
+    from linattn.runtime.gluon_compat import TensorDescriptor, gl
+    gdt = _gl_dtype(k.dtype)
+
+    def desc(t2d, block):
+        return TensorDescriptor.from_tensor(_aligned(t2d), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    if h.data_ptr() % 16:
+        raise ValueError("h must be 16-byte aligned for the TMA store (the forward allocates it)")
+    args = (desc(k.reshape(T_tot, H * K), [BT, K]), desc(w.view(T_tot, HV * K), [BT, K]),
+            desc(u.view(T_tot, HV * V), [BT, cfg.BV]), gcum, desc(h.view(slots * HV * K, V), [K, cfg.BV]),
+            vnew, h0, ht, plan.cu, plan.chunk_offsets)
+    kwargs.update(STAGES=cfg.stages, USE_WGMMA=variant == "wgmma")
+    return chunk_state_fwd_tma_kernel, grid, args, kwargs
+
+
+def chunk_state_gluon(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: torch.Tensor, h: torch.Tensor,
+                      vnew: torch.Tensor, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor],
+                      plan, variant: str = DEFAULT_VARIANT, config: Optional[StateConfig] = None) -> None:
+    """The state pass on sm_90a. k [B,T,H,K]; w [T_tot,HV,K]; u [T_tot,HV,V]; gcum [T_tot,HV] fp32 (all
+    contiguous); writes h [slots,HV,K,V] (k's dtype), vnew [T_tot,HV,V] and, if given, final [N,HV,K,V] fp32;
+    initial_state [N,HV,K,V] fp32 or None. plan: the ChunkPlan of triton/chunk_indices.py."""
+    from linattn.runtime.device import device_facts
+    cfg = config or state_config(variant, plan.N, u.shape[1], u.shape[2], device_facts(k.device).num_sms)
+    kernel, grid, args, kwargs = state_launch(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, cfg)
+    kernel[grid](*args, **kwargs)
+
+
+def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                                     output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+                                     variant: str = DEFAULT_VARIANT):
+    """The forward of triton/forward.py with the state pass (stage 3) in Gluon: Triton intra-chunk (stage 2),
+    Gluon state pass, Triton output (stage 4). Same arguments and result (a FwdResult) as
+    chunk_gated_delta_rule_fwd; q, k, v bf16/fp16 with K == V == 128."""
+    import triton
+
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
+    from linattn.ops.gated_delta_rule.triton.forward import CHUNK, FwdResult, _configs, _pow2
+    from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
+    from linattn.runtime.alloc import empty
+    assert CHUNK == BT
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    cfg = _configs(K, V, N, HV, dev)
+    BK = _pow2(K)
+    dot_prec = "tf32"             # 16-bit operands only: the precision flag does not change their products
+    dt = q.dtype
+
+    gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)
+    w = empty(T_tot, HV, K, dtype=dt, device=dev)
+    u = empty(T_tot, HV, V, dtype=dt, device=dev)
+    intra_chunk_wy_kernel[(slots, HV)](
+        k, v, g, beta, gcum, w, u, gcum, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
+        STORE_TINV=False, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
+
+    h = empty(slots, HV, K, V, dtype=dt, device=dev)
+    vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    chunk_state_gluon(k, w, u, gcum, h, vnew, initial_state, final, plan, variant)
+
+    o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
+        q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_out, num_stages=cfg.stages)
+    return FwdResult(o, final, gcum, w, u, vnew, h, None, plan)
