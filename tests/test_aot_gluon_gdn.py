@@ -1,0 +1,135 @@
+"""The GDN forward's Gluon state pass (issue 7) on a CPU host: every variant compiles for sm_90a with the
+instructions it is meant to use (HMMA for "literal"; UTMALDG, UTMASTG and SYNCS for "tma"; HGMMA on top for
+"wgmma"), spills nothing and fits in shared memory; the launcher's arguments are exactly what was compiled;
+and the "gluon" backend refuses CPU calls with a reason while backend="auto" still runs Triton.
+Works with TRITON_INTERPRET=1 set (compiles run in a child process, linattn.runtime.aot). The kernels have not
+been run here: benchmarks/gpu/gdn_gluon_round.py gates them on an H200."""
+import pytest
+import torch
+
+from linattn.runtime.aot import inspect_kernel, kernels
+from linattn.runtime.gluon_compat import gluon_status
+
+SMEM_LIMIT_SM90 = 232448
+_GLUON_OK, _GLUON_REASON, _ = gluon_status()
+REGISTRY = kernels()
+GDN = sorted(n for n in REGISTRY if n.startswith("gdn_state_gluon_"))
+needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+
+
+def test_every_variant_registered():
+    from linattn.ops.gated_delta_rule.gluon.launcher import VARIANTS
+    for v in VARIANTS:
+        assert any(f"_{v}_" in n for n in GDN), f"variant {v} has no AOT registration: {GDN}"
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", GDN)
+def test_compiles_with_intended_instructions(name):
+    spec = REGISTRY[name]
+    rep = inspect_kernel(spec)
+    assert not rep.missing, f"{name}: intended instructions missing: {rep.missing}; got {rep.sass}"
+    assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
+    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
+    assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
+    if "_tma_" in name or "_wgmma_" in name:
+        # the ring: a TMA load per tile (w, k, u) in the prologue and in the loop, waits on the ready barriers
+        assert rep.families["UTMALDG"] >= 6 and rep.sass.get("SYNCS.PHASECHK.TRANS64.TRYWAIT", 0) >= 1
+        assert rep.families["UTMASTG"] >= 1                 # h[chunk] leaves through the TMA store
+    if "_wgmma_" in name:
+        assert rep.families["HMMA"] == 0
+        bv = int(name.split("_bv")[1].split("_")[0])
+        # product 1: 64 x BV x 128 (8 k-steps); product 2: 128 x BV x 64 (2 M-halves x 4 k-steps)
+        # (SASS spells the fp16 form without an operand suffix: HGMMA.64x64x16.F32)
+        op = f"HGMMA.64x{bv}x16.F32" + (".BF16" if "_bf16_" in name else "")
+        assert rep.sass.get(op, 0) == 16, rep.sass
+    else:
+        assert rep.families["HGMMA"] == 0 and rep.families["HMMA"] > 0
+
+
+def _plan_and_buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16):
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    K = V = 128
+    cu = None
+    if lens is not None:
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    T_tot, slots, N = plan.T_total, plan.num_slots, plan.N
+    k = torch.zeros(B, T, H, K, dtype=dtype)
+    w = torch.zeros(T_tot, HV, K, dtype=dtype)
+    u = torch.zeros(T_tot, HV, V, dtype=dtype)
+    gcum = torch.zeros(T_tot, HV)
+    h = torch.zeros(slots, HV, K, V, dtype=dtype)
+    vnew = torch.zeros(T_tot, HV, V, dtype=dtype)
+    h0 = torch.zeros(N, HV, K, V)
+    ht = torch.zeros(N, HV, K, V)
+    return plan, (k, w, u, gcum, h, vnew, h0, ht)
+
+
+@needs_gluon
+@pytest.mark.parametrize("variant", ["literal", "tma", "wgmma"])
+@pytest.mark.parametrize("B,T,lens", [(1, 65536, None), (8, 4096, None), (1, 3000, [1, 63, 65, 1000, 1871])])
+def test_launch_matches_aot_signature(variant, B, T, lens):
+    """The launcher's arguments (on CPU tensors: descriptors build without a GPU) mangle to exactly the
+    signature compiled in aot.py, and the config it picks at the production shapes is a registered one."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import CONFIGS, kernel_name, signature
+    from linattn.ops.gated_delta_rule.gluon.launcher import state_config, state_launch
+    plan, bufs = _plan_and_buffers(B, T, 16, 32, lens)
+    cfg = state_config(variant, plan.N, 32, 128, num_sms=132)
+    kernel, grid, args, kwargs = state_launch(*bufs, plan, variant, cfg)
+    sig = signature(variant, "bf16", cfg.BV)
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert grid == (128 // cfg.BV, plan.N * 32)
+    assert kwargs["BV"] == cfg.BV and kwargs["num_warps"] == cfg.num_warps
+    if variant != "literal":
+        assert kwargs["STAGES"] == cfg.stages and kwargs["USE_WGMMA"] == (variant == "wgmma")
+    if lens is None:
+        stages = cfg.stages if variant != "literal" else 0
+        assert kernel_name(variant, "bf16", cfg.BV, cfg.num_warps, stages) in {kernel_name(*c) for c in CONFIGS}
+
+
+def test_state_config_follows_triton_split():
+    from linattn.ops.gated_delta_rule.gluon.launcher import state_config
+    assert state_config("wgmma", 1, 32, 128, 132).BV == 32      # 64 programs at BV=64 would leave SMs idle
+    assert state_config("wgmma", 8, 32, 128, 132).BV == 64
+    assert state_config("literal", 8, 32, 128, 132).num_warps == 8
+    with pytest.raises(ValueError):
+        state_config("nope", 1, 32, 128, 132)
+
+
+def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
+    import linattn
+    from linattn.backends import BackendError, op_backends
+    from linattn.testing import make_gdn_inputs
+    if device != "cpu":
+        pytest.skip("CPU behaviour")
+    monkeypatch.delenv("LINATTN_BACKEND", raising=False)
+    table = op_backends("chunk_gated_delta_rule")
+    assert "gluon" in table.names() and not table.backends["gluon"].auto
+    x = make_gdn_inputs(1, 70, 2, 4, 128, 128, dtype=torch.bfloat16, device="cpu")
+    ok, reason = table.backends["gluon"].supports(**x)
+    assert not ok and reason
+    with pytest.raises(BackendError, match="gluon"):
+        linattn.chunk_gated_delta_rule(**x, backend="gluon")
+    assert table.select("auto", **x).name == "triton"
+    rows = {name: (ok, why) for name, ok, why in table.explain(**x)}
+    assert rows["gluon"][0] is False and rows["gluon"][1]
+
+
+def test_gluon_backend_reasons_without_interpreter(monkeypatch):
+    """Outside the interpreter the reason names the device; a bad variant name is reported first on a GPU,
+    here the device check comes first."""
+    from linattn.ops.gated_delta_rule.gluon import backend
+    from linattn.testing import make_gdn_inputs
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = make_gdn_inputs(1, 10, 1, 2, 128, 128, dtype=torch.bfloat16, device="cpu")
+    ok, reason = backend.supports(**x)
+    assert not ok and "sm_90" in reason
+    monkeypatch.setenv("LINATTN_GDN_GLUON_VARIANT", "tma")
+    assert backend.selected_variant() == "tma"
+    monkeypatch.delenv("LINATTN_GDN_GLUON_VARIANT")
+    assert backend.selected_variant() == "wgmma"
