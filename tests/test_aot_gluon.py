@@ -53,3 +53,32 @@ def test_inspect_command_runs(capsys):
         assert main(["inspect", "matmul_gluon_128x128x64_s4_w4"]) == 0
         out = capsys.readouterr().out
         assert "spill_bytes=0" in out and "HGMMA=" in out and "UTMALDG=" in out
+
+
+def test_gluon_matmul_subtiled_epilogue_buys_a_fourth_stage():
+    """128x256 with the epilogue in two N-halves: 4 stages fit in the budget that held 3 (the accumulator split is
+    register-only: no more STSM than the one-shot epilogue), two TMA stores per tile, nothing spilled."""
+    if not _GLUON_OK:
+        pytest.skip(_GLUON_REASON)
+    base = inspect_kernel(REGISTRY["matmul_gluon_128x256x64_s3_w8"])
+    e2 = inspect_kernel(REGISTRY["matmul_gluon_128x256x64_s4_w8_e2"])
+    # +1 stage (48 KB), -half of C (32 KB), +2 mbarriers (alignment padding varies)
+    assert 0 <= e2.smem - base.smem - (48 - 32) * 1024 <= 64, (base.smem, e2.smem)
+    assert e2.smem <= SMEM_LIMIT_SM90
+    assert e2.families["UTMASTG"] == 2 * base.families["UTMASTG"]
+    assert e2.sass.get("HGMMA.64x256x16.F32.BF16", 0) > 0 and e2.spill_bytes == 0 and e2.regs <= base.regs
+
+
+@pytest.mark.parametrize("name", ["matmul_gluon_128x128x64_s5_w8_k2", "matmul_gluon_128x128x64_s5_w8_k4",
+                                  "matmul_gluon_128x128x64_s5_w8_k4_tt_fp16"])
+def test_gluon_matmul_split_k_writes_fp32_partials(name):
+    """Split-K: the same mainloop (64x128 WGMMA per warpgroup), an fp32 [128,128] C buffer (64 KB) with 5 stages
+    inside the budget, one TMA store per work unit, nothing spilled."""
+    if not _GLUON_OK:
+        pytest.skip(_GLUON_REASON)
+    rep = inspect_kernel(REGISTRY[name])
+    base = inspect_kernel(REGISTRY["matmul_gluon_128x128x64_s5_w8"])
+    assert 0 <= rep.smem - base.smem - 128 * 128 * 2 <= 64, (base.smem, rep.smem)    # C buffer bf16 -> fp32
+    assert rep.smem <= SMEM_LIMIT_SM90 and rep.spill_bytes == 0 and rep.num_warps == 12
+    assert any(op.startswith("HGMMA.64x128x16.F32") for op in rep.sass), rep.sass
+    assert rep.families["UTMASTG"] == 1 and rep.families["UTMALDG"] >= 2

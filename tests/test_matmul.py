@@ -103,3 +103,102 @@ def test_config_cache_roundtrip_and_invalidation(tmp_path, monkeypatch):
     other = DeviceFacts("cuda", "NVIDIA A100", (8, 0), 108, 166912, 0)
     assert config_cache.lookup("matmul_triton", "hashA", "4096x4096x4096:bfloat16", other) is None  # other GPU
     assert not config_cache.fits_shared_memory(240000, h200) and config_cache.fits_shared_memory(200000, h200)
+
+
+# ------------------------------------------------------------------ split-K, the launch plans and the host path
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,N,split_k,row_stride", [(1, 8, 2, 8), (67, 136, 4, 136), (130, 40, 2, 48)])
+def test_splitk_reduce_sums_the_slices(M, N, split_k, row_stride, dtype):
+    """The split-K epilogue: slices of M_pad rows (BM-rounded; the padding rows hold garbage the sum must skip)."""
+    from linattn.ops.matmul.triton.splitk_reduce import splitk_reduce
+    m_pad = -(-M // 128) * 128
+    ws = torch.randn(split_k * m_pad, N)
+    for s in range(split_k):
+        ws[s * m_pad + M:(s + 1) * m_pad] = float("nan")          # padding rows: never read
+    out = poison_(torch.empty(M, row_stride, dtype=dtype))[:, :N]
+    splitk_reduce(ws, out, split_k)
+    ref = sum(ws[s * m_pad:s * m_pad + M].double() for s in range(split_k))
+    assert_close(f"splitk_reduce {M}x{N}/{split_k}", out, ref, TOL[dtype])
+
+
+def test_gluon_pick_config_splits_k_only_when_it_fills_idle_sms():
+    from linattn.ops.matmul.gluon.matmul import CONFIGS, pick_config
+    assert pick_config(16384, 128, 16384, 132).split_k == 1     # 128 tiles on 132 SMs: a split only adds waves
+    assert pick_config(4096, 128, 16384, 132).split_k == 4      # 32 tiles: 4 slices fill 128 SMs
+    assert pick_config(4096, 128, 2048, 132).split_k == 1       # K too short for the partials to pay
+    assert pick_config(8192, 8192, 8192, 132) is CONFIGS["128x256x64_s3_w8"]
+    for name, cfg in CONFIGS.items():
+        assert cfg.smem_bytes() <= 232448 - 1024, name           # leaves room for the compiler's own bytes
+
+
+def test_gluon_configs_match_their_names():
+    from linattn.ops.matmul.gluon.matmul import CONFIGS
+    for name, c in CONFIGS.items():
+        base = f"{c.BM}x{c.BN}x{c.BK}_s{c.stages}_w{c.num_warps}"
+        suffix = (f"_k{c.split_k}" if c.split_k > 1 else "") + (f"_e{c.epi_split}" if c.epi_split > 1 else "")
+        assert name == base + suffix, (name, c)
+
+
+@needs_interpreter
+def test_backend_choice_is_cached_per_signature_and_follows_the_environment(monkeypatch):
+    from linattn.ops.matmul import api
+    from linattn.ops.matmul.launch import host_path_options
+    a, b = torch.randn(24, 16).bfloat16(), torch.randn(16, 40).bfloat16()
+    api._SELECTED.clear()
+    matmul(a, b)
+    assert [v.name for v in api._SELECTED.values()] == ["triton"]
+    calls = []
+    monkeypatch.setattr(api._backends.backends["triton"], "supports", lambda **kw: calls.append(1) or (True, "ok"))
+    matmul(a, b)
+    assert not calls                                  # a hit: no supports() call
+    matmul(torch.randn(24, 16).bfloat16(), b)         # same signature, new tensors: still a hit
+    assert not calls
+    monkeypatch.setenv("LINATTN_BACKEND", "reference")
+    out = matmul(a, b)                                # the env default is part of the key
+    assert torch.equal(out, matmul_reference(a, b))
+    monkeypatch.delenv("LINATTN_BACKEND")
+    with host_path_options(plan_cache=False):
+        matmul(a, b)
+    assert calls                                      # cache off: supports() asked again
+    with pytest.raises(ValueError, match="inner dimensions"):   # errors are never cached away
+        matmul(a, a)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        matmul(a, a)
+
+
+@needs_interpreter
+def test_triton_plan_cache_keys_on_alignment_and_config():
+    from linattn.ops.matmul.triton import matmul as tm
+    tm.clear_plans()
+    a, b = torch.randn(33, 20).half(), torch.randn(20, 17).half()
+    base = torch.empty(33 * 17 + 1, dtype=torch.float16)
+    aligned, misaligned = base[:33 * 17].view(33, 17), base[1:].view(33, 17)
+    for out in (aligned, misaligned):
+        tm.matmul_triton(a, b, out=out)
+        assert_close("plan reuse", out, a.double() @ b.double(), TOL[torch.float16])
+    assert len(tm._PLANS) == 2                        # pointer alignment changes the JIT's specialisation
+    tm.matmul_triton(a, b, out=aligned, config=tm.CONFIGS["64x64x64_s4_w4"])
+    assert len(tm._PLANS) == 3
+
+
+def test_host_paths_launch_identically_and_faster():
+    """Under a stand-in sm_90 driver (linattn.ops.matmul.hostsim; a child process without TRITON_INTERPRET,
+    which would turn the Triton kernels into interpreted functions): with the plan cache off, on, and on with
+    the compiled-handle launch, every launch gets the same kernel, grid and arguments, and the handle path
+    skips the JIT's run entirely."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "linattn.ops.matmul.hostsim", "--check"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(res) == {"triton", "gluon", "gluon_e2", "gluon_auto"}
+    assert res["gluon_auto"]["kernels"] == ["matmul_ws_persistent", "matmul_splitk_reduce"]
+    for name, r in res.items():
+        assert r["same"], (name, r)
+        assert r["jit_runs"]["plan+handle"] == 0 and r["jit_runs"]["jit"] == r["n_launches"], (name, r)

@@ -8,7 +8,7 @@ _GLUON_INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
 
 def _desc_sig(dtype_name: str, block):
     from linattn.runtime.gluon_compat import gl
-    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype_name]
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[dtype_name]
     layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
     # exactly the string the JIT derives (triton.runtime.jit.mangle_type) for a Gluon TensorDescriptor
     return f"tensordesc<{dtype_name}[{', '.join(map(str, block))}],{layout!r}>"
@@ -20,10 +20,14 @@ def _gluon_build(cfg_name: str, a_t: bool, b_t: bool, dtype: str):
         c = CONFIGS[cfg_name]
         a_block = [c.BK, c.BM] if a_t else [c.BM, c.BK]
         b_block = [c.BN, c.BK] if b_t else [c.BK, c.BN]
+        # split-K writes fp32 partials; a subtiled epilogue stores [BM, BN / epi_split] blocks
+        c_dtype = "fp32" if c.split_k > 1 else dtype
         sig = {"a_desc": _desc_sig(dtype, a_block), "b_desc": _desc_sig(dtype, b_block),
-               "c_desc": _desc_sig(dtype, [c.BM, c.BN]), "M": "i32", "N": "i32", "K": "i32",
-               "A_T": "constexpr", "B_T": "constexpr", "STAGES": "constexpr", "GROUP_M": "constexpr"}
-        constexprs = {"A_T": a_t, "B_T": b_t, "STAGES": c.stages, "GROUP_M": c.group_m}
+               "c_desc": _desc_sig(c_dtype, [c.BM, c.BN // c.epi_split]), "M": "i32", "N": "i32", "K": "i32",
+               "A_T": "constexpr", "B_T": "constexpr", "STAGES": "constexpr", "GROUP_M": "constexpr",
+               "SPLIT_K": "constexpr", "EPI_SPLIT": "constexpr"}
+        constexprs = {"A_T": a_t, "B_T": b_t, "STAGES": c.stages, "GROUP_M": c.group_m, "SPLIT_K": c.split_k,
+                      "EPI_SPLIT": c.epi_split}
         return matmul_ws_persistent, sig, constexprs, {"num_warps": c.num_warps}
     return build
 
@@ -44,12 +48,16 @@ def _triton_build(cfg_name: str, dtype: str):
     return build
 
 
-for _cfg in ("128x256x64_s3_w8", "128x128x64_s5_w8", "128x128x64_s4_w4"):
+for _cfg in ("128x256x64_s3_w8", "128x128x64_s5_w8", "128x128x64_s4_w4", "128x256x64_s4_w8_e2",
+             "128x128x64_s5_w8_k2", "128x128x64_s5_w8_k4"):
     register(AotKernel(f"matmul_gluon_{_cfg}", _gluon_build(_cfg, False, False, "bf16"), _GLUON_INTENDED,
                        description=f"persistent warp-specialised TMA+WGMMA GEMM, {_cfg}, A and B row-major, bf16"))
 register(AotKernel("matmul_gluon_128x256x64_s3_w8_tt_fp16", _gluon_build("128x256x64_s3_w8", True, True, "fp16"),
                    _GLUON_INTENDED, description="same kernel, A and B stored transposed, fp16"))
+register(AotKernel("matmul_gluon_128x128x64_s5_w8_k4_tt_fp16", _gluon_build("128x128x64_s5_w8_k4", True, True, "fp16"),
+                   _GLUON_INTENDED, description="split-K config, A and B stored transposed, fp16"))
 register(AotKernel("matmul_triton_128x256x64_s3_w8", _triton_build("128x256x64_s3_w8", "bf16"), ("HGMMA",),
                    archs=("sm_90a", "sm_80"), language="triton",
                    div16=("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"),
                    description="textbook grouped Triton GEMM (Triton pipelines it with WGMMA on sm_90a)"))
+

@@ -93,10 +93,44 @@ def matmul(a: torch.Tensor, b: torch.Tensor, backend: str = "auto") -> torch.Ten
     backend: "auto" (Gluon on sm_90 when TMA alignment allows, else Triton), "gluon", "triton" or "reference";
     an explicitly requested backend that cannot run the call raises linattn.backends.BackendError with the reason.
     """
+    chosen = _select(backend, a, b)
+    if chosen is None:                       # an empty dimension: nothing to launch; an empty sum is zero
+        return torch.zeros(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+    return chosen.impl(a, b)
+
+
+# (backend, env defaults, registered backends, shapes, strides, dtypes, devices, 16-byte alignment) -> the
+# Backend chosen. Every input check and supports() answer is a function of this key, so a hit skips them; the
+# rejection log and `last_rejections` are written on the miss, as before. Off with the plan cache (launch.py).
+_SELECTED: dict = {}
+
+
+def _selection_key(backend: str, a, b):
+    from linattn.runtime.settings import settings
+    try:
+        return (backend, settings.default_backend, settings.interpret, tuple(map(id, _backends.backends.values())),
+                a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+                a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0)
+    except Exception:  # noqa: BLE001 - not tensors, or tensors without storage (fake/traced): no caching
+        return None
+
+
+def _select(backend: str, a, b):
+    from linattn.ops.matmul.launch import host_path
+    key = _selection_key(backend, a, b) if host_path.plan_cache else None
+    if key is not None:
+        hit = _SELECTED.get(key, _MISS)
+        if hit is not _MISS:
+            return hit
     check_inputs(a, b)
     M, K = a.shape
     N = b.shape[1]
-    if M == 0 or N == 0 or K == 0:           # nothing to launch; an empty sum is zero
-        return torch.zeros(M, N, device=a.device, dtype=a.dtype)
-    chosen = _backends.select(backend, a=a, b=b)
-    return chosen.impl(a, b)
+    chosen = None if (M == 0 or N == 0 or K == 0) else _backends.select(backend, a=a, b=b)
+    if key is not None:
+        if len(_SELECTED) >= 4096:
+            _SELECTED.clear()
+        _SELECTED[key] = chosen
+    return chosen
+
+
+_MISS = object()

@@ -15,6 +15,11 @@ Operand layouts are constexpr flags: A_T means A is stored as A^T (a [K,M] row-m
 [BK,BM] and is fed to wgmma as a permuted, MN-major view), B_T means B is stored as B^T ([N,K] row-major, an
 nn.Linear weight; the [BN,BK] tile permuted is K-major). TMA zero-fills out-of-bounds loads and clips
 out-of-bounds stores, so ragged M, N and K need no masks.
+
+Two constexpr variants (benchmarks/MATMUL.md, directions 2 and 3):
+  * SPLIT_K > 1: a work unit is a tile times one of SPLIT_K contiguous K slices; each unit stores its fp32
+    partial tile into a [SPLIT_K * M_pad, N] workspace and triton/splitk_reduce.py sums the slices into C.
+  * EPI_SPLIT = 2: the epilogue stores C in two N-halves through a [BM, BN/2] buffer, freeing smem for a stage.
 """
 from __future__ import annotations
 
@@ -46,20 +51,32 @@ if GLUON_OK:
         return pid_m, pid_n
 
     @gluon.jit
+    def _unit_coords(unit, num_pid_m, num_pid_n, num_k, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
+        # A work unit is one C tile times one K slice. Units of the same slice are consecutive, so CTAs that run
+        # together read the same B k-panel. With SPLIT_K == 1 this is the plain grouped tile walk over all of K.
+        num_tiles = num_pid_m * num_pid_n
+        split = unit // num_tiles
+        pid_m, pid_n = _tile_coords(unit % num_tiles, num_pid_m, num_pid_n, GROUP_M)
+        k_per = gl.cdiv(num_k, SPLIT_K)
+        k_lo = split * k_per
+        k_hi = gl.minimum(num_k, k_lo + k_per)
+        return pid_m, pid_n, split, k_lo, k_hi
+
+    @gluon.jit
     def _load_partition(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K,
                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr):
+                        A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
         STAGES: gl.constexpr = a_s.shape[0]
         nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
         num_pid_m = gl.cdiv(M, BM)
         num_pid_n = gl.cdiv(N, BN)
         num_k = gl.cdiv(K, BK)
         it = 0
-        for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        for unit in range(gl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, gl.num_programs(0)):
+            pid_m, pid_n, split, k_lo, k_hi = _unit_coords(unit, num_pid_m, num_pid_n, num_k, GROUP_M, SPLIT_K)
             off_m = pid_m * BM
             off_n = pid_n * BN
-            for kk in range(num_k):
+            for kk in range(k_lo, k_hi):
                 s = it % STAGES
                 # A fresh barrier reads as if phase 1 had completed: the first lap passes at once.
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -75,19 +92,30 @@ if GLUON_OK:
                 it += 1
 
     @gluon.jit
+    def _store_tile(c_desc, c_s, vals, off_m, off_n):
+        # The previous TMA store may still be reading c_s: wait for it (only the issuing thread tracks the bulk
+        # group), then barrier so no warp overwrites c_s early. The store itself is not waited for here.
+        tma_store_wait(0)
+        gl.thread_barrier()
+        c_s.store(vals.to(c_desc.dtype))
+        fence_async_shared()                                # generic-proxy smem writes -> async-proxy TMA read
+        tma_store(c_desc, [off_m, off_n], c_s)
+
+    @gluon.jit
     def _mma_partition(a_s, b_s, c_s, ready, empty, c_desc, M, N, K,
                        BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                       A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr):
+                       A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr,
+                       SPLIT_K: gl.constexpr, EPI_SPLIT: gl.constexpr):
         STAGES: gl.constexpr = a_s.shape[0]
         acc_layout: gl.constexpr = wgmma_acc_layout(BM, BN, gl.num_warps())
         num_pid_m = gl.cdiv(M, BM)
         num_pid_n = gl.cdiv(N, BN)
         num_k = gl.cdiv(K, BK)
         it = 0
-        for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        for unit in range(gl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, gl.num_programs(0)):
+            pid_m, pid_n, split, k_lo, k_hi = _unit_coords(unit, num_pid_m, num_pid_n, num_k, GROUP_M, SPLIT_K)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            for kk in range(num_k):
+            for kk in range(k_lo, k_hi):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if A_T:
@@ -101,31 +129,45 @@ if GLUON_OK:
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 # At most one wgmma in flight: the one of step it-1 has retired, so its slot can be refilled.
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > k_lo)
                 it += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-            # The previous tile's TMA store may still be reading c_s: wait for it (only the issuing thread
-            # tracks the bulk group), then barrier so no warp overwrites c_s early.
-            tma_store_wait(0)
-            gl.thread_barrier()
-            c_s.store(acc.to(c_desc.dtype))
-            fence_async_shared()                            # generic-proxy smem writes -> async-proxy TMA read
-            tma_store(c_desc, [pid_m * BM, pid_n * BN], c_s)
+            # Release the last step's slot (a unit with an empty K slice issued none: nothing to release).
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_hi > k_lo)
+            # Split-K: slice `split` of C goes to rows [split * M_pad, ...) of the fp32 workspace, M_pad a whole
+            # number of tiles, so a ragged last row-tile clips into padding rows, never into the next slice.
+            off_m = split * (num_pid_m * BM) + pid_m * BM
+            off_n = pid_n * BN
+            if EPI_SPLIT == 1:
+                _store_tile(c_desc, c_s, acc, off_m, off_n)
+            else:
+                # Subtiled epilogue: C leaves in two [BM, BN/2] halves through a half-size buffer (the smem saved
+                # pays for one more ring stage). The N-halves of the wgmma accumulator are whole registers, so
+                # reshape/permute/split move no data between threads.
+                halves = gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1])
+                lo, hi = gl.split(halves)
+                _store_tile(c_desc, c_s, lo, off_m, off_n)
+                _store_tile(c_desc, c_s, hi, off_m, off_n + BN // 2)
         tma_store_wait(0)
 
     @gluon.jit
     def matmul_ws_persistent(a_desc, b_desc, c_desc, M, N, K,
-                             A_T: gl.constexpr, B_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+                             A_T: gl.constexpr, B_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                             SPLIT_K: gl.constexpr, EPI_SPLIT: gl.constexpr):
+        # c_desc's block is [BM, BN // EPI_SPLIT]; with SPLIT_K > 1 it describes the fp32 partial-sum workspace
+        # [SPLIT_K * M_pad, N] that matmul_splitk_reduce sums into C.
         BM: gl.constexpr = c_desc.block_type.shape[0]
-        BN: gl.constexpr = c_desc.block_type.shape[1]
         if A_T:
             BK: gl.constexpr = a_desc.block_type.shape[0]
         else:
             BK: gl.constexpr = a_desc.block_type.shape[1]
+        if B_T:
+            BN: gl.constexpr = b_desc.block_type.shape[0]
+        else:
+            BN: gl.constexpr = b_desc.block_type.shape[1]
         a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        c_s = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        c_s = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -133,8 +175,10 @@ if GLUON_OK:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()                                # barrier inits visible to the async proxy
         gl.warp_specialize(
-            [(_mma_partition, (a_s, b_s, c_s, ready, empty, c_desc, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M)),
-             (_load_partition, (a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M))],
+            [(_mma_partition, (a_s, b_s, c_s, ready, empty, c_desc, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M,
+                               SPLIT_K, EPI_SPLIT)),
+             (_load_partition, (a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M,
+                                SPLIT_K))],
             worker_num_warps=[1], worker_num_regs=[24])
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
@@ -149,6 +193,8 @@ import functools  # noqa: E402
 
 import torch  # noqa: E402
 
+from linattn.ops.matmul.launch import DescriptorFactory, PlanCache, launch  # noqa: E402
+
 SMEM_BUDGET_SM90 = 232448          # opt-in dynamic shared memory per block on H100/H200
 
 
@@ -160,26 +206,42 @@ class GluonMatmulConfig:
     stages: int
     num_warps: int                 # 4: one consumer warpgroup; 8: two, splitting BM
     group_m: int = 8
+    split_k: int = 1               # > 1: K split over that many work units per tile, fp32 partials + a reduction
+    epi_split: int = 1             # 2: the epilogue stores C in two N-halves through a half-size buffer
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         ring = self.stages * (self.BM * self.BK + self.BK * self.BN) * elem_bytes
-        return ring + self.BM * self.BN * elem_bytes + 2 * self.stages * 8
+        c_bytes = 4 if self.split_k > 1 else elem_bytes
+        return ring + self.BM * self.BN // self.epi_split * c_bytes + 2 * self.stages * 8
 
 
 # 128x256 is the fastest tile per CTA (gluon-3.6.md section 8 table); 128x128 with two consumer warpgroups
 # wastes less of the last wave on small or skinny problems. Stages fill the 227 KB budget with C's buffer.
+# Experimental (chosen by the heuristic only where noted; benchmarks/MATMUL.md has the predictions):
+#   _s4_w8_e2: 128x256 with the epilogue subtiled in N-halves; the 32 KB it frees buys a 4th stage.
+#   _k2/_k4:  split-K over 2/4 slices (fp32 partials); picked when the tiles leave SMs idle and K is long.
 CONFIGS = {
     "128x256x64_s3_w8": GluonMatmulConfig(128, 256, 64, 3, 8),
     "128x128x64_s5_w8": GluonMatmulConfig(128, 128, 64, 5, 8),
     "128x128x64_s4_w4": GluonMatmulConfig(128, 128, 64, 4, 4),
+    "128x256x64_s4_w8_e2": GluonMatmulConfig(128, 256, 64, 4, 8, epi_split=2),
+    "128x128x64_s5_w8_k2": GluonMatmulConfig(128, 128, 64, 5, 8, split_k=2),
+    "128x128x64_s5_w8_k4": GluonMatmulConfig(128, 128, 64, 5, 8, split_k=4),
 }
 # Relative throughput of one CTA per tile shape, from the same table (128x128 ran at about 0.88 of 128x256).
 _TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.88}
+# Split-K: only when K is long (the partials' write + read and the reduction launch are then a few % of the
+# GEMM), charged as this fraction of the unsplit time.
+SPLITK_MIN_K = 4096
+_SPLITK_OVERHEAD = 0.05
 
 
 def pick_config(M: int, N: int, K: int, num_sms: int) -> GluonMatmulConfig:
     """The tile that minimises (waves x tile work / tile efficiency): a persistent grid still runs in waves of
-    num_sms tiles, so a 1.45-wave problem with big tiles loses to a 2.9-wave one with half-size tiles."""
+    num_sms tiles, so a 1.45-wave problem with big tiles loses to a 2.9-wave one with half-size tiles.
+    Split-K is a candidate only when the 128x128 tiles number fewer than the SMs and K >= SPLITK_MIN_K; its
+    units are tiles x slices, each 1/slices of the work, plus the overhead charge. With 128 tiles on 132 SMs
+    a split gains nothing (2 slices: 2 waves of half-length units); with 32 tiles 4 slices fill 128 SMs."""
     best, best_cost = None, None
     for cfg in (CONFIGS["128x256x64_s3_w8"], CONFIGS["128x128x64_s5_w8"]):
         tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
@@ -187,53 +249,116 @@ def pick_config(M: int, N: int, K: int, num_sms: int) -> GluonMatmulConfig:
         cost = waves * cfg.BM * cfg.BN / _TILE_EFFICIENCY[(cfg.BM, cfg.BN)]
         if best_cost is None or cost < best_cost:
             best, best_cost = cfg, cost
+    tiles128 = -(-M // 128) * -(-N // 128)
+    if tiles128 < num_sms and K >= SPLITK_MIN_K:
+        for name in ("128x128x64_s5_w8_k2", "128x128x64_s5_w8_k4"):
+            cfg = CONFIGS[name]
+            waves = -(-(tiles128 * cfg.split_k) // num_sms)
+            cost = waves * cfg.BM * cfg.BN / _TILE_EFFICIENCY[(cfg.BM, cfg.BN)] / cfg.split_k * (1 + _SPLITK_OVERHEAD)
+            if cost < best_cost:
+                best, best_cost = cfg, cost
     return best
 
 
 def tma_layout(t: torch.Tensor):
     """('row', t) if t can be read by TMA as stored, ('col', t.T) if its transpose can, else (None, reason).
     TMA needs a 16-byte aligned base, 16-byte aligned non-last strides and a last stride of 1."""
-    es = t.element_size()
     if t.data_ptr() % 16:
         return None, f"base address {t.data_ptr():#x} is not 16-byte aligned"
-    if t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0:
-        return "row", t
-    if t.stride(0) == 1 and (t.stride(1) * es) % 16 == 0:
-        return "col", t.T
-    return None, (f"strides {tuple(t.stride())} of a {tuple(t.shape)} {t.dtype} tensor: TMA needs one stride 1 "
+    kind, why = tma_stride_kind(tuple(t.shape), tuple(t.stride()), t.element_size(), str(t.dtype))
+    if kind is None:
+        return None, why
+    return kind, (t if kind == "row" else t.T)
+
+
+@functools.lru_cache(maxsize=4096)
+def tma_stride_kind(shape, strides, es, dtype_name):
+    """The stride half of tma_layout (pure, cached): ('row' | 'col', '') or (None, reason)."""
+    if strides[1] == 1 and (strides[0] * es) % 16 == 0:
+        return "row", ""
+    if strides[0] == 1 and (strides[1] * es) % 16 == 0:
+        return "col", ""
+    return None, (f"strides {strides} of a {shape} {dtype_name} tensor: TMA needs one stride 1 "
                   f"and the other a multiple of {16 // es} elements")
+
+
+class _Plan:
+    """Everything a launch needs that depends only on the call signature (see linattn/ops/matmul/launch.py)."""
+    __slots__ = ("cfg", "A_T", "B_T", "grid", "num_warps", "a_desc", "b_desc", "c_desc", "ws_rows",
+                 "reduce", "handles")
+
+
+def _make_plan(M, N, K, a_shape, a_strides, b_strides, c_strides, dtype, device, config):
+    from linattn.runtime.device import device_facts
+    from linattn.runtime.gluon_compat import TensorDescriptor
+    es = 2
+    a_kind, why_a = tma_stride_kind(a_shape, a_strides, es, str(dtype))
+    b_kind, why_b = tma_stride_kind((K, N), b_strides, es, str(dtype))
+    if a_kind is None or b_kind is None or c_strides[1] != 1 or (c_strides[0] * es) % 16:
+        raise ValueError(f"matmul_gluon: operands are not TMA-compatible ({why_a or why_b or 'output'}); "
+                         "call supports() first")
+    facts = device_facts(device)
+    cfg = config or _cached_config(M, N, K, dtype, facts) or pick_config(M, N, K, facts.num_sms)
+    gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    p = _Plan()
+    p.cfg, p.A_T, p.B_T = cfg, a_kind == "col", b_kind == "col"
+
+    def desc_spec(shape, strides, block, elem):
+        # Only the base pointer of a descriptor changes per call.
+        return DescriptorFactory(TensorDescriptor, list(shape), list(strides), block,
+                                 gl.NVMMASharedLayout.get_default_for(block, elem))
+    # A^T / B^T views: shape and strides of the transposed tensor, which TMA reads row by row.
+    p.a_desc = (desc_spec((K, M), (a_strides[1], 1), [cfg.BK, cfg.BM], gdt) if p.A_T
+                else desc_spec((M, K), (a_strides[0], 1), [cfg.BM, cfg.BK], gdt))
+    p.b_desc = (desc_spec((N, K), (b_strides[1], 1), [cfg.BN, cfg.BK], gdt) if p.B_T
+                else desc_spec((K, N), (b_strides[0], 1), [cfg.BK, cfg.BN], gdt))
+    c_block = [cfg.BM, cfg.BN // cfg.epi_split]
+    num_pid_m = -(-M // cfg.BM)
+    if cfg.split_k > 1:
+        p.ws_rows = cfg.split_k * num_pid_m * cfg.BM
+        p.c_desc = desc_spec((p.ws_rows, N), (N, 1), c_block, gl.float32)
+        from linattn.ops.matmul.triton.splitk_reduce import reduce_plan
+        p.reduce = reduce_plan(M, N, num_pid_m * cfg.BM, cfg.split_k, c_strides[0])
+    else:
+        p.ws_rows, p.reduce = 0, None
+        p.c_desc = desc_spec((M, N), c_strides, c_block, gdt)
+    units = num_pid_m * -(-N // cfg.BN) * cfg.split_k
+    p.grid = (min(facts.num_sms, units), 1, 1)
+    p.num_warps = cfg.num_warps
+    p.handles = {}
+    return p
+
+
+_PLANS = PlanCache()
 
 
 def matmul_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
                  config: GluonMatmulConfig = None) -> torch.Tensor:
     """C = A @ B on sm_90a. a [M,K], b [K,N] (each row-major or a transposed view), bf16/fp16; returns [M,N]."""
-    from linattn.runtime.device import device_facts
-    from linattn.runtime.gluon_compat import TensorDescriptor
     M, K = a.shape
     N = b.shape[1]
+    a_strides, b_strides = a.stride(), b.stride()
+    c_strides = out.stride() if out is not None else (N, 1)
+    plan = _PLANS.get((M, N, K, a_strides, b_strides, c_strides, a.dtype, a.device, config),
+                      lambda: _make_plan(M, N, K, (M, K), a_strides, b_strides, c_strides, a.dtype, a.device,
+                                         config))
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    facts = device_facts(a.device)
-    cfg = config or _cached_config(M, N, K, a.dtype, facts) or pick_config(M, N, K, facts.num_sms)
-    gdt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
-    a_kind, a_t = tma_layout(a)
-    b_kind, b_t = tma_layout(b)
-    c_kind, _ = tma_layout(out)
-    if a_kind is None or b_kind is None or c_kind != "row":
-        raise ValueError("matmul_gluon: operands are not TMA-compatible; call supports() first")
-    A_T, B_T = a_kind == "col", b_kind == "col"
-
-    def desc(t, block):
-        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
-
-    a_desc = desc(a_t, [cfg.BK, cfg.BM] if A_T else [cfg.BM, cfg.BK])
-    b_desc = desc(b_t, [cfg.BN, cfg.BK] if B_T else [cfg.BK, cfg.BN])
-    c_desc = desc(out, [cfg.BM, cfg.BN])
-    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
-    grid = (min(facts.num_sms, tiles),)
-    matmul_ws_persistent[grid](a_desc, b_desc, c_desc, M, N, K, A_T=A_T, B_T=B_T, STAGES=cfg.stages,
-                               GROUP_M=cfg.group_m, num_warps=cfg.num_warps)
+    if (a.data_ptr() | b.data_ptr() | out.data_ptr()) % 16:
+        raise ValueError("matmul_gluon: a base address is not 16-byte aligned (TMA); call supports() first")
+    cfg = plan.cfg
+    c_base = out if cfg.split_k == 1 else torch.empty(plan.ws_rows, N, device=a.device, dtype=torch.float32)
+    args = (plan.a_desc(a), plan.b_desc(b), plan.c_desc(c_base), M, N, K,
+            plan.A_T, plan.B_T, cfg.stages, cfg.group_m, cfg.split_k, cfg.epi_split)
+    launch(matmul_ws_persistent, plan.handles, "gemm", plan.grid, args, {"num_warps": plan.num_warps})
+    if plan.reduce is not None:
+        plan.reduce.run(c_base, out, plan.handles)
     return out
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (e.g. after `linattn tune` wrote a config this process should now use)."""
+    _PLANS.clear()
 
 
 @functools.lru_cache(maxsize=None)   # inspect.getsource costs about a millisecond: once per process
@@ -241,7 +366,8 @@ def kernel_source_hash() -> str:
     """Hash of the kernel and its partitions' source: a cached tuning result is void once any of them changes."""
     import hashlib
     import inspect
-    src = "".join(inspect.getsource(f.fn) for f in (matmul_ws_persistent, _mma_partition, _load_partition, _tile_coords))
+    fns = (matmul_ws_persistent, _mma_partition, _load_partition, _tile_coords, _unit_coords, _store_tile)
+    src = "".join(inspect.getsource(f.fn) for f in fns)
     return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from linattn.ops.matmul.launch import PlanCache, launch
+
 
 @triton.jit
 def matmul_grouped(a_ptr, b_ptr, c_ptr, M, N, K,
@@ -109,26 +111,55 @@ def pick_config(M: int, N: int, K: int, num_sms: int, interpret: bool = False) -
     return CONFIGS["64x64x64_s4_w4"]
 
 
+class _Plan:
+    """Config, grid and constexprs for one call signature (see linattn/ops/matmul/launch.py)."""
+    __slots__ = ("config", "grid", "even_k", "handles")
+
+
+def _make_plan(M, N, K, dtype, device, config):
+    from linattn.runtime.device import device_facts
+    from linattn.runtime.settings import settings
+    if config is None:
+        interpret = settings.interpret or device.type == "cpu"
+        facts = device_facts(device)
+        config = None if interpret else _cached_config(M, N, K, dtype, facts)
+        config = config or pick_config(M, N, K, facts.num_sms, interpret=interpret)
+    p = _Plan()
+    p.config = config
+    p.grid = (triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN), 1, 1)
+    p.even_k = K % config.BK == 0
+    p.handles = {}
+    return p
+
+
+_PLANS = PlanCache()
+
+
 def matmul_triton(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
                   config: TritonMatmulConfig = None) -> torch.Tensor:
     """C = A @ B. a [M,K], b [K,N], any strides, bf16/fp16; returns a new row-major [M,N] (or fills `out`)."""
-    from linattn.runtime.device import device_facts
     from linattn.runtime.settings import settings
     M, K = a.shape
     N = b.shape[1]
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    if config is None:
-        interpret = settings.interpret or a.device.type == "cpu"
-        facts = device_facts(a.device)
-        config = None if interpret else _cached_config(M, N, K, a.dtype, facts)
-        config = config or pick_config(M, N, K, facts.num_sms, interpret=interpret)
-    grid = (triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN),)
-    matmul_grouped[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                         out.stride(0), out.stride(1), BM=config.BM, BN=config.BN, BK=config.BK,
-                         GROUP_M=config.group_m, EVEN_K=(K % config.BK == 0),
-                         num_stages=config.num_stages, num_warps=config.num_warps)
+    # The key fixes everything the JIT specialises on: sizes and strides by value, pointers by 16-byte alignment.
+    # The interpreter flag is in it because the config choice depends on it.
+    aligned = ((a.data_ptr() % 16 == 0) << 2) | ((b.data_ptr() % 16 == 0) << 1) | (out.data_ptr() % 16 == 0)
+    plan = _PLANS.get((M, N, K, a.stride(), b.stride(), out.stride(), aligned, a.dtype, a.device, config,
+                       settings.interpret),
+                      lambda: _make_plan(M, N, K, a.dtype, a.device, config))
+    cfg = plan.config
+    args = (a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+            cfg.BM, cfg.BN, cfg.BK, cfg.group_m, plan.even_k)
+    launch(matmul_grouped, plan.handles, "gemm", plan.grid, args,
+           {"num_stages": cfg.num_stages, "num_warps": cfg.num_warps})
     return out
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (e.g. after `linattn tune` wrote a config this process should now use)."""
+    _PLANS.clear()
 
 
 def _cached_config(M, N, K, dtype, facts):
