@@ -133,3 +133,21 @@ def test_gluon_backend_reasons_without_interpreter(monkeypatch):
     assert backend.selected_variant() == "tma"
     monkeypatch.delenv("LINATTN_GDN_GLUON_VARIANT")
     assert backend.selected_variant() == "wgmma"
+
+
+def test_gpu_round_script_dry_run(tmp_path):
+    """benchmarks/gpu/gdn_gluon_round.py --dry-run: imports everything it uses, builds the gate's case list (all
+    K=V=128 16-bit, varlen lengths consistent) and finds the launcher's configs in the AOT registry."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "gpu", "gdn_gluon_round.py")
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--dry-run"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((tmp_path / "gdn_gluon_dryrun.json").read_text())
+    assert out["passed"] and len(out["cases"]) >= 15
+    assert {"gluon_varlen_1tok", "T65536_gva", "varlen_T65536_gva", "gluon_T63_gva_h0"} <= set(out["cases"])
