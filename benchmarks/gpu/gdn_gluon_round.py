@@ -28,7 +28,9 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)                                       # gdn_fwd_gate, common
+sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout (children too)
 import torch  # noqa: E402
 
 VARIANTS = ("literal", "tma", "wgmma")

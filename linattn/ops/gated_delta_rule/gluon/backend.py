@@ -82,6 +82,8 @@ def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
     K, V = q.shape[-1], v.shape[-1]
     if K != 128 or V != 128:
         return False, f"K={K}, V={V}: the Gluon state pass is built for K == V == 128"
+    if q.shape[0] * q.shape[1] == 0:
+        return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
     HV = v.shape[2]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     slots_bound = q.shape[0] * q.shape[1] // 64 + N          # chunk_indices.py's bound on the chunk slots
