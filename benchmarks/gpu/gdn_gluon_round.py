@@ -1,6 +1,6 @@
 """GPU round for the Gluon state pass of the GDN forward (issue 7): gate, then timing, for every variant.
 
-    python benchmarks/gpu/gdn_gluon_round.py --out DIR [--variants literal,tma,wgmma] [--budget 195]
+    python benchmarks/gpu/gdn_gluon_round.py --out DIR [--variants literal,tma,wgmma] [--budget 195] [--sweep]
     python benchmarks/gpu/gdn_gluon_round.py --out DIR --dry-run      # CPU: imports, case list, configs
 
 Each variant runs in its own child process (this script with --child VARIANT) under a timeout, so a hang or a
@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 VARIANTS = ("literal", "tma", "wgmma")
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
+SWEEP_SHAPES = ((1, 65536), (8, 4096))          # --sweep: other state-pass configs timed at these shapes
 BF, FP16 = torch.bfloat16, torch.float16
 
 
@@ -122,7 +123,15 @@ def triton_state_launcher(k, w, u, gcum, h, vnew, h0, final, plan):
     return run, cfg.BV_state
 
 
-def timing_row(variant, B, T):
+def sweep_configs(variant):
+    """State-pass launch configs worth comparing on the GPU (all compile without spills for sm_90a)."""
+    from linattn.ops.gated_delta_rule.gluon.launcher import StateConfig
+    if variant == "literal":
+        return [StateConfig(32, 4, 0), StateConfig(64, 8, 0)]
+    return [StateConfig(bv, 4, st) for bv in (32, 64) for st in (2, 3)]
+
+
+def timing_row(variant, B, T, sweep=False):
     import linattn
     from linattn.ops.gated_delta_rule.gluon.launcher import chunk_state_gluon, state_config
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
@@ -161,6 +170,25 @@ def timing_row(variant, B, T):
         row["state_triton_ms"] = _events_ms(tri_run)
         row["state_gluon_ms"] = _events_ms(glu_run)
         row["state_speedup"] = row["state_triton_ms"] / row["state_gluon_ms"]
+        if sweep:
+            row["state_sweep"] = []
+            for alt in sweep_configs(variant):
+                if alt == cfg:
+                    continue
+                out = tuple(torch.empty_like(b) for b in bufs["gluon"])
+
+                def alt_run():
+                    chunk_state_gluon(x["k"], res.w, res.u, res.gcum, out[0], out[1], x["initial_state"], out[2],
+                                      plan, variant, alt)
+                try:
+                    alt_run()
+                    torch.cuda.synchronize()
+                    row["state_sweep"].append(dict(BV=alt.BV, num_warps=alt.num_warps, stages=alt.stages,
+                                                   ms=_events_ms(alt_run),
+                                                   final_diff_vs_triton=_rel(out[2], bufs["triton"][2])))
+                except Exception as e:
+                    row["state_sweep"].append(dict(BV=alt.BV, num_warps=alt.num_warps, stages=alt.stages,
+                                                   error=repr(e)[:300]))
         for backend in ("triton", "gluon"):
             row[f"fwd_{backend}_ms"] = _events_ms(
                 lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend))
@@ -170,7 +198,7 @@ def timing_row(variant, B, T):
 
 # ---------------------------------------------------------------- child: one variant
 
-def child(variant, out_dir, no_timing):
+def child(variant, out_dir, no_timing, sweep):
     from gdn_fwd_gate import run_case, sync_free_checks
     os.environ["LINATTN_GDN_GLUON_VARIANT"] = variant
     path = os.path.join(out_dir, f"gdn_gluon_{variant}.json")
@@ -205,7 +233,7 @@ def child(variant, out_dir, no_timing):
         res["timing"] = []
         for B, T in TIMING_SHAPES:
             try:
-                row = timing_row(variant, B, T)
+                row = timing_row(variant, B, T, sweep and (B, T) in SWEEP_SHAPES)
             except Exception as e:
                 row = dict(B=B, T=T, error=repr(e), trace=traceback.format_exc()[-1500:])
             torch.cuda.empty_cache()
@@ -287,6 +315,8 @@ def main():
     ap.add_argument("--budget", type=float, default=195.0, help="seconds for all variants together")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time the other state-pass configs (BV 32/64, 2/3 stages) at B1 T65536 and B8 T4096")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
@@ -296,7 +326,7 @@ def main():
     if a.dry_run:
         return dry_run(a.out, variants)
     if a.child:
-        child(a.child, a.out, a.no_timing)
+        child(a.child, a.out, a.no_timing, a.sweep)
         return 0
     from common import env_line
     t_start = time.time()
@@ -319,6 +349,8 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--out", a.out, "--child", v]
         if a.no_timing:
             cmd.append("--no-timing")
+        if a.sweep:
+            cmd.append("--sweep")
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, timeout=share, text=True, capture_output=True)
