@@ -36,22 +36,23 @@ import torch  # noqa: E402
 VARIANTS = ("literal", "tma", "wgmma")
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
 SWEEP_SHAPES = ((1, 65536), (8, 4096))          # --sweep: other state-pass configs timed at these shapes
+GRAD_SHAPE = (1, 200, 16, 32, 128, 128)          # B, T, H, HV, K, V of the gradient check (warmed up by the parent)
 BF, FP16 = torch.bfloat16, torch.float16
 
 
 def gate_cases():
-    """(name, B, T, H, HV, K, V, dtype, lens, extra): gdn_fwd_gate's K=V=128 16-bit cases, then ours."""
+    """(name, B, T, H, HV, K, V, dtype, lens, extra): ours (short, varlen), then gdn_fwd_gate's K=V=128 16-bit
+    cases, small first (a timeout then still leaves most cases measured). Our cases reuse the head counts and
+    dtypes of gdn_fwd_gate's (H16/HV32 bf16, H8/HV16 fp16) so that they add no kernel specialisations to compile."""
     from gdn_fwd_gate import cases
     own = []
     for T in (1, 63, 65, 1000):
-        own.append((f"gluon_T{T}_gva_h0", 2, T, 4, 8, 128, 128, BF, None, {}))
-    own.append(("gluon_T1000_fp16_no_h0", 1, 1000, 2, 4, 128, 128, FP16, None, dict(initial_state=False)))
-    own.append(("gluon_varlen_1tok", 1, 1 + 1 + 63 + 1 + 65 + 1000 + 1 + 64 + 128 + 1, 4, 8, 128, 128, BF,
-                [1, 1, 63, 1, 65, 1000, 1, 64, 128, 1], {}))
-    own.append(("gluon_varlen_1tok_no_h0_mha", 1, 1 + 200 + 1 + 63, 8, 8, 128, 128, BF, [1, 200, 1, 63],
-                dict(initial_state=False)))
+        own.append((f"gluon_T{T}_gva_h0", 2, T, 16, 32, 128, 128, BF, None, {}))
+    own.append(("gluon_T1000_fp16_no_h0", 2, 1000, 8, 16, 128, 128, FP16, None, dict(initial_state=False)))
+    lens = [1, 1, 63, 1, 65, 1000, 1, 64, 128, 1]
+    own.append(("gluon_varlen_1tok", 1, sum(lens), 16, 32, 128, 128, BF, lens, {}))
+    own.append(("gluon_varlen_1tok_no_h0", 1, 265, 16, 32, 128, 128, BF, [1, 200, 1, 63], dict(initial_state=False)))
     theirs = [c for c in cases() if c[5] == 128 and c[6] == 128 and c[7] in (BF, FP16)]
-    # small first: a timeout then still leaves most cases measured
     return own + sorted(theirs, key=lambda c: c[1] * c[2])
 
 
@@ -60,7 +61,7 @@ def grad_check():
     saved inputs. Also the forward outputs of the two agree to rounding."""
     import linattn
     from linattn.testing import make_gdn_inputs, rel_rms
-    x = make_gdn_inputs(1, 200, 2, 4, 128, 128, dtype=BF, device="cuda", requires_grad=True)
+    x = make_gdn_inputs(*GRAD_SHAPE, dtype=BF, device="cuda", requires_grad=True)
     names = [k for k, v in x.items() if v is not None]
     out = {}
     for backend in ("gluon", "triton"):
@@ -268,18 +269,22 @@ def table(results):
 
 
 def warm_up_triton():
-    """Compile the Triton stages (forward and backward, bf16 and fp16, with and without varlen) once in the
-    parent, outside the variants' time shares: the children then find them in the Triton cache. No Gluon here,
-    so nothing in the parent can hang on a Gluon kernel."""
+    """Compile the Triton stages once in the parent, outside the variants' time shares; the children find them in
+    the Triton cache (set TRITON_CACHE_DIR to share it with other steps on the machine too). Triton specialises on
+    the head counts and dtype (constexpr / pointer types) and on N == 1 vs other N (int argument), so the forward
+    runs once per such class of the gate and timing cases, the backward once for the gradient check. No Gluon
+    here: nothing in the parent can hang on a Gluon kernel."""
     import linattn
-    from linattn.testing import make_gdn_inputs, random_cu_seqlens
-    for dtype in (BF, FP16):
-        for lens in (None, [1, 63, 136]):
-            cu = random_cu_seqlens(lens, "cuda") if lens else None
-            x = make_gdn_inputs(1, 200, 2, 4, 128, 128, dtype=dtype, device="cuda", requires_grad=True,
-                                num_states=len(lens) if lens else None)
-            o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend="triton")
-            (o.float().sum() + ht.sum()).backward()
+    from linattn.testing import make_gdn_inputs
+    with torch.no_grad():
+        mixed = dict(gate_dtype=BF, beta_dtype=torch.float32, state_dtype=FP16)   # as mixed_fp16_beta32_g16_h0_16
+        for B, H, HV, dtype, extra in ((1, 16, 32, BF, {}), (2, 16, 32, BF, {}), (1, 16, 32, FP16, {}),
+                                       (2, 8, 16, FP16, {}), (2, 8, 16, FP16, mixed)):
+            x = make_gdn_inputs(B, 130, H, HV, 128, 128, dtype=dtype, device="cuda", **extra)
+            linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+    x = make_gdn_inputs(*GRAD_SHAPE, dtype=BF, device="cuda", requires_grad=True)
+    o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+    (o.float().sum() + ht.sum()).backward()
     torch.cuda.synchronize()
 
 
