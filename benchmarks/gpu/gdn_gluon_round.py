@@ -250,7 +250,7 @@ def child(variant, out_dir, no_timing, sweep):
 def table(results):
     lines = ["variant  gate        state ms (gluon / triton / x)                 forward ms (gluon / triton / x)"]
     for v, r in results.items():
-        gate = r.get("status") or ("GREEN" if r.get("gate_passed") else "RED")
+        gate = ("GREEN" if r.get("gate_passed") else "RED") + (f" {r['status']}" if r.get("status") else "")
         nfail = sum(not c.get("passed") for c in r.get("cases", []))
         head = f"{v:8s} {gate:5s} {nfail:2d} fail"
         rows = r.get("timing") or []
@@ -380,9 +380,11 @@ def main():
     _write(os.path.join(a.out, "gdn_gluon.json"), dict(env=env, warm_up=warm, results=results, table=summary,
                                                        seconds=time.time() - t_start))
     print(summary)
-    green = [v for v, r in results.items() if r.get("gate_passed") and not r.get("status")]
-    print(f"GATE GREEN: {', '.join(green) or 'none'}; RED/other: "
-          f"{', '.join(v for v in results if v not in green) or 'none'}")
+    green = [v for v, r in results.items() if r.get("gate_passed")]
+    other = [f"{v} ({r.get('status') or 'RED'})" for v, r in results.items() if v not in green]
+    late = [f"{v} ({r['status']})" for v, r in results.items() if v in green and r.get("status")]
+    print(f"GATE GREEN: {', '.join(green) or 'none'}; not green: {', '.join(other) or 'none'}"
+          + (f"; green but stopped during timing: {', '.join(late)}" if late else ""))
     return 0
 
 
