@@ -43,12 +43,16 @@ def package_version(module: str) -> str:
 
 
 def git_commit() -> str:
+    # The device machine receives a copy of the work tree whose .git, when there is one, is not the commit
+    # being run (seen in round 8: it named the session's first commit): the runner passes the commit in, and
+    # that wins.
+    given = os.environ.get("LINATTN_COMMIT", "").strip()
+    if given:
+        return f"{given} (LINATTN_COMMIT)"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sha = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root)
     if not sha:
-        # the device machine receives a copy of the work tree without .git: the runner passes the commit in
-        given = os.environ.get("LINATTN_COMMIT", "").strip()
-        return f"{given} (LINATTN_COMMIT)" if given else "unknown (not a git checkout)"
+        return "unknown (not a git checkout, LINATTN_COMMIT not set)"
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return sha + ("+dirty" if dirty else "")
 
