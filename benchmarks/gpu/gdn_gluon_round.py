@@ -1,6 +1,6 @@
 """GPU round for the Gluon state pass of the GDN forward (issue 7): gate, then timing, for every variant.
 
-    python benchmarks/gpu/gdn_gluon_round.py --out DIR [--variants literal,tma,wgmma] [--budget 195] [--sweep]
+    python benchmarks/gpu/gdn_gluon_round.py --out DIR [--variants wgmma,tma,literal] [--budget 195] [--sweep]
     python benchmarks/gpu/gdn_gluon_round.py --out DIR --dry-run      # CPU: imports, case list, configs
 
 Each variant runs in its own child process (this script with --child VARIANT) under a timeout, so a hang or a
@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)                                       # gdn_fwd_gate, c
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout (children too)
 import torch  # noqa: E402
 
-VARIANTS = ("literal", "tma", "wgmma")
+VARIANTS = ("wgmma", "tma", "literal")     # run order: the most advanced first; the last absorbs unused time
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
 SWEEP_SHAPES = ((1, 65536), (8, 4096))          # --sweep: other state-pass configs timed at these shapes
 GRAD_SHAPE = (1, 200, 16, 32, 128, 128)          # B, T, H, HV, K, V of the gradient check (warmed up by the parent)
@@ -208,10 +208,12 @@ def child(variant, out_dir, no_timing, sweep):
     for c in gate_cases():
         c = list(c)
         c[-1] = dict(c[-1])                  # run_case pops from `extra`
+        tc = time.time()
         try:
             r = run_case(*c, backend="gluon")
         except Exception as e:
             r = dict(case=c[0], passed=False, error=repr(e), trace=traceback.format_exc()[-1500:])
+        r["seconds"] = time.time() - tc
         res["cases"].append(r)
         print(f"[{variant}] {'PASS' if r['passed'] else 'FAIL'} {r['case']} "
               f"o {r.get('err_o', float('nan')):.2e} state {r.get('err_state', float('nan')):.2e} "
