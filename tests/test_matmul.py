@@ -192,9 +192,11 @@ def test_host_paths_launch_identically_and_faster():
     import os
     import subprocess
     import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, "-m", "linattn.ops.matmul.hostsim", "--check"], capture_output=True,
-                          text=True, env=env, timeout=600)
+                          text=True, env=env, timeout=600, cwd=repo)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(res) == {"triton", "gluon", "gluon_e2", "gluon_auto"}
