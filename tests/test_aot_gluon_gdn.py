@@ -212,3 +212,56 @@ def test_tma_algorithm_matches_triton_state_pass(device, lens):
     assert rel_rms(h[:used], res.h[:used]) < 3e-3         # measured ~4e-4: one bf16 rounding apart
     assert rel_rms(vnew, res.vnew) < 3e-3
     assert rel_rms(final, res.final_state) < 3e-3
+
+
+def _triton_state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
+    """The Triton state stage, launched as triton/forward.py does (same arguments as chunk_state_gluon)."""
+    import triton
+
+    from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+    from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
+    H, K = k.shape[2], k.shape[3]
+    HV, V = u.shape[1], u.shape[2]
+    cfg = _configs(K, V, plan.N, HV, k.device)
+    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), plan.N * HV)](
+        k, w, u, gcum, h, vnew, h0 if h0 is not None else gcum, final if final is not None else gcum,
+        plan.cu, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
+        USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC="tf32", num_warps=cfg.warps_state)
+
+
+@pytest.mark.parametrize("lens,h0", [(None, True), ([1, 63, 1, 70], False)])
+def test_gluon_forward_orchestration(device, lens, h0):
+    """The gluon backend's forward (Triton intra-chunk and output stages around the state pass, launched by
+    gluon/launcher.py) with the Triton state kernel plugged in, under the interpreter: o and the final state
+    match the fp64 recurrence. Checks the launcher's own stage-2/4 launches, not the Gluon kernel."""
+    if device != "cpu":
+        pytest.skip("CPU orchestration check")
+    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, assert_close, make_gdn_inputs, random_cu_seqlens
+    T = sum(lens) if lens else 70
+    B = 1 if lens else 2
+    x = make_gdn_inputs(B, T, 1, 2, 128, 128, dtype=torch.bfloat16, device="cpu", initial_state=h0,
+                        num_states=len(lens) if lens else None)
+    cu = random_cu_seqlens(lens, "cpu") if lens else None
+    with torch.no_grad(), poisoned_allocations():
+        res = chunk_gated_delta_rule_fwd_gluon(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
+                                               x["initial_state"], True, cu, state_pass=_triton_state_pass)
+    x64 = {k: (v.double() if v is not None else None) for k, v in x.items()}
+    ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True, cu_seqlens=cu)
+    assert_close("o", res.o, ref_o, TOL[torch.bfloat16])
+    assert_close("final_state", res.final_state, ref_ht, TOL[torch.bfloat16])
+
+
+def test_launch_kwargs_name_kernel_parameters():
+    """Every argument the launcher passes (positional and constexpr keyword) is a parameter of the kernel."""
+    if not _GLUON_OK:
+        pytest.skip(_GLUON_REASON)
+    from linattn.ops.gated_delta_rule.gluon.launcher import StateConfig, state_launch
+    plan, bufs = _plan_and_buffers(1, 130, 2, 4)
+    for variant in ("literal", "tma", "wgmma"):
+        kernel, grid, args, kwargs = state_launch(*bufs, plan, variant, StateConfig(64, 4, 2))
+        names = list(kernel.arg_names)
+        passed = names[:len(args)] + [k for k in kwargs if k != "num_warps"]
+        assert sorted(passed) == sorted(names), (variant, passed, names)

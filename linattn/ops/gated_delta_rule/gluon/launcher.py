@@ -100,10 +100,12 @@ def chunk_state_gluon(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: t
 
 def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                      output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                     variant: str = DEFAULT_VARIANT):
+                                     variant: str = DEFAULT_VARIANT, state_pass=None):
     """The forward of triton/forward.py with the state pass (stage 3) in Gluon: Triton intra-chunk (stage 2),
     Gluon state pass, Triton output (stage 4). Same arguments and result (a FwdResult) as
-    chunk_gated_delta_rule_fwd; q, k, v bf16/fp16 with K == V == 128."""
+    chunk_gated_delta_rule_fwd; q, k, v bf16/fp16 with K == V == 128.
+    state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan) replaces the Gluon state pass (a CPU test
+    runs this orchestration with the Triton state kernel under the interpreter)."""
     import triton
 
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
@@ -133,7 +135,10 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    chunk_state_gluon(k, w, u, gcum, h, vnew, initial_state, final, plan, variant)
+    if state_pass is None:
+        chunk_state_gluon(k, w, u, gcum, h, vnew, initial_state, final, plan, variant)
+    else:
+        state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
 
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
