@@ -204,3 +204,22 @@ def test_host_paths_launch_identically_and_faster():
     for name, r in res.items():
         assert r["same"], (name, r)
         assert r["jit_runs"]["plan+handle"] == 0 and r["jit_runs"]["jit"] == r["n_launches"], (name, r)
+
+
+def test_descriptor_factory_copies_equal_constructed_descriptors():
+    """The per-call descriptor copied from the plan's validated template has the fields the constructor gives,
+    with the new base; and it keeps no tensor alive between calls."""
+    from linattn.runtime.gluon_compat import GLUON_OK, TensorDescriptor, gl
+    if not GLUON_OK:
+        pytest.skip("no Gluon in this Triton")
+    from linattn.ops.matmul.launch import DescriptorFactory
+    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    make = DescriptorFactory(TensorDescriptor, [96, 136], [144, 1], [64, 64], layout)
+    first = make(torch.empty(96, 144, dtype=torch.bfloat16))
+    assert make.fields is not None and all(not isinstance(v, torch.Tensor) for v in make.fields.values())
+    t = torch.empty(96, 144, dtype=torch.bfloat16)
+    copied, built = make(t), TensorDescriptor(t, [96, 136], [144, 1], [64, 64], layout)
+    assert copied is not first and copied.base is t
+    for name in ("shape", "strides", "block_shape", "layout", "padding"):
+        assert getattr(copied, name) == getattr(built, name), name
+    assert type(copied) is TensorDescriptor

@@ -102,7 +102,7 @@ class DescriptorFactory:
     """Per-call TensorDescriptors for one plan. The first is built by the constructor (which validates shape,
     strides, block and layout); later ones copy its fields and swap the base tensor, skipping a re-validation
     of what the plan key has fixed (the caller checks the 16-byte alignment of each base). A descriptor class
-    without plain instance fields (a future Triton) is always built by its constructor."""
+    with other fields than 3.6's (a future Triton) is always built by its constructor."""
     __slots__ = ("cls", "spec", "fields")
 
     def __init__(self, cls, shape, strides, block_shape, layout):
@@ -115,6 +115,11 @@ class DescriptorFactory:
             d.base = base
             return d
         d = self.cls(base, *self.spec)
-        if self.fields is None and "base" in getattr(d, "__dict__", {}):
+        if self.fields is None and set(getattr(d, "__dict__", ())) == _KNOWN_DESCRIPTOR_FIELDS:
             self.fields = {k: v for k, v in d.__dict__.items() if k != "base"}   # no tensor kept alive
         return d
+
+
+# The fields of triton 3.6's Gluon TensorDescriptor, none derived from the base. A descriptor class with any
+# other field set (a later Triton may derive one from the base) is always built by its constructor.
+_KNOWN_DESCRIPTOR_FIELDS = {"base", "shape", "strides", "block_shape", "layout", "padding"}
