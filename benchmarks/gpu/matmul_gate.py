@@ -616,7 +616,7 @@ def summarise_directions(result: dict, times: dict, ratio) -> list:
     result["directions"] = d
     out = ["host path, 2000x3000x1000 and 16384x128x16384 (us per call: graph replay / eager / host clock):"]
     if "error" in host:
-        out.append(f"   host section error: {str(host['error'])[-300:]}")
+        out.append(f"   host section error: {(str(host['error']).strip().splitlines() or [''])[-1][:300]}")
     f = lambda v: f"{v:8.1f}" if isinstance(v, (int, float)) else f"{str(v)[:8]:>8}"  # noqa: E731
     for key, r in d["1_host"].items():
         if key != "floor":
