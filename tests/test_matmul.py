@@ -183,7 +183,7 @@ def test_triton_plan_cache_keys_on_alignment_and_config():
     assert len(tm._PLANS) == 3
 
 
-def test_host_paths_launch_identically_and_faster():
+def test_host_paths_launch_identically():
     """Under a stand-in sm_90 driver (linattn.ops.matmul.hostsim; a child process without TRITON_INTERPRET,
     which would turn the Triton kernels into interpreted functions): with the plan cache off, on, and on with
     the compiled-handle launch, every launch gets the same kernel, grid and arguments, and the handle path
