@@ -304,7 +304,7 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(reports) == 5
+    assert len(reports) == 8           # 5 one-tile configs, 3 persistent ones
     for r in reports:
         assert all(r["ops"].get(op, 0) > 0 for op in r["intended"]), f"{r['name']}: {r['ops']}"
         assert r["spills"] == 0 and not any(o.startswith(("LDL", "STL")) for o in r["ops"]), r
@@ -341,3 +341,57 @@ def test_gva_varlen_pool_stays_in_bounds():
     assert_close("pool", pool, ref_pool, F32)
     assert (pbuf[:pad] == 12345.0).all() and (pbuf[pad + pool.numel():] == 12345.0).all()
     assert torch.isnan(obuf[:opad]).all() and torch.isnan(obuf[opad + o.numel():]).all()
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_persistent_one_token_kernel(state_dtype, inplace):
+    """The persistent kernel (the large-batch serving step): a grid smaller than the tile count, so every
+    program walks several tiles, GVA, a pool with padded rows, fused gate; against the fp64 reference."""
+    N, H, HV, K, V, slots = 6, 2, 4, 32, 64, 9
+    x = _inputs(N, 1, H, HV, K, V, initial_state=False)
+    A_log, dt_bias = torch.randn(HV) * 0.5, torch.randn(HV)
+    x["beta"] = torch.randn_like(x["beta"])               # logits: beta_sigmoid=True
+    pool = torch.randn(slots, HV, K, V).to(state_dtype)
+    before = pool.clone()
+    idx = torch.tensor([7, -1, 0, 3, 11, 5])               # -1 and 11 (>= slots) are padded rows
+    ref_pool = pool.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True,
+                                      A_log=A_log.double(), dt_bias=dt_bias.double(), beta_sigmoid=True)
+    o = poison_(torch.empty_like(x["v"]))
+    ht = None if inplace else poison_(torch.empty(N, HV, K, V, dtype=state_dtype))
+    from linattn.runtime.device import device_facts
+    n_tiles = N * HV * (V // 16)
+    grid = min(n_tiles, 1 * device_facts(x["q"].device).num_sms)      # config: 1 program per SM
+    assert n_tiles >= 4 * grid, "every program must walk several tiles"
+    fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, A_log, dt_bias,
+                            False, True, True, inplace, config=(16, 1, 2, 1), out=o, final_out=ht)
+    live, padded = [0, 2, 3, 5], [1, 4]
+    assert_close("o", o[live], ro[live], F32)
+    assert torch.equal(o[padded], torch.zeros_like(o[padded]))
+    tol = F32 if state_dtype == torch.float32 else 4e-3      # one bf16 rounding of the state
+    if inplace:
+        assert_close("pool", pool[[7, 0, 3, 5]].double(), ref_pool[[7, 0, 3, 5]], tol)
+        unused = [1, 2, 4, 6, 8]
+        assert torch.equal(pool[unused], before[unused])
+    else:
+        assert torch.equal(pool, before)
+        assert_close("final", ht[live].double(), ref_pool[[7, 0, 3, 5]], tol)
+        assert torch.equal(ht[padded], torch.zeros_like(ht[padded]))
+
+
+def test_persistent_kernel_refuses_multi_token_and_varlen():
+    x = _inputs(2, 3, 2, 2, 16, 16)
+    with pytest.raises(ValueError, match="one token per sequence"):
+        fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.25, x["initial_state"], None, None,
+                                None, None, False, False, True, False, config=(16, 1, 2, 1))
+
+
+def test_persistent_heuristic():
+    from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_persistent_config
+    sms = 132
+    assert decode_persistent_config(256 * 32 * 4, 1, False, torch.float32, sms) == (2, 4)     # batch 256
+    assert decode_persistent_config(256 * 32 * 2, 1, False, torch.bfloat16, sms) == (2, 3)
+    assert decode_persistent_config(32 * 32 * 4, 1, False, torch.float32, sms) is None        # batch 32
+    assert decode_persistent_config(256 * 32 * 4, 2, False, torch.float32, sms) is None       # speculative
+    assert decode_persistent_config(256 * 32 * 4, 1, True, torch.float32, sms) is None        # varlen

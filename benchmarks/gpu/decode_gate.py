@@ -43,6 +43,7 @@ K = V = 128
 F32_TOL = TOL[torch.float32]
 BF16_STATE_TOL = 4e-3        # one bf16 rounding of the state: < 2^-9 relative (tests/test_fused_recurrent.py)
 START = time.time()
+SWEEP_B = 256                # the sweep's large batch (a CPU dry run of the logic lowers it)
 DEV = "cuda"                 # a CPU dry run of the gate's logic sets "cpu" (and small K, V) from outside
 
 
@@ -353,15 +354,21 @@ def bench(fla: bool) -> dict:
 
 
 def sweep() -> dict:
-    """Launch configs (BV, num_warps) around the heuristic's choice, timed like the bench (fp32 and bf16 pools,
-    inplace, T = 1, H = HV = 32): data for decode_launch_config, not a gate."""
-    from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_launch_config, fused_recurrent_gdn_fwd
+    """Launch configs around the heuristic's choice, timed like the bench (fp32 and bf16 pools, inplace, T = 1,
+    H = HV = 32): data for decode_launch_config / decode_persistent_config, not a gate. A config is
+    (BV, num_warps, NUM_STAGES, programs per SM); NUM_STAGES = 0 is the one-tile kernel, >= 1 the persistent
+    one. Each config's result on one call is checked against the one-tile kernel's (same math, same inputs)."""
+    from linattn.ops.gated_delta_rule.triton.fused_recurrent import (decode_launch_config, decode_persistent_config,
+                                                                     fused_recurrent_gdn_fwd)
     H = HV = 32
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for B, sd, configs in ((1, torch.float32, [(8, 1), (16, 1), (16, 2), (32, 4), (4, 1)]),
-                           (256, torch.float32, [(32, 4), (32, 2), (16, 2), (64, 4), (64, 8), (128, 8)]),
-                           (256, torch.bfloat16, [(32, 4), (64, 4), (64, 8), (16, 2), (128, 8)])):
-        if time.time() - START > 105:
+    for B, sd, configs in ((SWEEP_B, torch.float32, [(32, 4, 0, 0), (32, 4, 2, 4), (32, 4, 3, 3), (32, 2, 2, 8),
+                                                 (32, 4, 2, 2), (64, 4, 2, 3), (16, 2, 2, 8), (32, 2, 0, 0)]),
+                           (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 4, 2, 3), (64, 4, 3, 2), (32, 2, 2, 8),
+                                                  (32, 4, 2, 4), (64, 8, 2, 2)]),
+                           (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (32, 4, 2, 4), (32, 4, 2, 2), (16, 2, 2, 8)])):
+        if time.time() - START > 170:
             rows.append(dict(B=B, state=str(sd)[6:], skipped="time budget"))
             continue
         x = _inputs(B, 1, H, HV)
@@ -371,10 +378,25 @@ def sweep() -> dict:
         pool = (torch.randn(n * B, HV, K, V, device=DEV) * 0.5).to(sd)
         perm = torch.randperm(n * B, device=DEV)
         idx = [perm[i * B:(i + 1) * B].contiguous() for i in range(n)]
-        chosen = decode_launch_config(B, HV, K, V, sd, torch.cuda.get_device_properties(0).multi_processor_count)
+        _, bv, w = decode_launch_config(B, HV, K, V, sd, sms)
+        pers = decode_persistent_config(B * HV * (V // bv), 1, False, sd, sms)
+        chosen = (bv, w) + (pers if pers else (0, 0))
+
+        def one_call(cfg, p):
+            return fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, p, None, idx[0],
+                                           None, None, False, False, False, True, config=cfg)[0]
+        pool0 = pool[idx[0]].clone()             # the timed calls below update the pool in place: keep the start
+        want_pool = pool.clone()
+        want_o = one_call((bv, w, 0, 0), want_pool)
         for cfg in configs:
-            row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], heuristic=cfg == chosen[1:])
+            row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], stages=cfg[2], per_sm=cfg[3],
+                       heuristic=tuple(cfg) == chosen)
             try:
+                got_pool = pool.clone()
+                got_pool[idx[0]] = pool0
+                got_o = one_call(cfg, got_pool)
+                got_pool, want_rows = got_pool[idx[0]], want_pool[idx[0]]
+                row.update(vs_one_tile_rel_o=rel_rms(got_o, want_o), vs_one_tile_rel_pool=rel_rms(got_pool, want_rows))
                 fns = [lambda i=i: fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5,
                                                            pool, None, idx[i], None, None, False, False, False,
                                                            True, config=cfg) for i in range(n)]
@@ -383,13 +405,13 @@ def sweep() -> dict:
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{e!r}"[:300]
             rows.append(row)
-        del pool
+        del pool, want_pool
         torch.cuda.empty_cache()
     return dict(rows=rows)
 
 
 def gpu_drift():
-    if time.time() - START > 95:
+    if time.time() - START > 60:
         return dict(skipped="time budget")
     return [drift("cuda", 4, 16, 32, K, V, 1000, s) for s in (1.0, 0.05)]
 
@@ -448,9 +470,10 @@ def _print(res):
     elif b:
         print(f"bench error: {b.get('error')}")
     for r in (res.get("sweep") or {}).get("rows", []):
-        print(f"sweep B={r['B']} {r['state']} BV={r.get('BV')} warps={r.get('num_warps')}"
-              f"{' (heuristic)' if r.get('heuristic') else ''}: "
-              + (f"{r['us']:.1f} us {r['state_tb_s']:.2f} TB/s" if "us" in r else str(r.get("error", r.get("skipped")))))
+        print(f"sweep B={r['B']} {r['state']} BV={r.get('BV')} warps={r.get('num_warps')} stages={r.get('stages')} "
+              f"per_sm={r.get('per_sm')}{' (heuristic)' if r.get('heuristic') else ''}: "
+              + (f"{r['us']:.1f} us {r['state_tb_s']:.2f} TB/s err {r.get('vs_one_tile_rel_pool', -1):.1e}"
+                 if "us" in r else str(r.get("error", r.get("skipped")))))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,46 @@ import triton.language as tl
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 
+@triton.jit
+def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """-exp(A_log) and dt_bias of value head i_hv for the fused Qwen3-Next gate (zeros when unused)."""
+    b_neg_a = 0.0
+    b_dt = 0.0
+    if FUSED_GATE:
+        b_neg_a = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        if HAS_DT_BIAS:
+            b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    return b_neg_a, b_dt
+
+
+@triton.jit
+def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
+                  USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+    """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row)."""
+    if QK_L2NORM:
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    if BETA_SIGMOID:
+        b_beta = tl.sigmoid(b_beta)
+    if USE_G:
+        if FUSED_GATE:
+            if HAS_DT_BIAS:
+                b_g = b_g + b_dt
+            # Qwen3-Next gate: g_eff = -exp(A_log) * softplus(g + dt_bias), per value head;
+            # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
+            b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
+        b_h = b_h * tl.exp(b_g)                         # S <- exp(g_t) S
+    # Both reductions read the decayed state, so they are independent and can overlap:
+    #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
+    b_kS = tl.sum(b_h * b_k[:, None], 0)
+    b_qS = tl.sum(b_h * b_q[:, None], 0)
+    b_u = b_beta * (b_v - b_kS)
+    b_o = b_qS + tl.sum(b_q * b_k) * b_u
+    b_h = b_h + b_k[:, None] * b_u[None, :]
+    return b_h, b_o
+
 
 @triton.jit(do_not_specialize=["T", "num_slots"])
 def fused_recurrent_gdn_fwd_kernel(
@@ -72,11 +112,7 @@ def fused_recurrent_gdn_fwd_kernel(
     if HAS_H0:
         b_h += tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
 
-    if FUSED_GATE:
-        # Qwen3-Next gate: g_eff = -exp(A_log) * softplus(g + dt_bias), per value head
-        b_neg_a = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        if HAS_DT_BIAS:
-            b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
 
     p_q = q + (bos * H + i_h) * K + o_k
     p_k = k + (bos * H + i_h) * K + o_k
@@ -90,27 +126,12 @@ def fused_recurrent_gdn_fwd_kernel(
         b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
         b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
         b_beta = tl.load(p_beta).to(tl.float32)
-        if QK_L2NORM:
-            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
-        if BETA_SIGMOID:
-            b_beta = tl.sigmoid(b_beta)
         if USE_G:
             b_g = tl.load(p_g).to(tl.float32)
-            if FUSED_GATE:
-                if HAS_DT_BIAS:
-                    b_g = b_g + b_dt
-                # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
-                b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
-            b_h = b_h * tl.exp(b_g)                         # S <- exp(g_t) S
-        # Both reductions read the decayed state, so they are independent and can overlap:
-        #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
-        b_kS = tl.sum(b_h * b_k[:, None], 0)
-        b_qS = tl.sum(b_h * b_q[:, None], 0)
-        b_u = b_beta * (b_v - b_kS)
-        b_o = b_qS + tl.sum(b_q * b_k) * b_u
-        b_h = b_h + b_k[:, None] * b_u[None, :]
+        else:
+            b_g = 0.0
+        b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
         if INDEXED:
             b_o = tl.where(valid, b_o, 0.0)                 # padded rows: zeros, never garbage
         tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
@@ -131,6 +152,74 @@ def fused_recurrent_gdn_fwd_kernel(
             if INDEXED:
                 b_h = tl.where(valid, b_h, 0.0)
             tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit(do_not_specialize=["num_slots", "n_tiles"])
+def fused_recurrent_gdn_fwd_persistent_kernel(
+    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
+    scale, num_slots, n_tiles,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+    QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
+    INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
+    head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
+    cp.async copies into shared memory issued NUM_STAGES - 1 tiles ahead, so a program keeps the next states in
+    flight while it updates the current one (the one-tile-per-program kernel above waits for its state, then
+    computes, then stores). Same semantics as fused_recurrent_gdn_fwd_kernel with T = 1 and no cu_seqlens.
+    Tiles never overlap (distinct slots are required with inplace), so prefetching tile i+1 while tile i is
+    written back is safe."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        t = tl.full([], 0, tl.int64) + tile  # int64: slot * HV * K * V passes 2^31 in large pools (and the
+        #                                     interpreter yields plain ints, which have no .to)
+        i_v = t % NV
+        i_nh = t // NV
+        i_n = i_nh // HV
+        i_hv = i_nh % HV
+        i_h = i_hv // (HV // H)
+        o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
+        mask_v = o_v < V
+        mask_h = mask_k[:, None] & mask_v[None, :]
+        if INDEXED:
+            idx = tl.load(state_indices + i_n).to(tl.int64)
+            valid = (idx >= 0) & (idx < num_slots)
+            slot = tl.where(valid, idx, 0)
+            mask_io = mask_h & valid
+        else:
+            slot = i_n
+            mask_io = mask_h
+        state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+        if HAS_H0:
+            b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
+        else:
+            b_h = tl.zeros([BK, BV], dtype=tl.float32)
+        b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + i_n * HV + i_hv).to(tl.float32)
+        if USE_G:
+            b_g = tl.load(g + i_n * HV + i_hv).to(tl.float32)
+        else:
+            b_g = 0.0
+        b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+        b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+        if INDEXED:
+            b_o = tl.where(valid, b_o, 0.0)
+        tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+        if STORE_HT:
+            if INPLACE:
+                tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
+            else:
+                if INDEXED:
+                    b_h = tl.where(valid, b_h, 0.0)
+                p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+                tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
@@ -155,6 +244,19 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     return BK, BV, num_warps
 
 
+def decode_persistent_config(n_tiles: int, T: int, varlen: bool, state_dtype: torch.dtype, num_sms: int):
+    """(NUM_STAGES, programs per SM) for the persistent one-token kernel, or None for the one-tile kernel.
+
+    Persistent only for one token per sequence without cu_seqlens (the serving step; T > 1 loops over tokens
+    inside the one-tile kernel), and only when there are many tiles per SM (batch 256 at HV = 32 has 248 per SM;
+    batch 32, 31: the one-tile kernel already beats FLA there and keeps it). Two stages: one state tile in flight
+    while one is updated. Programs per SM from the registers compiled for sm_90a (AOT: 114 fp32 / 168 bf16 per
+    thread at 4 warps -> 4 and 3 resident programs of 128 threads in 64K registers)."""
+    if T != 1 or varlen or n_tiles < 32 * num_sms:
+        return None
+    return 2, (4 if state_dtype == torch.float32 else 3)
+
+
 def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                             cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
@@ -164,7 +266,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
     requested. The arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`:
     optional preallocated contiguous outputs (tests pass NaN-poisoned ones); `config` = (BV, num_warps) overrides
-    the heuristic (the GPU bench sweeps it)."""
+    the heuristic (the GPU bench sweeps it); (BV, num_warps, NUM_STAGES, programs_per_SM) with NUM_STAGES >= 1
+    selects the persistent one-token kernel (T = 1, no cu_seqlens), NUM_STAGES = 0 the one-tile kernel."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if state_indices is not None:
@@ -184,23 +287,39 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     ht = None
     if output_final_state and not inplace:
         ht = empty(N, HV, K, V, dtype=state_dtype, device=q.device) if final_out is None else final_out
-    BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, device_facts(q.device).num_sms)
+    num_sms = device_facts(q.device).num_sms
+    BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, num_sms)
     if config is not None:
-        BV, num_warps = config
-    grid = (N * HV * triton.cdiv(V, BV),)
-    if grid[0] == 0:
+        BV, num_warps = config[:2]
+    n_tiles = N * HV * triton.cdiv(V, BV)
+    if n_tiles == 0:
         return o, ht
+    if config is not None:
+        persistent = tuple(config[2:4]) if len(config) >= 4 and config[2] >= 1 else None
+        if persistent is not None and (T != 1 or cu_seqlens is not None):
+            raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
+    else:
+        persistent = decode_persistent_config(n_tiles, T, cu_seqlens is not None, state_dtype, num_sms)
     num_slots = initial_state.shape[0] if state_indices is not None else 0
+    flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+                 BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
+                 STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        if persistent is not None:
+            stages, per_sm = persistent
+            grid = (min(n_tiles, per_sm * num_sms),)
+            fused_recurrent_gdn_fwd_persistent_kernel[grid](
+                q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
+                float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NUM_STAGES=stages,
+                **flags, num_warps=num_warps, num_stages=1,
+            )
+            return o, ht
+        grid = (n_tiles,)
         fused_recurrent_gdn_fwd_kernel[grid](
             q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
             float(scale), T, num_slots,
-            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-            USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
-            BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
-            STORE_HT=inplace or output_final_state, INPLACE=inplace,
-            IS_VARLEN=cu_seqlens is not None, INDEXED=state_indices is not None,
-            num_warps=num_warps, num_stages=1,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
+            **flags, num_warps=num_warps, num_stages=1,
         )
     return o, ht
 
@@ -212,7 +331,7 @@ def aot_specs():
     state. Intended instructions: 16-byte state loads and stores (LDG.E.128 / STG.E.128)."""
     from linattn.runtime.aot import AotKernel
 
-    def build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True):
+    def build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, stages=0):
         sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
         opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
                    ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
@@ -227,13 +346,30 @@ def aot_specs():
         constexprs.update(const)
         signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
         signature.update({n: "constexpr" for n in const})
-        return fused_recurrent_gdn_fwd_kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
+        kernel = fused_recurrent_gdn_fwd_kernel
+        if stages:                    # the persistent one-token kernel: no T, no cu_seqlens; n_tiles, NUM_STAGES
+            kernel = fused_recurrent_gdn_fwd_persistent_kernel
+            for n in ("T", "cu_seqlens", "IS_VARLEN"):
+                signature.pop(n)
+                constexprs.pop(n, None)
+            signature = {**{n: t for n, t in signature.items() if n != "H" and n in
+                            ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
+                             "scale", "num_slots")}, "n_tiles": "i32",
+                         **{n: "constexpr" for n in const if n != "IS_VARLEN"}, "NUM_STAGES": "constexpr"}
+            constexprs["NUM_STAGES"] = stages
+        return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
 
     div16 = ("q", "k", "v", "g", "beta", "o", "h0")
     cases = [("fp32_bv32_w4", dict(state="fp32", BV=32, warps=4)), ("fp32_bv8_w1", dict(state="fp32", BV=8, warps=1)),
              ("bf16_bv32_w4", dict(state="bf16", BV=32, warps=4)), ("bf16_bv16_w2", dict(state="bf16", BV=16, warps=2)),
              ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True,
                                                   inplace=False))]
-    return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)), intended=("LDG.E.128", "STG.E.128"),
+    # the persistent one-token kernel: its state loads become cp.async copies into shared memory (LDGSTS)
+    persistent = [("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
+                  ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
+                  ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
+                                                              inplace=False, stages=2))]
+    return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
+                      intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
                       language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
-                      description="GDN decode, K = V = 128, HV = 32, pool in place") for name, kw in cases]
+                      description="GDN decode, K = V = 128, HV = 32, pool in place") for name, kw in cases + persistent]
