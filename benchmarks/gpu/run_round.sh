@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
-# Steps: fwd (forward gate + FLA timing), bwd, decode, matmul, bench, demo, and the production bench's parts
+# Steps: fwd (forward gate + FLA timing), bwd, decode, matmul, gluon (the Gluon GDN forward's gate and timing,
+# benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call).
 # Wheels: every carried folder .whl* is installed into /tmp/site once per machine (a marker per wheel), so a
 # second call on a warm machine can bring what did not fit in the first (FlashQLA's z3-solver in .whl2).
@@ -21,13 +22,18 @@ C=${LINATTN_BENCH_CACHE:-/tmp/linattn-bench-cache}
 export TRITON_CACHE_DIR=$C/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=$C/torchinductor_cache_dir TILELANG_CACHE_DIR=$C/tilelang_cache_dir
 export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+BASE=$OUT
 for step in "$@"; do
   echo "=== $step $(date +%T)"
+  # The device returns at most 8 files from $OUT: with PACK=1 each step writes into its own folder, packed into
+  # $OUT/<step>.tgz as soon as the step ends (a call cut short still returns the steps it finished)
+  if [ "${PACK:-0}" = "1" ]; then OUT=$BASE/$step; mkdir -p "$OUT"; fi
   case $step in
     fwd)    timeout 300 python3 benchmarks/gpu/gdn_fwd_gate.py --out "$OUT" --fla ;;
     bwd)    timeout 300 python3 benchmarks/gpu/gdn_bwd_gate.py --out "$OUT" --fla ;;
     decode) timeout 200 python3 benchmarks/gpu/decode_gate.py --out "$OUT" --fla ;;
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
+    gluon)  timeout $(( ${GLUON_BUDGET:-170} + 25 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;
     prod_cold|prod_hv32|prod_hv64|prod_hv8)
@@ -38,4 +44,5 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
   echo "=== $step exit $? $(date +%T)"
+  if [ "${PACK:-0}" = "1" ]; then tar czf "$BASE/$step.tgz" -C "$BASE" "$step" && rm -rf "${BASE:?}/$step"; OUT=$BASE; fi
 done
