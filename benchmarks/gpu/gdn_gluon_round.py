@@ -58,22 +58,27 @@ def gate_cases():
 
 def grad_check():
     """Gradients through backend="gluon" equal backend="triton"'s: both backwards are the Triton one on the same
-    saved inputs. Also the forward outputs of the two agree to rounding."""
+    saved inputs, so with the SAME upstream gradients (fixed random do, dht; not a loss of the outputs, whose
+    gradient would carry the two forwards' rounding differences into the comparison) they agree up to the
+    backward's own run-to-run variation. Also the forward outputs of the two agree to rounding."""
     import linattn
     from linattn.testing import make_gdn_inputs, rel_rms
     x = make_gdn_inputs(*GRAD_SHAPE, dtype=BF, device="cuda", requires_grad=True)
     names = [k for k, v in x.items() if v is not None]
+    B, T, H, HV, K, V = GRAD_SHAPE[:6]
+    do = torch.randn(B, T, HV, V, device="cuda").to(BF)
+    dht = torch.randn(B, HV, K, V, device="cuda")
     out = {}
-    for backend in ("gluon", "triton"):
-        o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
-        (o.float().square().sum() + ht.square().sum()).backward()
-        out[backend] = (o.detach(), [x[k].grad.clone() for k in names])
-        for k in names:
-            x[k].grad = None
-    diff = {k: (a - b).abs().max().item() for k, a, b in zip(names, out["gluon"][1], out["triton"][1])}
+    for backend in ("gluon", "triton", "triton_again"):
+        o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend.split("_")[0])
+        grads = torch.autograd.grad((o, ht), [x[k] for k in names], (do, dht))
+        out[backend] = (o.detach(), grads)
+    rel = {k: rel_rms(a, b) for k, a, b in zip(names, out["gluon"][1], out["triton"][1])}
+    rerun = {k: rel_rms(a, b) for k, a, b in zip(names, out["triton_again"][1], out["triton"][1])}
     err_o = rel_rms(out["gluon"][0], out["triton"][0])
-    return dict(case="grad_vs_triton", max_abs_grad_diff=diff, rel_err_o_vs_triton=err_o,
-                passed=bool(all(v == 0.0 for v in diff.values()) and err_o < 1.5e-2))
+    return dict(case="grad_vs_triton", rel_rms_grad_vs_triton=rel, rel_rms_grad_triton_rerun=rerun,
+                rel_err_o_vs_triton=err_o,
+                passed=bool(all(rel[k] <= max(1e-5, 2 * rerun[k]) for k in names) and err_o < 1.5e-2))
 
 
 def _write(path, obj):
