@@ -33,7 +33,7 @@ for step in "$@"; do
     bwd)    timeout 300 python3 benchmarks/gpu/gdn_bwd_gate.py --out "$OUT" --fla ;;
     decode) timeout 200 python3 benchmarks/gpu/decode_gate.py --out "$OUT" --fla ;;
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
-    gluon)  timeout $(( ${GLUON_BUDGET:-170} + 25 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} ;;
+    gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;
     prod_cold|prod_hv32|prod_hv64|prod_hv8)
