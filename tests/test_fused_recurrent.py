@@ -304,7 +304,7 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(reports) == 8           # 5 one-tile configs, 3 persistent ones
+    assert len(reports) == 9           # 5 one-tile configs, 4 persistent ones
     for r in reports:
         assert all(r["ops"].get(op, 0) > 0 for op in r["intended"]), f"{r['name']}: {r['ops']}"
         assert r["spills"] == 0 and not any(o.startswith(("LDL", "STL")) for o in r["ops"]), r
@@ -388,10 +388,41 @@ def test_persistent_kernel_refuses_multi_token_and_varlen():
 
 
 def test_persistent_heuristic():
+    """The round-9 H200 sweep's choice: persistent only for fp32 pools at large batch, one token, no varlen."""
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_persistent_config
     sms = 132
-    assert decode_persistent_config(256 * 32 * 4, 1, False, torch.float32, sms) == (2, 4)     # batch 256
-    assert decode_persistent_config(256 * 32 * 2, 1, False, torch.bfloat16, sms) == (2, 3)
-    assert decode_persistent_config(32 * 32 * 4, 1, False, torch.float32, sms) is None        # batch 32
-    assert decode_persistent_config(256 * 32 * 4, 2, False, torch.float32, sms) is None       # speculative
-    assert decode_persistent_config(256 * 32 * 4, 1, True, torch.float32, sms) is None        # varlen
+    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == (64, 4, 2, 3)   # batch 256
+    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.bfloat16, sms) is None           # bf16 pool
+    assert decode_persistent_config(32, 32, 128, 128, 1, False, torch.float32, sms) is None             # batch 32
+    assert decode_persistent_config(256, 32, 128, 128, 2, False, torch.float32, sms) is None            # speculative
+    assert decode_persistent_config(256, 32, 128, 128, 1, True, torch.float32, sms) is None             # varlen
+    assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == (16, 4, 2, 3)   # narrow V
+    assert decode_persistent_config(256, 32, 256, 128, 1, False, torch.float32, sms) is None           # K = 256
+
+
+def test_public_decode_takes_the_persistent_kernel_at_large_batch(monkeypatch):
+    """The public function at a batch large enough for the heuristic's persistent kernel (on this CPU: 2 'SMs',
+    so 64 tiles), checked against the fp64 reference; the launcher is spied on to prove the kernel ran."""
+    from linattn.ops.gated_delta_rule.triton import fused_recurrent as fr
+    N, H, HV, K, V = 16, 2, 4, 32, 64
+    assert fr.decode_persistent_config(N, HV, K, V, 1, False, torch.float32, 2) is not None
+    launched = []
+    real = fr.fused_recurrent_gdn_fwd_persistent_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    monkeypatch.setattr(fr, "fused_recurrent_gdn_fwd_persistent_kernel", Spy())
+    monkeypatch.setattr(fr, "device_facts", lambda dev: type("F", (), {"num_sms": 2})())
+    x = _inputs(N, 1, H, HV, K, V, initial_state=False)
+    pool = torch.randn(N + 3, HV, K, V)
+    idx = torch.randperm(N + 3)[:N]
+    idx[5] = -1
+    ref_pool = pool.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True)
+    o, ret = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
+    assert launched == [(2 * 3,)]           # 3 programs per SM on 2 SMs, each walking 64 / 6 tiles
+    assert ret is pool
+    assert_close("o", o, ro, F32)
+    assert_close("pool", pool, ref_pool, F32)

@@ -379,8 +379,8 @@ def sweep() -> dict:
         perm = torch.randperm(n * B, device=DEV)
         idx = [perm[i * B:(i + 1) * B].contiguous() for i in range(n)]
         _, bv, w = decode_launch_config(B, HV, K, V, sd, sms)
-        pers = decode_persistent_config(B * HV * (V // bv), 1, False, sd, sms)
-        chosen = (bv, w) + (pers if pers else (0, 0))
+        pers = decode_persistent_config(B, HV, K, V, 1, False, sd, sms)
+        chosen = tuple(pers) if pers else (bv, w, 0, 0)
 
         def one_call(cfg, p):
             return fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, p, None, idx[0],

@@ -244,17 +244,25 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     return BK, BV, num_warps
 
 
-def decode_persistent_config(n_tiles: int, T: int, varlen: bool, state_dtype: torch.dtype, num_sms: int):
-    """(NUM_STAGES, programs per SM) for the persistent one-token kernel, or None for the one-tile kernel.
+def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bool, state_dtype: torch.dtype,
+                             num_sms: int):
+    """(BV, num_warps, NUM_STAGES, programs per SM) for the persistent one-token kernel, or None for the
+    one-tile kernel.
 
-    Persistent only for one token per sequence without cu_seqlens (the serving step; T > 1 loops over tokens
-    inside the one-tile kernel), and only when there are many tiles per SM (batch 256 at HV = 32 has 248 per SM;
-    batch 32, 31: the one-tile kernel already beats FLA there and keeps it). Two stages: one state tile in flight
-    while one is updated. Programs per SM from the registers compiled for sm_90a (AOT: 114 fp32 / 168 bf16 per
-    thread at 4 warps -> 4 and 3 resident programs of 128 threads in 64K registers)."""
-    if T != 1 or varlen or n_tiles < 32 * num_sms:
+    From the round-9 sweep on the H200 (H = HV = 32, K = V = 128, T = 1, pool in place; benchmarks/DECODE.md):
+    at batch 256 with an fp32 pool, persistent BV = 64 (256-byte rows), 4 warps, 2 stages, 3 programs per SM
+    took 289.6 us (3.71 TB/s, 87.6% of the copy bandwidth) against 324.0 us for the one-tile kernel; the same
+    kernel with BV = 32 and 4 programs per SM took 336.5 us, and with a bf16 pool no persistent config beat the
+    one-tile kernel's 234.4 us (239.0 at best). At batch 32 (15 tiles of BV = 64 per SM) the one-tile kernel was
+    fastest (44.8 us against 47.5). So: fp32 states, one token per sequence, no cu_seqlens (T > 1 loops over
+    tokens inside the one-tile kernel), K <= 128 (64 state values per thread at 4 warps: the measured size;
+    larger K would spill), and at least 32 tiles of BV = 64 per SM."""
+    if T != 1 or varlen or state_dtype != torch.float32 or K > 128:
         return None
-    return 2, (4 if state_dtype == torch.float32 else 3)
+    BV = min(64, triton.next_power_of_2(V))
+    if N * HV * triton.cdiv(V, BV) < 32 * num_sms:
+        return None
+    return BV, 4, 2, 3
 
 
 def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -299,7 +307,12 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         if persistent is not None and (T != 1 or cu_seqlens is not None):
             raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
     else:
-        persistent = decode_persistent_config(n_tiles, T, cu_seqlens is not None, state_dtype, num_sms)
+        chosen = decode_persistent_config(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
+        persistent = None
+        if chosen is not None:
+            BV, num_warps = chosen[:2]
+            persistent = chosen[2:]
+            n_tiles = N * HV * triton.cdiv(V, BV)
     num_slots = initial_state.shape[0] if state_indices is not None else 0
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
@@ -365,7 +378,8 @@ def aot_specs():
              ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True,
                                                   inplace=False))]
     # the persistent one-token kernel: its state loads become cp.async copies into shared memory (LDGSTS)
-    persistent = [("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
+    persistent = [("persistent_fp32_bv64_w4_s2", dict(state="fp32", BV=64, warps=4, stages=2)),
+                  ("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
                   ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
                   ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
                                                               inplace=False, stages=2))]
