@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 import traceback
 from typing import Dict, List, Optional
 
@@ -71,6 +72,7 @@ def _row_base(shape, mode, backend) -> Dict:
 
 
 def _run_one(op, backend, shape, mode, sets, ceilings, repeats, warmup, anchor: Optional[Dict]) -> Dict:
+    t_row = time.perf_counter()
     row = _row_base(shape, mode, backend)
     try:
         runner = op.prepare(backend, shape, sets[0], mode)
@@ -88,7 +90,7 @@ def _run_one(op, backend, shape, mode, sets, ceilings, repeats, warmup, anchor: 
     flops, nbytes = op.flops(shape, mode, backend), op.bytes(shape, mode, backend)
     fl = floor_ms(flops, nbytes, ceilings)
     ms = timing["median_ms"]
-    row.update(status="ok", **timing, flops=flops, bytes=nbytes, tflops=flops / (ms * 1e-3) / 1e12,
+    row.update(status="ok", **timing, wall_s=time.perf_counter() - t_row, flops=flops, bytes=nbytes, tflops=flops / (ms * 1e-3) / 1e12,
                gbps=nbytes / (ms * 1e-3) / 1e9, pct_of_floor=100.0 * fl["floor_ms"] / ms, floor=fl)
     if mode == "fwdbwd":
         row["grads"] = "verified" if runner.grads_verified else "unverified"
@@ -183,6 +185,7 @@ def _log_row(log, r):
         errs = r.get("errors") or {}
         worst = f"{max(errs.values()):.1e}" if errs else "-"
         log(f"[bench] {r['shape_label']:<34} {r['mode']:<6} {r['backend']:<9} {r['median_ms']:.3f} ms "
-            f"({r['timing'].split(';')[0]}) max rel err {worst} vs {r.get('compared_to')}")
+            f"({r['timing'].split(';')[0]}) max rel err {worst} vs {r.get('compared_to')}; row took {r['wall_s']:.1f} s "
+            "(compile, tuning, checks and timing)")
     else:
         log(f"[bench] {r['shape_label']:<34} {r['mode']:<6} {r['backend']:<9} {r['status']}: {r.get('reason')}")
