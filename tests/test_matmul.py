@@ -206,6 +206,43 @@ def test_host_paths_launch_identically():
         assert r["jit_runs"]["plan+handle"] == 0 and r["jit_runs"]["jit"] == r["n_launches"], (name, r)
 
 
+def test_handle_launch_is_the_default_and_the_environment_turns_it_off(monkeypatch):
+    """Round 9 gated the compiled-handle launch on the H200 (every gate case, both paths, same errors as the
+    JIT launch), so it is on by default; LINATTN_MATMUL_HANDLE=0 (read at import) and host_path_options turn
+    it off."""
+    from linattn.ops.matmul import launch as L
+    assert L.HostPath().handle is True
+    saved = L.host_path.handle                        # what this process's environment chose at import
+    for value, expected in (("0", False), ("off", False), ("false", False), ("1", True), ("", True)):
+        monkeypatch.setenv("LINATTN_MATMUL_HANDLE", value)
+        assert L._handle_default() is expected, value
+    monkeypatch.delenv("LINATTN_MATMUL_HANDLE")
+    assert L._handle_default() is True
+    with L.host_path_options(handle=False) as hp:
+        assert hp.handle is False
+    assert L.host_path.handle is saved
+
+
+@needs_interpreter
+def test_default_handle_launch_under_the_interpreter_keeps_using_the_jit(monkeypatch):
+    """The interpreter returns no CompiledKernel: with the handle launch on (the default) the Triton path keeps
+    launching through the JIT, stores no handle and never asks the (absent) GPU driver for its device."""
+    from linattn.ops.matmul import launch as L
+    from linattn.ops.matmul.triton import matmul as tm
+
+    def no_driver():
+        raise AssertionError("the handle path asked for the current device without a handle")
+    monkeypatch.setattr(L, "_current_device", no_driver)
+    a, b = torch.randn(40, 24).bfloat16(), torch.randn(24, 56).bfloat16()
+    tm.clear_plans()
+    with L.host_path_options(handle=True):
+        for _ in range(2):
+            out = tm.matmul_triton(a, b)
+            assert_close("handle default, interpreter", out, a.double() @ b.double(), TOL[torch.bfloat16])
+    assert len(tm._PLANS) == 1
+    assert all(not p.handles for p in tm._PLANS._plans.values())
+
+
 def test_descriptor_factory_copies_equal_constructed_descriptors():
     """The per-call descriptor copied from the plan's validated template has the fields the constructor gives,
     with the new base; and it keeps no tensor alive between calls."""

@@ -14,13 +14,19 @@ JIT ends in, with the same argument list, constexprs included). The plan key fix
 specialises on (integer values, strides, dtypes, pointer alignment), so the kernel is the one the JIT would
 pick. Feature-detected: a Triton whose JIT returns no usable handle keeps using the JIT.
 
+The handle launch is on by default since round 9 (results/2026-11-29_r9_matmul.json): every gate case of both
+paths ran through it on the H200 with the same error as the JIT launch (54 Triton, 99 + 132 Gluon cases), and it
+took the Gluon call on 2000x3000x1000 from 43 to 34 us eager (the kernel: 33 us graph-replayed).
+
 Switches (for measuring one against the other in one process; the defaults are what the gate validated):
     from linattn.ops.matmul.launch import host_path_options
     with host_path_options(plan_cache=False, handle=False): ...
+or, for a whole process, LINATTN_MATMUL_HANDLE=0 in the environment (read at import) turns the handle launch off.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Hashable, Optional
 
@@ -28,10 +34,14 @@ from typing import Any, Dict, Hashable, Optional
 @dataclass
 class HostPath:
     plan_cache: bool = True      # reuse launch plans per call signature
-    handle: bool = False         # launch through the cached CompiledKernel (off until the H200 gate has run it)
+    handle: bool = True          # launch through the cached CompiledKernel (gated on the H200 in round 9)
 
 
-host_path = HostPath()
+def _handle_default() -> bool:
+    return os.environ.get("LINATTN_MATMUL_HANDLE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+host_path = HostPath(handle=_handle_default())
 
 _MAX_PLANS = 4096
 
@@ -81,16 +91,16 @@ def _usable_handle(k) -> bool:
 def launch(jit_fn, handles: Dict[Hashable, Any], slot: Hashable, grid, args, options: dict):
     """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included).
     `handles` (a plan's dict) keeps the CompiledKernel per `slot` for the handle path."""
-    if host_path.handle:
-        # Per current device, as the JIT's own caches: a handle holds a function loaded in one context.
-        slot = (slot, _current_device())
-        k = handles.get(slot)
+    # Per current device, as the JIT's own caches: a handle holds a function loaded in one context. The device is
+    # asked only once a handle exists: the interpreter returns none, and there may be no GPU driver to ask.
+    if host_path.handle and handles:
+        k = handles.get((slot, _current_device()))
         if k is not None:
             k[grid](*args)
             return
     k = jit_fn[grid](*args, **options)
     if host_path.handle and _usable_handle(k):
-        handles[slot] = k
+        handles[(slot, _current_device())] = k
 
 
 def _current_device():
