@@ -27,6 +27,7 @@ class Backend:
     supports: SupportsFn
     priority: int            # lower runs first under "auto"
     auto: bool = True        # False: only when asked for by name (the reference)
+    not_auto_reason: str = "only when requested by name"    # what doctor says of an auto=False backend
 
 
 @dataclass
@@ -36,8 +37,9 @@ class OpBackends:
     _logged: set = field(default_factory=set)
     last_rejections: Dict[str, str] = field(default_factory=dict)
 
-    def register(self, name: str, impl: Callable, supports: SupportsFn, priority: int, auto: bool = True):
-        self.backends[name] = Backend(name, impl, supports, priority, auto)
+    def register(self, name: str, impl: Callable, supports: SupportsFn, priority: int, auto: bool = True,
+                 not_auto_reason: str = "only when requested by name"):
+        self.backends[name] = Backend(name, impl, supports, priority, auto, not_auto_reason)
 
     def unregister(self, name: str):
         self.backends.pop(name, None)
@@ -51,7 +53,7 @@ class OpBackends:
         for b in sorted(self.backends.values(), key=lambda b: b.priority):
             ok, reason = b.supports(**call)
             if ok and not b.auto:
-                ok, reason = False, "only when requested by name"
+                ok, reason = False, b.not_auto_reason
             out.append((b.name, ok, reason))
         return out
 

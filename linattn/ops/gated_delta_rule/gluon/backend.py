@@ -99,4 +99,7 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
 
 
 def register(backends) -> None:
-    backends.register("gluon", impl, supports, priority=0, auto=False)
+    backends.register("gluon", impl, supports, priority=0, auto=False,
+                      not_auto_reason="GPU gate green (round 10), but not yet faster than the Triton forward on "
+                                      "every production row (1.14x at B=1 T>=32k, 0.92x at B=1 T=8k): "
+                                      "backend='gluon' by name only (benchmarks/GLUON_FWD.md)")
