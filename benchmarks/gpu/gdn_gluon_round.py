@@ -102,6 +102,24 @@ def _events_ms(fn, warmup=5, repeats=20):
     return times[len(times) // 2]
 
 
+def _graph_ms(fn, repeats=20):
+    """Median ms of CUDA-graph replays of one call of fn (no host launch cost: separates a host-bound eager time
+    from the kernels' time). Warm-up on a side stream first, as torch's graph docs require."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    ms = _events_ms(graph.replay, warmup=2, repeats=repeats)
+    del graph
+    return ms
+
+
 def _rel(a, b):
     a, b = a.float(), b.float()
     if not torch.isfinite(a).all():
@@ -196,9 +214,16 @@ def timing_row(variant, B, T, sweep=False):
                     row["state_sweep"].append(dict(BV=alt.BV, num_warps=alt.num_warps, stages=alt.stages,
                                                    error=repr(e)[:300]))
         for backend in ("triton", "gluon"):
-            row[f"fwd_{backend}_ms"] = _events_ms(
-                lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend))
+            def call(backend=backend):
+                return linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
+            row[f"fwd_{backend}_ms"] = _events_ms(call)
+            try:                       # the eager time includes the host path; the graph replay does not
+                row[f"fwd_{backend}_graph_ms"] = _graph_ms(call)
+            except Exception as e:     # noqa: BLE001
+                row[f"fwd_{backend}_graph_error"] = repr(e)[:300]
         row["fwd_speedup"] = row["fwd_triton_ms"] / row["fwd_gluon_ms"]
+        if "fwd_gluon_graph_ms" in row and "fwd_triton_graph_ms" in row:
+            row["fwd_graph_speedup"] = row["fwd_triton_graph_ms"] / row["fwd_gluon_graph_ms"]
     return row
 
 
