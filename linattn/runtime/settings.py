@@ -5,6 +5,10 @@ LINATTN_BACKEND    default backend for ops called with backend="auto" ("auto", "
 LINATTN_LOG        "1" prints the backend choice and every rejection reason once per op and reason.
 LINATTN_GDN_GLUON_VARIANT  state-pass variant of the GDN "gluon" backend: "literal", "tma" or "wgmma"
                    (default: "" = the launcher's default, the most advanced variant).
+LINATTN_GDN_SPLIT_STATE   "1": the Triton GDN forward runs its state pass segment-parallel
+                   (triton/chunk_state_split.py) where that helps; default off (the plain pass).
+LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (default 0 = automatic); when set,
+                   the split pass is taken for every shape while LINATTN_GDN_SPLIT_STATE=1.
 """
 import os
 from dataclasses import dataclass
@@ -31,6 +35,17 @@ class _Settings:
     @property
     def gdn_gluon_variant(self) -> str:
         return os.environ.get("LINATTN_GDN_GLUON_VARIANT", "").strip().lower()
+
+    @property
+    def gdn_split_state(self) -> bool:
+        return _flag("LINATTN_GDN_SPLIT_STATE")
+
+    @property
+    def gdn_split_chunks(self) -> int:
+        try:
+            return max(0, int(os.environ.get("LINATTN_GDN_SPLIT_CHUNKS", "0") or 0))
+        except ValueError:
+            return 0
 
 
 settings = _Settings()

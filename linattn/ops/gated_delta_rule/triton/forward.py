@@ -11,9 +11,11 @@ import triton
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+from linattn.ops.gated_delta_rule.triton.chunk_state_split import chunk_state_split, split_state_wanted
 from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.settings import settings
 
 CHUNK = 64
 
@@ -92,13 +94,18 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
-        k, w, u, gcum, h, vnew,
-        initial_state if initial_state is not None else gcum, final if final is not None else gcum,
-        plan.cu, plan.chunk_offsets,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_state,
-        USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_state, num_stages=cfg.stages)
+    if settings.gdn_split_state and split_state_wanted(plan, HV, V, dev):
+        # opt-in (LINATTN_GDN_SPLIT_STATE=1): segment-parallel state pass, same outputs
+        chunk_state_split(k, w, u, gcum, h, vnew, initial_state, final, plan, H=H, HV=HV, K=K, V=V,
+                          dot_prec=dot_prec)
+    else:
+        chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+            k, w, u, gcum, h, vnew,
+            initial_state if initial_state is not None else gcum, final if final is not None else gcum,
+            plan.cu, plan.chunk_offsets,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_state,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
+            num_warps=cfg.warps_state, num_stages=cfg.stages)
 
     if not compute_output:
         return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan)
