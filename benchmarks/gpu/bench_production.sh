@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GDN production benchmark on the H200: linattn's triton backend against FLA (its Triton path), FlashQLA when
+# GDN production benchmark on the H200: linattn's triton and gluon backends against FLA (its Triton path), FlashQLA when
 # importable, and causal SDPA, forward and forward+backward, every row compared in the same run.
 #
 #   bash benchmarks/gpu/bench_production.sh hv32    # B1 T8k/32k/64k, B8 T4k, B4 T16k at H16/HV32 + varlen mix
@@ -44,8 +44,8 @@ export TRITON_CACHE_DIR="$CACHE_ROOT/triton_cache_dir" TORCHINDUCTOR_CACHE_DIR="
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR" "$TILELANG_CACHE_DIR"
 
 python -c "import linattn" 2>/dev/null || pip install -q --no-deps -e .
-BACKENDS="triton fla sdpa"
-if python -c "import flash_qla" 2>/dev/null; then BACKENDS="triton fla flashqla sdpa"; fi
+BACKENDS="triton gluon fla sdpa"
+if python -c "import flash_qla" 2>/dev/null; then BACKENDS="triton gluon fla flashqla sdpa"; fi
 COLD_FLAG="--no-cold"
 if [ "${COLD:-0}" = "1" ]; then COLD_FLAG="--cold"; fi
 PRESET="production_$PART"
