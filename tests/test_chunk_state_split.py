@@ -187,7 +187,7 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
                     dict(num_warps=warps, num_stages=stages)))
     out.append(("split_join", cs._segment_join_kernel,
                 dict(m_ptr=f, r_ptr=f, h0_ptr=f, sstart_ptr=f, seg_off_ptr=i64),
-                dict(HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV_JOIN, USE_H0=True, DOT_PREC="tf32"),
+                dict(HV=HV, K=K, V=V, BKB=cfg.BKB_JOIN, BV=cfg.BV_JOIN, USE_H0=True, DOT_PREC="tf32"),
                 dict(num_warps=cfg.warps_join)))
     return out
 
@@ -204,7 +204,8 @@ def _aot_main(K: int, V: int):
         print(json.dumps(dict(name=name, K=K, V=V, regs=regs, spill_bytes=spills, smem=int(k.metadata.shared))))
 
 
-def test_aot_sm90a_compiles_without_spills():
+@pytest.mark.parametrize("K,V", [(128, 128), (256, 256)])
+def test_aot_sm90a_compiles_without_spills(K, V):
     import json
     import os
     import subprocess
@@ -212,7 +213,7 @@ def test_aot_sm90a_compiles_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(linattn.__file__)))     # this checkout, not an install
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, __file__, "aot", "128", "128"], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, __file__, "aot", str(K), str(V)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

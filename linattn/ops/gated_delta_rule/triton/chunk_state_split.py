@@ -141,34 +141,49 @@ def _segment_join_kernel(
     m_ptr, r_ptr,                              # M [NSEG, HV, K, K], R [NSEG, HV, K, V] fp32 (phase 1)
     h0_ptr, sstart_ptr,                        # h0 [N, HV, K, V]; S_start [NSEG, HV, K, V] fp32 (out)
     seg_off_ptr,                               # [N + 1] int64: first segment row of each sequence
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
+    """S_start[s + 1] = M_s S_start[s] + R_s in [BKB, BKB] x [BKB, BV] blocks (M never whole in registers: at K=256
+    it would be 256 KB); the state of the previous step is read back from S_start, after a CTA barrier."""
     vb = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // HV
     hv = nh % HV
     seg0 = tl.load(seg_off_ptr + n)
     nseg = tl.load(seg_off_ptr + n + 1) - seg0
-    rk = tl.arange(0, BK)
+    NKB: tl.constexpr = (K + BKB - 1) // BKB
+    rb = tl.arange(0, BKB)
     rv = vb * BV + tl.arange(0, BV)
-    mkv = (rk[:, None] < K) & (rv[None, :] < V)
-    mkk = (rk[:, None] < K) & (rk[None, :] < K)
-    tile = rk[:, None] * V + rv[None, :]
-    if USE_H0:
-        s = tl.load(h0_ptr + (n.to(tl.int64) * HV + hv) * K * V + tile, mask=mkv, other=0.).to(tl.float32)
-    else:
-        s = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(0, nseg):
-        p = (seg0 + i).to(tl.int64)
-        tl.store(sstart_ptr + (p * HV + hv) * K * V + tile, s, mask=mkv)
-        if i < nseg - 1:
-            r = tl.load(r_ptr + (p * HV + hv) * K * V + tile, mask=mkv, other=0.)
-            if i == 0:
-                s = r                           # R of the first segment already started from h0
-            else:
-                m = tl.load(m_ptr + (p * HV + hv) * K * K + rk[:, None] * K + rk[None, :], mask=mkk, other=0.)
-                s = tl.dot(m, s, input_precision=DOT_PREC) + r
+    # the first segment starts from the initial state (or zero)
+    p0 = seg0.to(tl.int64)
+    for i in tl.static_range(NKB):
+        rows = i * BKB + rb
+        mk = (rows[:, None] < K) & (rv[None, :] < V)
+        off = rows[:, None] * V + rv[None, :]
+        if USE_H0:
+            s0 = tl.load(h0_ptr + (n.to(tl.int64) * HV + hv) * K * V + off, mask=mk, other=0.).to(tl.float32)
+        else:
+            s0 = tl.zeros([BKB, BV], dtype=tl.float32)
+        tl.store(sstart_ptr + (p0 * HV + hv) * K * V + off, s0, mask=mk)
+    for j in range(0, nseg - 1):
+        p = (seg0 + j).to(tl.int64)
+        tl.debug_barrier()                      # S_start[p] was stored by other threads of this program
+        base = (p * HV + hv) * K * V
+        for i in tl.static_range(NKB):
+            rows = i * BKB + rb
+            mk = (rows[:, None] < K) & (rv[None, :] < V)
+            off = rows[:, None] * V + rv[None, :]
+            acc = tl.load(r_ptr + base + off, mask=mk, other=0.)
+            if j > 0:                           # R of the first segment already started from h0: no M there
+                for c in tl.static_range(NKB):
+                    cols = c * BKB + rb
+                    m = tl.load(m_ptr + (p * HV + hv) * K * K + rows[:, None] * K + cols[None, :],
+                                mask=(rows[:, None] < K) & (cols[None, :] < K), other=0.)
+                    sv = tl.load(sstart_ptr + base + cols[:, None] * V + rv[None, :],
+                                 mask=(cols[:, None] < K) & (rv[None, :] < V), other=0.)
+                    acc += tl.dot(m, sv, input_precision=DOT_PREC)
+            tl.store(sstart_ptr + base + HV * K * V + off, acc, mask=mk)
 
 
 @dataclass
@@ -193,12 +208,13 @@ def auto_seg_chunks(plan: ChunkPlan, HV: int, V: int, BV: int, device) -> int:
 
 def split_state_wanted(plan: ChunkPlan, HV: int, V: int, device) -> bool:
     """Whether the forward should take the split pass when LINATTN_GDN_SPLIT_STATE=1: always off the GPU (so the
-    interpreter tests exercise it) or with a forced segment length; on a GPU only when the plain pass leaves SMs
-    idle (N * HV * V/32 < SMs) and sequences are long enough to give at least two segments on average."""
+    interpreter tests exercise it) or with a forced segment length; on a GPU only when the plain pass has fewer
+    than two programs per SM at its narrowest V split (N * HV * V/32 < 2 SMs: B <= 2 at HV=32, V=128) and the
+    sequences are long enough for two segments on average. The threshold is a guess until the GPU round."""
     facts = device_facts(device)
     if facts.kind != "cuda" or settings.gdn_split_chunks > 0:
         return True
-    return (plan.N * HV * triton.cdiv(V, 32) < facts.num_sms
+    return (plan.N * HV * triton.cdiv(V, 32) < 2 * facts.num_sms
             and plan.num_slots >= 2 * MIN_SEG_CHUNKS * plan.N)
 
 
@@ -229,6 +245,7 @@ class SplitConfig:
     BV: int            # phase 1 (R) and phase 3: V block
     BV_M: int          # phase 1 (M): block of M's columns
     BV_JOIN: int       # phase 2: V block
+    BKB_JOIN: int      # phase 2: square block of M
     warps: int
     stages: int
     warps_m: int
@@ -237,14 +254,20 @@ class SplitConfig:
 
 
 def split_configs(K: int, V: int) -> SplitConfig:
-    """Launch configs, spill-free for sm_90a at K=V=128 bf16 (ptxas of triton 3.6.0, tests/test_chunk_state_split.py):
-    R/phase 3 BV=64 8 warps 2 stages (238/232 regs; 4 warps spill at 3 stages and sit at 255 at 2), M BV=64 8 warps
-    3 stages (250 regs; 2 stages spill 216 B), join BV=32 8 warps (127 regs). Not yet timed on a GPU."""
+    """Launch configs (ptxas of triton 3.6.0, sm_90a, K=V=128 bf16; benchmarks/SPLIT_STATE.md has the table).
+
+    Unlike the plain pass, the split pass has programs to spare, and what it needs is several programs resident
+    per SM so that their per-chunk latencies overlap: 4 warps and no software pipelining (the loads of the other
+    resident programs hide the latency instead). R and phase 3 at BV=64: 251/243 registers, 0 spills, 2 programs
+    per SM; M at BV=64: 248 registers, 2 per SM; join (blocks of M [64, 64] x S [64, 64]) 4 warps. Not yet timed on a GPU: the GPU round
+    (benchmarks/gpu/split_state_round.py --sweep) compares BV=32 (3 per SM), and 8 warps with pipelining."""
     BK = max(16, triton.next_power_of_2(K))
-    BV = min(max(16, triton.next_power_of_2(V)), 64 if BK <= 128 else 32)
-    BV_M = min(BK, 64 if BK <= 128 else 16)
-    return SplitConfig(BK=BK, BV=BV, BV_M=BV_M, BV_JOIN=min(BV, 32 if BK <= 128 else 16), warps=8, stages=2,
-                       warps_m=8, stages_m=3 if BK <= 128 else 1, warps_join=8)
+    if BK <= 128:
+        BV = min(max(16, triton.next_power_of_2(V)), 64)
+        return SplitConfig(BK=BK, BV=BV, BV_M=min(BK, 64), BV_JOIN=min(BV, 64), BKB_JOIN=min(BK, 64), warps=4,
+                           stages=1, warps_m=4, stages_m=1, warps_join=4)
+    return SplitConfig(BK=BK, BV=min(max(16, triton.next_power_of_2(V)), 32), BV_M=16, BV_JOIN=32, BKB_JOIN=64,
+                       warps=8, stages=1, warps_m=8, stages_m=1, warps_join=4)
 
 
 def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor], final_state: Optional[torch.Tensor],
@@ -275,7 +298,8 @@ def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     # phase 2: the segment start states, sequentially per sequence
     _segment_join_kernel[(triton.cdiv(V, cfg.BV_JOIN), N * HV)](
         m_buf, r_buf, initial_state if use_h0 else gcum, s_start, seg_plan.seg_offsets,
-        HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV_JOIN, USE_H0=use_h0, DOT_PREC=dot_prec, num_warps=cfg.warps_join)
+        HV=HV, K=K, V=V, BKB=cfg.BKB_JOIN, BV=cfg.BV_JOIN, USE_H0=use_h0, DOT_PREC=dot_prec,
+        num_warps=cfg.warps_join)
     # phase 3: the ordinary pass from each segment's true start state
     store_ht = final_state is not None
     _segment_pass_kernel[(triton.cdiv(V, cfg.BV), rows, HV)](
