@@ -125,6 +125,33 @@ def test_split_equals_plain_pass_to_fp32_roundoff(monkeypatch, split_env, cu_len
     assert err <= 1e-6, ("h", err)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_launcher_direct_fused_phase1(monkeypatch, fused):
+    """chunk_state_split called directly (as the GPU script does), phase 1 in one launch or two, against the plain
+    state pass on the same intermediates: h, vnew and the final state to fp32 round-off."""
+    from dataclasses import replace
+
+    from linattn.ops.gated_delta_rule.triton.chunk_state_split import chunk_state_split, split_configs
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_STATE", "0")
+    lengths = [300, 1, 450]
+    cu = random_cu_seqlens(lengths)
+    K = V = 32
+    x = _weak_decay(make_gdn_inputs(1, sum(lengths), 1, 2, K, V, dtype=torch.float32, num_states=len(lengths)))
+    with torch.no_grad(), poisoned_allocations():
+        res = fwd_mod.chunk_gated_delta_rule_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5,
+                                                 x["initial_state"], True, cu, compute_output=False)
+        h, vnew, ht = torch.full_like(res.h, float("nan")), torch.full_like(res.vnew, float("nan")), \
+            torch.full_like(res.final_state, float("nan"))
+        cfg = replace(split_configs(K, V), fused_phase1=fused)
+        sp = chunk_state_split(x["k"], res.w, res.u, res.gcum, h, vnew, x["initial_state"], ht, res.plan,
+                               H=1, HV=2, K=K, V=V, dot_prec="ieee", seg_chunks=2, cfg=cfg)
+    assert int(sp.seg_offsets[-1]) == 3 + 1 + 4
+    used = int(res.plan.chunk_offsets[-1])
+    for name, a, b in (("h", h[:used], res.h[:used]), ("vnew", vnew, res.vnew), ("final", ht, res.final_state)):
+        err = rel_rms(a, b)
+        assert err <= 1e-6, (name, err)
+
+
 def test_default_is_the_plain_pass(monkeypatch):
     monkeypatch.delenv("LINATTN_GDN_SPLIT_STATE", raising=False)
     calls = _spy(monkeypatch)
@@ -175,13 +202,16 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
     from linattn.ops.gated_delta_rule.triton import chunk_state_split as cs
     cfg = cs.split_configs(K, V)
     x, f, i64, i32 = "*bf16", "*fp32", "*i64", "*i32"
-    sig = dict(k_ptr=x, w_ptr=x, u_ptr=x, gcum_ptr=f, h_ptr=x, vnew_ptr=x, s0_ptr=f, end_ptr=f, cu_ptr=i64,
+    sig = dict(k_ptr=x, w_ptr=x, u_ptr=x, gcum_ptr=f, h_ptr=x, vnew_ptr=x, s0_ptr=f, end_ptr=f, m_ptr=f, cu_ptr=i64,
                chunk_off_ptr=i64, seg_ptr=i32, N="i32")
     common = dict(H=H, HV=HV, K=K, V=V, BT=64, BK=cfg.BK, USE_H0=True, DOT_PREC="tf32")
     out = []
-    for name, mode, bv, warps, stages in (("split_r", cs.MODE_R, cfg.BV, cfg.warps, cfg.stages),
-                                          ("split_m", cs.MODE_M, cfg.BV_M, cfg.warps_m, cfg.stages_m),
-                                          ("split_out", cs.MODE_OUT, cfg.BV, cfg.warps, cfg.stages)):
+    modes = [("split_r", cs.MODE_R, cfg.BV, cfg.warps, cfg.stages),
+             ("split_m", cs.MODE_M, cfg.BV_M, cfg.warps_m, cfg.stages_m),
+             ("split_out", cs.MODE_OUT, cfg.BV, cfg.warps, cfg.stages)]
+    if cfg.BV_M == cfg.BV:                      # the fused phase 1 needs one block width for R and M
+        modes.append(("split_p1_fused", cs.MODE_P1, cfg.BV, cfg.warps, cfg.stages))
+    for name, mode, bv, warps, stages in modes:
         out.append((name, cs._segment_pass_kernel, sig,
                     dict(common, BV=bv, MODE=mode, STORE_HT=mode == cs.MODE_OUT),
                     dict(num_warps=warps, num_stages=stages)))
@@ -217,7 +247,8 @@ def test_aot_sm90a_compiles_without_spills(K, V):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["name"] for r in reports) == ["split_join", "split_m", "split_out", "split_r"]
+    names = ["split_join", "split_m", "split_out", "split_r"] + (["split_p1_fused"] if K <= 128 else [])
+    assert sorted(r["name"] for r in reports) == sorted(names)
     for r in reports:
         assert r["spill_bytes"] == 0, r
 

@@ -11,7 +11,8 @@
 2. only if the gate is green: state stage alone, plain kernel vs split launcher on identical inputs (CUDA events
    and CUDA-graph replay, median), at B=1 T=8192/32768/65536 and B=8 T=4096, H16/HV32 K=V=128 bf16; the split
    at its automatic segment length and at half and double; then the whole forward with the switch off and on.
-   --sweep: also other launch configs of the split (sweep_configs()) at B=1 T=65536 and B=8 T=4096.
+   --sweep: also other launch configs of the split (sweep_configs(): BV=32, pipelined 8 warps, phase 1 fused
+   into one launch) at B=1 T=65536 and B=8 T=4096.
 Writes DIR/split_state.json after every step (a timeout keeps what was measured) and prints a table.
 """
 import argparse
@@ -168,7 +169,8 @@ def sweep_configs():
     base = split_configs(128, 128)
     return {"bv32_w4_s1": replace(base, BV=32, BV_M=32, BV_JOIN=32),            # 3 / 2 programs per SM
             "bv32_w4_s2": replace(base, BV=32, BV_M=32, BV_JOIN=32, stages=2),  # pipelined loads, 2 per SM
-            "bv64_w8_pipelined": replace(base, warps=8, stages=2, warps_m=8, stages_m=3)}   # 1 per SM
+            "bv64_w8_pipelined": replace(base, warps=8, stages=2, warps_m=8, stages_m=3),   # 1 per SM
+            "fused_phase1": replace(base, fused_phase1=True)}       # R and M in one launch: w, k read once
 
 
 def _split_runner(x, res, out, seg_chunks=None, cfg=None):

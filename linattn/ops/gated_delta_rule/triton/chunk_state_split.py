@@ -42,43 +42,20 @@ MIN_SEG_CHUNKS = 16        # automatic plans: segments of at least 16 chunks (10
 PROGRAMS_PER_SM = 4        # automatic plans: aim phase 3 at about 4 programs per SM
 PLANNING_SMS = 132         # off-GPU (interpreter) plans as for an H200
 
-MODE_R, MODE_M, MODE_OUT = 0, 1, 2            # phase 1 (R), phase 1 (M), phase 3
+MODE_R, MODE_M, MODE_OUT, MODE_P1 = 0, 1, 2, 3   # phase 1 (R), phase 1 (M), phase 3, phase 1 (R and M)
 _R = tl.constexpr(MODE_R)
+_P1 = tl.constexpr(MODE_P1)
 _M = tl.constexpr(MODE_M)
 _OUT = tl.constexpr(MODE_OUT)
 
 
 @triton.jit
-def _segment_pass_kernel(
-    k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
-    h_ptr, vnew_ptr,                           # MODE_OUT: h [slots, HV, K, V], vnew [T_tot, HV, V]
-    s0_ptr,                                    # MODE_R: h0 [N, HV, K, V]; MODE_OUT: S_start [NSEG, HV, K, V] (fp32)
-    end_ptr,                                   # MODE_R: R [NSEG, HV, K, V]; MODE_M: M [NSEG, HV, K, K]; OUT: ht [N,..]
-    cu_ptr, chunk_off_ptr, seg_ptr,            # seg [NSEG, 3] int32: (sequence, first chunk, number of chunks)
-    N,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    MODE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-):
-    vb = tl.program_id(0)
-    p = tl.program_id(1)
-    hv = tl.program_id(2)
-    hk = hv // (HV // H)
-    n = tl.load(seg_ptr + 3 * p)
-    if n >= N:                                  # surplus row of the host-side bound
-        return
-    c0 = tl.load(seg_ptr + 3 * p + 1)
-    nc = tl.load(seg_ptr + 3 * p + 2)
-    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
-    first = c0 == 0
-    last = c0 + nc >= nchunks
-    if MODE != _OUT:
-        if last:                                # the last segment's map is never used
-            return
-    if MODE == _M:
-        if first:                               # the first segment starts from the known initial state
-            return
-
+def _segment_run(k_ptr, w_ptr, u_ptr, gcum_ptr, h_ptr, vnew_ptr, s0_ptr, end_ptr,
+                 n, p, hv, hk, vb, c0, nc, bos, eos, slot0, first, last,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 MODE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One program's walk over its segment's chunks for one column block vb of R (MODE _R), M (_M) or S (_OUT)."""
     COLS: tl.constexpr = K if MODE == _M else V   # columns of the state this program carries a block of
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
@@ -134,6 +111,59 @@ def _segment_pass_kernel(
                 tl.store(end_ptr + (n.to(tl.int64) * HV + hv) * K * V + tile, s, mask=mkv)
     else:
         tl.store(end_ptr + (p64 * HV + hv) * K * COLS + tile, s, mask=mkv)
+
+
+
+
+@triton.jit
+def _segment_pass_kernel(
+    k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
+    h_ptr, vnew_ptr,                           # MODE_OUT: h [slots, HV, K, V], vnew [T_tot, HV, V]
+    s0_ptr,                                    # MODE_R/_P1: h0 [N, HV, K, V]; MODE_OUT: S_start [NSEG, HV, K, V] fp32
+    end_ptr,                                   # MODE_R/_P1: R [NSEG, HV, K, V]; MODE_M: M [NSEG, HV, K, K]; OUT: ht
+    m_ptr,                                     # MODE_P1: M [NSEG, HV, K, K] (else unused)
+    cu_ptr, chunk_off_ptr, seg_ptr,            # seg [NSEG, 3] int32: (sequence, first chunk, number of chunks)
+    N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    MODE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Grid (column blocks, segment rows, HV). MODE_P1 runs phase 1's R (column blocks 0 .. cdiv(V, BV) - 1) and
+    M (the next cdiv(K, BV)) in one launch, so that the programs of one segment and head read w and k from HBM once."""
+    vb = tl.program_id(0)
+    p = tl.program_id(1)
+    hv = tl.program_id(2)
+    hk = hv // (HV // H)
+    n = tl.load(seg_ptr + 3 * p)
+    if n >= N:                                  # surplus row of the host-side bound
+        return
+    c0 = tl.load(seg_ptr + 3 * p + 1)
+    nc = tl.load(seg_ptr + 3 * p + 2)
+    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
+    first = c0 == 0
+    last = c0 + nc >= nchunks
+    if MODE == _P1:
+        NVB_R: tl.constexpr = (V + BV - 1) // BV
+        if vb < NVB_R:
+            if c0 + nc < nchunks:               # the last segment's map is never used
+                _segment_run(k_ptr, w_ptr, u_ptr, gcum_ptr, h_ptr, vnew_ptr, s0_ptr, end_ptr,
+                             n, p, hv, hk, vb, c0, nc, bos, eos, slot0, first, last,
+                             H, HV, K, V, BT, BK, BV, _R, USE_H0, False, DOT_PREC)
+        else:
+            if (c0 > 0) & (c0 + nc < nchunks):  # nor the first segment's M (it starts from the known h0)
+                _segment_run(k_ptr, w_ptr, u_ptr, gcum_ptr, h_ptr, vnew_ptr, s0_ptr, m_ptr,
+                             n, p, hv, hk, vb - NVB_R, c0, nc, bos, eos, slot0, first, last,
+                             H, HV, K, V, BT, BK, BV, _M, USE_H0, False, DOT_PREC)
+    else:
+        if MODE != _OUT:
+            if last:                            # the last segment's map is never used
+                return
+        if MODE == _M:
+            if first:                           # the first segment starts from the known initial state
+                return
+        _segment_run(k_ptr, w_ptr, u_ptr, gcum_ptr, h_ptr, vnew_ptr, s0_ptr, end_ptr,
+                     n, p, hv, hk, vb, c0, nc, bos, eos, slot0, first, last,
+                     H, HV, K, V, BT, BK, BV, MODE, USE_H0, STORE_HT, DOT_PREC)
 
 
 @triton.jit
@@ -251,6 +281,7 @@ class SplitConfig:
     warps_m: int
     stages_m: int
     warps_join: int
+    fused_phase1: bool = False   # R and M in one launch (needs BV_M == BV, warps_m == warps, stages_m == stages)
 
 
 def split_configs(K: int, V: int) -> SplitConfig:
@@ -289,12 +320,20 @@ def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     common = dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, USE_H0=use_h0, DOT_PREC=dot_prec)
     args = (k, w, u, gcum)
     # phase 1: R (from zero, or from h0 for a sequence's first segment) and M, for every segment but the last
-    _segment_pass_kernel[(triton.cdiv(V, cfg.BV), rows, HV)](
-        *args, h, vnew, initial_state if use_h0 else gcum, r_buf, plan.cu, plan.chunk_offsets, seg_plan.seg, N,
-        BV=cfg.BV, MODE=MODE_R, STORE_HT=False, num_warps=cfg.warps, num_stages=cfg.stages, **common)
-    _segment_pass_kernel[(triton.cdiv(K, cfg.BV_M), rows, HV)](
-        *args, h, vnew, gcum, m_buf, plan.cu, plan.chunk_offsets, seg_plan.seg, N,
-        BV=cfg.BV_M, MODE=MODE_M, STORE_HT=False, num_warps=cfg.warps_m, num_stages=cfg.stages_m, **common)
+    if cfg.fused_phase1:
+        assert cfg.BV_M == cfg.BV and cfg.warps_m == cfg.warps and cfg.stages_m == cfg.stages, cfg
+        _segment_pass_kernel[(triton.cdiv(V, cfg.BV) + triton.cdiv(K, cfg.BV), rows, HV)](
+            *args, h, vnew, initial_state if use_h0 else gcum, r_buf, m_buf, plan.cu, plan.chunk_offsets,
+            seg_plan.seg, N, BV=cfg.BV, MODE=MODE_P1, STORE_HT=False, num_warps=cfg.warps, num_stages=cfg.stages,
+            **common)
+    else:
+        _segment_pass_kernel[(triton.cdiv(V, cfg.BV), rows, HV)](
+            *args, h, vnew, initial_state if use_h0 else gcum, r_buf, gcum, plan.cu, plan.chunk_offsets,
+            seg_plan.seg, N, BV=cfg.BV, MODE=MODE_R, STORE_HT=False, num_warps=cfg.warps, num_stages=cfg.stages,
+            **common)
+        _segment_pass_kernel[(triton.cdiv(K, cfg.BV_M), rows, HV)](
+            *args, h, vnew, gcum, m_buf, gcum, plan.cu, plan.chunk_offsets, seg_plan.seg, N,
+            BV=cfg.BV_M, MODE=MODE_M, STORE_HT=False, num_warps=cfg.warps_m, num_stages=cfg.stages_m, **common)
     # phase 2: the segment start states, sequentially per sequence
     _segment_join_kernel[(triton.cdiv(V, cfg.BV_JOIN), N * HV)](
         m_buf, r_buf, initial_state if use_h0 else gcum, s_start, seg_plan.seg_offsets,
@@ -303,6 +342,7 @@ def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     # phase 3: the ordinary pass from each segment's true start state
     store_ht = final_state is not None
     _segment_pass_kernel[(triton.cdiv(V, cfg.BV), rows, HV)](
-        *args, h, vnew, s_start, final_state if store_ht else gcum, plan.cu, plan.chunk_offsets, seg_plan.seg, N,
+        *args, h, vnew, s_start, final_state if store_ht else gcum, gcum, plan.cu, plan.chunk_offsets, seg_plan.seg,
+        N,
         BV=cfg.BV, MODE=MODE_OUT, STORE_HT=store_ht, num_warps=cfg.warps, num_stages=cfg.stages, **common)
     return seg_plan
