@@ -184,15 +184,18 @@ def test_segment_table_covers_every_chunk_once(lengths, L):
 
 
 def test_auto_plan_h200_shapes(monkeypatch):
+    """The wave model's choices at H16/HV32 K=V=128 with the default config (2 programs per SM, 132 SMs)."""
+    from linattn.ops.gated_delta_rule.triton.chunk_state_split import split_configs
     monkeypatch.delenv("LINATTN_GDN_SPLIT_CHUNKS", raising=False)
-    plan = make_chunk_plan(1, 65536, None, 64, "cpu")
-    L = auto_seg_chunks(plan, 32, 128, 64, "cpu")
-    sp = make_segment_plan(plan, L)
-    nseg = int(sp.seg_offsets[-1])
-    assert 8 <= nseg <= 16 and nseg * 32 * 2 >= 4 * 132, (L, nseg)
-    plan8 = make_chunk_plan(8, 4096, None, 64, "cpu")
-    sp8 = make_segment_plan(plan8, auto_seg_chunks(plan8, 32, 128, 64, "cpu"))
-    assert int(sp8.seg_offsets[-1]) >= 8
+    cfg = split_configs(128, 128)
+    got = {}
+    for B, T in ((1, 8192), (1, 65536), (8, 4096), (1, 1024)):
+        plan = make_chunk_plan(B, T, None, 64, "cpu")
+        sp = make_segment_plan(plan, auto_seg_chunks(plan, 32, 128, 128, cfg, "cpu"))
+        got[(B, T)] = int(sp.seg_offsets[-1])
+    assert got == {(1, 8192): 4, (1, 65536): 4, (8, 4096): 16, (1, 1024): 1}, got
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_CHUNKS", "7")
+    assert auto_seg_chunks(make_chunk_plan(1, 65536, None, 64, "cpu"), 32, 128, 128, cfg, "cpu") == 7
 
 
 # ---- ahead-of-time build for sm_90a (no GPU needed) ---------------------------------------------------------------

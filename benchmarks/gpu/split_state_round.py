@@ -167,9 +167,9 @@ def sweep_configs():
 
     from linattn.ops.gated_delta_rule.triton.chunk_state_split import split_configs
     base = split_configs(128, 128)
-    return {"bv32_w4_s1": replace(base, BV=32, BV_M=32, BV_JOIN=32),            # 3 / 2 programs per SM
-            "bv32_w4_s2": replace(base, BV=32, BV_M=32, BV_JOIN=32, stages=2),  # pipelined loads, 2 per SM
-            "bv64_w8_pipelined": replace(base, warps=8, stages=2, warps_m=8, stages_m=3),   # 1 per SM
+    return {"bv32_w4_s1": replace(base, BV=32, BV_M=32, BV_JOIN=32, per_sm=2),     # R/out 3 per SM, M 2
+            "bv32_w4_s2": replace(base, BV=32, BV_M=32, BV_JOIN=32, stages=2, per_sm=2),   # pipelined loads
+            "bv64_w8_pipelined": replace(base, warps=8, stages=2, warps_m=8, stages_m=3, per_sm=1),
             "fused_phase1": replace(base, fused_phase1=True)}       # R and M in one launch: w, k read once
 
 
@@ -261,9 +261,9 @@ def timing_row(B, T, dev, smoke, sweep=False):
     if sweep:
         for name, cfg in sweep_configs().items():
             try:
-                r, sp = _split_runner(x, res, split_out, auto_L, cfg)
+                r, sp = _split_runner(x, res, split_out, 2 if smoke else None, cfg)   # the config's own plan
                 _sync(dev)
-                ent = dict(config=name, seg_chunks=auto_L, segments=int(sp.seg_offsets[-1]), ms=_ms(r, dev),
+                ent = dict(config=name, seg_chunks=sp.seg_chunks, segments=int(sp.seg_offsets[-1]), ms=_ms(r, dev),
                            final_vs_plain=_rel(split_out[2], plain_out[2]))
                 if dev == "cuda":
                     ent["graph_ms"] = _graph_ms(r)

@@ -39,7 +39,6 @@ from linattn.runtime.settings import settings
 
 CHUNK = 64
 MIN_SEG_CHUNKS = 16        # automatic plans: segments of at least 16 chunks (1024 tokens)
-PROGRAMS_PER_SM = 4        # automatic plans: aim phase 3 at about 4 programs per SM
 PLANNING_SMS = 132         # off-GPU (interpreter) plans as for an H200
 
 MODE_R, MODE_M, MODE_OUT, MODE_P1 = 0, 1, 2, 3   # phase 1 (R), phase 1 (M), phase 3, phase 1 (R and M)
@@ -224,27 +223,49 @@ class SegmentPlan:
     seg_chunks: int            # the host's target segment length L in chunks
 
 
-def auto_seg_chunks(plan: ChunkPlan, HV: int, V: int, BV: int, device) -> int:
-    """Segment length in chunks from shapes only: about PROGRAMS_PER_SM phase-3 programs per SM, segments of at
-    least MIN_SEG_CHUNKS chunks. LINATTN_GDN_SPLIT_CHUNKS overrides it."""
+def auto_seg_chunks(plan: ChunkPlan, HV: int, K: int, V: int, cfg: "SplitConfig", device) -> int:
+    """Segment length in chunks from shapes only (LINATTN_GDN_SPLIT_CHUNKS overrides it).
+
+    Wave model: a phase with P programs of L dependent chunk steps each, cfg.per_sm of them resident per SM, takes
+    about cdiv(P, SMs * per_sm) * L step times. Over the segment counts ns >= 2 that keep segments at least
+    MIN_SEG_CHUNKS long, minimise the sum over phase 1 (R: (ns - 1) segments, M: (ns - 2), per sequence) and phase 3
+    (ns) plus phase 2's chain (~1 step per segment), fewest segments on a tie (less work: M and R are skipped only
+    at the ends). Sequences are taken at the
+    average length num_slots / N (exact for fixed-length batches). Too short to split: one segment per sequence."""
     forced = settings.gdn_split_chunks
     if forced > 0:
         return forced
     facts = device_facts(device)
     sms = facts.num_sms if facts.kind == "cuda" else PLANNING_SMS
-    want = triton.cdiv(PROGRAMS_PER_SM * sms, HV * triton.cdiv(V, BV))      # segments wanted in total
-    return max(MIN_SEG_CHUNKS, triton.cdiv(plan.num_slots, want))
+    slots = sms * max(1, cfg.per_sm)
+    N = plan.N
+    nch = max(1, triton.cdiv(plan.num_slots, N))
+    vb, mb = triton.cdiv(V, cfg.BV), triton.cdiv(K, cfg.BV_M)
+
+    def waves(progs):
+        return triton.cdiv(progs, slots) if progs > 0 else 0
+    best = None
+    for ns in range(2, nch // MIN_SEG_CHUNKS + 1):
+        L = triton.cdiv(nch, ns)
+        ns = triton.cdiv(nch, L)
+        r, m, o = N * (ns - 1) * HV * vb, N * max(ns - 2, 0) * HV * mb, N * ns * HV * vb
+        w = waves(r + m) if cfg.fused_phase1 else waves(r) + waves(m)
+        key = ((w + waves(o)) * L + ns, ns)          # + ns: phase 2's chain, about one step per segment
+        if best is None or key < best[0]:
+            best = (key, L)
+    return best[1] if best is not None else nch
 
 
 def split_state_wanted(plan: ChunkPlan, HV: int, V: int, device) -> bool:
     """Whether the forward should take the split pass when LINATTN_GDN_SPLIT_STATE=1: always off the GPU (so the
-    interpreter tests exercise it) or with a forced segment length; on a GPU only when the plain pass has fewer
-    than two programs per SM at its narrowest V split (N * HV * V/32 < 2 SMs: B <= 2 at HV=32, V=128) and the
-    sequences are long enough for two segments on average. The threshold is a guess until the GPU round."""
+    interpreter tests exercise it) or with a forced segment length; on a GPU only when the plain pass leaves SMs
+    idle even at its narrowest V split (N * HV * V/32 < SMs: B = 1 at HV=32, V=128) and the sequences are long
+    enough for two segments on average. (At B=2 the plain pass has 256 programs, two per SM, and the wave model
+    of auto_seg_chunks finds no split faster.) A guess until the GPU round."""
     facts = device_facts(device)
     if facts.kind != "cuda" or settings.gdn_split_chunks > 0:
         return True
-    return (plan.N * HV * triton.cdiv(V, 32) < 2 * facts.num_sms
+    return (plan.N * HV * triton.cdiv(V, 32) < facts.num_sms
             and plan.num_slots >= 2 * MIN_SEG_CHUNKS * plan.N)
 
 
@@ -282,6 +303,7 @@ class SplitConfig:
     stages_m: int
     warps_join: int
     fused_phase1: bool = False   # R and M in one launch (needs BV_M == BV, warps_m == warps, stages_m == stages)
+    per_sm: int = 2              # programs resident per SM (registers, smem: the AOT table), for the segment plan
 
 
 def split_configs(K: int, V: int) -> SplitConfig:
@@ -311,7 +333,7 @@ def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     dev = k.device
     cfg = cfg or split_configs(K, V)
     if seg_plan is None:
-        seg_plan = make_segment_plan(plan, seg_chunks if seg_chunks else auto_seg_chunks(plan, HV, V, cfg.BV, dev))
+        seg_plan = make_segment_plan(plan, seg_chunks if seg_chunks else auto_seg_chunks(plan, HV, K, V, cfg, dev))
     rows, N = seg_plan.num_rows, plan.N
     m_buf = empty(rows, HV, K, K, dtype=torch.float32, device=dev)
     r_buf = empty(rows, HV, K, V, dtype=torch.float32, device=dev)
