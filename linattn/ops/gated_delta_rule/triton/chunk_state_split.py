@@ -312,19 +312,20 @@ def split_configs(K: int, V: int) -> SplitConfig:
     Unlike the plain pass, the split pass has programs to spare, and what it needs is several programs resident
     per SM so that their per-chunk latencies overlap: 4 warps and no software pipelining (the loads of the other
     resident programs hide the latency instead). R and phase 3 at BV=64: 251/243 registers, 0 spills, 2 programs
-    per SM; M at BV=64: 248 registers, 2 per SM; join (blocks of M [64, 64] x S [64, 64]) 4 warps. Not yet timed on a GPU: the GPU round
-    (benchmarks/gpu/split_state_round.py --sweep) compares BV=32 (3 per SM), and 8 warps with pipelining."""
+    per SM; M at BV=64: 248 registers, 2 per SM; join (blocks of M [64, 64] x S [64, 64]) 4 warps, 164 registers.
+    Not yet timed on a GPU: the GPU round (benchmarks/gpu/split_state_round.py --sweep) compares BV=32, 8 warps
+    with pipelining (1 per SM) and the fused phase 1 (254 registers)."""
     BK = max(16, triton.next_power_of_2(K))
     if BK <= 128:
         BV = min(max(16, triton.next_power_of_2(V)), 64)
         return SplitConfig(BK=BK, BV=BV, BV_M=min(BK, 64), BV_JOIN=min(BV, 64), BKB_JOIN=min(BK, 64), warps=4,
                            stages=1, warps_m=4, stages_m=1, warps_join=4)
     return SplitConfig(BK=BK, BV=min(max(16, triton.next_power_of_2(V)), 32), BV_M=16, BV_JOIN=32, BKB_JOIN=64,
-                       warps=8, stages=1, warps_m=8, stages_m=1, warps_join=4)
+                       warps=8, stages=1, warps_m=8, stages_m=1, warps_join=4, per_sm=1)
 
 
-def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor], final_state: Optional[torch.Tensor],
-                      plan: ChunkPlan, *, H: int, HV: int, K: int, V: int, dot_prec: str,
+def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor],
+                      final_state: Optional[torch.Tensor], plan: ChunkPlan, *, H: int, HV: int, K: int, V: int, dot_prec: str,
                       seg_chunks: Optional[int] = None, cfg: Optional[SplitConfig] = None,
                       seg_plan: Optional[SegmentPlan] = None) -> SegmentPlan:
     """The forward's stage 3, segment-parallel: same inputs and outputs as chunk_state_fwd_kernel's launch (writes
