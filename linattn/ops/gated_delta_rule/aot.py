@@ -70,3 +70,32 @@ for _v, _dt, _bv, _w, _s in CONFIGS:
         div16=_PTRS_LITERAL if _v == "literal" else _PTRS_TMA,
         description=f"GDN forward state pass, Gluon '{_v}', K=V=128 {_dt}, BV={_bv}, {_w} warps"
                     + (f", {_s}-stage TMA ring" if _s else "")))
+
+
+# ---- GDN decode step in Gluon (gluon/decode.py, issue 6): TMA ring in, TMA store out, mbarrier phases.
+# Appended by the decode engineer; the configs are gluon/decode.py's AOT_CONFIGS (the launcher's defaults and
+# the GPU round's sweep), at H=32 (16 for the GVA + fused-gate case), HV=32, K=V=128, pool in place.
+DECODE_INTENDED = ("UTMALDG", "UTMASTG", "SYNCS")
+DECODE_DIV16 = ("q", "k", "v", "g", "beta", "o", "state_indices")
+DECODE_CONFIGS = [  # (name, state, BV, warps, stages, H, fused); keep equal to gluon/decode.py AOT_CONFIGS
+    ("fp32_bv64_w4_s3", "fp32", 64, 4, 3, 32, False),
+    ("fp32_bv64_w4_s2", "fp32", 64, 4, 2, 32, False),
+    ("fp32_bv32_w4_s3", "fp32", 32, 4, 3, 32, False),
+    ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False),
+    ("bf16_bv128_w4_s3", "bf16", 128, 4, 3, 32, False),
+    ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True),
+]
+
+
+def _build_decode(state: str, BV: int, warps: int, stages: int, H: int, fused: bool):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.decode import aot_build
+        return aot_build(state, BV, warps, stages, H, fused)
+    return build
+
+
+for _n, _st, _bv, _w, _s, _h, _f in DECODE_CONFIGS:
+    register(AotKernel(
+        f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f), DECODE_INTENDED, div16=DECODE_DIV16,
+        description=f"GDN decode step (T=1), Gluon TMA ring, {_st} pool in place, BV={_bv}, {_w} warps, "
+                    f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")))

@@ -234,6 +234,25 @@ _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", fused_recurrent_reference, _reference_supports, priority=100, auto=False)
 
 
+def _register_gluon():
+    """Backend "gluon" (gluon/decode.py: T = 1 pool decode on sm_90a), by name only. The module (and Gluon) is
+    imported at the first supports/impl call, never at `import linattn`."""
+    def supports(**call):
+        from linattn.ops.gated_delta_rule.gluon import decode
+        return decode.supports(**call)
+
+    def impl(**call):
+        from linattn.ops.gated_delta_rule.gluon import decode
+        return decode.impl(**call)
+
+    _backends.register("gluon", impl, supports, priority=5, auto=False,
+                       not_auto_reason="not yet gated or timed on a GPU: backend='gluon' by name only "
+                                       "(benchmarks/DECODE_GLUON.md)")
+
+
+_register_gluon()
+
+
 # --------------------------------------------------------------------------------------------- public function
 def fused_recurrent_gated_delta_rule(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
