@@ -325,7 +325,8 @@ def split_configs(K: int, V: int) -> SplitConfig:
 
 
 def chunk_state_split(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor],
-                      final_state: Optional[torch.Tensor], plan: ChunkPlan, *, H: int, HV: int, K: int, V: int, dot_prec: str,
+                      final_state: Optional[torch.Tensor], plan: ChunkPlan, *,
+                      H: int, HV: int, K: int, V: int, dot_prec: str,
                       seg_chunks: Optional[int] = None, cfg: Optional[SplitConfig] = None,
                       seg_plan: Optional[SegmentPlan] = None) -> SegmentPlan:
     """The forward's stage 3, segment-parallel: same inputs and outputs as chunk_state_fwd_kernel's launch (writes
