@@ -64,6 +64,49 @@ def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
     return b_h, b_o
 
 
+@triton.jit
+def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr):
+    """The [BK, BV] state block of (sequence i_n, value head i_hv, V-block i_v), loaded as fp32 (zeros without an
+    initial state), with what storing it back needs: (block, offsets in the pool, pool mask, full mask, valid,
+    column offsets). With state_indices, slot = state_indices[i_n]; a negative or >= num_slots index is a padded
+    row (valid False): nothing is read from or written to the pool, so the kernel never addresses outside it."""
+    o_k = tl.arange(0, BK)
+    # BV-contiguous, BV-aligned columns: lets the compiler use 16-byte vector loads and stores along V
+    o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
+    mask_h = (o_k < K)[:, None] & (o_v < V)[None, :]
+    if INDEXED:
+        idx = tl.load(state_indices + i_n).to(tl.int64)
+        valid = (idx >= 0) & (idx < num_slots)
+        slot = tl.where(valid, idx, 0)
+        mask_io = mask_h & valid
+    else:
+        valid = i_n >= 0
+        slot = i_n
+        mask_io = mask_h
+    state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    if HAS_H0:
+        b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    return b_h, state_off, mask_io, mask_h, valid, o_v
+
+
+@triton.jit
+def _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr):
+    """The updated block back into its pool slot (in place; padded rows write nothing), or into row i_n of the
+    out-of-place final state (padded rows get zeros)."""
+    if INPLACE:
+        tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
+    else:
+        if INDEXED:
+            b_h = tl.where(valid, b_h, 0.0)
+        o_k = tl.arange(0, BK)
+        p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+
+
 @triton.jit(do_not_specialize=["T", "num_slots"])
 def fused_recurrent_gdn_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices,
@@ -90,28 +133,11 @@ def fused_recurrent_gdn_fwd_kernel(
         bos = i_n * T
         seq_len = T
 
+    b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV, K, V,
+                                                              BK, BV, HAS_H0, INDEXED)
     o_k = tl.arange(0, BK)
-    # BV-contiguous, BV-aligned columns: lets the compiler use 16-byte vector loads and stores along V
-    o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
     mask_k = o_k < K
     mask_v = o_v < V
-    mask_h = mask_k[:, None] & mask_v[None, :]
-
-    if INDEXED:
-        idx = tl.load(state_indices + i_n).to(tl.int64)
-        # out-of-range slots are padded rows too: the kernel must never address outside the pool
-        valid = (idx >= 0) & (idx < num_slots)
-        slot = tl.where(valid, idx, 0)
-        mask_io = mask_h & valid
-    else:
-        slot = i_n
-        mask_io = mask_h
-    state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        b_h += tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
-
     b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
 
     p_q = q + (bos * H + i_h) * K + o_k
@@ -144,14 +170,7 @@ def fused_recurrent_gdn_fwd_kernel(
             p_g += HV
 
     if STORE_HT:
-        if INPLACE:
-            # back into the pool slot it came from; padded rows write nothing
-            tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
-        else:
-            p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-            if INDEXED:
-                b_h = tl.where(valid, b_h, 0.0)
-            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+        _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE, INDEXED)
 
 
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
@@ -182,22 +201,9 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         i_n = i_nh // HV
         i_hv = i_nh % HV
         i_h = i_hv // (HV // H)
-        o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
+        b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
+                                                                  HV, K, V, BK, BV, HAS_H0, INDEXED)
         mask_v = o_v < V
-        mask_h = mask_k[:, None] & mask_v[None, :]
-        if INDEXED:
-            idx = tl.load(state_indices + i_n).to(tl.int64)
-            valid = (idx >= 0) & (idx < num_slots)
-            slot = tl.where(valid, idx, 0)
-            mask_io = mask_h & valid
-        else:
-            slot = i_n
-            mask_io = mask_h
-        state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-        if HAS_H0:
-            b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
-        else:
-            b_h = tl.zeros([BK, BV], dtype=tl.float32)
         b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
         b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -213,13 +219,8 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             b_o = tl.where(valid, b_o, 0.0)
         tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
         if STORE_HT:
-            if INPLACE:
-                tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
-            else:
-                if INDEXED:
-                    b_h = tl.where(valid, b_h, 0.0)
-                p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-                tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+            _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
+                         INDEXED)
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
