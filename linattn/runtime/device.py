@@ -50,3 +50,20 @@ def device_facts(device=None) -> DeviceFacts:
         return _cuda_facts(device.index if device.index is not None else torch.cuda.current_device())
     import os
     return DeviceFacts("cpu", "cpu", (0, 0), os.cpu_count() or 1, 0, 0)
+
+
+def hopper_gluon_ready(t: torch.Tensor, what: str, needs: str = "TMA, WGMMA"):
+    """(ok, reason): whether `what` (a Gluon Hopper kernel, e.g. "the Gluon decode") can run on t's device: not
+    under the interpreter, a CUDA tensor, an sm_90 GPU, and a Triton that has the Gluon names we use. The one
+    place backends ask this; each then adds its own shape and dtype checks."""
+    from linattn.runtime.settings import settings
+    if settings.interpret:
+        return False, "TRITON_INTERPRET=1: the interpreter cannot run Gluon kernels"
+    if t.device.type != "cuda":
+        return False, f"tensors on {t.device}: {what} needs an sm_90 GPU"
+    facts = device_facts(t.device)
+    if facts.capability[0] != 9:
+        return False, f"{facts.name} is {facts.arch}; {what} targets sm_90a ({needs})"
+    from linattn.runtime.gluon_compat import gluon_status     # imports Gluon: only once a Hopper GPU is there
+    ok, reason, _ = gluon_status()
+    return ok, reason

@@ -37,17 +37,8 @@ def _triton_supports(a, b, **_) -> Tuple[bool, str]:
 
 
 def _gluon_supports(a, b, **_) -> Tuple[bool, str]:
-    from linattn.runtime.settings import settings
-    if settings.interpret:
-        return False, "TRITON_INTERPRET=1: the interpreter cannot run Gluon kernels"
-    if a.device.type != "cuda":
-        return False, f"tensors on {a.device}: the Gluon GEMM needs an sm_90 GPU"
-    from linattn.runtime.device import device_facts
-    facts = device_facts(a.device)
-    if facts.capability[0] != 9:
-        return False, f"{facts.name} is {facts.arch}; the Gluon GEMM uses WGMMA and TMA (sm_90 only)"
-    from linattn.runtime.gluon_compat import gluon_status
-    ok, reason, _ = gluon_status()
+    from linattn.runtime.device import hopper_gluon_ready
+    ok, reason = hopper_gluon_ready(a, "the Gluon GEMM")
     if not ok:
         return False, reason
     from linattn.ops.matmul.gluon.matmul import tma_layout

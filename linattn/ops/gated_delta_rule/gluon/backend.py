@@ -61,16 +61,8 @@ _chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=_setup_context)
 def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
     if q is None:
         return False, "the Gluon state pass needs the call's tensors to decide"
-    if settings.interpret:
-        return False, "TRITON_INTERPRET=1: the interpreter cannot run Gluon kernels"
-    if q.device.type != "cuda":
-        return False, f"tensors on {q.device}: the Gluon state pass needs an sm_90 GPU"
-    from linattn.runtime.device import device_facts
-    facts = device_facts(q.device)
-    if facts.capability[0] != 9:
-        return False, f"{facts.name} is {facts.arch}; the Gluon state pass targets sm_90a (TMA, WGMMA)"
-    from linattn.runtime.gluon_compat import gluon_status
-    ok, reason, _ = gluon_status()
+    from linattn.runtime.device import hopper_gluon_ready
+    ok, reason = hopper_gluon_ready(q, "the Gluon state pass")
     if not ok:
         return False, reason
     from linattn.ops.gated_delta_rule.gluon.launcher import VARIANTS

@@ -306,19 +306,10 @@ def impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fa
 def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_seqlens=None,
              use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
              **_) -> Tuple[bool, str]:
-    from linattn.runtime.settings import settings
     if q is None or v is None:
         return False, "the Gluon decode needs the call's tensors to decide"
-    if settings.interpret:
-        return False, "TRITON_INTERPRET=1: the interpreter cannot run Gluon kernels"
-    if q.device.type != "cuda":
-        return False, f"tensors on {q.device}: the Gluon decode needs an sm_90 GPU"
-    from linattn.runtime.device import device_facts
-    facts = device_facts(q.device)
-    if facts.capability[0] != 9:
-        return False, f"{facts.name} is {facts.arch}; the Gluon decode targets sm_90a (TMA)"
-    from linattn.runtime.gluon_compat import gluon_status
-    ok, reason, _d = gluon_status()
+    from linattn.runtime.device import hopper_gluon_ready
+    ok, reason = hopper_gluon_ready(q, "the Gluon decode", needs="TMA")
     if not ok:
         return False, reason
     if q.shape[1] != 1:
