@@ -17,3 +17,46 @@ def write_json(path: str, obj) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(obj, f, indent=1, default=str)
+
+
+def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
+    """Median ms of `repeats` eager calls of fn after `warmup` (CUDA events around each call on a GPU; one host-
+    clock call on the CPU, where only a script's logic is being exercised). Eager: includes the host path when it
+    is longer than the kernels (graph_ms separates the two)."""
+    import time
+
+    import torch
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return times[len(times) // 2]
+
+
+def graph_ms(fn, repeats: int = 20) -> float:
+    """Median ms of CUDA-graph replays of one call of fn: no host launch cost. Warm-up on a side stream first, as
+    torch's graph docs require."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    ms = median_ms(graph.replay, warmup=2, repeats=repeats)
+    del graph
+    return ms

@@ -37,6 +37,8 @@ VARIANTS = ("wgmma", "tma", "literal")     # run order: the most advanced first;
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
 SWEEP_SHAPES = ((1, 65536), (8, 4096))          # --sweep: other state-pass configs timed at these shapes
 GRAD_SHAPE = (1, 200, 16, 32, 128, 128)          # B, T, H, HV, K, V of the gradient check (warmed up by the parent)
+from common import graph_ms, median_ms  # noqa: E402
+
 BF, FP16 = torch.bfloat16, torch.float16
 
 
@@ -87,38 +89,6 @@ def _write(path, obj):
 
 
 # ---------------------------------------------------------------- timing
-
-def _events_ms(fn, warmup=5, repeats=20):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
-
-
-def _graph_ms(fn, repeats=20):
-    """Median ms of CUDA-graph replays of one call of fn (no host launch cost: separates a host-bound eager time
-    from the kernels' time). Warm-up on a side stream first, as torch's graph docs require."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    ms = _events_ms(graph.replay, warmup=2, repeats=repeats)
-    del graph
-    return ms
-
 
 def _rel(a, b):
     a, b = a.float(), b.float()
@@ -191,8 +161,8 @@ def timing_row(variant, B, T, sweep=False):
             h=_rel(bufs["gluon"][0][:used], bufs["triton"][0][:used]), vnew=_rel(bufs["gluon"][1], bufs["triton"][1]),
             final=_rel(bufs["gluon"][2], bufs["triton"][2]))
         row["state_config"] = dict(BV=cfg.BV, num_warps=cfg.num_warps, stages=cfg.stages, triton_BV=tri_bv)
-        row["state_triton_ms"] = _events_ms(tri_run)
-        row["state_gluon_ms"] = _events_ms(glu_run)
+        row["state_triton_ms"] = median_ms(tri_run)
+        row["state_gluon_ms"] = median_ms(glu_run)
         row["state_speedup"] = row["state_triton_ms"] / row["state_gluon_ms"]
         if sweep:
             row["state_sweep"] = []
@@ -208,7 +178,7 @@ def timing_row(variant, B, T, sweep=False):
                     alt_run()
                     torch.cuda.synchronize()
                     row["state_sweep"].append(dict(BV=alt.BV, num_warps=alt.num_warps, stages=alt.stages,
-                                                   ms=_events_ms(alt_run),
+                                                   ms=median_ms(alt_run),
                                                    final_diff_vs_triton=_rel(out[2], bufs["triton"][2])))
                 except Exception as e:
                     row["state_sweep"].append(dict(BV=alt.BV, num_warps=alt.num_warps, stages=alt.stages,
@@ -216,9 +186,9 @@ def timing_row(variant, B, T, sweep=False):
         for backend in ("triton", "gluon"):
             def call(backend=backend):
                 return linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
-            row[f"fwd_{backend}_ms"] = _events_ms(call)
+            row[f"fwd_{backend}_ms"] = median_ms(call)
             try:                       # the eager time includes the host path; the graph replay does not
-                row[f"fwd_{backend}_graph_ms"] = _graph_ms(call)
+                row[f"fwd_{backend}_graph_ms"] = graph_ms(call)
             except Exception as e:     # noqa: BLE001
                 row[f"fwd_{backend}_graph_error"] = repr(e)[:300]
         row["fwd_speedup"] = row["fwd_triton_ms"] / row["fwd_gluon_ms"]

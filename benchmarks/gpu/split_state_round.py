@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout
 import torch  # noqa: E402
+from common import graph_ms, median_ms  # noqa: E402
 
 BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
@@ -47,37 +48,7 @@ def _sync(dev):
 
 
 def _ms(fn, dev, warmup=3, repeats=15):
-    for _ in range(warmup):
-        fn()
-    if dev != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
-
-
-def _graph_ms(fn, repeats=15):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    ms = _ms(graph.replay, "cuda", warmup=2, repeats=repeats)
-    del graph
-    return ms
+    return median_ms(fn, warmup=warmup, repeats=repeats)
 
 
 def _rel(a, b):
@@ -243,7 +214,7 @@ def timing_row(B, T, dev, smoke, sweep=False):
     plain = _plain_runner(x, res, plain_out)
     row["plain_ms"] = _ms(plain, dev)
     if dev == "cuda":
-        row["plain_graph_ms"] = _graph_ms(plain)
+        row["plain_graph_ms"] = graph_ms(plain)
     split_out = mk()
     run, sp = _split_runner(x, res, split_out, 2 if smoke else None)
     auto_L = sp.seg_chunks
@@ -256,7 +227,7 @@ def timing_row(B, T, dev, smoke, sweep=False):
                    final_vs_plain=_rel(split_out[2], plain_out[2]), h_vs_plain=_rel(split_out[0][:used],
                                                                                    plain_out[0][:used]))
         if dev == "cuda":
-            ent["graph_ms"] = _graph_ms(r)
+            ent["graph_ms"] = graph_ms(r)
         row["split"].append(ent)
     if sweep:
         for name, cfg in sweep_configs().items():
@@ -266,7 +237,7 @@ def timing_row(B, T, dev, smoke, sweep=False):
                 ent = dict(config=name, seg_chunks=sp.seg_chunks, segments=int(sp.seg_offsets[-1]), ms=_ms(r, dev),
                            final_vs_plain=_rel(split_out[2], plain_out[2]))
                 if dev == "cuda":
-                    ent["graph_ms"] = _graph_ms(r)
+                    ent["graph_ms"] = graph_ms(r)
             except Exception as e:  # noqa: BLE001
                 ent = dict(config=name, error=repr(e)[:300])
             row["split"].append(ent)
@@ -281,7 +252,7 @@ def timing_row(B, T, dev, smoke, sweep=False):
                 key = "fwd_split" if on else "fwd_plain"
                 row[f"{key}_ms"] = _ms(call, dev)
                 if dev == "cuda":
-                    row[f"{key}_graph_ms"] = _graph_ms(call)
+                    row[f"{key}_graph_ms"] = graph_ms(call)
         finally:
             _set_split(False)
     return row
