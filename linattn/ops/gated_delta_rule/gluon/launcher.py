@@ -102,47 +102,15 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
                                      output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                      variant: str = DEFAULT_VARIANT, state_pass=None):
     """The forward of triton/forward.py with the state pass (stage 3) in Gluon: Triton intra-chunk (stage 2),
-    Gluon state pass, Triton output (stage 4). Same arguments and result (a FwdResult) as
+    Gluon state pass, Triton output (stage 4), through chunk_gated_delta_rule_fwd's `state_pass` hook, so the
+    Triton stages are launched by the one launcher they have. Same arguments and result (a FwdResult) as
     chunk_gated_delta_rule_fwd; q, k, v bf16/fp16 with K == V == 128.
     state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan) replaces the Gluon state pass (a CPU test
     runs this orchestration with the Triton state kernel under the interpreter)."""
-    import triton
-
-    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-    from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
-    from linattn.ops.gated_delta_rule.triton.forward import CHUNK, FwdResult, _configs, _pow2
-    from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
-    from linattn.runtime.alloc import empty
+    from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    dev = q.device
-    plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
-    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
-    cfg = _configs(K, V, N, HV, dev)
-    BK = _pow2(K)
-    dot_prec = "tf32"             # 16-bit operands only: the precision flag does not change their products
-    dt = q.dtype
-
-    gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)
-    w = empty(T_tot, HV, K, dtype=dt, device=dev)
-    u = empty(T_tot, HV, V, dtype=dt, device=dev)
-    intra_chunk_wy_kernel[(slots, HV)](
-        k, v, g, beta, gcum, w, u, gcum, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
-        STORE_TINV=False, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
-
-    h = empty(slots, HV, K, V, dtype=dt, device=dev)
-    vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     if state_pass is None:
-        chunk_state_gluon(k, w, u, gcum, h, vnew, initial_state, final, plan, variant)
-    else:
-        state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
-
-    o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
-        q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_out, num_stages=cfg.stages)
-    return FwdResult(o, final, gcum, w, u, vnew, h, None, plan)
+        def state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
+            chunk_state_gluon(k, w, u, gcum, h, vnew, h0, final, plan, variant)
+    return chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                      state_pass=state_pass)

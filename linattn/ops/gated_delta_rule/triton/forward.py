@@ -3,7 +3,7 @@
 Launch configs are a small frozen heuristic (no autotuning on the first call): see `_configs`.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -66,10 +66,12 @@ class FwdResult:
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
-                               compute_output: bool = True) -> FwdResult:
+                               compute_output: bool = True, state_pass: Optional[Callable] = None) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
-    compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates."""
+    compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
+    state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan), when given, replaces stage 3 (the Gluon
+    backend's state pass plugs in here; it must write h, vnew and final exactly as chunk_state_fwd_kernel does)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -94,7 +96,9 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    if settings.gdn_split_state and split_state_wanted(plan, HV, V, dev):
+    if state_pass is not None:
+        state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
+    elif settings.gdn_split_state and split_state_wanted(plan, HV, V, dev):
         # opt-in (LINATTN_GDN_SPLIT_STATE=1): segment-parallel state pass, same outputs
         chunk_state_split(k, w, u, gcum, h, vnew, initial_state, final, plan, H=H, HV=HV, K=K, V=V,
                           dot_prec=dot_prec)
