@@ -60,3 +60,20 @@ def graph_ms(fn, repeats: int = 20) -> float:
     ms = median_ms(graph.replay, warmup=2, repeats=repeats)
     del graph
     return ms
+
+
+def run_sections(res: dict, sections, path: str) -> dict:
+    """Run (name, fn) sections in order into res[name], each in try/except (an error is recorded with its trace
+    and the next section still runs), timing each under res["section_s"], and rewrite the JSON at `path` after
+    every section so a run cut short by a time limit keeps what it measured."""
+    import time
+    import traceback
+    for name, fn in sections:
+        t0 = time.time()
+        try:
+            res[name] = fn()
+        except Exception as e:  # noqa: BLE001
+            res[name] = dict(error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
+        res.setdefault("section_s", {})[name] = round(time.time() - t0, 1)
+        write_json(path, res)
+    return res

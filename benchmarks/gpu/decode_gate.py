@@ -20,7 +20,6 @@ in benchmarks/DECODE.md. Writes DIR/decode.json (environment line first) and pri
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -429,15 +428,8 @@ def main():
     sections = ([("drift_cpu", lambda: [drift("cpu", 1, 2, 2, 32, 32, 1000, s) for s in (1.0, 0.05)])]
                 if args.drift_cpu else
                 [("gate", gate), ("bench", lambda: bench(args.fla)), ("drift", gpu_drift), ("sweep", sweep)])
-    for name, fn in sections:
-        t0 = time.time()
-        try:
-            res[name] = fn()
-        except Exception as e:  # noqa: BLE001
-            res[name] = dict(error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
-        res.setdefault("section_s", {})[name] = round(time.time() - t0, 1)
-        with open(os.path.join(args.out, "decode.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
+    from common import run_sections
+    run_sections(res, sections, os.path.join(args.out, "decode.json"))
     _print(res)
 
 

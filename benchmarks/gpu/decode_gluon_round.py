@@ -21,7 +21,6 @@ descriptors build without a GPU). Writes DIR/decode_gluon.json (environment line
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -276,15 +275,8 @@ def main():
     res = dict(environment=dg.environment(False), dry_run=args.dry_run)
     sections = [("gate", gate), ("sweep_launch_args", dry_sweep)] if args.dry_run else \
         [("gate", gate), ("bench", bench), ("sweep", sweep)]
-    for name, fn in sections:
-        t0 = time.time()
-        try:
-            res[name] = fn()
-        except Exception as e:  # noqa: BLE001
-            res[name] = dict(error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
-        res.setdefault("section_s", {})[name] = round(time.time() - t0, 1)
-        with open(os.path.join(args.out, "decode_gluon.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
+    from common import run_sections
+    run_sections(res, sections, os.path.join(args.out, "decode_gluon.json"))
     _print(res)
 
 
