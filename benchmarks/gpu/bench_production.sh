@@ -26,6 +26,8 @@
 #   => about 3.8 min (hv32), 3.5 min (hv64), 3 min (hv8) without FlashQLA; FlashQLA's TileLang JIT adds about
 #      60 s + 100 s per part (anchors), about 6.5 min then. COLD=1 pays every backend's compile again in fresh
 #      processes: add about 2.5 min (about 5 with FlashQLA). Each part stays under the 10-minute call limit.
+# Measured in round 8 (H200, with FlashQLA, before gluon rows were added): the cold part took 467 s with both
+# modes (fwd alone about 113 s of it), the timed hv32 part 439 s after it (per-row wall times are now in the JSON).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/bench_out}"
