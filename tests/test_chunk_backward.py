@@ -241,15 +241,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def _aot_main(K: int, V: int):
     """Child process (TRITON_INTERPRET unset): compile each kernel for sm_90a, print one JSON line per kernel."""
-    import json
-    from linattn.runtime.aot import AotKernel, compile_kernel, ptxas_usage
-    for name, fn, sig, const, opts in _aot_specs(K, V):
-        ptrs = tuple(n for n, t in sig.items() if t.startswith("*"))
-        spec = AotKernel(name, lambda fn=fn, sig=sig, const=const, opts=opts: (
-            fn, {**sig, **{c: "constexpr" for c in const}}, const, opts), language="triton", div16=ptrs)
-        k = compile_kernel(spec, "sm_90a")
-        regs, spills = ptxas_usage(k.asm["ptx"], "sm_90a")
-        print(json.dumps(dict(name=name, K=K, V=V, regs=regs, spill_bytes=spills, smem=int(k.metadata.shared))))
+    from linattn.testing.aot import print_reports
+    print_reports(_aot_specs(K, V), K, V)
 
 
 # spill bounds measured with ptxas (Triton 3.6.0, sm_90a, bf16): the sequential reverse state pass must not spill

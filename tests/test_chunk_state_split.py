@@ -226,15 +226,9 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
 
 
 def _aot_main(K: int, V: int):
-    import json
-    from linattn.runtime.aot import AotKernel, compile_kernel, ptxas_usage
-    for name, fn, sig, const, opts in _aot_specs(K, V):
-        ptrs = tuple(n for n, t in sig.items() if t.startswith("*"))
-        spec = AotKernel(name, lambda fn=fn, sig=sig, const=const, opts=opts: (
-            fn, {**sig, **{c: "constexpr" for c in const}}, const, opts), language="triton", div16=ptrs)
-        k = compile_kernel(spec, "sm_90a")
-        regs, spills = ptxas_usage(k.asm["ptx"], "sm_90a")
-        print(json.dumps(dict(name=name, K=K, V=V, regs=regs, spill_bytes=spills, smem=int(k.metadata.shared))))
+    """Child process (TRITON_INTERPRET unset): compile each kernel for sm_90a, print one JSON line per kernel."""
+    from linattn.testing.aot import print_reports
+    print_reports(_aot_specs(K, V), K, V)
 
 
 @pytest.mark.parametrize("K,V", [(128, 128), (256, 256)])

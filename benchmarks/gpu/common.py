@@ -77,3 +77,21 @@ def run_sections(res: dict, sections, path: str) -> dict:
         res.setdefault("section_s", {})[name] = round(time.time() - t0, 1)
         write_json(path, res)
     return res
+
+
+def case_runner(cases: list):
+    """run(name, fn, **kw): one gate case, fn's dict merged into {"case": name}, an exception recorded as status
+    ERROR with its trace (the next case still runs), the seconds under "s"; appended to `cases`."""
+    import time
+    import traceback
+
+    def run(name, fn, **kw):
+        case = dict(case=name)
+        t0 = time.time()
+        try:
+            case.update(fn(**kw))
+        except Exception as e:  # noqa: BLE001
+            case.update(status="ERROR", error=f"{e!r}"[:600], trace=traceback.format_exc()[-1500:])
+        case["s"] = round(time.time() - t0, 2)
+        cases.append(case)
+    return run

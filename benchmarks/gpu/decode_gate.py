@@ -174,17 +174,9 @@ def _compile_case():
 
 
 def gate() -> dict:
+    from common import case_runner
     cases = []
-
-    def run(name, fn, **kw):
-        case = dict(case=name)
-        t0 = time.time()
-        try:
-            case.update(fn(**kw))
-        except Exception as e:  # noqa: BLE001
-            case.update(status="ERROR", error=f"{e!r}"[:600], trace=traceback.format_exc()[-1500:])
-        case["s"] = round(time.time() - t0, 2)
-        cases.append(case)
+    run = case_runner(cases)
 
     for H, HV in ((32, 32), (16, 32)):
         for B in (1, 32, 256):

@@ -24,7 +24,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -124,17 +123,9 @@ def _graph_case():
 
 
 def gate() -> dict:
+    from common import case_runner
     cases = []
-
-    def run(name, fn, **kw):
-        case = dict(case=name)
-        t0 = time.time()
-        try:
-            case.update(fn(**kw))
-        except Exception as e:  # noqa: BLE001
-            case.update(status="ERROR", error=f"{e!r}"[:600], trace=traceback.format_exc()[-1500:])
-        case["s"] = round(time.time() - t0, 2)
-        cases.append(case)
+    run = case_runner(cases)
 
     H, HV = CFG["H"], CFG["HV"]
     for B in CFG["batches"]:
