@@ -161,3 +161,45 @@ def test_keep_caches_merges_folders(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert timing._keep_caches(str(child)) == ["TRITON_CACHE_DIR"]
     assert (dst / "abc" / "k.cubin").read_bytes() == b"\x01\x02" and (dst / "old").is_dir()
+
+
+def _fake_part(rows, cold=(), partial=False):
+    def row(shape, mode, backend, ms, status="ok"):
+        return dict(shape_label=shape, mode=mode, backend=backend, status=status, median_ms=ms, shape={},
+                    min_ms=ms, max_ms=ms, tflops=None, gbps=None, pct_of_floor=None, timing="cuda graph replay")
+    d = dict(op="gated_delta_rule", preset="p", env_line="env", ceilings={}, rows=[row(*r) for r in rows],
+             cold=[dict(backend=b, mode=m, status="ok", first_call_s=s, second_call_s=0.001, process_s=s + 1)
+                   for b, m, s in cold])
+    if partial:
+        d["partial"] = True
+    return d
+
+
+def test_merge_takes_each_shape_mode_whole_from_one_part(tmp_path):
+    """A part cut short plus an earlier full run: each (shape, mode) comes from the part with more rows that ran
+    (the first file on a tie), speedups are recomputed inside that part, cold entries deduplicated."""
+    from linattn.bench.report import format_table, load_results
+    new = _fake_part([("A", "fwd", "triton", 1.0), ("A", "fwd", "gluon", 0.8), ("A", "fwd", "fla", 2.0),
+                      ("B", "fwd", "triton", 3.0), ("B", "fwd", "fla", 6.0),
+                      ("C", "fwd", "triton", 5.0)], cold=[("triton", "fwd", 9.0)], partial=True)
+    old = _fake_part([("A", "fwd", "triton", 1.1), ("A", "fwd", "fla", 2.2),
+                      ("B", "fwd", "triton", 3.3), ("B", "fwd", "fla", 6.6),
+                      ("C", "fwd", "triton", 5.5), ("C", "fwd", "fla", 11.0), ("C", "fwd", "sdpa", 1.0, "skipped")],
+                     cold=[("triton", "fwd", 99.0), ("triton", "fwdbwd", 20.0)])
+    paths = []
+    for name, d in (("new.json", new), ("old.json", old)):
+        paths.append(str(tmp_path / name))
+        with open(paths[-1], "w") as f:
+            json.dump(d, f)
+    m = load_results(paths)
+    got = {(r["shape_label"], r["backend"]): (r["part"], r["median_ms"], r.get("speedup")) for r in m["rows"]}
+    assert got[("A", "gluon")] == (0, 0.8, 2.5) and got[("A", "triton")][0] == 0      # more rows ran in part 0
+    assert got[("B", "triton")] == (0, 3.0, 2.0)                                        # tie: the first file
+    assert got[("C", "triton")] == (1, 5.5, 2.0) and ("C", "sdpa") in got              # part 1 ran C with fla
+    assert sum(1 for r in m["rows"] if r["shape_label"] == "C") == 3                    # part 0's C row dropped
+    assert m["baseline"] == "fla"
+    assert [(c["backend"], c["mode"], c["first_call_s"], c["part"]) for c in m["cold"]] == \
+        [("triton", "fwd", 9.0, 0), ("triton", "fwdbwd", 20.0, 1)]
+    assert m["parts"][0]["partial"] and m["parts"][0]["rows_taken"] == 5 and m["parts"][1]["rows_taken"] == 3
+    table = format_table(m)
+    assert "cut short" in table and "[part 1]" in table

@@ -29,16 +29,20 @@ def _err_text(row: Dict) -> str:
 def format_table(result: Dict) -> str:
     hdr = ["shape", "mode", "backend", "median ms", "min..max", "TFLOP/s", "GB/s", "% floor", "speedup", "timing",
            "max rel err"]
+    parts = result.get("parts") or []
+    if len(parts) > 1:
+        hdr.append("part")
     lines = []
     for r in result["rows"]:
         if r["status"] != "ok":
             lines.append([r["shape_label"], r["mode"], r["backend"], r["status"], "", "", "", "", "", "",
-                          (r.get("reason") or "")[:90]])
+                          (r.get("reason") or "")[:90]] + ([str(r.get("part", ""))] if len(parts) > 1 else []))
             continue
         timing = "graph" if r["timing"].startswith("cuda graph") else r["timing"].split(" (")[0]
         lines.append([r["shape_label"], r["mode"], r["backend"], _f(r["median_ms"]),
                       f"{_f(r['min_ms'])}..{_f(r['max_ms'])}", _f(r["tflops"], "{:.3g}"), _f(r["gbps"], "{:.0f}"),
-                      _f(r["pct_of_floor"], "{:.0f}%"), _f(r.get("speedup"), "{:.2f}x"), timing, _err_text(r)])
+                      _f(r["pct_of_floor"], "{:.0f}%"), _f(r.get("speedup"), "{:.2f}x"), timing, _err_text(r)]
+                     + ([str(r.get("part", ""))] if len(parts) > 1 else []))
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     out = [fmt.format(*hdr), fmt.format(*("-" * w for w in widths))]
@@ -47,12 +51,21 @@ def format_table(result: Dict) -> str:
     out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.3g}')} TFLOP/s, bytes / "
                f"{_f(c.get('copy_gbps'), '{:.0f}')} GB/s) [{c.get('how', '')}]; speedup vs {result.get('baseline')}")
     for cold in result.get("cold", []):
+        tag = f" [part {cold.get('part')}]" if len(parts) > 1 else ""
         if cold.get("status") == "ok":
             out.append(f"cold start {cold['backend']} {cold['mode']}: first call {cold['first_call_s']:.2f} s, "
-                       f"second {cold['second_call_s'] * 1e3:.2f} ms, fresh process {cold['process_s']:.1f} s")
+                       f"second {cold['second_call_s'] * 1e3:.2f} ms, fresh process {cold['process_s']:.1f} s{tag}")
         else:
-            out.append(f"cold start {cold['backend']} {cold['mode']}: {cold.get('status')}: {cold.get('reason')}")
-    out.append("env: " + result.get("env_line", ""))
+            out.append(f"cold start {cold['backend']} {cold['mode']}: {cold.get('status')}: {cold.get('reason')}{tag}")
+    if len(parts) > 1:
+        for i, p in enumerate(parts):
+            c = p.get("ceilings") or {}
+            out.append(f"part {i}: {p.get('file')} ({p.get('preset')}{', cut short' if p.get('partial') else ''}; "
+                       f"{p.get('rows_taken')} of its {p.get('rows_in_file')} rows taken; ceilings "
+                       f"{_f(c.get('matmul_tflops'), '{:.0f}')} TFLOP/s, {_f(c.get('copy_gbps'), '{:.0f}')} GB/s): "
+                       f"{p.get('env_line')}")
+    else:
+        out.append("env: " + result.get("env_line", ""))
     return "\n".join(out)
 
 
@@ -61,9 +74,26 @@ def write_json(result: Dict, path: str):
         json.dump(result, f, indent=1, default=str, allow_nan=True)
 
 
-def load_results(paths: List[str]) -> Dict:
-    """Merge result files of one op: rows concatenated, each part's env and ceilings kept (parts may come
-    from different machines: the merged file says so rather than pretending one run)."""
+def apply_baseline(rows: List[Dict], baseline: Optional[str]) -> str:
+    """Default baseline: fla when it ran here, else triton. speedup = baseline ms / row ms, same shape and mode."""
+    if baseline is None:
+        baseline = "fla" if any(r["backend"] == "fla" and r["status"] == "ok" for r in rows) else "triton"
+    ref = {(r["shape_label"], r["mode"]): r["median_ms"] for r in rows if r["backend"] == baseline and r["status"] == "ok"}
+    for r in rows:
+        base = ref.get((r["shape_label"], r["mode"]))
+        r["speedup"] = base / r["median_ms"] if (r["status"] == "ok" and base) else None
+    return baseline
+
+
+def load_results(paths: List[str], baseline: Optional[str] = None) -> Dict:
+    """Merge result files of one op: each part's env and ceilings kept (parts may come from different machines or
+    runs: the merged file says so rather than pretending one run), every row and cold entry tagged with its part.
+
+    A (shape, mode) measured in several parts (a part cut short by its time limit and the rest taken from an
+    earlier run, or a part re-run) is taken whole from one part: the one with the most rows that ran, the earlier
+    file on a tie (list files in order of preference). So every speedup compares backends timed in one run; the
+    speedups are recomputed here (a partial file has none). Cold entries are deduplicated per (backend, mode) the
+    same way: first file wins."""
     parts = []
     for p in paths:
         with open(p) as f:
@@ -73,12 +103,29 @@ def load_results(paths: List[str]) -> Dict:
     ops = {p["op"] for p in parts}
     if len(ops) != 1:
         raise ValueError(f"result files are of different ops: {sorted(ops)}")
+    count: Dict[tuple, Dict[int, int]] = {}
+    for i, p in enumerate(parts):
+        for r in p["rows"]:
+            r["part"] = i
+            per = count.setdefault((r["shape_label"], r["mode"]), {})
+            per[i] = per.get(i, 0) + (r["status"] == "ok")
+    chosen = {key: max(per, key=lambda i: (per[i], -i)) for key, per in count.items()}
     merged = dict(parts[0])
-    merged["rows"] = [r for p in parts for r in p["rows"]]
-    merged["cold"] = [c for p in parts for c in p.get("cold", [])]
-    merged["parts"] = [dict(preset=p.get("preset"), env_line=p.get("env_line"), ceilings=p.get("ceilings"))
-                       for p in parts]
+    merged["rows"] = [r for p in parts for r in p["rows"] if chosen[(r["shape_label"], r["mode"])] == r["part"]]
+    cold, seen = [], set()
+    for i, p in enumerate(parts):
+        for c in p.get("cold", []):
+            if (c["backend"], c["mode"]) not in seen:
+                seen.add((c["backend"], c["mode"]))
+                cold.append(dict(c, part=i))
+    merged["cold"] = cold
+    merged["parts"] = [dict(file=path, preset=p.get("preset"), env_line=p.get("env_line"), ceilings=p.get("ceilings"),
+                            partial=bool(p.get("partial")), rows_taken=sum(1 for r in merged["rows"] if r["part"] == i),
+                            rows_in_file=len(p["rows"]))
+                       for i, (path, p) in enumerate(zip(paths, parts))]
     merged["preset"] = "+".join(str(p.get("preset")) for p in parts)
+    merged.pop("partial", None)
+    merged["baseline"] = apply_baseline(merged["rows"], baseline or parts[0].get("baseline"))
     return merged
 
 

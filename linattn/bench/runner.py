@@ -18,7 +18,7 @@ import torch
 from linattn.bench.env import collect_env, env_line
 from linattn.bench.ops import Unavailable, get_bench_op
 from linattn.bench.presets import get_preset, shape_label
-from linattn.bench.report import SCHEMA
+from linattn.bench.report import SCHEMA, apply_baseline
 from linattn.testing import TOL
 from linattn.bench.timing import cold_start, floor_ms, measure_ceilings, num_input_sets, step, time_calls
 
@@ -157,19 +157,8 @@ def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], 
             gc.collect()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    result["baseline"] = _apply_baseline(result["rows"], baseline)
+    result["baseline"] = apply_baseline(result["rows"], baseline)
     return result
-
-
-def _apply_baseline(rows: List[Dict], baseline: Optional[str]) -> str:
-    """Default baseline: fla when it ran here, else triton. speedup = baseline ms / row ms, same shape and mode."""
-    if baseline is None:
-        baseline = "fla" if any(r["backend"] == "fla" and r["status"] == "ok" for r in rows) else "triton"
-    ref = {(r["shape_label"], r["mode"]): r["median_ms"] for r in rows if r["backend"] == baseline and r["status"] == "ok"}
-    for r in rows:
-        base = ref.get((r["shape_label"], r["mode"]))
-        r["speedup"] = base / r["median_ms"] if (r["status"] == "ok" and base) else None
-    return baseline
 
 
 def _log_cold(log, c):

@@ -44,7 +44,7 @@ def run(args) -> int:
     import torch
     from linattn.bench.report import load_results
     if args.from_json:
-        return emit(load_results(args.from_json), args)
+        return emit(load_results(args.from_json, args.baseline), args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
     preset = args.preset or ("quick" if on_gpu else "tiny")
