@@ -28,6 +28,11 @@
 #      processes: add about 2.5 min (about 5 with FlashQLA). Each part stays under the 10-minute call limit.
 # Measured in round 8 (H200, with FlashQLA, before gluon rows were added): the cold part took 467 s with both
 # modes (fwd alone about 113 s of it), the timed hv32 part 439 s after it (per-row wall times are now in the JSON).
+# Round 11 (same, with gluon rows; COLD_MODES=fwd): cold 159 s, hv8 478 s, hv64 473 s, and hv32 did not finish in
+# the 385 s left (38 of 60 rows). Per part, FlashQLA's TileLang JIT took 180-280 s of row wall time and FLA's
+# autotuning 130-145 s; our backends 10-35 s. The whole table on one H200 is about 27 device minutes with machine
+# start and wheels, so one session (30 min) cannot hold it plus anything else: on nvidia-h200-x2 run_round.sh's
+# prod_par step runs two parts side by side, one per GPU (about 17 minutes for the table).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/bench_out}"

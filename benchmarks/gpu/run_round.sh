@@ -4,7 +4,9 @@
 # Steps: fwd (forward gate + FLA timing), bwd, decode, decode_gluon, split (segment-parallel state pass), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
-# prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call).
+# prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and
+# prod_par: the parts named in PROD_PARTS side by side, one per GPU (two calls on nvidia-h200-x2 give the whole
+# table: PROD_PARTS="cold hv64", then PROD_PARTS="hv32 hv8" while the machine is warm).
 # Wheels: every carried folder .whl* is installed into /tmp/site once per machine (a marker per wheel), so a
 # second call on a warm machine can bring what did not fit in the first (FlashQLA's z3-solver in .whl2).
 set -u
@@ -39,6 +41,23 @@ for step in "$@"; do
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;
+    prod_par)
+            # production parts side by side, one per GPU (machine kind nvidia-h200-x2 or larger): part i of
+            # PROD_PARTS runs on GPU i with its own JIT caches (/tmp/linattn-bench-cache-gpu<i>), so a later call
+            # that runs hv32 on GPU 0 after `cold` there reuses what the cold children compiled. Every ratio is
+            # still measured on one GPU (each part times all its backends on its own GPU); the parts only share
+            # the host's CPUs. Round 11 timed each part alone: cold (fwd) 159 s, hv8 478 s, hv64 473 s.
+            python3 -c "import flash_qla" 2>&1 | tail -1
+            ngpu=$(nvidia-smi -L | wc -l); i=0; pids=""
+            for part in ${PROD_PARTS:-cold hv64}; do
+              gpu=$(( i % ngpu ))
+              ( export CUDA_VISIBLE_DEVICES=$gpu LINATTN_BENCH_CACHE=/tmp/linattn-bench-cache-gpu$gpu
+                timeout ${PROD_TIMEOUT:-570} bash benchmarks/gpu/bench_production.sh $part > "$OUT/lane_${part}.log" 2>&1
+                echo "lane $part (GPU $gpu) exit $? $(date +%T)" ) &
+              pids="$pids $!"; i=$((i + 1))
+            done
+            wait $pids
+            for part in ${PROD_PARTS:-cold hv64}; do grep -a -v "TileLang\|Warning\|vectoriz\|Initialize the buffer\|dk_fragment\|^  -->\|^\s*$" "$OUT/lane_${part}.log" | tail -80; done ;;
     prod_cold|prod_hv32|prod_hv64|prod_hv8)
             python3 -c "import flash_qla" 2>&1 | tail -1
             timeout ${PROD_TIMEOUT:-570} bash benchmarks/gpu/bench_production.sh ${step#prod_} ;;
