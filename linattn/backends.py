@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from linattn.runtime.settings import settings
 
@@ -28,6 +28,17 @@ class Backend:
     priority: int            # lower runs first under "auto"
     auto: bool = True        # False: only when asked for by name (the reference)
     not_auto_reason: str = "only when requested by name"    # what doctor says of an auto=False backend
+    # auto=True backends may narrow what `auto` hands them (where they were measured faster) without narrowing
+    # what they accept by name: auto_filter(**call) -> (ok, reason), asked only after supports() said yes
+    auto_filter: Optional[SupportsFn] = None
+
+    def auto_accepts(self, **call) -> Tuple[bool, str]:
+        ok, reason = self.supports(**call)
+        if ok and not self.auto:
+            return False, self.not_auto_reason
+        if ok and self.auto_filter is not None:
+            ok, reason = self.auto_filter(**call)
+        return ok, reason
 
 
 @dataclass
@@ -38,8 +49,8 @@ class OpBackends:
     last_rejections: Dict[str, str] = field(default_factory=dict)
 
     def register(self, name: str, impl: Callable, supports: SupportsFn, priority: int, auto: bool = True,
-                 not_auto_reason: str = "only when requested by name"):
-        self.backends[name] = Backend(name, impl, supports, priority, auto, not_auto_reason)
+                 not_auto_reason: str = "only when requested by name", auto_filter: Optional[SupportsFn] = None):
+        self.backends[name] = Backend(name, impl, supports, priority, auto, not_auto_reason, auto_filter)
 
     def unregister(self, name: str):
         self.backends.pop(name, None)
@@ -51,9 +62,7 @@ class OpBackends:
         """(name, ok, reason) for every backend, in auto order: what `doctor` prints."""
         out = []
         for b in sorted(self.backends.values(), key=lambda b: b.priority):
-            ok, reason = b.supports(**call)
-            if ok and not b.auto:
-                ok, reason = False, b.not_auto_reason
+            ok, reason = b.auto_accepts(**call)
             out.append((b.name, ok, reason))
         return out
 
@@ -71,7 +80,7 @@ class OpBackends:
         for b in sorted(self.backends.values(), key=lambda b: b.priority):
             if not b.auto:
                 continue
-            ok, reason = b.supports(**call)
+            ok, reason = b.auto_accepts(**call)
             if ok:
                 return b
             self.last_rejections[b.name] = reason

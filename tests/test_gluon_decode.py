@@ -121,7 +121,7 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
         pytest.skip("CPU behaviour")
     monkeypatch.delenv("LINATTN_BACKEND", raising=False)
     table = op_backends("fused_recurrent_gated_delta_rule")
-    assert "gluon" in table.names() and not table.backends["gluon"].auto
+    assert "gluon" in table.names() and table.backends["gluon"].auto_filter is not None
     x = make_gdn_inputs(2, 1, 2, 4, 128, 128, dtype=torch.float32, device="cpu", initial_state=False)
     del x["initial_state"]
     pool = torch.randn(5, 4, 128, 128)
@@ -133,6 +133,35 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
     assert table.select("auto", **call).name == "triton"
     rows = {name: (ok, why) for name, ok, why in table.explain(**call)}
     assert rows["gluon"][0] is False and rows["gluon"][1]
+
+
+def test_auto_hands_gluon_only_what_it_was_measured_faster_on(monkeypatch):
+    """With the Gluon decode's supports() pretending a Hopper GPU (none here), `auto` picks it for a bf16 pool at
+    batch >= 32 and keeps fp32 pools and small batches on Triton, with the reason; by name it takes them all."""
+    import dataclasses
+
+    from linattn.backends import op_backends
+    from linattn.ops.gated_delta_rule.fused_recurrent import GLUON_AUTO_MIN_BATCH
+    from linattn.testing import make_gdn_inputs
+    monkeypatch.delenv("LINATTN_BACKEND", raising=False)
+    table = op_backends("fused_recurrent_gated_delta_rule")
+    real = table.backends["gluon"]
+    monkeypatch.setitem(table.backends, "gluon", dataclasses.replace(real, supports=lambda **_: (True, "")))
+    picked = {}
+    for B in (GLUON_AUTO_MIN_BATCH - 1, GLUON_AUTO_MIN_BATCH):
+        for sd in (torch.float32, torch.bfloat16):
+            x = make_gdn_inputs(B, 1, 2, 4, 128, 128, dtype=torch.bfloat16, device="cpu", initial_state=False)
+            del x["initial_state"]
+            call = dict(x, initial_state=torch.randn(B + 2, 4, 128, 128).to(sd), inplace=True,
+                        state_indices=torch.arange(B, dtype=torch.int32))
+            picked[(B, sd)] = table.select("auto", **call).name
+            assert table.select("gluon", **call).name == "gluon"
+            why = {n: r for n, ok, r in table.explain(**call)}["gluon"]
+            assert (why == "") == (picked[(B, sd)] == "gluon")
+    assert picked == {(GLUON_AUTO_MIN_BATCH - 1, torch.float32): "triton",
+                      (GLUON_AUTO_MIN_BATCH - 1, torch.bfloat16): "triton",
+                      (GLUON_AUTO_MIN_BATCH, torch.float32): "triton",
+                      (GLUON_AUTO_MIN_BATCH, torch.bfloat16): "gluon"}
 
 
 @needs_gluon

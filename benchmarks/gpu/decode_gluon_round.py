@@ -40,7 +40,7 @@ from linattn.testing import TOL, rel_rms  # noqa: E402
 
 K = V = 128
 START = time.time()
-CFG = dict(dev="cuda", backend="gluon", batches=(1, 32, 256), bench_batches=(32, 256), H=32, HV=32, sweep_B=256)
+CFG = dict(dev="cuda", backend="gluon", batches=(1, 32, 256), bench_batches=(1, 32, 256), H=32, HV=32, sweep_B=256)
 SWEEP = {torch.float32: [(64, 4, 3, 2), (64, 4, 2, 3), (32, 4, 3, 4), (64, 4, 3, 1)],
          torch.bfloat16: [(64, 4, 3, 3), (128, 4, 3, 2), (64, 4, 2, 3), (64, 4, 3, 2)]}
 

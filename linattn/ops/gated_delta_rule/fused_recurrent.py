@@ -234,8 +234,26 @@ _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", fused_recurrent_reference, _reference_supports, priority=100, auto=False)
 
 
+# Where `auto` hands a call to the Gluon decode: where round 11 (H200, benchmarks/results/2026-11-29_r11_decode_gluon.json,
+# GPU gate 11/11 green) measured it faster than the Triton kernel, on identical inputs: a bf16 state pool at batch
+# 32 (23.0 vs 33.0 us) and 256 (162.9 vs 241.4 us). With an fp32 pool the Triton persistent kernel was faster (41.9
+# vs 45.5 us at batch 32, 287.8 vs 298.7 at 256), and batch < 32 was not timed: those stay on Triton.
+GLUON_AUTO_MIN_BATCH = 32
+
+
+def _gluon_auto_filter(q=None, initial_state=None, **_) -> Tuple[bool, str]:
+    if initial_state.dtype != torch.bfloat16:
+        return False, (f"{initial_state.dtype} state pool: the Triton kernel measured faster (round 11: 287.8 vs "
+                       f"298.7 us at batch 256); backend='gluon' by name")
+    if q.shape[0] < GLUON_AUTO_MIN_BATCH:
+        return False, (f"batch {q.shape[0]} < {GLUON_AUTO_MIN_BATCH}: the Gluon decode is timed only at batch 32 "
+                       f"and 256 (round 11); backend='gluon' by name")
+    return True, ""
+
+
 def _register_gluon():
-    """Backend "gluon" (gluon/decode.py: T = 1 pool decode on sm_90a), by name only. The module (and Gluon) is
+    """Backend "gluon" (gluon/decode.py: T = 1 pool decode on sm_90a). `auto` picks it only where it was measured
+    faster (_gluon_auto_filter); by name it takes every call its supports() accepts. The module (and Gluon) is
     imported at the first supports/impl call, never at `import linattn`."""
     def supports(**call):
         from linattn.ops.gated_delta_rule.gluon import decode
@@ -245,9 +263,7 @@ def _register_gluon():
         from linattn.ops.gated_delta_rule.gluon import decode
         return decode.impl(**call)
 
-    _backends.register("gluon", impl, supports, priority=5, auto=False,
-                       not_auto_reason="not yet gated or timed on a GPU: backend='gluon' by name only "
-                                       "(benchmarks/DECODE_GLUON.md)")
+    _backends.register("gluon", impl, supports, priority=5, auto=True, auto_filter=_gluon_auto_filter)
 
 
 _register_gluon()
