@@ -92,6 +92,8 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
 
 def register(backends) -> None:
     backends.register("gluon", impl, supports, priority=0, auto=False,
-                      not_auto_reason="GPU gate green (round 10), but not yet faster than the Triton forward on "
-                                      "every production row (1.14x at B=1 T>=32k, 0.92x at B=1 T=8k): "
-                                      "backend='gluon' by name only (benchmarks/GLUON_FWD.md)")
+                      not_auto_reason="GPU gate green (round 10); by CUDA-graph replay faster than the Triton "
+                                      "forward where N*HV <= 64 (1.08-1.48x, round 11) and 0.96-0.98x elsewhere, "
+                                      "but an eager call pays ~170 us of Gluon launch and TMA descriptor host "
+                                      "time: backend='gluon' by name only until the cached host path is timed "
+                                      "(benchmarks/GLUON_FWD.md)")
