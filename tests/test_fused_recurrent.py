@@ -380,6 +380,25 @@ def test_persistent_one_token_kernel(state_dtype, inplace):
         assert torch.equal(ht[padded], torch.zeros_like(ht[padded]))
 
 
+def test_persistent_exact_program_count():
+    """A 5th config element sets the persistent grid's program count: 3 programs over 24 tiles (8 each) and 5
+    (uneven) give the one-tile kernel's result."""
+    N, H, HV, K, V = 3, 2, 4, 32, 32
+    x = _inputs(N, 1, H, HV, K, V, initial_state=False)
+    pool = torch.randn(N + 2, HV, K, V)
+    idx = torch.tensor([4, 0, 2])
+    want_pool = pool.clone()
+    want = fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, want_pool, None, idx, None,
+                                   None, False, False, False, True, config=(16, 1, 0, 0))[0]
+    for programs in (3, 5):
+        got_pool = pool.clone()
+        o = poison_(torch.empty_like(x["v"]))
+        fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, got_pool, None, idx, None,
+                                None, False, False, False, True, config=(16, 1, 2, 1, programs), out=o)
+        assert_close("o", o.double(), want.double(), F32)
+        assert_close("pool", got_pool.double(), want_pool.double(), F32)
+
+
 def test_persistent_kernel_refuses_multi_token_and_varlen():
     x = _inputs(2, 3, 2, 2, 16, 16)
     with pytest.raises(ValueError, match="one token per sequence"):

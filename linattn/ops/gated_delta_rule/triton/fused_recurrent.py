@@ -276,7 +276,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     requested. The arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`:
     optional preallocated contiguous outputs (tests pass NaN-poisoned ones); `config` = (BV, num_warps) overrides
     the heuristic (the GPU bench sweeps it); (BV, num_warps, NUM_STAGES, programs_per_SM) with NUM_STAGES >= 1
-    selects the persistent one-token kernel (T = 1, no cu_seqlens), NUM_STAGES = 0 the one-tile kernel."""
+    selects the persistent one-token kernel (T = 1, no cu_seqlens), NUM_STAGES = 0 the one-tile kernel; a fifth
+    element, when not None, sets the persistent grid's program count exactly (the sweep's tail experiment: a
+    count that divides the tile count gives every program the same number of tiles)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if state_indices is not None:
@@ -303,8 +305,10 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     n_tiles = N * HV * triton.cdiv(V, BV)
     if n_tiles == 0:
         return o, ht
+    programs = None
     if config is not None:
         persistent = tuple(config[2:4]) if len(config) >= 4 and config[2] >= 1 else None
+        programs = config[4] if len(config) >= 5 else None
         if persistent is not None and (T != 1 or cu_seqlens is not None):
             raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
     else:
@@ -321,7 +325,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if persistent is not None:
             stages, per_sm = persistent
-            grid = (min(n_tiles, per_sm * num_sms),)
+            grid = (min(n_tiles, programs or per_sm * num_sms),)
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
                 q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
                 float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NUM_STAGES=stages,
