@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
-# Steps: fwd (forward gate + FLA timing), bwd, decode, decode_gluon, split (segment-parallel state pass), matmul,
+# Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), bwd, decode, decode_gluon, split (segment-parallel state pass), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and
@@ -61,6 +61,20 @@ for step in "$@"; do
     prod_cold|prod_hv32|prod_hv64|prod_hv8)
             python3 -c "import flash_qla" 2>&1 | tail -1
             timeout ${PROD_TIMEOUT:-570} bash benchmarks/gpu/bench_production.sh ${step#prod_} ;;
+    ncu)    # hardware counters of one forward per (backend, shape): benchmarks/gpu/ncu_fwd.py (NCU_CASES to change;
+            # 2 files per case: use PACK=1)
+            NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            if [ -z "$NCU" ]; then echo "ncu not found"; else
+              for c in ${NCU_CASES:-triton:1:65536 gluon:1:65536 fla:1:65536 triton:8:4096}; do
+                IFS=: read -r be b t <<< "$c"
+                timeout 150 "$NCU" --clock-control none --profile-from-start off --csv --page details \
+                  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+                  python3 benchmarks/gpu/ncu_fwd.py run --backend $be --B $b --T $t > "$OUT/ncu_${be}_B${b}_T${t}.csv" 2> "$OUT/ncu_${be}_B${b}_T${t}.err"
+                echo "ncu $c exit $?"; tail -3 "$OUT/ncu_${be}_B${b}_T${t}.err"
+              done
+              python3 benchmarks/gpu/ncu_fwd.py summarize --out "$OUT" "$OUT"/ncu_*.csv
+            fi ;;
     demo)   timeout 120 python3 -m linattn.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
     imports) python3 -c "import torch, triton, fla, linattn; print('fla', fla.__version__)"; python3 -c "import flash_qla; print('flash_qla', flash_qla.__version__)" 2>&1 | tail -1 ;;
     *) echo "unknown step $step" ;;
