@@ -5,6 +5,9 @@ LINATTN_BACKEND    default backend for ops called with backend="auto" ("auto", "
 LINATTN_LOG        "1" prints the backend choice and every rejection reason once per op and reason.
 LINATTN_GDN_GLUON_VARIANT  state-pass variant of the GDN "gluon" backend: "literal", "tma" or "wgmma"
                    (default: "" = the launcher's default, the most advanced variant).
+LINATTN_GLUON_HOST_CACHE  "0" turns off the host-path cache of the GDN Gluon state pass (launch plans per call
+                   signature, descriptors cloned from a template, compiled-handle launch; gluon/launcher.py), for
+                   A/B timing; read at import; default on.
 LINATTN_GDN_SPLIT_STATE   "1": the Triton GDN forward runs its state pass segment-parallel
                    (triton/chunk_state_split.py) where that helps; default off (the plain pass).
 LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (default 0 = automatic); when set,
@@ -35,6 +38,10 @@ class _Settings:
     @property
     def gdn_gluon_variant(self) -> str:
         return os.environ.get("LINATTN_GDN_GLUON_VARIANT", "").strip().lower()
+
+    @property
+    def gluon_host_cache(self) -> bool:
+        return os.environ.get("LINATTN_GLUON_HOST_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
 
     @property
     def gdn_split_state(self) -> bool:
