@@ -7,101 +7,15 @@ JIT's binding and cache lookup, the launcher call) runs and can be timed and pro
 Kernels are really compiled (for sm_90a, as `linattn inspect` does) on the first call of each signature.
 What this does not include: the C launcher (cuLaunchKernelEx) and, for Gluon, its cuTensorMapEncodeTiled per
 descriptor; benchmarks/gpu/matmul_gate.py section `host` measures those on the H200. Tests use it to check that
-the compiled-handle launch passes the launcher exactly what the JIT passes.
+the compiled-handle launch passes the launcher exactly what the JIT passes. The stand-in driver and the timing
+helpers are generic: linattn/runtime/hostsim.py.
 """
 from __future__ import annotations
 
-import contextlib
-import time
-from typing import List
-
 import torch
 
-H200_SMS = 132
-
-
-class _Launcher:
-    def __init__(self, sink: List, src, metadata):
-        self.sink, self.name = sink, metadata.name
-
-    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
-        # args: packed metadata, launch metadata, enter hook, exit hook, then every kernel argument
-        self.sink.append((self.name, (gridX, gridY, gridZ), args[4:]))
-
-
-class _Utils:
-    def get_device_properties(self, device):
-        return {"max_shared_mem": 232448, "multiprocessor_count": H200_SMS, "max_num_regs": 65536,
-                "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6144}
-
-    def load_binary(self, name, kernel, shared, device):
-        return None, 1, 128, 0, 1024          # module, function, n_regs, n_spills, n_max_threads
-
-
-class FakeCudaDriver:
-    """Enough of triton's CudaDriver for JITFunction.run and CompiledKernel launches to complete."""
-
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-        self.target = GPUTarget("cuda", 90, 32)
-        self.utils = _Utils()
-        self.launches: List = []
-        self.launcher_cls = lambda src, metadata: _Launcher(self.launches, src, metadata)
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def set_current_device(self, device):
-        pass
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def is_active(self):
-        return True
-
-
-@contextlib.contextmanager
-def fake_hopper():
-    """Within: Triton's active driver is a FakeCudaDriver and linattn's device facts say H200. Yields the driver
-    (its .launches lists every launch). Not for use under TRITON_INTERPRET=1 (Triton kernels are interpreted)."""
-    from triton.runtime.driver import driver
-    import linattn.runtime.device as device_mod
-    from linattn.runtime.device import DeviceFacts
-    fake = FakeCudaDriver()
-    facts = DeviceFacts("cuda", "NVIDIA H200 (simulated)", (9, 0), H200_SMS, 232448, 0)
-    saved_active, saved_facts = driver._active, device_mod.device_facts
-    driver.set_active(fake)
-    device_mod.device_facts = lambda device=None: facts
-    try:
-        yield fake
-    finally:
-        driver._active = saved_active
-        device_mod.device_facts = saved_facts
-
-
-def per_call_us(fn, calls: int) -> float:
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def _normalise(x):
-    """A launch argument as comparable data: tensors by pointer/shape/strides, descriptors by their fields."""
-    if isinstance(x, torch.Tensor):
-        return ("tensor", x.data_ptr(), tuple(x.shape), tuple(x.stride()), str(x.dtype))
-    if hasattr(x, "block_shape") and hasattr(x, "base"):
-        return ("desc", _normalise(x.base), list(x.shape), list(x.strides), list(x.block_shape), repr(x.layout),
-                getattr(x, "padding", None))
-    return x
+from linattn.runtime.hostsim import (H200_SMS, FakeCudaDriver, fake_hopper, per_call_us,  # noqa: F401
+                                     count_jit_runs as _count_jit_runs, normalise as _normalise)
 
 
 def check_launch_paths(calls: int = 300) -> dict:
@@ -139,21 +53,6 @@ def check_launch_paths(calls: int = 300) -> dict:
                              kernels=[k for k, _, _ in ref], jit_runs={v: r["jit_runs"] for v, r in rec.items()},
                              us={v: round(r["us"], 1) for v, r in rec.items()})
     return res
-
-
-@contextlib.contextmanager
-def _count_jit_runs():
-    from triton.runtime.jit import JITFunction
-    count, orig = [0], JITFunction.run
-
-    def run(self, *args, **kwargs):
-        count[0] += 1
-        return orig(self, *args, **kwargs)
-    JITFunction.run = run
-    try:
-        yield count
-    finally:
-        JITFunction.run = orig
 
 
 def _strip_workspace(launches):

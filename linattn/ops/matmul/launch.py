@@ -1,5 +1,7 @@
 """The per-call host path shared by the matmul launchers: launch plans cached per call signature, and an
-optional launch through the compiled-kernel handle.
+optional launch through the compiled-kernel handle. The machinery is generic and lives in
+linattn/runtime/host_path.py (the GDN Gluon state pass uses it too); this module holds matmul's switches and
+binds them to it, under the names the matmul code and its tests use.
 
 Why: on the H200 (round 6) a 25 us GEMM (2000x3000x1000) took ~190 us per call on both paths; everything in
 front of the kernel is host Python. A *plan* holds what depends only on the call's signature (shapes, strides,
@@ -25,16 +27,13 @@ or, for a whole process, LINATTN_MATMUL_HANDLE=0 in the environment (read at imp
 """
 from __future__ import annotations
 
-import contextlib
 import os
-from dataclasses import dataclass
 from typing import Any, Dict, Hashable, Optional
 
-
-@dataclass
-class HostPath:
-    plan_cache: bool = True      # reuse launch plans per call signature
-    handle: bool = True          # launch through the cached CompiledKernel (gated on the H200 in round 9)
+from linattn.runtime import host_path as _hp
+from linattn.runtime.host_path import HostPath, MAX_PLANS as _MAX_PLANS  # noqa: F401 (re-exported)
+from linattn.runtime.host_path import KNOWN_DESCRIPTOR_FIELDS as _KNOWN_DESCRIPTOR_FIELDS  # noqa: F401
+from linattn.runtime.host_path import usable_handle as _usable_handle  # noqa: F401
 
 
 def _handle_default() -> bool:
@@ -43,93 +42,33 @@ def _handle_default() -> bool:
 
 host_path = HostPath(handle=_handle_default())
 
-_MAX_PLANS = 4096
 
-
-@contextlib.contextmanager
 def host_path_options(plan_cache: Optional[bool] = None, handle: Optional[bool] = None):
-    """Temporarily switch the host-path options (restored on exit)."""
-    saved = (host_path.plan_cache, host_path.handle)
-    if plan_cache is not None:
-        host_path.plan_cache = plan_cache
-    if handle is not None:
-        host_path.handle = handle
-    try:
-        yield host_path
-    finally:
-        host_path.plan_cache, host_path.handle = saved
+    """Temporarily switch the matmul host-path options (restored on exit)."""
+    return host_path.options(plan_cache=plan_cache, handle=handle)
 
 
-class PlanCache:
-    """key -> plan, bounded (cleared when full: shapes seen by a real workload are few)."""
+class PlanCache(_hp.PlanCache):
+    """key -> plan, bounded, under matmul's switches (see linattn/runtime/host_path.py)."""
 
-    def __init__(self):
-        self._plans: Dict[Hashable, Any] = {}
-
-    def get(self, key, build):
-        if not host_path.plan_cache:
-            return build()
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans.clear()
-            plan = self._plans[key] = build()
-        return plan
-
-    def clear(self):
-        self._plans.clear()
-
-    def __len__(self):
-        return len(self._plans)
-
-
-def _usable_handle(k) -> bool:
-    # A CompiledKernel launches as k[grid](*args); an async-compile future (k.result) or anything else does not.
-    return k is not None and not hasattr(k, "result") and hasattr(type(k), "__getitem__") and hasattr(k, "run")
+    def __init__(self, host_path_: Optional[HostPath] = None):
+        super().__init__(host_path_ or host_path)
 
 
 def launch(jit_fn, handles: Dict[Hashable, Any], slot: Hashable, grid, args, options: dict):
-    """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included).
-    `handles` (a plan's dict) keeps the CompiledKernel per `slot` for the handle path."""
-    # Per current device, as the JIT's own caches: a handle holds a function loaded in one context. The device is
-    # asked only once a handle exists: the interpreter returns none, and there may be no GPU driver to ask.
-    if host_path.handle and handles:
-        k = handles.get((slot, _current_device()))
-        if k is not None:
-            k[grid](*args)
-            return
-    k = jit_fn[grid](*args, **options)
-    if host_path.handle and _usable_handle(k):
-        handles[(slot, _current_device())] = k
+    """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included), under matmul's
+    switches. `handles` (a plan's dict) keeps the CompiledKernel per `slot` for the handle path."""
+    _hp.launch(host_path, jit_fn, handles, slot, grid, args, options, _current_device)
 
 
 def _current_device():
-    from triton.runtime.driver import driver
-    return driver.active.get_current_device()
+    return _hp.current_device()
 
 
-class DescriptorFactory:
-    """Per-call TensorDescriptors for one plan. The first is built by the constructor (which validates shape,
-    strides, block and layout); later ones copy its fields and swap the base tensor, skipping a re-validation
-    of what the plan key has fixed (the caller checks the 16-byte alignment of each base). A descriptor class
-    with other fields than 3.6's (a future Triton) is always built by its constructor."""
-    __slots__ = ("cls", "spec", "fields")
+class DescriptorFactory(_hp.DescriptorFactory):
+    """Per-call TensorDescriptors for one plan, copied from a validated template (linattn/runtime/host_path.py),
+    under matmul's switches."""
+    __slots__ = ()
 
-    def __init__(self, cls, shape, strides, block_shape, layout):
-        self.cls, self.spec, self.fields = cls, (shape, strides, block_shape, layout), None
-
-    def __call__(self, base):
-        if self.fields is not None and host_path.plan_cache:
-            d = object.__new__(self.cls)
-            d.__dict__.update(self.fields)
-            d.base = base
-            return d
-        d = self.cls(base, *self.spec)
-        if self.fields is None and set(getattr(d, "__dict__", ())) == _KNOWN_DESCRIPTOR_FIELDS:
-            self.fields = {k: v for k, v in d.__dict__.items() if k != "base"}   # no tensor kept alive
-        return d
-
-
-# The fields of triton 3.6's Gluon TensorDescriptor, none derived from the base. A descriptor class with any
-# other field set (a later Triton may derive one from the base) is always built by its constructor.
-_KNOWN_DESCRIPTOR_FIELDS = {"base", "shape", "strides", "block_shape", "layout", "padding"}
+    def __init__(self, cls, shape, strides, block_shape, layout, host_path_: Optional[HostPath] = None):
+        super().__init__(cls, shape, strides, block_shape, layout, host_path_ or host_path)

@@ -1,0 +1,131 @@
+"""The per-call host path of a kernel launch, shared by the matmul launchers (ops/matmul/launch.py) and the GDN
+Gluon state pass (ops/gated_delta_rule/gluon/launcher.py): launch plans cached per call signature, per-call
+TensorDescriptors cloned from a validated template, and a launch through the compiled-kernel handle.
+
+Why (benchmarks/MATMUL.md "Direction 1"): everything in front of a kernel is host Python. A *plan* holds what
+depends only on the call's signature (launch config, grid, constexprs, descriptor shapes, strides, blocks and
+layouts); computing it once per signature leaves, per call, the tensors, the descriptors (they hold the data
+pointers) and the launch. `jit_fn[grid](...)` re-binds and re-specialises every argument and hashes a cache key
+on every call; the first call of a plan goes through it and keeps the CompiledKernel it returns, and with
+`HostPath.handle` on later calls use `compiled[grid](*args)` (the CompiledKernel launcher the JIT ends in, with
+the same argument list, constexprs included). A plan key must fix everything the JIT specialises on (dtypes,
+integer values, 16-byte alignment of pointers, constexprs, num_warps), so the kernel is the one the JIT would
+pick. Feature-detected: a Triton whose JIT returns no usable handle (the interpreter) keeps using the JIT.
+
+Each user owns a HostPath (its switches, read from its own environment variable) and passes it to PlanCache,
+launch and DescriptorFactory. Nothing here allocates on the device or synchronises, so a launch through it is
+as valid inside CUDA-graph capture as the JIT's.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, Optional
+
+MAX_PLANS = 4096
+
+
+@dataclass
+class HostPath:
+    plan_cache: bool = True      # reuse launch plans per call signature
+    handle: bool = True          # launch through the cached CompiledKernel
+
+    @contextlib.contextmanager
+    def options(self, plan_cache: Optional[bool] = None, handle: Optional[bool] = None):
+        """Temporarily switch the options (restored on exit)."""
+        saved = (self.plan_cache, self.handle)
+        if plan_cache is not None:
+            self.plan_cache = plan_cache
+        if handle is not None:
+            self.handle = handle
+        try:
+            yield self
+        finally:
+            self.plan_cache, self.handle = saved
+
+
+class PlanCache:
+    """key -> plan, bounded (cleared when full: shapes seen by a real workload are few). With the host path's
+    plan_cache off, every get builds afresh and stores nothing."""
+
+    def __init__(self, host_path: HostPath):
+        self.host_path = host_path
+        self._plans: Dict[Hashable, Any] = {}
+
+    def get(self, key, build):
+        if not self.host_path.plan_cache:
+            return build()
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = build()
+        return plan
+
+    def clear(self):
+        self._plans.clear()
+
+    def __len__(self):
+        return len(self._plans)
+
+
+def usable_handle(k) -> bool:
+    # A CompiledKernel launches as k[grid](*args); an async-compile future (k.result) or anything else does not.
+    return k is not None and not hasattr(k, "result") and hasattr(type(k), "__getitem__") and hasattr(k, "run")
+
+
+def current_device():
+    from triton.runtime.driver import driver
+    return driver.active.get_current_device()
+
+
+def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hashable, grid, args, options: dict,
+           device_of: Callable[[], Any] = current_device) -> None:
+    """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included).
+    `handles` (a plan's dict) keeps the CompiledKernel per `slot` and device for the handle path."""
+    # Per current device, as the JIT's own caches: a handle holds a function loaded in one context. The device is
+    # asked only once a handle exists: the interpreter returns none, and there may be no GPU driver to ask.
+    if host_path.handle and handles:
+        k = handles.get((slot, device_of()))
+        if k is not None:
+            k[grid](*args)
+            return
+    k = jit_fn[grid](*args, **options)
+    if host_path.handle and usable_handle(k):
+        handles[(slot, device_of())] = k
+
+
+# The fields of triton 3.6's Gluon TensorDescriptor, none derived from the base. A descriptor class with any
+# other field set (a later Triton may derive one from the base) is always built by its constructor.
+KNOWN_DESCRIPTOR_FIELDS = {"base", "shape", "strides", "block_shape", "layout", "padding"}
+
+
+class DescriptorFactory:
+    """Per-call TensorDescriptors for one plan. The first is built by the constructor (which validates shape,
+    strides, block and layout); later ones copy its fields and swap the base tensor, skipping a re-validation
+    of what the plan key has fixed (the caller checks the 16-byte alignment of each base). A descriptor class
+    with other fields than 3.6's (a future Triton) is always built by its constructor, and so is every
+    descriptor while `host_path.plan_cache` is off."""
+    __slots__ = ("cls", "spec", "fields", "host_path", "view")
+
+    def __init__(self, cls, shape, strides, block_shape, layout, host_path: Optional[HostPath] = None):
+        self.cls, self.spec, self.fields, self.host_path = cls, (shape, strides, block_shape, layout), None, host_path
+        self.view = (tuple(shape), tuple(strides))
+
+    def __call__(self, base):
+        if self.fields is not None and (self.host_path is None or self.host_path.plan_cache):
+            d = object.__new__(self.cls)
+            d.__dict__.update(self.fields)
+            d.base = base
+            return d
+        d = self.cls(base, *self.spec)
+        if self.fields is None and set(getattr(d, "__dict__", ())) == KNOWN_DESCRIPTOR_FIELDS:
+            self.fields = {k: v for k, v in d.__dict__.items() if k != "base"}   # no tensor kept alive
+        return d
+
+    def over(self, t):
+        """A descriptor over the whole of t (as TensorDescriptor.from_tensor(t, block, layout)): the template's
+        copy when t's shape and strides are the template's, else one built by the constructor from t's own."""
+        if (t.shape, t.stride()) == self.view:
+            return self(t)
+        return self.cls(t, t.shape, t.stride(), self.spec[2], self.spec[3])
