@@ -43,6 +43,25 @@ def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
     return times[len(times) // 2]
 
 
+def host_us(fn, calls: int = 20) -> float:
+    """Host-clock us per call of fn over `calls` back-to-back calls with no synchronisation inside (after a
+    synchronised warm-up): the Python and launch cost alone while the GPU's launch queue absorbs the kernels
+    (calls x launches per call must stay well under the queue's ~1000 entries)."""
+    import time
+
+    import torch
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t) * 1e6 / calls
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return us
+
+
 def graph_ms(fn, repeats: int = 20) -> float:
     """Median ms of CUDA-graph replays of one call of fn: no host launch cost. Warm-up on a side stream first, as
     torch's graph docs require."""

@@ -17,7 +17,9 @@ Per variant:
  2. only if the gate is green: timing (CUDA events, median of repeats after warm-up) of the state stage alone
     (Gluon variant vs the Triton state kernel on identical inputs; their outputs h, vnew, final state are also
     compared) and of the whole forward (gluon backend vs triton backend), at B=1 T=8192/32768/65536 and
-    B=8 T=4096, H=16 HV=32 K=V=128 bf16.
+    B=8 T=4096, H=16 HV=32 K=V=128 bf16. At B=1 T=8192 and B=8 T=4096 also the gluon forward and state pass
+    with the launcher's host-path cache on and off (gluon/launcher.py host_path; off = the path before the cache,
+    as with LINATTN_GLUON_HOST_CACHE=0): eager ms and host-clock us per call, in the same process.
 The parent merges everything into DIR/gdn_gluon.json with the environment line and prints a table.
 """
 import argparse
@@ -36,8 +38,9 @@ import torch  # noqa: E402
 VARIANTS = ("wgmma", "tma", "literal")     # run order: the most advanced first; the last absorbs unused time
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
 SWEEP_SHAPES = ((1, 65536), (8, 4096))          # --sweep: other state-pass configs timed at these shapes
+HOST_SHAPES = ((1, 8192), (8, 4096))            # the gluon forward also timed with the host-path cache off
 GRAD_SHAPE = (1, 200, 16, 32, 128, 128)          # B, T, H, HV, K, V of the gradient check (warmed up by the parent)
-from common import graph_ms, median_ms  # noqa: E402
+from common import graph_ms, host_us, median_ms  # noqa: E402
 
 BF, FP16 = torch.bfloat16, torch.float16
 
@@ -191,10 +194,35 @@ def timing_row(variant, B, T, sweep=False):
                 row[f"fwd_{backend}_graph_ms"] = graph_ms(call)
             except Exception as e:     # noqa: BLE001
                 row[f"fwd_{backend}_graph_error"] = repr(e)[:300]
+        if (B, T) in HOST_SHAPES:
+            row.update(host_cache_timing(x, glu_run))
         row["fwd_speedup"] = row["fwd_triton_ms"] / row["fwd_gluon_ms"]
         if "fwd_gluon_graph_ms" in row and "fwd_triton_graph_ms" in row:
             row["fwd_graph_speedup"] = row["fwd_triton_graph_ms"] / row["fwd_gluon_graph_ms"]
     return row
+
+
+def host_cache_timing(x, state_run):
+    """The gluon forward (and the state pass alone) with the launcher's host-path cache on (plans + compiled-handle
+    launch, the default) and off (four TensorDescriptor.from_tensor and the JIT launch per call), in this one
+    process: eager ms (CUDA events, back-to-back calls) and host-clock us per call (no synchronisation inside);
+    plus the Triton forward's host-clock us. Prediction in benchmarks/GLUON_FWD.md "Host path"."""
+    import linattn
+    from linattn.ops.gated_delta_rule.gluon.launcher import host_path
+    from linattn.runtime.settings import settings
+
+    def fwd(backend):
+        return lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
+    out = dict(host_cache_default=settings.gluon_host_cache)
+    for tag, on in (("cache", True), ("nocache", False)):
+        with host_path.options(plan_cache=on, handle=on):
+            out[f"fwd_gluon_{tag}_ms"] = median_ms(fwd("gluon"))
+            out[f"fwd_gluon_{tag}_host_us"] = host_us(fwd("gluon"))
+            out[f"state_gluon_{tag}_ms"] = median_ms(state_run)
+            out[f"state_gluon_{tag}_host_us"] = host_us(state_run)
+    out["fwd_triton_host_us"] = host_us(fwd("triton"))
+    out["fwd_host_cache_gain_ms"] = out["fwd_gluon_nocache_ms"] - out["fwd_gluon_cache_ms"]
+    return out
 
 
 # ---------------------------------------------------------------- child: one variant
@@ -267,6 +295,10 @@ def table(results):
                          f"{t['state_speedup']:4.2f}x   {t['fwd_gluon_ms']:7.3f} / {t['fwd_triton_ms']:7.3f} / "
                          f"{t['fwd_speedup']:4.2f}x")
             lines.append(f"{head if i == 0 else ' ' * len(head)}  {cells}")
+            if "fwd_gluon_nocache_ms" in t:
+                lines.append(f"{' ' * len(head)}  {'':10s} host cache on/off: forward {t['fwd_gluon_cache_ms']:7.3f} / "
+                             f"{t['fwd_gluon_nocache_ms']:7.3f} ms eager, {t['fwd_gluon_cache_host_us']:6.1f} / "
+                             f"{t['fwd_gluon_nocache_host_us']:6.1f} us host (triton {t['fwd_triton_host_us']:6.1f})")
     return "\n".join(lines)
 
 
@@ -307,8 +339,15 @@ def dry_run(out_dir, variants):
             cfg = state_config(v, B, 32, 128, num_sms=132)
             name = kernel_name(v, "bf16", cfg.BV, cfg.num_warps, cfg.stages if v != "literal" else 0)
             configs[f"{v} B{B} T{T}"] = dict(name=name, registered=name in registered)
+    from linattn.ops.gated_delta_rule.gluon.launcher import host_path
+    with host_path.options(plan_cache=False, handle=False) as hp:     # the switch host_cache_timing flips
+        switch_ok = not hp.plan_cache and not hp.handle
+    host_shapes_ok = all(s in TIMING_SHAPES for s in HOST_SHAPES)
     out = dict(cases=[c[0] for c in cs], unsupported_cases=bad, bad_varlen=lens_ok, configs=configs,
-               passed=not bad and not lens_ok and all(c["registered"] for c in configs.values()))
+               host_cache=dict(default=[host_path.plan_cache, host_path.handle], switch_ok=switch_ok,
+                               shapes=[f"B{b} T{t}" for b, t in HOST_SHAPES], shapes_timed=host_shapes_ok),
+               passed=not bad and not lens_ok and all(c["registered"] for c in configs.values()) and switch_ok
+               and host_shapes_ok)
     print(json.dumps(out, indent=1))
     if out_dir:
         _write(os.path.join(out_dir, "gdn_gluon_dryrun.json"), out)

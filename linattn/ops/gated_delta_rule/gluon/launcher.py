@@ -6,6 +6,13 @@ same tensors in (k, w, u, gcum, initial state, chunk plan) and out (h, vnew, fin
 
 Variants (benchmarks/GLUON_FWD.md): "literal" (masked global loads, mma.sync), "tma" (TMA ring, mma.sync),
 "wgmma" (TMA ring, warpgroup_mma). All need K == V == 128 and 16-bit q/k/v (backend.py checks the call).
+
+Host path (linattn/runtime/host_path.py, as the matmul's): `chunk_state_gluon` keeps a launch plan per call
+signature (kernel, config, grid, constexprs, one descriptor template per TMA operand) and launches through the
+compiled kernel's handle after the first call, instead of four TensorDescriptor.from_tensor and the JIT's
+binding per call (~70 us per call on this CPU's simulation, ~150 us on the H200's host). `state_launch` is the
+uncached path: LINATTN_GLUON_HOST_CACHE=0 (read at import) or `host_path.options(plan_cache=False,
+handle=False)` takes it; tests/test_gluon_state_host.py checks that both give the kernel the same arguments.
 """
 from __future__ import annotations
 
@@ -13,6 +20,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from linattn.runtime.host_path import DescriptorFactory, HostPath, PlanCache, launch
+from linattn.runtime.settings import settings
 
 VARIANTS = ("literal", "tma", "wgmma")
 DEFAULT_VARIANT = "wgmma"
@@ -92,10 +102,109 @@ def chunk_state_gluon(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: t
     """The state pass on sm_90a. k [B,T,H,K]; w [T_tot,HV,K]; u [T_tot,HV,V]; gcum [T_tot,HV] fp32 (all
     contiguous); writes h [slots,HV,K,V] (k's dtype), vnew [T_tot,HV,V] and, if given, final [N,HV,K,V] fp32;
     initial_state [N,HV,K,V] fp32 or None. plan: the ChunkPlan of triton/chunk_indices.py."""
+    if not host_path.plan_cache:
+        from linattn.runtime.device import device_facts
+        cfg = config or state_config(variant, plan.N, u.shape[1], u.shape[2], device_facts(k.device).num_sms)
+        kernel, grid, args, kwargs = state_launch(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, cfg)
+        kernel[grid](*args, **kwargs)
+        return
+    sp, args = cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, config)
+    launch(host_path, sp.kernel, sp.handles, "state", sp.grid, args, sp.options)
+
+
+# ---------------------------------------------------------------- cached host path
+
+host_path = HostPath(plan_cache=settings.gluon_host_cache, handle=settings.gluon_host_cache)
+
+
+class StatePlan:
+    """What one state-pass launch needs that depends only on the call signature (state_plan_key)."""
+    __slots__ = ("kernel", "cfg", "grid", "constexprs", "options", "descs", "views", "handles")
+
+
+def state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, config):
+    """Everything the plan and the compiled kernel depend on: the variant and config; k's shape and strides (its
+    descriptor view), u's shape (HV, V), the plan's N / T_total / slots (grid, descriptor rows); every tensor
+    argument's dtype and 16-byte alignment (the JIT specialises pointers on both); initial/final state present;
+    the device (its SM count picks the config)."""
+    h0 = initial_state if initial_state is not None else gcum
+    ht = final if final is not None else gcum
+    cu, offs = plan.cu, plan.chunk_offsets
+    # all 16-byte aligned (torch allocations are): one bit; otherwise the bit of each pointer
+    aligned = not ((k.data_ptr() | w.data_ptr() | u.data_ptr() | gcum.data_ptr() | h.data_ptr() | vnew.data_ptr()
+                    | h0.data_ptr() | ht.data_ptr() | cu.data_ptr() | offs.data_ptr()) & 15)
+    return (variant, config, k.shape, k.stride(), u.shape, plan.N, plan.T_total, plan.num_slots,
+            initial_state is not None, final is not None, k.device,
+            k.dtype, w.dtype, u.dtype, gcum.dtype, h.dtype, vnew.dtype, h0.dtype, ht.dtype, cu.dtype, offs.dtype,
+            True if aligned else tuple(t.data_ptr() % 16 == 0 for t in (k, w, u, gcum, h, vnew, h0, ht, cu, offs)))
+
+
+def _make_state_plan(k, w, u, h, plan, variant, config, use_h0: bool, store_ht: bool) -> StatePlan:
     from linattn.runtime.device import device_facts
-    cfg = config or state_config(variant, plan.N, u.shape[1], u.shape[2], device_facts(k.device).num_sms)
-    kernel, grid, args, kwargs = state_launch(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, cfg)
-    kernel[grid](*args, **kwargs)
+    H, K = k.shape[-2], k.shape[-1]
+    HV, V = u.shape[1], u.shape[2]
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    cfg = config or state_config(variant, N, HV, V, device_facts(k.device).num_sms)
+    sp = StatePlan()
+    sp.cfg = cfg
+    sp.grid = (V // cfg.BV, N * HV, 1)
+    consts = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_H0=use_h0, STORE_HT=store_ht)
+    if variant == "literal":
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_literal import chunk_state_fwd_literal_kernel as kern
+        sp.descs = sp.views = None
+    else:
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as kern
+        from linattn.runtime.gluon_compat import TensorDescriptor, gl
+        consts.update(STAGES=cfg.stages, USE_WGMMA=variant == "wgmma")
+        gdt = _gl_dtype(k.dtype)
+        # the 2-D views k [T_tot, H*K], w [T_tot, HV*K], u [T_tot, HV*V], h [slots*HV*K, V]; the templates take
+        # this call's view strides (k's follow its strides, part of the key; the others are the forward's
+        # contiguous buffers) after the alignment copy that the same key's later calls make too
+        sp.views = ((T_tot, H * K), (T_tot, HV * K), (T_tot, HV * V), (slots * HV * K, V))
+        first = (_aligned(k.reshape(sp.views[0])), _aligned(w.view(sp.views[1])), _aligned(u.view(sp.views[2])),
+                 h.view(sp.views[3]))
+        blocks = ([BT, K], [BT, K], [BT, cfg.BV], [K, cfg.BV])
+        sp.descs = tuple(DescriptorFactory(TensorDescriptor, list(t.shape), list(t.stride()), b,
+                                           gl.NVMMASharedLayout.get_default_for(b, gdt), host_path)
+                         for t, b in zip(first, blocks))
+    sp.kernel = kern
+    names = kern.arg_names
+    first_const = names.index("H")
+    assert names[first_const:] == list(consts), (names, list(consts))
+    sp.constexprs = tuple(consts.values())
+    sp.options = {"num_warps": cfg.num_warps}
+    sp.handles = {}
+    return sp
+
+
+_PLANS = PlanCache(host_path)
+
+
+def cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, variant: str = DEFAULT_VARIANT,
+                      config: Optional[StateConfig] = None):
+    """(plan, args): the cached plan of this call's signature and the kernel's full positional argument list
+    (runtime arguments, then the constexprs in the kernel's order), equal to state_launch's args and kwargs."""
+    key = state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, variant, config)
+    sp = _PLANS.get(key, lambda: _make_state_plan(k, w, u, h, plan, variant, config, initial_state is not None,
+                                                   final is not None))
+    h0 = initial_state if initial_state is not None else gcum
+    ht = final if final is not None else gcum
+    if sp.descs is None:
+        return sp, (k, w, u, gcum, h, vnew, h0, ht, plan.cu, plan.chunk_offsets) + sp.constexprs
+    if h.data_ptr() % 16:
+        raise ValueError("h must be 16-byte aligned for the TMA store (the forward allocates it)")
+    kd, wd, ud, hd = sp.descs
+    kv, wv, uv, hv = sp.views
+    # descriptors: the template's copy with this call's base where the view's shape and strides are the
+    # template's (always, for tensors of this signature); built and validated afresh otherwise
+    args = (kd.over(_aligned(k.reshape(kv))), wd.over(_aligned(w.view(wv))), ud.over(_aligned(u.view(uv))), gcum,
+            hd.over(h.view(hv)), vnew, h0, ht, plan.cu, plan.chunk_offsets)
+    return sp, args + sp.constexprs
+
+
+def clear_plans() -> None:
+    """Forget every state-pass launch plan."""
+    _PLANS.clear()
 
 
 def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],

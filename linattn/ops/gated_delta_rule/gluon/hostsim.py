@@ -1,0 +1,155 @@
+"""The host path of the GDN Gluon state pass on a CPU, up to the launch (linattn/runtime/hostsim.py: a stand-in
+Triton driver that says "sm_90, 132 SMs", compiles for real and records each launch instead of making it).
+
+    python -m linattn.ops.gated_delta_rule.gluon.hostsim [--calls 1000] [--forward] [--check]
+
+Default: per-call host microseconds of chunk_state_gluon at B=1 T=8192 and B=8 T=4096 (H=16, HV=32, K=V=128,
+bf16, initial and final state) with the host cache off (the JIT launch with four TensorDescriptor.from_tensor per
+call, as before the cache), plans only, and plans + compiled-handle launch (the default); --forward also times the
+whole gluon forward at B=1 T=8192 (its Triton stages, allocations and chunk plan on CPU tensors: those parts cost
+differently on a GPU host; only the difference between the modes carries over). --check prints
+check_launch_paths() as JSON (tests/test_gluon_state_host.py runs it in a child process). Not included: the C
+launcher and its cuTensorMapEncodeTiled per descriptor, the same in every mode.
+"""
+from __future__ import annotations
+
+import torch
+
+# name: (variant, B, T, H, HV, lens, initial state, final state, dtype): fixed and varlen, with and without
+# initial/final state, GVA and not, each variant; small, so that each compiles in about a second
+CHECK_CASES = {
+    "wgmma_fixed_gva_h0_ht": ("wgmma", 2, 200, 16, 32, None, True, True, torch.bfloat16),
+    "wgmma_varlen_gva_ht": ("wgmma", 1, 300, 16, 32, [1, 63, 65, 171], False, True, torch.bfloat16),
+    "tma_fixed_h0_fp16": ("tma", 1, 130, 4, 4, None, True, False, torch.float16),
+    "literal_varlen_gva_h0_ht": ("literal", 1, 300, 16, 32, [1, 63, 65, 171], True, True, torch.bfloat16),
+}
+MODES = {"jit": dict(plan_cache=False, handle=False),          # the path before the cache (state_launch + JIT)
+         "plan": dict(plan_cache=True, handle=False),
+         "plan+handle": dict(plan_cache=True, handle=True)}     # the default
+TIMING_SHAPES = ((1, 8192), (8, 4096))
+
+
+def state_buffers(B, T, H, HV, lens=None, h0=True, ht=True, dtype=torch.bfloat16):
+    """(plan, (k, w, u, gcum, h, vnew, initial_state, final)) as the forward hands them to the state pass."""
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    K = V = 128
+    cu = None
+    if lens is not None:
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    T_tot, slots, N = plan.T_total, plan.num_slots, plan.N
+    e = torch.empty                 # never read: the launch is recorded, not made (and big buffers stay unmapped)
+    bufs = (e(B, T, H, K, dtype=dtype), e(T_tot, HV, K, dtype=dtype), e(T_tot, HV, V, dtype=dtype), e(T_tot, HV),
+            e(slots, HV, K, V, dtype=dtype), e(T_tot, HV, V, dtype=dtype), e(N, HV, K, V) if h0 else None,
+            e(N, HV, K, V) if ht else None)
+    return plan, bufs
+
+
+def _launches(drv):
+    from linattn.runtime.hostsim import normalise
+    return [(k, g, [normalise(x) for x in args]) for k, g, args in drv.launches]
+
+
+def _pointers(launch, positions=(0, 1, 2, 4)):
+    """The data pointers of the k, w, u and h arguments of a recorded launch (descriptor bases or tensors)."""
+    args = launch[2]
+    return [args[i][1][1] if args[i][0] == "desc" else args[i][1] for i in positions]
+
+
+def check_launch_paths(calls: int = 200) -> dict:
+    """Per case: the launch the stand-in driver receives (kernel, grid, every argument; descriptors by base
+    pointer, shape, strides, block, layout, padding) is the same with the cache off, plans only and plans +
+    handle; with the handle the JIT's run is skipped; a second call on new tensors of the same signature hits
+    the plan and passes the new base pointers; a longer T misses it. Also per-call host us of each mode."""
+    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.runtime.hostsim import count_jit_runs, fake_hopper, per_call_us
+    res = {}
+    with fake_hopper() as drv:
+        for name, (variant, B, T, H, HV, lens, h0, ht, dtype) in CHECK_CASES.items():
+            plan, bufs = state_buffers(B, T, H, HV, lens, h0, ht, dtype)
+
+            def fn():
+                L.chunk_state_gluon(*bufs, plan, variant)
+            rec = {}
+            for mode, opts in MODES.items():
+                with L.host_path.options(**opts):
+                    fn()                                   # compiles / fills the plan and the handle
+                    del drv.launches[:]
+                    with count_jit_runs() as jit_runs:
+                        fn()
+                    rec[mode] = dict(launches=_launches(drv), jit_runs=jit_runs[0], us=per_call_us(fn, calls))
+            ref = rec["jit"]["launches"]
+            # same signature, new tensors: a plan hit, the new base pointers in the descriptors
+            n_plans = len(L._PLANS)
+            plan2, bufs2 = state_buffers(B, T, H, HV, lens, h0, ht, dtype)
+            del drv.launches[:]
+            with count_jit_runs() as jit_runs:
+                L.chunk_state_gluon(*bufs2, plan2, variant)
+            new = _launches(drv)
+            want = [bufs2[i].data_ptr() for i in (0, 1, 2, 4)]
+            hit = dict(plans_added=len(L._PLANS) - n_plans, jit_runs=jit_runs[0],
+                       new_pointers=_pointers(new[0]) == want, first_pointers=_pointers(ref[0]) == want,
+                       same_as_uncached=new == _uncached(L, drv, bufs2, plan2, variant))
+            # a changed shape: a new plan
+            plan3, bufs3 = state_buffers(B, T + 64, H, HV, None if lens is None else lens[:-1] + [lens[-1] + 64],
+                                         h0, ht, dtype)
+            L.chunk_state_gluon(*bufs3, plan3, variant)
+            res[name] = dict(same=all(r["launches"] == ref for r in rec.values()), n_launches=len(ref),
+                             kernels=[k for k, _, _ in ref], grid=list(ref[0][1]),
+                             jit_runs={m: r["jit_runs"] for m, r in rec.items()},
+                             us={m: round(r["us"], 1) for m, r in rec.items()},
+                             hit=hit, miss_plans_added=len(L._PLANS) - n_plans - hit["plans_added"])
+    return res
+
+
+def _uncached(L, drv, bufs, plan, variant):
+    del drv.launches[:]
+    with L.host_path.options(**MODES["jit"]):
+        L.chunk_state_gluon(*bufs, plan, variant)
+    return _launches(drv)
+
+
+def time_modes(calls: int, forward: bool = False, variant: str = "wgmma") -> dict:
+    """us per call of each mode at TIMING_SHAPES (best of 3 means), the state pass alone and optionally the
+    whole gluon forward."""
+    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.runtime.hostsim import fake_hopper, per_call_us
+    out = {}
+    with fake_hopper() as drv:
+        for B, T in TIMING_SHAPES:
+            plan, bufs = state_buffers(B, T, 16, 32)
+            fns = {"state": lambda: L.chunk_state_gluon(*bufs, plan, variant)}
+            if forward and B * T <= 8192:         # larger: the CPU's allocation of the forward's buffers dominates
+                from linattn.testing import make_gdn_inputs
+                x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, device="cpu")
+                fns["forward"] = lambda: L.chunk_gated_delta_rule_fwd_gluon(
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, None, variant)
+            for what, fn in fns.items():
+                for mode, opts in MODES.items():
+                    with L.host_path.options(**opts):
+                        n = calls if what == "state" else max(20, calls // 10)
+                        us = min(per_call_us(fn, n) for _ in range(3))
+                        del drv.launches[:]
+                    out[f"B{B} T{T} {what} {mode}"] = round(us, 1)
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--variant", default="wgmma")
+    ap.add_argument("--forward", action="store_true", help="also time the whole gluon forward")
+    ap.add_argument("--check", action="store_true", help="print check_launch_paths() as JSON and exit")
+    args = ap.parse_args(argv)
+    if args.check:
+        print(json.dumps(check_launch_paths()))
+        return 0
+    for key, us in time_modes(args.calls, args.forward, args.variant).items():
+        print(f"{key:34s} {us:8.1f} us/call (Python host path to the launcher, {args.variant})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
