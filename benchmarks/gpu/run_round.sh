@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
-# Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), bwd, decode, decode_gluon, split (segment-parallel state pass), matmul,
+# Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), bwd, decode, decode_gluon, split (segment-parallel state pass),
+# fused (the Triton forward's state pass and output as one kernel, benchmarks/gpu/fused_fwd_round.py), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and
@@ -38,6 +39,7 @@ for step in "$@"; do
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
     decode_gluon) timeout 150 python3 benchmarks/gpu/decode_gluon_round.py --out "$OUT" ;;
     split)  timeout 200 python3 benchmarks/gpu/split_state_round.py --out "$OUT" ;;
+    fused)  timeout 200 python3 benchmarks/gpu/fused_fwd_round.py --out "$OUT" ;;   # fused stage 3+4 (FUSED_FWD.md)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;

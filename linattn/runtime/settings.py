@@ -12,6 +12,9 @@ LINATTN_GDN_SPLIT_STATE   "1": the Triton GDN forward runs its state pass segmen
                    (triton/chunk_state_split.py) where that helps; default off (the plain pass).
 LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (default 0 = automatic); when set,
                    the split pass is taken for every shape while LINATTN_GDN_SPLIT_STATE=1.
+LINATTN_GDN_FUSED_FWD     "1": the Triton GDN forward runs its state pass and output as one kernel
+                   (triton/chunk_fused_fwd.py; h and vnew never stored) where its caller needs only o and the
+                   final state; default off (stages 3 and 4 apart). Takes precedence over LINATTN_GDN_SPLIT_STATE.
 """
 import os
 from dataclasses import dataclass
@@ -46,6 +49,10 @@ class _Settings:
     @property
     def gdn_split_state(self) -> bool:
         return _flag("LINATTN_GDN_SPLIT_STATE")
+
+    @property
+    def gdn_fused_fwd(self) -> bool:
+        return _flag("LINATTN_GDN_FUSED_FWD")
 
     @property
     def gdn_split_chunks(self) -> int:

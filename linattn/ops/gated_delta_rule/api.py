@@ -32,7 +32,8 @@ def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                    cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                     need_intermediates=False)     # o and the final state only
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 

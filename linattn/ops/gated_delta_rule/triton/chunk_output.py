@@ -10,6 +10,33 @@ import triton.language as tl
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
 
 
+# The three parts of O, one jit helper each, shared with the fused state+output kernel (chunk_fused_fwd.py) so that
+# both round at the same points (each kernel orders the calls for its own register pressure).
+
+@triton.jit
+def chunk_output_inter(b_q, b_h, gam, DOT_PREC: tl.constexpr):
+    """diag(exp(gam)) Q S, fp32 [BT, BV]: q [BT, BK] and the chunk-start state b_h [BK, BV] in the operand dtype."""
+    return tl.dot(b_q, b_h, input_precision=DOT_PREC) * tl.exp(gam)[:, None]
+
+
+@triton.jit
+def chunk_attention(b_q, b_k, gam, BT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """(Q K^T) * Gam * lower_incl in the operand dtype (the left operand of att Vnew); q, k [BT, BK] with rows past
+    the sequence end zero, gam [BT] fp32 (0 past the end). Unscaled: the scale multiplies O."""
+    rows = tl.arange(0, BT)
+    qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+    lower = rows[:, None] >= rows[None, :]
+    # mask before exp (see intra_chunk.py)
+    gmat = tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.))
+    return tl.where(lower, qk * gmat, 0.).to(b_q.dtype)
+
+
+@triton.jit
+def chunk_output_combine(o_inter, att, b_vn, scale, DOT_PREC: tl.constexpr):
+    """O = (o_inter + att Vnew) * scale, fp32; b_vn [BT, BV] in the operand dtype."""
+    return (o_inter + tl.dot(att, b_vn, input_precision=DOT_PREC)) * scale
+
+
 @triton.jit
 def chunk_output_kernel(
     q_ptr, k_ptr, vnew_ptr, h_ptr, gcum_ptr, o_ptr,
@@ -39,12 +66,8 @@ def chunk_output_kernel(
     b_vn = tl.load(p_vn, boundary_check=(0, 1))
     gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
 
-    o_inter = tl.dot(b_q, b_h, input_precision=DOT_PREC) * tl.exp(gam)[:, None]
-    qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-    lower = rows[:, None] >= rows[None, :]
-    # mask before exp (see intra_chunk.py)
-    gmat = tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.))
-    att = tl.where(lower, qk * gmat, 0.).to(b_vn.dtype)
-    o = (o_inter + tl.dot(att, b_vn, input_precision=DOT_PREC)) * scale
+    o_inter = chunk_output_inter(b_q, b_h, gam, DOT_PREC)
+    att = chunk_attention(b_q, b_k, gam, BT, DOT_PREC)
+    o = chunk_output_combine(o_inter, att, b_vn, scale, DOT_PREC)
     p_o = tl.make_block_ptr(o_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
     tl.store(p_o, o.to(o_ptr.dtype.element_ty), boundary_check=(0, 1))

@@ -14,6 +14,34 @@ from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
 
 
 @triton.jit
+def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
+                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """W [BT, BK], U [BT, BV] (fp32), K [BT, BK] of the chunk starting at token t0 (rows past eos zero), its gam [BT]
+    (0 past eos) and gam_C (the last valid row's). Shared with the fused state+output kernel (chunk_fused_fwd.py)."""
+    rows = tl.arange(0, BT)
+    p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
+    p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+    b_w = tl.load(p_w, boundary_check=(0, 1))
+    b_u = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
+    b_k = tl.load(p_k, boundary_check=(0, 1))
+    valid = (t0 + rows) < eos
+    gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+    last = tl.minimum(eos - t0, BT) - 1
+    gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
+    return b_w, b_u, b_k, gam, gam_last
+
+
+@triton.jit
+def state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC: tl.constexpr):
+    """S_next = exp(gam_C) S + (diag(exp(gam_C - gam)) K)^T Vnew, with Vnew already in the operand dtype."""
+    # rows past the sequence end: k was zero-filled, so they add nothing to the state
+    kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+    return s * tl.exp(gam_last) + tl.dot(tl.trans(kdec), vnew_op, input_precision=DOT_PREC)
+
+
+@triton.jit
 def chunk_state_fwd_kernel(
     k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
     h_ptr, vnew_ptr,                           # h [slots, HV, K, V] (chunk-start states), vnew [T_tot, HV, V]
@@ -36,30 +64,18 @@ def chunk_state_fwd_kernel(
     else:
         s = tl.zeros([BK, BV], dtype=tl.float32)
 
-    rows = tl.arange(0, BT)
     for c in range(0, nchunks):
         t0 = bos + c * BT
         slot = (slot0 + c).to(tl.int64)
         tl.store(h_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
                  s.to(h_ptr.dtype.element_ty), mask=mkv)
-        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        b_w = tl.load(p_w, boundary_check=(0, 1))
-        b_u = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        valid = (t0 + rows) < eos
-        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-        last = tl.minimum(eos - t0, BT) - 1
-        gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
-
+        b_w, b_u, b_k, gam, gam_last = state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
+                                                          H, HV, K, V, BT, BK, BV)
         vnew = b_u - tl.dot(b_w, s.to(b_w.dtype), input_precision=DOT_PREC)
         p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         vnew_op = vnew.to(vnew_ptr.dtype.element_ty)
         tl.store(p_vn, vnew_op, boundary_check=(0, 1))
-        # rows past the sequence end: k was zero-filled, so they add nothing to the state
-        kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
-        s = s * tl.exp(gam_last) + tl.dot(tl.trans(kdec), vnew_op, input_precision=DOT_PREC)
+        s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, s, mask=mkv)

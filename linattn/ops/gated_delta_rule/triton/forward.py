@@ -8,6 +8,7 @@ from typing import Callable, Optional
 import torch
 import triton
 
+from linattn.ops.gated_delta_rule.triton.chunk_fused_fwd import chunk_fused_fwd, fused_fwd_wanted
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
@@ -53,12 +54,12 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> FwdConfig:
 class FwdResult:
     o: torch.Tensor
     final_state: Optional[torch.Tensor]
-    # intermediates the backward may reuse
+    # intermediates the backward may reuse (vnew and h are None after the fused stage 3+4: never stored)
     gcum: torch.Tensor
     w: torch.Tensor
     u: torch.Tensor
-    vnew: torch.Tensor
-    h: torch.Tensor
+    vnew: Optional[torch.Tensor]
+    h: Optional[torch.Tensor]
     tinv: Optional[torch.Tensor]
     plan: ChunkPlan
 
@@ -66,12 +67,16 @@ class FwdResult:
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
-                               compute_output: bool = True, state_pass: Optional[Callable] = None) -> FwdResult:
+                               compute_output: bool = True, state_pass: Optional[Callable] = None,
+                               need_intermediates: bool = True) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
     compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
     state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan), when given, replaces stage 3 (the Gluon
-    backend's state pass plugs in here; it must write h, vnew and final exactly as chunk_state_fwd_kernel does)."""
+    backend's state pass plugs in here; it must write h, vnew and final exactly as chunk_state_fwd_kernel does).
+    need_intermediates=False says the caller reads only o and the final state: then, with LINATTN_GDN_FUSED_FWD=1,
+    compute_output, no state_pass and a shape the fused kernel takes (chunk_fused_fwd.fused_fwd_wanted), stages 3
+    and 4 run as one kernel (chunk_fused_fwd.py) and the result's h and vnew are None."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -93,9 +98,17 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
         STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
 
+    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    if (settings.gdn_fused_fwd and compute_output and state_pass is None and not need_intermediates
+            and fused_fwd_wanted(dt, K, dev)):
+        # opt-in (LINATTN_GDN_FUSED_FWD=1): stages 3 and 4 in one kernel, h and vnew never stored
+        o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+        chunk_fused_fwd(q, k, w, u, gcum, o, initial_state, final, plan, scale, H=H, HV=HV, K=K, V=V,
+                        dot_prec=dot_prec)
+        return FwdResult(o, final, gcum, w, u, None, None, tinv, plan)
+
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     if state_pass is not None:
         state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
     elif settings.gdn_split_state and split_state_wanted(plan, HV, V, dev):
