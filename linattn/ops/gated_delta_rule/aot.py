@@ -99,3 +99,51 @@ for _n, _st, _bv, _w, _s, _h, _f in DECODE_CONFIGS:
         f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f), DECODE_INTENDED, div16=DECODE_DIV16,
         description=f"GDN decode step (T=1), Gluon TMA ring, {_st} pool in place, BV={_bv}, {_w} warps, "
                     f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")))
+
+
+# ---- The Triton forward's stage kernels (triton/forward.py) and the opt-in fused stage 3+4 (triton/chunk_fused_fwd.py),
+# so that `linattn inspect` reports their registers, spills, shared memory and SASS mix on a CPU (issue 7, step 2:
+# "registers and spills from linattn inspect"). Configs as forward._configs / fused_config pick them on an H200
+# at H=16, HV=32, K=V=128, bf16: BV_state 32 at B=1 (64 programs of BV=64 would leave SMs idle), 64 at B >= 3.
+_X, _F, _I64, _I32 = "*bf16", "*fp32", "*i64", "*i32"
+# each stage: (module, kernel, signature without constexprs, stage-specific constexprs)
+_TRITON_FWD_STAGES = {
+    "intra": ("intra_chunk", "intra_chunk_wy_kernel",
+              dict(k_ptr=_X, v_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, w_ptr=_X, u_ptr=_X, tinv_ptr=_F,
+                   cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"), dict(STORE_TINV=False)),
+    "state": ("chunk_state", "chunk_state_fwd_kernel",
+              dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=_X, h0_ptr=_F, ht_ptr=_F,
+                   cu_ptr=_I64, chunk_off_ptr=_I64), dict(USE_H0=True, STORE_HT=True)),
+    "output": ("chunk_output", "chunk_output_kernel",
+               dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, o_ptr=_X, cu_ptr=_I64,
+                    chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32", scale="fp32"), {}),
+    "fused": ("chunk_fused_fwd", "chunk_fused_fwd_kernel",
+              dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, o_ptr=_X, h0_ptr=_F, ht_ptr=_F, cu_ptr=_I64,
+                   chunk_off_ptr=_I64, scale="fp32"), dict(USE_H0=True, STORE_HT=True)),
+}
+
+
+def _triton_fwd_build(which: str, BV: int, warps: int, stages: int):
+    def build():
+        import importlib
+        mod, kname, sig, extra = _TRITON_FWD_STAGES[which]
+        fn = getattr(importlib.import_module(f"linattn.ops.gated_delta_rule.triton.{mod}"), kname)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=BV, DOT_PREC="tf32", **extra)
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
+    return build
+
+
+# (name, stage, BV, warps, stages, intended SASS on sm_90a, what it is). Triton lowers the [64, 128]-sized products
+# of stages 3 and 4 to WGMMA (HGMMA) and stage 2's 16-row block products to mma.sync (HMMA).
+TRITON_FWD = [
+    ("gdn_fwd_triton_intra_bv64_w4", "intra", 64, 4, 2, ("HMMA",), "stage 2: gate cumsum, block inverse, W and U"),
+    ("gdn_fwd_triton_state_bv32_w4", "state", 32, 4, 2, ("HGMMA",), "stage 3: state pass, B=1 config"),
+    ("gdn_fwd_triton_state_bv64_w4", "state", 64, 4, 2, ("HGMMA",), "stage 3: state pass, B>=3 config"),
+    ("gdn_fwd_triton_output_bv64_w4", "output", 64, 4, 2, ("HGMMA",), "stage 4: output"),
+    ("gdn_fwd_triton_fused_bv32_w8", "fused", 32, 8, 1, ("HGMMA",), "opt-in fused stage 3+4, B=1 config"),
+]
+for _name, _which, _bv, _w, _s, _intended, _what in TRITON_FWD:
+    register(AotKernel(_name, _triton_fwd_build(_which, _bv, _w, _s), _intended, archs=("sm_90a",),
+                       language="triton",      # torch allocations are 256-byte aligned: the JIT marks pointers so
+                       div16=tuple(n for n, t in _TRITON_FWD_STAGES[_which][2].items() if t.startswith("*")),
+                       description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps"))
