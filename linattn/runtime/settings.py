@@ -15,6 +15,8 @@ LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (def
 LINATTN_GDN_FUSED_FWD     "1": the Triton GDN forward runs its state pass and output as one kernel
                    (triton/chunk_fused_fwd.py; h and vnew never stored) where its caller needs only o and the
                    final state; default off (stages 3 and 4 apart). Takes precedence over LINATTN_GDN_SPLIT_STATE.
+LINATTN_GDN_SPLIT_INTRA   "1": the Triton GDN forward runs its intra-chunk stage as two kernels (A's inverse, then
+                   W and U; triton/intra_split.py) with the same outputs; default off (one kernel).
 """
 import os
 from dataclasses import dataclass
@@ -53,6 +55,10 @@ class _Settings:
     @property
     def gdn_fused_fwd(self) -> bool:
         return _flag("LINATTN_GDN_FUSED_FWD")
+
+    @property
+    def gdn_split_intra(self) -> bool:
+        return _flag("LINATTN_GDN_SPLIT_INTRA")
 
     @property
     def gdn_split_chunks(self) -> int:
