@@ -137,15 +137,22 @@ def plot(result: Dict, path: str) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
-    groups: Dict[tuple, Dict[str, List]] = {}
+    groups: Dict[tuple, Dict[tuple, List]] = {}
     for r in result["rows"]:
         if r["status"] != "ok" or r["shape"].get("lengths"):
             continue
         s = r["shape"]
         key = (r["mode"], f"H{s['H']}/HV{s['HV']} K{s['K']}")
-        groups.setdefault(key, {}).setdefault(f"{r['backend']} B={s['B']}", []).append((s["T"], r["median_ms"]))
+        groups.setdefault(key, {}).setdefault((r["backend"], s["B"]), []).append((s["T"], r["median_ms"]))
     if not groups:
         return "no dense rows to plot"
+    # one colour per backend, one marker per batch size: a panel stays readable with 5 backends x 3 batches
+    backends = sorted({b for g in groups.values() for b, _ in g})
+    batches = sorted({B for g in groups.values() for _, B in g})
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {b: palette[i % len(palette)] for i, b in enumerate(backends)}
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
+    marker = {B: markers[i % len(markers)] for i, B in enumerate(batches)}
     keys = sorted(groups)
     cols = min(3, len(keys))
     nrows = -(-len(keys) // cols)
@@ -153,17 +160,19 @@ def plot(result: Dict, path: str) -> Optional[str]:
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     for ax, key in zip(axes.flat, keys):
-        for backend, pts in sorted(groups[key].items()):
+        for (backend, B), pts in sorted(groups[key].items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker[B], color=colour[backend],
+                    label=f"{backend} B={B}", linestyle="-" if len(pts) > 1 else "none")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
         ax.set_xlabel("T (tokens per sequence)")
         ax.set_ylabel("ms (median)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{result['op']} ({result.get('preset')}): {result.get('env_line', '')[:110]}", fontsize=8)
+        ax.legend(fontsize=6, ncol=2)
+    presets = list(dict.fromkeys(str(result.get("preset", "")).split("+")))
+    fig.suptitle(f"{result['op']} ({'+'.join(presets)}): {result.get('env_line', '')[:110]}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
