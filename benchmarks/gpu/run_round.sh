@@ -40,6 +40,7 @@ for step in "$@"; do
     decode_gluon) timeout 150 python3 benchmarks/gpu/decode_gluon_round.py --out "$OUT" ;;
     split)  timeout 200 python3 benchmarks/gpu/split_state_round.py --out "$OUT" ;;
     fused)  timeout 200 python3 benchmarks/gpu/fused_fwd_round.py --out "$OUT" ;;   # fused stage 3+4 (FUSED_FWD.md)
+    split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;

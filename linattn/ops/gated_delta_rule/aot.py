@@ -147,3 +147,39 @@ for _name, _which, _bv, _w, _s, _intended, _what in TRITON_FWD:
                        language="triton",      # torch allocations are 256-byte aligned: the JIT marks pointers so
                        div16=tuple(n for n, t in _TRITON_FWD_STAGES[_which][2].items() if t.startswith("*")),
                        description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps"))
+
+
+# ---- The opt-in two-kernel stage 2 (triton/intra_split.py, LINATTN_GDN_SPLIT_INTRA=1), at the configs
+# split_intra_config picks for H16/HV32 K=V=128 bf16: kkt_solve (K K^T as one [64, 128] x [128, 64] WGMMA, the
+# inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
+# (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).
+def _split_intra_build(which: str, tinv: str):
+    def build():
+        from linattn.ops.gated_delta_rule.triton import intra_split as m
+        cfg = m.split_intra_config(K, V)
+        if which == "kkt":
+            fn, warps = m.kkt_solve_kernel, cfg.warps_kkt
+            sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
+                       N="i32")
+            const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
+        else:
+            fn, warps = m.wu_kernel, cfg.warps_wu
+            sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
+                       chunk_idx_ptr=_I32, N="i32")
+            const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, DOT_PREC="tf32")
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": 2}
+    return build
+
+
+SPLIT_INTRA = [  # (name, kernel, Tinv type, intended SASS, what it is)
+    ("gdn_fwd_triton_split_kkt_solve_w4", "kkt", _X, ("HGMMA",), "opt-in split stage 2a: gcum and Tinv (bf16)"),
+    ("gdn_fwd_triton_split_kkt_solve_f32_w4", "kkt", _F, ("HGMMA",), "opt-in split stage 2a, fp32 Tinv (backward)"),
+    ("gdn_fwd_triton_split_wu_bv64_w4", "wu", _X, ("HGMMA",), "opt-in split stage 2b: W and U from bf16 Tinv"),
+    ("gdn_fwd_triton_split_wu_f32_bv64_w4", "wu", _F, ("HGMMA",), "opt-in split stage 2b, fp32 Tinv (backward)"),
+]
+_SPLIT_PTRS = {"kkt": ("k_ptr", "g_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "cu_ptr", "chunk_idx_ptr"),
+               "wu": ("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "w_ptr", "u_ptr", "cu_ptr", "chunk_idx_ptr")}
+for _name, _which, _tinv, _intended, _what in SPLIT_INTRA:
+    register(AotKernel(_name, _split_intra_build(_which, _tinv), _intended, archs=("sm_90a",), language="triton",
+                       div16=_SPLIT_PTRS[_which],
+                       description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, 4 warps"))

@@ -14,6 +14,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state_split import chunk_state_split, split_state_wanted
 from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
+from linattn.ops.gated_delta_rule.triton.intra_split import intra_split
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.settings import settings
@@ -92,11 +93,15 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
     u = empty(T_tot, HV, V, dtype=dt, device=dev)
     tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
-    intra_chunk_wy_kernel[(slots, HV)](
-        k, v, g, beta, gcum, w, u, tinv if tinv is not None else gcum,
-        plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
-        STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
+    if settings.gdn_split_intra:
+        # opt-in (LINATTN_GDN_SPLIT_INTRA=1): stage 2 as two kernels (Tinv, then W and U), same outputs
+        intra_split(k, v, g, beta, gcum, w, u, tinv, plan, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec)
+    else:
+        intra_chunk_wy_kernel[(slots, HV)](
+            k, v, g, beta, gcum, w, u, tinv if tinv is not None else gcum,
+            plan.cu, plan.chunk_indices, N,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_intra, BV=cfg.BV_intra,
+            STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
 
     final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     if (settings.gdn_fused_fwd and compute_output and state_pass is None and not need_intermediates

@@ -1,0 +1,168 @@
+"""Stage 2 of the forward as two kernels (opt-in, LINATTN_GDN_SPLIT_INTRA=1): the same outputs as
+intra_chunk_wy_kernel (gdn-math.md, "The chunk form"), in two passes that each keep few registers live and do their
+big products as [64, *] tiles, which Triton lowers to WGMMA on Hopper (intra_chunk_wy_kernel's 16-row products are
+mma.sync, replicated over its 4 warps, with every block live at once: 255 registers).
+
+  kkt_solve  one program per (chunk slot, value head):
+               gam  = cumsum(g)                   (stored to gcum; the one-kernel stage's summation order)
+               A    = strict_lower( diag(beta) K K^T * exp(gam_i - gam_j) )   K K^T: one [64, K] x [K, 64] product
+               Tinv = (I + A)^-1
+             With A = N + L, N its four 16x16 diagonal blocks and L the strictly block-lower rest:
+               D    = (I + N)^-1, the four blocks at once as one batched [4, 16, 16] tensor (one warp per block) by
+                      intra_chunk's nilpotent product (I - N)(I + N^2)(I + N^4)(I + N^8)
+               M    = D L  (strictly block lower over 4 blocks: M^4 = 0)
+               Tinv = (I + M)^-1 D = (I - M)(I + M^2) D = Y - M Y,  Y = D + M^2 D    (four [64, 64] products)
+             That is the one-kernel stage's block forward substitution, unrolled into whole-tile products.
+             Stores Tinv [T_tot, HV, 64]: fp32 when the caller keeps it for the backward (store_tinv; backward_wy.py
+             reads it in fp32), else in k's dtype, the precision W and U consume it at (the one-kernel stage rounds
+             Tinv to k's dtype right before those products too), so the rounded store loses nothing.
+  wu         one program per (chunk slot, value head):
+               W = Tinv diag(beta exp(gam)) K,   U = Tinv diag(beta) V     as [64, 64] x [64, BK | BV] products.
+
+The fp32 products of the inverse run at DOT_PREC like the one-kernel stage's (TF32 for 16-bit inputs, IEEE for
+fp32). Only the association of the substitution and the accumulation order of the products differ from
+intra_chunk_wy_kernel: in fp32 the two agree to ~1e-7 relative; with TF32 to TF32 round-off (2^-11) in Tinv, below
+the 16-bit rounding that follows. Not yet run on a GPU: benchmarks/SPLIT_INTRA.md.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.intra_chunk import _inv_unit_lower16
+from linattn.runtime.alloc import empty
+
+CHUNK = 64
+
+
+@triton.jit
+def kkt_solve_kernel(
+    k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
+    gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
+
+    # gam: a cumsum inside each 16-row block plus the sum of the earlier blocks, the one-kernel stage's order
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
+    sums = tl.sum(g, axis=1)
+    b = tl.arange(0, 4)
+    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
+    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
+    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+
+    # K K^T over K in blocks of BK; rows past the sequence end load as zeros, so their A rows and columns vanish
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    i = tl.arange(0, BT)
+    lower = i[:, None] > i[None, :]
+    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+    a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+
+    # Tinv = (I + A)^-1, A = N + L (N: the 16x16 diagonal blocks, L: the strictly block-lower rest):
+    #   D = (I + N)^-1 blockwise, M = D L (M^4 = 0), Tinv = (I + M)^-1 D = (I - M)(I + M^2) D = Y - M Y
+    F32: tl.constexpr = DOT_PREC
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    rb = tl.arange(0, 4)[:, None, None, None]
+    cb = tl.arange(0, 4)[None, None, :, None]
+    # the diagonal blocks as one [4, 16, 16] tensor: batched products, one warp per block
+    d = _inv_unit_lower16(tl.sum(tl.where(rb == cb, a4, 0.), axis=2), F32)
+    dd = tl.reshape(tl.where(rb == cb, tl.expand_dims(d, 2), 0.), [BT, BT])
+    blk = i // 16
+    l = tl.where(blk[:, None] > blk[None, :], a, 0.)
+    mm = tl.dot(dd, l, input_precision=F32)
+    y = dd + tl.dot(tl.dot(mm, mm, input_precision=F32), dd, input_precision=F32)
+    tinv = y - tl.dot(mm, y, input_precision=F32)
+    tl.store(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], tinv.to(tinv_ptr.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
+def wu_kernel(
+    k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
+    w_ptr, u_ptr,                                 # w [T_tot, HV, K], u [T_tot, HV, V] in k's dtype
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)
+    op = k_ptr.dtype.element_ty
+
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    # Tinv rounded to the operand dtype, as the one-kernel stage multiplies it (rows past the end load as zeros)
+    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
+
+    bg = beta * tl.exp(gam)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * bg[:, None]).to(op)
+        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        tl.store(p_w, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), boundary_check=(0, 1))
+    for vb in range(0, tl.cdiv(V, BV)):
+        p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
+        p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        tl.store(p_u, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), boundary_check=(0, 1))
+
+
+@dataclass(frozen=True)
+class SplitIntraConfig:
+    BK_kkt: int          # K block of the K K^T product in kkt_solve
+    BK: int              # K block of W in wu
+    BV: int              # V block of U in wu
+    warps_kkt: int
+    warps_wu: int
+
+
+def split_intra_config(K: int, V: int) -> SplitIntraConfig:
+    """Frozen launch config (no autotuning), one warpgroup each (WGMMA). At K = V = 128, bf16, sm_90a (ptxas):
+    kkt_solve with K K^T in one K block of 128: 122 registers (64: 130, 32: 122 with twice the WGMMA waits), 48 KB
+    shared, so 4 CTAs per SM; wu with W and U in 64-column blocks: 92 registers (BK = BV = 128: 126, fp32 Tinv 162),
+    so memory traffic from up to 5 CTAs per SM."""
+    return SplitIntraConfig(BK_kkt=max(16, min(128, triton.next_power_of_2(K))),
+                            BK=max(16, min(64, triton.next_power_of_2(K))),
+                            BV=max(16, min(64, triton.next_power_of_2(V))), warps_kkt=4, warps_wu=4)
+
+
+def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: ChunkPlan, *, H: int, HV: int,
+                K: int, V: int, dot_prec: str) -> None:
+    """Fills gcum, w, u (and tinv, fp32 [T_tot, HV, 64], when given) as intra_chunk_wy_kernel does. Without tinv,
+    Tinv goes from kkt_solve to wu through a buffer in k's dtype."""
+    cfg = split_intra_config(K, V)
+    if tinv is None:
+        tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
+    grid = (plan.num_slots, HV)
+    kkt_solve_kernel[grid](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
+    wu_kernel[grid](
+        k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
