@@ -13,6 +13,17 @@ def env_line() -> dict:
     return env
 
 
+def round_result(script: str, device: str, **flags) -> dict:
+    """A round script's result dict as it starts: {"script", "device", **flags, "env": env_line()'s one line (or the
+    error that kept it from being read)}."""
+    res = dict(script=script, device=device, **flags)
+    try:
+        res["env"] = env_line()["line"]
+    except Exception as e:  # noqa: BLE001
+        res["env"] = repr(e)[:200]
+    return res
+
+
 def write_json(path: str, obj) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout
 import torch  # noqa: E402
-from common import graph_ms, median_ms  # noqa: E402
+from common import graph_ms, median_ms, round_result  # noqa: E402
 
 BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TIMING_SHAPES = ((1, 8192), (1, 32768), (1, 65536), (8, 4096))
@@ -289,12 +289,7 @@ def main():
     if dev == "cpu" and not a.smoke:
         sys.exit("no CUDA device: use --smoke (with TRITON_INTERPRET=1) for a CPU run of the code paths")
     path = os.path.join(a.out, "split_state.json")
-    res = dict(script="split_state_round.py", device=dev, smoke=a.smoke)
-    try:
-        from common import env_line
-        res["env"] = env_line()["line"]
-    except Exception as e:  # noqa: BLE001
-        res["env"] = repr(e)[:200]
+    res = round_result("split_state_round.py", dev, smoke=a.smoke)
     torch.manual_seed(0)
     res["gate"] = []
     for case in gate_cases(a.smoke):
