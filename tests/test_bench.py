@@ -88,6 +88,11 @@ def test_doctor_without_gpu(capsys):
     assert "fla:" in out and "flash_qla:" in out and "Gluon" in out
     assert f"op {OP}:" in out and "auto picks" in out
     assert "reference" in out and "only when requested by name" in out
+    # the decode op has no bench entry: doctor shows its serving calls, and why the Gluon decode is not taken here
+    for label in ("decode step, batch 256, float32 pool", "decode step, batch 256, bfloat16 pool",
+                  "decode step, batch 1, float32 pool"):
+        assert f"op fused_recurrent_gated_delta_rule: {label}" in out
+    assert "the Gluon decode needs an sm_90 GPU" in out or "the interpreter cannot run Gluon kernels" in out
 
 
 def test_verify_refuses_speed_when_gate_fails(capsys):

@@ -19,6 +19,15 @@ def _gluon_line() -> str:
     return f"{'yes' if ok else 'no'}: {reason}" + (f" ({extra})" if extra else "")
 
 
+def _decode_calls(device):
+    from linattn.ops.gated_delta_rule.fused_recurrent import typical_calls
+    return typical_calls(device)
+
+
+# ops without a bench entry: (label, call) pairs that show where `auto` sends their usual calls
+EXTRA_TYPICAL_CALLS = {"fused_recurrent_gated_delta_rule": _decode_calls}
+
+
 def run(args) -> int:
     import torch
     import triton
@@ -53,15 +62,19 @@ def run(args) -> int:
         print("ops: none registered")
     for name, table in sorted(ops.items()):
         bench = bench_op_for_registry(name)
-        if bench is None:
-            print(f"op {name}: backends {table.names()} (no typical call known to the bench registry)")
+        if bench is not None:
+            calls = [("typical call", bench.typical_call(device))]
+        elif name in EXTRA_TYPICAL_CALLS:
+            calls = EXTRA_TYPICAL_CALLS[name](device)
+        else:
+            print(f"op {name}: backends {table.names()} (no typical call known)")
             continue
-        call = bench.typical_call(device)
-        shape = f"q {tuple(call['q'].shape)} v {tuple(call['v'].shape)} {str(call['q'].dtype).replace('torch.', '')}"
-        rows = table.explain(**call)
-        chosen = next((n for n, ok, _ in rows if ok), None)
-        print(f"op {name}: typical call {shape} on {device}: auto picks {chosen or 'NOTHING'}")
-        for n, ok, reason in rows:
-            mark = "picked" if n == chosen else ("accepts" if ok else "rejects")
-            print(f"  {n:<10} {mark:<8} {reason}")
+        for label, call in calls:
+            shape = f"q {tuple(call['q'].shape)} v {tuple(call['v'].shape)} {str(call['q'].dtype).replace('torch.', '')}"
+            rows = table.explain(**call)
+            chosen = next((n for n, ok, _ in rows if ok), None)
+            print(f"op {name}: {label} {shape} on {device}: auto picks {chosen or 'NOTHING'}")
+            for n, ok, reason in rows:
+                mark = "picked" if n == chosen else ("accepts" if ok else "rejects")
+                print(f"  {n:<10} {mark:<8} {reason}")
     return 0

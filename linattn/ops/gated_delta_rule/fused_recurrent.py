@@ -251,6 +251,23 @@ def _gluon_auto_filter(q=None, initial_state=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
+def typical_calls(device):
+    """[(label, call)] for `linattn doctor`: a serving decode step (T = 1, H = HV = 32, K = V = 128, bf16 q/k/v,
+    pool updated in place) at batch 256 with an fp32 and with a bf16 pool, and at batch 1 with an fp32 pool.
+    Uninitialised tensors and a 2-slot pool: supports() reads shapes, dtypes, strides and alignment only."""
+    dev = torch.device(device)
+    H = HV = 32 if dev.type == "cuda" else 2
+    K = V = 128 if dev.type == "cuda" else 32
+    e = lambda *s, dt=torch.bfloat16: torch.empty(*s, device=dev, dtype=dt)  # noqa: E731
+    out = []
+    for B, sd in ((256, torch.float32), (256, torch.bfloat16), (1, torch.float32)):
+        call = dict(q=e(B, 1, H, K), k=e(B, 1, H, K), v=e(B, 1, HV, V), g=e(B, 1, HV, dt=torch.float32),
+                    beta=e(B, 1, HV, dt=torch.float32), initial_state=e(2, HV, K, V, dt=sd),
+                    state_indices=torch.zeros(B, dtype=torch.int32, device=dev), inplace=True, cu_seqlens=None)
+        out.append((f"decode step, batch {B}, {str(sd).replace('torch.', '')} pool", call))
+    return out
+
+
 def _register_gluon():
     """Backend "gluon" (gluon/decode.py: T = 1 pool decode on sm_90a). `auto` picks it only where it was measured
     faster (_gluon_auto_filter); by name it takes every call its supports() accepts. The module (and Gluon) is
