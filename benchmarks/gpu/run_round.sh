@@ -70,7 +70,7 @@ for step in "$@"; do
             if [ -z "$NCU" ]; then echo "ncu not found"; else
               for c in ${NCU_CASES:-triton:1:65536 gluon:1:65536 fla:1:65536 triton:8:4096}; do
                 IFS=: read -r be b t <<< "$c"
-                timeout 150 "$NCU" --clock-control none --profile-from-start off --csv --page details \
+                timeout 120 "$NCU" --clock-control none --profile-from-start off --csv --page details \
                   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
                   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
                   python3 benchmarks/gpu/ncu_fwd.py run --backend $be --B $b --T $t > "$OUT/ncu_${be}_B${b}_T${t}.csv" 2> "$OUT/ncu_${be}_B${b}_T${t}.err"
