@@ -43,14 +43,8 @@ def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    from linattn.bench.timing import event_times_ms
+    times = sorted(event_times_ms(fn, repeats))
     return times[len(times) // 2]
 
 

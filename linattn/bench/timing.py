@@ -54,6 +54,19 @@ def _summary(times: List[float], method: str, n_sets: int) -> Dict:
                 times_ms=times, timing=method, input_sets=n_sets)
 
 
+def event_times_ms(run: Callable, repeats: int) -> List[float]:
+    """ms of each of `repeats` calls of run(), by a CUDA event pair around each call (one synchronisation at the
+    end), in call order."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
 def time_calls(fn: Callable, arg_sets: List, repeats: int, warmup: int, device, use_graph: bool = True) -> Dict:
     """Median / min / max milliseconds per call. `arg_sets`: [(kwargs, leaves, grad outputs)] cycled through;
     each repeat runs every set once and is divided by their number."""
@@ -95,14 +108,7 @@ def time_calls(fn: Callable, arg_sets: List, repeats: int, warmup: int, device, 
             torch.cuda.synchronize()
             method = f"cuda events (eager; graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160]})"
     run()                                           # one untimed replay: the graph's first launch uploads it
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        run()
-        e.record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) / n for s, e in zip(starts, ends)]
+    times = [t / n for t in event_times_ms(run, repeats)]
     del graph
     return _summary(times, method, n)
 
