@@ -109,7 +109,7 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
         pytest.skip("CPU behaviour")
     monkeypatch.delenv("LINATTN_BACKEND", raising=False)
     table = op_backends("chunk_gated_delta_rule")
-    assert "gluon" in table.names() and not table.backends["gluon"].auto
+    assert "gluon" in table.names() and table.backends["gluon"].auto_filter is not None
     x = make_gdn_inputs(1, 70, 2, 4, 128, 128, dtype=torch.bfloat16, device="cpu")
     ok, reason = table.backends["gluon"].supports(**x)
     assert not ok and reason
@@ -118,6 +118,46 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
     assert table.select("auto", **x).name == "triton"
     rows = {name: (ok, why) for name, ok, why in table.explain(**x)}
     assert rows["gluon"][0] is False and rows["gluon"][1]
+
+
+def test_auto_hands_gluon_only_what_it_was_measured_faster_on(monkeypatch):
+    """With the Gluon backend's supports() pretending a Hopper GPU (none here), `auto` picks it for N*HV <= 64
+    sequence-heads when the call is long (T_total >= 32768) or captured into a CUDA graph, and keeps the rest on
+    Triton with a reason; by name it takes them all."""
+    import dataclasses
+
+    from linattn.backends import op_backends
+    from linattn.ops.gated_delta_rule.gluon import backend
+    monkeypatch.delenv("LINATTN_BACKEND", raising=False)
+    table = op_backends("chunk_gated_delta_rule")
+    real = table.backends["gluon"]
+    monkeypatch.setitem(table.backends, "gluon", dataclasses.replace(real, supports=lambda **_: (True, "")))
+    long_T = backend.GLUON_AUTO_MIN_EAGER_TOKENS
+
+    def call(B, T, HV, cu=None):
+        e = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt)  # noqa: E731
+        return dict(q=e(B, T, 2, 128), k=e(B, T, 2, 128), v=e(B, T, HV, 128), g=e(B, T, HV, dt=torch.float32),
+                    beta=e(B, T, HV, dt=torch.float32), initial_state=None, cu_seqlens=cu)
+
+    def picked(**c):
+        name = table.select("auto", **c).name
+        why = {n: r for n, ok, r in table.explain(**c)}["gluon"]
+        assert (why == "") == (name == "gluon"), why
+        assert table.select("gluon", **c).name == "gluon"
+        return name, why
+
+    assert picked(**call(1, long_T, 32))[0] == "gluon"                  # B1 HV32: N*HV = 32
+    assert picked(**call(1, long_T, 64))[0] == "gluon"                  # N*HV = 64
+    name, why = picked(**call(1, long_T, 128))
+    assert name == "triton" and "N*HV = 128" in why
+    name, why = picked(**call(1, long_T // 4, 32))                      # eager, short
+    assert name == "triton" and "eager" in why
+    cu = torch.tensor([0, 100, long_T // 2, long_T], dtype=torch.int64)  # varlen: N = 3 sequences of one row
+    assert picked(**call(1, long_T, 16, cu))[0] == "gluon"              # N*HV = 48
+    assert picked(**call(1, long_T, 32, cu))[0] == "triton"             # N*HV = 96
+    assert not backend._capturing(torch.empty(1))                       # a CPU tensor is never captured
+    monkeypatch.setattr(backend, "_capturing", lambda q: True)
+    assert picked(**call(1, long_T // 4, 32))[0] == "gluon"             # short, but under capture
 
 
 def test_gluon_backend_reasons_without_interpreter(monkeypatch):

@@ -128,13 +128,19 @@ def test_backward_matches_fp64_reference(monkeypatch, B, T, H, HV, K, V, extra):
     assert calls[0] is None and calls[1].dtype == torch.float32
 
 
-def test_default_is_one_kernel(monkeypatch):
+def test_default_is_split_and_zero_turns_it_off(monkeypatch):
+    """Default on since round 12 (faster on the H200, GPU gate green); LINATTN_GDN_SPLIT_INTRA=0 gives the one-kernel
+    stage back."""
     monkeypatch.delenv("LINATTN_GDN_SPLIT_INTRA", raising=False)
     calls = _spy(monkeypatch)
     x = make_gdn_inputs(1, 70, 1, 1, 16, 16, dtype=torch.float32)
     with torch.no_grad():
         linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
-    assert calls == []
+    assert len(calls) == 1
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "0")
+    with torch.no_grad():
+        linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+    assert len(calls) == 1
 
 
 def test_config_at_production_shape():

@@ -42,8 +42,10 @@ METRICS = {
     "l2_hit_rate_pct": ("L2 Hit Rate",),
     "waves_per_sm": ("Waves Per SM",),
 }
+# the H200's ncu (round 12) writes "ns"/"us"/"ms"/"s" for durations, older versions "nsecond" etc.
 UNIT_SCALE = {("duration_us", "msecond"): 1e3, ("duration_us", "nsecond"): 1e-3, ("duration_us", "usecond"): 1.0,
-              ("duration_us", "second"): 1e6, ("smem_per_block_kb", "byte"): 1 / 1024,
+              ("duration_us", "second"): 1e6, ("duration_us", "ms"): 1e3, ("duration_us", "ns"): 1e-3,
+              ("duration_us", "us"): 1.0, ("duration_us", "s"): 1e6, ("smem_per_block_kb", "byte"): 1 / 1024,
               ("smem_per_block_kb", "Kbyte"): 1.0, ("smem_per_block_kb", "Mbyte"): 1024.0}
 
 

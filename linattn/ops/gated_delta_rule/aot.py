@@ -149,7 +149,7 @@ for _name, _which, _bv, _w, _s, _intended, _what in TRITON_FWD:
                        description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps"))
 
 
-# ---- The opt-in two-kernel stage 2 (triton/intra_split.py, LINATTN_GDN_SPLIT_INTRA=1), at the configs
+# ---- The two-kernel stage 2 (triton/intra_split.py; the default since round 12), at the configs
 # split_intra_config picks for H16/HV32 K=V=128 bf16: kkt_solve (K K^T as one [64, 128] x [128, 64] WGMMA, the
 # inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
 # (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).

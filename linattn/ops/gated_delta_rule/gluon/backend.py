@@ -1,7 +1,8 @@
 """The "gluon" backend of chunk_gated_delta_rule: Triton intra-chunk and output stages, Gluon state pass (sm_90a).
 
-Registered by api.py with auto=False: it runs only when asked for by name (backend="gluon" or
-LINATTN_BACKEND=gluon) until its GPU gate is green. The forward is the torch custom op
+Registered by api.py with auto=True and an auto filter (_auto_filter): `auto` takes it only for the calls where it
+was measured faster than the Triton forward (few sequence-heads, and either a long call or a CUDA-graph capture);
+by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every call supports() accepts. The forward is the torch custom op
 "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward is the Triton backward
 ("linattn::chunk_gdn_bwd"), which recomputes the intermediates from the saved inputs, so gradients do not depend
 on the variant. The state-pass variant comes from LINATTN_GDN_GLUON_VARIANT (literal | tma | wgmma), read per
@@ -90,10 +91,37 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)
 
 
+# Where `auto` sends a call the Gluon state pass supports (measured on the H200, benchmarks/RESULTS.md):
+# - N*HV <= 64 sequence-heads: CUDA-graph replay 1.08-1.48x the Triton forward (round 11: H16/HV32 B1 1.14-1.15x,
+#   H16/HV64 B1 1.08-1.09x, H2/HV8 B1 1.44-1.48x, B4 1.18x, B8 1.09x); at N*HV = 256 0.96-0.98x, so Triton there
+#   (its state pass then has enough programs; N*HV = 128 was not timed and stays on Triton).
+# - an eager call (not under CUDA-graph capture) also needs T_total >= 32768 tokens: round 12, eager B1 T8192 took
+#   1.235 ms against Triton's 1.054 (both host-bound: ~1.1 ms of host time per call for 0.56-0.64 ms of GPU work,
+#   the Gluon launch adding ~120 us), while eager B1 T32768 and T65536 ran 1.14x faster.
+GLUON_AUTO_MAX_SEQ_HEADS = 64
+GLUON_AUTO_MIN_EAGER_TOKENS = 32768
+
+
+def _capturing(q: torch.Tensor) -> bool:
+    """Whether this call is being captured into a CUDA graph (a host-side flag: no synchronisation). A CPU build of
+    torch raises on the query, hence the device test first."""
+    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
+    HV = v.shape[2]
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    if N * HV > GLUON_AUTO_MAX_SEQ_HEADS:
+        return False, (f"N*HV = {N * HV} > {GLUON_AUTO_MAX_SEQ_HEADS} sequence-heads: the Triton state pass has "
+                       f"enough programs there and was as fast (round 11: 0.96-0.98x at N*HV = 256); "
+                       f"backend='gluon' by name")
+    tokens = q.shape[0] * q.shape[1]
+    if tokens < GLUON_AUTO_MIN_EAGER_TOKENS and not _capturing(q):
+        return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: host-bound, and the "
+                       f"Gluon launch adds host time (round 12, B1 T8192: 1.235 vs 1.054 ms eager); taken under "
+                       f"CUDA-graph capture (1.15x there); backend='gluon' by name")
+    return True, ""
+
+
 def register(backends) -> None:
-    backends.register("gluon", impl, supports, priority=0, auto=False,
-                      not_auto_reason="GPU gate green (round 10); by CUDA-graph replay faster than the Triton "
-                                      "forward where N*HV <= 64 (1.08-1.48x, round 11) and 0.96-0.98x elsewhere, "
-                                      "but an eager call pays ~170 us of Gluon launch and TMA descriptor host "
-                                      "time: backend='gluon' by name only until the cached host path is timed "
-                                      "(benchmarks/GLUON_FWD.md)")
+    backends.register("gluon", impl, supports, priority=0, auto=True, auto_filter=_auto_filter)

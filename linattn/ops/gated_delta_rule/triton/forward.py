@@ -94,7 +94,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     u = empty(T_tot, HV, V, dtype=dt, device=dev)
     tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
     if settings.gdn_split_intra:
-        # opt-in (LINATTN_GDN_SPLIT_INTRA=1): stage 2 as two kernels (Tinv, then W and U), same outputs
+        # default (LINATTN_GDN_SPLIT_INTRA=0 turns it off): stage 2 as two kernels (Tinv, then W and U), same
+        # outputs; round 12 on the H200: stage 2 1.32-1.47x, forward 1.09-1.18x (benchmarks/SPLIT_INTRA.md)
         intra_split(k, v, g, beta, gcum, w, u, tinv, plan, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec)
     else:
         intra_chunk_wy_kernel[(slots, HV)](
