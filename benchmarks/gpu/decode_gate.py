@@ -353,7 +353,9 @@ def sweep() -> dict:
     """Launch configs around the heuristic's choice, timed like the bench (fp32 and bf16 pools, inplace, T = 1,
     H = HV = 32): data for decode_launch_config / decode_persistent_config, not a gate. A config is
     (BV, num_warps, NUM_STAGES, programs per SM); NUM_STAGES = 0 is the one-tile kernel, >= 1 the persistent
-    one. Each config's result on one call is checked against the one-tile kernel's (same math, same inputs)."""
+    one; a 5th element sets the persistent program count, a 6th names opt-in kernel variants ("+"-joined keys of
+    PERSISTENT_VARIANTS). Each config's result on one call is checked against the one-tile kernel's (same math,
+    same inputs), so a fast but wrong variant shows as wrong."""
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import (decode_launch_config, decode_persistent_config,
                                                                      fused_recurrent_gdn_fwd)
     H = HV = 32
@@ -364,9 +366,19 @@ def sweep() -> dict:
     # round 11: tail experiment. At batch 256 (16384 tiles of BV=64) 3 programs per SM give 396 programs walking
     # 41 or 42 tiles each (the slowest 1.5% above the mean); a 5th element sets the program count exactly: 256 or
     # 512 programs walk 64 or 32 tiles each (4 SMs then hold one program fewer)
+    # round 13 (round 12: 289.3 us = 87.7% of copy; 90% is <= 282 us): the persistent kernel's opt-in variants
+    # (streaming state stores; next tile's q, k prefetched; contiguous tile runs per program), BV = 128 at 4
+    # warps (255 registers, no spills: 2 programs per SM, 64 KiB contiguous tiles; 256 programs = 32 tiles each),
+    # and the heuristic's config again last, to read the run-to-run noise against
     for B, sd, configs in ((SWEEP_B, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (64, 8, 2, 2), (128, 8, 2, 1),
                                                      (64, 4, 3, 2), (64, 4, 2, 4), (32, 4, 3, 3),
-                                                     (64, 4, 2, 2, 256), (64, 4, 2, 4, 512), (64, 4, 2, 3, 384)]),
+                                                     (64, 4, 2, 2, 256), (64, 4, 2, 4, 512), (64, 4, 2, 3, 384),
+                                                     (64, 4, 2, 3, None, "store_cs"),
+                                                     (64, 4, 2, 3, None, "prefetch_qk"),
+                                                     (64, 4, 2, 3, None, "contiguous_tiles"),
+                                                     (64, 4, 2, 3, None, "store_cs+prefetch_qk"),
+                                                     (128, 4, 2, 2), (128, 4, 2, 2, 256),
+                                                     (128, 4, 2, 2, 256, "prefetch_qk"), (64, 4, 2, 3)]),
                            (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 8, 0, 0), (64, 8, 2, 2), (128, 8, 2, 1),
                                                       (64, 4, 2, 3), (128, 8, 0, 0)]),
                            (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (32, 4, 2, 4)]),
@@ -396,7 +408,8 @@ def sweep() -> dict:
         want_o = one_call((bv, w, 0, 0), want_pool)
         for cfg in configs:
             row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], stages=cfg[2], per_sm=cfg[3],
-                       programs=cfg[4] if len(cfg) > 4 else None, heuristic=tuple(cfg) == chosen)
+                       programs=cfg[4] if len(cfg) > 4 else None, variant=cfg[5] if len(cfg) > 5 else "",
+                       heuristic=tuple(cfg) == chosen)
             try:
                 got_pool = pool.clone()
                 got_pool[idx[0]] = pool0
@@ -470,7 +483,9 @@ def _print(res):
         print(f"bench error: {b.get('error')}")
     for r in (res.get("sweep") or {}).get("rows", []):
         print(f"sweep B={r['B']} {r['state']} BV={r.get('BV')} warps={r.get('num_warps')} stages={r.get('stages')} "
-              f"per_sm={r.get('per_sm')}{' (heuristic)' if r.get('heuristic') else ''}: "
+              f"per_sm={r.get('per_sm')}" + (f" programs={r['programs']}" if r.get("programs") else "")
+              + (f" variant={r['variant']}" if r.get("variant") else "")
+              + f"{' (heuristic)' if r.get('heuristic') else ''}: "
               + (f"{r['us']:.1f} us {r['state_tb_s']:.2f} TB/s err {r.get('vs_one_tile_rel_pool', -1):.1e}"
                  if "us" in r else str(r.get("error", r.get("skipped")))))
 

@@ -94,17 +94,18 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
 
 @triton.jit
 def _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr):
+                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr,
+                 STORE_CACHE: tl.constexpr):
     """The updated block back into its pool slot (in place; padded rows write nothing), or into row i_n of the
     out-of-place final state (padded rows get zeros)."""
     if INPLACE:
-        tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io)
+        tl.store(h0 + state_off, b_h.to(h0.dtype.element_ty), mask=mask_io, cache_modifier=STORE_CACHE)
     else:
         if INDEXED:
             b_h = tl.where(valid, b_h, 0.0)
         o_k = tl.arange(0, BK)
         p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h)
+        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h, cache_modifier=STORE_CACHE)
 
 
 @triton.jit(do_not_specialize=["T", "num_slots"])
@@ -170,7 +171,8 @@ def fused_recurrent_gdn_fwd_kernel(
             p_g += HV
 
     if STORE_HT:
-        _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE, INDEXED)
+        _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE, INDEXED,
+                     "")
 
 
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
@@ -182,6 +184,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
     INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
+    STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -189,11 +192,37 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     flight while it updates the current one (the one-tile-per-program kernel above waits for its state, then
     computes, then stores). Same semantics as fused_recurrent_gdn_fwd_kernel with T = 1 and no cu_seqlens.
     Tiles never overlap (distinct slots are required with inplace), so prefetching tile i+1 while tile i is
-    written back is safe."""
+    written back is safe.
+
+    Opt-in variants (PERSISTENT_VARIANTS; the defaults compile to the same PTX as before they existed):
+    STORE_CACHE is the state store's cache modifier (".cs": streaming, st.global.cs / STG.E.EF: the state is
+    written once and not read again in this call); PREFETCH_QK loads the next tile's q and k rows at the end of
+    the current tile (2 bytes per thread: too narrow for cp.async, so without it the pipeliner leaves them as
+    plain loads issued after the wait for the state, a dependent L2 round trip inside every tile);
+    CONTIGUOUS_TILES gives each program a contiguous run of tiles instead of a stride of the grid size. No load
+    hint: the pipelined state load is a 16-byte cp.async.cg (L2 only) whatever tl.load's cache_modifier or
+    eviction_policy say (Triton 3.6 drops both on async copies; sm_90a PTX checked)."""
     NV: tl.constexpr = (V + BV - 1) // BV
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+    if CONTIGUOUS_TILES:
+        # balanced runs: program p takes [p * n / P, (p + 1) * n / P), 41 or 42 tiles at batch 256
+        P = tl.num_programs(0).to(tl.int64)
+        first = (tl.program_id(0).to(tl.int64) * n_tiles) // P
+        last = ((tl.program_id(0).to(tl.int64) + 1) * n_tiles) // P
+        step = 1
+    else:
+        first = tl.program_id(0)
+        last = n_tiles
+        step = tl.num_programs(0)
+    if PREFETCH_QK:
+        t0 = tl.full([], 0, tl.int64) + first
+        i_h0 = ((t0 // NV) % HV) // (HV // H)
+        i_n0 = (t0 // NV) // HV
+        mask_0 = mask_k & (t0 < last)
+        nxt_q = tl.load(q + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
+        nxt_k = tl.load(k + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
+    for tile in tl.range(first, last, step, num_stages=NUM_STAGES):
         t = tl.full([], 0, tl.int64) + tile  # int64: slot * HV * K * V passes 2^31 in large pools (and the
         #                                     interpreter yields plain ints, which have no .to)
         i_v = t % NV
@@ -204,8 +233,12 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
                                                                   HV, K, V, BK, BV, HAS_H0, INDEXED)
         mask_v = o_v < V
-        b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        if PREFETCH_QK:
+            b_q = nxt_q.to(tl.float32)
+            b_k = nxt_k.to(tl.float32)
+        else:
+            b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+            b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + i_n * HV + i_hv).to(tl.float32)
         if USE_G:
@@ -220,7 +253,36 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
         if STORE_HT:
             _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
-                         INDEXED)
+                         INDEXED, STORE_CACHE)
+        if PREFETCH_QK:
+            # the next tile's q, k rows (masked past the last tile): their latency overlaps the wait for its state
+            t1 = t + step
+            i_h1 = ((t1 // NV) % HV) // (HV // H)
+            i_n1 = (t1 // NV) // HV
+            mask_1 = mask_k & (t1 < last)
+            nxt_q = tl.load(q + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
+            nxt_k = tl.load(k + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
+
+
+# Opt-in variants of the persistent kernel (round 13 sweep candidates, not chosen by any heuristic): name ->
+# constexpr overrides; a config's 6th element names one or several joined by "+" ("store_cs+prefetch_qk").
+# (store_evict_first, an L2::evict_first cache-policy store, compiles to the same STG.E.EF.128 as store_cs.)
+PERSISTENT_VARIANTS = {
+    "store_cs": dict(STORE_CACHE=".cs"),                   # state write: streaming (evict-first)
+    "prefetch_qk": dict(PREFETCH_QK=True),                 # next tile's q, k loaded during the current tile
+    "contiguous_tiles": dict(CONTIGUOUS_TILES=True),       # each program a contiguous run of tiles
+}
+PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False)
+
+
+def persistent_variant_flags(variant: Optional[str]) -> dict:
+    """Every variant constexpr of the persistent kernel for a "+"-joined variant string ("" or None: defaults)."""
+    flags = dict(PERSISTENT_DEFAULTS)
+    for name in filter(None, (variant or "").split("+")):
+        if name not in PERSISTENT_VARIANTS:
+            raise ValueError(f"unknown persistent decode variant {name!r}; known: {sorted(PERSISTENT_VARIANTS)}")
+        flags.update(PERSISTENT_VARIANTS[name])
+    return flags
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
@@ -278,7 +340,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     the heuristic (the GPU bench sweeps it); (BV, num_warps, NUM_STAGES, programs_per_SM) with NUM_STAGES >= 1
     selects the persistent one-token kernel (T = 1, no cu_seqlens), NUM_STAGES = 0 the one-tile kernel; a fifth
     element, when not None, sets the persistent grid's program count exactly (the sweep's tail experiment: a
-    count that divides the tile count gives every program the same number of tiles)."""
+    count that divides the tile count gives every program the same number of tiles); a sixth, when not empty,
+    names opt-in variants of the persistent kernel ("+"-joined keys of PERSISTENT_VARIANTS)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if state_indices is not None:
@@ -306,9 +369,13 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     if n_tiles == 0:
         return o, ht
     programs = None
+    variant = ""
     if config is not None:
         persistent = tuple(config[2:4]) if len(config) >= 4 and config[2] >= 1 else None
         programs = config[4] if len(config) >= 5 else None
+        variant = config[5] if len(config) >= 6 else ""
+        if variant and persistent is None:
+            raise ValueError(f"decode variant {variant!r} needs the persistent kernel (NUM_STAGES >= 1)")
         if persistent is not None and (T != 1 or cu_seqlens is not None):
             raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
     else:
@@ -329,7 +396,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
                 q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
                 float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NUM_STAGES=stages,
-                **flags, num_warps=num_warps, num_stages=1,
+                **flags, **persistent_variant_flags(variant), num_warps=num_warps, num_stages=1,
             )
             return o, ht
         grid = (n_tiles,)
@@ -343,40 +410,48 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
 
 
 
-def aot_specs():
+def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, stages=0, variant=""):
+    """(jit function, signature, constexprs, options) of one decode config at K = V = 128, HV = 32; stages >= 1:
+    the persistent kernel, with the "+"-joined opt-in `variant` (PERSISTENT_VARIANTS)."""
+    sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
+    opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
+               ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
+    sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log=None, dt_bias=None,
+               o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, scale="fp32", T="i32",
+               num_slots="i32")
+    sig.update(opt)
+    const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
+                 BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
+                 IS_VARLEN=varlen, INDEXED=True)
+    constexprs = {n: None for n, t in sig.items() if t is None}
+    constexprs.update(const)
+    signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
+    signature.update({n: "constexpr" for n in const})
+    kernel = fused_recurrent_gdn_fwd_kernel
+    if stages:                    # the persistent one-token kernel: no T, no cu_seqlens; n_tiles, NUM_STAGES
+        kernel = fused_recurrent_gdn_fwd_persistent_kernel
+        for n in ("T", "cu_seqlens", "IS_VARLEN"):
+            signature.pop(n)
+            constexprs.pop(n, None)
+        signature = {**{n: t for n, t in signature.items() if n != "H" and n in
+                        ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
+                         "scale", "num_slots")}, "n_tiles": "i32",
+                     **{n: "constexpr" for n in const if n != "IS_VARLEN"}, "NUM_STAGES": "constexpr"}
+        constexprs["NUM_STAGES"] = stages
+        flags = persistent_variant_flags(variant)
+        signature.update({n: "constexpr" for n in flags})
+        constexprs.update(flags)
+    return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
+
+
+def aot_specs(variants: bool = False):
     """AotKernel specs (linattn.runtime.aot) of the serving configs at K = V = 128: fp32 and bf16 pools, in
     place, at the batch-1 and large-batch block sizes, plus GVA with varlen, fused gate and an out-of-place
-    state. Intended instructions: 16-byte state loads and stores (LDG.E.128 / STG.E.128)."""
+    state. Intended instructions: 16-byte state loads and stores (LDG.E.128 / STG.E.128). variants=True: the
+    persistent serving config (fp32 BV=64, 4 warps, 2 stages) with each opt-in variant of PERSISTENT_VARIANTS
+    instead (name suffix = the variant), and the round-13 candidate launch configs (BV=128 at 4 warps, 3 stages)."""
     from linattn.runtime.aot import AotKernel
-
-    def build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, stages=0):
-        sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
-        opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
-                   ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
-        sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log=None, dt_bias=None,
-                   o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, scale="fp32", T="i32",
-                   num_slots="i32")
-        sig.update(opt)
-        const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
-                     BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
-                     IS_VARLEN=varlen, INDEXED=True)
-        constexprs = {n: None for n, t in sig.items() if t is None}
-        constexprs.update(const)
-        signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
-        signature.update({n: "constexpr" for n in const})
-        kernel = fused_recurrent_gdn_fwd_kernel
-        if stages:                    # the persistent one-token kernel: no T, no cu_seqlens; n_tiles, NUM_STAGES
-            kernel = fused_recurrent_gdn_fwd_persistent_kernel
-            for n in ("T", "cu_seqlens", "IS_VARLEN"):
-                signature.pop(n)
-                constexprs.pop(n, None)
-            signature = {**{n: t for n, t in signature.items() if n != "H" and n in
-                            ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
-                             "scale", "num_slots")}, "n_tiles": "i32",
-                         **{n: "constexpr" for n in const if n != "IS_VARLEN"}, "NUM_STAGES": "constexpr"}
-            constexprs["NUM_STAGES"] = stages
-        return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
-
+    build = _aot_build
     div16 = ("q", "k", "v", "g", "beta", "o", "h0")
     cases = [("fp32_bv32_w4", dict(state="fp32", BV=32, warps=4)), ("fp32_bv8_w1", dict(state="fp32", BV=8, warps=1)),
              ("bf16_bv32_w4", dict(state="bf16", BV=32, warps=4)), ("bf16_bv16_w2", dict(state="bf16", BV=16, warps=2)),
@@ -388,6 +463,12 @@ def aot_specs():
                   ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
                   ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
                                                               inplace=False, stages=2))]
+    if variants:
+        cases = []
+        persistent = [(f"persistent_fp32_bv64_w4_s2_{v}", dict(state="fp32", BV=64, warps=4, stages=2, variant=v))
+                      for v in PERSISTENT_VARIANTS]
+        persistent += [("persistent_fp32_bv128_w4_s2", dict(state="fp32", BV=128, warps=4, stages=2)),
+                       ("persistent_fp32_bv64_w4_s3", dict(state="fp32", BV=64, warps=4, stages=3))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
                       intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
                       language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
