@@ -82,3 +82,20 @@ def test_gluon_matmul_split_k_writes_fp32_partials(name):
     assert rep.smem <= SMEM_LIMIT_SM90 and rep.spill_bytes == 0 and rep.num_warps == 12
     assert any(op.startswith("HGMMA.64x128x16.F32") for op in rep.sass), rep.sass
     assert rep.families["UTMASTG"] == 1 and rep.families["UTMALDG"] >= 2
+
+
+def test_gluon_status_traces_under_torch_compile():
+    """Backends ask gluon_status() (through runtime.device.hopper_gluon_ready) while `auto` picks a backend, which
+    happens inside a model compiled with torch.compile(fullgraph=True). Round 12's decode gate on the H200 failed
+    both torch.compile cases: Dynamo traced through the lru_cache'd probe into globals(). Here the same call,
+    compiled on the CPU."""
+    import torch
+
+    torch._dynamo.reset()
+
+    def f(x):
+        ok, reason, _ = gluon_status()
+        return x + 1 if ok else x - 1
+
+    out = torch.compile(f, fullgraph=True)(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0 if _GLUON_OK else 0.0))

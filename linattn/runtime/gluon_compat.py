@@ -132,8 +132,10 @@ def gluon_status() -> Tuple[bool, str, Dict[str, Any]]:
     """(ok, reason, details): whether this Triton provides every Gluon name our Hopper kernels use.
     `details` holds the Triton version, which spelling of each renamed name was found, the warp_specialize
     form and any missing names. It says nothing about the GPU: backends check the device separately."""
-    ok, reason = _probe()
-    return ok, reason, dict(_DETAILS)
+    # The probe ran once at import (below); read its results rather than call the lru_cache'd _probe: torch.compile
+    # traces through lru_cache into _load(), whose globals() it cannot trace (round 12: the decode gate's
+    # torch.compile cases failed so once `auto` asked the Gluon decode's supports() inside a compiled model).
+    return GLUON_OK, GLUON_REASON, dict(_DETAILS)
 
 
 # Kernel modules do `from linattn.runtime.gluon_compat import gl, tma_load, ...`: probe at import of this module
