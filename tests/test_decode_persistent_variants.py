@@ -113,7 +113,9 @@ def _last_loop_iteration(order):
 
 
 def test_aot_variants_change_the_ptx_as_intended(aot):
-    base = aot["bv64_w4_s2"]
+    base = aot["bv64_w4_s2_novariant"]
+    # the serving spec (decode_persistent_config's default since round 12) is the prefetch_qk variant
+    assert aot["bv64_w4_s2"]["ops"] == aot["bv64_w4_s2_prefetch_qk"]["ops"]
     # the default: 16-byte state copies in, plain 16-byte stores out, q and k as 2-byte loads in the loop
     assert base["ops"].get("st.global.v4.b32") == 16 and "st.global.cs.v4.b32" not in base["ops"]
     assert base["ops"].get("ld.global.b16") == 2 and base["loop"][2] != "c1_i64"

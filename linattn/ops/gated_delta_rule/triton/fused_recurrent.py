@@ -309,8 +309,8 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
 
 def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bool, state_dtype: torch.dtype,
                              num_sms: int):
-    """(BV, num_warps, NUM_STAGES, programs per SM) for the persistent one-token kernel, or None for the
-    one-tile kernel.
+    """(BV, num_warps, NUM_STAGES, programs per SM, programs, variant) for the persistent one-token kernel (the
+    launcher's `config` form; programs None = programs per SM x SMs), or None for the one-tile kernel.
 
     From the round-9 sweep on the H200 (H = HV = 32, K = V = 128, T = 1, pool in place; benchmarks/DECODE.md):
     at batch 256 with an fp32 pool, persistent BV = 64 (256-byte rows), 4 warps, 2 stages, 3 programs per SM
@@ -319,13 +319,15 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     one-tile kernel's 234.4 us (239.0 at best). At batch 32 (15 tiles of BV = 64 per SM) the one-tile kernel was
     fastest (44.8 us against 47.5). So: fp32 states, one token per sequence, no cu_seqlens (T > 1 loops over
     tokens inside the one-tile kernel), K <= 128 (64 state values per thread at 4 warps: the measured size;
-    larger K would spill), and at least 32 tiles of BV = 64 per SM."""
+    larger K would spill), and at least 32 tiles of BV = 64 per SM. Round 12 (same run, batch 256 fp32): the
+    prefetch_qk variant (the next tile's q and k rows loaded during the current tile) took 284.1 us against 290.5
+    and 290.8 us for the same config without it (store_cs 291.0, contiguous_tiles 293.2, both 286.1): the default."""
     if T != 1 or varlen or state_dtype != torch.float32 or K > 128:
         return None
     BV = min(64, triton.next_power_of_2(V))
     if N * HV * triton.cdiv(V, BV) < 32 * num_sms:
         return None
-    return BV, 4, 2, 3
+    return BV, 4, 2, 3, None, "prefetch_qk"
 
 
 def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -383,7 +385,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         persistent = None
         if chosen is not None:
             BV, num_warps = chosen[:2]
-            persistent = chosen[2:]
+            persistent, programs, variant = chosen[2:4], chosen[4], chosen[5]
             n_tiles = N * HV * triton.cdiv(V, BV)
     num_slots = initial_state.shape[0] if state_indices is not None else 0
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
@@ -458,7 +460,8 @@ def aot_specs(variants: bool = False):
              ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True,
                                                   inplace=False))]
     # the persistent one-token kernel: its state loads become cp.async copies into shared memory (LDGSTS)
-    persistent = [("persistent_fp32_bv64_w4_s2", dict(state="fp32", BV=64, warps=4, stages=2)),
+    persistent = [("persistent_fp32_bv64_w4_s2", dict(state="fp32", BV=64, warps=4, stages=2,
+                                                       variant="prefetch_qk")),   # the batch-256 serving default
                   ("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
                   ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
                   ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
@@ -467,7 +470,8 @@ def aot_specs(variants: bool = False):
         cases = []
         persistent = [(f"persistent_fp32_bv64_w4_s2_{v}", dict(state="fp32", BV=64, warps=4, stages=2, variant=v))
                       for v in PERSISTENT_VARIANTS]
-        persistent += [("persistent_fp32_bv128_w4_s2", dict(state="fp32", BV=128, warps=4, stages=2)),
+        persistent += [("persistent_fp32_bv64_w4_s2_novariant", dict(state="fp32", BV=64, warps=4, stages=2)),
+                       ("persistent_fp32_bv128_w4_s2", dict(state="fp32", BV=128, warps=4, stages=2)),
                        ("persistent_fp32_bv64_w4_s3", dict(state="fp32", BV=64, warps=4, stages=3))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
                       intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
