@@ -48,6 +48,11 @@ def device_facts(device=None) -> DeviceFacts:
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return _cuda_facts(device.index if device.index is not None else torch.cuda.current_device())
+    return _cpu_facts()
+
+
+@lru_cache(maxsize=None)
+def _cpu_facts() -> DeviceFacts:
     import os
     return DeviceFacts("cpu", "cpu", (0, 0), os.cpu_count() or 1, 0, 0)
 

@@ -3,6 +3,7 @@
 Launch configs are a small frozen heuristic (no autotuning on the first call): see `_configs`.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Optional
 
 import torch
@@ -26,7 +27,7 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-@dataclass
+@dataclass(frozen=True)
 class FwdConfig:
     BK_intra: int
     BV_intra: int
@@ -40,11 +41,17 @@ class FwdConfig:
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> FwdConfig:
     facts = device_facts(device)
+    return _configs_for(K, V, N, HV, facts.kind, facts.num_sms)
+
+
+@lru_cache(maxsize=1024)
+def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int) -> FwdConfig:
+    # a pure function of the shape and the device's kind and SM count, cached: the host path of every call runs it
     BK = _pow2(K)
     BV = _pow2(V)
     # state pass: [BK, BV] fp32 state in registers; split V so that N*HV*(V/BV) programs cover the SMs
     bv_state = min(BV, 64 if BK <= 128 else 32)
-    sms = facts.num_sms if facts.kind == "cuda" else 1
+    sms = num_sms if kind == "cuda" else 1
     while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
     return FwdConfig(BK_intra=BK, BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
@@ -85,7 +92,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     cfg = _configs(K, V, N, HV, dev)
-    BK = _pow2(K)
+    BK = cfg.BK_intra            # _pow2(K)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     dt = q.dtype
 

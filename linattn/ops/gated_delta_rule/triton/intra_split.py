@@ -25,6 +25,7 @@ intra_chunk_wy_kernel: in fp32 the two agree to ~1e-7 relative; with TF32 to TF3
 the 16-bit rounding that follows. Not yet run on a GPU: benchmarks/SPLIT_INTRA.md.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -142,6 +143,7 @@ class SplitIntraConfig:
     warps_wu: int
 
 
+@lru_cache(maxsize=None)
 def split_intra_config(K: int, V: int) -> SplitIntraConfig:
     """Frozen launch config (no autotuning), one warpgroup each (WGMMA). At K = V = 128, bf16, sm_90a (ptxas):
     kkt_solve with K K^T in one K block of 128: 122 registers (64: 130, 32: 122 with twice the WGMMA waits), 48 KB
