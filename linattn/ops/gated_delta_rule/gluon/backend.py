@@ -104,8 +104,12 @@ GLUON_AUTO_MIN_EAGER_TOKENS = 32768
 
 def _capturing(q: torch.Tensor) -> bool:
     """Whether this call is being captured into a CUDA graph (a host-side flag: no synchronisation). A CPU build of
-    torch raises on the query, hence the device test first."""
-    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    torch raises on the query, hence the device test first. Under torch.compile the choice is made at trace time,
+    where no capture is under way (a later cudagraph of the compiled graph is not known): the eager rule holds."""
+    from linattn.runtime.device import under_torch_compile
+    if q.device.type != "cuda" or under_torch_compile():
+        return False
+    return torch.cuda.is_current_stream_capturing()
 
 
 def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:

@@ -287,6 +287,13 @@ def _gluon_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
                      beta: torch.Tensor, scale: float, initial_state: torch.Tensor,
                      state_indices: Optional[torch.Tensor], A_log: Optional[torch.Tensor],
                      dt_bias: Optional[torch.Tensor], beta_sigmoid: bool) -> torch.Tensor:
+    if initial_state.data_ptr() % 16 != 0:
+        # only reachable from a torch.compile'd call (eager calls are checked by supports()): a pool whose base
+        # TMA cannot address runs through the Triton kernel, same semantics (pool updated in place)
+        from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
+        return fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, None, state_indices, A_log, dt_bias,
+                                       use_qk_l2norm=False, beta_sigmoid=beta_sigmoid, output_final_state=False,
+                                       inplace=True)[0]
     return decode_gluon(q, k, v, g, beta, scale, initial_state, state_indices, A_log, dt_bias, beta_sigmoid)
 
 
@@ -333,7 +340,9 @@ def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_s
         return False, f"state dtype {initial_state.dtype}: the Gluon decode keeps states in fp32 or bf16"
     if not initial_state.is_contiguous():
         return False, "the state pool must be contiguous (TMA descriptor over [slots*HV*K, V])"
-    if initial_state.data_ptr() % 16 != 0:
+    from linattn.runtime.device import under_torch_compile
+    # a trace has no addresses: under torch.compile the op checks the base at run time (_gluon_decode_op)
+    if not under_torch_compile() and initial_state.data_ptr() % 16 != 0:
         return False, "the state pool's base is not 16-byte aligned (TMA needs it)"
     if (V * initial_state.element_size()) % 16 != 0:
         return False, "the state pool's row stride is not a multiple of 16 bytes (TMA needs it)"
