@@ -24,8 +24,26 @@ def _decode_calls(device):
     return typical_calls(device)
 
 
-# ops without a bench entry: (label, call) pairs that show where `auto` sends their usual calls
-EXTRA_TYPICAL_CALLS = {"fused_recurrent_gated_delta_rule": _decode_calls}
+def _chunk_calls(device):
+    """On a GPU, the production rows beside the bench's typical call: one long sequence (where `auto` takes the
+    Gluon state pass on Hopper) and a batch (where it keeps Triton). Uninitialised tensors: supports() and the
+    auto filters read shapes, dtypes and devices only. None on a CPU (the typical call covers it)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return []
+    e = lambda *s, dt=torch.bfloat16: torch.empty(*s, device=device, dtype=dt)  # noqa: E731
+    out = []
+    for B, T in ((1, 65536), (8, 4096)):
+        out.append((f"B{B} T{T} H16/HV32", dict(q=e(B, T, 16, 128), k=e(B, T, 16, 128), v=e(B, T, 32, 128),
+                                               g=e(B, T, 32, dt=torch.float32), beta=e(B, T, 32, dt=torch.float32),
+                                               initial_state=e(B, 32, 128, 128, dt=torch.float32),
+                                               cu_seqlens=None)))
+    return out
+
+
+# ops without a bench entry: (label, call) pairs that show where `auto` sends their usual calls; for ops with one,
+# further calls shown after its typical call
+EXTRA_TYPICAL_CALLS = {"fused_recurrent_gated_delta_rule": _decode_calls, "chunk_gated_delta_rule": _chunk_calls}
 
 
 def run(args) -> int:
@@ -63,7 +81,7 @@ def run(args) -> int:
     for name, table in sorted(ops.items()):
         bench = bench_op_for_registry(name)
         if bench is not None:
-            calls = [("typical call", bench.typical_call(device))]
+            calls = [("typical call", bench.typical_call(device))] + EXTRA_TYPICAL_CALLS.get(name, lambda d: [])(device)
         elif name in EXTRA_TYPICAL_CALLS:
             calls = EXTRA_TYPICAL_CALLS[name](device)
         else:
