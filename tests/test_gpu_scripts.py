@@ -23,6 +23,19 @@ def test_ncu_summarizer_reads_ncu_csv(tmp_path):
     assert summary["total_us"]["sample.csv"] == 3980.4
 
 
+def test_ncu_bwd_summarizer_splits_forward_and_backward(tmp_path):
+    out = _run([os.path.join(GPU, "ncu_bwd.py"), "summarize", "--dry-run", "--out", str(tmp_path)], tmp_path)
+    assert "dry run: ok" in out
+    summary = json.loads((tmp_path / "ncu_bwd_summary.json").read_text())["sample_bwd.csv"]
+    assert summary["fwd"]["total_us"] == 2700.0 and summary["bwd"]["total_us"] == 9268.0
+
+
+def test_ncu_bwd_run_dry_run(tmp_path):
+    """The profiled program's forward+backward calls on the CPU (ours, small shape, interpreter)."""
+    out = _run([os.path.join(GPU, "ncu_bwd.py"), "run", "--dry-run"], tmp_path)
+    assert "ncu_bwd run dry run: ok (triton, 6 gradients" in out
+
+
 def test_decode_gluon_round_dry_run(tmp_path):
     """The Gluon decode round's logic on the CPU: its gate with the Triton backend standing in (must pass), and
     every sweep config's launch arguments built and mangled as the AOT signature."""
