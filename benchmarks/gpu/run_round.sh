@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
-# Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), bwd, decode, decode_gluon, split (segment-parallel state pass),
+# Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), ncu_bwd (the same for
+# one forward+backward, benchmarks/gpu/ncu_bwd.py; one case per call: NCU_BWD_CASES=triton:1:65536), bwd, decode, decode_gluon, split (segment-parallel state pass),
 # fused (the Triton forward's state pass and output as one kernel, benchmarks/gpu/fused_fwd_round.py), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
@@ -78,6 +79,21 @@ for step in "$@"; do
                 echo "ncu $c exit $?"; tail -3 "$OUT/ncu_${be}_B${b}_T${t}.err"
               done
               python3 benchmarks/gpu/ncu_fwd.py summarize --out "$OUT" "$OUT"/ncu_*.csv
+            fi ;;
+    ncu_bwd) # hardware counters of one forward+backward per (backend, shape): benchmarks/gpu/ncu_bwd.py
+            # (NCU_BWD_CASES to change; the backward replays about twice the forward's kernels: one case per call)
+            NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            if [ -z "$NCU" ]; then echo "ncu not found"; else
+              for c in ${NCU_BWD_CASES:-triton:1:65536 fla:1:65536}; do
+                IFS=: read -r be b t <<< "$c"
+                timeout ${NCU_BWD_TIMEOUT:-280} "$NCU" --clock-control none --profile-from-start off --csv --page details \
+                  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+                  python3 benchmarks/gpu/ncu_bwd.py run --backend $be --B $b --T $t ${NCU_BWD_PHASE:+--phase $NCU_BWD_PHASE} \
+                  > "$OUT/ncubwd_${be}_B${b}_T${t}.csv" 2> "$OUT/ncubwd_${be}_B${b}_T${t}.err"
+                echo "ncu_bwd $c exit $?"; tail -3 "$OUT/ncubwd_${be}_B${b}_T${t}.err"
+              done
+              python3 benchmarks/gpu/ncu_bwd.py summarize --out "$OUT" "$OUT"/ncubwd_*.csv
             fi ;;
     demo)   timeout 120 python3 -m linattn.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
     imports) python3 -c "import torch, triton, fla, linattn; print('fla', fla.__version__)"; python3 -c "import flash_qla; print('flash_qla', flash_qla.__version__)" 2>&1 | tail -1 ;;
