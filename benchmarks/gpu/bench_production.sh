@@ -3,6 +3,7 @@
 # importable, and causal SDPA, forward and forward+backward, every row compared in the same run.
 #
 #   bash benchmarks/gpu/bench_production.sh hv32    # B1 T8k/32k/64k, B8 T4k, B4 T16k at H16/HV32 + varlen mix
+#                                                   # + B1 T64k with slow-decay gates (g x0.01; ~+20 s)
 #   bash benchmarks/gpu/bench_production.sh hv64    # the same at H16/HV64
 #   bash benchmarks/gpu/bench_production.sh hv8     # the same at H2/HV8
 #   bash benchmarks/gpu/bench_production.sh cold    # cold start only: first call of each backend, fwd and fwd+bwd,

@@ -55,8 +55,8 @@ class BenchOp:
 # ---------------------------------------------------------------------------------------- Gated DeltaNet
 
 def gdn_inputs(shape: Dict, device, seed: int, mode: str = "fwd", dtype=torch.bfloat16) -> Dict:
-    """bf16 q/k/v (k L2-normalised), fp32 g (log decay in about [-0.3, 0)), fp32 beta in (0, 1), fp32 initial
-    state; with mode "fwdbwd" also the output gradients do, dht. Drawn on the device (production sizes are
+    """bf16 q/k/v (k L2-normalised), fp32 g (log decay in about [-0.3, 0), mean -0.116 per token; times the
+    shape's "g_scale" where given: a slow-decay row), fp32 beta in (0, 1), fp32 initial state; with mode "fwdbwd" also the output gradients do, dht. Drawn on the device (production sizes are
     gigabytes: a CPU generator would dominate the run)."""
     B, T, H, HV, K, V = (shape[x] for x in ("B", "T", "H", "HV", "K", "V"))
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -67,7 +67,7 @@ def gdn_inputs(shape: Dict, device, seed: int, mode: str = "fwd", dtype=torch.bf
     lengths = shape.get("lengths")
     N = len(lengths) if lengths else B
     out = dict(q=rnd(B, T, H, K).to(dtype), k=F.normalize(rnd(B, T, H, K), dim=-1).to(dtype),
-               v=rnd(B, T, HV, V).to(dtype), g=F.logsigmoid(rnd(B, T, HV) + 4.0) * 4.0,
+               v=rnd(B, T, HV, V).to(dtype), g=F.logsigmoid(rnd(B, T, HV) + 4.0) * (4.0 * shape.get("g_scale", 1.0)),
                beta=torch.sigmoid(rnd(B, T, HV)), initial_state=rnd(N, HV, K, V) * 0.5, cu_seqlens=None)
     if lengths:
         cu = [0]

@@ -30,10 +30,16 @@ def _dense(B, T, H, HV, K=128, V=128) -> Dict:
 PRODUCTION_VARLEN = varlen_shape(varlen_lengths(24, 256, 4096, seed=2024), 16, 32, 128, 128)
 
 
+# The default gates decay fast (mean log decay -0.116 per token, -7.4 per 64-token chunk): a kernel that drops history
+# once its summed decay is negligible (FlashQLA's segment warm-up, benchmarks/FLASHQLA_NOTES.md) looks back only ~2
+# chunks there. Long-memory heads decay far slower: this row scales g by 0.01 (-0.074 per chunk).
+SLOW_DECAY = dict(_dense(1, 65536, 16, 32), g_scale=0.01)
+
+
 def _production_part(tag: str) -> List[Dict]:
     H, HV = HEADS[tag]
     rows = [_dense(B, T, H, HV) for B, T in PRODUCTION_BT]
-    return rows + ([PRODUCTION_VARLEN] if tag == "hv32" else [])
+    return rows + ([PRODUCTION_VARLEN, SLOW_DECAY] if tag == "hv32" else [])
 
 
 PRESETS = {
@@ -51,9 +57,10 @@ CPU_PRESETS = ("tiny",)
 
 def shape_label(s: Dict) -> str:
     head = f"H{s['H']}/HV{s['HV']} K{s['K']} V{s['V']}"
+    decay = f" g x{s['g_scale']:g}" if s.get("g_scale", 1.0) != 1.0 else ""
     if s.get("lengths"):
-        return f"varlen{len(s['lengths'])} T{s['T']} {head}"
-    return f"B{s['B']} T{s['T']} {head}"
+        return f"varlen{len(s['lengths'])} T{s['T']} {head}{decay}"
+    return f"B{s['B']} T{s['T']} {head}{decay}"
 
 
 def get_preset(name: str) -> List[Dict]:
