@@ -369,3 +369,36 @@ if __name__ == "__main__":
     import sys
     if sys.argv[1:] == ["jit"]:
         _jit_compile_main()
+
+
+def test_gluon_backward_recompute_takes_the_state_pass_hook(device, monkeypatch):
+    """LINATTN_GDN_GLUON_BWD_STATE=1: the gluon backend's backward recomputes the state pass through
+    chunk_state_gluon (here replaced by the Triton state kernel, under the interpreter), once per backward, and
+    gives the Triton backward's gradients bit for bit; unset, the Triton backward op runs."""
+    if device != "cpu":
+        pytest.skip("CPU orchestration check")
+    from types import SimpleNamespace
+
+    from linattn.ops.gated_delta_rule.gluon import backend, launcher
+    from linattn.testing import make_gdn_inputs
+    calls = []
+
+    def fake_state(k, w, u, gcum, h, vnew, h0, final, plan, variant):
+        calls.append(variant)
+        _triton_state_pass(k, w, u, gcum, h, vnew, h0, final, plan)
+
+    monkeypatch.setattr(launcher, "chunk_state_gluon", fake_state)
+    x = make_gdn_inputs(1, 70, 1, 2, 128, 128, dtype=torch.bfloat16, device="cpu")
+    do = torch.randn(1, 70, 2, 128).to(torch.bfloat16)
+    dfinal = torch.randn_like(x["initial_state"])
+    ctx = SimpleNamespace(saved_tensors=(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None),
+                          scale=128 ** -0.5, output_final_state=True, variant="wgmma")
+    monkeypatch.delenv("LINATTN_GDN_GLUON_BWD_STATE", raising=False)
+    want = backend._backward(ctx, do, dfinal)
+    assert calls == []
+    monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_STATE", "1")
+    got = backend._backward(ctx, do, dfinal)
+    assert calls == ["wgmma"]
+    assert len(got) == len(want) == 10
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)

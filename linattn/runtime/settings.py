@@ -15,9 +15,19 @@ LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (def
 LINATTN_GDN_FUSED_FWD     "1": the Triton GDN forward runs its state pass and output as one kernel
                    (triton/chunk_fused_fwd.py; h and vnew never stored) where its caller needs only o and the
                    final state; default off (stages 3 and 4 apart). Takes precedence over LINATTN_GDN_SPLIT_STATE.
+LINATTN_GDN_GLUON_BWD_STATE  "1": the "gluon" backend's backward also recomputes the forward's state pass with the
+                   Gluon kernel (default off: the Triton state pass; not yet gated on a GPU, benchmarks/BWD_PROFILE.md).
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
+LINATTN_GDN_SEGMENT_WARMUP "1": the Triton GDN forward runs its state pass in segments, each started from zero a
+                   gate-chosen warm-up window before it (triton/chunk_state_warmup.py; an approximation, error <=
+                   e^-20 of the state, benchmarks/SEGMENT_WARMUP.md); only for fixed-length batches with keys known
+                   normalised (use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1) and >= 2 segments; default
+                   off. Takes precedence over LINATTN_GDN_SPLIT_STATE.
+LINATTN_GDN_KEYS_NORMALISED "1": the caller guarantees ||k|| = 1 (along K) and 0 <= beta <= 2 for every token, so
+                   the GDN state transitions never expand (needed by LINATTN_GDN_SEGMENT_WARMUP without
+                   use_qk_l2norm_in_kernel); default off.
 """
 import os
 from dataclasses import dataclass
@@ -60,6 +70,18 @@ class _Settings:
     @property
     def gdn_split_intra(self) -> bool:
         return os.environ.get("LINATTN_GDN_SPLIT_INTRA", "1").strip().lower() not in ("0", "false", "off", "no")
+
+    @property
+    def gdn_gluon_bwd_state(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_BWD_STATE")
+
+    @property
+    def gdn_segment_warmup(self) -> bool:
+        return _flag("LINATTN_GDN_SEGMENT_WARMUP")
+
+    @property
+    def gdn_keys_normalised(self) -> bool:
+        return _flag("LINATTN_GDN_KEYS_NORMALISED")
 
     @property
     def gdn_split_chunks(self) -> int:

@@ -46,14 +46,48 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, va
     return v.new_empty(B, T, HV, V), final
 
 
+@torch.library.custom_op("linattn::chunk_gdn_bwd_gluon", mutates_args=())
+def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                         do: torch.Tensor, dht: Optional[torch.Tensor], variant: str
+                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Triton backward with its recomputed state pass in Gluon (LINATTN_GDN_GLUON_BWD_STATE=1)."""
+    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_state_gluon
+    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
+
+    def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
+        chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan, variant)
+    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
+        None if dht is None else dht.contiguous(), state_pass=state_pass)
+    if dh0 is None:
+        dh0 = q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+@_chunk_gdn_bwd_gluon.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, variant):
+    dh0 = (q.new_empty(0, dtype=torch.float32) if initial_state is None
+           else initial_state.new_empty(initial_state.shape, dtype=torch.float32))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), dh0)
+
+
 def _setup_context(ctx, inputs, output):
     from linattn.ops.gated_delta_rule.api import _fwd_setup_context
     _fwd_setup_context(ctx, inputs[:9], output)          # the variant does not change what the backward needs
+    ctx.variant = inputs[9]
 
 
 def _backward(ctx, do, dfinal):
     from linattn.ops.gated_delta_rule.api import _fwd_backward
-    return (*_fwd_backward(ctx, do, dfinal), None)
+    if not settings.gdn_gluon_bwd_state:
+        return (*_fwd_backward(ctx, do, dfinal), None)
+    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
+    dq, dk, dv, dg, dbeta, dh0 = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state,
+                                                                       cu_seqlens, do, dht, ctx.variant)
+    return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None, None
 
 
 _chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=_setup_context)

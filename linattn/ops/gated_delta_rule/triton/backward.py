@@ -68,10 +68,13 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
-                               cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor]):
+                               cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
+                               state_pass=None):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
-    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None."""
+    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None.
+    state_pass: replaces the recompute's Triton state pass (chunk_gated_delta_rule_fwd's hook; the gluon backend
+    plugs its Gluon state pass in here under LINATTN_GDN_GLUON_BWD_STATE=1)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -83,7 +86,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     NK = triton.cdiv(K, cfg.BK)
 
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
-                                     store_tinv=True, plan=plan, compute_output=False)
+                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass)
     fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
