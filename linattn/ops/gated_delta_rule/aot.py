@@ -235,3 +235,24 @@ for _name, _which, _bk, _bv, _w, _s, _intended, _spill, _what in TRITON_BWD:
                        language="triton", known_spill_bytes=_spill,
                        div16=tuple(n for n, t in _TRITON_BWD_STAGES[_which][2].items() if t.startswith("*")),
                        description=f"GDN backward {_what}, Triton, H16/HV32 K=V=128 bf16, BK={_bk} BV={_bv}, {_w} warps"))
+
+
+# ---- The opt-in segment-parallel state pass with gate-truncated warm-ups (triton/chunk_state_warmup.py,
+# LINATTN_GDN_SEGMENT_WARMUP=1, benchmarks/SEGMENT_WARMUP.md), at the launch the forward gives it at B=1 on an H200
+# (the plain pass's config: BV=32, 4 warps, 2 stages) and the 1-stage variant (3 programs per SM) the GPU round times.
+def _warmup_build(BV: int, warps: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import chunk_state_warmup_kernel as fn
+        sig = dict(_TRITON_FWD_STAGES["state"][2], N="i32", seg_chunks="i32", thresh="fp32")
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=BV, DOT_PREC="tf32", USE_H0=True, STORE_HT=True)
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
+    return build
+
+
+for _bv, _w, _s in ((32, 4, 2), (32, 4, 1)):
+    register(AotKernel(f"gdn_fwd_triton_state_warmup_bv{_bv}_w{_w}_s{_s}", _warmup_build(_bv, _w, _s), ("HGMMA",),
+                       archs=("sm_90a",), language="triton",
+                       div16=tuple(n for n, t in _TRITON_FWD_STAGES["state"][2].items() if t.startswith("*")),
+                       description=f"GDN forward opt-in stage 3 in segments with gate-truncated warm-ups, Triton, "
+                                   f"H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps, {_s} stages"))
+

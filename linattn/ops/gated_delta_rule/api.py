@@ -30,16 +30,19 @@ _backends = op_backends(OP)
 @torch.library.custom_op("linattn::chunk_gdn_fwd", mutates_args=())
 def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                   cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                   cu_seqlens: Optional[torch.Tensor], keys_normalised: bool = False
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    # keys_normalised: k was L2-normalised (use_qk_l2norm_in_kernel); lets LINATTN_GDN_SEGMENT_WARMUP=1 apply
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                     need_intermediates=False)     # o and the final state only
+                                     need_intermediates=False,     # o and the final state only
+                                     keys_normalised=keys_normalised)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 
 
 @_chunk_gdn_fwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, keys_normalised=False):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -71,7 +74,8 @@ def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens = inputs
+    # inputs[9:] (the Triton op's keys_normalised, the Gluon op's variant) do not change what the backward needs
+    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens = inputs[:9]
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
     ctx.scale = scale
     ctx.output_final_state = output_final_state
@@ -85,7 +89,11 @@ def _fwd_backward(ctx, do, dfinal):
     return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None
 
 
-_chunk_gdn_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+def _fwd_backward_triton(ctx, do, dfinal):
+    return (*_fwd_backward(ctx, do, dfinal), None)     # no gradient for keys_normalised
+
+
+_chunk_gdn_fwd.register_autograd(_fwd_backward_triton, setup_context=_fwd_setup_context)
 
 
 def _triton_supports(q=None, **_) -> Tuple[bool, str]:
@@ -98,8 +106,9 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
-def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
-    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, keys_normalised=False):
+    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                              keys_normalised)
     return o, (final if output_final_state else None)
 
 
@@ -157,4 +166,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens)
+    # the Triton forward may use that k is normalised (LINATTN_GDN_SEGMENT_WARMUP=1, triton/chunk_state_warmup.py)
+    extra = dict(keys_normalised=True) if (use_qk_l2norm_in_kernel and b.name == "triton") else {}
+    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **extra)

@@ -14,6 +14,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_ch
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state_split import chunk_state_split, split_state_wanted
+from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import chunk_state_warmup, warmup_state_wanted
 from linattn.ops.gated_delta_rule.triton.intra_chunk import intra_chunk_wy_kernel
 from linattn.ops.gated_delta_rule.triton.intra_split import intra_split
 from linattn.runtime.alloc import empty
@@ -76,7 +77,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
                                compute_output: bool = True, state_pass: Optional[Callable] = None,
-                               need_intermediates: bool = True) -> FwdResult:
+                               need_intermediates: bool = True, keys_normalised: bool = False) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
     compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
@@ -84,7 +85,9 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     backend's state pass plugs in here; it must write h, vnew and final exactly as chunk_state_fwd_kernel does).
     need_intermediates=False says the caller reads only o and the final state: then, with LINATTN_GDN_FUSED_FWD=1,
     compute_output, no state_pass and a shape the fused kernel takes (chunk_fused_fwd.fused_fwd_wanted), stages 3
-    and 4 run as one kernel (chunk_fused_fwd.py) and the result's h and vnew are None."""
+    and 4 run as one kernel (chunk_fused_fwd.py) and the result's h and vnew are None.
+    keys_normalised=True says every ||k|| = 1 (the api's use_qk_l2norm_in_kernel); with LINATTN_GDN_SEGMENT_WARMUP=1
+    it lets stage 3 run segment-parallel with gate-truncated warm-ups (chunk_state_warmup.warmup_state_wanted)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -124,6 +127,12 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     if state_pass is not None:
         state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
+    elif settings.gdn_segment_warmup and warmup_state_wanted(cu_seqlens, keys_normalised, state_pass, plan, HV, V,
+                                                             cfg.BV_state, dev):
+        # opt-in (LINATTN_GDN_SEGMENT_WARMUP=1): segments started a gate-chosen warm-up before them (approximate:
+        # error <= e^-20 of the state; benchmarks/SEGMENT_WARMUP.md), same outputs
+        chunk_state_warmup(k, w, u, gcum, h, vnew, initial_state, final, plan, H=H, HV=HV, K=K, V=V,
+                           dot_prec=dot_prec, BV=cfg.BV_state, num_warps=cfg.warps_state, num_stages=cfg.stages)
     elif settings.gdn_split_state and split_state_wanted(plan, HV, V, dev):
         # opt-in (LINATTN_GDN_SPLIT_STATE=1): segment-parallel state pass, same outputs
         chunk_state_split(k, w, u, gcum, h, vnew, initial_state, final, plan, H=H, HV=HV, K=K, V=V,
