@@ -3,6 +3,7 @@
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
 # Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), ncu_bwd (the same for
 # one forward+backward, benchmarks/gpu/ncu_bwd.py; one case per call: NCU_BWD_CASES=triton:1:65536), bwd, decode, decode_gluon, split (segment-parallel state pass),
+# warmup (segment-parallel state pass with gate-truncated warm-ups, benchmarks/gpu/warmup_state_round.py),
 # fused (the Triton forward's state pass and output as one kernel, benchmarks/gpu/fused_fwd_round.py), output (stage-4
 # configs and variants, benchmarks/gpu/output_stage_round.py), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
@@ -42,6 +43,7 @@ for step in "$@"; do
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
     decode_gluon) timeout 150 python3 benchmarks/gpu/decode_gluon_round.py --out "$OUT" ;;
     split)  timeout 200 python3 benchmarks/gpu/split_state_round.py --out "$OUT" ;;
+    warmup) timeout 200 python3 benchmarks/gpu/warmup_state_round.py --out "$OUT" ;;   # segment warm-up (SEGMENT_WARMUP.md)
     fused)  timeout 200 python3 benchmarks/gpu/fused_fwd_round.py --out "$OUT" ;;   # fused stage 3+4 (FUSED_FWD.md)
     output) timeout 150 python3 benchmarks/gpu/output_stage_round.py --out "$OUT" ;;   # stage-4 configs (OUTPUT_STAGE.md)
     split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)
