@@ -84,6 +84,10 @@ class _Settings:
         return _flag("LINATTN_GDN_KEYS_NORMALISED")
 
     @property
+    def gdn_bwd_wy(self) -> str:
+        return os.environ.get("LINATTN_GDN_BWD_WY", "").strip().lower()
+
+    @property
     def gdn_split_chunks(self) -> int:
         try:
             return max(0, int(os.environ.get("LINATTN_GDN_SPLIT_CHUNKS", "0") or 0))

@@ -256,3 +256,26 @@ for _bv, _w, _s in ((32, 4, 2), (32, 4, 1)):
                        description=f"GDN forward opt-in stage 3 in segments with gate-truncated warm-ups, Triton, "
                                    f"H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps, {_s} stages"))
 
+
+# ---- Opt-in restructured WY stage (triton/backward_wy_v2.py, LINATTN_GDN_BWD_WY=v2) at the config the launcher takes
+# for H16/HV32 K=V=128 bf16 (B1 T65536 and B8 T4096 alike): BK = BV = 64, 4 warps, 1 stage, M^T through dk's rows.
+# One warpgroup, every product a full-width 64x64 WGMMA (24 bf16 64x64x16, 16 TF32 64x64x8), but still 255
+# registers and a 380 B spill at G = HV / H = 2 (233 registers, no spill at G = 1): registered as a known defect,
+# benchmarks/BWD_WY_V2.md says where the registers go.
+def _wy_v2_build():
+    from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as m
+    fn = m.chunk_wy_bwd_v2_kernel
+    sig = dict(_TRITON_BWD_STAGES["wy"][2])
+    sig = {**{k: v for k, v in sig.items() if k not in ("cu_ptr", "chunk_idx_ptr", "N", "T_tot")}, "m_ptr": _X,
+           "cu_ptr": _I64, "chunk_idx_ptr": _I32, "N": "i32", "T_tot": "i32"}
+    const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, NK=K // 64, NKP=K // 64, M_IN_DK=K >= BT,
+                 DOT_PREC="tf32")
+    return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": m.WARPS_V2,
+                                                                        "num_stages": m.STAGES_V2}
+
+
+register(AotKernel("gdn_bwd_triton_wy_v2_w4", _wy_v2_build, ("HGMMA",), archs=("sm_90a",), language="triton",
+                   known_spill_bytes=380,
+                   div16=tuple(n for n, t in _TRITON_BWD_STAGES["wy"][2].items() if t.startswith("*")) + ("m_ptr",),
+                   description="GDN backward stage 3, opt-in v2 (LINATTN_GDN_BWD_WY=v2): WY form, one warpgroup, "
+                               "Triton, H16/HV32 K=V=128 bf16, BK=BV=64, 4 warps"))

@@ -26,10 +26,12 @@ from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local
 from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
+from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as wy_v2
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.settings import settings
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -118,6 +120,15 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     dg = empty(B, T, HV, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
+    if settings.gdn_bwd_wy == "v2":            # opt-in restructured WY stage (backward_wy_v2.py); dk_part is consumed
+        m_in_dk = K >= CHUNK                   # M^T goes through dk's own rows, else through a [slots, H, 64, 64] scratch
+        scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
+        wy_v2.chunk_wy_bwd_v2_kernel[(slots, H)](
+            k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
+            plan.cu, plan.chunk_indices, N, T_tot,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk, DOT_PREC=dot_prec,
+            num_warps=wy_v2.WARPS_V2, num_stages=wy_v2.STAGES_V2)
+        return dq, dk, dv, dg, dbeta, dh0
     chunk_wy_bwd_kernel[(slots, H)](
         k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta,
         plan.cu, plan.chunk_indices, N, T_tot,
