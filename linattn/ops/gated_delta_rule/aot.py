@@ -259,9 +259,9 @@ for _bv, _w, _s in ((32, 4, 2), (32, 4, 1)):
 
 # ---- Opt-in restructured WY stage (triton/backward_wy_v2.py, LINATTN_GDN_BWD_WY=v2) at the config the launcher takes
 # for H16/HV32 K=V=128 bf16 (B1 T65536 and B8 T4096 alike): BK = BV = 64, 4 warps, 1 stage, M^T through dk's rows.
-# One warpgroup, every product a full-width 64x64 WGMMA (24 bf16 64x64x16, 16 TF32 64x64x8), but still 255
-# registers and a 380 B spill at G = HV / H = 2 (233 registers, no spill at G = 1): registered as a known defect,
-# benchmarks/BWD_WY_V2.md says where the registers go.
+# One warpgroup, every product a full-width 64x64 WGMMA (24 bf16 64x64x16, 16 TF32 64x64x8): 255 registers, no spill
+# at G = HV / H = 2 (218 registers at G = 1), 32 KB smem, 2 CTAs/SM (was 380 B spilled before the gate vectors were
+# loaded one per thread and the tile addresses made per-phase: benchmarks/BWD_WY_V2.md).
 def _wy_v2_build():
     from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as m
     fn = m.chunk_wy_bwd_v2_kernel
@@ -275,7 +275,6 @@ def _wy_v2_build():
 
 
 register(AotKernel("gdn_bwd_triton_wy_v2_w4", _wy_v2_build, ("HGMMA",), archs=("sm_90a",), language="triton",
-                   known_spill_bytes=380,
                    div16=tuple(n for n, t in _TRITON_BWD_STAGES["wy"][2].items() if t.startswith("*")) + ("m_ptr",),
                    description="GDN backward stage 3, opt-in v2 (LINATTN_GDN_BWD_WY=v2): WY form, one warpgroup, "
                                "Triton, H16/HV32 K=V=128 bf16, BK=BV=64, 4 warps"))
