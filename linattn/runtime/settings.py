@@ -88,6 +88,11 @@ class _Settings:
         return os.environ.get("LINATTN_GDN_BWD_WY", "").strip().lower()
 
     @property
+    def gdn_bwd_local(self) -> str:
+        """LINATTN_GDN_BWD_LOCAL=v2: the backward's local stage through backward_local_v2.py (opt-in)."""
+        return os.environ.get("LINATTN_GDN_BWD_LOCAL", "").strip().lower()
+
+    @property
     def gdn_split_chunks(self) -> int:
         try:
             return max(0, int(os.environ.get("LINATTN_GDN_SPLIT_CHUNKS", "0") or 0))

@@ -278,3 +278,23 @@ register(AotKernel("gdn_bwd_triton_wy_v2_w4", _wy_v2_build, ("HGMMA",), archs=("
                    div16=tuple(n for n, t in _TRITON_BWD_STAGES["wy"][2].items() if t.startswith("*")) + ("m_ptr",),
                    description="GDN backward stage 3, opt-in v2 (LINATTN_GDN_BWD_WY=v2): WY form, one warpgroup, "
                                "Triton, H16/HV32 K=V=128 bf16, BK=BV=64, 4 warps"))
+
+
+# ---- Opt-in restructured local stage (triton/backward_local_v2.py, LINATTN_GDN_BWD_LOCAL=v2) at the config the
+# launcher takes for H16/HV32 K=V=128 bf16 (B1 T65536 and B8 T4096 alike): BK = BV = 64 (NK = 2), 4 warps, 1 stage.
+# Three phases of at most three [64, 64] fp32 tiles, every product a full-width 64x64 WGMMA (28 HGMMA 64x64x16):
+# 255 registers, no spill, 32 KB smem, 2 CTAs/SM (v1 gdn_bwd_triton_local_w8: 8 warps, 255, 296 B, 80 KB, 1 CTA/SM,
+# 64x32 WGMMAs). benchmarks/BWD_LOCAL_V2.md.
+def _local_v2_build():
+    from linattn.ops.gated_delta_rule.triton import backward_local_v2 as m
+    sig = dict(_TRITON_BWD_STAGES["local"][2])
+    const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32")
+    return m.chunk_local_bwd_v2_kernel, {**sig, **{name: "constexpr" for name in const}}, const, {
+        "num_warps": m.WARPS_LOCAL_V2, "num_stages": m.STAGES_LOCAL_V2}
+
+
+register(AotKernel("gdn_bwd_triton_local_v2_w4", _local_v2_build, ("HGMMA",), archs=("sm_90a",), language="triton",
+                   known_spill_bytes=0,
+                   div16=tuple(n for n, t in _TRITON_BWD_STAGES["local"][2].items() if t.startswith("*")),
+                   description="GDN backward stage 2, opt-in v2 (LINATTN_GDN_BWD_LOCAL=v2): dQ, dK part, dW, gate "
+                               "terms in three phases, one warpgroup, Triton, H16/HV32 K=V=128 bf16, BK=BV=64, 4 warps"))

@@ -27,6 +27,7 @@ from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_k
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as wy_v2
+from linattn.ops.gated_delta_rule.triton import backward_local_v2 as local_v2
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.runtime.alloc import empty
@@ -110,11 +111,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
     dw = empty(T_tot, HV, K, dtype=dt, device=dev)
     dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
-    chunk_local_bwd_kernel[(NK, slots, H)](
-        q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
-        plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_local, num_stages=2)
+    local_args = (q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
+                  plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale)
+    if settings.gdn_bwd_local == "v2":         # opt-in restructured local stage (backward_local_v2.py), same I/O
+        local_v2.chunk_local_bwd_v2_kernel[(NK, slots, H)](
+            *local_args, H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+            num_warps=local_v2.WARPS_LOCAL_V2, num_stages=local_v2.STAGES_LOCAL_V2)
+    else:
+        chunk_local_bwd_kernel[(NK, slots, H)](
+            *local_args, H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+            num_warps=cfg.warps_local, num_stages=2)
 
     dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
