@@ -38,27 +38,8 @@ read of the scratch; only valid rows are touched), else a [slots, H, 64, 64] buf
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_vec_compact, slot_chunk
 
-
-@triton.jit
-def _vec(ptrs, mask, BT: tl.constexpr):
-    """A [BT] vector (gate or beta of one value head) loaded as a [BT, 2] tile whose two columns read the same
-    address, then split. A load of >= 32 * num_warps elements counts as expensive to Triton's layout pass, so it is
-    not rematerialised in the [64, 64] WGMMA tile's column slice (16 elements and 16 64-bit pointers per thread, kept
-    live across phases: 380 B of spill at HV = 2H); it stays one element per thread and is converted (through shared
-    memory) where it is used."""
-    two = tl.arange(0, 2)
-    x = tl.load(ptrs[:, None] + two[None, :] * 0, mask=mask[:, None], other=0.)
-    a, b = tl.split(x)
-    return a
-
-
-@triton.jit
-def _tinv(tinv_ptr, t0, hv, nt, z0, HV: tl.constexpr, BT: tl.constexpr):
-    """The chunk's fp32 Tinv tile of value head hv (rows past nt zero); z0 is the phase's opaque zero row offset."""
-    p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
-    return tl.load(p_tinv, boundary_check=(0,))
 
 
 @triton.jit
@@ -103,6 +84,7 @@ def chunk_wy_bwd_v2_kernel(
         # addresses and masks offset by it are computed in their phase, not hoisted out of the head loop or shared
         # between phases and kept live (the loop-invariant addresses were the rest of the spill)
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
         dtinv = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
             p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
@@ -110,9 +92,9 @@ def chunk_wy_bwd_v2_kernel(
             b_k = tl.load(p_k, boundary_check=(0, 1))
             b_dw = tl.load(p_dw, boundary_check=(0, 1))
             dtinv += tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
-        rs_w = tl.sum(_tinv(tinv_ptr, t0, hv, nt, z0, HV, BT) * dtinv, axis=0)       # rowsum(K * Tinv^T dW)
-        dtinv = dtinv * tl.exp(_vec(gcum_ptr + r_gate + hv, rows < BT, BT))[None, :]
-        tinv_op = _tinv(tinv_ptr, t0, hv, nt, z0, HV, BT).to(dt_op)
+        rs_w = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)       # rowsum(K * Tinv^T dW)
+        dtinv = dtinv * tl.exp(load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))[None, :]
+        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
         for vb in range(0, tl.cdiv(V, BV)):
             p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
             p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
@@ -120,21 +102,22 @@ def chunk_wy_bwd_v2_kernel(
             b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
             dtinv += tl.dot(b_dvn, tl.trans(b_v), input_precision=DOT_PREC)
             tdu = tl.dot(tl.trans(tinv_op), b_dvn.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dU
-            beta_r = _vec(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+            beta_r = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
             p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
             tl.store(p_dv, (tdu * beta_r[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
         # colsum(Tinv * (dW K^T diag(exp gam) + dU V^T)) = exp(gam) rowsum(K * Tinv^T dW) + rowsum(V * Tinv^T dU)
-        dbeta = tl.sum(_tinv(tinv_ptr, t0, hv, nt, z0, HV, BT) * dtinv, axis=0)
-        beta_c = _vec(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+        dbeta = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)
+        beta_c = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
         dtinv = tl.where(rows[:, None] > (rows + z0)[None, :], dtinv * beta_c[None, :], 0.)
 
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
         # ---- phase 2: D = -(Tinv^T dTinv Tinv^T) * Gam (fp32 Tinv, DOT_PREC); K K^T; M = diag(beta) D; S = M + M^T
-        tinv = _tinv(tinv_ptr, t0, hv, nt, z0, HV, BT)
+        tinv = tl.load(p_tinv, boundary_check=(0,))
         z = tl.dot(dtinv, tl.trans(tinv), input_precision=DOT_PREC)                # dTinv Tinv^T
         da = tl.dot(tl.trans(tinv), z, input_precision=DOT_PREC)                   # Tinv^T dTinv Tinv^T
-        gam_r = _vec(gcum_ptr + r_gate + hv, rows < BT, BT)
-        gam_c = _vec(gcum_ptr + r_gate + hv, rows < BT, BT)
+        gam_r = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
+        gam_c = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
         d = tl.where(rows[:, None] > (rows + z0)[None, :], -da * tl.exp(gam_r[:, None] - gam_c[None, :]), 0.)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
@@ -142,7 +125,7 @@ def chunk_wy_bwd_v2_kernel(
             b_k = tl.load(p_k, boundary_check=(0, 1))
             kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
         rs_d = tl.sum(d * kk, axis=1)                   # rowsum(D * K K^T)
-        m = d * _vec(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)[:, None]
+        m = d * load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)[:, None]
         rs_m = tl.sum(m * kk, axis=0)                   # colsum(M * K K^T)
         p_m = tl.make_block_ptr(m_base, (nt if M_IN_DK else BT, BT), (m_row, 1), (z0, 0), (BT, BT), (1, 0))
         tl.store(p_m, m.to(dt_op), boundary_check=(0,))
@@ -153,9 +136,9 @@ def chunk_wy_bwd_v2_kernel(
         tl.debug_barrier()           # every read of the scratch precedes phase 3's dk stores (M_IN_DK)
 
         # dg and dbeta are complete here: stored before phase 3, so no gate vector lives through it
-        beta = _vec(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+        beta = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
         dbeta += rs_d
-        dgam = beta * (tl.exp(_vec(gcum_ptr + r_gate + hv, rows < BT, BT)) * rs_w + rs_d) - rs_m
+        dgam = beta * (tl.exp(load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)) * rs_w + rs_d) - rs_m
         for kb in range(0, NKP):
             dgam += tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
         # dg_i = sum_{j >= i in the chunk} d gam_j (gam is the in-chunk cumsum of g)
@@ -164,8 +147,9 @@ def chunk_wy_bwd_v2_kernel(
         tl.store(dbeta_ptr + (t0 + z0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
 
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
         # ---- phase 3: dK = dk_part + S K + diag(beta exp gam) Tinv^T dW (group sum in dk_part)
-        tinv_op = _tinv(tinv_ptr, t0, hv, nt, z0, HV, BT).to(dt_op)
+        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
         for kb in range(0, NK):
             p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
             p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (nt, K), (HV * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
@@ -174,8 +158,8 @@ def chunk_wy_bwd_v2_kernel(
             b_dw = tl.load(p_dw, boundary_check=(0, 1))
             acc = tl.dot(s_op, b_k.to(dt_op), tl.load(p_dkp, boundary_check=(0, 1)), input_precision=DOT_PREC)
             tdw = tl.dot(tl.trans(tinv_op), b_dw.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dW
-            bg = _vec(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32) * tl.exp(
-                _vec(gcum_ptr + r_gate + hv, rows < BT, BT))
+            bg = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32) * tl.exp(
+                load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))
             acc += tdw * bg[:, None]
             if j == G - 1:
                 p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
