@@ -25,7 +25,7 @@ enters them rounded to the operand dtype, as it enters dQ and dK in both kernels
 The dgam row of each (K block, head) is the program's own: phase A writes it, W and B read-modify-write it; a CTA
 barrier between the phases makes the writes of other threads visible (L2-resident, 3 x 256 B per head).
 
-Costs against the old kernel: dO and Vnew are loaded in two phases and Vnew in all three, S in two, q and k once per
+Costs against the old kernel: dO is loaded in two phases, Vnew in all three, S in two, q and k once per
 head and phase (issued bytes, L1/L2 hits right after the first read: DRAM bytes unchanged). dP is still computed
 by each of the NK K-block programs (as before).
 
