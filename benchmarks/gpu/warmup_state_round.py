@@ -29,6 +29,7 @@ sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout
 import torch  # noqa: E402
 from common import graph_ms, median_ms, round_result, write_json  # noqa: E402
+from linattn.testing import rel_rms  # noqa: E402
 
 BF, FP32 = torch.bfloat16, torch.float32
 TIMING = ((1, 8192, 16, 32), (1, 32768, 16, 32), (1, 65536, 16, 32), (1, 65536, 2, 8))
@@ -179,11 +180,6 @@ def _warm_runner(x, res, out, num_segments=None, stages=2, BV=32, warps=4):
     return run
 
 
-def _rel(a, b):
-    from linattn.testing import rel_rms
-    return rel_rms(a, b)
-
-
 def stage3_vs_plain(dev, dry):
     B, T, H, HV, K, V = (1, 64 * 12, 1, 2, 32, 32) if dry else (1, 65536, 16, 32, 128, 128)
     out = {}
@@ -194,8 +190,8 @@ def stage3_vs_plain(dev, dry):
         S, L = _warm_runner(x, res, w)()
         _sync(dev)
         used = int(res.plan.chunk_offsets[-1])
-        out[gates] = dict(segments=S, seg_chunks=L, h=_rel(w[0][:used], p[0][:used]), vnew=_rel(w[1], p[1]),
-                          final=_rel(w[2], p[2]))
+        out[gates] = dict(segments=S, seg_chunks=L, h=rel_rms(w[0][:used], p[0][:used]), vnew=rel_rms(w[1], p[1]),
+                          final=rel_rms(w[2], p[2]))
     return out
 
 
@@ -248,7 +244,7 @@ def timing_row(B, T, H, HV, dev, dry):
         got = run()
         _sync(dev)
         row["warmup"].append(dict(config=cfg, segments=got[0], seg_chunks=got[1], ms=_time(run, dev),
-                                  final_vs_plain=_rel(w[2], p[2]), h_vs_plain=_rel(w[0][:used], p[0][:used])))
+                                  final_vs_plain=rel_rms(w[2], p[2]), h_vs_plain=rel_rms(w[0][:used], p[0][:used])))
     best = min(e["ms"] for e in row["warmup"])
     row["speedup_auto"] = row["plain_ms"] / row["warmup"][0]["ms"]
     row["speedup_best"] = row["plain_ms"] / best
