@@ -122,7 +122,7 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
 
 def test_auto_hands_gluon_only_what_it_was_measured_faster_on(monkeypatch):
     """With the Gluon backend's supports() pretending a Hopper GPU (none here), `auto` picks it for N*HV <= 64
-    sequence-heads when the call is long (T_total >= 32768) or captured into a CUDA graph, and keeps the rest on
+    sequence-heads when the call is long (T_total >= GLUON_AUTO_MIN_EAGER_TOKENS) or captured into a CUDA graph, and keeps the rest on
     Triton with a reason; by name it takes them all."""
     import dataclasses
 

@@ -19,7 +19,7 @@ import torch
 import linattn
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton import forward as fwd_mod
-from linattn.ops.gated_delta_rule.triton.chunk_output import (DEFAULT_OUTPUT, OUTPUT_CANDIDATES, OutputConfig,
+from linattn.ops.gated_delta_rule.triton.chunk_output import (DEFAULT_OUTPUT, OUTPUT_CANDIDATES, OUTPUT_V2, OutputConfig,
                                                                chunk_output)
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, make_gdn_inputs, random_cu_seqlens
@@ -38,7 +38,7 @@ def _fp64(x):
 
 
 def stage4_inputs(x, cu=None):
-    """The forward's result with its stage-4 inputs (h, vnew, gcum, plan) kept, and its o from the default launch."""
+    """The forward's result with its stage-4 inputs (h, vnew, gcum, plan) kept, and its o from forward.py's launch."""
     with torch.no_grad():
         return fwd_mod.chunk_gated_delta_rule_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], x["q"].shape[-1] ** -0.5,
                                                   x["initial_state"], False, cu)
@@ -70,7 +70,7 @@ def test_configs_match_default(B, T, H, HV, K, V, dtype, lengths):
     x = make_gdn_inputs(B, T, H, HV, K, V, dtype=dtype, num_states=len(lengths) if lengths else None)
     res = stage4_inputs(x, cu)
     base = run_config(x, res, DEFAULT_OUTPUT)
-    assert torch.equal(base, res.o), "the default launch config must reproduce the forward's o bit for bit"
+    assert torch.equal(run_config(x, res, OUTPUT_V2), res.o), "forward.py's launch (OUTPUT_V2) must reproduce its o"
     ref_o, _ = naive_recurrent(**_fp64(x), output_final_state=True, cu_seqlens=cu)
     assert_close("o default", base, ref_o, TOL[dtype])
     for cfg in OUTPUT_CANDIDATES[1:] + EXTRA:
@@ -83,12 +83,14 @@ def test_configs_match_default(B, T, H, HV, K, V, dtype, lengths):
 
 
 def test_default_unchanged():
-    """The default config is forward.py's launch (BV = min(V, 64), 4 warps, 2 stages, one K block)."""
+    """DEFAULT_OUTPUT is forward.py's v1 launch (LINATTN_GDN_OUTPUT=v1: BV = min(V, 64), 4 warps, 2 stages, one K
+    block); forward.py's default since round 13 is OUTPUT_V2, itself a candidate."""
     from linattn.ops.gated_delta_rule.triton.forward import _configs_for
     cfg = _configs_for(128, 128, 1, 32, "cuda", 132)
     assert (DEFAULT_OUTPUT.kernel, DEFAULT_OUTPUT.BK, DEFAULT_OUTPUT.BV, DEFAULT_OUTPUT.warps, DEFAULT_OUTPUT.stages) \
         == ("one", 0, cfg.BV_out, cfg.warps_out, cfg.stages)
     assert OUTPUT_CANDIDATES[0] == DEFAULT_OUTPUT and len(set(OUTPUT_CANDIDATES)) == len(OUTPUT_CANDIDATES)
+    assert OUTPUT_V2 in OUTPUT_CANDIDATES and OUTPUT_V2.name == "loop_bk64_bv128_w8_s2_gh"
 
 
 @pytest.mark.parametrize("cfg", OUTPUT_CANDIDATES, ids=lambda c: c.name)
@@ -121,3 +123,33 @@ def test_gpu_round_dry_run(tmp_path):
         assert [c["config"] for c in row["candidates"]] == [c.name for c in OUTPUT_CANDIDATES] + ["default_again"]
         for c in row["candidates"]:
             assert c["passed"] and c["ms"] > 0, c
+
+
+@pytest.mark.parametrize("switch,expected", [(None, "v2"), ("v1", "v1")])
+def test_forward_launches_the_selected_stage4(monkeypatch, switch, expected):
+    """LINATTN_GDN_OUTPUT: unset -> OUTPUT_V2 through chunk_output(); v1 -> chunk_output_kernel. Both against fp64."""
+    if switch:
+        monkeypatch.setenv("LINATTN_GDN_OUTPUT", switch)
+    else:
+        monkeypatch.delenv("LINATTN_GDN_OUTPUT", raising=False)
+    seen = []
+    real_launcher, real_v1 = fwd_mod.chunk_output, fwd_mod.chunk_output_kernel
+
+    def launcher(*a, cfg, **kw):
+        seen.append(("v2", cfg))
+        return real_launcher(*a, cfg=cfg, **kw)
+
+    class V1:
+        def __getitem__(self, grid):
+            seen.append(("v1", grid))
+            return real_v1[grid]
+
+    monkeypatch.setattr(fwd_mod, "chunk_output", launcher)
+    monkeypatch.setattr(fwd_mod, "chunk_output_kernel", V1())
+    x = make_gdn_inputs(1, 100, 2, 4, 64, 48, dtype=torch.float32)
+    res = stage4_inputs(x)
+    assert [s[0] for s in seen] == [expected]
+    if expected == "v2":
+        assert seen[0][1] == OUTPUT_V2
+    ref_o, _ = naive_recurrent(**_fp64(x), output_final_state=True)
+    assert_close(f"o {expected} vs fp64", res.o, ref_o, TOL[torch.float32])

@@ -54,10 +54,7 @@ def set_switch(stage, on, wy=False):
     wanted = {stage.env: on}
     wanted[ENV_WY] = wanted.get(ENV_WY, False) or wy
     for env, want in wanted.items():
-        if want:
-            os.environ[env] = "v2"
-        else:
-            os.environ.pop(env, None)
+        os.environ[env] = "v2" if want else "v1"          # explicit both ways: v2 is the default since round 13
 
 
 def sync(dev):

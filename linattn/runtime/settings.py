@@ -25,6 +25,14 @@ LINATTN_GDN_SEGMENT_WARMUP "1": the Triton GDN forward runs its state pass in se
                    e^-20 of the state, benchmarks/SEGMENT_WARMUP.md); only for fixed-length batches with keys known
                    normalised (use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1) and >= 2 segments; default
                    off. Takes precedence over LINATTN_GDN_SPLIT_STATE.
+LINATTN_GDN_BWD_WY        "v1" runs the Triton GDN backward's WY stage as before round 13 (triton/backward_wy.py,
+                   8 warps); default "v2" (triton/backward_wy_v2.py: 4 warps, no spill, 2 CTAs/SM).
+LINATTN_GDN_BWD_LOCAL     "v1" runs the backward's local stage as before round 13 (triton/backward_local.py);
+                   default "v2" (triton/backward_local_v2.py). Round 13 on an H200: both v2 stages together take the
+                   backward at B1 T65536 H16/HV32 from 18.63 to 14.62 ms, gate green.
+LINATTN_GDN_OUTPUT        "v1" runs stage 4 of the Triton GDN forward as one K block with BV 64 at 4 warps (before
+                   round 13); default "v2": the K-loop kernel at BK 64, BV 128, 8 warps, heads grouped
+                   (triton/chunk_output.py; round 13: stage 4 1.32x at B1 T65536, 1.30x at B8 T4096).
 LINATTN_GDN_KEYS_NORMALISED "1": the caller guarantees ||k|| = 1 (along K) and 0 <= beta <= 2 for every token, so
                    the GDN state transitions never expand (needed by LINATTN_GDN_SEGMENT_WARMUP without
                    use_qk_l2norm_in_kernel); default off.
@@ -35,6 +43,12 @@ from dataclasses import dataclass
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _version(name: str, default: str = "v2") -> str:
+    """A stage switch: "v1" (also "0", "off", "false", "no") selects the previous kernel, anything else the default."""
+    value = os.environ.get(name, "").strip().lower()
+    return "v1" if value in ("v1", "0", "off", "false", "no") else default
 
 
 @dataclass(frozen=True)
@@ -85,12 +99,18 @@ class _Settings:
 
     @property
     def gdn_bwd_wy(self) -> str:
-        return os.environ.get("LINATTN_GDN_BWD_WY", "").strip().lower()
+        """"v2" (default since round 13) or "v1": which WY stage the Triton GDN backward runs."""
+        return _version("LINATTN_GDN_BWD_WY")
 
     @property
     def gdn_bwd_local(self) -> str:
-        """LINATTN_GDN_BWD_LOCAL=v2: the backward's local stage through backward_local_v2.py (opt-in)."""
-        return os.environ.get("LINATTN_GDN_BWD_LOCAL", "").strip().lower()
+        """"v2" (default since round 13) or "v1": which local stage the Triton GDN backward runs."""
+        return _version("LINATTN_GDN_BWD_LOCAL")
+
+    @property
+    def gdn_output(self) -> str:
+        """"v2" (default since round 13: K loop, BV 128, 8 warps, heads grouped) or "v1" (one K block, BV 64)."""
+        return _version("LINATTN_GDN_OUTPUT")
 
     @property
     def gdn_split_chunks(self) -> int:

@@ -139,7 +139,7 @@ TRITON_FWD = [
     ("gdn_fwd_triton_intra_bv64_w4", "intra", 64, 4, 2, ("HMMA",), "stage 2: gate cumsum, block inverse, W and U"),
     ("gdn_fwd_triton_state_bv32_w4", "state", 32, 4, 2, ("HGMMA",), "stage 3: state pass, B=1 config"),
     ("gdn_fwd_triton_state_bv64_w4", "state", 64, 4, 2, ("HGMMA",), "stage 3: state pass, B>=3 config"),
-    ("gdn_fwd_triton_output_bv64_w4", "output", 64, 4, 2, ("HGMMA",), "stage 4: output"),
+    ("gdn_fwd_triton_output_bv64_w4", "output", 64, 4, 2, ("HGMMA",), "stage 4: output, v1 (LINATTN_GDN_OUTPUT=v1)"),
     ("gdn_fwd_triton_fused_bv32_w8", "fused", 32, 8, 1, ("HGMMA",), "opt-in fused stage 3+4, B=1 config"),
 ]
 for _name, _which, _bv, _w, _s, _intended, _what in TRITON_FWD:
@@ -147,6 +147,17 @@ for _name, _which, _bv, _w, _s, _intended, _what in TRITON_FWD:
                        language="triton",      # torch allocations are 256-byte aligned: the JIT marks pointers so
                        div16=tuple(n for n, t in _TRITON_FWD_STAGES[_which][2].items() if t.startswith("*")),
                        description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, BV={_bv}, {_w} warps"))
+
+
+# ---- Stage 4 as forward.py launches it since round 13 (chunk_output.OUTPUT_V2: K loop, BK 64, BV 128, 8 warps,
+# heads grouped), through aot_output's spec
+def _register_output_v2():
+    from linattn.ops.gated_delta_rule.aot_output import spec
+    from linattn.ops.gated_delta_rule.triton.chunk_output import OUTPUT_V2
+    register(spec(OUTPUT_V2))
+
+
+_register_output_v2()
 
 
 # ---- The two-kernel stage 2 (triton/intra_split.py; the default since round 12), at the configs

@@ -129,11 +129,12 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
 # - N*HV <= 64 sequence-heads: CUDA-graph replay 1.08-1.48x the Triton forward (round 11: H16/HV32 B1 1.14-1.15x,
 #   H16/HV64 B1 1.08-1.09x, H2/HV8 B1 1.44-1.48x, B4 1.18x, B8 1.09x); at N*HV = 256 0.96-0.98x, so Triton there
 #   (its state pass then has enough programs; N*HV = 128 was not timed and stays on Triton).
-# - an eager call (not under CUDA-graph capture) also needs T_total >= 32768 tokens: round 12, eager B1 T8192 took
-#   1.235 ms against Triton's 1.054 (both host-bound: ~1.1 ms of host time per call for 0.56-0.64 ms of GPU work,
-#   the Gluon launch adding ~120 us), while eager B1 T32768 and T65536 ran 1.14x faster.
+# - an eager call (not under CUDA-graph capture) also needs T_total >= 8192 tokens. Round 12 set 32768: eager B1
+#   T8192 took 1.235 ms against Triton's 1.054 (both host-bound, ~1.1 ms of host time per call). Round 13, with the
+#   chunk plan cached (host path ~100 us per call), eager B1 T8192 took 0.486 ms against Triton's 0.569 (1.17x,
+#   results/2026-11-29_r13_gdn_gluon.json); shorter eager calls were not timed and stay on Triton.
 GLUON_AUTO_MAX_SEQ_HEADS = 64
-GLUON_AUTO_MIN_EAGER_TOKENS = 32768
+GLUON_AUTO_MIN_EAGER_TOKENS = 8192
 
 
 def _capturing(q: torch.Tensor) -> bool:
@@ -155,9 +156,9 @@ def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
                        f"backend='gluon' by name")
     tokens = q.shape[0] * q.shape[1]
     if tokens < GLUON_AUTO_MIN_EAGER_TOKENS and not _capturing(q):
-        return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: host-bound, and the "
-                       f"Gluon launch adds host time (round 12, B1 T8192: 1.235 vs 1.054 ms eager); taken under "
-                       f"CUDA-graph capture (1.15x there); backend='gluon' by name")
+        return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: not timed eager below "
+                       f"that (round 13, eager B1 T8192: 1.17x Triton); taken under CUDA-graph capture; "
+                       f"backend='gluon' by name")
     return True, ""
 
 

@@ -4,8 +4,9 @@
 
 with S the chunk-start state h[chunk] from the state pass. One program per (V block, chunk slot, value head).
 
-chunk_output_loop_kernel, OutputConfig and chunk_output(): an opt-in K-loop variant and its launcher for the GPU
-round of benchmarks/OUTPUT_STAGE.md; forward.py still launches chunk_output_kernel as before.
+chunk_output_loop_kernel, OutputConfig and chunk_output(): the K-loop variant and its launcher (benchmarks/OUTPUT_STAGE.md).
+Since round 13 forward.py launches OUTPUT_V2 through chunk_output(); LINATTN_GDN_OUTPUT=v1 launches
+chunk_output_kernel as before.
 """
 from dataclasses import dataclass
 
@@ -154,7 +155,8 @@ def chunk_output_loop_kernel(
 @dataclass(frozen=True)
 class OutputConfig:
     """A launch of stage 4. kernel "one": chunk_output_kernel (BK must be the padded K; group_heads and vn_first
-    unused); "loop": chunk_output_loop_kernel. DEFAULT_OUTPUT is what forward.py launches (BV = min(V, 64))."""
+    unused); "loop": chunk_output_loop_kernel. forward.py launches OUTPUT_V2 (DEFAULT_OUTPUT with
+    LINATTN_GDN_OUTPUT=v1, as before round 13)."""
     kernel: str = "one"
     BK: int = 0            # 0: the padded K (one K block)
     BV: int = 64
@@ -169,7 +171,10 @@ class OutputConfig:
         return s + ("_gh" if self.group_heads else "") + ("_vnf" if self.vn_first else "")
 
 
-DEFAULT_OUTPUT = OutputConfig()
+DEFAULT_OUTPUT = OutputConfig()            # LINATTN_GDN_OUTPUT=v1: forward.py's launch before round 13
+# forward.py's launch since round 13 (H200, B1 T65536 H16/HV32: 0.929 ms vs 1.222 for DEFAULT_OUTPUT, o identical;
+# B8 T4096: 0.469 vs 0.612; results/2026-11-29_r13_output_stage.json)
+OUTPUT_V2 = OutputConfig("loop", 64, 128, 8, 2, True)
 
 
 def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, cfg: OutputConfig = DEFAULT_OUTPUT,

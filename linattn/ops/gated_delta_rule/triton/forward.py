@@ -11,7 +11,7 @@ import triton
 
 from linattn.ops.gated_delta_rule.triton.chunk_fused_fwd import chunk_fused_fwd, fused_fwd_wanted
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
-from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output_kernel
+from linattn.ops.gated_delta_rule.triton.chunk_output import OUTPUT_V2, chunk_output, chunk_output_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_state_split import chunk_state_split, split_state_wanted
 from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import chunk_state_warmup, warmup_state_wanted
@@ -149,8 +149,12 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     if not compute_output:
         return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan)
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
-        q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_out, num_stages=cfg.stages)
+    if settings.gdn_output == "v1":             # before round 13: one K block, BV 64, 4 warps
+        chunk_output_kernel[(triton.cdiv(V, cfg.BV_out), slots, HV)](
+            q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_out, DOT_PREC=dot_prec,
+            num_warps=cfg.warps_out, num_stages=cfg.stages)
+    else:                                       # K loop, BV 128, 8 warps, heads grouped (benchmarks/OUTPUT_STAGE.md)
+        chunk_output(q, k, vnew, h, gcum, o, plan, scale, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec, cfg=OUTPUT_V2,
+                     BT=CHUNK)
     return FwdResult(o, final, gcum, w, u, vnew, h, tinv, plan)
