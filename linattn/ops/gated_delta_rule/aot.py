@@ -309,3 +309,46 @@ register(AotKernel("gdn_bwd_triton_local_v2_w4", _local_v2_build, ("HGMMA",), ar
                    div16=tuple(n for n, t in _TRITON_BWD_STAGES["local"][2].items() if t.startswith("*")),
                    description="GDN backward stage 2, opt-in v2 (LINATTN_GDN_BWD_LOCAL=v2): dQ, dK part, dW, gate "
                                "terms in three phases, one warpgroup, Triton, H16/HV32 K=V=128 bf16, BK=BV=64, 4 warps"))
+
+
+# ---- Backward stage 1 (the reverse state pass) in Gluon (gluon/chunk_state_bwd.py, LINATTN_GDN_GLUON_BWD_DH=1,
+# benchmarks/GLUON_BWD_DH.md): q, k, w, dO, dVnew tiles by TMA into a STAGES-deep mbarrier ring (reverse chunk
+# order), three wgmma products per chunk (dVnew with the decayed K as register A operand; dS with Q^T dO and W^T
+# dVnew from shared memory), dh[chunk] by a TMA store. One warpgroup. Configs: the launcher's (state_bwd_config:
+# BV=32 with 3 stages at B=1 H16/HV32, BV=64 with 2 stages at B >= 3), and the GPU round's sweep (BV=32 with 1 stage
+# fits 2 CTAs per SM). dht fp32 (any float dtype is accepted; the gradient of an fp32 final state is fp32).
+BWD_DH_INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
+BWD_DH_DIV16 = ("gcum_ptr", "dvnew_ptr", "dht_ptr", "dh0_ptr", "cu_ptr", "chunk_off_ptr")
+BWD_DH_CONFIGS = [  # (dtype, BV, warps, stages); the first three are what state_bwd_config picks
+    ("bf16", 32, 4, 3), ("bf16", 64, 4, 2), ("fp16", 64, 4, 2),
+    ("bf16", 32, 4, 2), ("bf16", 32, 4, 1), ("bf16", 64, 4, 1),
+]
+
+
+def bwd_dh_signature(dtype: str, BV: int):
+    """The argument types of chunk_state_bwd_tma_kernel as the JIT sees them for a state_bwd_launch call."""
+    return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "w_desc": desc_sig(dtype, [BT, K]),
+            "do_desc": desc_sig(dtype, [BT, BV]), "dv_desc": desc_sig(dtype, [BT, BV]), "gcum_ptr": "*fp32",
+            "dh_desc": desc_sig(dtype, [K, BV]), "dvnew_ptr": f"*{dtype}", "dht_ptr": "*fp32", "dh0_ptr": "*fp32",
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
+
+
+def bwd_dh_kernel_name(dtype: str, BV: int, warps: int, stages: int) -> str:
+    return f"gdn_bwd_dh_gluon_{dtype}_bv{BV}_w{warps}_s{stages}"
+
+
+def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages)
+        sig = bwd_dh_signature(dtype, BV)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": warps}
+    return build
+
+
+for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
+    register(AotKernel(
+        bwd_dh_kernel_name(_dt, _bv, _w, _s), _bwd_dh_build(_dt, _bv, _w, _s), BWD_DH_INTENDED, div16=BWD_DH_DIV16,
+        description=f"GDN backward stage 1 (reverse state pass), Gluon TMA ring + wgmma, H16/HV32 K=V=128 {_dt}, "
+                    f"BV={_bv}, {_w} warps, {_s}-stage ring"))

@@ -1,0 +1,299 @@
+"""Backward stage 1 in Gluon (sm_90a): the reverse state pass of triton/backward_state.py (chunk_state_bwd_kernel)
+with the chunk tiles of q, k, w, dO and dVnew brought in by TMA into a STAGES-deep mbarrier ring, prefetching
+STAGES-1 chunks ahead (in reverse chunk order) of the one being computed, and every product on warpgroup_mma.
+Opt-in: LINATTN_GDN_GLUON_BWD_DH=1 makes the "gluon" backend's backward take it (gluon/backend.py).
+
+Per chunk, walked last to first, with dS [K, BV] the fp32 gradient flowing into this chunk's S_next (it starts
+at d final_state, or zero), exactly as the Triton kernel (same rounding points):
+    dh[chunk] = dS                                   (dh dtype)
+    kdec      = (K * exp(gam_C - gam)[:, None]).to(dt)                 rows past the sequence end: 0
+    dVnew     = dVnew_in + kdec @ dS.to(dt)          (fp32, then rounded to dvnew's dtype, stored in place)
+    qg        = (Q * (exp(gam) * scale)[:, None]).to(dt)               rows past the sequence end: 0
+    dS        = exp(gam_C) dS + qg^T dO - W^T dVnew.to(dt)
+and dh0 = dS (fp32) after the first chunk. One program per (V block, sequence * value head); V is split exactly
+as in the Triton kernel (every line is column-separable in V).
+
+Products (one warpgroup, 4 warps; accumulator layout NVMMA v3 [4, 1] x [16, BV, 16] for [64, BV] and [128, BV]):
+  P1  dVnew = kdec @ dS      A = kdec in registers (DotOperandLayout of the accumulator, k_width 2; the k tile is
+                             read from the ring by ldmatrix, decayed and rounded in registers), B = dS.to(dt) from
+                             ds_smem [K, BV] (MN-major B), accumulator = dVnew_in read from the ring: [64 x BV x 128]
+  P2  dS += qg^T @ dO        A = qg_smem [BT, K] permuted (MN-major A), B = dO ring tile [BT, BV], accumulator =
+                             exp(gam_C) dS: [128 x BV x 64]
+  P3  dS += W^T @ (-dVnew)   A = W ring tile permuted (MN-major A), B = -dVnew.to(dt) in dvn_smem (negation is exact
+                             in 16 bits; rows past the end 0), accumulator = P2's result: [128 x BV x 64]
+P1 and P2 are independent: both are issued asynchronously and waited together; P3 needs P1's dVnew.
+Triton sums exp(gam_C) dS + dot(qg^T, dO) - dot(W^T, dVnew) from two separate fp32 products; here the two
+products accumulate into one fp32 accumulator (same operands, fp32-level reassociation only).
+
+Varlen and the boxes: the descriptors cover the packed 2-D views q, k [T_tot, H*K], w [T_tot, HV*K], dO, dVnew
+[T_tot, HV*V]; a chunk's box starts at its first token, so the last chunk's box may hold the NEXT sequence's rows
+(TMA zero-fills only past T_tot). They are neutralised in registers with gl.where (never by multiplication, so
+non-finite values there cannot leak): kdec and qg rows are 0, the -dVnew rows written for P3 are 0, and dVnew's
+rows past the end are not stored. W and dO rows past the end then only ever multiply zeros.
+dVnew in place: this program alone writes its rows/columns of dVnew (valid rows of chunk c, V block vb); the ring
+prefetches chunks c-1, c-2 (earlier rows), never chunk c's rows again, so a prefetch never reads a stale tile that
+this program has yet to write. The rows of the next sequence in a last chunk's box may be written concurrently by
+another program: they are read, discarded by the masks, never written here.
+
+Shared-memory buffers, who owns them and when they are reused:
+  ring slot s (q_smem[s], k_smem[s], w_smem[s], do_smem[s], dv_smem[s], ready[s]); iteration i handles chunk
+    c = nchunks-1-i in slot i % STAGES:
+    prologue   iterations 0 .. STAGES-2 are issued into slots 0 .. STAGES-2 (predicated off past the last one).
+    steady     iteration i first refills slot (i - 1) % STAGES with iteration i + STAGES - 1: every warp passed the
+               thread barrier after its reads of iteration i - 1 (ldmatrix / local loads), the wgmmas reading the
+               slot were waited, and a proxy fence orders the generic-proxy reads before the async-proxy TMA write.
+               Then it waits on ready[i % STAGES] with parity (i // STAGES) & 1 and reads.
+    drain      refills past the last iteration are predicated off (no expect, no copy): no TMA load is in flight
+               when the loop ends and no phase is awaited that never completes; the barriers are invalidated.
+    expect     counts the full boxes (TMA counts zero-filled bytes too).
+  ds_smem [K, BV] (dh dtype): dS.to(dt), written by the generic proxy each iteration then fenced; read by the TMA
+    store of dh[chunk] and by P1 (wgmma). Before it is rewritten, tma.store_wait(0) + the thread barrier make sure
+    the previous dh store finished reading it; the previous P1 was waited.
+  qg_smem [BT, K], dvn_smem [BT, BV]: P2's and P3's operands, written (generic) then fenced; their previous readers
+    (P2, P3 of the previous iteration) were waited before the rewrite.
+"""
+from __future__ import annotations
+
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load, tma_store,
+                                          tma_store_wait, warpgroup_mma, warpgroup_mma_wait)
+
+if GLUON_OK:
+
+    @gluon.constexpr_function
+    def bwd_acc_layout(BV, num_warps):
+        """wgmma accumulator layout shared by dVnew [BT, BV] and dS [K, BV] (one warpgroup along M)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                         instr_shape=[16, BV // (num_warps // 4), 16])
+
+    @gluon.constexpr_function
+    def bwd_rows_layout(ncols, elem_bits, num_warps):
+        """Blocked layout of a row-major [rows, ncols] tile: 16-byte vectors along the contiguous dim."""
+        vec = min(128 // elem_bits, ncols)
+        tpw_n = min(32, ncols // vec)
+        return gl.BlockedLayout([1, vec], [32 // tpw_n, tpw_n], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem, ready,
+                         i, nchunks, bos, hv, hk, vb,
+                         K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                         STAGES: gl.constexpr):
+        """TMA loads of iteration i's tiles (chunk nchunks-1-i) into ring slot i % STAGES (nothing past the end)."""
+        s = i % STAGES
+        p = i < nchunks
+        row = (bos + (nchunks - 1 - i) * BT).to(gl.int32)
+        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + w_desc.block_type.nbytes
+                                + do_desc.block_type.nbytes + dv_desc.block_type.nbytes)
+        mbarrier.expect(ready.index(s), nbytes, pred=p)
+        tma_load(q_desc, [row, hk * K], ready.index(s), q_smem.index(s), pred=p)
+        tma_load(k_desc, [row, hk * K], ready.index(s), k_smem.index(s), pred=p)
+        tma_load(w_desc, [row, hv * K], ready.index(s), w_smem.index(s), pred=p)
+        tma_load(do_desc, [row, hv * V + vb * BV], ready.index(s), do_smem.index(s), pred=p)
+        tma_load(dv_desc, [row, hv * V + vb * BV], ready.index(s), dv_smem.index(s), pred=p)
+
+    @gluon.jit
+    def chunk_state_bwd_tma_kernel(
+        q_desc, k_desc, w_desc, do_desc, dv_desc,   # TMA over q, k [T_tot, H*K], w [T_tot, HV*K], do, dvnew [T_tot, HV*V]
+        gcum_ptr,                                   # gcum [T_tot, HV] fp32
+        dh_desc, dvnew_ptr,                         # TMA over dh [slots*HV*K, V]; dvnew [T_tot, HV, V] (in place)
+        dht_ptr, dh0_ptr,                           # d final_state (any float) / d initial_state (fp32) [N, HV, K, V]
+        cu_ptr, chunk_off_ptr, scale,               # the chunk plan (triton/chunk_indices.py), the q scale
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+        BT: gl.constexpr, BV: gl.constexpr, USE_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
+        STAGES: gl.constexpr,
+    ):
+        NW: gl.constexpr = gl.num_warps()
+        dt: gl.constexpr = w_desc.dtype
+        ACC: gl.constexpr = bwd_acc_layout(BV, NW)
+        OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
+        COLS: gl.constexpr = gl.SliceLayout(0, ACC)
+        AROWS: gl.constexpr = gl.SliceLayout(1, OPA)
+        LQ: gl.constexpr = bwd_rows_layout(K, 16, NW)             # the q tile, scaled in registers
+        QROWS: gl.constexpr = gl.SliceLayout(1, LQ)
+        LS: gl.constexpr = bwd_rows_layout(BV, 32, NW)            # fp32 states [K, BV] in global memory
+
+        vb = gl.program_id(0)
+        nh = gl.program_id(1)
+        n = nh // HV
+        hv = nh % HV
+        hk = hv // (HV // H)
+        bos = gl.load(cu_ptr + n)
+        eos = gl.load(cu_ptr + n + 1)
+        slot0 = gl.load(chunk_off_ptr + n)
+        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+
+        q_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
+        w_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], w_desc.layout)
+        do_smem = gl.allocate_shared_memory(dt, [STAGES, BT, BV], do_desc.layout)
+        dv_smem = gl.allocate_shared_memory(dt, [STAGES, BT, BV], dv_desc.layout)
+        ds_smem = gl.allocate_shared_memory(dt, [K, BV], dh_desc.layout)
+        qg_smem = gl.allocate_shared_memory(dt, [BT, K], q_desc.layout)
+        dvn_smem = gl.allocate_shared_memory(dt, [BT, BV], dv_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(ready.index(j), count=1)
+        fence_async_shared()                                        # barrier inits visible to the async proxy
+        for j in gl.static_range(STAGES - 1):                       # prologue: iterations 0 .. STAGES-2 in flight
+            _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem,
+                             ready, j, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES)
+
+        sk = gl.arange(0, K, layout=gl.SliceLayout(1, LS))
+        sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LS))
+        state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        if USE_DHT:
+            ds = gl.convert_layout(gl.load(dht_ptr + state_off).to(gl.float32), ACC)
+        else:
+            ds = gl.zeros([K, BV], gl.float32, ACC)
+
+        r_t = gl.arange(0, BT, layout=ROWS)
+        r_a = gl.arange(0, BT, layout=AROWS)
+        r_q = gl.arange(0, BT, layout=QROWS)
+        c_v = vb * BV + gl.arange(0, BV, layout=COLS)
+
+        # gates of the last chunk; each iteration then loads the next one's (an earlier chunk) while it computes
+        t_n = bos + (nchunks - 1) * BT
+        gam = gl.load(gcum_ptr + (t_n + r_t) * HV + hv, mask=((t_n + r_t) < eos) & (nchunks > 0), other=0.)
+        gam_last = gl.load(gcum_ptr + (t_n + gl.minimum(eos - t_n, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
+
+        for i in range(0, nchunks):
+            c = nchunks - 1 - i
+            t0 = bos + c * BT
+            # refill the slot read in iteration i - 1 with iteration i + STAGES - 1 (see the module docstring)
+            fence_async_shared()
+            gl.thread_barrier()
+            _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem,
+                             ready, i + STAGES - 1, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES)
+            # gates of chunk c - 1 (a whole chunk when c > 0), consumed next iteration
+            t1 = t0 - BT
+            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=c > 0, other=0.)
+            gam_last_n = gl.load(gcum_ptr + (t1 + BT - 1) * HV + hv, mask=c > 0, other=0.)
+
+            # dh[chunk] = dS through ds_smem and a TMA store; ds_smem is also P1's B operand
+            tma_store_wait(0)
+            gl.thread_barrier()
+            ds_smem.store(ds.to(dt))
+
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            rows = t0 + r_t
+            valid = rows < eos
+            # qg = (Q * exp(gam) * scale).to(dt), rows past the end 0, through qg_smem (P2's A operand)
+            gam_q = gl.convert_layout(gam, QROWS)
+            valid_q = gl.expand_dims((t0 + r_q) < eos, 1)
+            qv = q_smem.index(s).load(LQ).to(gl.float32) * gl.expand_dims(gl.exp(gam_q) * scale, 1)
+            qg_smem.store(gl.where(valid_q, qv, 0.).to(dt))
+            # kdec = (K * exp(gam_C - gam)).to(dt) in registers, rows past the end 0 (P1's A operand)
+            gam_a = gl.convert_layout(gam, AROWS)
+            valid_a = gl.expand_dims((t0 + r_a) < eos, 1)
+            kv = k_smem.index(s).load(OPA).to(gl.float32) * gl.expand_dims(gl.exp(gam_last - gam_a), 1)
+            kdec = gl.where(valid_a, kv, 0.).to(dt)
+            dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
+            fence_async_shared()                                    # ds_smem, qg_smem -> TMA store / wgmma
+            tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
+
+            # P2 (dS side, independent of dS's new terms) and P1 (dVnew) in flight together
+            tok_s = warpgroup_mma(qg_smem.permute((1, 0)), do_smem.index(s), ds * gl.exp(gam_last), is_async=True)
+            tok_v = warpgroup_mma(kdec, ds_smem, dv_in, is_async=True)
+            acc_s, dvn = warpgroup_mma_wait(0, deps=[tok_s, tok_v])
+            dvn_op = dvn.to(dt)
+            uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
+            gl.store(dvnew_ptr + uv_off, dvn_op, mask=gl.expand_dims(valid, 1))
+            # P3: dS = acc_s + W^T (-dVnew), rows past the end 0
+            dvn_smem.store(gl.where(gl.expand_dims(valid, 1), -dvn_op.to(gl.float32), 0.).to(dt))
+            fence_async_shared()
+            ds = warpgroup_mma(w_smem.index(s).permute((1, 0)), dvn_smem, acc_s)
+            gam = gam_n
+            gam_last = gam_last_n
+
+        tma_store_wait(0)
+        for j in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(j))
+        if STORE_DH0:
+            gl.store(dh0_ptr + state_off, gl.convert_layout(ds, LS))
+
+
+# ---------------------------------------------------------------- host side: config and launch
+
+from dataclasses import dataclass  # noqa: E402
+from typing import Optional  # noqa: E402
+
+BT = 64
+
+
+@dataclass(frozen=True)
+class BwdStateConfig:
+    BV: int
+    num_warps: int
+    stages: int          # TMA ring depth
+
+
+def state_bwd_config(N: int, HV: int, V: int, num_sms: int) -> BwdStateConfig:
+    """V split as the Triton backward's state pass (backward._configs): BV=64 unless N*HV*V/64 programs would
+    leave SMs idle, then 32. One warpgroup (4 warps: wgmma's unit, the forward's Gluon state pass's choice).
+    Ring depth: 3 at BV=32 (217 KB of smem, one CTA per SM: there are <= 2 x num_sms programs there), 2 at BV=64
+    (188 KB; 3 would not fit in 227 KB). AOT numbers in benchmarks/GLUON_BWD_DH.md."""
+    bv = 64
+    while bv > 32 and N * HV * (V // bv) < num_sms:
+        bv //= 2
+    return BwdStateConfig(bv, 4, 3 if bv == 32 else 2)
+
+
+def _gl_dtype(dtype):
+    import torch
+
+    from linattn.runtime.gluon_compat import gl
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def _aligned(t):
+    """TMA needs a 16-byte aligned base; a view at an odd offset is copied (read-only operands only)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig):
+    """(kernel, grid, args, kwargs) of one launch of chunk_state_bwd_tma_kernel; the arguments mirror the Triton
+    launch of chunk_state_bwd_kernel in triton/backward.py. Separate from the launch so that a CPU test can check
+    them (descriptors build on CPU tensors) against the AOT signature (aot.py, bwd_dh_signature).
+    q, k [B,T,H,K], w [T_tot,HV,K], do [B,T,HV,V], gcum [T_tot,HV] fp32, dh [slots,HV,K,V], dvnew [T_tot,HV,V] (all
+    contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None."""
+    from linattn.runtime.gluon_compat import TensorDescriptor, gl
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = dvnew.shape[1], dvnew.shape[2]
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    dt = q.dtype
+    for name, t in (("k", k), ("w", w), ("do", do), ("dh", dh), ("dvnew", dvnew)):
+        if t.dtype != dt:
+            raise ValueError(f"{name} is {t.dtype}, q is {dt}: the Gluon state backward takes one 16-bit dtype")
+    if dh.data_ptr() % 16:
+        raise ValueError("dh must be 16-byte aligned for the TMA store (the backward allocates it)")
+    gdt = _gl_dtype(dt)
+
+    def desc(t2d, block):
+        return TensorDescriptor.from_tensor(t2d, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    dv2d = dvnew.view(T_tot, HV * V)
+    if dv2d.data_ptr() % 16:
+        raise ValueError("dvnew must be 16-byte aligned (read by TMA, updated in place)")
+    args = (desc(_aligned(q.reshape(T_tot, H * K)), [BT, K]), desc(_aligned(k.reshape(T_tot, H * K)), [BT, K]),
+            desc(_aligned(w.reshape(T_tot, HV * K)), [BT, K]), desc(_aligned(do.reshape(T_tot, HV * V)), [BT, cfg.BV]),
+            desc(dv2d, [BT, cfg.BV]), gcum, desc(dh.view(slots * HV * K, V), [K, cfg.BV]), dvnew,
+            dht if dht is not None else gcum, dh0 if dh0 is not None else gcum, plan.cu, plan.chunk_offsets,
+            float(scale))
+    kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
+                  STAGES=cfg.stages, num_warps=cfg.num_warps)
+    grid = (V // cfg.BV, N * HV)
+    return chunk_state_bwd_tma_kernel, grid, args, kwargs
+
+
+def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
+                          config: Optional[BwdStateConfig] = None) -> None:
+    """Backward stage 1 on sm_90a, a drop-in for the Triton launch of chunk_state_bwd_kernel (the `state_bwd` hook
+    of triton/backward.py chunk_gated_delta_rule_bwd): writes dh, adds the state term to dvnew in place, writes dh0
+    when given. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call)."""
+    from linattn.runtime.device import device_facts
+    cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms)
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg)
+    kernel[grid](*args, **kwargs)
