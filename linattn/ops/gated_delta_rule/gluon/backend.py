@@ -6,7 +6,9 @@ by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every call supports(
 "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward is the Triton backward
 ("linattn::chunk_gdn_bwd"), which recomputes the intermediates from the saved inputs, so gradients do not depend
 on the variant. The state-pass variant comes from LINATTN_GDN_GLUON_VARIANT (literal | tma | wgmma), read per
-call; unset means the launcher's default.
+call; unset means the launcher's default. Opt-in Gluon pieces of that backward ("linattn::chunk_gdn_bwd_gluon"),
+read per backward: LINATTN_GDN_GLUON_BWD_STATE=1 recomputes the forward's state pass with the Gluon kernel,
+LINATTN_GDN_GLUON_BWD_DH=1 runs the reverse state pass (stage 1) with gluon/chunk_state_bwd.py.
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
@@ -49,24 +51,31 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, va
 @torch.library.custom_op("linattn::chunk_gdn_bwd_gluon", mutates_args=())
 def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                         do: torch.Tensor, dht: Optional[torch.Tensor], variant: str
+                         do: torch.Tensor, dht: Optional[torch.Tensor], variant: str, recompute_state: bool,
+                         state_bwd: bool
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward with its recomputed state pass in Gluon (LINATTN_GDN_GLUON_BWD_STATE=1)."""
-    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_state_gluon
+    """The Triton backward with its recomputed state pass in Gluon (recompute_state: LINATTN_GDN_GLUON_BWD_STATE=1)
+    and/or its reverse state pass (stage 1) in Gluon (state_bwd: LINATTN_GDN_GLUON_BWD_DH=1)."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
+    from linattn.ops.gated_delta_rule.gluon import launcher
     from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
-        chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan, variant)
+        launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan, variant)
+
+    def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
+        gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_)
     dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
-        None if dht is None else dht.contiguous(), state_pass=state_pass)
+        None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
+        state_bwd=state_bwd_pass if state_bwd else None)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0
 
 
 @_chunk_gdn_bwd_gluon.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, variant):
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, variant, recompute_state, state_bwd):
     dh0 = (q.new_empty(0, dtype=torch.float32) if initial_state is None
            else initial_state.new_empty(initial_state.shape, dtype=torch.float32))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
@@ -81,12 +90,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dfinal):
     from linattn.ops.gated_delta_rule.api import _fwd_backward
-    if not settings.gdn_gluon_bwd_state:
+    recompute_state, state_bwd = settings.gdn_gluon_bwd_state, settings.gdn_gluon_bwd_dh
+    if not (recompute_state or state_bwd):
         return (*_fwd_backward(ctx, do, dfinal), None)
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
     dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state,
-                                                                       cu_seqlens, do, dht, ctx.variant)
+                                                                       cu_seqlens, do, dht, ctx.variant,
+                                                                       recompute_state, state_bwd)
     return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None, None
 
 

@@ -72,12 +72,15 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
-                               state_pass=None):
+                               state_pass=None, state_bwd=None):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None.
     state_pass: replaces the recompute's Triton state pass (chunk_gated_delta_rule_fwd's hook; the gluon backend
-    plugs its Gluon state pass in here under LINATTN_GDN_GLUON_BWD_STATE=1)."""
+    plugs its Gluon state pass in here under LINATTN_GDN_GLUON_BWD_STATE=1).
+    state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
+    dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
+    state backward, gluon/chunk_state_bwd.py, in here under LINATTN_GDN_GLUON_BWD_DH=1)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -99,13 +102,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
         num_warps=cfg.warps_dv_local, num_stages=2)
-    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
-        q, k, fwd.w, fwd.gcum, do, dh, dvnew,
-        dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
-        plan.cu, plan.chunk_offsets, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
-        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_state, num_stages=cfg.stages_state)
+    if state_bwd is not None:
+        state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
+    else:
+        chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+            q, k, fwd.w, fwd.gcum, do, dh, dvnew,
+            dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
+            plan.cu, plan.chunk_offsets, scale,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
+            num_warps=cfg.warps_state, num_stages=cfg.stages_state)
 
     dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
