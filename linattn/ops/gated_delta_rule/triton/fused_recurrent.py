@@ -175,6 +175,116 @@ def fused_recurrent_gdn_fwd_kernel(
                      "")
 
 
+
+@triton.jit
+def _kwarp_tile(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, i_n, i_hv, i_h, i_v,
+                HV: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, NW: tl.constexpr, VEC: tl.constexpr,
+                USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                INPLACE: tl.constexpr, INDEXED: tl.constexpr, STORE_CACHE: tl.constexpr):
+    """One tile of the persistent kernel with the state held as two 4-D halves [KL, NW, KA, KJ] (the `kwarp`
+    variant, benchmarks/DECODE_KWARP.md): row k = half * BK/2 + l * KA + a, column v0 + w * KJ + j. Triton's
+    coalescing pass gives this shape the layout sizePerThread [1, 1, 1, VEC], threadsPerWarp [KL, 1, 1, KJ/VEC],
+    warpsPerCTA [1, NW, 1, 1]: VEC-wide (16-byte) vectors along V, the K rows on KL lanes and KA registers of ONE
+    warp, the warps along V. Both reductions over K (S^T k, S^T q) are then in-thread sums plus log2(KL) shuffles,
+    with no shared-memory exchange and no CTA barrier. q and k are loaded as two halves of BK/2 < 32 * NW
+    elements, a size Triton treats as cheap to load directly in the layout that broadcasts them over the tile (a
+    load of BK elements would be converted through shared memory with barriers); they are 16-byte rows per
+    thread, so the pipeliner copies them with cp.async like the state. Same math as _decode_token."""
+    KJ: tl.constexpr = BV // NW                 # columns per warp
+    TJ: tl.constexpr = KJ // VEC                # lanes along V
+    KL: tl.constexpr = 32 // TJ                 # lanes along K
+    KA: tl.constexpr = BK // (2 * KL)           # rows per thread in each half
+    HALF: tl.constexpr = BK // 2
+    tl.static_assert(KJ % VEC == 0 and 32 % TJ == 0 and KA >= 1, "kwarp: BV / num_warps must be a multiple of "
+                     "the 16-byte vector, and BK >= 2 x the lanes along K")
+    kk = tl.arange(0, KL)[:, None] * KA + tl.arange(0, KA)[None, :]          # [KL, KA] row within a half
+    vv = tl.arange(0, NW)[:, None] * KJ + tl.arange(0, KJ)[None, :]         # [NW, KJ] column within the block
+    col = tl.max_contiguous(tl.multiple_of(i_v * BV + vv, [1, KJ]), [1, KJ])
+    if INDEXED:
+        idx = tl.load(state_indices + i_n).to(tl.int64)
+        valid = (idx >= 0) & (idx < num_slots)
+        slot = tl.where(valid, idx, 0)
+    else:
+        valid = i_n >= 0
+        slot = i_n
+    k0 = kk[:, None, :, None]
+    k1 = k0 + HALF
+    c4 = col[None, :, None, :]
+    m0 = (k0 < K) & (c4 < V)
+    m1 = (k1 < K) & (c4 < V)
+    if INDEXED:
+        m0_io = m0 & valid
+        m1_io = m1 & valid
+    else:
+        m0_io = m0
+        m1_io = m1
+    base = (slot * HV + i_hv) * K * V
+    if HAS_H0:
+        h_lo = tl.load(h0 + base + k0 * V + c4, mask=m0_io, other=0.0).to(tl.float32)
+        h_hi = tl.load(h0 + base + k1 * V + c4, mask=m1_io, other=0.0).to(tl.float32)
+    else:
+        h_lo = tl.zeros([KL, NW, KA, KJ], dtype=tl.float32)
+        h_hi = tl.zeros([KL, NW, KA, KJ], dtype=tl.float32)
+    p_q = q + (i_n * H + i_h) * K
+    p_k = k + (i_n * H + i_h) * K
+    q_lo = tl.load(p_q + kk, mask=kk < K, other=0.0).to(tl.float32)
+    q_hi = tl.load(p_q + HALF + kk, mask=kk + HALF < K, other=0.0).to(tl.float32)
+    k_lo = tl.load(p_k + kk, mask=kk < K, other=0.0).to(tl.float32)
+    k_hi = tl.load(p_k + HALF + kk, mask=kk + HALF < K, other=0.0).to(tl.float32)
+    b_v = tl.load(v + (i_n * HV + i_hv) * V + col, mask=col < V, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + i_n * HV + i_hv).to(tl.float32)
+    if QK_L2NORM:
+        rq = tl.rsqrt(tl.sum(tl.sum(q_lo * q_lo + q_hi * q_hi, 1), 0) + 1e-6)
+        rk = tl.rsqrt(tl.sum(tl.sum(k_lo * k_lo + k_hi * k_hi, 1), 0) + 1e-6)
+        q_lo = q_lo * rq
+        q_hi = q_hi * rq
+        k_lo = k_lo * rk
+        k_hi = k_hi * rk
+    q_lo = q_lo * scale
+    q_hi = q_hi * scale
+    if BETA_SIGMOID:
+        b_beta = tl.sigmoid(b_beta)
+    if USE_G:
+        b_g = tl.load(g + i_n * HV + i_hv).to(tl.float32)
+        if FUSED_GATE:
+            b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+            if HAS_DT_BIAS:
+                b_g = b_g + b_dt
+            b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
+        b_a = tl.exp(b_g)
+        h_lo = h_lo * b_a
+        h_hi = h_hi * b_a
+    kl4 = k_lo[:, None, :, None]
+    kh4 = k_hi[:, None, :, None]
+    ql4 = q_lo[:, None, :, None]
+    qh4 = q_hi[:, None, :, None]
+    # reduce the in-thread rows (axis 2) first, then the KL lanes (axis 0): [NW, KJ], all inside one warp
+    b_kS = tl.sum(tl.sum(h_lo * kl4 + h_hi * kh4, 2), 0)
+    b_qS = tl.sum(tl.sum(h_lo * ql4 + h_hi * qh4, 2), 0)
+    b_qk = tl.sum(tl.sum(ql4 * kl4 + qh4 * kh4, 2), 0)              # [1, 1]: q . k, also warp-local
+    b_u = b_beta * (b_v - b_kS)
+    b_o = b_qS + b_qk * b_u
+    u4 = b_u[None, :, None, :]
+    h_lo = h_lo + kl4 * u4
+    h_hi = h_hi + kh4 * u4
+    if INDEXED:
+        b_o = tl.where(valid, b_o, 0.0)
+    tl.store(o + (i_n * HV + i_hv) * V + col, b_o.to(o.dtype.element_ty), mask=col < V)
+    if STORE_HT:
+        if INPLACE:
+            tl.store(h0 + base + k0 * V + c4, h_lo.to(h0.dtype.element_ty), mask=m0_io, cache_modifier=STORE_CACHE)
+            tl.store(h0 + base + k1 * V + c4, h_hi.to(h0.dtype.element_ty), mask=m1_io, cache_modifier=STORE_CACHE)
+        else:
+            if INDEXED:
+                h_lo = tl.where(valid, h_lo, 0.0)
+                h_hi = tl.where(valid, h_hi, 0.0)
+            ht_base = (i_n * HV + i_hv) * K * V
+            tl.store(ht + ht_base + k0 * V + c4, h_lo.to(ht.dtype.element_ty), mask=m0, cache_modifier=STORE_CACHE)
+            tl.store(ht + ht_base + k1 * V + c4, h_hi.to(ht.dtype.element_ty), mask=m1, cache_modifier=STORE_CACHE)
+
+
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
 def fused_recurrent_gdn_fwd_persistent_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
@@ -185,6 +295,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
     INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
+    KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -201,7 +312,9 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     plain loads issued after the wait for the state, a dependent L2 round trip inside every tile);
     CONTIGUOUS_TILES gives each program a contiguous run of tiles instead of a stride of the grid size. No load
     hint: the pipelined state load is a 16-byte cp.async.cg (L2 only) whatever tl.load's cache_modifier or
-    eviction_policy say (Triton 3.6 drops both on async copies; sm_90a PTX checked)."""
+    eviction_policy say (Triton 3.6 drops both on async copies; sm_90a PTX checked). KWARP holds the tile in a
+    layout with the K rows inside one warp and the warps along V (_kwarp_tile; KW_WARPS = num_warps, KW_VEC =
+    the state elements per 16 bytes, both set by the launcher), so the reductions over K need no CTA barrier."""
     NV: tl.constexpr = (V + BV - 1) // BV
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -230,30 +343,35 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         i_n = i_nh // HV
         i_hv = i_nh % HV
         i_h = i_hv // (HV // H)
-        b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
-                                                                  HV, K, V, BK, BV, HAS_H0, INDEXED)
-        mask_v = o_v < V
-        if PREFETCH_QK:
-            b_q = nxt_q.to(tl.float32)
-            b_k = nxt_k.to(tl.float32)
+        if KWARP:
+            _kwarp_tile(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, i_n, i_hv,
+                        i_h, i_v, HV, H, K, V, BK, BV, KW_WARPS, KW_VEC, USE_G, FUSED_GATE, HAS_DT_BIAS,
+                        BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT, INPLACE, INDEXED, STORE_CACHE)
         else:
-            b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-            b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-        b_beta = tl.load(beta + i_n * HV + i_hv).to(tl.float32)
-        if USE_G:
-            b_g = tl.load(g + i_n * HV + i_hv).to(tl.float32)
-        else:
-            b_g = 0.0
-        b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
-        b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
-        if INDEXED:
-            b_o = tl.where(valid, b_o, 0.0)
-        tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
-        if STORE_HT:
-            _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
-                         INDEXED, STORE_CACHE)
+            b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
+                                                                      HV, K, V, BK, BV, HAS_H0, INDEXED)
+            mask_v = o_v < V
+            if PREFETCH_QK:
+                b_q = nxt_q.to(tl.float32)
+                b_k = nxt_k.to(tl.float32)
+            else:
+                b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+                b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+            b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+            b_beta = tl.load(beta + i_n * HV + i_hv).to(tl.float32)
+            if USE_G:
+                b_g = tl.load(g + i_n * HV + i_hv).to(tl.float32)
+            else:
+                b_g = 0.0
+            b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+            b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                     HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+            if INDEXED:
+                b_o = tl.where(valid, b_o, 0.0)
+            tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+            if STORE_HT:
+                _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
+                             INDEXED, STORE_CACHE)
         if PREFETCH_QK:
             # the next tile's q, k rows (masked past the last tile): their latency overlaps the wait for its state
             t1 = t + step
@@ -271,8 +389,10 @@ PERSISTENT_VARIANTS = {
     "store_cs": dict(STORE_CACHE=".cs"),                   # state write: streaming (evict-first)
     "prefetch_qk": dict(PREFETCH_QK=True),                 # next tile's q, k loaded during the current tile
     "contiguous_tiles": dict(CONTIGUOUS_TILES=True),       # each program a contiguous run of tiles
+    "kwarp": dict(KWARP=True),                             # K rows inside one warp, warps along V (no CTA barrier
+    #                                                        in the reductions; benchmarks/DECODE_KWARP.md)
 }
-PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False)
+PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -282,7 +402,27 @@ def persistent_variant_flags(variant: Optional[str]) -> dict:
         if name not in PERSISTENT_VARIANTS:
             raise ValueError(f"unknown persistent decode variant {name!r}; known: {sorted(PERSISTENT_VARIANTS)}")
         flags.update(PERSISTENT_VARIANTS[name])
+    if flags["KWARP"] and flags["PREFETCH_QK"]:
+        raise ValueError("decode variant kwarp loads q and k itself (as cp.async copies); drop prefetch_qk")
     return flags
+
+
+# Variants whose results equal the default's to rounding but not bit for bit (they sum over K in another order)
+PERSISTENT_REORDERING = frozenset({"kwarp"})
+
+
+def kwarp_flags(BK: int, BV: int, num_warps: int, state_elem_bytes: int) -> dict:
+    """KW_WARPS and KW_VEC of the kwarp variant (_kwarp_tile) for a launch, or ValueError when its layout does not
+    exist: BV / num_warps columns per warp must be whole 16-byte vectors on a power-of-2 number of lanes <= 32,
+    and the K rows (BK) must cover twice the remaining lanes (two halves of at least one row per lane)."""
+    vec = 16 // state_elem_bytes
+    kj = BV // num_warps
+    ok = kj * num_warps == BV and kj % vec == 0 and kj // vec >= 1 and 32 % (kj // vec) == 0
+    if not ok or BK < 2 * (32 // (kj // vec)):
+        raise ValueError(f"decode variant kwarp needs BV / num_warps a multiple of {vec} state elements (16 bytes) "
+                         f"on at most 32 lanes and BK >= 2 x (32 / lanes along V); got BK={BK}, BV={BV}, "
+                         f"num_warps={num_warps}")
+    return dict(KW_WARPS=num_warps, KW_VEC=vec)
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
@@ -395,10 +535,13 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         if persistent is not None:
             stages, per_sm = persistent
             grid = (min(n_tiles, programs or per_sm * num_sms),)
+            vflags = persistent_variant_flags(variant)
+            if vflags["KWARP"]:
+                vflags.update(kwarp_flags(BK, BV, num_warps, torch.empty((), dtype=state_dtype).element_size()))
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
                 q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
                 float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NUM_STAGES=stages,
-                **flags, **persistent_variant_flags(variant), num_warps=num_warps, num_stages=1,
+                **flags, **vflags, num_warps=num_warps, num_stages=1,
             )
             return o, ht
         grid = (n_tiles,)
@@ -441,6 +584,8 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
                      **{n: "constexpr" for n in const if n != "IS_VARLEN"}, "NUM_STAGES": "constexpr"}
         constexprs["NUM_STAGES"] = stages
         flags = persistent_variant_flags(variant)
+        if flags["KWARP"]:
+            flags.update(kwarp_flags(128, BV, warps, 4 if state == "fp32" else 2))
         signature.update({n: "constexpr" for n in flags})
         constexprs.update(flags)
     return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
@@ -472,7 +617,12 @@ def aot_specs(variants: bool = False):
                       for v in PERSISTENT_VARIANTS]
         persistent += [("persistent_fp32_bv64_w4_s2_novariant", dict(state="fp32", BV=64, warps=4, stages=2)),
                        ("persistent_fp32_bv128_w4_s2", dict(state="fp32", BV=128, warps=4, stages=2)),
-                       ("persistent_fp32_bv64_w4_s3", dict(state="fp32", BV=64, warps=4, stages=3))]
+                       ("persistent_fp32_bv64_w4_s3", dict(state="fp32", BV=64, warps=4, stages=3)),
+                       # kwarp at the sweep's other launch configs (benchmarks/DECODE_KWARP.md)
+                       ("persistent_fp32_bv64_w4_s3_kwarp", dict(state="fp32", BV=64, warps=4, stages=3,
+                                                                 variant="kwarp")),
+                       ("persistent_bf16_bv64_w4_s2_kwarp", dict(state="bf16", BV=64, warps=4, stages=2,
+                                                                 variant="kwarp"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
                       intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
                       language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
