@@ -372,7 +372,13 @@ def sweep() -> dict:
     # and the heuristic's config again last, to read the run-to-run noise against
     # round 12 result: prefetch_qk 284.1 / 282.7 us (now the default); next: prefetch_qk with 3 stages at 2
     # programs per SM (two tiles in flight per program instead of two programs), and with 384 programs
-    for B, sd, configs in ((SWEEP_B, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (64, 8, 2, 2), (128, 8, 2, 1),
+    # round 13 result: 3 stages at 2/SM 281.3 us, default 283.1: launch parameters exhausted. Round 14: the kwarp
+    # variant (K rows inside one warp, warps along V: 3 CTA barriers per tile instead of 16; benchmarks/
+    # DECODE_KWARP.md) at the default's config, at 3 stages / 2 per SM, with streaming stores, and on a bf16 pool
+    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 2, 3, None, "kwarp"), (64, 4, 2, 3, None, "prefetch_qk"),
+                                                     (64, 4, 3, 2, None, "kwarp"),
+                                                     (64, 4, 2, 3, None, "kwarp+store_cs"),
+                                                     (32, 4, 0, 0), (64, 4, 2, 3), (64, 8, 2, 2), (128, 8, 2, 1),
                                                      (64, 4, 3, 2), (64, 4, 2, 4), (32, 4, 3, 3),
                                                      (64, 4, 2, 2, 256), (64, 4, 2, 4, 512), (64, 4, 2, 3, 384),
                                                      (64, 4, 2, 3, None, "store_cs"),
@@ -382,9 +388,10 @@ def sweep() -> dict:
                                                      (128, 4, 2, 2), (128, 4, 2, 2, 256),
                                                      (128, 4, 2, 2, 256, "prefetch_qk"), (64, 4, 2, 3),
                                                      (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 2, 3, 384, "prefetch_qk")]),
+                                                     (64, 4, 2, 3, 384, "prefetch_qk"),
+                                                     (64, 4, 2, 3, None, "kwarp")]),
                            (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 8, 0, 0), (64, 8, 2, 2), (128, 8, 2, 1),
-                                                      (64, 4, 2, 3), (128, 8, 0, 0)]),
+                                                      (64, 4, 2, 3), (128, 8, 0, 0), (64, 4, 2, 3, None, "kwarp")]),
                            (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (32, 4, 2, 4)]),
                            # batch 1 (issue 6: no slower than FLA; round 9 3.50 vs 3.45 us): around the heuristic's
                            # 16 fp32 columns, 2 warps (256 programs)
