@@ -46,8 +46,9 @@ Shared-memory buffers, who owns them and when they are reused:
     drain      refills past the last iteration are predicated off (no expect, no copy): no TMA load is in flight
                when the loop ends and no phase is awaited that never completes; the barriers are invalidated.
     expect     counts the full boxes (TMA counts zero-filled bytes too).
-  ds_smem [K, BV] (dh dtype): dS.to(dt), written by the generic proxy each iteration then fenced; read by the TMA
-    store of dh[chunk] and by P1 (wgmma). Before it is rewritten, tma.store_wait(0) + the thread barrier make sure
+  ds_smem [K, BV] (dh dtype): dS.to(dt), written by the generic proxy each iteration, fenced by every thread, then a
+    thread barrier before the TMA store of dh[chunk] is issued (so the issuing thread's copy follows every thread's
+    fence); also read by P1 (wgmma). Before it is rewritten, tma.store_wait(0) + the thread barrier make sure
     the previous dh store finished reading it; the previous P1 was waited.
   qg_smem [BT, K], dvn_smem [BT, BV]: P2's and P3's operands, written (generic) then fenced; their previous readers
     (P2, P3 of the previous iteration) were waited before the rewrite.
@@ -190,6 +191,7 @@ if GLUON_OK:
             kdec = gl.where(valid_a, kv, 0.).to(dt)
             dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
             fence_async_shared()                                    # ds_smem, qg_smem -> TMA store / wgmma
+            gl.thread_barrier()                                     # every thread's fence before the store issue
             tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
 
             # P2 (dS side, independent of dS's new terms) and P1 (dVnew) in flight together
