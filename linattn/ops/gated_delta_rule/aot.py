@@ -368,3 +368,44 @@ def _register_decode_persistent():
 
 
 _register_decode_persistent()
+
+
+# ---- The segment warm-up scheme on the Gluon TMA state pass (gluon/chunk_state_warmup_tma.py; opt-in
+# LINATTN_GDN_SEGMENT_WARMUP=1 on the gluon backend, benchmarks/GLUON_WARMUP.md): chunk_state_fwd_tma_kernel's ring
+# and products on a (V // BV, S * N * HV) grid, each program's warm-up window found on the device. Configs: the
+# launcher's (chunk_state_warmup_tma.warmup_config: the plain pass's BV, 4 warps, 2 stages: 2 CTAs per SM) and the
+# GPU round's sweep (1 and 3 stages; the "tma" variant). Their registers and shared memory are
+# chunk_state_warmup_tma.AOT_USAGE, from which the segment count takes the residency (tests/test_gluon_state_warmup.py).
+GLUON_WARMUP_CONFIGS = [  # (variant, dtype, BV, warps, stages)
+    ("wgmma", "bf16", 32, 4, 2), ("wgmma", "bf16", 64, 4, 2), ("wgmma", "bf16", 32, 4, 1), ("wgmma", "bf16", 32, 4, 3),
+    ("tma", "bf16", 32, 4, 2), ("tma", "bf16", 64, 4, 2),
+]
+
+
+def gluon_warmup_signature(variant: str, dtype: str, BV: int):
+    """The argument types of chunk_state_warmup_tma_kernel for a warmup_launch call: the plain TMA kernel's, then N,
+    the segment length and the threshold."""
+    return dict(signature(variant, dtype, BV), N="i32", seg_chunks="i32", thresh="fp32")
+
+
+def gluon_warmup_kernel_name(variant: str, dtype: str, BV: int, warps: int, stages: int) -> str:
+    return f"gdn_fwd_gluon_state_warmup_{variant}_{dtype}_bv{BV}_w{warps}_s{stages}"
+
+
+def _gluon_warmup_build(variant: str, dtype: str, BV: int, warps: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_warmup_tma import chunk_state_warmup_tma_kernel as fn
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=True, STAGES=stages,
+                     USE_WGMMA=variant == "wgmma")
+        sig = gluon_warmup_signature(variant, dtype, BV)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": warps}
+    return build
+
+
+for _v, _dt, _bv, _w, _s in GLUON_WARMUP_CONFIGS:
+    register(AotKernel(
+        gluon_warmup_kernel_name(_v, _dt, _bv, _w, _s), _gluon_warmup_build(_v, _dt, _bv, _w, _s), INTENDED[_v],
+        div16=_PTRS_TMA,
+        description=f"GDN forward state pass with segment warm-ups, Gluon '{_v}', K=V=128 {_dt}, BV={_bv}, "
+                    f"{_w} warps, {_s}-stage TMA ring"))
