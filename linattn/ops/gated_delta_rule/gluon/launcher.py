@@ -209,17 +209,25 @@ def clear_plans() -> None:
 
 def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                      output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                     variant: str = DEFAULT_VARIANT, state_pass=None):
+                                     variant: str = DEFAULT_VARIANT, state_pass=None, keys_normalised: bool = False):
     """The forward of triton/forward.py with the state pass (stage 3) in Gluon: Triton intra-chunk (stage 2),
     Gluon state pass, Triton output (stage 4), through chunk_gated_delta_rule_fwd's `state_pass` hook, so the
     Triton stages are launched by the one launcher they have. Same arguments and result (a FwdResult) as
     chunk_gated_delta_rule_fwd; q, k, v bf16/fp16 with K == V == 128.
     state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan) replaces the Gluon state pass (a CPU test
-    runs this orchestration with the Triton state kernel under the interpreter)."""
+    runs this orchestration with the Triton state kernel under the interpreter).
+    keys_normalised (use_qk_l2norm_in_kernel): with LINATTN_GDN_SEGMENT_WARMUP=1 the state pass may run segment-
+    parallel with warm-ups (chunk_state_warmup_tma.gluon_warmup_wanted); otherwise unused."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
     if state_pass is None:
         def state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
+            if settings.gdn_segment_warmup:    # opt-in: the warm-up pass (benchmarks/GLUON_WARMUP.md)
+                from linattn.ops.gated_delta_rule.gluon import chunk_state_warmup_tma as gw
+                if gw.gluon_warmup_wanted(cu_seqlens, keys_normalised, plan, u.shape[1], u.shape[2], variant,
+                                          k.device):
+                    gw.chunk_state_warmup_gluon(k, w, u, gcum, h, vnew, h0, final, plan, variant)
+                    return
             chunk_state_gluon(k, w, u, gcum, h, vnew, h0, final, plan, variant)
     return chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                       state_pass=state_pass)
