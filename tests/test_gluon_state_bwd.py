@@ -289,7 +289,7 @@ def test_switch_reaches_the_gluon_launcher(device, monkeypatch, varlen):
     assert torch.equal(dht, dfinal) and int(cu_arg[-1]) == T_tot and offs.shape == (N + 1,)
     assert scale == pytest.approx(128 ** -0.5)
     assert qd.base.data_ptr() == x["q"].data_ptr() and dod.base.data_ptr() == do.data_ptr()
-    assert len(got) == len(want) == 10
+    assert len(got) == len(want) == 11         # the op's 11 inputs (variant, keys_normalised last)
     for a, b in zip(got, want):
         assert (a is None and b is None) or torch.equal(a, b)
 

@@ -166,6 +166,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    # the Triton forward may use that k is normalised (LINATTN_GDN_SEGMENT_WARMUP=1, triton/chunk_state_warmup.py)
-    extra = dict(keys_normalised=True) if (use_qk_l2norm_in_kernel and b.name == "triton") else {}
+    # the Triton forward may use that k is normalised (LINATTN_GDN_SEGMENT_WARMUP=1, triton/chunk_state_warmup.py;
+    # the gluon backend's state pass too: gluon/chunk_state_warmup_tma.py)
+    extra = dict(keys_normalised=True) if (use_qk_l2norm_in_kernel and b.name in ("triton", "gluon")) else {}
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **extra)

@@ -31,16 +31,18 @@ def selected_variant() -> str:
 @torch.library.custom_op("linattn::chunk_gdn_fwd_gluon", mutates_args=())
 def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                         cu_seqlens: Optional[torch.Tensor], variant: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                         cu_seqlens: Optional[torch.Tensor], variant: str, keys_normalised: bool = False
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    # keys_normalised: k was L2-normalised (use_qk_l2norm_in_kernel); lets LINATTN_GDN_SEGMENT_WARMUP=1 apply
     from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
     res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                           variant)
+                                           variant, keys_normalised=keys_normalised)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 
 
 @_chunk_gdn_fwd_gluon.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, variant):
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, variant, keys_normalised=False):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -92,13 +94,13 @@ def _backward(ctx, do, dfinal):
     from linattn.ops.gated_delta_rule.api import _fwd_backward
     recompute_state, state_bwd = settings.gdn_gluon_bwd_state, settings.gdn_gluon_bwd_dh
     if not (recompute_state or state_bwd):
-        return (*_fwd_backward(ctx, do, dfinal), None)
+        return (*_fwd_backward(ctx, do, dfinal), None, None)     # none for variant and keys_normalised
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
     dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state,
                                                                        cu_seqlens, do, dht, ctx.variant,
                                                                        recompute_state, state_bwd)
-    return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None, None
+    return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None, None, None
 
 
 _chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=_setup_context)
@@ -130,9 +132,10 @@ def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
-def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, keys_normalised=False):
+    extra = dict(keys_normalised=True) if keys_normalised else {}     # the api's use_qk_l2norm_in_kernel
     o, final = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                    selected_variant())
+                                    selected_variant(), **extra)
     return o, (final if output_final_state else None)
 
 
