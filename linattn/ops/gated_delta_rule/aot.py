@@ -409,3 +409,52 @@ for _v, _dt, _bv, _w, _s in GLUON_WARMUP_CONFIGS:
         div16=_PTRS_TMA,
         description=f"GDN forward state pass with segment warm-ups, Gluon '{_v}', K=V=128 {_dt}, BV={_bv}, "
                     f"{_w} warps, {_s}-stage TMA ring"))
+
+
+# ---- Stages 3 + 4 of the forward fused in one warp-specialised Gluon kernel (gluon/chunk_fused_ws.py,
+# LINATTN_GDN_GLUON_FUSED_WS=1, benchmarks/GLUON_FUSED_WS.md): a 1-warp TMA producer (q, k, w, u ring), the state
+# chain (default partition, 1 warpgroup) publishing S_c and vnew_c in shared memory, the output (1 warpgroup).
+# Configs: fused_ws_config's (BV=32 with a 3-stage ring at B=1 H16/HV32, BV=64 with 2 stages at B >= 3), fp16, and
+# the optional h/vnew stores (STORE_H, STORE_VNEW) that the forward does not use.
+FUSED_WS_INTENDED = ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")
+FUSED_WS_DIV16 = ("gcum_ptr", "o_ptr", "vnew_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr")
+FUSED_WS_CONFIGS = [  # (dtype, BV, stages, store_h_vnew); the first two are what fused_ws_config picks
+    ("bf16", 32, 3, False), ("bf16", 64, 2, False), ("fp16", 64, 2, False), ("bf16", 32, 3, True),
+]
+
+
+def fused_ws_signature(dtype: str, BV: int, store: bool, states: bool = True):
+    """The argument types of chunk_fused_ws_kernel as the JIT sees them for a fused_ws_launch call (None -> constexpr)."""
+    return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "w_desc": desc_sig(dtype, [BT, K]),
+            "u_desc": desc_sig(dtype, [BT, BV]), "gcum_ptr": "*fp32", "o_ptr": f"*{dtype}",
+            "h_desc": desc_sig(dtype, [K, BV]) if store else "constexpr", "vnew_ptr": f"*{dtype}" if store else "constexpr",
+            "h0_ptr": "*fp32" if states else "constexpr", "ht_ptr": "*fp32" if states else "constexpr",
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
+
+
+def fused_ws_kernel_name(dtype: str, BV: int, stages: int, store: bool) -> str:
+    return f"gdn_fwd_fused_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_store_h_vnew" if store else "")
+
+
+def _fused_ws_build(dtype: str, BV: int, stages: int, store: bool):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (NPUB, OUTPUT_REGS, PRODUCER_REGS,
+                                                                       chunk_fused_ws_kernel as fn)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NPUB=NPUB, USE_H0=True, STORE_HT=True,
+                     STORE_H=store, STORE_VNEW=store, OUTPUT_REGS=OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS)
+        if not store:
+            const.update(h_desc=None, vnew_ptr=None)
+        sig = fused_ws_signature(dtype, BV, store)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": 4}
+    return build
+
+
+for _dt, _bv, _s, _st in FUSED_WS_CONFIGS:
+    register(AotKernel(
+        fused_ws_kernel_name(_dt, _bv, _s, _st), _fused_ws_build(_dt, _bv, _s, _st),
+        FUSED_WS_INTENDED + (("UTMASTG",) if _st else ()),
+        div16=tuple(n for n in FUSED_WS_DIV16 if _st or n != "vnew_ptr"),
+        description=f"GDN forward stages 3+4 fused, warp-specialised Gluon (TMA producer warp, state warpgroup, output "
+                    f"warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
+                    + (", h and vnew stored" if _st else "")))
