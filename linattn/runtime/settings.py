@@ -20,6 +20,9 @@ LINATTN_GDN_GLUON_BWD_STATE  "1": the "gluon" backend's backward also recomputes
 LINATTN_GDN_GLUON_BWD_DH  "1": the "gluon" backend's backward runs its reverse state pass (stage 1: dh, dvnew's state
                    term, d initial_state) with the Gluon TMA/wgmma kernel (gluon/chunk_state_bwd.py) instead of the
                    Triton one; default off (not yet gated on a GPU, benchmarks/GLUON_BWD_DH.md).
+LINATTN_GDN_GLUON_FUSED_WS  "1": the "gluon" backend's forward runs stages 3 and 4 (state pass and output) as one
+                   warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; h and vnew never stored) where the caller
+                   needs only o and the final state; default off (not yet gated on a GPU, benchmarks/GLUON_FUSED_WS.md).
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -95,6 +98,10 @@ class _Settings:
     @property
     def gdn_gluon_bwd_dh(self) -> bool:
         return _flag("LINATTN_GDN_GLUON_BWD_DH")
+
+    @property
+    def gdn_gluon_fused_ws(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_FUSED_WS")
 
     @property
     def gdn_segment_warmup(self) -> bool:
