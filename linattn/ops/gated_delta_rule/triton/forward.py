@@ -77,7 +77,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
                                compute_output: bool = True, state_pass: Optional[Callable] = None,
-                               need_intermediates: bool = True, keys_normalised: bool = False) -> FwdResult:
+                               need_intermediates: bool = True, keys_normalised: bool = False,
+                               fused_pass: Optional[Callable] = None) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
     compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
@@ -87,7 +88,10 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     compute_output, no state_pass and a shape the fused kernel takes (chunk_fused_fwd.fused_fwd_wanted), stages 3
     and 4 run as one kernel (chunk_fused_fwd.py) and the result's h and vnew are None.
     keys_normalised=True says every ||k|| = 1 (the api's use_qk_l2norm_in_kernel); with LINATTN_GDN_SEGMENT_WARMUP=1
-    it lets stage 3 run segment-parallel with gate-truncated warm-ups (chunk_state_warmup.warmup_state_wanted)."""
+    it lets stage 3 run segment-parallel with gate-truncated warm-ups (chunk_state_warmup.warmup_state_wanted).
+    fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale), when given with compute_output, replaces
+    stages 3 and 4 (the Gluon backend's warp-specialised fused kernel plugs in here; it writes o and final); the
+    result's h and vnew are then None."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -115,6 +119,10 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
             STORE_TINV=store_tinv, DOT_PREC=dot_prec, num_warps=cfg.warps_intra)
 
     final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    if fused_pass is not None and compute_output:
+        o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+        fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale)
+        return FwdResult(o, final, gcum, w, u, None, None, tinv, plan)
     if (settings.gdn_fused_fwd and compute_output and state_pass is None and not need_intermediates
             and fused_fwd_wanted(dt, K, dev)):
         # opt-in (LINATTN_GDN_FUSED_FWD=1): stages 3 and 4 in one kernel, h and vnew never stored
