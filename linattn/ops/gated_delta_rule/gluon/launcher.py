@@ -209,7 +209,8 @@ def clear_plans() -> None:
 
 def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                      output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                     variant: str = DEFAULT_VARIANT, state_pass=None, keys_normalised: bool = False):
+                                     variant: str = DEFAULT_VARIANT, state_pass=None, keys_normalised: bool = False,
+                                     need_intermediates: bool = True):
     """The forward of triton/forward.py with the state pass (stage 3) in Gluon: Triton intra-chunk (stage 2),
     Gluon state pass, Triton output (stage 4), through chunk_gated_delta_rule_fwd's `state_pass` hook, so the
     Triton stages are launched by the one launcher they have. Same arguments and result (a FwdResult) as
@@ -217,9 +218,17 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan) replaces the Gluon state pass (a CPU test
     runs this orchestration with the Triton state kernel under the interpreter).
     keys_normalised (use_qk_l2norm_in_kernel): with LINATTN_GDN_SEGMENT_WARMUP=1 the state pass may run segment-
-    parallel with warm-ups (chunk_state_warmup_tma.gluon_warmup_wanted); otherwise unused."""
+    parallel with warm-ups (chunk_state_warmup_tma.gluon_warmup_wanted); otherwise unused.
+    need_intermediates=False (the op linattn::chunk_gdn_fwd_gluon: it returns only o and the final state): with
+    LINATTN_GDN_GLUON_FUSED_WS=1, no state_pass and a call chunk_fused_ws.fused_ws_supported takes, stages 3 and 4
+    run as the warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; result's h and vnew None)."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
+    fused_pass = None
+    if settings.gdn_gluon_fused_ws and not need_intermediates and state_pass is None:
+        from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws
+        if chunk_fused_ws.fused_ws_supported(q, v, cu_seqlens)[0]:
+            fused_pass = chunk_fused_ws.chunk_fused_ws_gluon
     if state_pass is None:
         def state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
             if settings.gdn_segment_warmup:    # opt-in: the warm-up pass (benchmarks/GLUON_WARMUP.md)
@@ -230,4 +239,4 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
                     return
             chunk_state_gluon(k, w, u, gcum, h, vnew, h0, final, plan, variant)
     return chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                      state_pass=state_pass)
+                                      state_pass=state_pass, fused_pass=fused_pass)
