@@ -36,7 +36,7 @@ def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     # keys_normalised: k was L2-normalised (use_qk_l2norm_in_kernel); lets LINATTN_GDN_SEGMENT_WARMUP=1 apply
     from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
     res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                           variant, keys_normalised=keys_normalised)
+                                           variant, keys_normalised=keys_normalised, need_intermediates=False)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 
