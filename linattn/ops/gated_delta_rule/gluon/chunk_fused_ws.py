@@ -367,3 +367,173 @@ def chunk_fused_ws_gluon(q, k, w, u, gcum, o, initial_state, final, plan, scale:
     cfg = config or fused_ws_config(plan.N, u.shape[1], u.shape[2], device_facts(q.device).num_sms)
     kernel, grid, args, kwargs = fused_ws_launch(q, k, w, u, gcum, o, initial_state, final, plan, scale, cfg, h, vnew)
     kernel[grid](*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU model
+
+class _MBar:
+    """An mbarrier: `count` arrivals plus a transaction-byte count complete a phase; wait(parity) passes once the
+    phase of that parity has completed, i.e. while the current (incomplete) phase has the other parity."""
+    __slots__ = ("count", "pending", "tx", "done")
+
+    def __init__(self, count: int):
+        self.count, self.pending, self.tx, self.done = count, count, 0, 0
+
+    def _check(self):
+        if self.pending == 0 and self.tx == 0:
+            self.done += 1
+            self.pending = self.count
+
+    def arrive(self):
+        assert self.pending > 0
+        self.pending -= 1
+        self._check()
+
+    def expect(self, nbytes: int):                # arrive.expect_tx
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int):
+        self.tx -= nbytes
+        self._check()
+
+    def passes(self, parity: int) -> bool:
+        return (self.done & 1) != parity
+
+
+def emulate_fused_ws(q, k, w, u, gcum, o, initial_state, final, plan, scale: float, BV: int = 32, stages: int = 3,
+                     npub: int = NPUB, h=None, vnew=None, seed: int = 0, stats: Optional[dict] = None) -> None:
+    """A torch model of chunk_fused_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (same
+    arguments as chunk_fused_ws_gluon). The three partitions are Python generators that stop at every mbarrier wait;
+    a seeded random scheduler interleaves them with the landing of the producer's TMA copies, so the barrier
+    protocol (ring slots, published S/vnew buffers, parities) decides which data each step sees: a protocol error
+    shows up as a wrong result or as a deadlock (RuntimeError). Data flows through modelled shared-memory buffers
+    with the kernel's boxes (full [BT, .] boxes from a chunk's first token, the next sequence's rows included, zero
+    past T_tot) and roundings (bf16/fp16 operands, fp32 accumulation)."""
+    import random
+    dt = q.dtype
+    T_tot, HV, K = w.shape
+    H, V = q.shape[2], u.shape[2]
+    f32 = torch.float32
+    pad = lambda t: torch.cat([t, t.new_zeros(BT, *t.shape[1:])])       # noqa: E731  TMA zero-fill past T_tot
+    qp, kp = pad(q.reshape(T_tot, H, K)), pad(k.reshape(T_tot, H, K))
+    wp, up = pad(w.reshape(T_tot, HV, K)), pad(u.reshape(T_tot, HV, V))
+    o2 = o.view(T_tot, HV, V)
+    cu, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
+    rng = random.Random(seed)
+    r_t = torch.arange(BT)
+    lower = r_t[:, None] >= r_t[None, :]
+    steps = 0
+
+    def gates(t0, eos, hv):
+        rows = t0 + r_t
+        gam = torch.where(rows < eos, gcum[rows.clamp(max=T_tot - 1), hv], torch.zeros(()))
+        return gam, gcum[t0 + min(eos - t0, BT) - 1, hv]
+
+    for n in range(plan.N):
+        bos, eos = cu[n], cu[n + 1]
+        nch = -(-max(eos - bos, 0) // BT)
+        for hv in range(HV):
+            hk = hv // (HV // H)
+            for vb in range(V // BV):
+                cols = slice(vb * BV, (vb + 1) * BV)
+                ready = [_MBar(1) for _ in range(stages)]
+                empty = [_MBar(2) for _ in range(stages)]
+                s_full = [_MBar(1) for _ in range(npub)]
+                v_full = [_MBar(1) for _ in range(npub)]
+                pub_empty = [_MBar(1) for _ in range(npub)]
+                ring = [dict() for _ in range(stages)]
+                s_pub = [None] * npub
+                v_pub = [None] * npub
+                inflight = []                          # TMA copies issued, not landed: (slot, tiles)
+                nbytes = 2 * (3 * BT * K + BT * BV)
+
+                def producer():
+                    for c in range(nch):
+                        s = c % stages
+                        yield empty[s], ((c // stages) & 1) ^ 1
+                        r0 = bos + c * BT
+                        ready[s].expect(nbytes)
+                        inflight.append((s, dict(q=qp[r0:r0 + BT, hk].clone(), k=kp[r0:r0 + BT, hk].clone(),
+                                                 w=wp[r0:r0 + BT, hv].clone(), u=up[r0:r0 + BT, hv, cols].clone())))
+
+                def state():
+                    if initial_state is not None:
+                        S = initial_state[n, hv, :, cols].to(f32).clone()
+                    else:
+                        S = torch.zeros(K, BV)
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        gam, gam_last = gates(t0, eos, hv)
+                        j = c % npub
+                        yield pub_empty[j], ((c // npub) & 1) ^ 1
+                        s_pub[j] = S.to(dt)
+                        if h is not None:
+                            h[offs[n] + c, hv, :, cols] = s_pub[j]
+                        s_full[j].arrive()
+                        st = c % stages
+                        yield ready[st], (c // stages) & 1
+                        valid = ((t0 + r_t) < eos)[:, None]
+                        ws = ring[st]["w"].to(f32) @ s_pub[j].to(f32)
+                        vn = torch.where(valid, ring[st]["u"].to(f32) - ws, 0.).to(dt)
+                        v_pub[j] = vn
+                        if vnew is not None:
+                            rows = (t0 + r_t)[valid[:, 0]]
+                            vnew[rows, hv, cols] = vn[valid[:, 0]]
+                        d = torch.exp(gam_last - gam)
+                        vs = torch.where(valid, vn.to(f32) * d[:, None], 0.).to(dt)
+                        v_full[j].arrive()
+                        yield None                     # a scheduling point between the two products
+                        S = S * torch.exp(gam_last) + ring[st]["k"].to(f32).T @ vs.to(f32)
+                        empty[st].arrive()
+                    if final is not None:
+                        final[n, hv, :, cols] = S
+
+                def output():
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        st, j = c % stages, c % npub
+                        gam, _ = gates(t0, eos, hv)
+                        yield ready[st], (c // stages) & 1
+                        qt = ring[st]["q"].to(f32)
+                        qk = qt @ ring[st]["k"].to(f32).T
+                        yield s_full[j], (c // npub) & 1
+                        qs = qt @ s_pub[j].to(f32)
+                        empty[st].arrive()
+                        gmat = torch.exp(torch.where(lower, gam[:, None] - gam[None, :], 0.))
+                        att = torch.where(lower, qk * gmat, 0.).to(dt)
+                        oc = qs * torch.exp(gam)[:, None]
+                        yield v_full[j], (c // npub) & 1
+                        oc = oc + att.to(f32) @ v_pub[j].to(f32)
+                        pub_empty[j].arrive()
+                        oc = (oc * scale).to(o.dtype)
+                        nv = min(eos - t0, BT)
+                        o2[t0:t0 + nv, hv, cols] = oc[:nv]
+
+                parts = [state(), output(), producer()]
+                waits = [None, None, None]             # the (barrier, parity) each partition stands at
+                alive = [True, True, True]
+                for i, p in enumerate(parts):          # run each to its first wait
+                    try:
+                        waits[i] = next(p)
+                    except StopIteration:
+                        alive[i] = False
+                while any(alive) or inflight:
+                    runnable = [i for i in range(3) if alive[i] and (waits[i] is None or waits[i][0].passes(waits[i][1]))]
+                    choices = runnable + (["tma"] if inflight else [])
+                    if not choices:
+                        raise RuntimeError(f"deadlock: sequence {n}, head {hv}, V block {vb}, partitions at {waits}")
+                    pick = rng.choice(choices)
+                    steps += 1
+                    if pick == "tma":                  # the oldest copy lands (TMA completes in order per barrier)
+                        s, tiles = inflight.pop(0)
+                        ring[s] = tiles
+                        ready[s].complete_tx(nbytes)
+                        continue
+                    try:
+                        waits[pick] = next(parts[pick])
+                    except StopIteration:
+                        alive[pick] = False
+                        waits[pick] = None
+    if stats is not None:
+        stats["steps"] = stats.get("steps", 0) + steps
