@@ -54,6 +54,7 @@ for step in "$@"; do
     bwd_local) timeout 160 python3 benchmarks/gpu/bwd_local_round.py --out "$OUT" ;;   # opt-in local backward v2 (BWD_LOCAL_V2.md)
     bwd_wy) timeout 160 python3 benchmarks/gpu/bwd_wy_round.py --out "$OUT" ;;   # opt-in WY backward v2 (BWD_WY_V2.md)
     gluon_bwd_dh) timeout $(( ${GLUON_BWD_DH_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_bwd_dh_round.py --out "$OUT" --budget ${GLUON_BWD_DH_BUDGET:-150} ;;   # Gluon backward state pass (GLUON_BWD_DH.md)
+    gluon_warmup) timeout $(( ${GLUON_WARMUP_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_warmup_round.py --out "$OUT" --budget ${GLUON_WARMUP_BUDGET:-150} ;;   # segment warm-up on the Gluon state pass (GLUON_WARMUP.md)
     split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
