@@ -8,7 +8,9 @@
 # configs and variants, benchmarks/gpu/output_stage_round.py), bwd_wy (the opt-in WY backward v2,
 # benchmarks/gpu/bwd_wy_round.py), bwd_local (the opt-in local backward v2, benchmarks/gpu/bwd_local_round.py),
 # gluon_bwd_dh (the opt-in Gluon reverse state pass of the backward, LINATTN_GDN_GLUON_BWD_DH=1: gate vs the Triton
-# kernel and vs fp64, then timing; benchmarks/gpu/gluon_bwd_dh_round.py, GLUON_BWD_DH_BUDGET seconds), matmul,
+# kernel and vs fp64, then timing; benchmarks/gpu/gluon_bwd_dh_round.py, GLUON_BWD_DH_BUDGET seconds),
+# gluon_fused_ws (the opt-in warp-specialised Gluon fused forward stages 3+4, LINATTN_GDN_GLUON_FUSED_WS=1: gate with a
+# per-case watchdog, then timing; benchmarks/gpu/gluon_fused_ws_round.py, GLUON_FUSED_WS_BUDGET seconds), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and
@@ -53,6 +55,7 @@ for step in "$@"; do
     output) timeout 150 python3 benchmarks/gpu/output_stage_round.py --out "$OUT" ;;   # stage-4 configs (OUTPUT_STAGE.md)
     bwd_local) timeout 160 python3 benchmarks/gpu/bwd_local_round.py --out "$OUT" ;;   # opt-in local backward v2 (BWD_LOCAL_V2.md)
     bwd_wy) timeout 160 python3 benchmarks/gpu/bwd_wy_round.py --out "$OUT" ;;   # opt-in WY backward v2 (BWD_WY_V2.md)
+    gluon_fused_ws) timeout $(( ${GLUON_FUSED_WS_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_fused_ws_round.py --out "$OUT" --budget ${GLUON_FUSED_WS_BUDGET:-150} ;;   # warp-specialised Gluon fused stages 3+4 (GLUON_FUSED_WS.md)
     gluon_bwd_dh) timeout $(( ${GLUON_BWD_DH_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_bwd_dh_round.py --out "$OUT" --budget ${GLUON_BWD_DH_BUDGET:-150} ;;   # Gluon backward state pass (GLUON_BWD_DH.md)
     gluon_warmup) timeout $(( ${GLUON_WARMUP_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_warmup_round.py --out "$OUT" --budget ${GLUON_WARMUP_BUDGET:-150} ;;   # segment warm-up on the Gluon state pass (GLUON_WARMUP.md)
     split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)
