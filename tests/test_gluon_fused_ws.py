@@ -160,7 +160,11 @@ def _jit_compile_main():
         print(json.dumps(dict(B=B, BV=cfg.BV, stages=cfg.stages, store=store, num_warps=k.metadata.num_warps,
                               shared=k.metadata.shared, reqntid=re.findall(r"\.reqntid (\d+)", ptx),
                               maxnreg=sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-                              tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])])))
+                              tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])],
+                              # named barriers without a thread count (whole CTA) and with one (partition-local)
+                              cta_bars=sorted(set(re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+)\s*;", ptx))),
+                              part_bars=sorted(set(re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+),\s*(\d+)\s*;", ptx))),
+                              expect_tx=re.findall(r"mbarrier\.arrive\.expect_tx\S*\s+_,\s*\[[^\]]+\],\s*(\d+)", ptx))))
 
 
 @needs_gluon
@@ -180,6 +184,13 @@ def test_jit_launch_path_compiles_for_sm90():
         assert {256, 160} <= incs and 24 in decs, r
         # q, k, w [64,128] boxes go as [64,64] messages (128-byte swizzle); u [64,BV]; h [128,BV] when stored
         assert r["tma_boxes"] == [[64, 64]] * 3 + [[64, r["BV"]]] + ([[128, r["BV"]]] if r["store"] else []), r
+        # review 2026-11-29: inside the partitions every barrier is partition-local (bar.sync id, 128: the state and
+        # output warpgroups); the only CTA-wide named barrier is warp_specialize's own hand-off (id 1), so no
+        # partition can block on warps of another one. The expect (producer, once per chunk) counts the four full
+        # boxes q, k, w [64,128] and u [64,BV] (TMA counts zero-filled bytes too).
+        assert r["cta_bars"] == ["1"], r
+        assert r["part_bars"] and all(n == "128" and i != "1" for i, n in r["part_bars"]), r
+        assert r["expect_tx"] == [str(2 * (3 * 64 * 128 + 64 * r["BV"]))], r
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ round's --dry-run. The kernel itself has not run here: benchmarks/gpu/gluon_bwd_
 Run only what this file covers: `python -m pytest tests/test_gluon_state_bwd.py`."""
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -133,7 +134,9 @@ def _jit_compile_main():
         k = kernel.warmup(*args, grid=grid, **kwargs)
         print(json.dumps(dict(B=B, BV=cfg.BV, stages=cfg.stages, num_warps=k.metadata.num_warps,
                               shared=k.metadata.shared,
-                              tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])])))
+                              tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])],
+                              expect_tx=re.findall(r"mbarrier\.arrive\.expect_tx\S*\s+_,\s*\[[^\]]+\],\s*(\d+)",
+                                                   k.asm["ptx"]))))
 
 
 @needs_gluon
@@ -149,6 +152,10 @@ def test_jit_launch_path_compiles_for_sm90():
         assert r["num_warps"] == 4 and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
         # q, k, w [64,128] boxes go as [64,64] messages (128-byte swizzle); dO, dVnew [64,BV]; dh [128,BV]
         assert r["tma_boxes"] == [[64, 64]] * 3 + [[64, r["BV"]]] * 2 + [[128, r["BV"]]], r
+        # review 2026-11-29: every expect (STAGES-1 prologue issues + 1 in the loop) counts the five full boxes q, k, w
+        # [64,128] and dO, dVnew [64,BV]: TMA counts the zero-filled rows past T_tot too, so a clipped last box
+        # still completes the phase
+        assert r["expect_tx"] == [str(2 * (3 * 64 * 128 + 2 * 64 * r["BV"]))] * r["stages"], r
 
 
 if __name__ == "__main__":
