@@ -322,3 +322,23 @@ def test_gpu_round_dry_run(tmp_path):
     for r in res["timing"]:
         assert r["state_bwd_triton_ms"] > 0 and r["state_bwd_gluon_ms"] > 0 and r["bwd_on_ms"] > 0
         assert all("ms" in s for s in r["sweep"])
+
+
+def test_gpu_round_reports_a_hang(tmp_path):
+    """A gate case that never returns (as an mbarrier deadlock would) is reported as a timeout by the round's watched
+    child (benchmarks/gpu/case_watchdog.py); the other cases still run, in a fresh child, and pass."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, BWD_DH_ROUND_FAKE_HANG="T65_no_dh0")
+    env.pop("LINATTN_GDN_GLUON_BWD_DH", None)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gluon_bwd_dh_round.py"),
+                           "--dry-run", "--no-timing", "--case-timeout", "20", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gluon_bwd_dh.json").read_text())
+    by = {c["case"]: c for c in res["gate"]}
+    assert [c["case"] for c in res["gate"]] == ["T1", "T65_no_dh0", "T64_fp16_no_dht", "varlen_1tok",
+                                                "bwd-T65-fp16-no-h0", "bwd-varlen-1tok"]
+    hung = by["T65_no_dh0"]
+    assert not hung["passed"] and hung["error"].startswith("timeout") and hung["timed_out"] and hung["kind"] == "kernel"
+    assert all(c["passed"] for n, c in by.items() if n != "T65_no_dh0")
+    assert all(c["gluon_dh_launches"] == 1 for c in res["gate"] if c["kind"] == "backward")
+    assert res["gate_complete"] and not res["gate_passed"] and "timing" not in res

@@ -461,3 +461,25 @@ def test_gpu_round_dry_run(tmp_path):
     row = out["timing"][0]
     assert {"gluon_plain_ms", "gluon_warm", "triton_warm", "triton_plain_ms", "sweep"} <= set(row)
     assert "weak_decay" in out["extras"] and "forward_gluon_backend_ms" in out["extras"]
+
+
+@needs_gluon
+def test_gpu_round_reports_a_hang(tmp_path):
+    """A gate case that never returns (as an mbarrier deadlock would) is reported as a timeout by the round's watched
+    child (benchmarks/gpu/case_watchdog.py); the other cases, the forward case included, still run and pass."""
+    env = dict(os.environ, TRITON_INTERPRET="1", WARMUP_ROUND_FAKE_HANG="dry_weak_exact",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("LINATTN_GDN_SEGMENT_WARMUP", None)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gluon_warmup_round.py"), "--out",
+                           str(tmp_path), "--dry-run", "--case-timeout", "20"], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((tmp_path / "gluon_warmup.json").read_text())
+    cases = {c["case"]: c for c in out["gate"]}
+    assert list(cases) == ["dry_default", "dry_weak_exact", "dry_strong_L2_ragged_no_h0",
+                           "forward_gluon_backend_switch"]
+    hung = cases["dry_weak_exact"]
+    assert not hung["passed"] and hung["error"].startswith("timeout") and hung["timed_out"]
+    assert all(c["passed"] for n, c in cases.items() if n != "dry_weak_exact")
+    assert cases["forward_gluon_backend_switch"]["launches"] == 1
+    assert not out["gate_passed"] and "timing" not in out

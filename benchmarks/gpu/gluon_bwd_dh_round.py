@@ -1,7 +1,11 @@
 """GPU round for the Gluon reverse state pass of the GDN backward (gluon/chunk_state_bwd.py, LINATTN_GDN_GLUON_BWD_DH=1;
 benchmarks/GLUON_BWD_DH.md): `python benchmarks/gpu/gluon_bwd_dh_round.py --out DIR [--budget 150] [--dry-run]`.
 
-1. gate (no new case after --gate-budget seconds; listed as skipped):
+1. gate (no new case after --gate-budget seconds; listed as skipped). The cases run in a CHILD PROCESS watched by the
+   parent (case_watchdog.py, as in gluon_fused_ws_round.py): --case-timeout (60 s; the first case, which pays the
+   start-up and compiles, twice that) per case; a case past it (a hang in the barrier protocol) is recorded as
+   {"passed": false, "error": "timeout ...", "timed_out": true}, the child is killed and a fresh one takes the
+   remaining cases. Timing runs in the parent process.
    a. kernel: on identical inputs (the backward's own recompute of w, gcum and its dv_local stage's dvnew), the Gluon
       kernel (chunk_state_bwd_gluon) against the Triton kernel (chunk_state_bwd_kernel, launched as backward.py
       does): dh (the chunk slots in use), dvnew (updated in place from the same start), dh0; relative RMS
@@ -24,6 +28,7 @@ Gluon state pass by the Triton one, and the gluon backend's device check is bypa
 Writes DIR/gluon_bwd_dh.json after every case and row (a timeout keeps what was measured) and prints a table.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -31,12 +36,15 @@ import traceback
 from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)                                       # common, gdn_bwd_gate
-sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)                                       # common, gdn_bwd_gate, case_watchdog
+sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
+from case_watchdog import child_env, child_loop, script_cmd, watch_cases  # noqa: E402
 from common import median_ms, round_result, write_json  # noqa: E402
 
 ENV = "LINATTN_GDN_GLUON_BWD_DH"
+FAKE_HANG_ENV = "BWD_DH_ROUND_FAKE_HANG"      # names a gate case that then sleeps forever (tests the watchdog)
 TIMING_ROWS = ((1, 65536), (8, 4096), (1, 32768), (1, 8192))    # the shape that matters first
 DRY_TIMING_ROWS = ((1, 130), (2, 65))
 START = time.time()
@@ -288,28 +296,71 @@ def bwd_case(case, dev):
                 passed=bool(ok and taken == 1 and taken_off == 0))
 
 
-def gate(dev, dry, budget, save):
-    rows = []
+def gate_items(dry):
+    """The gate's cases in order, by name: {name: (kind, case)}."""
     items = [("kernel", c) for c in (DRY_KERNEL_CASES if dry else KERNEL_CASES)]
     items += [("backward", c) for c in (DRY_BWD_CASES if dry else BWD_CASES)]
-    for kind, case in items:
-        name = case[0] if kind == "kernel" else case["name"]
-        if elapsed() > budget:
-            rows.append(dict(kind=kind, case=name, passed=False, error="skipped: gate budget"))
-            continue
-        t0 = time.time()
-        try:
-            r = kernel_case(case, dev) if kind == "kernel" else bwd_case(case, dev)
-        except Exception:  # noqa: BLE001
-            r = dict(case=name, passed=False, error=traceback.format_exc()[-1500:])
-        r["kind"] = kind
-        r["s"] = round(time.time() - t0, 2)
+    return {(c[0] if kind == "kernel" else c["name"]): (kind, c) for kind, c in items}
+
+
+def run_gate_item(name, dev, dry):
+    """One gate case (in the watched child): its row, an exception as {"passed": False, "error": trace}."""
+    kind, case = gate_items(dry)[name]
+    t0 = time.time()
+    try:
+        r = kernel_case(case, dev) if kind == "kernel" else bwd_case(case, dev)
+    except Exception:  # noqa: BLE001
+        r = dict(case=name, passed=False, error=traceback.format_exc()[-1500:])
+    r["kind"] = kind
+    r["s"] = round(time.time() - t0, 2)
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return r
+
+
+def child_main(names_json, dev, dry):
+    """The watched child: the named gate cases in order in this process (case_watchdog.child_loop)."""
+    set_switch(False)
+    if dry:
+        install_dry_run_stand_ins()
+    torch.manual_seed(0)
+    child_loop(json.loads(names_json), lambda name: run_gate_item(name, dev, dry), fake_hang_env=FAKE_HANG_ENV)
+
+
+def _print_row(r):
+    print(("PASS " if r["passed"] else "FAIL ") + str({k: r.get(k) for k in (
+        "kind", "case", "errors_vs_triton", "gluon_dh_launches", "errors", "error")}), flush=True)
+
+
+def gate(dev, dry, budget, save, case_timeout=60.0, out="."):
+    """The gate cases run in a watched child process (case_watchdog.watch_cases): each gets case_timeout seconds from
+    its start (the first, which pays the start-up and compiles, twice that); a case past it (a hang in the barrier
+    protocol) is recorded as {"passed": False, "error": "timeout ...", "timed_out": True}, the child is killed and a
+    fresh one takes the remaining cases. No new case starts after `budget` seconds ("skipped: gate budget")."""
+    rows = []
+    items = gate_items(dry)
+
+    def on_result(r, seconds):
+        r.setdefault("kind", items[r["case"]][0])
+        r.setdefault("passed", False)       # a row from child_loop's fallback carries "ok" instead
+        r["wall_s"] = seconds
         rows.append(r)
         save(rows)
-        print(("PASS " if r["passed"] else "FAIL ") + str({k: r.get(k) for k in (
-            "kind", "case", "errors_vs_triton", "gluon_dh_launches", "errors", "error")}), flush=True)
-        if dev == "cuda":
-            torch.cuda.empty_cache()
+        _print_row(r)
+
+    def on_failure(name, why, seconds):
+        rows.append(dict(kind=items[name][0], case=name, passed=False, error=why, timed_out=why.startswith("timeout"),
+                         s=seconds, wall_s=seconds))
+        save(rows)
+        _print_row(rows[-1])
+
+    extra = ["--out", out] + (["--dry-run"] if dry else [])
+    skipped = watch_cases(list(items), lambda todo: script_cmd(__file__, todo, *extra), case_timeout=case_timeout,
+                          first_timeout=2 * case_timeout, stop=lambda: elapsed() > budget, on_result=on_result,
+                          on_failure=on_failure, env=child_env(ROOT))
+    for name in skipped:
+        rows.append(dict(kind=items[name][0], case=name, passed=False, error="skipped: gate budget"))
+    save(rows)
     return rows
 
 
@@ -436,6 +487,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=150.0, help="total seconds: no timing row starts after budget-25")
     ap.add_argument("--gate-budget", type=float, default=80.0, help="seconds; no new gate case starts after it")
+    ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds per gate case in the watched child "
+                                                                     "(the first case twice that)")
+    ap.add_argument("--child-case", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1, with "
                                                            "the Gluon launch replaced by the Triton kernel")
@@ -445,6 +499,9 @@ def main():
         sys.exit("--dry-run runs the kernels on the CPU: set TRITON_INTERPRET=1")
     if dev == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: use --dry-run with TRITON_INTERPRET=1 for a CPU run of the logic")
+    if a.child_case is not None:
+        child_main(a.child_case, dev, a.dry_run)
+        return
     set_switch(False)
     path = os.path.join(a.out, "gluon_bwd_dh.json")
     res = round_result("gluon_bwd_dh_round.py", dev, dry_run=a.dry_run)
@@ -460,7 +517,8 @@ def main():
             write_json(path, res)
         return save
     try:
-        res["gate"] = gate(dev, a.dry_run, a.gate_budget, saver("gate"))
+        res["case_timeout_s"] = a.case_timeout
+        res["gate"] = gate(dev, a.dry_run, a.gate_budget, saver("gate"), a.case_timeout, a.out)
         ran = [c for c in res["gate"] if not str(c.get("error", "")).startswith("skipped")]
         res["gate_complete"] = len(ran) == len(res["gate"])
         res["gate_passed"] = bool(ran and all(c.get("passed") for c in ran))

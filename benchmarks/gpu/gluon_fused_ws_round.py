@@ -4,8 +4,9 @@ LINATTN_GDN_GLUON_FUSED_WS=1; benchmarks/GLUON_FUSED_WS.md):
 
 1. gate: the cases run in a CHILD PROCESS watched by the parent, --case-timeout (45 s; the first case, which pays
    the start-up and compiles, twice that) per case: a hang in the barrier protocol is reported as {"ok": false,
-   "error": "timeout ..."}, the child is killed and a fresh one takes the remaining cases; no new case starts
-   after --gate-budget seconds (default 0.55 x --budget; listed as skipped). Per case (H16 HV32 K=V=128 on the GPU):
+   "error": "timeout ..."}, the child is killed and a fresh one takes the remaining cases (case_watchdog.py); no new
+   case starts after --gate-budget seconds (default 0.55 x --budget; listed as skipped). Per case (H16 HV32 K=V=128
+   on the GPU):
    the fused forward (launcher.chunk_gated_delta_rule_fwd_gluon with the switch on and need_intermediates=False,
    what the op linattn::chunk_gdn_fwd_gluon runs), its o and final state NaN-poisoned before the kernel writes them
    and the fused launch counted, against (a) the fp64 chunk reference (relative RMS <= linattn.testing.TOL of the
@@ -23,7 +24,6 @@ Writes DIR/gluon_fused_ws.json after every case and row, and prints a table.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -33,9 +33,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
+from case_watchdog import child_env, child_loop, script_cmd, watch_cases  # noqa: E402
 from common import median_ms, round_result, write_json  # noqa: E402
 
 ENV = "LINATTN_GDN_GLUON_FUSED_WS"
+FAKE_HANG_ENV = "FUSED_WS_ROUND_FAKE_HANG"    # names a gate case that then sleeps forever (tests the watchdog)
 GATE_CASES = [  # (name, B, T, lens, dtype, initial state, store h/vnew)
     ("T1", 1, 1, None, "bf16", True, False), ("T63", 1, 63, None, "bf16", True, False),
     ("T64", 1, 64, None, "bf16", False, False), ("T65", 1, 65, None, "bf16", True, False),
@@ -112,8 +114,6 @@ def run_case(case, dry):
     from linattn.ops.gated_delta_rule.reference import chunk_reference
     from linattn.testing import TOL, make_gdn_inputs, rel_rms
     name, B, T, lens, dtn, h0, store = case
-    if os.environ.get("FUSED_WS_ROUND_FAKE_HANG") == name:     # tests the watchdog (tests/test_gluon_fused_ws.py)
-        time.sleep(10 ** 6)
     dev = "cpu" if dry else "cuda"
     dtype = DTYPES[dtn]
     H, HV = heads(dry)
@@ -160,85 +160,39 @@ def run_case(case, dry):
     return out
 
 
-def child_main(cases_json, dry):
-    """Runs the given cases in order in this process, printing START <name> before and RESULT <json> after each."""
-    for case in json.loads(cases_json):
-        print("START " + case[0], flush=True)
-        try:
-            out = run_case(case, dry)
-        except Exception as e:  # noqa: BLE001
-            out = dict(case=case[0], ok=False, error=repr(e)[:500], trace=traceback.format_exc()[-3000:])
-        print("RESULT " + json.dumps(out, default=str), flush=True)
+def child_main(names_json, dry):
+    """Runs the named cases in order in this process, printing START <name> before and RESULT <json> after each
+    (case_watchdog.child_loop)."""
+    cases = {c[0]: c for c in (DRY_GATE_CASES if dry else GATE_CASES)}
+    child_loop(json.loads(names_json), lambda name: run_case(cases[name], dry), fake_hang_env=FAKE_HANG_ENV)
 
 
 def gate(res, path, args):
     """The cases run in one child process (one CUDA context and one set of compiles for all); the parent gives each
-    case --case-timeout seconds from its START line. A case past that (a hang in the barrier protocol, or an
-    error that never returns) is recorded as a timeout, the child's process group is killed, and a fresh child
-    takes the remaining cases."""
-    import queue
-    import signal
-    import threading
-    todo = list(DRY_GATE_CASES if args.dry_run else GATE_CASES)
+    case --case-timeout seconds from its START line (the first twice that). A case past that (a hang in the barrier
+    protocol, or an error that never returns) is recorded as a timeout, the child's process group is killed, and a
+    fresh child takes the remaining cases (case_watchdog.watch_cases)."""
     rows = res["gate"]["cases"]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    while todo:
-        if elapsed() > args.gate_budget:
-            res["gate"]["skipped"] += [c[0] for c in todo]
-            break
-        cmd = [sys.executable, os.path.abspath(__file__), "--child-case", json.dumps(todo), "--out", args.out]
-        if args.dry_run:
-            cmd.append("--dry-run")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)],
-                         daemon=True).start()
-        err_tail = []
-        threading.Thread(target=lambda: [err_tail.append(ln) for ln in proc.stderr], daemon=True).start()
-        current, t_case = None, time.time()
-        # the first case also pays the child's start-up and compiles: twice the timeout
-        limit = 2 * args.case_timeout
-        while True:
-            try:
-                ln = lines.get(timeout=max(1.0, limit - (time.time() - t_case)))
-            except queue.Empty:
-                ln = "TIMEOUT"
-            if ln is None or ln == "TIMEOUT":
-                name = current or todo[0][0]
-                why = (f"timeout after {limit:.0f} s (possible hang in the barrier protocol)" if ln == "TIMEOUT"
-                       else "child exited without a result: " + "".join(err_tail[-20:])[-2000:])
-                rows.append(dict(case=name, ok=False, error=why, seconds=round(time.time() - t_case, 1)))
-                print(f"gate {name:>20}: FAIL {why[:200]}", flush=True)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                proc.wait()
-                todo = [c for c in todo if c[0] != name]
-                write_json(path, res)
-                break
-            if ln.startswith("START "):
-                current, t_case = ln[6:].strip(), time.time()
-                limit = args.case_timeout if rows else limit
-            elif ln.startswith("RESULT "):
-                row = json.loads(ln[7:])
-                row["seconds"] = round(time.time() - t_case, 1)
-                rows.append(row)
-                todo = [c for c in todo if c[0] != row["case"]]
-                write_json(path, res)
-                print(f"gate {row['case']:>20}: {'ok ' if row['ok'] else 'FAIL'} "
-                      + " ".join(f"{k}={row[k]:.2e}" for k in ("o_vs_fp64", "final_vs_fp64", "o_vs_unfused")
-                                 if k in row) + (f" {row.get('error', '')}" if not row["ok"] else ""), flush=True)
-                if not todo:
-                    proc.wait()
-                    break
-                if elapsed() > args.gate_budget:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    res["gate"]["skipped"] += [c[0] for c in todo]
-                    todo = []
-                    break
+
+    def on_result(row, seconds):
+        row["seconds"] = seconds
+        rows.append(row)
+        write_json(path, res)
+        print(f"gate {row['case']:>20}: {'ok ' if row['ok'] else 'FAIL'} "
+              + " ".join(f"{k}={row[k]:.2e}" for k in ("o_vs_fp64", "final_vs_fp64", "o_vs_unfused")
+                         if k in row) + (f" {row.get('error', '')}" if not row["ok"] else ""), flush=True)
+
+    def on_failure(name, why, seconds):
+        rows.append(dict(case=name, ok=False, error=why, seconds=seconds))
+        print(f"gate {name:>20}: FAIL {why[:200]}", flush=True)
+        write_json(path, res)
+
+    extra = ["--out", args.out] + (["--dry-run"] if args.dry_run else [])
+    res["gate"]["skipped"] += watch_cases(
+        [c[0] for c in (DRY_GATE_CASES if args.dry_run else GATE_CASES)],
+        lambda todo: script_cmd(__file__, todo, *extra), case_timeout=args.case_timeout,
+        first_timeout=2 * args.case_timeout, stop=lambda: elapsed() > args.gate_budget, on_result=on_result,
+        on_failure=on_failure, env=child_env(ROOT))
     res["gate"]["passed"] = bool(rows) and all(r["ok"] for r in rows)
 
 

@@ -16,7 +16,11 @@ LINATTN_GDN_SEGMENT_WARMUP=1 on the gluon backend; benchmarks/GLUON_WARMUP.md).
    kernel finds (computed on the host from g, warmup_state_round.window_stats). Plus the whole gluon-backend forward
    (launcher.chunk_gated_delta_rule_fwd_gluon, keys_normalised=True) at B1 T8192 H16/HV32, switch on vs off: the
    warm-up kernel launched exactly once (spy), o and final vs the fp64 chunk reference, and a second call under
-   torch.cuda.set_sync_debug_mode("error") (no host synchronisation).
+   torch.cuda.set_sync_debug_mode("error") (no host synchronisation). The gate cases (forward case last) run in a
+   CHILD PROCESS watched by the parent (case_watchdog.py, as in gluon_fused_ws_round.py): --case-timeout (60 s; the
+   first case, which pays the start-up and compiles, twice that) per case; a case past it (a hang in the barrier
+   protocol) is recorded as {"passed": false, "error": "timeout ...", "timed_out": true}, the child is killed and a
+   fresh one takes the remaining cases; no new case starts after --budget - 20 s ({"skipped": "budget"}).
 2. only if the gate is green (and --no-timing is not given), within --budget seconds: stage 3 alone on identical
    stage-2 outputs, CUDA-graph replay median (ms): plain Gluon, warm-up Gluon (automatic S), warm-up Triton
    (chunk_state_warmup at the Triton forward's config), plain Triton, at B1 T65536 H16/HV32, B1 T65536 H2/HV8, B1
@@ -29,19 +33,24 @@ plain Gluon pass runs the Triton state kernel; host-clock times, no claims.
 Writes DIR/gluon_warmup.json after every case and row (a timeout keeps what was measured) and prints a table.
 """
 import argparse
+import json
 import os
 import sys
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)                                       # common, warmup_state_round
-sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))     # linattn from this checkout
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)                                       # common, warmup_state_round, case_watchdog
+sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
+from case_watchdog import child_env, child_loop, script_cmd, watch_cases  # noqa: E402
 from common import graph_ms, median_ms, round_result, write_json  # noqa: E402
 
 BF, FP16 = torch.bfloat16, torch.float16
 ENV = "LINATTN_GDN_SEGMENT_WARMUP"
+FAKE_HANG_ENV = "WARMUP_ROUND_FAKE_HANG"      # names a gate case that then sleeps forever (tests the watchdog)
+FORWARD_CASE = "forward_gluon_backend_switch"
 TIMING = ((1, 65536, 16, 32), (1, 65536, 2, 8), (1, 32768, 16, 32), (1, 8192, 16, 32))
 TIMING_DRY = ((1, 64 * 8, 1, 2),)
 START = time.time()
@@ -330,6 +339,59 @@ def forward_case(dev, dry):
                                                                                            "not checked (CPU)")))
 
 
+def run_gate_item(name, dev, dry):
+    """One gate case by name (in the watched child): its row, an exception as {"passed": False, "error": trace}."""
+    t0 = time.time()
+    try:
+        if name == FORWARD_CASE:
+            r = forward_case(dev, dry)
+        else:
+            r = run_gate_case({c[0]: c for c in gate_cases(dry)}[name], dev)
+    except Exception:  # noqa: BLE001
+        r = dict(case=name, passed=False, error=traceback.format_exc()[-1500:])
+    r["s"] = round(time.time() - t0, 2)
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return r
+
+
+def child_main(names_json, dev, dry):
+    """The watched child: the named gate cases in order in this process (case_watchdog.child_loop)."""
+    if dry:
+        install_dry_run_stand_ins()
+    child_loop(json.loads(names_json), lambda name: run_gate_item(name, dev, dry), fake_hang_env=FAKE_HANG_ENV)
+
+
+def gate(res, path, a):
+    """The gate cases, then the forward case, in a watched child process (case_watchdog.watch_cases): each gets
+    --case-timeout seconds from its start (the first, which pays the start-up and compiles, twice that); a case past
+    it (a hang in the barrier protocol) is recorded as {"passed": False, "error": "timeout ...", "timed_out": True},
+    the child is killed and a fresh one takes the remaining cases. No new case starts after budget - 20 seconds
+    ({"skipped": "budget"})."""
+    rows = res["gate"]
+
+    def on_result(r, seconds):
+        r.setdefault("passed", False)       # a row from child_loop's fallback carries "ok" instead
+        r["wall_s"] = seconds
+        rows.append(r)
+        write_json(path, res)
+        print(("PASS " if r["passed"] else "FAIL ") + r["case"] + (f" {r['error'][-300:]}" if "error" in r else ""),
+              flush=True)
+
+    def on_failure(name, why, seconds):
+        rows.append(dict(case=name, passed=False, error=why, timed_out=why.startswith("timeout"), s=seconds,
+                         wall_s=seconds))
+        write_json(path, res)
+        print(f"FAIL {name} {why[:300]}", flush=True)
+
+    names = [c[0] for c in gate_cases(a.dry_run)] + [FORWARD_CASE]
+    extra = ["--out", a.out] + (["--dry-run"] if a.dry_run else [])
+    skipped = watch_cases(names, lambda todo: script_cmd(__file__, todo, *extra), case_timeout=a.case_timeout,
+                          first_timeout=2 * a.case_timeout, stop=lambda: elapsed() > a.budget - 20,
+                          on_result=on_result, on_failure=on_failure, env=child_env(ROOT))
+    rows += [dict(case=name, passed=False, skipped="budget") for name in skipped]
+
+
 # ---------------------------------------------------------------- timing
 
 def _time(fn, dev):
@@ -438,30 +500,24 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
+    ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds per gate case in the watched child "
+                                                                     "(the first case twice that)")
+    ap.add_argument("--child-case", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and not a.dry_run:
         sys.exit("no CUDA device: use --dry-run (with TRITON_INTERPRET=1) for a CPU run of the code paths")
+    if a.child_case is not None:
+        child_main(a.child_case, dev, a.dry_run)
+        return 0
     if a.dry_run:
         install_dry_run_stand_ins()
     path = os.path.join(a.out, "gluon_warmup.json")
     res = round_result("gluon_warmup_round.py", dev, dry_run=a.dry_run, budget=a.budget)
     res["stand_ins"] = STAND_INS
     res["gate"] = []
-    for case in gate_cases(a.dry_run):
-        if elapsed() > a.budget - 20:
-            res["gate"].append(dict(case=case[0], passed=False, skipped="budget"))
-            continue
-        try:
-            res["gate"].append(run_gate_case(case, dev))
-        except Exception:  # noqa: BLE001
-            res["gate"].append(dict(case=case[0], passed=False, error=traceback.format_exc()[-1500:]))
-        write_json(path, res)
-    try:
-        res["gate"].append(forward_case(dev, a.dry_run))
-    except Exception:  # noqa: BLE001
-        res["gate"].append(dict(case="forward_gluon_backend_switch", passed=False,
-                                error=traceback.format_exc()[-1500:]))
+    res["case_timeout_s"] = a.case_timeout
+    gate(res, path, a)
     res["gate_passed"] = bool(res["gate"] and all(c.get("passed") for c in res["gate"]))
     res["gate_s"] = elapsed()
     write_json(path, res)

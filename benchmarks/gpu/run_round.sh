@@ -8,7 +8,8 @@
 # configs and variants, benchmarks/gpu/output_stage_round.py), bwd_wy (the opt-in WY backward v2,
 # benchmarks/gpu/bwd_wy_round.py), bwd_local (the opt-in local backward v2, benchmarks/gpu/bwd_local_round.py),
 # gluon_bwd_dh (the opt-in Gluon reverse state pass of the backward, LINATTN_GDN_GLUON_BWD_DH=1: gate vs the Triton
-# kernel and vs fp64, then timing; benchmarks/gpu/gluon_bwd_dh_round.py, GLUON_BWD_DH_BUDGET seconds),
+# kernel and vs fp64 with a per-case watchdog, then timing; benchmarks/gpu/gluon_bwd_dh_round.py, GLUON_BWD_DH_BUDGET
+# seconds),
 # gluon_fused_ws (the opt-in warp-specialised Gluon fused forward stages 3+4, LINATTN_GDN_GLUON_FUSED_WS=1: gate with a
 # per-case watchdog, then timing; benchmarks/gpu/gluon_fused_ws_round.py, GLUON_FUSED_WS_BUDGET seconds), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
