@@ -19,35 +19,14 @@ import torch
 from linattn.ops.gated_delta_rule.triton import backward as bw
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import assert_close, make_gdn_inputs, random_cu_seqlens
+from launch_spy import spy_kernel                                              # tests/ is on sys.path
 from test_chunk_backward import _check as backward_check, needs_interpreter   # tests/ is on sys.path
 
 SAME = {torch.float32: 1e-5, torch.bfloat16: 2e-3}
 
 
-class _Spy:
-    """Stands in for backward_wy_v2 in backward.py: records each launch's K, then launches the real kernel."""
-    def __init__(self, calls):
-        from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as m
-        self._m, self._calls = m, calls
-        self.WARPS_V2, self.STAGES_V2 = m.WARPS_V2, m.STAGES_V2
-
-    @property
-    def chunk_wy_bwd_v2_kernel(self):
-        calls, kernel = self._calls, self._m.chunk_wy_bwd_v2_kernel
-
-        class _Launch:
-            def __getitem__(self, grid):
-                def run(*a, **kw):
-                    calls.append(kw["K"])
-                    return kernel[grid](*a, **kw)
-                return run
-        return _Launch()
-
-
 def _spy(monkeypatch):
-    calls = []
-    monkeypatch.setattr(bw, "wy_v2", _Spy(calls))
-    return calls
+    return spy_kernel(monkeypatch, bw, "wy_v2", "chunk_wy_bwd_v2_kernel")
 
 
 def _backward(monkeypatch, x, do, dht, cu, switch):
