@@ -76,6 +76,47 @@ if GLUON_OK:
         tma_load(u_desc, [row, hv * V + vb * BV], ready.index(i), u_smem.index(i), pred=p)
 
     @gluon.jit
+    def _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, it, s, gam, gam_last, t0, eos, r_t, c_v,
+                        kt_cols, hv, vnew_ptr, own, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                        BV: gl.constexpr, STAGES: gl.constexpr, USE_WGMMA: gl.constexpr, ACC: gl.constexpr,
+                        MASK_OWN: gl.constexpr):
+        """One chunk of the state pass on ring slot it % STAGES, S already in s_smem: waits for the slot's loads,
+        then product 1 (Vnew = U - W S, stored on the valid rows, and only where `own` with MASK_OWN) and product 2
+        (S = exp(gam_C) S + K^T (d * Vnew)); returns the next S. vn_smem (with USE_WGMMA) and kt_cols (without)
+        are the callers' per-kernel buffers; the other is unused. Shared by chunk_state_fwd_tma_kernel and the
+        warm-up kernel (chunk_state_warmup_tma.py)."""
+        dt: gl.constexpr = s_smem.dtype
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        rows = t0 + r_t
+        valid = rows < eos
+        # product 1: Vnew = U - W S
+        if USE_WGMMA:
+            ws = warpgroup_mma(w_smem.index(slot), s_smem, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+        else:
+            OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+            OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
+            ws = mma_v2(w_smem.index(slot).load(OPA), s_smem.load(OPB), gl.zeros([BT, BV], gl.float32, ACC))
+        vnew = u_smem.index(slot).load(ACC).to(gl.float32) - ws
+        uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
+        if MASK_OWN:
+            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid & own, 1))
+        else:
+            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid, 1))
+        # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
+        d = gl.exp(gam_last - gam)
+        vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
+        if USE_WGMMA:
+            vn_smem.store(vs)
+            fence_async_shared()
+            s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
+        else:
+            kt = k_smem.index(slot).permute((1, 0)).load(OPA)
+            kt = gl.where(gl.expand_dims(t0 + kt_cols < eos, 0), kt, gl.zeros_like(kt))
+            s = mma_v2(kt, gl.convert_layout(vs, OPB), s * gl.exp(gam_last))
+        return s
+
+    @gluon.jit
     def chunk_state_fwd_tma_kernel(
         k_desc, w_desc, u_desc,                # TMA over k [T_tot, H*K], w [T_tot, HV*K], u [T_tot, HV*V]
         gcum_ptr,                              # gcum [T_tot, HV] fp32
@@ -127,9 +168,10 @@ if GLUON_OK:
         c_v = vb * BV + gl.arange(0, BV, layout=COLS)
         if USE_WGMMA:
             vn_smem = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
+            kt_cols = r_t                                        # unused with WGMMA
         else:
+            vn_smem = s_smem                                     # unused without WGMMA
             OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
             kt_cols = gl.arange(0, BT, layout=gl.SliceLayout(0, OPA))
 
         # gates of chunk 0, then each iteration loads the next chunk's while this one computes
@@ -155,29 +197,8 @@ if GLUON_OK:
             fence_async_shared()
             tma_store(h_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], s_smem)
 
-            slot = c % STAGES
-            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-            rows = t0 + r_t
-            valid = rows < eos
-            # product 1: Vnew = U - W S
-            if USE_WGMMA:
-                ws = warpgroup_mma(w_smem.index(slot), s_smem, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            else:
-                ws = mma_v2(w_smem.index(slot).load(OPA), s_smem.load(OPB), gl.zeros([BT, BV], gl.float32, ACC))
-            vnew = u_smem.index(slot).load(ACC).to(gl.float32) - ws
-            uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
-            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid, 1))
-            # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
-            d = gl.exp(gam_last - gam)
-            vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-            if USE_WGMMA:
-                vn_smem.store(vs)
-                fence_async_shared()
-                s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
-            else:
-                kt = k_smem.index(slot).permute((1, 0)).load(OPA)
-                kt = gl.where(gl.expand_dims(t0 + kt_cols < eos, 0), kt, gl.zeros_like(kt))
-                s = mma_v2(kt, gl.convert_layout(vs, OPB), s * gl.exp(gam_last))
+            s = _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, c, s, gam, gam_last, t0, eos, r_t,
+                                c_v, kt_cols, hv, vnew_ptr, True, HV, V, BT, BV, STAGES, USE_WGMMA, ACC, False)
             gam = gam_n
             gam_last = gam_last_n
 

@@ -60,7 +60,8 @@ def resident_per_sm(regs: int, smem: int, num_warps: int = 4) -> int:
 
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _issue_chunk, rows_layout, state_acc_layout
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import (_chunk_products, _issue_chunk, rows_layout,
+                                                                     state_acc_layout)
 
     @gluon.jit
     def _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV: gl.constexpr, BT: gl.constexpr):
@@ -143,9 +144,10 @@ if GLUON_OK:
         c_v = vb * BV + gl.arange(0, BV, layout=COLS)
         if USE_WGMMA:
             vn_smem = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
+            kt_cols = r_t                                        # unused with WGMMA
         else:
+            vn_smem = s_smem                                     # unused without WGMMA
             OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
             kt_cols = gl.arange(0, BT, layout=gl.SliceLayout(0, OPA))
 
         # gates of the window's first chunk, then each iteration loads the next chunk's while this one computes
@@ -172,29 +174,8 @@ if GLUON_OK:
             if own:
                 tma_store(h_desc, [((slot0 + cw + j) * HV + hv).to(gl.int32) * K, vb * BV], s_smem)
 
-            slot = j % STAGES
-            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            rows = t0 + r_t
-            valid = rows < eos
-            # product 1: Vnew = U - W S
-            if USE_WGMMA:
-                ws = warpgroup_mma(w_smem.index(slot), s_smem, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            else:
-                ws = mma_v2(w_smem.index(slot).load(OPA), s_smem.load(OPB), gl.zeros([BT, BV], gl.float32, ACC))
-            vnew = u_smem.index(slot).load(ACC).to(gl.float32) - ws
-            uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
-            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid & own, 1))
-            # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
-            d = gl.exp(gam_last - gam)
-            vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-            if USE_WGMMA:
-                vn_smem.store(vs)
-                fence_async_shared()
-                s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
-            else:
-                kt = k_smem.index(slot).permute((1, 0)).load(OPA)
-                kt = gl.where(gl.expand_dims(t0 + kt_cols < eos, 0), kt, gl.zeros_like(kt))
-                s = mma_v2(kt, gl.convert_layout(vs, OPB), s * gl.exp(gam_last))
+            s = _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, j, s, gam, gam_last, t0, eos, r_t,
+                                c_v, kt_cols, hv, vnew_ptr, own, HV, V, BT, BV, STAGES, USE_WGMMA, ACC, True)
             gam = gam_n
             gam_last = gam_last_n
 
