@@ -59,6 +59,7 @@ PRODUCER_REGS = 24       # setmaxnreg of the 1-warp TMA producer (the hardware m
 OUTPUT_REGS = 160        # setmaxnreg of the output warpgroup (AOT: see GLUON_FUSED_WS.md)
 
 if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
 
     @gluon.constexpr_function
     def ws_acc_layout(N):
@@ -230,13 +231,7 @@ if GLUON_OK:
         dt: gl.constexpr = w_desc.dtype
         vb = gl.program_id(0)
         nh = gl.program_id(1)
-        n = nh // HV
-        hv = nh % HV
-        hk = hv // (HV // H)
-        bos = gl.load(cu_ptr + n)
-        eos = gl.load(cu_ptr + n + 1)
-        slot0 = gl.load(chunk_off_ptr + n)
-        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)

@@ -59,6 +59,7 @@ from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_a
                                           tma_store_wait, warpgroup_mma, warpgroup_mma_wait)
 
 if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
 
     @gluon.constexpr_function
     def bwd_acc_layout(BV, num_warps):
@@ -115,13 +116,7 @@ if GLUON_OK:
 
         vb = gl.program_id(0)
         nh = gl.program_id(1)
-        n = nh // HV
-        hv = nh % HV
-        hk = hv // (HV // H)
-        bos = gl.load(cu_ptr + n)
-        eos = gl.load(cu_ptr + n + 1)
-        slot0 = gl.load(chunk_off_ptr + n)
-        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
 
         q_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)

@@ -62,6 +62,20 @@ if GLUON_OK:
         return gl.BlockedLayout([1, vec], [32 // tpw_n, tpw_n], [num_warps, 1], [1, 0])
 
     @gluon.jit
+    def _sequence_span(nh, cu_ptr, chunk_off_ptr, H: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr):
+        """Sequence n and value head hv of program row nh = n * HV + hv, its key head, its token span [bos, eos),
+        its first chunk slot and its chunk count (the chunk plan of triton/chunk_indices.py). Shared by the Gluon
+        state passes (forward, warm-up, backward) and the fused forward."""
+        n = nh // HV
+        hv = nh % HV
+        hk = hv // (HV // H)
+        bos = gl.load(cu_ptr + n)
+        eos = gl.load(cu_ptr + n + 1)
+        slot0 = gl.load(chunk_off_ptr + n)
+        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+        return n, hv, hk, bos, eos, slot0, nchunks
+
+    @gluon.jit
     def _issue_chunk(w_desc, k_desc, u_desc, w_smem, k_smem, u_smem, ready, c, nchunks, bos, hv, hk, vb,
                      HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                      STAGES: gl.constexpr):
@@ -136,13 +150,7 @@ if GLUON_OK:
 
         vb = gl.program_id(0)
         nh = gl.program_id(1)
-        n = nh // HV
-        hv = nh % HV
-        hk = hv // (HV // H)
-        bos = gl.load(cu_ptr + n)
-        eos = gl.load(cu_ptr + n + 1)
-        slot0 = gl.load(chunk_off_ptr + n)
-        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
 
         w_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], w_desc.layout)
         k_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)

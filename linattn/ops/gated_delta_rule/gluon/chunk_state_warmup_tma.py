@@ -60,7 +60,8 @@ def resident_per_sm(regs: int, smem: int, num_warps: int = 4) -> int:
 
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import (_chunk_products, _issue_chunk, rows_layout,
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import (_chunk_products, _issue_chunk, _sequence_span,
+                                                                     rows_layout,
                                                                      state_acc_layout)
 
     @gluon.jit
@@ -100,13 +101,7 @@ if GLUON_OK:
         nhv = N * HV
         seg = pid // nhv
         nh = pid % nhv
-        n = nh // HV
-        hv = nh % HV
-        hk = hv // (HV // H)
-        bos = gl.load(cu_ptr + n)
-        eos = gl.load(cu_ptr + n + 1)
-        slot0 = gl.load(chunk_off_ptr + n)
-        nchunks = gl.cdiv(gl.maximum(eos - bos, 0), BT).to(gl.int32)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
         c0 = seg * seg_chunks
         if (c0 >= nchunks) & (seg > 0):        # an empty segment past the sequence's end (segment 0 always runs)
             return
