@@ -109,15 +109,24 @@ def install_dry_run_stand_ins():
             USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC="tf32", num_warps=4)
     launcher.chunk_state_gluon = fwd_state
     table.backends["gluon"] = dataclasses.replace(saved[2], supports=lambda **_: (True, ""))
+    # the gluon forward's fused stages 3+4 (on by default since round 14) have no CPU stand-in here: the forward
+    # then runs the state pass above and the Triton output stage
+    saved_ws = os.environ.get("LINATTN_GDN_GLUON_FUSED_WS")
+    os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = "0"
 
     def undo():
         gb.chunk_state_bwd_tma_kernel, launcher.chunk_state_gluon, table.backends["gluon"] = saved
+        if saved_ws is None:
+            os.environ.pop("LINATTN_GDN_GLUON_FUSED_WS", None)
+        else:
+            os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = saved_ws
     return undo
 
 
 STAND_INS = ["gluon/chunk_state_bwd.py chunk_state_bwd_tma_kernel -> Triton chunk_state_bwd_kernel on the Gluon "
              "launcher's arguments", "gluon/launcher.py chunk_state_gluon (forward) -> Triton chunk_state_fwd_kernel",
-             "gluon backend supports() -> True (no sm_90 device check)"]
+             "gluon backend supports() -> True (no sm_90 device check)",
+             "LINATTN_GDN_GLUON_FUSED_WS=0 (the fused Gluon forward has no CPU stand-in here)"]
 
 
 # ---------------------------------------------------------------- the two launches on identical inputs
@@ -257,11 +266,14 @@ class LaunchCounter:
         self.gb.chunk_state_bwd_gluon = self.orig
 
 
-def set_switch(on):
-    if on:
-        os.environ[ENV] = "1"
-    else:
-        os.environ.pop(ENV, None)
+STATE_ENV = "LINATTN_GDN_GLUON_BWD_STATE"
+
+
+def set_switch(on, state=False):
+    """The dh switch explicitly on or off (on by default since round 14, so off must be "0"); state: also the Gluon
+    recompute of the forward's state pass in the backward (LINATTN_GDN_GLUON_BWD_STATE)."""
+    os.environ[ENV] = "1" if on else "0"
+    os.environ[STATE_ENV] = "1" if state else "0"
 
 
 def bwd_case(case, dev):
@@ -413,8 +425,11 @@ def timing_row(B, T, dev, dry, budget):
     x, do, dfinal = p.x, p.do, p.dht
     ctx = SimpleNamespace(saved_tensors=(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None),
                           scale=128 ** -0.5, output_final_state=True, variant=backend.selected_variant())
-    for key, on in (("bwd_off_ms", False), ("bwd_on_ms", True)):
-        set_switch(on)
+    # bwd_on_state_ms: the dh pass and the Gluon recompute of the forward state pass together (round 13 gated the
+    # recompute, green, but never timed it)
+    for key, on, state in (("bwd_off_ms", False, False), ("bwd_on_ms", True, False),
+                           ("bwd_on_state_ms", True, True), ("bwd_state_only_ms", False, True)):
+        set_switch(on, state)
         try:
             with torch.no_grad():
                 row[key] = median_ms(lambda: backend._backward(ctx, do, dfinal), warmup=3 if dev == "cuda" else 1,
@@ -423,6 +438,7 @@ def timing_row(B, T, dev, dry, budget):
             set_switch(False)
     row["bwd_speedup"] = row["bwd_off_ms"] / row["bwd_on_ms"]
     row["bwd_saved_ms"] = row["bwd_off_ms"] - row["bwd_on_ms"]
+    row["bwd_state_speedup"] = row["bwd_on_ms"] / row["bwd_on_state_ms"]   # what the recompute adds on top of dh
     # the other registered configs while the budget lasts (sweep)
     row["sweep"] = []
     for alt in sweep_configs():
@@ -443,6 +459,8 @@ def row_line(r):
     return (f"  B{r['B']} T{r['T']}: state bwd Triton {r['state_bwd_triton_ms']:.3f} ms | Gluon "
             f"{r['state_bwd_gluon_ms']:.3f} ms (x{r['state_bwd_speedup']:.3f}) | backward off {r['bwd_off_ms']:.3f} "
             f"on {r['bwd_on_ms']:.3f} ms (x{r['bwd_speedup']:.3f}, {r['bwd_saved_ms']:+.3f} ms)"
+            f" | +state {r.get('bwd_on_state_ms', float('nan')):.3f} ms, state only "
+            f"{r.get('bwd_state_only_ms', float('nan')):.3f} ms"
             + (f" | sweep {sweep}" if sweep else ""))
 
 

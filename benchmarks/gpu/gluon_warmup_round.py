@@ -68,6 +68,9 @@ def sync(dev):
 
 def _set(on):
     os.environ[ENV] = "1" if on else "0"
+    # the fused Gluon stages 3+4 (on by default since round 14) take precedence over the warm-up pass: this round
+    # measures the unfused forward's state pass, with and without the warm-up
+    os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = "0"
 
 
 # ---------------------------------------------------------------- stand-ins (dry run only)

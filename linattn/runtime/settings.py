@@ -17,12 +17,16 @@ LINATTN_GDN_FUSED_FWD     "1": the Triton GDN forward runs its state pass and ou
                    final state; default off (stages 3 and 4 apart). Takes precedence over LINATTN_GDN_SPLIT_STATE.
 LINATTN_GDN_GLUON_BWD_STATE  "1": the "gluon" backend's backward also recomputes the forward's state pass with the
                    Gluon kernel (default off: the Triton state pass; not yet gated on a GPU, benchmarks/BWD_PROFILE.md).
-LINATTN_GDN_GLUON_BWD_DH  "1": the "gluon" backend's backward runs its reverse state pass (stage 1: dh, dvnew's state
-                   term, d initial_state) with the Gluon TMA/wgmma kernel (gluon/chunk_state_bwd.py) instead of the
-                   Triton one; default off (not yet gated on a GPU, benchmarks/GLUON_BWD_DH.md).
-LINATTN_GDN_GLUON_FUSED_WS  "1": the "gluon" backend's forward runs stages 3 and 4 (state pass and output) as one
-                   warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; h and vnew never stored) where the caller
-                   needs only o and the final state; default off (not yet gated on a GPU, benchmarks/GLUON_FUSED_WS.md).
+LINATTN_GDN_GLUON_BWD_DH  "0" makes the "gluon" backend's backward run its reverse state pass (stage 1: dh, dvnew's
+                   state term, d initial_state) with the Triton kernel; default on: the Gluon TMA/wgmma kernel
+                   (gluon/chunk_state_bwd.py). Round 14 on an H200: gate green (Triton kernel bit-equal up to 3e-5,
+                   gradients vs fp64 autograd), backward 1.06-1.07x (B1 T65536 14.56 -> 13.57 ms),
+                   benchmarks/GLUON_BWD_DH.md.
+LINATTN_GDN_GLUON_FUSED_WS  "0" makes the "gluon" backend's forward run stages 3 and 4 (state pass and output)
+                   apart; default on: one warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; h and vnew never
+                   stored) where the caller needs only o and the final state. Round 14 on an H200: gate green (o equal
+                   to the unfused forward's), forward 1.23-1.39x (B1 T65536 3.62 -> 2.94 ms),
+                   benchmarks/GLUON_FUSED_WS.md. Takes precedence over LINATTN_GDN_SEGMENT_WARMUP on that backend.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -49,6 +53,11 @@ from dataclasses import dataclass
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _on_unless_off(name: str) -> bool:
+    """A switch that is on by default: "0", "off", "false" or "no" turns it off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def _version(name: str, default: str = "v2") -> str:
@@ -97,11 +106,11 @@ class _Settings:
 
     @property
     def gdn_gluon_bwd_dh(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_BWD_DH")
+        return _on_unless_off("LINATTN_GDN_GLUON_BWD_DH")
 
     @property
     def gdn_gluon_fused_ws(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_FUSED_WS")
+        return _on_unless_off("LINATTN_GDN_GLUON_FUSED_WS")
 
     @property
     def gdn_segment_warmup(self) -> bool:
