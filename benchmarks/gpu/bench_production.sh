@@ -57,7 +57,10 @@ if python -c "import flash_qla" 2>/dev/null; then BACKENDS="triton gluon fla fla
 COLD_FLAG="--no-cold"
 if [ "${COLD:-0}" = "1" ]; then COLD_FLAG="--cold"; fi
 PRESET="production_$PART"
-MODES="fwd fwdbwd"
+MODES="${PROD_MODES:-fwd fwdbwd}"
+# PROD_MODES / PROD_BACKENDS narrow one call (e.g. PROD_MODES=fwd PROD_BACKENDS="triton gluon fla flashqla": the
+# forward against FlashQLA inside one 10-minute call; the fwd+bwd rows in another call)
+BACKENDS="${PROD_BACKENDS:-$BACKENDS}"
 # COLD_MODES="fwd": only the first call of each backend (the fwd+bwd cold runs of FLA and FlashQLA cost about 150 s
 # each; round 8 measured both modes in 467 s, fwd alone took about 113 s of that)
 if [ "$PART" = "cold" ]; then COLD_FLAG="--cold-only"; PRESET="production_hv32"; MODES="${COLD_MODES:-fwd fwdbwd}"; fi
