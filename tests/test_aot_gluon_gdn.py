@@ -121,8 +121,8 @@ def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
 
 
 def test_auto_hands_gluon_only_what_it_was_measured_faster_on(monkeypatch):
-    """With the Gluon backend's supports() pretending a Hopper GPU (none here), `auto` picks it for N*HV <= 64
-    sequence-heads when the call is long (T_total >= GLUON_AUTO_MIN_EAGER_TOKENS) or captured into a CUDA graph, and keeps the rest on
+    """With the Gluon backend's supports() pretending a Hopper GPU (none here), `auto` picks it for N*HV <= 768
+    sequence-heads (GLUON_AUTO_MAX_SEQ_HEADS, round 14) when the call is long (T_total >= GLUON_AUTO_MIN_EAGER_TOKENS) or captured into a CUDA graph, and keeps the rest on
     Triton with a reason; by name it takes them all."""
     import dataclasses
 
@@ -146,15 +146,17 @@ def test_auto_hands_gluon_only_what_it_was_measured_faster_on(monkeypatch):
         assert table.select("gluon", **c).name == "gluon"
         return name, why
 
+    assert backend.GLUON_AUTO_MAX_SEQ_HEADS == 768
     assert picked(**call(1, long_T, 32))[0] == "gluon"                  # B1 HV32: N*HV = 32
-    assert picked(**call(1, long_T, 64))[0] == "gluon"                  # N*HV = 64
-    name, why = picked(**call(1, long_T, 128))
-    assert name == "triton" and "N*HV = 128" in why
+    assert picked(**call(8, long_T // 8, 32))[0] == "gluon"             # B8 HV32: N*HV = 256
+    assert picked(**call(1, long_T, 768))[0] == "gluon"                 # N*HV = 768
+    name, why = picked(**call(1, long_T, 800))
+    assert name == "triton" and "N*HV = 800" in why
     name, why = picked(**call(1, long_T // 4, 32))                      # eager, short
     assert name == "triton" and "eager" in why
     cu = torch.tensor([0, 100, long_T // 2, long_T], dtype=torch.int64)  # varlen: N = 3 sequences of one row
-    assert picked(**call(1, long_T, 16, cu))[0] == "gluon"              # N*HV = 48
-    assert picked(**call(1, long_T, 32, cu))[0] == "triton"             # N*HV = 96
+    assert picked(**call(1, long_T, 256, cu))[0] == "gluon"             # N*HV = 768
+    assert picked(**call(1, long_T, 272, cu))[0] == "triton"            # N*HV = 816
     assert not backend._capturing(torch.empty(1))                       # a CPU tensor is never captured
     monkeypatch.setattr(backend, "_capturing", lambda q: True)
     assert picked(**call(1, long_T // 4, 32))[0] == "gluon"             # short, but under capture
@@ -372,9 +374,10 @@ if __name__ == "__main__":
 
 
 def test_gluon_backward_recompute_takes_the_state_pass_hook(device, monkeypatch):
-    """LINATTN_GDN_GLUON_BWD_STATE=1: the gluon backend's backward recomputes the state pass through
-    chunk_state_gluon (here replaced by the Triton state kernel, under the interpreter), once per backward, and
-    gives the Triton backward's gradients bit for bit; unset, the Triton backward op runs."""
+    """LINATTN_GDN_GLUON_BWD_STATE=1 (or unset, at N*HV <= 64): the gluon backend's backward recomputes the state
+    pass through chunk_state_gluon (here replaced by the Triton state kernel, under the interpreter), once per
+    backward, and gives the Triton backward's gradients bit for bit; "0" (with the dh pass off), the Triton
+    backward op runs."""
     if device != "cpu":
         pytest.skip("CPU orchestration check")
     from types import SimpleNamespace
@@ -393,13 +396,25 @@ def test_gluon_backward_recompute_takes_the_state_pass_hook(device, monkeypatch)
     dfinal = torch.randn_like(x["initial_state"])
     ctx = SimpleNamespace(saved_tensors=(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None),
                           scale=128 ** -0.5, output_final_state=True, variant="wgmma")
-    monkeypatch.delenv("LINATTN_GDN_GLUON_BWD_STATE", raising=False)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_STATE", "0")
     monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_DH", "0")     # on by default since round 14: the Triton dh pass here
     want = backend._backward(ctx, do, dfinal)
     assert calls == []
     monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_STATE", "1")
     got = backend._backward(ctx, do, dfinal)
     assert calls == ["wgmma"]
+    monkeypatch.delenv("LINATTN_GDN_GLUON_BWD_STATE")       # unset: Gluon where N*HV <= 64 (here 2)
+    again = backend._backward(ctx, do, dfinal)
+    assert calls == ["wgmma", "wgmma"]
+    for a, b in zip(again, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    q8, v8 = torch.empty(8, 1, 16, 1), torch.empty(8, 1, 32, 1)
+    assert backend.recompute_state_in_gluon("auto", q8, v8, None) is False               # N*HV = 256
+    assert backend.recompute_state_in_gluon("on", q8, v8, None) is True
+    assert backend.recompute_state_in_gluon("auto", q8[:1], v8[:1], None) is True        # N*HV = 32
+    cu = torch.tensor([0, 1, 2, 3], dtype=torch.int64)
+    assert backend.recompute_state_in_gluon("auto", q8[:1], torch.empty(1, 3, 32, 1), cu) is False  # 3 * 32 = 96
+    assert backend.recompute_state_in_gluon("off", x["q"], x["v"], None) is False
     assert len(got) == len(want) == 11         # the op's 11 inputs (variant, keys_normalised last)
     for a, b in zip(got, want):
         assert (a is None and b is None) or torch.equal(a, b)

@@ -266,7 +266,7 @@ def test_switch_reaches_the_gluon_launcher(device, monkeypatch, varlen):
     rnd = _gdn_round()
     stand_in = rnd.StandInKernel()
     monkeypatch.setattr(gb, "chunk_state_bwd_tma_kernel", stand_in)
-    monkeypatch.delenv("LINATTN_GDN_GLUON_BWD_STATE", raising=False)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_STATE", "0")   # unset = Gluon at N*HV <= 64 (round 14)
     monkeypatch.setenv("LINATTN_GDN_GLUON_BWD_DH", "0")
     lens = [1, 64, 1, 70] if varlen else None
     B, T, H, HV = (1, sum(lens), 1, 2) if varlen else (2, 70, 1, 2)

@@ -94,7 +94,8 @@ def grad_check():
     # with LINATTN_GDN_GLUON_BWD_STATE=1 the gluon backward recomputes h with the Gluon state pass, and with
     # LINATTN_GDN_GLUON_BWD_DH (on by default since round 14) it runs its reverse state pass in Gluon: its gradients
     # then differ from Triton's by that rounding, and the fp64 check is the gate; otherwise they must be Triton's
-    bwd_state = settings.gdn_gluon_bwd_state
+    from linattn.ops.gated_delta_rule.gluon.backend import recompute_state_in_gluon
+    bwd_state = recompute_state_in_gluon(settings.gdn_gluon_bwd_state, x["q"], x["v"], None)
     gluon_pieces = bwd_state or settings.gdn_gluon_bwd_dh
     same = all(rel[k] <= max(1e-5, 2 * rerun[k]) for k in names)
     return dict(case="grad_vs_triton", gluon_bwd_state=bwd_state, gluon_bwd_dh=settings.gdn_gluon_bwd_dh,

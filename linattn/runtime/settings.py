@@ -15,8 +15,10 @@ LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (def
 LINATTN_GDN_FUSED_FWD     "1": the Triton GDN forward runs its state pass and output as one kernel
                    (triton/chunk_fused_fwd.py; h and vnew never stored) where its caller needs only o and the
                    final state; default off (stages 3 and 4 apart). Takes precedence over LINATTN_GDN_SPLIT_STATE.
-LINATTN_GDN_GLUON_BWD_STATE  "1": the "gluon" backend's backward also recomputes the forward's state pass with the
-                   Gluon kernel (default off: the Triton state pass; not yet gated on a GPU, benchmarks/BWD_PROFILE.md).
+LINATTN_GDN_GLUON_BWD_STATE  "1": the "gluon" backend's backward recomputes the forward's state pass with the Gluon
+                   kernel, "0": with the Triton one; unset: Gluon where N*HV <= 64 sequence-heads (round 14 on an
+                   H200, with the Gluon dh pass: backward 1.05x at B1 T8k/32k/64k, e.g. 13.70 -> 13.03 ms; flat at
+                   B8 T4096, N*HV = 256, where the Gluon state pass is 0.92x Triton's; gluon/backend.py).
 LINATTN_GDN_GLUON_BWD_DH  "0" makes the "gluon" backend's backward run its reverse state pass (stage 1: dh, dvnew's
                    state term, d initial_state) with the Triton kernel; default on: the Gluon TMA/wgmma kernel
                    (gluon/chunk_state_bwd.py). Round 14 on an H200: gate green (Triton kernel bit-equal up to 3e-5,
@@ -101,8 +103,12 @@ class _Settings:
         return os.environ.get("LINATTN_GDN_SPLIT_INTRA", "1").strip().lower() not in ("0", "false", "off", "no")
 
     @property
-    def gdn_gluon_bwd_state(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_BWD_STATE")
+    def gdn_gluon_bwd_state(self) -> str:
+        """"on", "off" (LINATTN_GDN_GLUON_BWD_STATE set) or "auto" (unset: gluon/backend.py decides by shape)."""
+        value = os.environ.get("LINATTN_GDN_GLUON_BWD_STATE", "").strip().lower()
+        if value == "":
+            return "auto"
+        return "on" if value in ("1", "true", "yes", "on") else "off"
 
     @property
     def gdn_gluon_bwd_dh(self) -> bool:

@@ -6,9 +6,10 @@ by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every call supports(
 "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward is the Triton backward
 ("linattn::chunk_gdn_bwd"), which recomputes the intermediates from the saved inputs, so gradients do not depend
 on the variant. The state-pass variant comes from LINATTN_GDN_GLUON_VARIANT (literal | tma | wgmma), read per
-call; unset means the launcher's default. Opt-in Gluon pieces of that backward ("linattn::chunk_gdn_bwd_gluon"),
-read per backward: LINATTN_GDN_GLUON_BWD_STATE=1 recomputes the forward's state pass with the Gluon kernel,
-LINATTN_GDN_GLUON_BWD_DH=1 runs the reverse state pass (stage 1) with gluon/chunk_state_bwd.py.
+call; unset means the launcher's default. Gluon pieces of that backward ("linattn::chunk_gdn_bwd_gluon"), read per
+backward: the reverse state pass (stage 1) runs gluon/chunk_state_bwd.py (LINATTN_GDN_GLUON_BWD_DH, on by default
+since round 14), and the recompute of the forward's state pass takes the Gluon kernel where N*HV <= 64
+(LINATTN_GDN_GLUON_BWD_STATE unset; "1" always, "0" never).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
@@ -90,12 +91,28 @@ def _setup_context(ctx, inputs, output):
     ctx.variant = inputs[9]
 
 
+# The backward's recompute of the forward state pass goes to the Gluon kernel (LINATTN_GDN_GLUON_BWD_STATE unset)
+# where the Gluon state pass beats Triton's: N*HV <= 64 sequence-heads. Round 14 on an H200 (with the Gluon dh pass,
+# results/2026-11-30_r14b_gluon_bwd_dh.json): backward 1.05x at B1 T8192/32768/65536 H16/HV32 (13.70 -> 13.03 ms at
+# T65536); at B8 T4096 (N*HV = 256) 5.92 -> 5.95 ms, the state pass there 0.92x Triton's, so Triton.
+GLUON_BWD_STATE_MAX_SEQ_HEADS = 64
+
+
+def recompute_state_in_gluon(mode: str, q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> bool:
+    """Whether the backward recomputes the state pass with the Gluon kernel: mode is settings.gdn_gluon_bwd_state."""
+    if mode != "auto":
+        return mode == "on"
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    return N * v.shape[2] <= GLUON_BWD_STATE_MAX_SEQ_HEADS
+
+
 def _backward(ctx, do, dfinal):
     from linattn.ops.gated_delta_rule.api import _fwd_backward
-    recompute_state, state_bwd = settings.gdn_gluon_bwd_state, settings.gdn_gluon_bwd_dh
+    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    recompute_state = recompute_state_in_gluon(settings.gdn_gluon_bwd_state, q, v, cu_seqlens)
+    state_bwd = settings.gdn_gluon_bwd_dh
     if not (recompute_state or state_bwd):
         return (*_fwd_backward(ctx, do, dfinal), None, None)     # none for variant and keys_normalised
-    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
     dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state,
                                                                        cu_seqlens, do, dht, ctx.variant,
@@ -139,15 +156,18 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
     return o, (final if output_final_state else None)
 
 
-# Where `auto` sends a call the Gluon state pass supports (measured on the H200, benchmarks/RESULTS.md):
-# - N*HV <= 64 sequence-heads: CUDA-graph replay 1.08-1.48x the Triton forward (round 11: H16/HV32 B1 1.14-1.15x,
-#   H16/HV64 B1 1.08-1.09x, H2/HV8 B1 1.44-1.48x, B4 1.18x, B8 1.09x); at N*HV = 256 0.96-0.98x, so Triton there
-#   (its state pass then has enough programs; N*HV = 128 was not timed and stays on Triton).
+# Where `auto` sends a call the Gluon forward supports (measured on the H200, benchmarks/RESULTS.md):
+# - N*HV <= 768 sequence-heads. Round 14, with the fused warp-specialised stages 3+4 (CUDA-graph replay, one run,
+#   results/2026-11-30_r14_gdn_production_hv32_fwd.json): gluon / triton forward 1.44x at B1 T8192, 1.45x at B1
+#   T32768 and T65536 (N*HV = 32), 1.35x at B8 T4096 (256), 1.35x at B4 T16384 (128), 1.37x on the varlen mix of 24
+#   sequences (768). Round 11-13 (unfused Gluon state pass) kept N*HV > 64 on Triton (0.96-0.98x at 256). More
+#   sequence-heads than 768 were not timed and stay on Triton.
 # - an eager call (not under CUDA-graph capture) also needs T_total >= 8192 tokens. Round 12 set 32768: eager B1
 #   T8192 took 1.235 ms against Triton's 1.054 (both host-bound, ~1.1 ms of host time per call). Round 13, with the
 #   chunk plan cached (host path ~100 us per call), eager B1 T8192 took 0.486 ms against Triton's 0.569 (1.17x,
-#   results/2026-11-29_r13_gdn_gluon.json); shorter eager calls were not timed and stay on Triton.
-GLUON_AUTO_MAX_SEQ_HEADS = 64
+#   results/2026-11-29_r13_gdn_gluon.json); round 14 with the fused stages 0.401 vs 0.547 ms (1.36x). Shorter eager
+#   calls were not timed and stay on Triton.
+GLUON_AUTO_MAX_SEQ_HEADS = 768
 GLUON_AUTO_MIN_EAGER_TOKENS = 8192
 
 
@@ -165,9 +185,8 @@ def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
     HV = v.shape[2]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     if N * HV > GLUON_AUTO_MAX_SEQ_HEADS:
-        return False, (f"N*HV = {N * HV} > {GLUON_AUTO_MAX_SEQ_HEADS} sequence-heads: the Triton state pass has "
-                       f"enough programs there and was as fast (round 11: 0.96-0.98x at N*HV = 256); "
-                       f"backend='gluon' by name")
+        return False, (f"N*HV = {N * HV} > {GLUON_AUTO_MAX_SEQ_HEADS} sequence-heads: not timed there (round 14: "
+                       f"Gluon 1.35-1.45x Triton up to N*HV = 768); backend='gluon' by name")
     tokens = q.shape[0] * q.shape[1]
     if tokens < GLUON_AUTO_MIN_EAGER_TOKENS and not _capturing(q):
         return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: not timed eager below "

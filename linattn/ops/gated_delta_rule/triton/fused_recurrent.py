@@ -66,15 +66,20 @@ def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
 
 @triton.jit
 def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr):
+                 V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr,
+                 col_keep=None):
     """The [BK, BV] state block of (sequence i_n, value head i_hv, V-block i_v), loaded as fp32 (zeros without an
     initial state), with what storing it back needs: (block, offsets in the pool, pool mask, full mask, valid,
     column offsets). With state_indices, slot = state_indices[i_n]; a negative or >= num_slots index is a padded
-    row (valid False): nothing is read from or written to the pool, so the kernel never addresses outside it."""
+    row (valid False): nothing is read from or written to the pool, so the kernel never addresses outside it.
+    col_keep ([BV] booleans, split_tail's half tiles): only those columns are read and, through the returned
+    masks, written; None (every other caller) adds nothing to the code."""
     o_k = tl.arange(0, BK)
     # BV-contiguous, BV-aligned columns: lets the compiler use 16-byte vector loads and stores along V
     o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
     mask_h = (o_k < K)[:, None] & (o_v < V)[None, :]
+    if col_keep is not None:
+        mask_h = mask_h & col_keep[None, :]
     if INDEXED:
         idx = tl.load(state_indices + i_n).to(tl.int64)
         valid = (idx >= 0) & (idx < num_slots)
@@ -285,6 +290,17 @@ def _kwarp_tile(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scal
             tl.store(ht + ht_base + k1 * V + c4, h_hi.to(ht.dtype.element_ty), mask=m1, cache_modifier=STORE_CACHE)
 
 
+@triton.jit
+def _split_tail_item(j, main_end, tail_base, tail_mul, n_main):
+    """split_tail: (tile, upper half?, is a half tile?) of a program's work item j. Items before main_end are the
+    full tiles of the even part (tile = j); item main_end + m is half tile h = tail_base + m * tail_mul of the
+    remainder, i.e. columns [0, BV/2) (h even) or [BV/2, BV) (h odd) of tile n_main + h // 2."""
+    is_tail = j >= main_end
+    h = tail_base + tl.maximum(j - main_end, 0) * tail_mul
+    t = tl.where(is_tail, n_main + h // 2, j)
+    return t, (h % 2) == 1, is_tail
+
+
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
 def fused_recurrent_gdn_fwd_persistent_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
@@ -296,6 +312,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
+    SPLIT_TAIL: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -314,11 +331,44 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     hint: the pipelined state load is a 16-byte cp.async.cg (L2 only) whatever tl.load's cache_modifier or
     eviction_policy say (Triton 3.6 drops both on async copies; sm_90a PTX checked). KWARP holds the tile in a
     layout with the K rows inside one warp and the warps along V (_kwarp_tile; KW_WARPS = num_warps, KW_VEC =
-    the state elements per 16 bytes, both set by the launcher), so the reductions over K need no CTA barrier."""
+    the state elements per 16 bytes, both set by the launcher), so the reductions over K need no CTA barrier.
+    SPLIT_TAIL (benchmarks/DECODE_TAIL.md) balances the last round: the first n_main = floor(n_tiles / P) * P tiles
+    are walked as without it, and the R = n_tiles - n_main tiles left are 2R half tiles (BV/2 columns each) given
+    to programs 0, 1, ..., P-1, 0, ... as the last items of the same pipelined loop: a half tile is the full [BK, BV]
+    block with the other half's columns masked off (no bytes read or written for them; same layout, so the same
+    summation order and bit-identical results), and its state copy is issued during the program's previous tile
+    like any other. The slowest program then does floor(n_tiles / P) tiles and ceil(2R / P) halves instead of one
+    more whole tile."""
     NV: tl.constexpr = (V + BV - 1) // BV
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    if CONTIGUOUS_TILES:
+    if SPLIT_TAIL:
+        tl.static_assert(BV % 2 == 0, "split_tail halves BV")
+        tl.static_assert(not KWARP, "split_tail is not written for the kwarp tile")
+        # work items: the full tiles of the even part, then this program's half tiles of the remainder
+        # (half tile h is program h % P's); _split_tail_item maps an item to (tile, half). Item arithmetic in
+        # int32 like the default's loop (fewer live registers; 2 x n_tiles < 2^31), the tile index in int64
+        pid = tl.program_id(0)
+        P = tl.num_programs(0)
+        n_main = (n_tiles // P) * P
+        n_half = 2 * (n_tiles - n_main)
+        if CONTIGUOUS_TILES:
+            # program p: full tiles [p * q, (p + 1) * q), then halves p, p + P, ... (q = n_tiles // P)
+            first = pid * (n_tiles // P)
+            main_end = first + n_tiles // P
+            last = main_end + tl.maximum(n_half - pid + P - 1, 0) // P
+            step = 1
+            tail_base = pid
+            tail_mul = P
+        else:
+            # strided: items pid, pid + P, ... < n_main + 2R; item n_main + m is half tile m
+            first = pid
+            main_end = n_main
+            last = n_main + n_half
+            step = P
+            tail_base = 0
+            tail_mul = 1
+    elif CONTIGUOUS_TILES:
         # balanced runs: program p takes [p * n / P, (p + 1) * n / P), 41 or 42 tiles at batch 256
         P = tl.num_programs(0).to(tl.int64)
         first = (tl.program_id(0).to(tl.int64) * n_tiles) // P
@@ -330,14 +380,26 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         step = tl.num_programs(0)
     if PREFETCH_QK:
         t0 = tl.full([], 0, tl.int64) + first
+        j0 = t0                            # the item (split_tail: not the tile) for the bound check
+        if SPLIT_TAIL:
+            t0, _, _ = _split_tail_item(first, main_end, tail_base, tail_mul, n_main)
+            t0 = tl.full([], 0, tl.int64) + t0
         i_h0 = ((t0 // NV) % HV) // (HV // H)
         i_n0 = (t0 // NV) // HV
-        mask_0 = mask_k & (t0 < last)
+        mask_0 = mask_k & (j0 < last)
         nxt_q = tl.load(q + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
         nxt_k = tl.load(k + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
     for tile in tl.range(first, last, step, num_stages=NUM_STAGES):
-        t = tl.full([], 0, tl.int64) + tile  # int64: slot * HV * K * V passes 2^31 in large pools (and the
-        #                                     interpreter yields plain ints, which have no .to)
+        if SPLIT_TAIL:
+            j = tile
+            t, upper, is_tail = _split_tail_item(j, main_end, tail_base, tail_mul, n_main)
+            t = tl.full([], 0, tl.int64) + t
+            # a half tile keeps columns [0, BV/2) or [BV/2, BV) of its block; a full tile all of them
+            col_keep = ((tl.arange(0, BV) >= BV // 2) == upper) | (j < main_end) | True
+        else:
+            t = tl.full([], 0, tl.int64) + tile  # int64: slot * HV * K * V passes 2^31 in large pools (and the
+            #                                     interpreter yields plain ints, which have no .to)
+            col_keep = None
         i_v = t % NV
         i_nh = t // NV
         i_n = i_nh // HV
@@ -349,8 +411,10 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                         BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT, INPLACE, INDEXED, STORE_CACHE)
         else:
             b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
-                                                                      HV, K, V, BK, BV, HAS_H0, INDEXED)
+                                                                      HV, K, V, BK, BV, HAS_H0, INDEXED, col_keep)
             mask_v = o_v < V
+            if SPLIT_TAIL:
+                mask_v = mask_v & col_keep
             if PREFETCH_QK:
                 b_q = nxt_q.to(tl.float32)
                 b_k = nxt_k.to(tl.float32)
@@ -375,9 +439,13 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         if PREFETCH_QK:
             # the next tile's q, k rows (masked past the last tile): their latency overlaps the wait for its state
             t1 = t + step
+            j1 = t1
+            if SPLIT_TAIL:
+                j1 = j + step
+                t1, _, _ = _split_tail_item(j1, main_end, tail_base, tail_mul, n_main)
             i_h1 = ((t1 // NV) % HV) // (HV // H)
             i_n1 = (t1 // NV) // HV
-            mask_1 = mask_k & (t1 < last)
+            mask_1 = mask_k & (j1 < last)
             nxt_q = tl.load(q + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
             nxt_k = tl.load(k + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
 
@@ -391,8 +459,10 @@ PERSISTENT_VARIANTS = {
     "contiguous_tiles": dict(CONTIGUOUS_TILES=True),       # each program a contiguous run of tiles
     "kwarp": dict(KWARP=True),                             # K rows inside one warp, warps along V (no CTA barrier
     #                                                        in the reductions; benchmarks/DECODE_KWARP.md)
+    "split_tail": dict(SPLIT_TAIL=True),                   # the n_tiles mod P tiles left after the even part as
+    #                                                        2x as many half tiles (benchmarks/DECODE_TAIL.md)
 }
-PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False)
+PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -404,6 +474,8 @@ def persistent_variant_flags(variant: Optional[str]) -> dict:
         flags.update(PERSISTENT_VARIANTS[name])
     if flags["KWARP"] and flags["PREFETCH_QK"]:
         raise ValueError("decode variant kwarp loads q and k itself (as cp.async copies); drop prefetch_qk")
+    if flags["KWARP"] and flags["SPLIT_TAIL"]:
+        raise ValueError("decode variant split_tail is written for the default tile, not kwarp's")
     return flags
 
 
@@ -622,7 +694,15 @@ def aot_specs(variants: bool = False):
                        ("persistent_fp32_bv64_w4_s3_kwarp", dict(state="fp32", BV=64, warps=4, stages=3,
                                                                  variant="kwarp")),
                        ("persistent_bf16_bv64_w4_s2_kwarp", dict(state="bf16", BV=64, warps=4, stages=2,
-                                                                 variant="kwarp"))]
+                                                                 variant="kwarp")),
+                       # split_tail as the sweep runs it: on the default (prefetch_qk), at 2 and 3 stages, and on a
+                       # bf16 pool (benchmarks/DECODE_TAIL.md)
+                       ("persistent_fp32_bv64_w4_s2_prefetch_qk_split_tail",
+                        dict(state="fp32", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail")),
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_split_tail",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+split_tail")),
+                       ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
+                        dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
                       intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
                       language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
