@@ -395,7 +395,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             t, upper, is_tail = _split_tail_item(j, main_end, tail_base, tail_mul, n_main)
             t = tl.full([], 0, tl.int64) + t
             # a half tile keeps columns [0, BV/2) or [BV/2, BV) of its block; a full tile all of them
-            col_keep = ((tl.arange(0, BV) >= BV // 2) == upper) | (j < main_end) | True
+            col_keep = ((tl.arange(0, BV) >= BV // 2) == upper) | (j < main_end)
         else:
             t = tl.full([], 0, tl.int64) + tile  # int64: slot * HV * K * V passes 2^31 in large pools (and the
             #                                     interpreter yields plain ints, which have no .to)
