@@ -158,7 +158,7 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
 
 # Where `auto` sends a call the Gluon forward supports (measured on the H200, benchmarks/RESULTS.md):
 # - N*HV <= 768 sequence-heads. Round 14, with the fused warp-specialised stages 3+4 (CUDA-graph replay, one run,
-#   results/2026-11-30_r14_gdn_production_hv32_fwd.json): gluon / triton forward 1.44x at B1 T8192, 1.45x at B1
+#   results/2026-11-30_r14b_gdn_production_hv32_fwd.json): gluon / triton forward 1.44x at B1 T8192, 1.45x at B1
 #   T32768 and T65536 (N*HV = 32), 1.35x at B8 T4096 (256), 1.35x at B4 T16384 (128), 1.37x on the varlen mix of 24
 #   sequences (768). Round 11-13 (unfused Gluon state pass) kept N*HV > 64 on Triton (0.96-0.98x at 256). More
 #   sequence-heads than 768 were not timed and stay on Triton.

@@ -1,7 +1,8 @@
 """Stages 3 + 4 of the GDN forward fused in one warp-specialised Gluon kernel (sm_90a): the state chain and the output
 run on different warps of one CTA, so h never goes to global memory and the output's products are off the chain's
 critical path (FlashQLA's organisation, benchmarks/FLASHQLA_NOTES.md section 3; design: benchmarks/GLUON_FUSED_WS.md).
-Opt-in: LINATTN_GDN_GLUON_FUSED_WS=1 (the "gluon" backend's forward takes it where `fused_ws_supported` says so).
+The "gluon" backend's forward takes it by default since round 14 where `fused_ws_supported` says so
+(LINATTN_GDN_GLUON_FUSED_WS=0 turns it off; H200: stages 3+4 1.39x at B1 T65536, benchmarks/GLUON_FUSED_WS.md).
 
 One CTA per (V block, sequence * value head), as chunk_state_tma.py. Per chunk c of the sequence, with S_c the
 [K, BV] fp32 state at the chunk's start (gdn-math.md, chunk form; the same rounding points as chunk_state_tma.py

@@ -1,7 +1,8 @@
 """Backward stage 1 in Gluon (sm_90a): the reverse state pass of triton/backward_state.py (chunk_state_bwd_kernel)
 with the chunk tiles of q, k, w, dO and dVnew brought in by TMA into a STAGES-deep mbarrier ring, prefetching
 STAGES-1 chunks ahead (in reverse chunk order) of the one being computed, and every product on warpgroup_mma.
-Opt-in: LINATTN_GDN_GLUON_BWD_DH=1 makes the "gluon" backend's backward take it (gluon/backend.py).
+The "gluon" backend's backward takes it by default since round 14 (LINATTN_GDN_GLUON_BWD_DH=0 turns it off;
+gluon/backend.py; H200: 1.46x the Triton kernel at B1 T65536, benchmarks/GLUON_BWD_DH.md).
 
 Per chunk, walked last to first, with dS [K, BV] the fp32 gradient flowing into this chunk's S_next (it starts
 at d final_state, or zero), exactly as the Triton kernel (same rounding points):

@@ -220,7 +220,8 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     keys_normalised (use_qk_l2norm_in_kernel): with LINATTN_GDN_SEGMENT_WARMUP=1 the state pass may run segment-
     parallel with warm-ups (chunk_state_warmup_tma.gluon_warmup_wanted); otherwise unused.
     need_intermediates=False (the op linattn::chunk_gdn_fwd_gluon: it returns only o and the final state): with
-    LINATTN_GDN_GLUON_FUSED_WS=1, no state_pass and a call chunk_fused_ws.fused_ws_supported takes, stages 3 and 4
+    LINATTN_GDN_GLUON_FUSED_WS on (the default since round 14; "0" turns it off), no state_pass and a call
+    chunk_fused_ws.fused_ws_supported takes, stages 3 and 4
     run as the warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; result's h and vnew None)."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
