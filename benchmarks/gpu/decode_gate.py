@@ -375,7 +375,16 @@ def sweep() -> dict:
     # round 13 result: 3 stages at 2/SM 281.3 us, default 283.1: launch parameters exhausted. Round 14: the kwarp
     # variant (K rows inside one warp, warps along V: 3 CTA barriers per tile instead of 16; benchmarks/
     # DECODE_KWARP.md) at the default's config, at 3 stages / 2 per SM, with streaming stores, and on a bf16 pool
-    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 2, 3, None, "kwarp"), (64, 4, 2, 3, None, "prefetch_qk"),
+    # round 14 result: kwarp 310 us, default 283.2-284.6 (89%). Round 15: split_tail (benchmarks/DECODE_TAIL.md):
+    # 16384 tiles over 396 programs leave R = 148 for a 42nd round; split_tail walks the 41 even rounds as now and
+    # gives the 148 tiles as 296 half tiles (BV/2 columns) to programs 0-295, prefetched like any other tile.
+    # First in the list, each next to its own launch config's default (2 stages 3/SM, 3 stages 2/SM: R = 148
+    # over 396, R = 16 over 264 programs), and again last to read the noise against
+    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 2, 3, None, "prefetch_qk+split_tail"),
+                                                     (64, 4, 2, 3, None, "prefetch_qk"),
+                                                     (64, 4, 3, 2, None, "prefetch_qk+split_tail"),
+                                                     (64, 4, 3, 2, None, "prefetch_qk"),
+                                                     (64, 4, 2, 3, None, "kwarp"), (64, 4, 2, 3, None, "prefetch_qk"),
                                                      (64, 4, 3, 2, None, "kwarp"),
                                                      (64, 4, 2, 3, None, "kwarp+store_cs"),
                                                      (32, 4, 0, 0), (64, 4, 2, 3), (64, 8, 2, 2), (128, 8, 2, 1),
@@ -389,7 +398,8 @@ def sweep() -> dict:
                                                      (128, 4, 2, 2, 256, "prefetch_qk"), (64, 4, 2, 3),
                                                      (64, 4, 3, 2, None, "prefetch_qk"),
                                                      (64, 4, 2, 3, 384, "prefetch_qk"),
-                                                     (64, 4, 2, 3, None, "kwarp")]),
+                                                     (64, 4, 2, 3, None, "kwarp"),
+                                                     (64, 4, 2, 3, None, "prefetch_qk+split_tail")]),
                            (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 8, 0, 0), (64, 8, 2, 2), (128, 8, 2, 1),
                                                       (64, 4, 2, 3), (128, 8, 0, 0), (64, 4, 2, 3, None, "kwarp")]),
                            (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (32, 4, 2, 4)]),

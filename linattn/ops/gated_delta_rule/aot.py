@@ -355,15 +355,16 @@ for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
 
 
 # ---- GDN decode, Triton persistent kernel (triton/fused_recurrent.py): the batch-256 fp32 serving default and its
-# opt-in `kwarp` variant (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md), so that
-# `linattn inspect` reports them side by side. Appended by the decode engineer; the specs are fused_recurrent's own
+# opt-in `kwarp` variant (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md) and `split_tail`
+# variant (the last round's tiles as half tiles; benchmarks/DECODE_TAIL.md), so that `linattn inspect` reports
+# them side by side. Appended by the decode engineer; the specs are fused_recurrent's own
 # aot_specs, with the intended SASS narrowed to the 16-byte cp.async state copies (LDGSTS.E.BYPASS.128): the
 # registry counts only the SASS_FAMILIES opcodes, so STG.E.128 is checked by tests/test_decode_kwarp.py instead.
 def _register_decode_persistent():
     import dataclasses
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs
     for spec in decode_specs() + decode_specs(variants=True):
-        if spec.name == "gdn_decode_persistent_fp32_bv64_w4_s2" or spec.name.endswith("_kwarp"):
+        if spec.name == "gdn_decode_persistent_fp32_bv64_w4_s2" or spec.name.endswith(("_kwarp", "_split_tail")):
             register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
 
 
