@@ -1,0 +1,547 @@
+"""Stages 2b + 3 + 4 of the GDN forward in one warp-specialised Gluon kernel (sm_90a): chunk_fused_ws.py with W and U
+formed on the fly from kkt_solve's Tinv, so that wu_kernel (triton/intra_split.py) and its w / u round trip through
+global memory (2 x 537 MB written and read back at B1 T65536 H16/HV32) go away. FlashQLA's organisation; design,
+barriers, ownership, budgets and prediction: benchmarks/GLUON_FUSED_WU.md. Opt-in (not wired yet; the note gives
+the lines for LINATTN_GDN_GLUON_FUSED_WU=1).
+
+One CTA per (V block, sequence * value head), as chunk_fused_ws.py. Per chunk c, with dt the 16-bit operand dtype
+and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_kernel's rounding points:
+  wu partition (worker 1, 4 warps = 1 warpgroup):
+      ks = (k * (beta * exp(gam))[:, None]).to(dt)          -> wk_s[c % NWU]       (k: the ring's [BT, K] tile)
+      vs = (v * beta[:, None]).to(dt)                       -> the ring's v tile, in place
+      w  = (Tinv @ ks).to(dt)                               -> wk_s[c % NWU], in place of ks (after the wgmma)
+      u  = (Tinv @ vs).to(dt)                               -> the ring's v tile, in place of vs
+  state partition (default, 1 warpgroup) and output partition (worker 0, 1 warpgroup): chunk_fused_ws.py's, with
+      product 1 reading W from wk_s[c % NWU] and U from the ring's v tile. The output partition IS
+      chunk_fused_ws._ws_output (imported); the state partition differs from chunk_fused_ws._ws_state only in its
+      barriers (it also waits wu_full and releases wk_s through wu_empty) and in loading h0 / storing the final
+      state straight from the accumulator layout (no conversion scratch: shared memory is tight).
+  producer (worker 2, 1 warp): TMA of q, k ([BT, K] boxes), v ([BT, BV]) and Tinv ([BT, BT]) into slot c % STAGES.
+Rows of a box past the sequence end hold the next sequence's tokens (TMA zero-fills only past T_tot): beta is 0
+there, so ks and vs rows are 0 there (as wu_kernel's masked loads) and the W / U rows of valid tokens are exact;
+W / U rows past the end are garbage and meet the state partition's row mask (vnew = where(valid, ...)).
+
+Barriers (parity of the k-th completion is k & 1; a fresh barrier counts as if parity 1 had completed):
+  ready[s]     count 1 + tx  producer expect(q + k + v + Tinv boxes); state, output and wu wait (c // STAGES) & 1.
+  empty[s]     count 3       state (after product 2; fenced), output (after q k^T, q S), wu (after its products and
+                             its in-place writes; fenced) arrive; producer waits ((c // STAGES) & 1) ^ 1.
+  wu_full[j]   count 1       wu arrives once w is in wk_s[j] and u in the ring's v tile (fenced, thread barrier);
+                             state waits (c // NWU) & 1.
+  wu_empty[j]  count 1       state arrives after product 1 (its read of wk_s[j] and of u); wu waits
+                             ((c // NWU) & 1) ^ 1 before writing ks of chunk c into wk_s[j].
+  s_full, v_full, pub_empty  as chunk_fused_ws.py (NPUB published S / vnew buffers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, NPUB, OUTPUT_REGS, PRODUCER_REGS, _aligned, _MBar
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load,
+                                          warpgroup_mma, warpgroup_mma_wait)
+
+NWU = 2                  # W buffers (wk_s): the wu partition may run up to NWU chunks ahead of product 1
+WU_REGS = 152            # setmaxnreg of the wu warpgroup (GLUON_FUSED_WU.md, register budget)
+
+if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_output, ws_acc_layout, ws_rows_layout,
+                                                                   ws_smem_layout)
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
+
+    # ------------------------------------------------------------------ worker 2: the TMA producer (1 warp)
+    @gluon.jit
+    def _wu_producer(q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk, vb,
+                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
+        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                + t_desc.block_type.nbytes)
+        for c in range(nchunks):
+            s = c % STAGES
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # the three consumers released use c - STAGES
+            row = (bos + c * BT).to(gl.int32)
+            mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
+            tma_load(q_desc, [row, hk * K], ready.index(s), q_s.index(s))
+            tma_load(k_desc, [row, hk * K], ready.index(s), k_s.index(s))
+            tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
+            tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))
+
+    # ------------------------------------------------------------------ worker 1: W and U (1 warpgroup)
+    @gluon.jit
+    def _wu_worker(k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos, eos, hv,
+                   HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
+                   NWU: gl.constexpr):
+        dt: gl.constexpr = k_s.dtype
+        LK: gl.constexpr = ws_rows_layout(K, dt.primitive_bitwidth, 4)     # the k tile [BT, K], 16-byte vectors
+        LV: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)    # the v tile [BT, BV]
+        ACC_W: gl.constexpr = ws_acc_layout(K)
+        ACC_U: gl.constexpr = ws_acc_layout(BV)
+        r_k = gl.arange(0, BT, layout=gl.SliceLayout(1, LK))
+        r_v = gl.arange(0, BT, layout=gl.SliceLayout(1, LV))
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            st = c % STAGES
+            j = c % NWU
+            # the gates before blocking (wu_kernel's masked loads: gam = 0 and beta = 0 past the end)
+            rk = t0 + r_k
+            gam = gl.load(gcum_ptr + rk * HV + hv, mask=rk < eos, other=0.)
+            bg = gl.load(beta_ptr + rk * HV + hv, mask=rk < eos, other=0.).to(gl.float32) * gl.exp(gam)
+            rv = t0 + r_v
+            beta_v = gl.load(beta_ptr + rv * HV + hv, mask=rv < eos, other=0.).to(gl.float32)
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)
+            mbarrier.wait(wu_empty.index(j), ((c // NWU) & 1) ^ 1)      # product 1 of chunk c - NWU is done
+            # the scaled operands, rounded to dt as wu_kernel rounds them; rows past the end selected to 0 (as
+            # wu_kernel's zero-filled loads: the next sequence's rows cannot reach W / U of valid rows, even if
+            # not finite). The v tile is rewritten in place: only this partition reads v.
+            ks = gl.where(gl.expand_dims(rk < eos, 1),
+                          k_s.index(st).load(LK).to(gl.float32) * gl.expand_dims(bg, 1), 0.).to(dt)
+            wk_s.index(j).store(ks)
+            vs = gl.where(gl.expand_dims(rv < eos, 1),
+                          v_s.index(st).load(LV).to(gl.float32) * gl.expand_dims(beta_v, 1), 0.).to(dt)
+            v_s.index(st).store(vs)
+            fence_async_shared()                                       # generic stores -> wgmma (async proxy)
+            gl.thread_barrier()
+            w = warpgroup_mma(t_s.index(st), wk_s.index(j), gl.zeros([BT, K], gl.float32, ACC_W), use_acc=False,
+                              is_async=True)
+            u = warpgroup_mma(t_s.index(st), v_s.index(st), gl.zeros([BT, BV], gl.float32, ACC_U), use_acc=False,
+                              is_async=True)
+            w, u = warpgroup_mma_wait(0, deps=[w, u])
+            gl.thread_barrier()                                        # every warp's wgmma has read ks and vs
+            wk_s.index(j).store(w.to(dt))
+            v_s.index(st).store(u.to(dt))
+            fence_async_shared()                                       # w -> state's wgmma; k, v, Tinv -> next TMA
+            gl.thread_barrier()
+            mbarrier.arrive(wu_full.index(j))
+            mbarrier.arrive(empty.index(st))
+
+    # ------------------------------------------------------------------ default partition: the state chain
+    @gluon.jit
+    def _wu_state(k_s, v_s, wk_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
+                  gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
+                  HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                  STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
+                  STORE_HT: gl.constexpr):
+        dt: gl.constexpr = wk_s.dtype
+        ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
+        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
+        COLS: gl.constexpr = gl.SliceLayout(0, ACC)
+
+        # h0 / final straight in the accumulator layout (once per CTA; no conversion scratch)
+        sk = gl.arange(0, K, layout=ROWS)
+        sv = vb * BV + gl.arange(0, BV, layout=COLS)
+        state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        if USE_H0:
+            s = gl.load(h0_ptr + state_off)
+        else:
+            s = gl.zeros([K, BV], gl.float32, ACC)
+
+        r_t = gl.arange(0, BT, layout=ROWS)
+        gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
+        gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            # gates of chunk c + 1 (masked off past the end), consumed next iteration
+            t1 = t0 + BT
+            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
+            gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos, other=0.)
+
+            # publish S_c in s_pub[j] once the output partition is done with chunk c - NPUB
+            j = c % NPUB
+            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
+            s_pub.index(j).store(s.to(dt))
+            fence_async_shared()                               # generic store -> wgmma (async proxy)
+            gl.thread_barrier()
+            mbarrier.arrive(s_full.index(j))
+
+            st = c % STAGES
+            jw = c % NWU
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)  # k of chunk c (product 2)
+            mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (wk_s[jw]) and U (the v tile) of chunk c
+            valid = gl.expand_dims((t0 + r_t) < eos, 1)
+            # product 1: vnew = U - W S_c  (B = the published 16-bit S)
+            ws = warpgroup_mma(wk_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            vnew = gl.where(valid, v_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
+            v_pub.index(j).store(vnew)
+            d = gl.exp(gam_last - gam)
+            vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
+            vn_s.store(vs)
+            fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 2)
+            gl.thread_barrier()
+            mbarrier.arrive(v_full.index(j))
+            mbarrier.arrive(wu_empty.index(jw))                # wk_s[jw] read by product 1 (waited): free
+            # product 2: S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
+            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
+            # this partition's share of ring slot st is done (U read by generic loads: fence before the TMA refill)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st))
+            gam = gam_n
+            gam_last = gam_last_n
+
+        if STORE_HT:
+            gl.store(ht_ptr + state_off, s)
+
+    # ------------------------------------------------------------------ the kernel
+    @gluon.jit
+    def chunk_fused_wu_ws_kernel(
+        q_desc, k_desc, v_desc, t_desc,        # TMA over q, k [T_tot, H*K], v [T_tot, HV*V], Tinv [T_tot, HV*BT]
+        beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
+        h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
+        cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+        STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+        OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        dt: gl.constexpr = k_desc.dtype
+        vb = gl.program_id(0)
+        nh = gl.program_id(1)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
+
+        q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        wk_s = gl.allocate_shared_memory(dt, [NWU, BT, K], k_desc.layout)
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        wu_full = gl.allocate_shared_memory(gl.int64, [NWU, 1], mbarrier.MBarrierLayout())
+        wu_empty = gl.allocate_shared_memory(gl.int64, [NWU, 1], mbarrier.MBarrierLayout())
+        s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=3)             # state + output + wu partitions
+        for i in gl.static_range(NWU):
+            mbarrier.init(wu_full.index(i), count=1)
+            mbarrier.init(wu_empty.index(i), count=1)
+        for i in gl.static_range(NPUB):
+            mbarrier.init(s_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(pub_empty.index(i), count=1)
+        fence_async_shared()                                     # barrier inits visible to the async proxy
+
+        gl.warp_specialize(
+            [(_wu_state, (k_s, v_s, wk_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full,
+                          pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
+                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT)),
+             (_ws_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                           nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
+             (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
+                           eos, hv, HV, K, BT, BV, STAGES, NWU)),
+             (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
+                             vb, K, V, BT, BV, STAGES))],
+            worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
+
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(NWU):
+            mbarrier.invalidate(wu_full.index(i))
+            mbarrier.invalidate(wu_empty.index(i))
+        for i in gl.static_range(NPUB):
+            mbarrier.invalidate(s_full.index(i))
+            mbarrier.invalidate(v_full.index(i))
+            mbarrier.invalidate(pub_empty.index(i))
+
+
+# ---------------------------------------------------------------------------------------------------- launcher
+
+@dataclass(frozen=True)
+class FusedWuConfig:
+    BV: int
+    stages: int            # TMA ring depth
+    nwu: int = NWU         # W buffers
+    num_warps: int = 4     # the default (state) partition; the kernel launches 16 warps (4 warpgroups)
+
+
+def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
+    """V split as chunk_fused_ws.fused_ws_config: BV=64 unless N*HV*V/64 programs would leave SMs idle, then 32.
+    Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB)."""
+    bv = 64
+    while bv > 32 and N * HV * (V // bv) < num_sms:
+        bv //= 2
+    return FusedWuConfig(bv, 3 if bv == 32 else 2)
+
+
+def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Tensor] = None,
+                       cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[bool, str]:
+    """Whether the fused-wu kernel takes this call (on top of the gluon backend's supports(): sm_90a, no
+    interpreter). Varlen is taken (the kernel masks as chunk_fused_ws.py and wu_kernel do)."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return False, f"dtype {q.dtype}: the fused-wu kernel takes bf16 or fp16"
+    if q.shape[-1] != 128 or v.shape[-1] != 128:
+        return False, f"K={q.shape[-1]}, V={v.shape[-1]}: the fused-wu kernel is built for K == V == 128"
+    if q.shape[0] * q.shape[1] == 0:
+        return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
+    if v.shape[2] % q.shape[2]:
+        return False, "HV must be a multiple of H"
+    if beta is not None and not beta.is_floating_point():
+        return False, f"beta is {beta.dtype}: a float dtype is needed"
+    return True, ""
+
+
+def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig):
+    """(kernel, grid, args, kwargs) of one launch of chunk_fused_wu_ws_kernel (separate from the launch so that a
+    CPU test can check the arguments against the AOT signature, aot.py fused_wu_signature).
+    q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV] (any float dtype, contiguous); gcum [T_tot,HV] fp32 and
+    tinv [T_tot,HV,64] in q's dtype (kkt_solve_kernel's outputs); o [B,T,HV,V] (written); initial_state / final
+    [N,HV,K,V] fp32 or None."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
+    from linattn.runtime.gluon_compat import TensorDescriptor
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    N, T_tot = plan.N, plan.T_total
+    dt = q.dtype
+    for name, t in (("k", k), ("v", v), ("tinv", tinv)):
+        if t.dtype != dt:
+            raise ValueError(f"{name} is {t.dtype}, q is {dt}: the fused-wu kernel takes one 16-bit dtype")
+    if tuple(tinv.shape) != (T_tot, HV, BT):
+        raise ValueError(f"tinv is {tuple(tinv.shape)}, expected {(T_tot, HV, BT)}")
+    gdt = _gl_dtype(dt)
+
+    def desc(t2d, block):
+        return TensorDescriptor.from_tensor(_aligned(t2d), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    args = (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
+            desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
+            beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
+    kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
+                  USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=OUTPUT_REGS,
+                  WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=cfg.num_warps)
+    return chunk_fused_wu_ws_kernel, (V // cfg.BV, N * HV), args, kwargs
+
+
+def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
+                            config: Optional[FusedWuConfig] = None) -> None:
+    """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
+    Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
+    from linattn.runtime.device import device_facts
+    cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
+    kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg)
+    kernel[grid](*args, **kwargs)
+
+
+def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int):
+    """Stage 2a alone (triton/intra_split.py kkt_solve_kernel, its frozen config): gcum fp32 [T_tot, HV] and Tinv
+    [T_tot, HV, 64] in k's dtype, the precision wu_kernel (and this kernel) multiplies it at."""
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_solve_kernel, split_intra_config
+    from linattn.runtime.alloc import empty
+    H, K = k.shape[-2], k.shape[-1]
+    cfg = split_intra_config(K, K)
+    gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
+    tinv = empty(plan.T_total, HV, BT, dtype=k.dtype, device=k.device)
+    kkt_solve_kernel[(plan.num_slots, HV)](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
+        num_warps=cfg.warps_kkt)
+    return gcum, tinv
+
+
+def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                                        output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+                                        fused_pass=None):
+    """The whole forward with this kernel: kkt_solve (stage 2a, Triton), then stages 2b + 3 + 4 in one launch.
+    Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
+    gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
+    backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale)
+    replaces the Gluon launch (CPU tests pass the schedule model)."""
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.forward import FwdResult
+    from linattn.runtime.alloc import empty
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    plan = make_chunk_plan(B, T, cu_seqlens, BT, q.device)
+    gcum, tinv = kkt_solve(k, g, beta, plan, HV)
+    final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
+    (fused_pass or chunk_fused_wu_ws_gluon)(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
+    return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU model
+
+def _interleave(parts, inflight, land, rng, where: str) -> int:
+    """Runs generator partitions that yield (barrier, parity) at each mbarrier wait (None: a plain scheduling
+    point), interleaved by `rng` with the landing of in-flight TMA copies (land(copy), oldest first); a state where
+    nobody can move is a deadlock (RuntimeError). Returns the number of steps."""
+    waits = [None] * len(parts)
+    alive = [True] * len(parts)
+    for i, p in enumerate(parts):
+        try:
+            waits[i] = next(p)
+        except StopIteration:
+            alive[i] = False
+    steps = 0
+    while any(alive) or inflight:
+        runnable = [i for i in range(len(parts))
+                    if alive[i] and (waits[i] is None or waits[i][0].passes(waits[i][1]))]
+        choices = runnable + (["tma"] if inflight else [])
+        if not choices:
+            raise RuntimeError(f"deadlock: {where}, partitions at {waits}")
+        pick = rng.choice(choices)
+        steps += 1
+        if pick == "tma":                      # the oldest copy lands (TMA completes in order per barrier)
+            land(inflight.pop(0))
+            continue
+        try:
+            waits[pick] = next(parts[pick])
+        except StopIteration:
+            alive[pick] = False
+            waits[pick] = None
+    return steps
+
+
+def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
+                        stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
+                        stats: Optional[dict] = None) -> None:
+    """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
+    arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
+    stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
+    copies, so the barrier protocol decides which data each step sees: the in-place buffers are modelled in place
+    (the ring's v tile holds v, then v * beta, then U; wk[j] holds the scaled k, then W), so a protocol error shows
+    up as a wrong result or as a deadlock (RuntimeError). Boxes as the kernel's: full [BT, .] boxes from a chunk's
+    first token (the next sequence's rows included, zero past T_tot); roundings as wu_kernel and chunk_fused_ws.
+    w_out [T_tot, HV, K] / u_out [T_tot, HV, V], when given, receive W and U rows < eos (what wu_kernel writes)."""
+    import random
+    dt = q.dtype
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    T_tot = plan.T_total
+    f32 = torch.float32
+    pad = lambda t: torch.cat([t, t.new_zeros(BT, *t.shape[1:])])       # noqa: E731  TMA zero-fill past T_tot
+    qp, kp = pad(q.reshape(T_tot, H, K)), pad(k.reshape(T_tot, H, K))
+    vp, tp = pad(v.reshape(T_tot, HV, V)), pad(tinv.reshape(T_tot, HV, BT))
+    beta2 = beta.reshape(T_tot, HV)
+    o2 = o.view(T_tot, HV, V)
+    cu = plan.cu.tolist()
+    rng = random.Random(seed)
+    r_t = torch.arange(BT)
+    lower = r_t[:, None] >= r_t[None, :]
+    nbytes = 2 * (2 * BT * K + BT * BV + BT * BT)
+    steps = 0
+
+    def gates(t0, eos, hv):
+        rows = t0 + r_t
+        m = rows < eos
+        gam = torch.where(m, gcum[rows.clamp(max=T_tot - 1), hv], torch.zeros(()))
+        bet = torch.where(m, beta2[rows.clamp(max=T_tot - 1), hv].to(f32), torch.zeros(()))
+        return gam, bet, gcum[t0 + min(eos - t0, BT) - 1, hv]
+
+    for n in range(plan.N):
+        bos, eos = cu[n], cu[n + 1]
+        nch = -(-max(eos - bos, 0) // BT)
+        for hv in range(HV):
+            hk = hv // (HV // H)
+            for vb in range(V // BV):
+                cols = slice(vb * BV, (vb + 1) * BV)
+                ready = [_MBar(1) for _ in range(stages)]
+                empty = [_MBar(3) for _ in range(stages)]
+                wu_full = [_MBar(1) for _ in range(nwu)]
+                wu_empty = [_MBar(1) for _ in range(nwu)]
+                s_full = [_MBar(1) for _ in range(npub)]
+                v_full = [_MBar(1) for _ in range(npub)]
+                pub_empty = [_MBar(1) for _ in range(npub)]
+                ring = [dict() for _ in range(stages)]
+                wk = [None] * nwu
+                s_pub = [None] * npub
+                v_pub = [None] * npub
+                inflight = []                          # TMA copies issued, not landed: (slot, tiles)
+
+                def land(copy):
+                    s, tiles = copy
+                    ring[s] = tiles
+                    ready[s].complete_tx(nbytes)
+
+                def producer():
+                    for c in range(nch):
+                        s = c % stages
+                        yield empty[s], ((c // stages) & 1) ^ 1
+                        r0 = bos + c * BT
+                        ready[s].expect(nbytes)
+                        inflight.append((s, dict(q=qp[r0:r0 + BT, hk].clone(), k=kp[r0:r0 + BT, hk].clone(),
+                                                 v=vp[r0:r0 + BT, hv, cols].clone(), t=tp[r0:r0 + BT, hv].clone())))
+
+                def wu():
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        st, j = c % stages, c % nwu
+                        gam, bet, _ = gates(t0, eos, hv)
+                        yield ready[st], (c // stages) & 1
+                        yield wu_empty[j], ((c // nwu) & 1) ^ 1
+                        bg = bet * torch.exp(gam)
+                        valid = ((t0 + r_t) < eos)[:, None]
+                        wk[j] = torch.where(valid, ring[st]["k"].to(f32) * bg[:, None], 0.).to(dt)
+                        ring[st]["v"] = torch.where(valid, ring[st]["v"].to(f32) * bet[:, None], 0.).to(dt)
+                        yield None                     # the two wgmmas read the shared buffers
+                        tt = ring[st]["t"].to(f32)
+                        w = (tt @ wk[j].to(f32)).to(dt)
+                        u = (tt @ ring[st]["v"].to(f32)).to(dt)
+                        yield None
+                        wk[j] = w
+                        ring[st]["v"] = u
+                        nv = min(eos - t0, BT)
+                        if w_out is not None:
+                            w_out[t0:t0 + nv, hv] = w[:nv]
+                        if u_out is not None:
+                            u_out[t0:t0 + nv, hv, cols] = u[:nv]
+                        wu_full[j].arrive()
+                        empty[st].arrive()
+
+                def state():
+                    if initial_state is not None:
+                        S = initial_state[n, hv, :, cols].to(f32).clone()
+                    else:
+                        S = torch.zeros(K, BV)
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        gam, _, gam_last = gates(t0, eos, hv)
+                        j = c % npub
+                        yield pub_empty[j], ((c // npub) & 1) ^ 1
+                        s_pub[j] = S.to(dt)
+                        s_full[j].arrive()
+                        st, jw = c % stages, c % nwu
+                        yield ready[st], (c // stages) & 1
+                        yield wu_full[jw], (c // nwu) & 1
+                        valid = ((t0 + r_t) < eos)[:, None]
+                        ws = wk[jw].to(f32) @ s_pub[j].to(f32)
+                        vn = torch.where(valid, ring[st]["v"].to(f32) - ws, 0.).to(dt)
+                        v_pub[j] = vn
+                        d = torch.exp(gam_last - gam)
+                        vs = torch.where(valid, vn.to(f32) * d[:, None], 0.).to(dt)
+                        v_full[j].arrive()
+                        wu_empty[jw].arrive()
+                        yield None                     # a scheduling point between the two products
+                        S = S * torch.exp(gam_last) + ring[st]["k"].to(f32).T @ vs.to(f32)
+                        empty[st].arrive()
+                    if final is not None:
+                        final[n, hv, :, cols] = S
+
+                def output():
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        st, j = c % stages, c % npub
+                        gam, _, _ = gates(t0, eos, hv)
+                        yield ready[st], (c // stages) & 1
+                        qt = ring[st]["q"].to(f32)
+                        qk = qt @ ring[st]["k"].to(f32).T
+                        yield s_full[j], (c // npub) & 1
+                        qs = qt @ s_pub[j].to(f32)
+                        empty[st].arrive()
+                        gmat = torch.exp(torch.where(lower, gam[:, None] - gam[None, :], 0.))
+                        att = torch.where(lower, qk * gmat, 0.).to(dt)
+                        oc = qs * torch.exp(gam)[:, None]
+                        yield v_full[j], (c // npub) & 1
+                        oc = oc + att.to(f32) @ v_pub[j].to(f32)
+                        pub_empty[j].arrive()
+                        oc = (oc * scale).to(o.dtype)
+                        nv = min(eos - t0, BT)
+                        o2[t0:t0 + nv, hv, cols] = oc[:nv]
+
+                steps += _interleave([state(), output(), wu(), producer()], inflight, land, rng,
+                                     f"sequence {n}, head {hv}, V block {vb}")
+    if stats is not None:
+        stats["steps"] = stats.get("steps", 0) + steps
