@@ -5,13 +5,253 @@ W and U (up to fp32 accumulation order), o bit-equal to the current fused path's
 and the Triton forward's o and final state, within TOL of the fp64 recurrence; a broken protocol deadlocks or gives
 wrong data. The kernel has not run here (Gluon needs a GPU): benchmarks/gpu/gluon_fused_wu_round.py gates it.
 Run only this file: `python -m pytest tests/test_gluon_fused_wu.py`."""
+import json
 import os
+import re
+import subprocess
 import sys
 
 import pytest
 import torch
 
+from linattn.runtime.aot import inspect_kernel, kernels
+from linattn.runtime.gluon_compat import gluon_status
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMEM_LIMIT_SM90 = 232448
+_GLUON_OK, _GLUON_REASON, _ = gluon_status()
+REGISTRY = kernels()
+NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_"))
+needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+
+
+# ---------------------------------------------------------------- AOT builds (sm_90a)
+
+def test_launcher_configs_are_registered():
+    from linattn.ops.gated_delta_rule.aot import FUSED_WU_CONFIGS, fused_wu_kernel_name
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config
+    names = {fused_wu_kernel_name(*c) for c in FUSED_WU_CONFIGS}
+    assert names == set(NAMES) and len(NAMES) == 3
+    assert fused_wu_config(1, 32, 128, 132) == fused_wu_config(1, 32, 128, 132)
+    assert (fused_wu_config(1, 32, 128, 132).BV, fused_wu_config(1, 32, 128, 132).stages) == (32, 3)
+    assert (fused_wu_config(8, 32, 128, 132).BV, fused_wu_config(8, 32, 128, 132).stages) == (64, 2)
+    for N in (1, 8):
+        cfg = fused_wu_config(N, 32, 128, 132)
+        assert fused_wu_kernel_name("bf16", cfg.BV, cfg.stages) in names
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", NAMES)
+def test_compiles_without_spill_with_intended_instructions(name):
+    """sm_90a, ptxas 12.8: 0 spill, no local memory, shared memory in budget, 16 warps (state, output and wu
+    warpgroups plus the producer warp's padded warpgroup), and the intended HGMMA / UTMALDG / SYNCS / WARPGROUP."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import NPUB, NWU
+    rep = inspect_kernel(REGISTRY[name])
+    assert not rep.missing, f"{name}: intended instructions missing: {rep.missing}; got {rep.sass}"
+    assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
+    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
+    assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
+    assert rep.num_warps == 16 and rep.regs == 128                # 512 threads x 128: the whole register file
+    assert rep.families["HMMA"] == 0 and rep.families["LDGSTS"] == 0
+    bv = int(re.search(r"_bv(\d+)_", name)[1])
+    stages = int(re.search(r"_bv\d+_s(\d+)", name)[1])
+    suffix = ".BF16" if "_bf16_" in name else ""
+    # chunk_fused_ws's 28 at N = BV (W S 8, K^T (d vnew) 2 x 4, q S 8, att vnew 4) + Tinv vs 4; q k^T 8 at N = 64;
+    # Tinv ks 4 at N = 128
+    assert rep.sass.get(f"HGMMA.64x128x16.F32{suffix}", 0) == 4, rep.sass
+    if bv == 64:
+        assert rep.sass.get(f"HGMMA.64x64x16.F32{suffix}", 0) == 40, rep.sass
+    else:
+        assert rep.sass.get(f"HGMMA.64x32x16.F32{suffix}", 0) == 32, rep.sass
+        assert rep.sass.get(f"HGMMA.64x64x16.F32{suffix}", 0) == 8, rep.sass
+    # q, k [64,128] go as two [64,64] messages each, v [64,BV] and Tinv [64,64] as one: 6, from the producer only
+    assert rep.sass.get("UTMALDG.2D", 0) == 6 and rep.families["UTMASTG"] == 0, rep.sass
+    # mbarrier inits: ready + empty per ring slot, wu_full + wu_empty per W buffer, s_full + v_full + pub_empty
+    assert rep.sass.get("SYNCS.EXCH.64", 0) == 2 * stages + 2 * NWU + 3 * NPUB, rep.sass
+    assert rep.sass.get("SYNCS.ARRIVE.TRANS64", 0) == 1                        # the producer's expect
+    # plain arrives: state (s_full, v_full, wu_empty, empty), output (empty, pub_empty), wu (wu_full, empty)
+    assert rep.sass.get("SYNCS.ARRIVE.TRANS64.A1T0", 0) == 8, rep.sass
+    assert rep.sass.get("SYNCS.PHASECHK.TRANS64.TRYWAIT", 0) >= 9, rep.sass   # 1 + 3 + 3 + 2 waits at least
+
+
+def _buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16, states=True):
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    K = V = 128
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    T_tot, N = plan.T_total, plan.N
+    q, k = torch.zeros(B, T, H, K, dtype=dtype), torch.zeros(B, T, H, K, dtype=dtype)
+    v, beta = torch.zeros(B, T, HV, V, dtype=dtype), torch.zeros(B, T, HV)
+    gcum, tinv = torch.zeros(T_tot, HV), torch.zeros(T_tot, HV, 64, dtype=dtype)
+    o = torch.zeros(B, T, HV, V, dtype=dtype)
+    h0 = torch.zeros(N, HV, K, V) if states else None
+    fin = torch.zeros(N, HV, K, V) if states else None
+    return plan, (q, k, v, beta, gcum, tinv, o, h0, fin)
+
+
+@needs_gluon
+@pytest.mark.parametrize("B,T,lens,states", [(1, 4096, None, True), (8, 512, None, True),
+                                             (1, 3000, [1, 63, 65, 1000, 1871], False)])
+def test_launch_matches_aot_signature(B, T, lens, states):
+    """fused_wu_launch's arguments (descriptors build on CPU tensors) mangle to exactly the AOT signature; grid,
+    constexprs, descriptor views and boxes are the intended ones; the tensors themselves are passed."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_wu_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
+                                                                      WU_REGS, fused_wu_config, fused_wu_launch)
+    plan, bufs = _buffers(B, T, 16, 32, lens, states=states)
+    cfg = fused_wu_config(plan.N, 32, 128, 132)
+    kernel, grid, args, kwargs = fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg)
+    sig = fused_wu_signature("bf16", cfg.BV, states)
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert grid == (128 // cfg.BV, plan.N * 32)
+    assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, STAGES=cfg.stages, NWU=NWU, NPUB=NPUB,
+                          USE_H0=states, STORE_HT=states, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS,
+                          PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    T_tot = plan.T_total
+    assert [list(a.shape) for a in args[:4]] == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128], [T_tot, 32 * 64]]
+    assert [a.block_shape for a in args[:4]] == [[64, 128]] * 2 + [[64, cfg.BV], [64, 64]]
+    q, k, v, beta, gcum, tinv, o, h0, fin = bufs
+    assert [a.base.data_ptr() for a in args[:4]] == [t.data_ptr() for t in (q, k, v, tinv)]
+    assert args[4].data_ptr() == beta.data_ptr() and args[5] is gcum and args[6] is o
+    assert args[7] is h0 and args[8] is fin and args[9] is plan.cu and args[10] is plan.chunk_offsets
+    names = list(kernel.arg_names)
+    assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
+
+
+def test_supported():
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_supported
+    q, v = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16), torch.zeros(1, 8, 4, 128, dtype=torch.bfloat16)
+    assert fused_wu_supported(q, v, torch.zeros(1, 8, 4))[0]
+    assert not fused_wu_supported(q.float(), v.float())[0]
+    assert not fused_wu_supported(q[..., :64], v)[0]
+    assert not fused_wu_supported(q[:, :0], v[:, :0])[0]
+    assert not fused_wu_supported(torch.zeros(1, 8, 3, 128, dtype=torch.bfloat16), v)[0]
+    assert not fused_wu_supported(q, v, torch.zeros(1, 8, 4, dtype=torch.int32))[0]
+
+
+def _jit_compile_main():
+    """Child process: the real JIT launch path with the launcher's own arguments on CPU tensors, under a stand-in
+    driver that reports sm_90a and never launches (warmup). One JSON line per case."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config, fused_wu_launch
+
+    class CompileOnlyDriver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(CompileOnlyDriver())
+    for B, T, dtype, states in ((1, 300, torch.bfloat16, True), (8, 100, torch.float16, False)):
+        plan, bufs = _buffers(B, T, 16, 32, dtype=dtype, states=states)
+        cfg = fused_wu_config(plan.N, 32, 128, 132)
+        kernel, grid, args, kwargs = fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg)
+        k = kernel.warmup(*args, grid=grid, **kwargs)
+        ptx = k.asm["ptx"]
+        print(json.dumps(dict(B=B, BV=cfg.BV, stages=cfg.stages, num_warps=k.metadata.num_warps,
+                              shared=k.metadata.shared, reqntid=re.findall(r"\.reqntid (\d+)", ptx),
+                              maxnreg=re.findall(r"\.maxnreg (\d+)", ptx),
+                              setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
+                                                               ptx))),
+                              tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])],
+                              cta_bars=sorted(set(re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+)\s*;", ptx))),
+                              part_bars=sorted(set(re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+),\s*(\d+)\s*;",
+                                                              ptx))),
+                              expect_tx=re.findall(r"mbarrier\.arrive\.expect_tx\S*\s+_,\s*\[[^\]]+\],\s*(\d+)",
+                                                   ptx))))
+
+
+@needs_gluon
+def test_jit_launch_path_compiles_for_sm90():
+    """The launcher's arguments through the real JIT (a compile-only sm_90a driver): 16 warps, the setmaxnreg split
+    state 176 / output 160 / wu 152 / producer 24 (the whole 64 K register file), TMA boxes q, k as [64,64]
+    messages, v [64,BV], Tinv [64,64]; every barrier inside a partition is partition-local (bar.sync id, 128:
+    ids 0 state, 2 output, 3 wu), the only CTA-wide one is warp_specialize's (id 1); the expect counts the four
+    full boxes."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "jit"], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [(r["B"], r["BV"], r["stages"]) for r in rows] == [(1, 32, 3), (8, 64, 2)]
+    for r in rows:
+        assert r["num_warps"] == 16 and r["reqntid"] == ["512"] and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
+        assert r["maxnreg"] == ["128"], r
+        inside = {("dec", "176"), ("inc", "160"), ("inc", "152"), ("dec", "24")}
+        assert inside <= set(map(tuple, r["setmaxnreg"])), r
+        assert 176 + 160 + 152 + 24 == 512                           # x 128 threads = 65 536 registers
+        assert r["tma_boxes"] == [[64, 64]] * 2 + [[64, r["BV"]], [64, 64]], r
+        assert r["cta_bars"] == ["1"], r
+        assert {i for i, _ in r["part_bars"]} == {"0", "2", "3"} and all(n == "128" for _, n in r["part_bars"]), r
+        assert r["expect_tx"] == [str(2 * (2 * 64 * 128 + 64 * r["BV"] + 64 * 64))], r
+
+
+# ---------------------------------------------------------------- the launcher with a stand-in kernel
+
+def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
+    """chunk_gated_delta_rule_fwd_fused_wu with no fused_pass goes through chunk_fused_wu_ws_gluon (config from the
+    device's SM count), fused_wu_launch and one kernel[grid](...) call; here the kernel is a stand-in that records
+    the call and runs the schedule model on the tensors behind the launcher's own descriptors, so o and the final
+    state come out as the Triton forward's."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.testing import rel_rms
+    if not _GLUON_OK:
+        pytest.skip(_GLUON_REASON)
+    calls = []
+
+    class StandIn:
+        arg_names = fw.chunk_fused_wu_ws_kernel.arg_names
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                calls.append((grid, args, kwargs))
+                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale = args
+                plan = seen["plan"]
+                B, T = o.shape[:2]
+                H, HV = kwargs["H"], kwargs["HV"]
+                view = lambda d, *shape: d.base.reshape(*shape)                # noqa: E731
+                fw.emulate_fused_wu_ws(view(q_d, B, T, H, 128), view(k_d, B, T, H, 128),
+                                       view(v_d, B, T, HV, 128), beta, gcum, view(t_d, plan.T_total, HV, 64), o,
+                                       h0, final, plan, scale, BV=kwargs["BV"], stages=kwargs["STAGES"],
+                                       nwu=kwargs["NWU"], npub=kwargs["NPUB"])
+            return run
+    seen = {}
+    real_launch = fw.fused_wu_launch
+
+    def spy_launch(*a):
+        seen["plan"] = a[9]
+        return real_launch(*a)
+    monkeypatch.setattr(fw, "chunk_fused_wu_ws_kernel", StandIn())
+    monkeypatch.setattr(fw, "fused_wu_launch", spy_launch)
+    x, cu = _inputs(1, 150, [1, 100, 49], torch.bfloat16, True, seed=3)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
+    ref = chunk_gated_delta_rule_fwd(*args)
+    res = fw.chunk_gated_delta_rule_fwd_fused_wu(*args)
+    assert len(calls) == 1
+    grid, kargs, kwargs = calls[0]
+    cfg = fw.fused_wu_config(3, 2, 128, 2)                               # the CPU's device facts: 2 "SMs"
+    assert grid == (128 // cfg.BV, 3 * 2) and kwargs["STAGES"] == cfg.stages and kwargs["BV"] == cfg.BV
+    assert kargs[0].base.data_ptr() == x["q"].data_ptr() and kargs[2].base.data_ptr() == x["v"].data_ptr()
+    assert kargs[4].data_ptr() == x["beta"].data_ptr() and kargs[6] is res.o and kargs[8] is res.final_state
+    assert kargs[7] is x["initial_state"] and kargs[3].base.dtype == torch.bfloat16
+    assert rel_rms(res.o, ref.o) < 3e-3 and rel_rms(res.final_state, ref.final_state) < 3e-3
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["jit"]:
+    _jit_compile_main()
+    sys.exit(0)
 
 
 # ---------------------------------------------------------------- the per-CTA schedule, modelled in torch
@@ -123,7 +363,8 @@ def test_schedule_model_detects_a_deadlock():
 def test_schedule_model_detects_a_race_on_the_w_buffers():
     """The model sees in-place hazards: with the wu partition's wait on wu_empty dropped (its barriers pass at once),
     it rewrites wk_s[j] with a later chunk's W (or its scaled k) before product 1 has read it, so o goes wrong, or
-    wu_full[j] completes twice ahead of the state partition (which then hangs on its parity), for some interleaving. Barriers are created per CTA in the kernel's order: ready, empty (STAGES each), wu_full,
+    wu_full[j] completes twice ahead of the state partition (which then hangs on its parity), for some
+    interleaving. Barriers are created per CTA in the kernel's order: ready, empty (STAGES each), wu_full,
     wu_empty (NWU each), then the published buffers' (3 NPUB)."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
     from linattn.testing import rel_rms
@@ -160,6 +401,3 @@ def test_schedule_model_detects_a_race_on_the_w_buffers():
         fw._MBar = real
     assert wrong >= 1
 
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))

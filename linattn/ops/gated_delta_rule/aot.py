@@ -459,3 +459,46 @@ for _dt, _bv, _s, _st in FUSED_WS_CONFIGS:
         description=f"GDN forward stages 3+4 fused, warp-specialised Gluon (TMA producer warp, state warpgroup, output "
                     f"warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
                     + (", h and vnew stored" if _st else "")))
+
+
+# ---- Stages 2b + 3 + 4 of the forward in one warp-specialised Gluon kernel that forms W and U itself from kkt_solve's
+# Tinv (gluon/chunk_fused_wu_ws.py, benchmarks/GLUON_FUSED_WU.md; opt-in, not yet wired): a 1-warp TMA producer (q,
+# k, v, Tinv ring), the wu warpgroup (W, U by wgmma into shared buffers), the state chain and the output warpgroups.
+# Configs: fused_wu_config's (BV=32 with a 3-stage ring at B=1 H16/HV32, BV=64 with 2 stages at B >= 3) and fp16.
+FUSED_WU_INTENDED = ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")
+FUSED_WU_DIV16 = ("beta_ptr", "gcum_ptr", "o_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr")
+FUSED_WU_CONFIGS = [  # (dtype, BV, stages); the first two are what fused_wu_config picks
+    ("bf16", 32, 3), ("bf16", 64, 2), ("fp16", 64, 2),
+]
+
+
+def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp32"):
+    """The argument types of chunk_fused_wu_ws_kernel as the JIT sees them for a fused_wu_launch call (None ->
+    constexpr for absent states; beta in its own dtype, fp32 from make_gdn_inputs and the api's callers)."""
+    return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "v_desc": desc_sig(dtype, [BT, BV]),
+            "t_desc": desc_sig(dtype, [BT, BT]), "beta_ptr": f"*{beta}", "gcum_ptr": "*fp32", "o_ptr": f"*{dtype}",
+            "h0_ptr": "*fp32" if states else "constexpr", "ht_ptr": "*fp32" if states else "constexpr",
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
+
+
+def fused_wu_kernel_name(dtype: str, BV: int, stages: int) -> str:
+    return f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}"
+
+
+def _fused_wu_build(dtype: str, BV: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
+                                                                          WU_REGS, chunk_fused_wu_ws_kernel as fn)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NWU=NWU, NPUB=NPUB, USE_H0=True,
+                     STORE_HT=True, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS)
+        sig = fused_wu_signature(dtype, BV)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": 4}
+    return build
+
+
+for _dt, _bv, _s in FUSED_WU_CONFIGS:
+    register(AotKernel(
+        fused_wu_kernel_name(_dt, _bv, _s), _fused_wu_build(_dt, _bv, _s), FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
+        description=f"GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
+                    f"warpgroup, output warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))
