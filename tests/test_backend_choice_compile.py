@@ -75,10 +75,12 @@ def test_chunk_choice_traces(hopper):
     T = backend.GLUON_AUTO_MIN_EAGER_TOKENS
     e = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt)  # noqa: E731
 
-    def call(T, HV):
-        return dict(q=e(1, T, 2, 128), k=e(1, T, 2, 128), v=e(1, T, HV, 128), g=e(1, T, HV, dt=torch.float32),
-                    beta=e(1, T, HV, dt=torch.float32), initial_state=None, cu_seqlens=None)
+    def call(T, HV, B=1):
+        return dict(q=e(B, T, 2, 128), k=e(B, T, 2, 128), v=e(B, T, HV, 128), g=e(B, T, HV, dt=torch.float32),
+                    beta=e(B, T, HV, dt=torch.float32), initial_state=None, cu_seqlens=None)
 
     assert _traced_choice("chunk_gated_delta_rule", call(T, 32)) == ("gluon", "gluon")
     assert _traced_choice("chunk_gated_delta_rule", call(T // 4, 32)) == ("triton", "triton")
-    assert _traced_choice("chunk_gated_delta_rule", call(T, 128)) == ("triton", "triton")
+    # more sequence-heads than GLUON_AUTO_MAX_SEQ_HEADS (768 since round 14): 32 sequences x 32 heads
+    assert 32 * 32 > backend.GLUON_AUTO_MAX_SEQ_HEADS
+    assert _traced_choice("chunk_gated_delta_rule", call(T // 32, 32, B=32)) == ("triton", "triton")
