@@ -401,3 +401,92 @@ def test_schedule_model_detects_a_race_on_the_w_buffers():
         fw._MBar = real
     assert wrong >= 1
 
+
+# ---------------------------------------------------------------- the wiring the note documents (not applied here)
+
+def _documented_launcher_lines():
+    """The lines GLUON_FUSED_WU.md ("Wiring") says to add to gluon/launcher.py chunk_gated_delta_rule_fwd_gluon."""
+    note = open(os.path.join(ROOT, "benchmarks", "GLUON_FUSED_WU.md")).read()
+    blocks = re.findall(r"\n\n((?:    .*\n)+)", note)
+    block = [b for b in blocks if "if settings.gdn_gluon_fused_wu" in b]
+    assert len(block) == 1, "the note's launcher lines are missing"
+    return block[0]
+
+
+def test_documented_launcher_lines_take_the_fused_wu_path(device, monkeypatch):
+    """The note's launcher lines, run as the head of chunk_gated_delta_rule_fwd_gluon with the switch on, send the op
+    linattn::chunk_gdn_fwd_gluon (o and final only) through chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch
+    (model stand-in), o and final as the Triton forward's; switch off: the current launcher, never the fused-wu one."""
+    if device != "cpu":
+        pytest.skip("CPU stand-in check")
+    import types
+
+    from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws, chunk_fused_wu_ws, launcher
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.testing import rel_rms
+    calls = []
+
+    def stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale):
+        calls.append(plan)
+        chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2)
+
+    def ws_stand_in(q, k, w, u, gcum, o, h0, final, plan, scale):
+        chunk_fused_ws.emulate_fused_ws(q, k, w, u, gcum, o, h0, final, plan, scale, BV=64, stages=2)
+    monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", stand_in)
+    monkeypatch.setattr(chunk_fused_ws, "chunk_fused_ws_gluon", ws_stand_in)
+    original = launcher.chunk_gated_delta_rule_fwd_gluon
+    for on in (True, False):
+        ns = dict(settings=types.SimpleNamespace(gdn_gluon_fused_wu=on), original=original)
+        src = ("def wired(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, variant='wgmma',\n"
+               "          state_pass=None, keys_normalised=False, need_intermediates=True):\n"
+               + _documented_launcher_lines()
+               + "    return original(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,\n"
+               "                    variant,\n"
+               "                    state_pass=state_pass, keys_normalised=keys_normalised,\n"
+               "                    need_intermediates=need_intermediates)\n")
+        exec(compile(src, "GLUON_FUSED_WU.md", "exec"), ns)
+        monkeypatch.setattr(launcher, "chunk_gated_delta_rule_fwd_gluon", ns["wired"])
+        monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
+        calls.clear()
+        x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=5)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
+        ref = chunk_gated_delta_rule_fwd(*args)
+        o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
+        assert len(calls) == (1 if on else 0)
+        assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
+
+
+# ---------------------------------------------------------------- the GPU round's dry run
+
+def test_gpu_round_dry_run(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gluon_fused_wu_round.py"),
+                           "--out", str(tmp_path), "--dry-run"], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gluon_fused_wu.json").read_text())
+    assert res["dry_run"] is True and res["stand_ins"]
+    cases = res["gate"]["cases"]
+    assert res["gate"]["passed"] and len(cases) == 5 and all(c["ok"] for c in cases)
+    ran = [c for c in cases if "skipped" not in c]
+    assert len(ran) >= 4 and all(c["fused_wu_launches"] == 1 and c["fused_ws_launches"] == 1 for c in ran)
+    assert all(c["o_vs_current"] <= c["tol"] and c["o_vs_fp64"] <= c["tol"] for c in ran)
+    assert res["launcher_wired"] or any("not wired" in c.get("skipped", "") for c in cases)
+    assert len(res["timing"]) == 2
+    assert all("fused_wu_ms" in r and "wu_plus_ws_ms" in r and "fwd_fused_wu_ms" in r and r["wu_o_vs_ws"] < 3e-3
+               for r in res["timing"])
+
+
+def test_gpu_round_reports_a_hang(tmp_path):
+    """A case that never returns (as a barrier hang would) is reported as a timeout; the next cases still run."""
+    env = dict(os.environ, TRITON_INTERPRET="1", FUSED_WU_ROUND_FAKE_HANG="T65",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gluon_fused_wu_round.py"),
+                           "--out", str(tmp_path), "--dry-run", "--no-timing", "--case-timeout", "20"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gluon_fused_wu.json").read_text())
+    by = {c["case"]: c for c in res["gate"]["cases"]}
+    assert not by["T65"]["ok"] and "timeout" in by["T65"]["error"]
+    assert by["T1"]["ok"] and by["varlen"]["ok"] and res["gate"]["passed"] is False
