@@ -402,58 +402,49 @@ def test_schedule_model_detects_a_race_on_the_w_buffers():
     assert wrong >= 1
 
 
-# ---------------------------------------------------------------- the wiring the note documents (not applied here)
+# ---------------------------------------------------------------- the wiring (gluon/launcher.py, runtime/settings.py)
 
-def _documented_launcher_lines():
-    """The lines GLUON_FUSED_WU.md ("Wiring") says to add to gluon/launcher.py chunk_gated_delta_rule_fwd_gluon."""
-    note = open(os.path.join(ROOT, "benchmarks", "GLUON_FUSED_WU.md")).read()
-    blocks = re.findall(r"\n\n((?:    .*\n)+)", note)
-    block = [b for b in blocks if "if settings.gdn_gluon_fused_wu" in b]
-    assert len(block) == 1, "the note's launcher lines are missing"
-    return block[0]
+def test_switch_is_off_by_default(monkeypatch):
+    import importlib
+    settings_mod = importlib.import_module("linattn.runtime.settings")
+    monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
+    assert settings_mod.settings.gdn_gluon_fused_wu is False
+    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "1")
+    assert settings_mod.settings.gdn_gluon_fused_wu is True
+    assert "LINATTN_GDN_GLUON_FUSED_WU" in settings_mod.__doc__
 
 
-def test_documented_launcher_lines_take_the_fused_wu_path(device, monkeypatch):
-    """The note's launcher lines, run as the head of chunk_gated_delta_rule_fwd_gluon with the switch on, send the op
-    linattn::chunk_gdn_fwd_gluon (o and final only) through chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch
-    (model stand-in), o and final as the Triton forward's; switch off: the current launcher, never the fused-wu one."""
+def test_switch_takes_the_fused_wu_path(device, monkeypatch):
+    """LINATTN_GDN_GLUON_FUSED_WU=1: the op linattn::chunk_gdn_fwd_gluon (o and final only) goes through
+    chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch (model stand-in), o and final as the Triton forward's;
+    switch off: the fused-ws path (model stand-in), never the fused-wu one."""
     if device != "cpu":
         pytest.skip("CPU stand-in check")
-    import types
-
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
-    from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws, chunk_fused_wu_ws, launcher
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws, chunk_fused_wu_ws
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     from linattn.testing import rel_rms
-    calls = []
+    calls, ws_calls = [], []
 
     def stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale):
         calls.append(plan)
         chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2)
 
     def ws_stand_in(q, k, w, u, gcum, o, h0, final, plan, scale):
+        ws_calls.append(plan)
         chunk_fused_ws.emulate_fused_ws(q, k, w, u, gcum, o, h0, final, plan, scale, BV=64, stages=2)
     monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", stand_in)
     monkeypatch.setattr(chunk_fused_ws, "chunk_fused_ws_gluon", ws_stand_in)
-    original = launcher.chunk_gated_delta_rule_fwd_gluon
+    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
     for on in (True, False):
-        ns = dict(settings=types.SimpleNamespace(gdn_gluon_fused_wu=on), original=original)
-        src = ("def wired(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, variant='wgmma',\n"
-               "          state_pass=None, keys_normalised=False, need_intermediates=True):\n"
-               + _documented_launcher_lines()
-               + "    return original(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,\n"
-               "                    variant,\n"
-               "                    state_pass=state_pass, keys_normalised=keys_normalised,\n"
-               "                    need_intermediates=need_intermediates)\n")
-        exec(compile(src, "GLUON_FUSED_WU.md", "exec"), ns)
-        monkeypatch.setattr(launcher, "chunk_gated_delta_rule_fwd_gluon", ns["wired"])
-        monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
+        monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "1" if on else "0")
         calls.clear()
+        ws_calls.clear()
         x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=5)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
         ref = chunk_gated_delta_rule_fwd(*args)
         o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
-        assert len(calls) == (1 if on else 0)
+        assert (len(calls), len(ws_calls)) == ((1, 0) if on else (0, 1))
         assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
 
 
@@ -472,7 +463,7 @@ def test_gpu_round_dry_run(tmp_path):
     ran = [c for c in cases if "skipped" not in c]
     assert len(ran) >= 4 and all(c["fused_wu_launches"] == 1 and c["fused_ws_launches"] == 1 for c in ran)
     assert all(c["o_vs_current"] <= c["tol"] and c["o_vs_fp64"] <= c["tol"] for c in ran)
-    assert res["launcher_wired"] or any("not wired" in c.get("skipped", "") for c in cases)
+    assert res["launcher_wired"] and not any("skipped" in c for c in cases)
     assert len(res["timing"]) == 2
     assert all("fused_wu_ms" in r and "wu_plus_ws_ms" in r and "fwd_fused_wu_ms" in r and r["wu_o_vs_ws"] < 3e-3
                for r in res["timing"])

@@ -10,6 +10,8 @@
 # gluon_bwd_dh (the opt-in Gluon reverse state pass of the backward, LINATTN_GDN_GLUON_BWD_DH=1: gate vs the Triton
 # kernel and vs fp64 with a per-case watchdog, then timing; benchmarks/gpu/gluon_bwd_dh_round.py, GLUON_BWD_DH_BUDGET
 # seconds),
+# gluon_fused_wu (the opt-in Gluon fused forward with W and U formed in the kernel, LINATTN_GDN_GLUON_FUSED_WU=1:
+# gate with a per-case watchdog, then timing; benchmarks/gpu/gluon_fused_wu_round.py, GLUON_FUSED_WU_BUDGET seconds),
 # gluon_fused_ws (the opt-in warp-specialised Gluon fused forward stages 3+4, LINATTN_GDN_GLUON_FUSED_WS=1: gate with a
 # per-case watchdog, then timing; benchmarks/gpu/gluon_fused_ws_round.py, GLUON_FUSED_WS_BUDGET seconds), matmul,
 # gluon (the Gluon GDN forward's gate and timing,
@@ -57,6 +59,7 @@ for step in "$@"; do
     bwd_local) timeout 160 python3 benchmarks/gpu/bwd_local_round.py --out "$OUT" ;;   # opt-in local backward v2 (BWD_LOCAL_V2.md)
     bwd_wy) timeout 160 python3 benchmarks/gpu/bwd_wy_round.py --out "$OUT" ;;   # opt-in WY backward v2 (BWD_WY_V2.md)
     gluon_fused_ws) timeout $(( ${GLUON_FUSED_WS_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_fused_ws_round.py --out "$OUT" --budget ${GLUON_FUSED_WS_BUDGET:-150} ;;   # warp-specialised Gluon fused stages 3+4 (GLUON_FUSED_WS.md)
+    gluon_fused_wu) timeout $(( ${GLUON_FUSED_WU_BUDGET:-180} + 60 )) python3 benchmarks/gpu/gluon_fused_wu_round.py --out "$OUT" --budget ${GLUON_FUSED_WU_BUDGET:-180} ;;   # fused stages 2b+3+4, W/U on the fly (GLUON_FUSED_WU.md)
     gluon_bwd_dh) timeout $(( ${GLUON_BWD_DH_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_bwd_dh_round.py --out "$OUT" --budget ${GLUON_BWD_DH_BUDGET:-150} ;;   # Gluon backward state pass (GLUON_BWD_DH.md)
     gluon_warmup) timeout $(( ${GLUON_WARMUP_BUDGET:-150} + 60 )) python3 benchmarks/gpu/gluon_warmup_round.py --out "$OUT" --budget ${GLUON_WARMUP_BUDGET:-150} ;;   # segment warm-up on the Gluon state pass (GLUON_WARMUP.md)
     split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)

@@ -29,6 +29,10 @@ LINATTN_GDN_GLUON_FUSED_WS  "0" makes the "gluon" backend's forward run stages 3
                    stored) where the caller needs only o and the final state. Round 14 on an H200: gate green (o equal
                    to the unfused forward's), forward 1.23-1.39x (B1 T65536 3.62 -> 2.94 ms),
                    benchmarks/GLUON_FUSED_WS.md. Takes precedence over LINATTN_GDN_SEGMENT_WARMUP on that backend.
+LINATTN_GDN_GLUON_FUSED_WU  "1" makes the "gluon" backend's forward (where the caller needs only o and the final
+                   state) form W and U inside the warp-specialised fused kernel (gluon/chunk_fused_wu_ws.py; stage
+                   2 is kkt_solve alone, wu_kernel and the w/u buffers go away); default off, not yet run on a GPU,
+                   benchmarks/GLUON_FUSED_WU.md. Takes precedence over LINATTN_GDN_GLUON_FUSED_WS.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -117,6 +121,10 @@ class _Settings:
     @property
     def gdn_gluon_fused_ws(self) -> bool:
         return _on_unless_off("LINATTN_GDN_GLUON_FUSED_WS")
+
+    @property
+    def gdn_gluon_fused_wu(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_FUSED_WU")
 
     @property
     def gdn_segment_warmup(self) -> bool:
