@@ -112,3 +112,42 @@ def test_initial_state_count_varlen():
 def test_unknown_backend():
     with pytest.raises(BackendError, match="unknown backend"):
         _call(_x(), backend="nope")
+
+
+def _empty_call(B, T, H, HV, K, cu=None, backend="triton"):
+    e = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731  (never read: refused before any kernel)
+    x = dict(q=e(B, T, H, K), k=e(B, T, H, K), v=e(B, T, HV, K), g=torch.zeros(B, T, HV), beta=torch.ones(B, T, HV))
+    with torch.no_grad():
+        return linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, backend=backend)
+
+
+def test_too_many_sequence_heads_for_the_grid():
+    """N * HV > 65535 (CUDA's grid y limit, the state passes' axis 1): a clear error naming the split, not a bare
+    CUDA launch failure (refused before any kernel runs); at 2047 sequences the check accepts."""
+    from linattn.ops.gated_delta_rule.validation import GRID_YZ_MAX, check_chunk_grid
+    N = GRID_YZ_MAX // 32 + 1                                   # 2048 sequences of one token at HV = 32
+    cu = torch.arange(N + 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"2048 sequences x 32 value heads = 65536 .* at most 2047 sequences"):
+        _empty_call(1, N, 2, 32, 16, cu)
+    check_chunk_grid(dict(B=1, T=N - 1, N=N - 1, HV=32))       # 2047 x 32 = 65504: accepted
+    with pytest.raises(ValueError, match="65536 state programs"):
+        check_chunk_grid(dict(B=N, T=1, N=N, HV=32))            # fixed-length batch of 2048
+
+
+def test_too_many_chunks_for_the_grid():
+    """More than 65535 chunk slots (the output and backward stages' axis 1): a clear error; 65535 chunks pass."""
+    from linattn.ops.gated_delta_rule.validation import GRID_YZ_MAX, check_chunk_grid
+    T = GRID_YZ_MAX * 64 + 1
+    with pytest.raises(ValueError, match=r"65536 chunks of 64 tokens > 65535"):
+        _empty_call(1, T, 1, 1, 1)
+    check_chunk_grid(dict(B=1, T=GRID_YZ_MAX * 64, N=1, HV=1))
+    with pytest.raises(ValueError, match="chunks of 64 tokens"):     # varlen bound: T // 64 + N
+        check_chunk_grid(dict(B=1, T=GRID_YZ_MAX * 64 - 64, N=2, HV=1))
+
+
+def test_reference_backend_has_no_grid_limit():
+    """The plain-PyTorch reference launches no kernel: the grid check does not apply to it."""
+    N = 2048
+    cu = torch.arange(N + 1, dtype=torch.int64)
+    o, _ = _empty_call(1, N, 1, 32, 2, cu, backend="reference")
+    assert o.shape == (1, N, 32, 2)

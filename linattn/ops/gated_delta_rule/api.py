@@ -16,7 +16,7 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import reference as _ref
-from linattn.ops.gated_delta_rule.validation import check_gdn_inputs
+from linattn.ops.gated_delta_rule.validation import check_chunk_grid, check_gdn_inputs
 from linattn.runtime.settings import settings
 
 OP = "chunk_gated_delta_rule"
@@ -158,6 +158,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         scale = dims["K"] ** -0.5
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, output_final_state=output_final_state)
+    if b.name != "reference":
+        check_chunk_grid(dims, op=OP)
     if use_qk_l2norm_in_kernel:
         q = _ref.l2norm(q.float()).to(q.dtype)
         k = _ref.l2norm(k.float()).to(k.dtype)

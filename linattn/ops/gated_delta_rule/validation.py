@@ -76,6 +76,26 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
 
 
+# CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state
+# passes, forward and backward, Triton and Gluon) or the chunk slots (output stage, local backward) on axis 1, so a
+# call past either bound would fail at launch with a bare CUDA error; it is refused here with the reason instead.
+GRID_YZ_MAX = 65535
+CHUNK = 64
+
+
+def check_chunk_grid(dims: dict, op: str = "chunk_gated_delta_rule"):
+    """The kernels' grid bounds for one chunked call (host arithmetic on shapes only: no sync). dims is
+    check_gdn_inputs' result."""
+    B, T, N, HV = dims["B"], dims["T"], dims["N"], dims["HV"]
+    if N * HV > GRID_YZ_MAX:
+        _fail(f"{op}: {N} sequences x {HV} value heads = {N * HV} state programs > {GRID_YZ_MAX}, the CUDA grid "
+              f"limit of the state passes; split the batch into calls of at most {GRID_YZ_MAX // HV} sequences")
+    slots = B * -(-T // CHUNK) if N == B else B * T // CHUNK + N      # chunk_indices.py's bound
+    if slots > GRID_YZ_MAX:
+        _fail(f"{op}: {slots} chunks of {CHUNK} tokens > {GRID_YZ_MAX}, the CUDA grid limit of the output and backward "
+              f"stages; split the call (at most {GRID_YZ_MAX * CHUNK} tokens, {GRID_YZ_MAX} chunks, per call)")
+
+
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int, op: str = "chunk_gated_delta_rule"):
     """Values check: starts at 0, non-decreasing, ends at T. Reads the tensor (a host sync on a GPU)."""
     cu = cu_seqlens.detach().to("cpu", torch.int64)
