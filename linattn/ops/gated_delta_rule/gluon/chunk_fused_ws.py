@@ -98,17 +98,27 @@ if GLUON_OK:
             tma_load(u_desc, [row, hv * V + vb * BV], ready.index(s), u_s.index(s))
 
     # ------------------------------------------------------------------ default partition: the state chain
+    # Shared with chunk_fused_wu_ws.py, whose default partition is this function with two constexpr flags:
+    #   WU_FED         W and U come from that kernel's wu partition: W in w_s[c % NWU] (its wk_s), published behind
+    #                  wu_full[c % NWU] and released through wu_empty[c % NWU] after product 1; U in the ring's u tile
+    #                  (its v tile, rewritten in place). Off (here): W and U are TMA tiles of ring slot c % STAGES,
+    #                  and wu_full, wu_empty, NWU are None.
+    #   STATES_IN_ACC  h0 / the final state are loaded and stored straight in the accumulator layout (uncoalesced,
+    #                  once per CTA) instead of through a coalesced blocked layout and its conversion scratch (16-32 KB
+    #                  of shared memory the fused-wu kernel has no room for).
     @gluon.jit
-    def _ws_state(k_s, w_s, u_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
+    def _ws_state(k_s, w_s, u_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
                   gcum_ptr, h_desc, vnew_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                  STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  STORE_H: gl.constexpr, STORE_VNEW: gl.constexpr):
+                  STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
+                  STORE_HT: gl.constexpr, STORE_H: gl.constexpr, STORE_VNEW: gl.constexpr, WU_FED: gl.constexpr,
+                  STATES_IN_ACC: gl.constexpr):
         dt: gl.constexpr = w_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
         COLS: gl.constexpr = gl.SliceLayout(0, ACC)
-        LS: gl.constexpr = ws_rows_layout(BV, 32, 4)          # fp32 states [K, BV] in global memory
+        # fp32 states [K, BV] in global memory (with STATES_IN_ACC the conversions below are no-ops)
+        LS: gl.constexpr = ACC if STATES_IN_ACC else ws_rows_layout(BV, 32, 4)
 
         sk = gl.arange(0, K, layout=gl.SliceLayout(1, LS))
         sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LS))
@@ -143,11 +153,14 @@ if GLUON_OK:
                 tma_store(h_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], s_pub.index(j))
 
             st = c % STAGES
-            mbarrier.wait(ready.index(st), (c // STAGES) & 1)
+            jw = c % NWU if WU_FED else st                     # W's buffer: w_s[c % NWU] (WU_FED) or the ring slot
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)  # k (product 2), and W, U unless WU_FED
+            if WU_FED:
+                mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (w_s[jw]) and U (the u tile) of chunk c
             rows = t0 + r_t
             valid = gl.expand_dims(rows < eos, 1)
-            # product 1: vnew = U - W S_c  (B = the published bf16 S)
-            ws = warpgroup_mma(w_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            # product 1: vnew = U - W S_c  (B = the published 16-bit S)
+            ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
             vnew = gl.where(valid, u_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
             v_pub.index(j).store(vnew)
             if STORE_VNEW:
@@ -159,6 +172,8 @@ if GLUON_OK:
             fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 2)
             gl.thread_barrier()
             mbarrier.arrive(v_full.index(j))
+            if WU_FED:
+                mbarrier.arrive(wu_empty.index(jw))            # w_s[jw] read by product 1 (waited): free
             # product 2: S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
             s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
             # this partition's share of ring slot st is done (u read by generic loads: fence before the TMA refill)
@@ -256,9 +271,10 @@ if GLUON_OK:
         fence_async_shared()                                     # barrier inits visible to the async proxy
 
         gl.warp_specialize(
-            [(_ws_state, (k_s, w_s, u_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
+            [(_ws_state, (k_s, w_s, u_s, ready, empty, None, None, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
                           gcum_ptr, h_desc, vnew_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
-                          HV, K, V, BT, BV, STAGES, NPUB, USE_H0, STORE_HT, STORE_H, STORE_VNEW)),
+                          HV, K, V, BT, BV, STAGES, None, NPUB, USE_H0, STORE_HT, STORE_H, STORE_VNEW,
+                          False, False)),                        # WU_FED, STATES_IN_ACC off: W, U from the ring
              (_ws_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
              (_ws_producer, (q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, ready, empty, nchunks, bos, hv, hk,

@@ -12,10 +12,10 @@ and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_k
       w  = (Tinv @ ks).to(dt)                               -> wk_s[c % NWU], in place of ks (after the wgmma)
       u  = (Tinv @ vs).to(dt)                               -> the ring's v tile, in place of vs
   state partition (default, 1 warpgroup) and output partition (worker 0, 1 warpgroup): chunk_fused_ws.py's, with
-      product 1 reading W from wk_s[c % NWU] and U from the ring's v tile. The output partition IS
-      chunk_fused_ws._ws_output (imported); the state partition differs from chunk_fused_ws._ws_state only in its
-      barriers (it also waits wu_full and releases wk_s through wu_empty) and in loading h0 / storing the final
-      state straight from the accumulator layout (no conversion scratch: shared memory is tight).
+      product 1 reading W from wk_s[c % NWU] and U from the ring's v tile. Both are imported: the output partition
+      IS chunk_fused_ws._ws_output; the state partition IS chunk_fused_ws._ws_state with WU_FED (it also waits
+      wu_full and releases wk_s through wu_empty) and STATES_IN_ACC (h0 loaded / the final state stored straight
+      in the accumulator layout: no conversion scratch, shared memory is tight).
   producer (worker 2, 1 warp): TMA of q, k ([BT, K] boxes), v ([BT, BV]) and Tinv ([BT, BT]) into slot c % STAGES.
 Rows of a box past the sequence end hold the next sequence's tokens (TMA zero-fills only past T_tot): beta is 0
 there, so ks and vs rows are 0 there (as wu_kernel's masked loads) and the W / U rows of valid tokens are exact;
@@ -46,8 +46,8 @@ NWU = 2                  # W buffers (wk_s): the wu partition may run up to NWU 
 WU_REGS = 152            # setmaxnreg of the wu warpgroup (GLUON_FUSED_WU.md, register budget)
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_output, ws_acc_layout, ws_rows_layout,
-                                                                   ws_smem_layout)
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_output, _ws_state, ws_acc_layout,
+                                                                   ws_rows_layout, ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
 
     # ------------------------------------------------------------------ worker 2: the TMA producer (1 warp)
@@ -114,73 +114,6 @@ if GLUON_OK:
             mbarrier.arrive(wu_full.index(j))
             mbarrier.arrive(empty.index(st))
 
-    # ------------------------------------------------------------------ default partition: the state chain
-    @gluon.jit
-    def _wu_state(k_s, v_s, wk_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
-                  gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                  HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                  STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
-                  STORE_HT: gl.constexpr):
-        dt: gl.constexpr = wk_s.dtype
-        ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
-        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
-        COLS: gl.constexpr = gl.SliceLayout(0, ACC)
-
-        # h0 / final straight in the accumulator layout (once per CTA; no conversion scratch)
-        sk = gl.arange(0, K, layout=ROWS)
-        sv = vb * BV + gl.arange(0, BV, layout=COLS)
-        state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
-        if USE_H0:
-            s = gl.load(h0_ptr + state_off)
-        else:
-            s = gl.zeros([K, BV], gl.float32, ACC)
-
-        r_t = gl.arange(0, BT, layout=ROWS)
-        gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
-        gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
-        for c in range(nchunks):
-            t0 = bos + c * BT
-            # gates of chunk c + 1 (masked off past the end), consumed next iteration
-            t1 = t0 + BT
-            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
-            gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos, other=0.)
-
-            # publish S_c in s_pub[j] once the output partition is done with chunk c - NPUB
-            j = c % NPUB
-            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
-            s_pub.index(j).store(s.to(dt))
-            fence_async_shared()                               # generic store -> wgmma (async proxy)
-            gl.thread_barrier()
-            mbarrier.arrive(s_full.index(j))
-
-            st = c % STAGES
-            jw = c % NWU
-            mbarrier.wait(ready.index(st), (c // STAGES) & 1)  # k of chunk c (product 2)
-            mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (wk_s[jw]) and U (the v tile) of chunk c
-            valid = gl.expand_dims((t0 + r_t) < eos, 1)
-            # product 1: vnew = U - W S_c  (B = the published 16-bit S)
-            ws = warpgroup_mma(wk_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            vnew = gl.where(valid, v_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
-            v_pub.index(j).store(vnew)
-            d = gl.exp(gam_last - gam)
-            vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-            vn_s.store(vs)
-            fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 2)
-            gl.thread_barrier()
-            mbarrier.arrive(v_full.index(j))
-            mbarrier.arrive(wu_empty.index(jw))                # wk_s[jw] read by product 1 (waited): free
-            # product 2: S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
-            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
-            # this partition's share of ring slot st is done (U read by generic loads: fence before the TMA refill)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(st))
-            gam = gam_n
-            gam_last = gam_last_n
-
-        if STORE_HT:
-            gl.store(ht_ptr + state_off, s)
-
     # ------------------------------------------------------------------ the kernel
     @gluon.jit
     def chunk_fused_wu_ws_kernel(
@@ -225,9 +158,10 @@ if GLUON_OK:
         fence_async_shared()                                     # barrier inits visible to the async proxy
 
         gl.warp_specialize(
-            [(_wu_state, (k_s, v_s, wk_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full,
-                          pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT)),
+            [(_ws_state, (k_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full,
+                          pub_empty, gcum_ptr, None, None, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
+                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False, False,   # no h, vnew stores
+                          True, True)),                          # WU_FED: W in wk_s, U in the v tile; STATES_IN_ACC
              (_ws_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
