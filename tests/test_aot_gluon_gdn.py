@@ -314,22 +314,11 @@ def _jit_compile_main():
     launcher's own arguments on CPU tensors, under a stand-in driver that reports an sm_90a target and never
     launches (warmup). Prints one JSON line per kernel."""
     import json
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
 
+    from compile_only import use_compile_only_sm90_driver                 # tests/ is on sys.path
     from linattn.ops.gated_delta_rule.gluon.launcher import state_config, state_launch
 
-    class CompileOnlyDriver:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnlyDriver())
+    use_compile_only_sm90_driver()
     for variant in ("literal", "tma", "wgmma"):
         for B, T, dtype, h0 in ((1, 300, torch.bfloat16, True), (8, 100, torch.float16, False)):
             plan, bufs = _plan_and_buffers(B, T, 16, 32, dtype=dtype)

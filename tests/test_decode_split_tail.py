@@ -13,8 +13,6 @@ the default's 16-byte state copies and stores, its CTA barriers per tile, no spi
 per SM at 2 stages (fp32 and bf16 pools) and 2 per SM at 3 stages."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,11 +20,11 @@ import torch
 from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_REORDERING, PERSISTENT_VARIANTS,
                                                                  fused_recurrent_gdn_fwd, persistent_variant_flags)
-from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, rel_rms
+from decode_aot import decode_aot_report                                   # tests/ is on sys.path
+from test_fused_recurrent import BF16_STATE            # one bf16 rounding of the state plus the fp32 part
+from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = TOL[torch.float32]
-BF16_STATE = 4e-3          # one bf16 rounding of the written state plus the fp32 part (test_fused_recurrent)
 SAME = 1e-6                # split_tail against the default / one-tile kernel: fp32 round-off at most
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                  reason="the Triton kernel needs TRITON_INTERPRET=1 on a CPU")
@@ -172,53 +170,16 @@ def test_split_tail_flags():
 
 # ---- ahead of time, sm_90a -------------------------------------------------------------------------------------
 
-_AOT = r"""
-import collections, json, re
-from triton.tools.disasm import get_sass
-from linattn.runtime.aot import compile_kernel, ptxas_usage
-from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs
-
-def loop_ops(sass):
-    # opcodes between the tile loop's label and its backward branch (the longest backward branch)
-    lines = sass.splitlines()
-    labels = {l.strip().rstrip(':'): i for i, l in enumerate(lines) if re.match(r"^\.?L\w+:$", l.strip())}
-    back = [(labels[m[1]], i) for i, l in enumerate(lines) for m in [re.search(r"BRA (\.?L\w+)", l)]
-            if m and m[1] in labels and labels[m[1]] < i]
-    s, e = max(back, key=lambda b: b[1] - b[0])
-    ops = collections.Counter()
-    for l in lines[s:e + 1]:
-        m = re.match(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", l)
-        if m and "@!PT" not in l:
-            ops[m[2]] += 1
-    return dict(ops)
-
-want = {"gdn_decode_persistent_fp32_bv64_w4_s2": "default",
-        "gdn_decode_persistent_fp32_bv64_w4_s2_prefetch_qk_split_tail": "split",
-        "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk_split_tail": "split_s3",
-        "gdn_decode_persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail": "split_bf16",
-        "gdn_decode_persistent_fp32_bv64_w4_s2_split_tail": "split_only"}
-out = {}
-for s in aot_specs() + aot_specs(variants=True):
-    if s.name not in want:
-        continue
-    k = compile_kernel(s, "sm_90a")
-    regs, spills = ptxas_usage(k.asm["ptx"], "sm_90a")
-    sass = get_sass(k.asm["cubin"])
-    allops = collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M))
-    out[want[s.name]] = dict(regs=regs, spills=spills, smem=int(k.metadata.shared), loop=loop_ops(sass),
-                             all={o: n for o, n in allops.items() if o.startswith(("LDG", "STG", "LDL", "STL"))})
-print(json.dumps(out))
-"""
+AOT_BUILDS = {"gdn_decode_persistent_fp32_bv64_w4_s2": "default",
+              "gdn_decode_persistent_fp32_bv64_w4_s2_prefetch_qk_split_tail": "split",
+              "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk_split_tail": "split_s3",
+              "gdn_decode_persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail": "split_bf16",
+              "gdn_decode_persistent_fp32_bv64_w4_s2_split_tail": "split_only"}
 
 
 @pytest.fixture(scope="module")
 def aot():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _AOT], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return decode_aot_report(AOT_BUILDS)
 
 
 def test_aot_split_tail_keeps_the_default_tile(aot):

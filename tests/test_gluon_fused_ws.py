@@ -134,22 +134,10 @@ def test_launch_matches_aot_signature(B, T, lens, states, store):
 def _jit_compile_main():
     """Child process: the real JIT launch path with the launcher's own arguments on CPU tensors, under a stand-in
     driver that reports sm_90a and never launches (warmup). One JSON line per case."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
+    from compile_only import use_compile_only_sm90_driver                 # tests/ is on sys.path
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import fused_ws_config, fused_ws_launch
 
-    class CompileOnlyDriver:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnlyDriver())
+    use_compile_only_sm90_driver()
     for B, T, dtype, states, store in ((1, 300, torch.bfloat16, True, False), (8, 100, torch.float16, False, False),
                                        (1, 130, torch.bfloat16, True, True)):
         plan, bufs, h, vnew = _buffers(B, T, 16, 32, dtype=dtype, states=states, store=store)

@@ -136,22 +136,10 @@ def test_supported():
 def _jit_compile_main():
     """Child process: the real JIT launch path with the launcher's own arguments on CPU tensors, under a stand-in
     driver that reports sm_90a and never launches (warmup). One JSON line per case."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
+    from compile_only import use_compile_only_sm90_driver                 # tests/ is on sys.path
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config, fused_wu_launch
 
-    class CompileOnlyDriver:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnlyDriver())
+    use_compile_only_sm90_driver()
     for B, T, dtype, states in ((1, 300, torch.bfloat16, True), (8, 100, torch.float16, False)):
         plan, bufs = _buffers(B, T, 16, 32, dtype=dtype, states=states)
         cfg = fused_wu_config(plan.N, 32, 128, 132)

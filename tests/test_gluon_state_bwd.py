@@ -111,22 +111,10 @@ def test_launch_matches_aot_signature(B, T, lens):
 def _jit_compile_main():
     """Child process: the real JIT launch path (binder, specialisation, compile) with the launcher's own arguments on
     CPU tensors, under a stand-in driver that reports sm_90a and never launches (warmup). One JSON line per case."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
+    from compile_only import use_compile_only_sm90_driver                 # tests/ is on sys.path
     from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_config, state_bwd_launch
 
-    class CompileOnlyDriver:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnlyDriver())
+    use_compile_only_sm90_driver()
     for B, T, dtype, states in ((1, 300, torch.bfloat16, True), (8, 100, torch.float16, False)):
         plan, bufs = _plan_and_buffers(B, T, 16, 32, dtype=dtype, dht=states, dh0=states)
         cfg = state_bwd_config(plan.N, 32, 128, 132)
