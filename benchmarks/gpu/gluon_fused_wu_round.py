@@ -47,6 +47,7 @@ GATE_CASES = [  # (name, B, T, lens, dtype, initial state)
     ("T64", 1, 64, None, "bf16", False), ("T65", 1, 65, None, "bf16", True),
     ("T1000", 1, 1000, None, "bf16", True), ("T1000_noh0", 1, 1000, None, "bf16", False),
     ("T1000_fp16", 1, 1000, None, "fp16", True), ("B2_T1000", 2, 1000, None, "bf16", True),
+    ("B4_T1000", 4, 1000, None, "bf16", True),                       # dense at the BV=64 config (N*HV = 128)
     ("varlen", 1, 1391, [1, 63, 1, 64, 65, 1, 1196], "bf16", True),
     ("T8192", 1, 8192, None, "bf16", True), ("T8192_fp16", 1, 8192, None, "fp16", False),
     ("op_switch_T1000", 1, 1000, None, "bf16", True),
@@ -56,8 +57,12 @@ DRY_GATE_CASES = [("T1", 1, 1, None, "bf16", True), ("T65", 1, 65, None, "bf16",
                   ("T130_fp16_noh0", 1, 130, None, "fp16", False),
                   ("varlen", 1, 131, [1, 64, 1, 65], "bf16", True),
                   ("op_switch_T70", 1, 70, None, "bf16", True)]
-TIMING_ROWS = ((1, 65536), (8, 4096), (1, 32768), (1, 8192))
-DRY_TIMING_ROWS = ((1, 130), (2, 65))
+# (B, T) or (1, "varlen"): the production preset's varlen row (24 sequences, presets.PRODUCTION_VARLEN)
+TIMING_ROWS = ((1, 65536), (8, 4096), (4, 16384), (1, "varlen"), (1, 32768), (2, 32768), (1, 8192))
+DRY_TIMING_ROWS = ((1, 130), (2, 65), (1, "varlen"))
+# launch configs timed besides the default at these rows (fused_wu kernel alone): (BV, stages, nwu)
+SWEEP = {(1, 65536): ((32, 2, 2), (32, 3, 1), (64, 2, 2), (64, 2, 1)), (8, 4096): ((64, 2, 1), (32, 3, 2), (32, 2, 2))}
+DRY_SWEEP = {(1, 130): ((32, 2, 1),)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 START = time.time()
 
@@ -225,16 +230,22 @@ def timing(res, path, args):
     dev = "cpu" if dry else "cuda"
     H, HV = heads(dry)
     install_stand_ins(dry, poison=False)        # no NaN fills inside the timed calls
+    from linattn.bench.presets import PRODUCTION_VARLEN, varlen_lengths
     for B, T in (DRY_TIMING_ROWS if dry else TIMING_ROWS):
         if elapsed() > args.budget - 15:
             res["timing_skipped"].append(f"B{B} T{T}")
             continue
         try:
-            x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device=dev)
+            cu, N = None, B
+            if T == "varlen":
+                lens = varlen_lengths(3, 1, 90, seed=7) if dry else PRODUCTION_VARLEN["lengths"]
+                T, N = sum(lens), len(lens)
+                cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=dev)
+            x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device=dev, num_states=N)
             scale = 128 ** -0.5
-            fargs = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, None)
+            fargs = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, cu)
             q, k, v, beta, h0 = x["q"], x["k"], x["v"], x["beta"], x["initial_state"]
-            plan = make_chunk_plan(B, T, None, 64, dev)
+            plan = make_chunk_plan(B, T, cu, 64, dev)
             gcum, tinv = wu.kkt_solve(k, x["g"], beta, plan, HV)
             w = torch.empty(plan.T_total, HV, 128, dtype=k.dtype, device=dev)
             u = torch.empty_like(w)
@@ -251,7 +262,9 @@ def timing(res, path, args):
             def fused_wu():             # the same three stages as one kernel
                 wu.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o_wu, h0, f_wu, plan, scale)
 
-            row = dict(B=B, T=T, H=H, HV=HV)
+            row = dict(B=B, T=T, H=H, HV=HV, N=N, varlen=cu is not None,
+                       config=list(wu.fused_wu_config(N, HV, 128, 132 if dry else torch.cuda.get_device_properties(
+                           0).multi_processor_count).__dict__.values()))
             wu_plus_ws()
             fused_wu()
             sync(dev)
@@ -264,6 +277,12 @@ def timing(res, path, args):
             row["fwd_current_ms"] = median_ms(lambda: current_forward(fargs), **reps)
             row["fwd_fused_wu_ms"] = median_ms(lambda: wu.chunk_gated_delta_rule_fwd_fused_wu(*fargs), **reps)
             row["fwd_speedup"] = row["fwd_current_ms"] / row["fwd_fused_wu_ms"]
+            for bv, st, nwu in (DRY_SWEEP if dry else SWEEP).get((B, T) if cu is None else (), ()):
+                c = wu.FusedWuConfig(bv, st, nwu)
+                row[f"fused_wu_ms_bv{bv}_s{st}_nwu{nwu}"] = median_ms(
+                    lambda: wu.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o_wu, h0, f_wu, plan, scale,
+                                                       config=c), **reps)
+                row[f"o_vs_ws_bv{bv}_s{st}_nwu{nwu}"] = rel_rms(o_wu, o_ws)
         except Exception as e:  # noqa: BLE001
             row = dict(B=B, T=T, error=repr(e)[:500], trace=traceback.format_exc()[-3000:])
         res["timing"].append(row)

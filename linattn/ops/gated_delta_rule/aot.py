@@ -354,7 +354,8 @@ for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
                     f"BV={_bv}, {_w} warps, {_s}-stage ring"))
 
 
-# ---- GDN decode, Triton persistent kernel (triton/fused_recurrent.py): the batch-256 fp32 serving default and its
+# ---- GDN decode, Triton persistent kernel (triton/fused_recurrent.py): the batch-256 fp32 serving default (3 stages
+# since round 15; the 2-stage build of rounds 12-14 beside it) and its
 # opt-in `kwarp` variant (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md) and `split_tail`
 # variant (the last round's tiles as half tiles; benchmarks/DECODE_TAIL.md), so that `linattn inspect` reports
 # them side by side. Appended by the decode engineer; the specs are fused_recurrent's own
@@ -364,7 +365,8 @@ def _register_decode_persistent():
     import dataclasses
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs
     for spec in decode_specs() + decode_specs(variants=True):
-        if spec.name == "gdn_decode_persistent_fp32_bv64_w4_s2" or spec.name.endswith(("_kwarp", "_split_tail")):
+        if spec.name in ("gdn_decode_persistent_fp32_bv64_w4_s2", "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk") \
+                or spec.name.endswith(("_kwarp", "_split_tail")):
             register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
 
 

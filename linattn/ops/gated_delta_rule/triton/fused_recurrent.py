@@ -533,13 +533,16 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     tokens inside the one-tile kernel), K <= 128 (64 state values per thread at 4 warps: the measured size;
     larger K would spill), and at least 32 tiles of BV = 64 per SM. Round 12 (same run, batch 256 fp32): the
     prefetch_qk variant (the next tile's q and k rows loaded during the current tile) took 284.1 us against 290.5
-    and 290.8 us for the same config without it (store_cs 291.0, contiguous_tiles 293.2, both 286.1): the default."""
+    and 290.8 us for the same config without it (store_cs 291.0, contiguous_tiles 293.2, both 286.1). Rounds 14 and
+    15 (same sweeps, same inputs): prefetch_qk at 3 stages and 2 programs per SM took 282.6 (r14), 281.9 and 281.8
+    us (r15) against 283.2 / 284.1 (r14) and 284.0 / 283.4 / 283.8 us (r15) at 2 stages and 3 per SM: the default
+    since round 15 (results/2026-11-30_r15_decode.json; the gate re-run with it)."""
     if T != 1 or varlen or state_dtype != torch.float32 or K > 128:
         return None
     BV = min(64, triton.next_power_of_2(V))
     if N * HV * triton.cdiv(V, BV) < 32 * num_sms:
         return None
-    return BV, 4, 2, 3, None, "prefetch_qk"
+    return BV, 4, 3, 2, None, "prefetch_qk"
 
 
 def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -677,8 +680,10 @@ def aot_specs(variants: bool = False):
              ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True,
                                                   inplace=False))]
     # the persistent one-token kernel: its state loads become cp.async copies into shared memory (LDGSTS)
-    persistent = [("persistent_fp32_bv64_w4_s2", dict(state="fp32", BV=64, warps=4, stages=2,
-                                                       variant="prefetch_qk")),   # the batch-256 serving default
+    persistent = [("persistent_fp32_bv64_w4_s3_prefetch_qk", dict(state="fp32", BV=64, warps=4, stages=3,
+                                                                   variant="prefetch_qk")),  # batch-256 default
+                  ("persistent_fp32_bv64_w4_s2", dict(state="fp32", BV=64, warps=4, stages=2,
+                                                       variant="prefetch_qk")),   # the default of rounds 12-14
                   ("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
                   ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
                   ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
