@@ -300,6 +300,8 @@ def test_switch_reaches_the_fused_launcher(device, monkeypatch, switch, need):
             plan.cu, plan.chunk_offsets, H=k.shape[2], HV=u.shape[1], K=128, V=128, BT=64, BK=128, BV=64,
             USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC="tf32")
     monkeypatch.setattr(chunk_fused_ws, "chunk_fused_ws_gluon", stand_in)
+    # the fused-wu kernel (on by default since round 15) takes precedence: this test is about the fused-ws path
+    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "0")
     if switch:
         monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
     else:

@@ -392,50 +392,23 @@ def test_schedule_model_detects_a_race_on_the_w_buffers():
 
 # ---------------------------------------------------------------- the wiring (gluon/launcher.py, runtime/settings.py)
 
-def test_switch_modes(monkeypatch):
-    """Unset = "auto" (round 15: fused_wu_auto decides by shape), "1" = "on", "0" = "off"."""
+def test_switch_is_on_by_default(monkeypatch):
+    """On unless "0" (round 15: faster than wu_kernel + fused-ws at every production row, gate green)."""
     import importlib
     settings_mod = importlib.import_module("linattn.runtime.settings")
     monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
-    assert settings_mod.settings.gdn_gluon_fused_wu == "auto"
-    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "1")
-    assert settings_mod.settings.gdn_gluon_fused_wu == "on"
+    assert settings_mod.settings.gdn_gluon_fused_wu is True
     monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "0")
-    assert settings_mod.settings.gdn_gluon_fused_wu == "off"
+    assert settings_mod.settings.gdn_gluon_fused_wu is False
+    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "1")
+    assert settings_mod.settings.gdn_gluon_fused_wu is True
     assert "LINATTN_GDN_GLUON_FUSED_WU" in settings_mod.__doc__
 
 
-def test_auto_rule_follows_the_bv64_config(monkeypatch):
-    """fused_wu_auto: the fused-wu kernel where its config is BV=64 (N*HV*V/64 CTAs fill the SMs), measured faster
-    there in round 15; not at BV=32 (B1 H16/HV32 on 132 SMs), where it measured slower; never off CUDA."""
-    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as wu
-    assert wu.fused_wu_config(1, 32, 128, 132).BV == 32          # B1 production: fused-ws stays
-    assert wu.fused_wu_config(8, 32, 128, 132).BV == 64          # B8 T4096: fused-wu
-    assert wu.fused_wu_config(2, 32, 128, 132).BV == 32          # 128 CTAs at BV=64 < 132 SMs
-    assert wu.fused_wu_config(3, 32, 128, 132).BV == 64
-    q = torch.zeros(1, 8, 16, 128, dtype=torch.bfloat16)
-    v = torch.zeros(1, 8, 32, 128, dtype=torch.bfloat16)
-    assert wu.fused_wu_auto(q, v) is False                       # a CPU tensor: never
-
-    class FakeCuda:                                              # the rule itself, as on a 132-SM GPU
-        def __init__(self, shape):
-            self.shape, self.is_cuda, self.device = shape, True, "cuda:0"
-
-    class Facts:
-        num_sms = 132
-    import linattn.runtime.device as device_mod
-    monkeypatch.setattr(device_mod, "device_facts", lambda dev: Facts())
-    assert wu.fused_wu_auto(FakeCuda((1, 65536, 16, 128)), FakeCuda((1, 65536, 32, 128))) is False
-    assert wu.fused_wu_auto(FakeCuda((8, 4096, 16, 128)), FakeCuda((8, 4096, 32, 128))) is True
-    cu = torch.zeros(25, dtype=torch.int64)                      # 24 sequences: N from the shape, no sync
-    assert wu.fused_wu_auto(FakeCuda((1, 59717, 16, 128)), FakeCuda((1, 59717, 32, 128)), cu) is True
-    assert wu.fused_wu_auto(FakeCuda((1, 9, 16, 128)), FakeCuda((1, 9, 32, 128)), cu[:3]) is False
-
-
 def test_switch_takes_the_fused_wu_path(device, monkeypatch):
-    """LINATTN_GDN_GLUON_FUSED_WU=1, or unset where fused_wu_auto says yes: the op linattn::chunk_gdn_fwd_gluon (o
-    and final only) goes through chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch (model stand-in), o and
-    final as the Triton forward's; "0", or unset where the rule says no: the fused-ws path (model stand-in)."""
+    """LINATTN_GDN_GLUON_FUSED_WU unset (the default) or "1": the op linattn::chunk_gdn_fwd_gluon (o and final only)
+    goes through chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch (model stand-in), o and final as the
+    Triton forward's; "0": the fused-ws path (model stand-in), never the fused-wu one."""
     if device != "cpu":
         pytest.skip("CPU stand-in check")
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
@@ -454,17 +427,18 @@ def test_switch_takes_the_fused_wu_path(device, monkeypatch):
     monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", stand_in)
     monkeypatch.setattr(chunk_fused_ws, "chunk_fused_ws_gluon", ws_stand_in)
     monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
-    # (switch, what fused_wu_auto answers) -> fused-wu taken?
-    for switch, auto, on in (("1", False, True), ("0", True, False), ("", True, True), ("", False, False)):
-        monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", switch)
-        monkeypatch.setattr(chunk_fused_wu_ws, "fused_wu_auto", lambda q, v, cu=None, auto=auto: auto)
+    for switch, on in (("1", True), ("0", False), (None, True)):      # None: unset, the default
+        if switch is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", switch)
         calls.clear()
         ws_calls.clear()
         x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=5)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
         ref = chunk_gated_delta_rule_fwd(*args)
         o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
-        assert (len(calls), len(ws_calls)) == ((1, 0) if on else (0, 1)), (switch, auto)
+        assert (len(calls), len(ws_calls)) == ((1, 0) if on else (0, 1)), switch
         assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
 
 

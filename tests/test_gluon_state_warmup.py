@@ -378,9 +378,10 @@ def stand_ins(monkeypatch):
     rnd = _round_module()
     warm = rnd.StandInKernel()
     plain = []
-    # the fused stages 3+4 (on by default since round 14) take precedence over the warm-up pass: these tests are
-    # about the unfused forward's state pass
+    # the fused stages 3+4 (on by default since round 14, with W and U formed inside since round 15) take
+    # precedence over the warm-up pass: these tests are about the unfused forward's state pass
     monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "0")
+    monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", "0")
 
     def plain_pass(*a, **kw):
         plain.append(1)

@@ -111,15 +111,19 @@ def install_dry_run_stand_ins():
     table.backends["gluon"] = dataclasses.replace(saved[2], supports=lambda **_: (True, ""))
     # the gluon forward's fused stages 3+4 (on by default since round 14) have no CPU stand-in here: the forward
     # then runs the state pass above and the Triton output stage
-    saved_ws = os.environ.get("LINATTN_GDN_GLUON_FUSED_WS")
-    os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = "0"
+    # (nor the fused-wu kernel, on by default since round 15)
+    fused_envs = ("LINATTN_GDN_GLUON_FUSED_WS", "LINATTN_GDN_GLUON_FUSED_WU")
+    saved_env = {e: os.environ.get(e) for e in fused_envs}
+    for e in fused_envs:
+        os.environ[e] = "0"
 
     def undo():
         gb.chunk_state_bwd_tma_kernel, launcher.chunk_state_gluon, table.backends["gluon"] = saved
-        if saved_ws is None:
-            os.environ.pop("LINATTN_GDN_GLUON_FUSED_WS", None)
-        else:
-            os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = saved_ws
+        for e, value in saved_env.items():
+            if value is None:
+                os.environ.pop(e, None)
+            else:
+                os.environ[e] = value
     return undo
 
 

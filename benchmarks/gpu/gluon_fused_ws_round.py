@@ -282,6 +282,9 @@ def main():
     args = ap.parse_args()
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    # this round measures the fused-ws kernel; the fused-wu kernel (on by default since round 15) would take its
+    # place in the op's path (children inherit this)
+    os.environ["LINATTN_GDN_GLUON_FUSED_WU"] = "0"
     if args.child_case is not None:
         child_main(args.child_case, args.dry_run)
         return

@@ -71,6 +71,7 @@ def _set(on):
     # the fused Gluon stages 3+4 (on by default since round 14) take precedence over the warm-up pass: this round
     # measures the unfused forward's state pass, with and without the warm-up
     os.environ["LINATTN_GDN_GLUON_FUSED_WS"] = "0"
+    os.environ["LINATTN_GDN_GLUON_FUSED_WU"] = "0"     # the fused-wu kernel too (on by default since round 15)
 
 
 # ---------------------------------------------------------------- stand-ins (dry run only)

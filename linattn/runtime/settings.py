@@ -29,12 +29,12 @@ LINATTN_GDN_GLUON_FUSED_WS  "0" makes the "gluon" backend's forward run stages 3
                    stored) where the caller needs only o and the final state. Round 14 on an H200: gate green (o equal
                    to the unfused forward's), forward 1.23-1.39x (B1 T65536 3.62 -> 2.94 ms),
                    benchmarks/GLUON_FUSED_WS.md. Takes precedence over LINATTN_GDN_SEGMENT_WARMUP on that backend.
-LINATTN_GDN_GLUON_FUSED_WU  unset = auto: the "gluon" backend's forward (where the caller needs only o and the
-                   final state) forms W and U inside the warp-specialised fused kernel (gluon/chunk_fused_wu_ws.py;
-                   stage 2 is kkt_solve alone, wu_kernel and the w/u buffers go away) where that kernel's config is
-                   BV=64 (N*HV*V/64 CTAs fill the SMs; chunk_fused_wu_ws.fused_wu_auto), the fused-ws kernel
-                   elsewhere. Round 15 on an H200: gate green; fused stages 1.13x at B8 T4096 (BV=64), 0.87-0.88x
-                   at B1 T32k/64k (BV=32). "1" forces it wherever supported, "0" turns it off.
+LINATTN_GDN_GLUON_FUSED_WU  "0" makes the "gluon" backend's forward form W and U in wu_kernel and run the fused-ws
+                   kernel after it; default on: where the caller needs only o and the final state, W and U are formed
+                   inside the warp-specialised fused kernel (gluon/chunk_fused_wu_ws.py; stage 2 is kkt_solve alone,
+                   wu_kernel and the w/u buffers go away). Round 15 on an H200 (315dad4): gate green (o bit-equal to
+                   the fused-ws forward's; Gluon gate with it forced), fused stages 1.05-1.30x faster than wu_kernel
+                   + fused-ws at every production row (B1 T65536 2.305 -> 2.129 ms, B8 T4096 0.856 -> 0.668),
                    benchmarks/GLUON_FUSED_WU.md. Takes precedence over LINATTN_GDN_GLUON_FUSED_WS.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
@@ -126,12 +126,8 @@ class _Settings:
         return _on_unless_off("LINATTN_GDN_GLUON_FUSED_WS")
 
     @property
-    def gdn_gluon_fused_wu(self) -> str:
-        """"on", "off" (LINATTN_GDN_GLUON_FUSED_WU set) or "auto" (unset: chunk_fused_wu_ws.fused_wu_auto)."""
-        value = os.environ.get("LINATTN_GDN_GLUON_FUSED_WU", "").strip().lower()
-        if value == "":
-            return "auto"
-        return "on" if value in ("1", "true", "yes", "on") else "off"
+    def gdn_gluon_fused_wu(self) -> bool:
+        return _on_unless_off("LINATTN_GDN_GLUON_FUSED_WU")
 
     @property
     def gdn_segment_warmup(self) -> bool:

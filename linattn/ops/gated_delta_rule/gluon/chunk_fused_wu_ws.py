@@ -1,8 +1,8 @@
 """Stages 2b + 3 + 4 of the GDN forward in one warp-specialised Gluon kernel (sm_90a): chunk_fused_ws.py with W and U
 formed on the fly from kkt_solve's Tinv, so that wu_kernel (triton/intra_split.py) and its w / u round trip through
 global memory (2 x 537 MB written and read back at B1 T65536 H16/HV32) go away. FlashQLA's organisation; design,
-barriers, ownership, budgets and measurements: benchmarks/GLUON_FUSED_WU.md. The gluon backend's forward where
-fused_wu_auto says so (LINATTN_GDN_GLUON_FUSED_WU unset; "1" forces it, "0" turns it off).
+barriers, ownership, budgets and measurements: benchmarks/GLUON_FUSED_WU.md. The gluon backend's forward wherever
+fused_wu_supported takes the call (default since round 15; LINATTN_GDN_GLUON_FUSED_WU=0 turns it off).
 
 One CTA per (V block, sequence * value head), as chunk_fused_ws.py. Per chunk c, with dt the 16-bit operand dtype
 and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_kernel's rounding points:
@@ -216,20 +216,6 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2
     return FusedWuConfig(bv, 3 if bv == 32 else 2)
-
-
-def fused_wu_auto(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None) -> bool:
-    """The default rule (LINATTN_GDN_GLUON_FUSED_WU unset): this kernel where its config is BV=64 / 2 stages, i.e.
-    where N*HV*V/64 CTAs fill the GPU's SMs; the fused-ws kernel (with wu_kernel before it) elsewhere. Round 15 on
-    an H200 (results/2026-11-30_r15_gluon_fused_wu.json, GLUON_FUSED_WU.md "Measured"): at BV=64 (B8 T4096) the
-    fused stages took 0.756 ms against 0.853 for wu_kernel + fused-ws (1.13x); at BV=32 (B1 T32k / T64k, one CTA
-    per SM for 32 heads) the wu warpgroup stretches the chain step from ~1.6 to ~2.5 us per chunk (0.87-0.88x).
-    Only on a CUDA device (N from cu_seqlens' shape: no host synchronisation)."""
-    if not q.is_cuda:
-        return False
-    from linattn.runtime.device import device_facts
-    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return fused_wu_config(N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms).BV == 64
 
 
 def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Tensor] = None,

@@ -223,16 +223,13 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     LINATTN_GDN_GLUON_FUSED_WS on (the default since round 14; "0" turns it off), no state_pass and a call
     chunk_fused_ws.fused_ws_supported takes, stages 3 and 4
     run as the warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; result's h and vnew None); with
-    LINATTN_GDN_GLUON_FUSED_WU (unset = auto: where chunk_fused_wu_ws.fused_wu_auto says so; "1" always; "0"
-    never) W and U are formed inside that kernel instead (gluon/chunk_fused_wu_ws.py: kkt_solve, then the fused
-    kernel; no wu_kernel)."""
+    LINATTN_GDN_GLUON_FUSED_WU on (the default since round 15; "0" turns it off) W and U are formed inside that
+    kernel instead (gluon/chunk_fused_wu_ws.py: kkt_solve, then the fused kernel; no wu_kernel)."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
-    wu_mode = settings.gdn_gluon_fused_wu
-    if wu_mode != "off" and not need_intermediates and state_pass is None:
+    if settings.gdn_gluon_fused_wu and not need_intermediates and state_pass is None:
         from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
-        if chunk_fused_wu_ws.fused_wu_supported(q, v, beta, cu_seqlens)[0] and (
-                wu_mode == "on" or chunk_fused_wu_ws.fused_wu_auto(q, v, cu_seqlens)):
+        if chunk_fused_wu_ws.fused_wu_supported(q, v, beta, cu_seqlens)[0]:
             return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state,
                                                                           output_final_state, cu_seqlens)
     fused_pass = None
