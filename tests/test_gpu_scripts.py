@@ -42,3 +42,23 @@ def test_decode_gluon_round_dry_run(tmp_path):
     _run([os.path.join(GPU, "decode_gluon_round.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
     res = json.loads((tmp_path / "decode_gluon.json").read_text())
     assert res["gate"]["passed"] is True and len(res["gate"]["cases"]) >= 7
+
+
+def test_ncu_summarizer_keeps_dram_apart_from_memory_throughput():
+    """ncu lists the Speed-of-Light "Memory Throughput" (the busiest memory unit) BEFORE "DRAM Throughput", and the
+    Memory Workload section repeats "Memory Throughput" in byte/s: each lands in its own key, whatever the row order
+    (rows as the H200's ncu wrote them for kkt_solve_kernel in round 15, r15b_ncu_fused_wu_B1_T65536.csv)."""
+    sys.path.insert(0, GPU)
+    from ncu_fwd import summarize_csv
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+    row = '"0","1","python3","h","kkt_solve_kernel","1","7","(128, 1, 1)","(1024, 32, 1)","0","9.0","{}","{}","{}","{}"\n'
+    rows = [("GPU Speed Of Light Throughput", "Memory Throughput", "%", "80.96"),
+            ("GPU Speed Of Light Throughput", "DRAM Throughput", "%", "32.16"),
+            ("GPU Speed Of Light Throughput", "Duration", "ns", "642,368"),
+            ("Memory Workload Analysis", "Memory Throughput", "byte/s", "1,547,579,954,169.57")]
+    for order in (rows, rows[::-1]):
+        (k,) = summarize_csv(head + "".join(row.format(*r) for r in order))
+        assert k["dram_throughput_pct"] == 32.16 and k["memory_throughput_pct"] == 80.96
+        assert k["dram_bytes_per_s"] == 1547579954169.57 and abs(k["duration_us"] - 642.368) < 1e-9
+        assert "_rank" not in k

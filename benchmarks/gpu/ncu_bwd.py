@@ -69,7 +69,7 @@ def summarize(paths, out_dir):
                 continue
             stall = next(iter(k.get("stalls", {})), "")
             print(f"  bwd {k.get('duration_us', 0):9.1f} us  dram {k.get('dram_throughput_pct', 0):5.1f}%  "
-                  f"sm {k.get('sm_throughput_pct', 0):5.1f}%  occ {k.get('achieved_occupancy_pct', 0):5.1f}%  "
+                  f"mem {k.get('memory_throughput_pct', 0):5.1f}%  sm {k.get('sm_throughput_pct', 0):5.1f}%  occ {k.get('achieved_occupancy_pct', 0):5.1f}%  "
                   f"regs {k.get('registers_per_thread', 0):4.0f}  {k['kernel'][:48]}  {stall[:40]}")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "ncu_bwd_summary.json"), "w") as f:

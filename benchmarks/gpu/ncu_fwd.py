@@ -26,10 +26,16 @@ import json
 import os
 import sys
 
-# what the summary keeps of each kernel: (our key, ncu metric names that may carry it, first found wins)
+# what the summary keeps of each kernel: our key -> the ncu metric names that may carry it, in order of preference
+# (an earlier name wins over a later one wherever the rows come). Until round 15 the first ROW found won, and since
+# ncu lists the Speed-of-Light "Memory Throughput" (the busiest memory unit: L1, L2 or DRAM) before "DRAM Throughput",
+# the summaries of rounds 12-15 reported Memory Throughput under "dram" (kkt_solve: 81% "dram" was L1/TEX; its DRAM
+# throughput was 32%). benchmarks/results/2026-11-30_r15_ncu_resummarized.json re-reads the committed CSVs.
 METRICS = {
     "duration_us": ("Duration",),
-    "dram_throughput_pct": ("DRAM Throughput", "Memory Throughput"),
+    "dram_throughput_pct": ("DRAM Throughput",),
+    "memory_throughput_pct": ("Memory Throughput",),
+    "dram_bytes_per_s": ("Memory Throughput",),
     "sm_throughput_pct": ("Compute (SM) Throughput", "SM Busy"),
     "achieved_occupancy_pct": ("Achieved Occupancy",),
     "theoretical_occupancy_pct": ("Theoretical Occupancy",),
@@ -42,6 +48,8 @@ METRICS = {
     "l2_hit_rate_pct": ("L2 Hit Rate",),
     "waves_per_sm": ("Waves Per SM",),
 }
+# keys whose metric name is shared by rows of different units: the unit a row must carry for this key
+METRIC_UNITS = {"memory_throughput_pct": "%", "dram_bytes_per_s": "byte/s"}
 # the H200's ncu (round 12) writes "ns"/"us"/"ms"/"s" for durations, older versions "nsecond" etc.
 UNIT_SCALE = {("duration_us", "msecond"): 1e3, ("duration_us", "nsecond"): 1e-3, ("duration_us", "usecond"): 1.0,
               ("duration_us", "second"): 1e6, ("duration_us", "ms"): 1e3, ("duration_us", "ns"): 1e-3,
@@ -66,13 +74,17 @@ def summarize_csv(text: str) -> list:
         kid = row.get("ID")
         if kid is None:
             continue
-        k = kernels.setdefault(kid, dict(id=int(kid), kernel=row.get("Kernel Name", "")[:120], stalls={}))
+        k = kernels.setdefault(kid, dict(id=int(kid), kernel=row.get("Kernel Name", "")[:120], stalls={}, _rank={}))
         name, unit, value = row.get("Metric Name", ""), row.get("Metric Unit", ""), row.get("Metric Value", "")
         for key, names in METRICS.items():
-            if name in names and key not in k:
+            if name not in names or (key in METRIC_UNITS and unit != METRIC_UNITS[key]):
+                continue
+            rank = names.index(name)
+            if rank < k["_rank"].get(key, len(names)):
                 v = _num(value)
                 if v is not None:
                     k[key] = v * UNIT_SCALE.get((key, unit), 1.0)
+                    k["_rank"][key] = rank
         # WarpStateStats lists stall reasons as "Stall <Reason>" style metrics in some versions and as
         # smsp__average_warp_latency_issue_stalled_* / smsp__pcsamp_warps_issue_stalled_* raw names in others
         low = name.lower()
@@ -82,6 +94,7 @@ def summarize_csv(text: str) -> list:
                 k["stalls"][name] = v
     out = sorted(kernels.values(), key=lambda k: k["id"])
     for k in out:
+        del k["_rank"]
         top = sorted(k["stalls"].items(), key=lambda kv: -kv[1])[:6]
         k["stalls"] = dict(top)
     return out
@@ -97,7 +110,7 @@ def summarize(paths, out_dir):
         print(f"{name}: {len(ks)} kernels, {total[name]} us")
         for k in sorted(ks, key=lambda k: -k.get("duration_us", 0))[:6]:
             print(f"  {k.get('duration_us', 0):9.1f} us  dram {k.get('dram_throughput_pct', 0):5.1f}%  "
-                  f"sm {k.get('sm_throughput_pct', 0):5.1f}%  occ {k.get('achieved_occupancy_pct', 0):5.1f}%  "
+                  f"mem {k.get('memory_throughput_pct', 0):5.1f}%  sm {k.get('sm_throughput_pct', 0):5.1f}%  occ {k.get('achieved_occupancy_pct', 0):5.1f}%  "
                   f"regs {k.get('registers_per_thread', 0):4.0f}  {k['kernel'][:60]}")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "ncu_summary.json"), "w") as f:
