@@ -97,6 +97,73 @@ def kkt_solve_kernel(
 
 
 @triton.jit
+def kkt_solve_gva_kernel(
+    k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
+    gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Opt-in GVA form of kkt_solve_kernel (not launched by default; kkt_solve_gva below): one program per (chunk
+    slot, KEY head hk), so k is loaded and K K^T formed once for the G = HV // H value heads hk*G .. hk*G+G-1 that
+    read it, then a static loop over those heads does, per head, exactly kkt_solve_kernel's operations after
+    K K^T (same cumsum order, mask before exp, same block inverse and dot precisions, same stores): its gcum and
+    Tinv are meant bit-equal to kkt_solve_kernel's (tests/test_kkt_solve_gva.py under the interpreter;
+    benchmarks/gpu/kkt_gva_round.py on a GPU). K K^T stays live across the loop, one value head at a time.
+    sm_90a (ptxas, H16/HV32 K=128 bf16, AOT gdn_fwd_triton_split_kkt_solve_gva_w4): 225 registers, 0 spill, 48 KB
+    shared, so 2 CTAs per SM where kkt_solve_kernel (122 registers) has 4: besides K K^T (32 registers) the
+    compiler shares the address arithmetic of the unrolled heads and keeps it live across them (a dynamic loop
+    hoists the same invariants: 220-241). Not yet run on a GPU."""
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    tl.static_assert(HV % H == 0, "GVA: every key head serves the same number of value heads")
+    G: tl.constexpr = HV // H
+    p = tl.program_id(0)
+    hk = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+
+    # K K^T over K in blocks of BK, once per key head; rows past the sequence end load as zeros
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    b = tl.arange(0, 4)
+    i = tl.arange(0, BT)
+    lower = i[:, None] > i[None, :]
+    blk = i // 16
+    rb = tl.arange(0, 4)[:, None, None, None]
+    cb = tl.arange(0, 4)[None, None, :, None]
+    F32: tl.constexpr = DOT_PREC
+    for j in tl.static_range(G):
+        hv = hk * G + j                        # the value heads of key head hk (kkt_solve_kernel: hk = hv // G)
+        # gam: kkt_solve_kernel's order (a cumsum inside each 16-row block plus the sum of the earlier blocks)
+        g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
+        sums = tl.sum(g, axis=1)
+        base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
+        gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
+        tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+        # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+        a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+        # Tinv = (I + A)^-1 exactly as kkt_solve_kernel: D = (I + N)^-1 blockwise, M = D L, Tinv = Y - M Y
+        a4 = tl.reshape(a, [4, 16, 4, 16])
+        d = _inv_unit_lower16(tl.sum(tl.where(rb == cb, a4, 0.), axis=2), F32)
+        dd = tl.reshape(tl.where(rb == cb, tl.expand_dims(d, 2), 0.), [BT, BT])
+        l = tl.where(blk[:, None] > blk[None, :], a, 0.)
+        mm = tl.dot(dd, l, input_precision=F32)
+        y = dd + tl.dot(tl.dot(mm, mm, input_precision=F32), dd, input_precision=F32)
+        tinv = y - tl.dot(mm, y, input_precision=F32)
+        tl.store(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], tinv.to(tinv_ptr.dtype.element_ty),
+                 mask=m[:, None])
+
+
+@triton.jit
 def wu_kernel(
     k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
     w_ptr, u_ptr,                                 # w [T_tot, HV, K], u [T_tot, HV, V] in k's dtype
@@ -168,3 +235,27 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     wu_kernel[grid](
         k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
+
+
+def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
+                  gcum: Optional[torch.Tensor] = None, tinv: Optional[torch.Tensor] = None,
+                  dot_prec: Optional[str] = None):
+    """Opt-in (nothing calls it by default): stage 2a as kkt_solve_gva_kernel, one program per (chunk slot, key
+    head), returning (gcum fp32 [T_tot, HV], Tinv [T_tot, HV, 64]) as gluon/chunk_fused_wu_ws.py kkt_solve does
+    with kkt_solve_kernel (same frozen config: split_intra_config(K, K).BK_kkt / warps_kkt; DOT_PREC ieee for fp32
+    k, else tf32), meant bit-equal to it. gcum / tinv may be given (tinv fp32 for the backward's store_tinv, else
+    k's dtype); they are allocated otherwise."""
+    H, K = k.shape[-2], k.shape[-1]
+    if HV % H:
+        raise ValueError(f"kkt_solve_gva: HV={HV} is not a multiple of H={H}")
+    cfg = split_intra_config(K, K)
+    if gcum is None:
+        gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
+    if tinv is None:
+        tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
+    if dot_prec is None:
+        dot_prec = "ieee" if k.dtype == torch.float32 else "tf32"
+    kkt_solve_gva_kernel[(plan.num_slots, H)](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
+    return gcum, tinv
