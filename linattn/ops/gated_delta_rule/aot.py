@@ -219,6 +219,29 @@ for _name, _tinv, _what in KKT_GVA:
                                    "H16/HV32 K=V=128 bf16, 4 warps"))
 
 
+# ---- Opt-in kkt_solve v2 (intra_split.kkt_solve_v2_kernel: the same grid and outputs as kkt_solve_kernel, Tinv by
+# block substitution on [4, 16, 16] batched tensors instead of four [64, 64] products), at kkt_solve's config:
+# benchmarks/gpu/kkt_v2_round.py, tests/test_kkt_solve_v2.py.
+def _kkt_v2_build(tinv: str):
+    def build():
+        from linattn.ops.gated_delta_rule.triton import intra_split as m
+        cfg = m.split_intra_config(K, V)
+        sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
+                   N="i32")
+        const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
+        return (m.kkt_solve_v2_kernel, {**sig, **{name: "constexpr" for name in const}}, const,
+                {"num_warps": cfg.warps_kkt, "num_stages": 2})
+    return build
+
+
+KKT_V2 = [("gdn_fwd_triton_split_kkt_solve_v2_w4", _X, "bf16 Tinv")]
+for _name, _tinv, _what in KKT_V2:
+    register(AotKernel(_name, _kkt_v2_build(_tinv), ("HGMMA",), archs=("sm_90a",), language="triton",
+                       div16=_SPLIT_PTRS["kkt"],
+                       description=f"GDN forward opt-in kkt_solve v2 (block substitution on 16x16 blocks), {_what}, "
+                                   "Triton, H16/HV32 K=V=128 bf16, 4 warps"))
+
+
 # ---- The Triton backward's own kernels (triton/backward*.py), at the configs backward._configs picks on an H200 at
 # H=16, HV=32, K=V=128, bf16 (benchmarks/BWD_PROFILE.md): the local and WY stages in [64, 64] blocks (BK = BV = 64,
 # 8 warps), the reverse state pass with the whole K = 128 and BV = 32 at B=1 (N*HV*V/64 = 64 programs would leave

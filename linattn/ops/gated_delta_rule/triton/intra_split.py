@@ -259,3 +259,129 @@ def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
     return gcum, tinv
+
+
+@triton.jit
+def _blocks_at(a4, s: tl.constexpr):
+    """From A viewed as [4 row blocks, 16, 4 column blocks, 16]: the blocks A_{i, i-s} as a [4, 16, 16] tensor
+    (row block i; zero where i < s). In the WGMMA accumulator layout a thread holds all four column blocks of its
+    rows, so this sum is in-thread."""
+    rb = tl.arange(0, 4)[:, None, None, None]
+    cb = tl.arange(0, 4)[None, None, :, None]
+    return tl.sum(tl.where(cb == rb - s, a4, 0.), axis=2)
+
+
+@triton.jit
+def _from_block_above(x, s: tl.constexpr):
+    """y[i] = x[i - s] over the leading (row block) axis of a [4, 16, 16] tensor, x[0] where i < s (callers only
+    multiply those by zero blocks). The one cross-warp move of the substitution: a gather through 4 KB of shared
+    memory."""
+    i = tl.arange(0, 4)[:, None, None] + tl.zeros([4, 16, 16], dtype=tl.int32)
+    return tl.gather(x, tl.maximum(i - s, 0), 0)
+
+
+@triton.jit
+def kkt_solve_v2_kernel(
+    k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
+    gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Opt-in form of kkt_solve_kernel (not launched by default; kkt_solve_v2 below): the same signature, grid,
+    gcum (the same code) and A, with Tinv = (I + A)^-1 by block substitution over the four 16-row blocks on
+    [4, 16, 16] batched tensors (row block i in warp i, as the K K^T WGMMA accumulator already holds it) instead of
+    kkt_solve_kernel's four [64, 64] products, whose operands each went through 16 KB of shared memory.
+    From Tinv (I + A) = I, with D_i = (I + A_ii)^-1 and T_ij the 16x16 blocks of Tinv (i > j):
+        T_ij = -(sum_{j < m <= i} T_im A_mj) D_j
+    by diagonals s = i - j (T_ii = D_i):
+        T_{i,i-1} = -D_i A_{i,i-1} D_{i-1}
+        T_{i,i-2} = -(T_{i,i-1} A_{i-1,i-2} + D_i A_{i,i-2}) D_{i-2}
+        T_{i,i-3} = -(T_{i,i-1} A_{i-1,i-3} + T_{i,i-2} A_{i-2,i-3} + D_i A_{i,i-3}) D_{i-3}
+    Everything on the left stays in warp i; what comes from other row blocks (D_{i-s}, A_{i-1,i-2}, A_{i-2,i-3},
+    A_{i-1,i-3}) depends only on A and D, so six 4 KB gathers move it before the products, with no chain of
+    cross-warp steps. The batched products are mma.sync at DOT_PREC with warp-local (shuffle) operand conversions.
+    Diagonal s holds T_{i,i-s} for i >= s and exact zeros for i < s, which are the upper blocks (i, i - s + 4):
+    the four diagonals stored at column block (i - s) mod 4 write all of Tinv. Rounding differs from
+    kkt_solve_kernel (tests/test_kkt_solve_v2.py compares both against an fp64 inverse)."""
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
+
+    # gam: a cumsum inside each 16-row block plus the sum of the earlier blocks, the one-kernel stage's order
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
+    sums = tl.sum(g, axis=1)
+    b = tl.arange(0, 4)
+    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
+    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
+    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+
+    # K K^T over K in blocks of BK; rows past the sequence end load as zeros, so their A rows and columns vanish
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    i = tl.arange(0, BT)
+    lower = i[:, None] > i[None, :]
+    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+    a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+
+    F32: tl.constexpr = DOT_PREC
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    a1 = _blocks_at(a4, 1)                    # A_{i,i-1}
+    a2 = _blocks_at(a4, 2)                    # A_{i,i-2}
+    a3 = _blocks_at(a4, 3)                    # A_{i,i-3}
+    d = _inv_unit_lower16(_blocks_at(a4, 0), F32)          # D_i = T_ii
+    # E_s[i] = A_{i,i-s} D_{i-s}; T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
+    e1 = tl.dot(a1, _from_block_above(d, 1), input_precision=F32)
+    e2 = tl.dot(a2, _from_block_above(d, 2), input_precision=F32)
+    e3 = tl.dot(a3, _from_block_above(d, 3), input_precision=F32)
+    t1 = -tl.dot(d, e1, input_precision=F32)
+    t2 = -tl.dot(d, e2, acc=tl.dot(t1, _from_block_above(e1, 1), input_precision=F32), input_precision=F32)
+    t3 = tl.dot(t1, _from_block_above(e2, 1), input_precision=F32)
+    t3 = -tl.dot(d, e3, acc=tl.dot(t2, _from_block_above(e1, 2), acc=t3, input_precision=F32), input_precision=F32)
+
+    # store diagonal s at column block (i - s) mod 4: T_{i,i-s} below the diagonal, its exact zeros above it
+    rr = t0 + tl.arange(0, 4)[:, None, None] * 16 + tl.arange(0, 16)[None, :, None]
+    cc = tl.arange(0, 16)[None, None, :]
+    rowm = (rr < eos) & (cc < 16)
+    base_p = tinv_ptr + (rr * HV + hv) * BT + cc
+    blk4 = tl.arange(0, 4)[:, None, None]
+    ty = tinv_ptr.dtype.element_ty
+    tl.store(base_p + blk4 * 16, d.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 3) % 4) * 16, t1.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 2) % 4) * 16, t2.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 1) % 4) * 16, t3.to(ty), mask=rowm)
+
+
+def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
+                 gcum: Optional[torch.Tensor] = None, tinv: Optional[torch.Tensor] = None,
+                 dot_prec: Optional[str] = None):
+    """Opt-in (nothing calls it by default): stage 2a as kkt_solve_v2_kernel, one program per (chunk slot, value
+    head) like kkt_solve_kernel, returning (gcum fp32 [T_tot, HV], Tinv [T_tot, HV, 64]) as gluon/chunk_fused_wu_ws.py
+    kkt_solve does (same frozen config: split_intra_config(K, K).BK_kkt / warps_kkt; DOT_PREC ieee for fp32 k, else
+    tf32). gcum is bit-equal to kkt_solve_kernel's, Tinv agrees to rounding. gcum / tinv may be given (tinv fp32 for
+    the backward's store_tinv, else k's dtype); they are allocated otherwise."""
+    H, K = k.shape[-2], k.shape[-1]
+    if HV % H:
+        raise ValueError(f"kkt_solve_v2: HV={HV} is not a multiple of H={H}")
+    cfg = split_intra_config(K, K)
+    if gcum is None:
+        gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
+    if tinv is None:
+        tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
+    if dot_prec is None:
+        dot_prec = "ieee" if k.dtype == torch.float32 else "tf32"
+    kkt_solve_v2_kernel[(plan.num_slots, HV)](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
+    return gcum, tinv

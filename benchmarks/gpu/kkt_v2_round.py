@@ -1,0 +1,256 @@
+"""GPU round for the opt-in stage 2a v2 (triton/intra_split.py kkt_solve_v2_kernel: kkt_solve_kernel's grid, gcum and A,
+Tinv by block substitution on [4, 16, 16] batched tensors instead of four [64, 64] fp32 products) against
+kkt_solve_kernel (the default): `python benchmarks/gpu/kkt_v2_round.py --out DIR [--budget 110] [--dry-run]`.
+
+Per row (H16 HV32 K=V=128 bf16 on the GPU: B1 T8192, B1 T65536, B8 T4096, and the 24-sequence varlen row of
+linattn.bench.presets.PRODUCTION_VARLEN):
+1. both kernels launched into NaN-filled gcum and Tinv buffers (Tinv in bf16, the forward, and fp32, the backward's
+   store_tinv): gcum torch.equal, every value finite; the Tinv error of both against torch.linalg.inv(I + A) with A
+   built in float64 from the same k, g, beta, on a sample of (chunk, value head) pairs: relative RMS error
+   (Frobenius) per pair, worst and mean; tinv_ok when v2's worst is <= 1.5 x kkt_solve_kernel's worst + a floor.
+2. timing (median of CUDA-event repeats, eager launches, bf16 and fp32 Tinv) of both kernels and their ratio; the
+   registers, spills and shared memory of both compiled kernels as the driver reports them.
+Then the whole Triton forward with v2 launched in place of kkt_solve_kernel, and without, against the fp64
+recurrent reference at one shape (B1 T2048 H4/HV8 K=V=128 bf16): relative RMS error of o and the final state, and
+assert_close at linattn.testing.TOL.
+A row that raises is recorded with its error; the next row still runs. No new row starts after --budget seconds.
+`--dry-run`: the same logic on the CPU under TRITON_INTERPRET=1 at tiny shapes (H1 HV2, 2-3 chunks; host-clock
+times, no claims). Writes DIR/kkt_v2.json after every row and prints a table.
+"""
+import argparse
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)                                       # common
+sys.path.insert(1, ROOT)                                       # linattn from this checkout
+import torch  # noqa: E402
+from common import median_ms, round_result, write_json  # noqa: E402
+
+# (B, T) or (1, "varlen")
+ROWS = ((1, 8192), (1, 65536), (8, 4096), (1, "varlen"))
+DRY_ROWS = ((1, 130), (2, 65), (1, "varlen"))
+DRY_VARLEN = [1, 63, 1, 65, 70]
+SAMPLE = 256                                                   # (chunk, value head) pairs checked against fp64
+FLOOR = {torch.bfloat16: 1e-3, torch.float32: 1e-6}            # as tests/test_kkt_solve_v2.py
+START = time.time()
+
+
+def shapes(dry):
+    return (1, 2, 128) if dry else (16, 32, 128)          # H, HV, K (= V)
+
+
+def _launch(kernel, k, g, beta, gcum, tinv, plan, H, HV, K, prec):
+    from linattn.ops.gated_delta_rule.triton.intra_split import CHUNK, split_intra_config
+    cfg = split_intra_config(K, K)
+    return kernel[(plan.num_slots, HV)](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt)
+
+
+def launch_ref(*a):
+    """kkt_solve_kernel as the forward and gluon/chunk_fused_wu_ws.py kkt_solve launch it (frozen config)."""
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_solve_kernel
+    return _launch(kkt_solve_kernel, *a)
+
+
+def launch_v2(*a):
+    """kkt_solve_v2_kernel as intra_split.kkt_solve_v2 launches it (returns the compiled kernel, for its registers)."""
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_solve_v2_kernel
+    return _launch(kkt_solve_v2_kernel, *a)
+
+
+def kernel_facts(compiled):
+    """Registers / spills / shared memory of a compiled launch (None under the interpreter)."""
+    if compiled is None or not hasattr(compiled, "n_regs"):
+        return None
+    return dict(regs=int(compiled.n_regs), spills=int(compiled.n_spills), smem=int(compiled.metadata.shared))
+
+
+def chunk_list(B, T, cu):
+    bounds = cu.tolist() if cu is not None else [b * T for b in range(B + 1)]
+    return [(s + c, min(64, e - s - c)) for s, e in zip(bounds[:-1], bounds[1:]) for c in range(0, e - s, 64)]
+
+
+def tinv_errors(tinvs, k, g, beta, pairs, H, HV):
+    """Relative RMS error (Frobenius) of each Tinv in `tinvs` against inv(I + A) in float64, per (chunk, head) pair."""
+    errs = {n: [] for n in tinvs}
+    kf = k.reshape(-1, H, k.shape[-1])
+    g2, b2 = g.reshape(-1, HV), beta.reshape(-1, HV)
+    for (bos, n), hv in pairs:
+        kc = kf[bos:bos + n, hv // (HV // H)].double()
+        gam = g2[bos:bos + n, hv].double().cumsum(0)
+        a = torch.tril(b2[bos:bos + n, hv].double()[:, None] * (kc @ kc.T)
+                       * torch.exp(torch.tril(gam[:, None] - gam[None, :], -1)), -1)
+        ref = torch.zeros(n, 64, dtype=torch.float64, device=k.device)
+        ref[:, :n] = torch.linalg.inv(torch.eye(n, dtype=torch.float64, device=k.device) + a)
+        for name, t in tinvs.items():
+            errs[name].append(float((t[bos:bos + n, hv].double() - ref).norm() / ref.norm()))
+    return {n: dict(max=max(e), mean=sum(e) / len(e)) for n, e in errs.items()}
+
+
+def run_row(B, T, dev, dry):
+    from linattn.bench.presets import PRODUCTION_VARLEN
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.testing import make_gdn_inputs
+    H, HV, K = shapes(dry)
+    cu, N = None, B
+    if T == "varlen":
+        lens = DRY_VARLEN if dry else PRODUCTION_VARLEN["lengths"]
+        T, N = sum(lens), len(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=dev)
+    gen = torch.Generator().manual_seed(1000 + B * 7 + T)
+    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev, num_states=N, initial_state=False,
+                        generator=gen)
+    k, g, beta = x["k"], x["g"], x["beta"]
+    plan = make_chunk_plan(B, T, cu, 64, dev)
+    row = dict(B=B, T=T, N=N, H=H, HV=HV, K=K, varlen=cu is not None, slots=plan.num_slots)
+    Tt = plan.T_total
+    chunks = chunk_list(B, T, cu)
+    pick = torch.Generator().manual_seed(7)
+    n_pairs = min(SAMPLE, len(chunks) * HV)
+    idx = torch.randperm(len(chunks) * HV, generator=pick)[:n_pairs].tolist()
+    pairs = [(chunks[j // HV], j % HV) for j in idx]
+    row["sampled_pairs"] = n_pairs
+    gcum_equal, tinv_ok = True, True
+    for tname, tdt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        bufs = {}
+        for which, launch in (("ref", launch_ref), ("v2", launch_v2)):
+            gcum = torch.full((Tt, HV), float("nan"), dtype=torch.float32, device=dev)
+            tinv = torch.full((Tt, HV, 64), float("nan"), dtype=tdt, device=dev)
+            facts = kernel_facts(launch(k, g, beta, gcum, tinv, plan, H, HV, K, "tf32"))
+            bufs[which] = (gcum, tinv)
+            if facts is not None:
+                row[f"{which}_kernel_{tname}"] = facts
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        finite = all(bool(torch.isfinite(t).all()) for pair in bufs.values() for t in pair)
+        eq = bool(torch.equal(bufs["v2"][0], bufs["ref"][0]))
+        err = tinv_errors({w: bufs[w][1] for w in bufs}, k, g, beta, pairs, H, HV)
+        ok = finite and err["v2"]["max"] <= 1.5 * err["ref"]["max"] + FLOOR[tdt]
+        row[f"finite_{tname}"], row[f"gcum_equal_{tname}"] = finite, eq
+        row[f"tinv_err_{tname}"], row[f"tinv_ok_{tname}"] = err, ok
+        gcum_equal, tinv_ok = gcum_equal and eq, tinv_ok and ok
+        del bufs
+    row["gcum_equal"], row["tinv_ok"] = gcum_equal, tinv_ok
+
+    # timing: the same buffers for every call of one kernel (no NaN fills inside the timed calls)
+    warm, reps = (1, 1) if dry else (5, 20)
+    for tname, tdt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        gcum = torch.empty(Tt, HV, dtype=torch.float32, device=dev)
+        tinv = torch.empty(Tt, HV, 64, dtype=tdt, device=dev)
+        for which, launch in (("ref", launch_ref), ("v2", launch_v2)):
+            row[f"{which}_ms_{tname}"] = median_ms(
+                lambda: launch(k, g, beta, gcum, tinv, plan, H, HV, K, "tf32"), warmup=warm, repeats=reps)
+        row[f"speedup_{tname}"] = row[f"ref_ms_{tname}"] / row[f"v2_ms_{tname}"]
+        del gcum, tinv
+    row["ref_ms"], row["v2_ms"] = row["ref_ms_bf16"], row["v2_ms_bf16"]
+    return row
+
+
+def forward_check(dev, dry):
+    """The whole Triton forward with and without v2 against the fp64 recurrent reference."""
+    import linattn
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.ops.gated_delta_rule.triton import intra_split as sm
+    from linattn.testing import TOL, assert_close, make_gdn_inputs
+    B, T, H, HV, K = (1, 130, 1, 2, 64) if dry else (1, 2048, 4, 8, 128)
+    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev,
+                        generator=torch.Generator().manual_seed(5))
+    x64 = {n: (v.detach().double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+           for n, v in x.items()}
+    ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True)
+    out = dict(B=B, T=T, H=H, HV=HV, K=K)
+    orig, calls = sm.kkt_solve_kernel, []
+
+    class _V2:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append(grid)
+                return sm.kkt_solve_v2_kernel[grid](*a, **kw)
+            return launch
+    os.environ["LINATTN_GDN_SPLIT_INTRA"] = "1"
+    ok = True
+    for which in ("ref", "v2"):
+        sm.kkt_solve_kernel = _V2() if which == "v2" else orig
+        try:
+            with torch.no_grad():
+                o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+        finally:
+            sm.kkt_solve_kernel = orig
+        e_o = float((o.double() - ref_o).norm() / ref_o.norm())
+        e_h = float((ht.double() - ref_ht).norm() / ref_ht.norm())
+        try:
+            assert_close("o", o, ref_o, TOL[torch.bfloat16])
+            assert_close("final_state", ht, ref_ht, TOL[torch.bfloat16])
+            close = True
+        except AssertionError as e:
+            close, out[f"{which}_assert"] = False, str(e)[:400]
+        out[which] = dict(o_rel_rms=e_o, state_rel_rms=e_h, within_tol=close)
+        ok = ok and close
+    out["v2_launched"] = len(calls) == 1
+    out["ok"] = ok and out["v2_launched"]
+    return out
+
+
+def line(r):
+    if "error" in r:
+        return f"  B{r['B']} T{r['T']}: ERROR {r['error'][:200]}"
+    e = r["tinv_err_fp32"]
+    return (f"  B{r['B']} T{r['T']}{' varlen' if r['varlen'] else ''}: gcum equal {r['gcum_equal']}, Tinv ok "
+            f"{r['tinv_ok']} (fp32 Tinv rel err max ref {e['ref']['max']:.2e} v2 {e['v2']['max']:.2e}) | bf16 Tinv: "
+            f"kkt_solve {r['ref_ms_bf16']:.4f} ms, v2 {r['v2_ms_bf16']:.4f} ms (x{r['speedup_bf16']:.2f}) | fp32 "
+            f"Tinv: {r['ref_ms_fp32']:.4f} -> {r['v2_ms_fp32']:.4f} ms (x{r['speedup_fp32']:.2f})"
+            + (f" | regs {r['ref_kernel_bf16']['regs']} -> {r['v2_kernel_bf16']['regs']}, spills "
+               f"{r['v2_kernel_bf16']['spills']}, smem {r['ref_kernel_bf16']['smem']} -> "
+               f"{r['v2_kernel_bf16']['smem']}" if "v2_kernel_bf16" in r else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=110.0)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    dry = args.dry_run
+    if dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    elif not torch.cuda.is_available():
+        sys.exit("kkt_v2_round.py needs a GPU (or --dry-run)")
+    dev = "cpu" if dry else "cuda"
+    import linattn  # noqa: F401  (installs the interpreter fixes when interpreting)
+    path = os.path.join(args.out, "kkt_v2.json")
+    res = round_result("kkt_v2_round.py", dev, dry_run=dry, rows=[], skipped=[])
+    res["commit"] = os.environ.get("LINATTN_COMMIT", "")
+    write_json(path, res)
+    for B, T in (DRY_ROWS if dry else ROWS):
+        if time.time() - START > args.budget:
+            res["skipped"].append(f"B{B} T{T}")
+            continue
+        t0 = time.time()
+        try:
+            row = run_row(B, T, dev, dry)
+        except Exception as e:  # noqa: BLE001 - record, the next row still runs
+            row = dict(B=B, T=T, varlen=T == "varlen", error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
+        row["seconds"] = round(time.time() - t0, 2)
+        res["rows"].append(row)
+        write_json(path, res)
+        print(line(row), flush=True)
+    try:
+        res["forward"] = forward_check(dev, dry)
+    except Exception as e:  # noqa: BLE001
+        res["forward"] = dict(ok=False, error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
+    print(f"  forward vs fp64: {res['forward']}", flush=True)
+    rows = res["rows"]
+    res["all_ok"] = bool(rows) and all(r.get("gcum_equal") is True and r.get("tinv_ok") is True for r in rows)
+    res["passed"] = res["all_ok"] and res["forward"].get("ok") is True and not res["skipped"]
+    write_json(path, res)
+    print(f"kkt_v2: all ok {res['all_ok']}, forward ok {res['forward'].get('ok')}, skipped {res['skipped']}, "
+          f"{time.time() - START:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The opt-in stage 2a v2 (triton/intra_split.py kkt_solve_v2_kernel: kkt_solve_kernel's grid, gcum and A, Tinv by
+block substitution on [4, 16, 16] batched tensors) against kkt_solve_kernel (the default) and an fp64 inverse, on a
+CPU under TRITON_INTERPRET=1:
+1. gcum torch.equal to kkt_solve_kernel's (the same code); Tinv against torch.linalg.inv(I + A) with A built in
+   float64 from the same k, g, beta, per chunk and value head, by relative RMS error (Frobenius); v2's worst chunk must
+   be no worse than 1.5 x kkt_solve_kernel's worst chunk plus a small absolute floor. Both kernels write into
+   NaN-filled buffers (an unwritten element fails). T = 1, 63, 64, 65, 200; varlen [1, 63, 1, 65, 70]; GVA (H1 HV2)
+   and H = HV = 2; k in bf16, fp16 (TF32 products; the interpreter computes them in fp32) and fp32 (IEEE); Tinv
+   stored in fp32 (the inverse's own error) and in k's dtype (the forward's buffer); gates steep enough that
+   exp(gam_i - gam_j) overflows above the diagonal without the mask.
+2. The launcher kkt_solve_v2 (allocating its outputs) and the whole Triton forward with v2 substituted for
+   kkt_solve_kernel against the fp64 recurrent reference at linattn.testing.TOL.
+3. The sm_90a AOT build at H16/HV32 K=128 bf16 (gdn_fwd_triton_split_kkt_solve_v2_w4): 0 spill, registers <= 168.
+4. The GPU round's dry run (benchmarks/gpu/kkt_v2_round.py --dry-run).
+Run only this file: `python3 -m pytest -q tests/test_kkt_solve_v2.py`."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import linattn
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.ops.gated_delta_rule.triton import intra_split as sm
+from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.testing import TOL, assert_close, make_gdn_inputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEV = "cpu"
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# absolute floor added to 1.5 x kkt_solve_kernel's error: the storage rounding of Tinv (2^-8 relative for bf16 per
+# element) dominates both kernels when Tinv is stored in a 16-bit type; fp32 storage compares the inverse itself
+FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+def _inputs(B, T, H, HV, K, dtype, lens=None, seed=0, g_scale=1.0):
+    cu = None
+    if lens is not None:
+        T = sum(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=DEV)
+    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=dtype, device=DEV, initial_state=False,
+                        generator=torch.Generator().manual_seed(seed))
+    return x["k"], x["g"] * g_scale, x["beta"], make_chunk_plan(B, T, cu, 64, DEV), B, T, cu
+
+
+def _nan_bufs(plan, HV, tinv_dtype):
+    return (torch.full((plan.T_total, HV), float("nan"), dtype=torch.float32, device=DEV),
+            torch.full((plan.T_total, HV, 64), float("nan"), dtype=tinv_dtype, device=DEV))
+
+
+def _launch_ref(k, g, beta, plan, HV, tinv_dtype):
+    """kkt_solve_kernel as the forward launches it (split_intra_config's BK_kkt / warps_kkt)."""
+    H, K = k.shape[-2], k.shape[-1]
+    cfg = sm.split_intra_config(K, K)
+    gcum, tinv = _nan_bufs(plan, HV, tinv_dtype)
+    sm.kkt_solve_kernel[(plan.num_slots, HV)](
+        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
+        BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", num_warps=cfg.warps_kkt)
+    return gcum, tinv
+
+
+def _chunks(B, T, cu):
+    """(bos, n) of every 64-token chunk of every sequence, in flattened token rows."""
+    bounds = cu.tolist() if cu is not None else [b * T for b in range(B + 1)]
+    return [(s + c, min(64, e - s - c)) for s, e in zip(bounds[:-1], bounds[1:]) for c in range(0, e - s, 64)]
+
+
+def _tinv64(k, g, beta, bos, n, hv, HV):
+    """torch.linalg.inv(I + A) in float64 for one chunk and value head, A from the same k, g, beta."""
+    H = k.shape[-2]
+    kf = k.reshape(-1, H, k.shape[-1])[bos:bos + n, hv // (HV // H)].to(torch.float64)
+    gam = g.reshape(-1, HV)[bos:bos + n, hv].to(torch.float64).cumsum(0)
+    bt = beta.reshape(-1, HV)[bos:bos + n, hv].to(torch.float64)
+    diff = torch.tril(gam[:, None] - gam[None, :], -1)              # masked before exp, as the kernels do
+    a = torch.tril(bt[:, None] * (kf @ kf.T) * torch.exp(diff), -1)
+    return torch.linalg.inv(torch.eye(n, dtype=torch.float64) + a)
+
+
+def _rel_errors(tinv, k, g, beta, B, T, cu, HV):
+    """Per (chunk, value head): ||Tinv - Tinv64||_F / ||Tinv64||_F over the chunk's rows and all 64 columns (columns
+    past the chunk's end must be 0)."""
+    errs = []
+    for bos, n in _chunks(B, T, cu):
+        for hv in range(HV):
+            ref = torch.zeros(n, 64, dtype=torch.float64)
+            ref[:, :n] = _tinv64(k, g, beta, bos, n, hv, HV)
+            got = tinv[bos:bos + n, hv].to(torch.float64)
+            errs.append(float((got - ref).norm() / ref.norm()))
+    return errs
+
+
+def _check(k, g, beta, plan, B, T, cu, HV, tinv_dtype=None):
+    tinv_dtype = tinv_dtype or k.dtype
+    ref_g, ref_t = _launch_ref(k, g, beta, plan, HV, tinv_dtype)
+    gcum, tinv = _nan_bufs(plan, HV, tinv_dtype)
+    out_g, out_t = sm.kkt_solve_v2(k, g, beta, plan, HV, gcum=gcum, tinv=tinv)
+    assert out_g is gcum and out_t is tinv
+    assert torch.isfinite(ref_g).all() and torch.isfinite(ref_t).all()      # the reference wrote every row
+    assert torch.isfinite(gcum).all() and torch.isfinite(tinv).all(), "v2 left NaN (an unwritten element)"
+    assert torch.equal(gcum, ref_g), (gcum - ref_g).abs().max()
+    e_ref = max(_rel_errors(ref_t, k, g, beta, B, T, cu, HV))
+    e_v2 = max(_rel_errors(tinv, k, g, beta, B, T, cu, HV))
+    bound = 1.5 * e_ref + FLOOR[tinv_dtype]
+    msg = (f"Tinv rel. RMS error vs fp64 (worst chunk): v2 {e_v2:.3e}, kkt_solve_kernel {e_ref:.3e}, "
+           f"bound {bound:.3e} (k {k.dtype}, Tinv {tinv_dtype})")
+    print(msg)
+    assert e_v2 <= bound, msg
+    return e_v2, e_ref
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("H, HV", [(2, 2), (1, 2)], ids=["H2HV2", "GVA_H1HV2"])
+def test_dense_fp32_tinv(H, HV, T):
+    """bf16 k (TF32 products), Tinv stored in fp32: the inverse's own error."""
+    k, g, beta, plan, B, T, cu = _inputs(1, T, H, HV, 128, torch.bfloat16, seed=T * 10 + HV)
+    _check(k, g, beta, plan, B, T, cu, HV, tinv_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("tinv", ["fp32", "k"])
+def test_varlen_one_token_sequences(dtype, tinv):
+    k, g, beta, plan, B, T, cu = _inputs(1, None, 1, 2, 128, DT[dtype], lens=[1, 63, 1, 65, 70], seed=2)
+    assert plan.N == 5
+    _check(k, g, beta, plan, B, T, cu, 2, tinv_dtype=torch.float32 if tinv == "fp32" else None)
+
+
+def test_batch_t_not_multiple_of_64():
+    k, g, beta, plan, B, T, cu = _inputs(2, 65, 2, 2, 128, torch.float16, seed=3)
+    _check(k, g, beta, plan, B, T, cu, 2)
+
+
+def test_k_not_a_power_of_two():
+    """K = 100: one K block of 128 with the boundary check (split_intra_config's BK_kkt)."""
+    k, g, beta, plan, B, T, cu = _inputs(1, 130, 1, 2, 100, torch.bfloat16, seed=5)
+    _check(k, g, beta, plan, B, T, cu, 2, tinv_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_steep_gates(dtype):
+    """g x 60: gam_i - gam_j reaches ~ +1000 above the diagonal, where exp overflows; masked before exp, every output
+    finite."""
+    k, g, beta, plan, B, T, cu = _inputs(1, 130, 1, 2, 128, DT[dtype], seed=6, g_scale=60.0)
+    assert float(g.min()) * 63 < -100
+    _check(k, g, beta, plan, B, T, cu, 2, tinv_dtype=torch.float32)
+
+
+def test_launcher_allocates_like_fused_wu_kkt_solve():
+    """kkt_solve_v2 allocating its outputs: the dtypes and shapes of gluon/chunk_fused_wu_ws.py kkt_solve, gcum
+    bit-equal."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    k, g, beta, plan, B, T, cu = _inputs(1, None, 1, 2, 128, torch.bfloat16, lens=[1, 64, 1, 65], seed=7)
+    ref_g, ref_t = kkt_solve(k, g, beta, plan, 2)
+    out_g, out_t = sm.kkt_solve_v2(k, g, beta, plan, 2)
+    assert out_g.dtype == ref_g.dtype == torch.float32 and out_t.dtype == ref_t.dtype == torch.bfloat16
+    assert out_t.shape == ref_t.shape == (plan.T_total, 2, 64)
+    assert torch.equal(out_g, ref_g) and torch.isfinite(out_t).all()
+
+
+def test_default_forward_does_not_launch_the_variant():
+    """Opt-in: the forward's stage 2 (intra_split) still launches kkt_solve_kernel only."""
+    src = inspect.getsource(sm.intra_split)
+    assert "kkt_solve_kernel[" in src and "v2" not in src
+
+
+def test_forward_with_v2_matches_fp64_reference(monkeypatch):
+    """The whole Triton forward (split stage 2 on) with kkt_solve_v2_kernel launched in place of kkt_solve_kernel:
+    o and the final state against naive_recurrent in float64 at TOL (varlen with a 1-token sequence, GVA, bf16)."""
+    calls = []
+
+    class _V2:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append(grid)
+                return sm.kkt_solve_v2_kernel[grid](*a, **kw)
+            return launch
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
+    monkeypatch.setattr(sm, "kkt_solve_kernel", _V2())
+    lens = [1, 70, 60]
+    cu = torch.tensor([0, 1, 71, 131], dtype=torch.int64)
+    x = make_gdn_inputs(1, sum(lens), 1, 2, 64, 64, dtype=torch.bfloat16, num_states=len(lens),
+                        generator=torch.Generator().manual_seed(11))
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend="triton")
+    assert len(calls) == 1, "the forward did not take the split stage 2"
+    x64 = {n: (v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+           for n, v in x.items()}
+    ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True, cu_seqlens=cu)
+    assert_close("o", o, ref_o, TOL[torch.bfloat16])
+    assert_close("final_state", ht, ref_ht, TOL[torch.bfloat16])
+
+
+# ---------------------------------------------------------------- sm_90a AOT build
+
+AOT_REF, AOT_V2 = "gdn_fwd_triton_split_kkt_solve_w4", "gdn_fwd_triton_split_kkt_solve_v2_w4"
+
+
+def test_aot_registration_is_the_launchers():
+    from linattn.runtime.aot import kernels
+    fn, sig, const, opts = kernels()[AOT_V2].build()
+    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    runtime = [n for n in sig if sig[n] != "constexpr"]
+    assert sorted(sig) == sorted(params) and runtime == params[:len(runtime)]
+    cfg = sm.split_intra_config(128, 128)
+    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32")
+    assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == "*bf16"
+    assert getattr(fn, "fn", fn) is getattr(sm.kkt_solve_v2_kernel, "fn", sm.kkt_solve_v2_kernel)
+
+
+def test_aot_sm90a_no_spill():
+    """v2 compiled for sm_90a (ptxas): 0 spill, WGMMA for K K^T, <= 168 registers (>= 3 CTAs per SM at 4 warps),
+    shared memory no more than kkt_solve_kernel's."""
+    from linattn.runtime.aot import inspect_kernel, kernels
+    reg = kernels()
+    reps = {name: inspect_kernel(reg[name]) for name in (AOT_REF, AOT_V2)}
+    for name, rep in reps.items():
+        print(f"{name}: {rep.regs} registers, {rep.spill_bytes} B spilled, {rep.smem} B shared, "
+              f"{rep.num_warps} warps, {rep.families}")
+        assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and rep.families["STL"] == 0, name
+        assert not rep.missing and rep.families["HGMMA"] > 0, (name, rep.sass)
+        assert 0 < rep.smem <= 232448 and rep.num_warps == 4, name
+    assert reps[AOT_V2].regs <= 168 and reps[AOT_V2].smem <= reps[AOT_REF].smem
+
+
+# ---------------------------------------------------------------- the GPU round's logic
+
+def test_gpu_round_dry_run(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "kkt_v2_round.py"),
+                           "--out", str(tmp_path), "--dry-run"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "kkt_v2.json").read_text())
+    assert res["dry_run"] is True and res["passed"] and not res["skipped"]
+    rows = res["rows"]
+    assert [r["varlen"] for r in rows] == [False, False, True] and all("error" not in r for r in rows)
+    for r in rows:
+        assert r["gcum_equal"] and r["tinv_ok"] and r["ref_ms"] > 0 and r["v2_ms"] > 0
+    assert res["forward"]["ok"]
