@@ -25,9 +25,10 @@ import torch
 import linattn
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton import intra_split as sm
-from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, make_gdn_inputs
+
+from kkt_inputs import kkt_inputs, launch_kkt_solve, nan_bufs                      # tests/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cpu"
@@ -37,30 +38,15 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
 
 
-def _inputs(B, T, H, HV, K, dtype, lens=None, seed=0, g_scale=1.0):
-    cu = None
-    if lens is not None:
-        T = sum(lens)
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=DEV)
-    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=dtype, device=DEV, initial_state=False,
-                        generator=torch.Generator().manual_seed(seed))
-    return x["k"], x["g"] * g_scale, x["beta"], make_chunk_plan(B, T, cu, 64, DEV), B, T, cu
+def _inputs(*args, **kw):
+    return kkt_inputs(*args, device=DEV, **kw)
 
 
 def _nan_bufs(plan, HV, tinv_dtype):
-    return (torch.full((plan.T_total, HV), float("nan"), dtype=torch.float32, device=DEV),
-            torch.full((plan.T_total, HV, 64), float("nan"), dtype=tinv_dtype, device=DEV))
+    return nan_bufs(plan, HV, tinv_dtype, DEV)
 
 
-def _launch_ref(k, g, beta, plan, HV, tinv_dtype):
-    """kkt_solve_kernel as the forward launches it (split_intra_config's BK_kkt / warps_kkt)."""
-    H, K = k.shape[-2], k.shape[-1]
-    cfg = sm.split_intra_config(K, K)
-    gcum, tinv = _nan_bufs(plan, HV, tinv_dtype)
-    sm.kkt_solve_kernel[(plan.num_slots, HV)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
-        BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", num_warps=cfg.warps_kkt)
-    return gcum, tinv
+_launch_ref = launch_kkt_solve
 
 
 def _chunks(B, T, cu):

@@ -119,3 +119,24 @@ def case_runner(cases: list):
         case["s"] = round(time.time() - t0, 2)
         cases.append(case)
     return run
+
+
+def run_rows(res: dict, path: str, rows, run_row, line, budget: float, start: float) -> None:
+    """Timing rows (B, T) in order into res["rows"]: run_row(B, T) -> dict, an exception recorded as the row's
+    error with its trace (the next row still runs), the row's seconds added, the JSON at `path` rewritten and
+    line(row) printed after each; rows not started within `budget` seconds of `start` go to res["skipped"]."""
+    import time
+    import traceback
+    for B, T in rows:
+        if time.time() - start > budget:
+            res["skipped"].append(f"B{B} T{T}")
+            continue
+        t0 = time.time()
+        try:
+            row = run_row(B, T)
+        except Exception as e:  # noqa: BLE001 - record, the next row still runs
+            row = dict(B=B, T=T, varlen=T == "varlen", error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
+        row["seconds"] = round(time.time() - t0, 2)
+        res["rows"].append(row)
+        write_json(path, res)
+        print(line(row), flush=True)

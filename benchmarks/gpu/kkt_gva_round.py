@@ -18,14 +18,13 @@ import argparse
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
-from common import median_ms, round_result, write_json  # noqa: E402
+from common import median_ms, round_result, run_rows, write_json  # noqa: E402
 
 # (B, T) or (1, "varlen")
 ROWS = ((1, 8192), (1, 65536), (8, 4096), (1, "varlen"))
@@ -152,19 +151,7 @@ def main():
     res = round_result("kkt_gva_round.py", dev, dry_run=dry, rows=[], skipped=[])
     res["commit"] = os.environ.get("LINATTN_COMMIT", "")
     write_json(path, res)
-    for B, T in (DRY_ROWS if dry else ROWS):
-        if time.time() - START > args.budget:
-            res["skipped"].append(f"B{B} T{T}")
-            continue
-        t0 = time.time()
-        try:
-            row = run_row(B, T, dev, dry)
-        except Exception as e:  # noqa: BLE001 - record, the next row still runs
-            row = dict(B=B, T=T, varlen=T == "varlen", error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
-        row["seconds"] = round(time.time() - t0, 2)
-        res["rows"].append(row)
-        write_json(path, res)
-        print(line(row), flush=True)
+    run_rows(res, path, DRY_ROWS if dry else ROWS, lambda B, T: run_row(B, T, dev, dry), line, args.budget, START)
     rows = res["rows"]
     res["all_bit_equal"] = bool(rows) and all(r.get("bit_equal") is True for r in rows)
     res["passed"] = res["all_bit_equal"] and not res["skipped"]

@@ -41,6 +41,42 @@ CHUNK = 64
 
 
 @triton.jit
+def _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV: tl.constexpr, BT: tl.constexpr):
+    """gam (also stored as gcum) and beta of one chunk's rows r (mask m) for value head hv. gam: a cumsum inside each
+    16-row block plus the sum of the earlier blocks, the one-kernel stage's order."""
+    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
+    sums = tl.sum(g, axis=1)
+    b = tl.arange(0, 4)
+    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
+    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
+    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    return gam, beta
+
+
+@triton.jit
+def _chunk_kkt(k_ptr, t0, eos, hk, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               DOT_PREC: tl.constexpr):
+    """K K^T of one chunk's keys (key head hk) over K in blocks of BK; rows past the sequence end load as zeros, so
+    their A rows and columns vanish."""
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    return kk
+
+
+@triton.jit
+def _gated_a(kk, gam, beta, BT: tl.constexpr):
+    """A = strictly lower (beta_i (K K^T)_ij exp(gam_i - gam_j)), masked before exp: above the diagonal
+    gam_i - gam_j > 0 could overflow for very negative g."""
+    i = tl.arange(0, BT)
+    lower = i[:, None] > i[None, :]
+    return tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+
+
+@triton.jit
 def kkt_solve_kernel(
     k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
     gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
@@ -56,28 +92,11 @@ def kkt_solve_kernel(
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
-
-    # gam: a cumsum inside each 16-row block plus the sum of the earlier blocks, the one-kernel stage's order
     r = t0 + tl.arange(0, BT)
     m = r < eos
-    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
-    sums = tl.sum(g, axis=1)
-    b = tl.arange(0, 4)
-    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
-    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
-    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-
-    # K K^T over K in blocks of BK; rows past the sequence end load as zeros, so their A rows and columns vanish
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
     i = tl.arange(0, BT)
-    lower = i[:, None] > i[None, :]
-    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
-    a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
 
     # Tinv = (I + A)^-1, A = N + L (N: the 16x16 diagonal blocks, L: the strictly block-lower rest):
     #   D = (I + N)^-1 blockwise, M = D L (M^4 = 0), Tinv = (I + M)^-1 D = (I - M)(I + M^2) D = Y - M Y
@@ -124,33 +143,18 @@ def kkt_solve_gva_kernel(
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
 
-    # K K^T over K in blocks of BK, once per key head; rows past the sequence end load as zeros
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-
+    kk = _chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC)     # once per key head
     r = t0 + tl.arange(0, BT)
     m = r < eos
-    b = tl.arange(0, 4)
     i = tl.arange(0, BT)
-    lower = i[:, None] > i[None, :]
     blk = i // 16
     rb = tl.arange(0, 4)[:, None, None, None]
     cb = tl.arange(0, 4)[None, None, :, None]
     F32: tl.constexpr = DOT_PREC
     for j in tl.static_range(G):
         hv = hk * G + j                        # the value heads of key head hk (kkt_solve_kernel: hk = hv // G)
-        # gam: kkt_solve_kernel's order (a cumsum inside each 16-row block plus the sum of the earlier blocks)
-        g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
-        sums = tl.sum(g, axis=1)
-        base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
-        gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
-        tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
-        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-        # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
-        a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+        gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+        a = _gated_a(kk, gam, beta, BT)
         # Tinv = (I + A)^-1 exactly as kkt_solve_kernel: D = (I + N)^-1 blockwise, M = D L, Tinv = Y - M Y
         a4 = tl.reshape(a, [4, 16, 4, 16])
         d = _inv_unit_lower16(tl.sum(tl.where(rb == cb, a4, 0.), axis=2), F32)
@@ -245,20 +249,8 @@ def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
     with kkt_solve_kernel (same frozen config: split_intra_config(K, K).BK_kkt / warps_kkt; DOT_PREC ieee for fp32
     k, else tf32), meant bit-equal to it. gcum / tinv may be given (tinv fp32 for the backward's store_tinv, else
     k's dtype); they are allocated otherwise."""
-    H, K = k.shape[-2], k.shape[-1]
-    if HV % H:
-        raise ValueError(f"kkt_solve_gva: HV={HV} is not a multiple of H={H}")
-    cfg = split_intra_config(K, K)
-    if gcum is None:
-        gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
-    if tinv is None:
-        tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
-    if dot_prec is None:
-        dot_prec = "ieee" if k.dtype == torch.float32 else "tf32"
-    kkt_solve_gva_kernel[(plan.num_slots, H)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
-    return gcum, tinv
+    return _launch_kkt_variant(kkt_solve_gva_kernel, "kkt_solve_gva", k, g, beta, plan, HV, gcum, tinv, dot_prec,
+                               per_key_head=True)
 
 
 @triton.jit
@@ -312,28 +304,10 @@ def kkt_solve_v2_kernel(
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
-
-    # gam: a cumsum inside each 16-row block plus the sum of the earlier blocks, the one-kernel stage's order
     r = t0 + tl.arange(0, BT)
     m = r < eos
-    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
-    sums = tl.sum(g, axis=1)
-    b = tl.arange(0, 4)
-    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
-    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
-    tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-
-    # K K^T over K in blocks of BK; rows past the sequence end load as zeros, so their A rows and columns vanish
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-    i = tl.arange(0, BT)
-    lower = i[:, None] > i[None, :]
-    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
-    a = tl.where(lower, beta[:, None] * kk * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
 
     F32: tl.constexpr = DOT_PREC
     a4 = tl.reshape(a, [4, 16, 4, 16])
@@ -371,9 +345,17 @@ def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Chu
     kkt_solve does (same frozen config: split_intra_config(K, K).BK_kkt / warps_kkt; DOT_PREC ieee for fp32 k, else
     tf32). gcum is bit-equal to kkt_solve_kernel's, Tinv agrees to rounding. gcum / tinv may be given (tinv fp32 for
     the backward's store_tinv, else k's dtype); they are allocated otherwise."""
+    return _launch_kkt_variant(kkt_solve_v2_kernel, "kkt_solve_v2", k, g, beta, plan, HV, gcum, tinv, dot_prec)
+
+
+def _launch_kkt_variant(kernel, name: str, k, g, beta, plan: ChunkPlan, HV: int, gcum, tinv, dot_prec,
+                        per_key_head: bool = False):
+    """One launch of a stage-2a kernel with kkt_solve_kernel's signature at its frozen config (split_intra_config's
+    BK_kkt / warps_kkt; DOT_PREC ieee for fp32 k, else tf32) on a grid (chunk slots, HV), or (chunk slots, H) with
+    per_key_head; gcum fp32 and Tinv (k's dtype) allocated when not given. Returns (gcum, tinv)."""
     H, K = k.shape[-2], k.shape[-1]
     if HV % H:
-        raise ValueError(f"kkt_solve_v2: HV={HV} is not a multiple of H={H}")
+        raise ValueError(f"{name}: HV={HV} is not a multiple of H={H}")
     cfg = split_intra_config(K, K)
     if gcum is None:
         gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
@@ -381,7 +363,7 @@ def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Chu
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     if dot_prec is None:
         dot_prec = "ieee" if k.dtype == torch.float32 else "tf32"
-    kkt_solve_v2_kernel[(plan.num_slots, HV)](
+    kernel[(plan.num_slots, H if per_key_head else HV)](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
     return gcum, tinv
