@@ -107,10 +107,15 @@ def test_launcher_rejects_hv_not_a_multiple_of_h():
         sm.kkt_solve_gva(k, g[..., :3].contiguous(), beta[..., :3].contiguous(), plan, 3)
 
 
-def test_default_forward_does_not_launch_the_variant():
-    """Opt-in: the forward's stage 2 (intra_split) still launches kkt_solve_kernel only."""
+def test_default_forward_does_not_launch_the_variant(monkeypatch):
+    """Opt-in and not wired: the forward's stage 2 (intra_split) launches sm.kkt_kernel(), which is kkt_solve_kernel
+    by default (kkt_solve_v2_kernel with LINATTN_GDN_KKT=v2) and never the GVA variant."""
     src = inspect.getsource(sm.intra_split)
-    assert "kkt_solve_kernel[" in src and "gva" not in src
+    assert "kkt_kernel()[" in src and "gva" not in src
+    monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
+    assert sm.kkt_kernel() is sm.kkt_solve_kernel
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v2")
+    assert sm.kkt_kernel() is sm.kkt_solve_v2_kernel
 
 
 # ---------------------------------------------------------------- sm_90a AOT builds

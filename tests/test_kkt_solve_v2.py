@@ -146,10 +146,60 @@ def test_launcher_allocates_like_fused_wu_kkt_solve():
     assert torch.equal(out_g, ref_g) and torch.isfinite(out_t).all()
 
 
-def test_default_forward_does_not_launch_the_variant():
-    """Opt-in: the forward's stage 2 (intra_split) still launches kkt_solve_kernel only."""
-    src = inspect.getsource(sm.intra_split)
-    assert "kkt_solve_kernel[" in src and "v2" not in src
+def _spy(monkeypatch, name, calls):
+    """Replaces intra_split.<name> by a launcher that records its grid and launches the real kernel."""
+    real = getattr(sm, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append((name, grid))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(sm, name, Spy())
+
+
+def test_switch_selects_the_stage_2a_kernel(monkeypatch):
+    """LINATTN_GDN_KKT: unset (default) -> kkt_solve_kernel; "v2" -> kkt_solve_v2_kernel, in the Triton forward's
+    stage 2 (intra_split) and in the gluon forward's kkt_solve, never both."""
+    import importlib
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    settings_mod = importlib.import_module("linattn.runtime.settings")
+    calls = []
+    _spy(monkeypatch, "kkt_solve_kernel", calls)
+    _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
+    x = make_gdn_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    for value, kernel in ((None, "kkt_solve_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
+        if value is None:
+            monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_KKT", value)
+        assert settings_mod.settings.gdn_kkt == (value or "v1")
+        calls.clear()
+        with torch.no_grad():
+            linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+            k, g, beta, plan = _inputs(1, 70, 1, 2, 64, torch.bfloat16, seed=4)[:4]
+            kkt_solve(k, g, beta, plan, 2)
+        assert [c[0] for c in calls] == [kernel, kernel], (value, calls)
+    assert "LINATTN_GDN_KKT" in settings_mod.__doc__
+
+
+@pytest.mark.parametrize("case", ["T200-gva-fp32", "varlen-gva3-bf16-l2norm", "T64-gva-fp16-noh0"])
+def test_backward_with_v2_matches_fp64_reference(monkeypatch, case):
+    """LINATTN_GDN_KKT=v2 through the Triton forward AND backward (which recomputes stage 2 with an fp32 Tinv):
+    every gradient against fp64 autograd of the chunked reference at test_chunk_backward's tolerances (its own
+    check, reused), and the v2 kernel launched in both passes."""
+    from test_chunk_backward import CASES, _check as backward_check      # tests/ is on sys.path
+    (B, T, H, HV, K, V, extra), = [c.values for c in CASES if c.id == case]
+    calls = []
+    _spy(monkeypatch, "kkt_solve_kernel", calls)
+    _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v2")
+    backward_check(B, T, H, HV, K, V, **extra)
+    names = [c[0] for c in calls]
+    assert len(names) >= 2 and set(names) == {"kkt_solve_v2_kernel"}, names
 
 
 def test_forward_with_v2_matches_fp64_reference(monkeypatch):

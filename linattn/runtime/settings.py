@@ -36,6 +36,11 @@ LINATTN_GDN_GLUON_FUSED_WU  "0" makes the "gluon" backend's forward form W and U
                    the fused-ws forward's; Gluon gate with it forced), fused stages 1.05-1.30x faster than wu_kernel
                    + fused-ws at every production row (B1 T65536 2.305 -> 2.129 ms, B8 T4096 0.856 -> 0.668),
                    benchmarks/GLUON_FUSED_WU.md. Takes precedence over LINATTN_GDN_GLUON_FUSED_WS.
+LINATTN_GDN_KKT           "v2" makes stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) run
+                   kkt_solve_v2_kernel (Tinv by 16x16 block substitution with warp-local products; about 60% of the
+                   shared-memory traffic) in the Triton forward, the backward's recompute and the gluon forward;
+                   default "v1" (kkt_solve_kernel). Opt-in, checked on the CPU only (Tinv vs fp64 as v1's), not yet
+                   run on a GPU: benchmarks/KKT_SOLVE.md.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -108,6 +113,11 @@ class _Settings:
     @property
     def gdn_split_intra(self) -> bool:
         return os.environ.get("LINATTN_GDN_SPLIT_INTRA", "1").strip().lower() not in ("0", "false", "off", "no")
+
+    @property
+    def gdn_kkt(self) -> str:
+        """"v1" (default: kkt_solve_kernel) or "v2" (LINATTN_GDN_KKT=v2: kkt_solve_v2_kernel, opt-in)."""
+        return "v2" if os.environ.get("LINATTN_GDN_KKT", "").strip().lower() == "v2" else "v1"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

@@ -36,6 +36,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
 from linattn.ops.gated_delta_rule.triton.intra_chunk import _inv_unit_lower16
 from linattn.runtime.alloc import empty
+from linattn.runtime.settings import settings
 
 CHUNK = 64
 
@@ -233,12 +234,18 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     grid = (plan.num_slots, HV)
-    kkt_solve_kernel[grid](
+    kkt_kernel()[grid](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
     wu_kernel[grid](
         k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
+
+
+def kkt_kernel():
+    """The stage-2a kernel the forward launches: kkt_solve_kernel, or kkt_solve_v2_kernel with LINATTN_GDN_KKT=v2
+    (opt-in; same signature, grid and outputs, Tinv to rounding; benchmarks/KKT_SOLVE.md)."""
+    return kkt_solve_v2_kernel if settings.gdn_kkt == "v2" else kkt_solve_kernel
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
