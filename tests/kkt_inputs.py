@@ -1,5 +1,8 @@
 """Shared by the stage-2a tests (test_kkt_solve_gva.py, test_kkt_solve_v2.py): chunk inputs, NaN-filled output
-buffers, and kkt_solve_kernel launched as the forward launches it (the reference the opt-in variants are held to)."""
+buffers, kkt_solve_kernel launched as the forward launches it (the reference the opt-in variants are held to), and
+the checks of a variant's sm_90a AOT build."""
+import inspect
+
 import torch
 
 from linattn.ops.gated_delta_rule.triton import intra_split as sm
@@ -34,3 +37,35 @@ def launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype):
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
         BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", num_warps=cfg.warps_kkt)
     return gcum, tinv
+
+
+AOT_REF = "gdn_fwd_triton_split_kkt_solve_w4"        # kkt_solve_kernel's AOT build (bf16 Tinv)
+
+
+def assert_aot_build_is_the_launchers(name, kernel):
+    """The AOT registration `name` builds `kernel` with the launcher's signature, constants (H16/HV32 K=128 bf16,
+    split_intra_config's BK_kkt, tf32) and warps."""
+    from linattn.runtime.aot import kernels
+    fn, sig, const, opts = kernels()[name].build()
+    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    runtime = [n for n in sig if sig[n] != "constexpr"]
+    assert sorted(sig) == sorted(params) and runtime == params[:len(runtime)]
+    cfg = sm.split_intra_config(128, 128)
+    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32")
+    assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == "*bf16"
+    assert getattr(fn, "fn", fn) is getattr(kernel, "fn", kernel)
+
+
+def aot_reports_no_spill(name):
+    """sm_90a (ptxas) reports of kkt_solve_kernel's build and the variant `name`, each asserted: 0 spill, no local
+    memory, the intended WGMMA, shared memory in budget, 4 warps. Returns {name: report}."""
+    from linattn.runtime.aot import inspect_kernel, kernels
+    reg = kernels()
+    reps = {n: inspect_kernel(reg[n]) for n in (AOT_REF, name)}
+    for n, rep in reps.items():
+        print(f"{n}: {rep.regs} registers, {rep.spill_bytes} B spilled, {rep.smem} B shared, "
+              f"{rep.num_warps} warps, {rep.families}")
+        assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and rep.families["STL"] == 0, n
+        assert not rep.missing and rep.families["HGMMA"] > 0, (n, rep.sass)
+        assert 0 < rep.smem <= 232448 and rep.num_warps == 4, n
+    return reps

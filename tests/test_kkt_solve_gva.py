@@ -22,7 +22,8 @@ import torch
 
 from linattn.ops.gated_delta_rule.triton import intra_split as sm
 
-from kkt_inputs import kkt_inputs, launch_kkt_solve, nan_bufs                      # tests/ is on sys.path
+from kkt_inputs import (AOT_REF, aot_reports_no_spill, assert_aot_build_is_the_launchers, kkt_inputs,
+                        launch_kkt_solve, nan_bufs)                      # tests/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,35 +121,18 @@ def test_default_forward_does_not_launch_the_variant(monkeypatch):
 
 # ---------------------------------------------------------------- sm_90a AOT builds
 
-AOT_REF, AOT_GVA = "gdn_fwd_triton_split_kkt_solve_w4", "gdn_fwd_triton_split_kkt_solve_gva_w4"
+AOT_GVA = "gdn_fwd_triton_split_kkt_solve_gva_w4"
 
 
 def test_aot_registration_is_the_launchers():
-    from linattn.runtime.aot import kernels
-    spec = kernels()[AOT_GVA]
-    fn, sig, const, opts = spec.build()
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    runtime = [n for n in sig if sig[n] != "constexpr"]
-    assert sorted(sig) == sorted(params) and runtime == params[:len(runtime)]
-    cfg = sm.split_intra_config(128, 128)
-    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32")
-    assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == "*bf16"
-    assert getattr(fn, "fn", fn) is getattr(sm.kkt_solve_gva_kernel, "fn", sm.kkt_solve_gva_kernel)
+    assert_aot_build_is_the_launchers(AOT_GVA, sm.kkt_solve_gva_kernel)
 
 
 def test_aot_sm90a_no_spill():
     """Both kernels compiled for sm_90a (ptxas): 0 spill, WGMMA, shared memory in budget. The GVA kernel holds K K^T
     across its value heads and the compiler keeps the heads' shared address arithmetic live: about 225 registers
     against 122 (2 CTAs per SM instead of 4 at 4 warps); the bound below only catches a spill-prone regression."""
-    from linattn.runtime.aot import inspect_kernel, kernels
-    reg = kernels()
-    reps = {name: inspect_kernel(reg[name]) for name in (AOT_REF, AOT_GVA)}
-    for name, rep in reps.items():
-        print(f"{name}: {rep.regs} registers, {rep.spill_bytes} B spilled, {rep.smem} B shared, "
-              f"{rep.num_warps} warps, {rep.families}")
-        assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and rep.families["STL"] == 0, name
-        assert not rep.missing and rep.families["HGMMA"] > 0, (name, rep.sass)
-        assert 0 < rep.smem <= 232448 and rep.num_warps == 4, name
+    reps = aot_reports_no_spill(AOT_GVA)
     assert reps[AOT_GVA].regs <= 255 and reps[AOT_GVA].smem <= reps[AOT_REF].smem + 1024
 
 

@@ -13,7 +13,6 @@ CPU under TRITON_INTERPRET=1:
 3. The sm_90a AOT build at H16/HV32 K=128 bf16 (gdn_fwd_triton_split_kkt_solve_v2_w4): 0 spill, registers <= 168.
 4. The GPU round's dry run (benchmarks/gpu/kkt_v2_round.py --dry-run).
 Run only this file: `python3 -m pytest -q tests/test_kkt_solve_v2.py`."""
-import inspect
 import json
 import os
 import subprocess
@@ -28,7 +27,8 @@ from linattn.ops.gated_delta_rule.triton import intra_split as sm
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, make_gdn_inputs
 
-from kkt_inputs import kkt_inputs, launch_kkt_solve, nan_bufs                      # tests/ is on sys.path
+from kkt_inputs import (AOT_REF, aot_reports_no_spill, assert_aot_build_is_the_launchers, kkt_inputs,
+                        launch_kkt_solve, nan_bufs)                      # tests/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cpu"
@@ -203,18 +203,13 @@ def test_backward_with_v2_matches_fp64_reference(monkeypatch, case):
 
 
 def test_forward_with_v2_matches_fp64_reference(monkeypatch):
-    """The whole Triton forward (split stage 2 on) with kkt_solve_v2_kernel launched in place of kkt_solve_kernel:
-    o and the final state against naive_recurrent in float64 at TOL (varlen with a 1-token sequence, GVA, bf16)."""
+    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2, so kkt_solve_v2_kernel runs in place of
+    kkt_solve_kernel: o and the final state against naive_recurrent in float64 at TOL (varlen with a 1-token
+    sequence, GVA, bf16)."""
     calls = []
-
-    class _V2:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                calls.append(grid)
-                return sm.kkt_solve_v2_kernel[grid](*a, **kw)
-            return launch
+    _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    monkeypatch.setattr(sm, "kkt_solve_kernel", _V2())
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v2")
     lens = [1, 70, 60]
     cu = torch.tensor([0, 1, 71, 131], dtype=torch.int64)
     x = make_gdn_inputs(1, sum(lens), 1, 2, 64, 64, dtype=torch.bfloat16, num_states=len(lens),
@@ -231,33 +226,17 @@ def test_forward_with_v2_matches_fp64_reference(monkeypatch):
 
 # ---------------------------------------------------------------- sm_90a AOT build
 
-AOT_REF, AOT_V2 = "gdn_fwd_triton_split_kkt_solve_w4", "gdn_fwd_triton_split_kkt_solve_v2_w4"
+AOT_V2 = "gdn_fwd_triton_split_kkt_solve_v2_w4"
 
 
 def test_aot_registration_is_the_launchers():
-    from linattn.runtime.aot import kernels
-    fn, sig, const, opts = kernels()[AOT_V2].build()
-    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-    runtime = [n for n in sig if sig[n] != "constexpr"]
-    assert sorted(sig) == sorted(params) and runtime == params[:len(runtime)]
-    cfg = sm.split_intra_config(128, 128)
-    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32")
-    assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == "*bf16"
-    assert getattr(fn, "fn", fn) is getattr(sm.kkt_solve_v2_kernel, "fn", sm.kkt_solve_v2_kernel)
+    assert_aot_build_is_the_launchers(AOT_V2, sm.kkt_solve_v2_kernel)
 
 
 def test_aot_sm90a_no_spill():
     """v2 compiled for sm_90a (ptxas): 0 spill, WGMMA for K K^T, <= 168 registers (>= 3 CTAs per SM at 4 warps),
     shared memory no more than kkt_solve_kernel's."""
-    from linattn.runtime.aot import inspect_kernel, kernels
-    reg = kernels()
-    reps = {name: inspect_kernel(reg[name]) for name in (AOT_REF, AOT_V2)}
-    for name, rep in reps.items():
-        print(f"{name}: {rep.regs} registers, {rep.spill_bytes} B spilled, {rep.smem} B shared, "
-              f"{rep.num_warps} warps, {rep.families}")
-        assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and rep.families["STL"] == 0, name
-        assert not rep.missing and rep.families["HGMMA"] > 0, (name, rep.sass)
-        assert 0 < rep.smem <= 232448 and rep.num_warps == 4, name
+    reps = aot_reports_no_spill(AOT_V2)
     assert reps[AOT_V2].regs <= 168 and reps[AOT_V2].smem <= reps[AOT_REF].smem
 
 

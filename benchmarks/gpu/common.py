@@ -140,3 +140,31 @@ def run_rows(res: dict, path: str, rows, run_row, line, budget: float, start: fl
         res["rows"].append(row)
         write_json(path, res)
         print(line(row), flush=True)
+
+
+def start_round(script: str, json_name: str, budget: float = 110.0):
+    """The usual start of a timing round script: --out DIR, --budget seconds, --dry-run (TRITON_INTERPRET=1 on the
+    CPU; without it a GPU is required), linattn imported (it installs the interpreter fixes when interpreting), the
+    result dict with the environment line, rows and skipped, and its JSON written once. Returns
+    (args, dry, dev, path, res)."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=budget)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    dry = args.dry_run
+    if dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        import torch
+        if not torch.cuda.is_available():
+            sys.exit(f"{script} needs a GPU (or --dry-run)")
+    dev = "cpu" if dry else "cuda"
+    import linattn  # noqa: F401
+    path = os.path.join(args.out, json_name)
+    res = round_result(script, dev, dry_run=dry, rows=[], skipped=[])
+    res["commit"] = os.environ.get("LINATTN_COMMIT", "")
+    write_json(path, res)
+    return args, dry, dev, path, res

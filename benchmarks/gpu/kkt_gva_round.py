@@ -14,7 +14,6 @@ A row that raises is recorded with its error; the next row still runs. No new ro
 `--dry-run`: the same logic on the CPU under TRITON_INTERPRET=1 at tiny shapes (H1 HV2, 2-3 chunks; host-clock
 times, no claims). Writes DIR/kkt_gva.json after every row and prints a table.
 """
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
-from common import median_ms, round_result, run_rows, write_json  # noqa: E402
+from common import median_ms, run_rows, start_round, write_json  # noqa: E402
 
 # (B, T) or (1, "varlen")
 ROWS = ((1, 8192), (1, 65536), (8, 4096), (1, "varlen"))
@@ -135,22 +134,7 @@ def line(r):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=110.0)
-    ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args()
-    dry = args.dry_run
-    if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    elif not torch.cuda.is_available():
-        sys.exit("kkt_gva_round.py needs a GPU (or --dry-run)")
-    dev = "cpu" if dry else "cuda"
-    import linattn  # noqa: F401  (installs the interpreter fixes when interpreting)
-    path = os.path.join(args.out, "kkt_gva.json")
-    res = round_result("kkt_gva_round.py", dev, dry_run=dry, rows=[], skipped=[])
-    res["commit"] = os.environ.get("LINATTN_COMMIT", "")
-    write_json(path, res)
+    args, dry, dev, path, res = start_round("kkt_gva_round.py", "kkt_gva.json")
     run_rows(res, path, DRY_ROWS if dry else ROWS, lambda B, T: run_row(B, T, dev, dry), line, args.budget, START)
     rows = res["rows"]
     res["all_bit_equal"] = bool(rows) and all(r.get("bit_equal") is True for r in rows)

@@ -17,7 +17,6 @@ A row that raises is recorded with its error; the next row still runs. No new ro
 `--dry-run`: the same logic on the CPU under TRITON_INTERPRET=1 at tiny shapes (H1 HV2, 2-3 chunks; host-clock
 times, no claims). Writes DIR/kkt_v2.json after every row and prints a table.
 """
-import argparse
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)                                       # common
 sys.path.insert(1, ROOT)                                       # linattn from this checkout
 import torch  # noqa: E402
-from common import median_ms, round_result, run_rows, write_json  # noqa: E402
+from common import median_ms, run_rows, start_round, write_json  # noqa: E402
 
 # (B, T) or (1, "varlen")
 ROWS = ((1, 8192), (1, 65536), (8, 4096), (1, "varlen"))
@@ -164,23 +163,23 @@ def forward_check(dev, dry):
            for n, v in x.items()}
     ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True)
     out = dict(B=B, T=T, H=H, HV=HV, K=K)
-    orig, calls = sm.kkt_solve_kernel, []
+    real, calls = sm.kkt_solve_v2_kernel, []
 
-    class _V2:
+    class Spy:                           # counts kkt_solve_v2_kernel's launches (each grid), launches the real one
         def __getitem__(self, grid):
-            def launch(*a, **kw):
-                calls.append(grid)
-                return sm.kkt_solve_v2_kernel[grid](*a, **kw)
-            return launch
+            calls.append(grid)
+            return real[grid]
     os.environ["LINATTN_GDN_SPLIT_INTRA"] = "1"
     ok = True
     for which in ("ref", "v2"):
-        sm.kkt_solve_kernel = _V2() if which == "v2" else orig
+        os.environ["LINATTN_GDN_KKT"] = which if which == "v2" else "v1"     # the opt-in switch picks the kernel
+        sm.kkt_solve_v2_kernel = Spy()
         try:
             with torch.no_grad():
                 o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
         finally:
-            sm.kkt_solve_kernel = orig
+            sm.kkt_solve_v2_kernel = real
+            os.environ.pop("LINATTN_GDN_KKT")
         e_o = float((o.double() - ref_o).norm() / ref_o.norm())
         e_h = float((ht.double() - ref_ht).norm() / ref_ht.norm())
         try:
@@ -191,7 +190,7 @@ def forward_check(dev, dry):
             close, out[f"{which}_assert"] = False, str(e)[:400]
         out[which] = dict(o_rel_rms=e_o, state_rel_rms=e_h, within_tol=close)
         ok = ok and close
-    out["v2_launched"] = len(calls) == 1
+    out["v2_launched"] = len(calls) == 1                # once, in the v2 pass only
     out["ok"] = ok and out["v2_launched"]
     return out
 
@@ -210,22 +209,7 @@ def line(r):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=110.0)
-    ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args()
-    dry = args.dry_run
-    if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    elif not torch.cuda.is_available():
-        sys.exit("kkt_v2_round.py needs a GPU (or --dry-run)")
-    dev = "cpu" if dry else "cuda"
-    import linattn  # noqa: F401  (installs the interpreter fixes when interpreting)
-    path = os.path.join(args.out, "kkt_v2.json")
-    res = round_result("kkt_v2_round.py", dev, dry_run=dry, rows=[], skipped=[])
-    res["commit"] = os.environ.get("LINATTN_COMMIT", "")
-    write_json(path, res)
+    args, dry, dev, path, res = start_round("kkt_v2_round.py", "kkt_v2.json")
     run_rows(res, path, DRY_ROWS if dry else ROWS, lambda B, T: run_row(B, T, dev, dry), line, args.budget, START)
     try:
         res["forward"] = forward_check(dev, dry)

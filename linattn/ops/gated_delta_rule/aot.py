@@ -164,12 +164,15 @@ _register_output_v2()
 # split_intra_config picks for H16/HV32 K=V=128 bf16: kkt_solve (K K^T as one [64, 128] x [128, 64] WGMMA, the
 # inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
 # (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).
+_KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "kkt_v2": "kkt_solve_v2_kernel"}
+
+
 def _split_intra_build(which: str, tinv: str):
     def build():
         from linattn.ops.gated_delta_rule.triton import intra_split as m
         cfg = m.split_intra_config(K, V)
-        if which == "kkt":
-            fn, warps = m.kkt_solve_kernel, cfg.warps_kkt
+        if which in _KKT_KERNELS:        # kkt_solve_kernel and its opt-in variants: one signature and config
+            fn, warps = getattr(m, _KKT_KERNELS[which]), cfg.warps_kkt
             sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
                        N="i32")
             const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
@@ -196,50 +199,22 @@ for _name, _which, _tinv, _intended, _what in SPLIT_INTRA:
                        description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, 4 warps"))
 
 
-# ---- Opt-in GVA form of kkt_solve (intra_split.kkt_solve_gva_kernel: one program per (chunk slot, key head), K K^T
-# once per key head, then a static loop over the HV // H = 2 value heads), at kkt_solve's config (BK_kkt, warps_kkt):
-# benchmarks/gpu/kkt_gva_round.py, tests/test_kkt_solve_gva.py.
-def _kkt_gva_build(tinv: str):
-    def build():
-        from linattn.ops.gated_delta_rule.triton import intra_split as m
-        cfg = m.split_intra_config(K, V)
-        sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
-                   N="i32")
-        const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
-        return (m.kkt_solve_gva_kernel, {**sig, **{name: "constexpr" for name in const}}, const,
-                {"num_warps": cfg.warps_kkt, "num_stages": 2})
-    return build
-
-
-KKT_GVA = [("gdn_fwd_triton_split_kkt_solve_gva_w4", _X, "bf16 Tinv")]
-for _name, _tinv, _what in KKT_GVA:
-    register(AotKernel(_name, _kkt_gva_build(_tinv), ("HGMMA",), archs=("sm_90a",), language="triton",
+# ---- The opt-in stage-2a variants at kkt_solve's config (BK_kkt, warps_kkt), built by _split_intra_build: the GVA
+# form (intra_split.kkt_solve_gva_kernel: one program per (chunk slot, key head), K K^T once per key head, then a
+# static loop over the HV // H = 2 value heads; benchmarks/gpu/kkt_gva_round.py, tests/test_kkt_solve_gva.py) and v2
+# (intra_split.kkt_solve_v2_kernel: the same grid and outputs as kkt_solve_kernel, Tinv by block substitution on
+# [4, 16, 16] batched tensors instead of four [64, 64] products; benchmarks/gpu/kkt_v2_round.py,
+# tests/test_kkt_solve_v2.py).
+KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
+    ("gdn_fwd_triton_split_kkt_solve_gva_w4", "kkt_gva", _X,
+     "opt-in GVA kkt_solve (K K^T once per key head), bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v2_w4", "kkt_v2", _X,
+     "opt-in kkt_solve v2 (block substitution on 16x16 blocks), bf16 Tinv"),
+]
+for _name, _which, _tinv, _what in KKT_VARIANTS:
+    register(AotKernel(_name, _split_intra_build(_which, _tinv), ("HGMMA",), archs=("sm_90a",), language="triton",
                        div16=_SPLIT_PTRS["kkt"],
-                       description=f"GDN forward opt-in GVA kkt_solve (K K^T once per key head), {_what}, Triton, "
-                                   "H16/HV32 K=V=128 bf16, 4 warps"))
-
-
-# ---- Opt-in kkt_solve v2 (intra_split.kkt_solve_v2_kernel: the same grid and outputs as kkt_solve_kernel, Tinv by
-# block substitution on [4, 16, 16] batched tensors instead of four [64, 64] products), at kkt_solve's config:
-# benchmarks/gpu/kkt_v2_round.py, tests/test_kkt_solve_v2.py.
-def _kkt_v2_build(tinv: str):
-    def build():
-        from linattn.ops.gated_delta_rule.triton import intra_split as m
-        cfg = m.split_intra_config(K, V)
-        sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
-                   N="i32")
-        const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
-        return (m.kkt_solve_v2_kernel, {**sig, **{name: "constexpr" for name in const}}, const,
-                {"num_warps": cfg.warps_kkt, "num_stages": 2})
-    return build
-
-
-KKT_V2 = [("gdn_fwd_triton_split_kkt_solve_v2_w4", _X, "bf16 Tinv")]
-for _name, _tinv, _what in KKT_V2:
-    register(AotKernel(_name, _kkt_v2_build(_tinv), ("HGMMA",), archs=("sm_90a",), language="triton",
-                       div16=_SPLIT_PTRS["kkt"],
-                       description=f"GDN forward opt-in kkt_solve v2 (block substitution on 16x16 blocks), {_what}, "
-                                   "Triton, H16/HV32 K=V=128 bf16, 4 warps"))
+                       description=f"GDN forward {_what}, Triton, H16/HV32 K=V=128 bf16, 4 warps"))
 
 
 # ---- The Triton backward's own kernels (triton/backward*.py), at the configs backward._configs picks on an H200 at
