@@ -33,9 +33,10 @@ from kkt_inputs import (AOT_REF, aot_reports_no_spill, assert_aot_build_is_the_l
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cpu"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# absolute floor added to 1.5 x kkt_solve_kernel's error: the storage rounding of Tinv (2^-8 relative for bf16 per
-# element) dominates both kernels when Tinv is stored in a 16-bit type; fp32 storage compares the inverse itself
-FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+# absolute floor added to 1.5 x kkt_solve_kernel's error, for chunks both kernels invert exactly (a 1-token chunk:
+# Tinv = I, error 0). Kept well under the errors seen (fp32 Tinv 2e-8 - 7e-8, fp16 2.3e-5, bf16 1.9e-4 under the
+# interpreter), so the bound is the 1.5x term: v2's error stays within 1.5x of kkt_solve_kernel's
+FLOOR = {torch.float32: 1e-9, torch.bfloat16: 1e-5, torch.float16: 1e-6}
 
 
 def _inputs(*args, **kw):
