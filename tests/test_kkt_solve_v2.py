@@ -161,7 +161,7 @@ def _spy(monkeypatch, name, calls):
 
 
 def test_switch_selects_the_stage_2a_kernel(monkeypatch):
-    """LINATTN_GDN_KKT: unset (default) -> kkt_solve_kernel; "v2" -> kkt_solve_v2_kernel, in the Triton forward's
+    """LINATTN_GDN_KKT: unset (default since round 16) -> kkt_solve_v2_kernel; "v1" -> kkt_solve_kernel; "v2" -> kkt_solve_v2_kernel, in the Triton forward's
     stage 2 (intra_split) and in the gluon forward's kkt_solve, never both."""
     import importlib
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
@@ -171,12 +171,12 @@ def test_switch_selects_the_stage_2a_kernel(monkeypatch):
     _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     x = make_gdn_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
-    for value, kernel in ((None, "kkt_solve_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
+    for value, kernel in ((None, "kkt_solve_v2_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
         else:
             monkeypatch.setenv("LINATTN_GDN_KKT", value)
-        assert settings_mod.settings.gdn_kkt == (value or "v1")
+        assert settings_mod.settings.gdn_kkt == (value or "v2")
         calls.clear()
         with torch.no_grad():
             linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
@@ -186,31 +186,35 @@ def test_switch_selects_the_stage_2a_kernel(monkeypatch):
     assert "LINATTN_GDN_KKT" in settings_mod.__doc__
 
 
-@pytest.mark.parametrize("case", ["T200-gva-fp32", "varlen-gva3-bf16-l2norm", "T64-gva-fp16-noh0"])
-def test_backward_with_v2_matches_fp64_reference(monkeypatch, case):
-    """LINATTN_GDN_KKT=v2 through the Triton forward AND backward (which recomputes stage 2 with an fp32 Tinv):
-    every gradient against fp64 autograd of the chunked reference at test_chunk_backward's tolerances (its own
-    check, reused), and the v2 kernel launched in both passes."""
+@pytest.mark.parametrize("case,kkt", [("T200-gva-fp32", "v2"), ("varlen-gva3-bf16-l2norm", "v2"),
+                                      ("T64-gva-fp16-noh0", "v2"), ("T200-gva-fp32", "v1")])
+def test_backward_with_v2_matches_fp64_reference(monkeypatch, case, kkt):
+    """LINATTN_GDN_KKT=v2 (the default since round 16) through the Triton forward AND backward (which recomputes
+    stage 2 with an fp32 Tinv): every gradient against fp64 autograd of the chunked reference at
+    test_chunk_backward's tolerances (its own check, reused), and the v2 kernel launched in both passes; one case
+    with the opt-out LINATTN_GDN_KKT=v1, which must launch only kkt_solve_kernel."""
     from test_chunk_backward import CASES, _check as backward_check      # tests/ is on sys.path
     (B, T, H, HV, K, V, extra), = [c.values for c in CASES if c.id == case]
     calls = []
     _spy(monkeypatch, "kkt_solve_kernel", calls)
     _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    monkeypatch.setenv("LINATTN_GDN_KKT", "v2")
+    monkeypatch.setenv("LINATTN_GDN_KKT", kkt)
     backward_check(B, T, H, HV, K, V, **extra)
     names = [c[0] for c in calls]
-    assert len(names) >= 2 and set(names) == {"kkt_solve_v2_kernel"}, names
+    want = "kkt_solve_v2_kernel" if kkt == "v2" else "kkt_solve_kernel"
+    assert len(names) >= 2 and set(names) == {want}, names
 
 
-def test_forward_with_v2_matches_fp64_reference(monkeypatch):
-    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2, so kkt_solve_v2_kernel runs in place of
-    kkt_solve_kernel: o and the final state against naive_recurrent in float64 at TOL (varlen with a 1-token
-    sequence, GVA, bf16)."""
+@pytest.mark.parametrize("kkt", ["v2", "v1"])
+def test_forward_with_v2_matches_fp64_reference(monkeypatch, kkt):
+    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2 (default) or v1 (opt-out), so that
+    kernel alone runs stage 2a: o and the final state against naive_recurrent in float64 at TOL (varlen with a
+    1-token sequence, GVA, bf16)."""
     calls = []
-    _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
+    _spy(monkeypatch, "kkt_solve_v2_kernel" if kkt == "v2" else "kkt_solve_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    monkeypatch.setenv("LINATTN_GDN_KKT", "v2")
+    monkeypatch.setenv("LINATTN_GDN_KKT", kkt)
     lens = [1, 70, 60]
     cu = torch.tensor([0, 1, 71, 131], dtype=torch.int64)
     x = make_gdn_inputs(1, sum(lens), 1, 2, 64, 64, dtype=torch.bfloat16, num_states=len(lens),

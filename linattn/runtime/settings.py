@@ -36,11 +36,13 @@ LINATTN_GDN_GLUON_FUSED_WU  "0" makes the "gluon" backend's forward form W and U
                    the fused-ws forward's; Gluon gate with it forced), fused stages 1.05-1.30x faster than wu_kernel
                    + fused-ws at every production row (B1 T65536 2.305 -> 2.129 ms, B8 T4096 0.856 -> 0.668),
                    benchmarks/GLUON_FUSED_WU.md. Takes precedence over LINATTN_GDN_GLUON_FUSED_WS.
-LINATTN_GDN_KKT           "v2" makes stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) run
-                   kkt_solve_v2_kernel (Tinv by 16x16 block substitution with warp-local products; about 60% of the
-                   shared-memory traffic) in the Triton forward, the backward's recompute and the gluon forward;
-                   default "v1" (kkt_solve_kernel). Opt-in, checked on the CPU only (Tinv vs fp64 as v1's), not yet
-                   run on a GPU: benchmarks/KKT_SOLVE.md.
+LINATTN_GDN_KKT           "v1" makes stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) run
+                   kkt_solve_kernel (Tinv by a 64x64 block inverse) in the Triton forward, the backward's recompute
+                   and the gluon forward; default "v2": kkt_solve_v2_kernel (Tinv by 16x16 block substitution with
+                   warp-local products; about 60% of the shared-memory traffic). Round 16 on an H200 (e396e51 with
+                   LINATTN_GDN_KKT=v2): Tinv error vs fp64 as v1's, Gluon gate, Triton forward and backward gates
+                   green; stage 2a 1.17-1.23x faster (B1 T65536 0.642 -> 0.524 ms), gluon forward 1.04-1.07x at
+                   every production row (B1 T65536 2.795 -> 2.686 ms), benchmarks/KKT_SOLVE.md.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -116,8 +118,8 @@ class _Settings:
 
     @property
     def gdn_kkt(self) -> str:
-        """"v1" (default: kkt_solve_kernel) or "v2" (LINATTN_GDN_KKT=v2: kkt_solve_v2_kernel, opt-in)."""
-        return "v2" if os.environ.get("LINATTN_GDN_KKT", "").strip().lower() == "v2" else "v1"
+        """"v2" (default: kkt_solve_v2_kernel) or "v1" (LINATTN_GDN_KKT=v1: kkt_solve_kernel, as before round 16)."""
+        return "v1" if os.environ.get("LINATTN_GDN_KKT", "").strip().lower() == "v1" else "v2"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

@@ -243,8 +243,8 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
 
 
 def kkt_kernel():
-    """The stage-2a kernel the forward launches: kkt_solve_kernel, or kkt_solve_v2_kernel with LINATTN_GDN_KKT=v2
-    (opt-in; same signature, grid and outputs, Tinv to rounding; benchmarks/KKT_SOLVE.md)."""
+    """The stage-2a kernel the forward launches: kkt_solve_v2_kernel (default since round 16), or kkt_solve_kernel with
+    LINATTN_GDN_KKT=v1 (same signature, grid and outputs, Tinv to rounding; benchmarks/KKT_SOLVE.md)."""
     return kkt_solve_v2_kernel if settings.gdn_kkt == "v2" else kkt_solve_kernel
 
 
