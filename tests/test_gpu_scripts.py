@@ -62,3 +62,26 @@ def test_ncu_summarizer_keeps_dram_apart_from_memory_throughput():
         assert k["dram_throughput_pct"] == 32.16 and k["memory_throughput_pct"] == 80.96
         assert k["dram_bytes_per_s"] == 1547579954169.57 and abs(k["duration_us"] - 642.368) < 1e-9
         assert "_rank" not in k
+
+
+def test_ncu_source_reader_dry_run(tmp_path):
+    """ncu_source.py (run_round.sh ncu_src) on a SASS source-page CSV in ncu's layout: samples per instruction,
+    per opcode, the hot region and the per-reason columns."""
+    out = _run([os.path.join(GPU, "ncu_source.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
+    assert "ncu_source dry run: ok" in out
+    summary = json.loads((tmp_path / "ncu_source_summary.json").read_text())["sample_sass.csv"]
+    (k,) = summary.values()
+    assert k["top"][0]["sass"].startswith("@P0 SYNCS") and k["by_opcode"]["SYNCS"] == 0.45
+
+
+def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
+    """The H200's ncu writes "Dynamic Shared Memory Per Block" in "byte/block"; until round 16 the summary kept the
+    bytes under smem_per_block_kb (16384.0 for kkt_solve_v2_kernel's 16 KB). Rows as in r16c_ncu_gluon_kkt_v2."""
+    sys.path.insert(0, GPU)
+    from ncu_fwd import summarize_csv
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+    row = '"0","1","python3","h","kkt_solve_v2_kernel","1","7","(128, 1, 1)","(1024, 32, 1)","0","9.0","{}","{}","{}","{}"\n'
+    (k,) = summarize_csv(head + row.format("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block",
+                                           "200,860"))
+    assert abs(k["smem_per_block_kb"] - 200860 / 1024) < 1e-9

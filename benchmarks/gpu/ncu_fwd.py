@@ -54,7 +54,11 @@ METRIC_UNITS = {"memory_throughput_pct": "%", "dram_bytes_per_s": "byte/s"}
 UNIT_SCALE = {("duration_us", "msecond"): 1e3, ("duration_us", "nsecond"): 1e-3, ("duration_us", "usecond"): 1.0,
               ("duration_us", "second"): 1e6, ("duration_us", "ms"): 1e3, ("duration_us", "ns"): 1e-3,
               ("duration_us", "us"): 1.0, ("duration_us", "s"): 1e6, ("smem_per_block_kb", "byte"): 1 / 1024,
-              ("smem_per_block_kb", "Kbyte"): 1.0, ("smem_per_block_kb", "Mbyte"): 1024.0}
+              ("smem_per_block_kb", "Kbyte"): 1.0, ("smem_per_block_kb", "Mbyte"): 1024.0,
+              # the H200's ncu writes the launch statistics' shared memory per block as "byte/block" (round 16:
+              # until then smem_per_block_kb held bytes, e.g. 16384.0 for 16 KB)
+              ("smem_per_block_kb", "byte/block"): 1 / 1024, ("smem_per_block_kb", "Kbyte/block"): 1.0,
+              ("smem_per_block_kb", "Mbyte/block"): 1024.0}
 
 
 def _num(text: str):
@@ -86,9 +90,13 @@ def summarize_csv(text: str) -> list:
                     k[key] = v * UNIT_SCALE.get((key, unit), 1.0)
                     k["_rank"][key] = rank
         # WarpStateStats lists stall reasons as "Stall <Reason>" style metrics in some versions and as
-        # smsp__average_warp_latency_issue_stalled_* / smsp__pcsamp_warps_issue_stalled_* raw names in others
+        # smsp__average_warp_latency_issue_stalled_* / smsp__pcsamp_warps_issue_stalled_* raw names in others; the
+        # H200's ncu prints none of them on the details page (rounds 12-16: "stalls" stayed empty), so the ncu steps
+        # also request smsp__average_warps_issue_stalled_*_per_issue_active.ratio by name, which ncu lists under
+        # its own section ("Command line profiler metrics"): those rows are taken from any section
         low = name.lower()
-        if row.get("Section Name", "").startswith("Warp State") and ("stall" in low or "stalled" in low):
+        if ((row.get("Section Name", "").startswith("Warp State") and ("stall" in low or "stalled" in low))
+                or "issue_stalled" in low):
             v = _num(value)
             if v is not None:
                 k["stalls"][name] = v

@@ -107,6 +107,31 @@ for step in "$@"; do
               done
               python3 benchmarks/gpu/ncu_fwd.py summarize --out "$OUT" "$OUT"/ncu_*.csv
             fi ;;
+    ncu_src) # where the warps wait, per SASS instruction, in the kernels matching NCU_KERNEL (default: the fused
+            # forward kernel) of one forward per case: SourceCounters + WarpStateStats into a report, exported as the
+            # source page (SASS) and the raw page; benchmarks/gpu/ncu_source.py summarizes the SASS CSV. 4 files per
+            # case: use PACK=1
+            NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            if [ -z "$NCU" ]; then echo "ncu not found"; else
+              for c in ${NCU_CASES:-gluon:1:65536}; do
+                IFS=: read -r be b t <<< "$c"
+                rep="$OUT/ncusrc_${be}_B${b}_T${t}"
+                timeout ${NCU_SRC_TIMEOUT:-200} "$NCU" --clock-control none --profile-from-start off \
+                  -k "regex:${NCU_KERNEL:-fused}" --section SourceCounters --section WarpStateStats \
+                  --section SpeedOfLight --section LaunchStats -o "$rep" -f \
+                  python3 benchmarks/gpu/ncu_fwd.py run --backend $be --B $b --T $t > "$rep.log" 2>&1
+                echo "ncu_src $c profile exit $?"; tail -3 "$rep.log"
+                "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_sass.csv" 2> "${rep}_sass.err" \
+                  || "$NCU" -i "$rep.ncu-rep" --page source --csv > "${rep}_sass.csv" 2>> "${rep}_sass.err"
+                echo "ncu_src $c source page exit $? ($(wc -c < "${rep}_sass.csv") bytes)"; tail -2 "${rep}_sass.err"
+                "$NCU" -i "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2> /dev/null
+                echo "ncu_src $c raw page exit $?"
+                # the report is tens of MB; the two pages carry what the summaries read. Kept when the source page
+                # came out (nearly) empty, so the export can be retried by hand on this machine
+                [ "$(wc -c < "${rep}_sass.csv")" -gt 1000 ] && rm -f "$rep.ncu-rep"
+              done
+              python3 benchmarks/gpu/ncu_source.py --out "$OUT" "$OUT"/ncusrc_*_sass.csv
+            fi ;;
     ncu_bwd) # hardware counters of one forward+backward per (backend, shape): benchmarks/gpu/ncu_bwd.py
             # (NCU_BWD_CASES to change; the backward replays about twice the forward's kernels: one case per call)
             NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
