@@ -16,6 +16,8 @@ assert_close at linattn.testing.TOL.
 A row that raises is recorded with its error; the next row still runs. No new row starts after --budget seconds.
 `--dry-run`: the same logic on the CPU under TRITON_INTERPRET=1 at tiny shapes (H1 HV2, 2-3 chunks; host-clock
 times, no claims). Writes DIR/kkt_v2.json after every row and prints a table.
+The row and forward logic take the variants to run as an argument (VARIANTS: name -> kernel in intra_split.py, each
+selected in the forward by LINATTN_GDN_KKT=name): kkt_v3_round.py runs it with v2 and v3 on the same rows.
 """
 import os
 import sys
@@ -36,6 +38,7 @@ DRY_VARLEN = [1, 63, 1, 65, 70]
 SAMPLE = 256                                                   # (chunk, value head) pairs checked against fp64
 FLOOR = {torch.bfloat16: 1e-5, torch.float32: 1e-9}            # as tests/test_kkt_solve_v2.py (793452d)
 START = time.time()
+VARIANTS = {"v2": "kkt_solve_v2_kernel", "v3": "kkt_solve_v3_kernel"}   # LINATTN_GDN_KKT value -> intra_split kernel
 
 
 def shapes(dry):
@@ -56,10 +59,16 @@ def launch_ref(*a):
     return _launch(kkt_solve_kernel, *a)
 
 
-def launch_v2(*a):
-    """kkt_solve_v2_kernel as intra_split.kkt_solve_v2 launches it (returns the compiled kernel, for its registers)."""
-    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_solve_v2_kernel
-    return _launch(kkt_solve_v2_kernel, *a)
+def launcher(variant):
+    """The variant's kernel (VARIANTS) as intra_split.kkt_solve_v2 / kkt_solve_v3 launch it (the launch returns the
+    compiled kernel, for its registers)."""
+    def launch(*a):
+        from linattn.ops.gated_delta_rule.triton import intra_split
+        return _launch(getattr(intra_split, VARIANTS[variant]), *a)
+    return launch
+
+
+launch_v2 = launcher("v2")
 
 
 def kernel_facts(compiled):
@@ -91,7 +100,10 @@ def tinv_errors(tinvs, k, g, beta, pairs, H, HV):
     return {n: dict(max=max(e), mean=sum(e) / len(e)) for n, e in errs.items()}
 
 
-def run_row(B, T, dev, dry):
+def run_row(B, T, dev, dry, variants=("v2",)):
+    """One row: kkt_solve_kernel ("ref") and each of `variants`; tinv_ok when every variant's worst error is within
+    the bound; speedup_* is ref / the last variant, and with several variants the last one's ratio to each other is
+    recorded too (e.g. v2_over_v3_ms_bf16) with whether their Tinv are bit-equal (tinv_equal_v2_v3_bf16)."""
     from linattn.bench.presets import PRODUCTION_VARLEN
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.testing import make_gdn_inputs
@@ -117,7 +129,7 @@ def run_row(B, T, dev, dry):
     gcum_equal, tinv_ok = True, True
     for tname, tdt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         bufs = {}
-        for which, launch in (("ref", launch_ref), ("v2", launch_v2)):
+        for which, launch in (("ref", launch_ref),) + tuple((v, launcher(v)) for v in variants):
             gcum = torch.full((Tt, HV), float("nan"), dtype=torch.float32, device=dev)
             tinv = torch.full((Tt, HV, 64), float("nan"), dtype=tdt, device=dev)
             facts = kernel_facts(launch(k, g, beta, gcum, tinv, plan, H, HV, K, "tf32"))
@@ -127,9 +139,11 @@ def run_row(B, T, dev, dry):
         if dev == "cuda":
             torch.cuda.synchronize()
         finite = all(bool(torch.isfinite(t).all()) for pair in bufs.values() for t in pair)
-        eq = bool(torch.equal(bufs["v2"][0], bufs["ref"][0]))
+        eq = all(bool(torch.equal(bufs[v][0], bufs["ref"][0])) for v in variants)
         err = tinv_errors({w: bufs[w][1] for w in bufs}, k, g, beta, pairs, H, HV)
-        ok = finite and err["v2"]["max"] <= 1.5 * err["ref"]["max"] + FLOOR[tdt]
+        ok = finite and all(err[v]["max"] <= 1.5 * err["ref"]["max"] + FLOOR[tdt] for v in variants)
+        for v in variants[:-1]:
+            row[f"tinv_equal_{v}_{variants[-1]}_{tname}"] = bool(torch.equal(bufs[v][1], bufs[variants[-1]][1]))
         row[f"finite_{tname}"], row[f"gcum_equal_{tname}"] = finite, eq
         row[f"tinv_err_{tname}"], row[f"tinv_ok_{tname}"] = err, ok
         gcum_equal, tinv_ok = gcum_equal and eq, tinv_ok and ok
@@ -141,17 +155,21 @@ def run_row(B, T, dev, dry):
     for tname, tdt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         gcum = torch.empty(Tt, HV, dtype=torch.float32, device=dev)
         tinv = torch.empty(Tt, HV, 64, dtype=tdt, device=dev)
-        for which, launch in (("ref", launch_ref), ("v2", launch_v2)):
+        for which, launch in (("ref", launch_ref),) + tuple((v, launcher(v)) for v in variants):
             row[f"{which}_ms_{tname}"] = median_ms(
                 lambda: launch(k, g, beta, gcum, tinv, plan, H, HV, K, "tf32"), warmup=warm, repeats=reps)
-        row[f"speedup_{tname}"] = row[f"ref_ms_{tname}"] / row[f"v2_ms_{tname}"]
+        row[f"speedup_{tname}"] = row[f"ref_ms_{tname}"] / row[f"{variants[-1]}_ms_{tname}"]
+        for v in variants[:-1]:
+            row[f"{v}_over_{variants[-1]}_ms_{tname}"] = row[f"{v}_ms_{tname}"] / row[f"{variants[-1]}_ms_{tname}"]
         del gcum, tinv
-    row["ref_ms"], row["v2_ms"] = row["ref_ms_bf16"], row["v2_ms_bf16"]
+    for which in ("ref",) + tuple(variants):
+        row[f"{which}_ms"] = row[f"{which}_ms_bf16"]
     return row
 
 
-def forward_check(dev, dry):
-    """The whole Triton forward with and without v2 against the fp64 recurrent reference."""
+def forward_check(dev, dry, variant="v2"):
+    """The whole Triton forward with LINATTN_GDN_KKT=variant and with v1 ("ref") against the fp64 recurrent
+    reference; the variant's kernel must launch exactly once, in its pass."""
     import linattn
     from linattn.ops.gated_delta_rule.reference import naive_recurrent
     from linattn.ops.gated_delta_rule.triton import intra_split as sm
@@ -163,22 +181,23 @@ def forward_check(dev, dry):
            for n, v in x.items()}
     ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True)
     out = dict(B=B, T=T, H=H, HV=HV, K=K)
-    real, calls = sm.kkt_solve_v2_kernel, []
+    name = VARIANTS[variant]
+    real, calls = getattr(sm, name), []
 
-    class Spy:                           # counts kkt_solve_v2_kernel's launches (each grid), launches the real one
+    class Spy:                           # counts the variant kernel's launches (each grid), launches the real one
         def __getitem__(self, grid):
             calls.append(grid)
             return real[grid]
     os.environ["LINATTN_GDN_SPLIT_INTRA"] = "1"
     ok = True
-    for which in ("ref", "v2"):
-        os.environ["LINATTN_GDN_KKT"] = which if which == "v2" else "v1"     # the opt-in switch picks the kernel
-        sm.kkt_solve_v2_kernel = Spy()
+    for which in ("ref", variant):
+        os.environ["LINATTN_GDN_KKT"] = which if which == variant else "v1"  # the switch picks the kernel
+        setattr(sm, name, Spy())
         try:
             with torch.no_grad():
                 o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
         finally:
-            sm.kkt_solve_v2_kernel = real
+            setattr(sm, name, real)
             os.environ.pop("LINATTN_GDN_KKT")
         e_o = float((o.double() - ref_o).norm() / ref_o.norm())
         e_h = float((ht.double() - ref_ht).norm() / ref_ht.norm())
@@ -190,29 +209,36 @@ def forward_check(dev, dry):
             close, out[f"{which}_assert"] = False, str(e)[:400]
         out[which] = dict(o_rel_rms=e_o, state_rel_rms=e_h, within_tol=close)
         ok = ok and close
-    out["v2_launched"] = len(calls) == 1                # once, in the v2 pass only
-    out["ok"] = ok and out["v2_launched"]
+    out[f"{variant}_launched"] = len(calls) == 1        # once, in the variant's pass only
+    out["ok"] = ok and out[f"{variant}_launched"]
     return out
 
 
-def line(r):
+def line(r, variants=("v2",)):
     if "error" in r:
         return f"  B{r['B']} T{r['T']}: ERROR {r['error'][:200]}"
     e = r["tinv_err_fp32"]
+    last = variants[-1]
     return (f"  B{r['B']} T{r['T']}{' varlen' if r['varlen'] else ''}: gcum equal {r['gcum_equal']}, Tinv ok "
-            f"{r['tinv_ok']} (fp32 Tinv rel err max ref {e['ref']['max']:.2e} v2 {e['v2']['max']:.2e}) | bf16 Tinv: "
-            f"kkt_solve {r['ref_ms_bf16']:.4f} ms, v2 {r['v2_ms_bf16']:.4f} ms (x{r['speedup_bf16']:.2f}) | fp32 "
-            f"Tinv: {r['ref_ms_fp32']:.4f} -> {r['v2_ms_fp32']:.4f} ms (x{r['speedup_fp32']:.2f})"
-            + (f" | regs {r['ref_kernel_bf16']['regs']} -> {r['v2_kernel_bf16']['regs']}, spills "
-               f"{r['v2_kernel_bf16']['spills']}, smem {r['ref_kernel_bf16']['smem']} -> "
-               f"{r['v2_kernel_bf16']['smem']}" if "v2_kernel_bf16" in r else ""))
+            f"{r['tinv_ok']} (fp32 Tinv rel err max ref {e['ref']['max']:.2e} "
+            + " ".join(f"{v} {e[v]['max']:.2e}" for v in variants) + ") | bf16 Tinv: "
+            f"kkt_solve {r['ref_ms_bf16']:.4f} ms, " + ", ".join(f"{v} {r[f'{v}_ms_bf16']:.4f} ms" for v in variants)
+            + f" (ref/{last} x{r['speedup_bf16']:.2f}) | fp32 Tinv: {r['ref_ms_fp32']:.4f} -> "
+            + " -> ".join(f"{r[f'{v}_ms_fp32']:.4f}" for v in variants) + f" ms (x{r['speedup_fp32']:.2f})"
+            + (f" | regs {r['ref_kernel_bf16']['regs']} -> "
+               + " -> ".join(str(r[f'{v}_kernel_bf16']['regs']) for v in variants)
+               + f", spills {r[f'{last}_kernel_bf16']['spills']}, smem {r['ref_kernel_bf16']['smem']} -> "
+               f"{r[f'{last}_kernel_bf16']['smem']}" if f"{last}_kernel_bf16" in r else ""))
 
 
-def main():
-    args, dry, dev, path, res = start_round("kkt_v2_round.py", "kkt_v2.json")
-    run_rows(res, path, DRY_ROWS if dry else ROWS, lambda B, T: run_row(B, T, dev, dry), line, args.budget, START)
+def main(variants=("v2",), script="kkt_v2_round.py", json_name="kkt_v2.json"):
+    """The round for `variants` against kkt_solve_kernel; the forward check runs the last variant."""
+    args, dry, dev, path, res = start_round(script, json_name)
+    res["variants"] = list(variants)
+    run_rows(res, path, DRY_ROWS if dry else ROWS, lambda B, T: run_row(B, T, dev, dry, variants),
+             lambda r: line(r, variants), args.budget, START)
     try:
-        res["forward"] = forward_check(dev, dry)
+        res["forward"] = forward_check(dev, dry, variants[-1])
     except Exception as e:  # noqa: BLE001
         res["forward"] = dict(ok=False, error=f"{e!r}"[:600], trace=traceback.format_exc()[-2000:])
     print(f"  forward vs fp64: {res['forward']}", flush=True)
@@ -220,7 +246,7 @@ def main():
     res["all_ok"] = bool(rows) and all(r.get("gcum_equal") is True and r.get("tinv_ok") is True for r in rows)
     res["passed"] = res["all_ok"] and res["forward"].get("ok") is True and not res["skipped"]
     write_json(path, res)
-    print(f"kkt_v2: all ok {res['all_ok']}, forward ok {res['forward'].get('ok')}, skipped {res['skipped']}, "
+    print(f"{json_name[:-5]}: all ok {res['all_ok']}, forward ok {res['forward'].get('ok')}, skipped {res['skipped']}, "
           f"{time.time() - START:.0f} s")
 
 

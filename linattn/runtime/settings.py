@@ -42,7 +42,9 @@ LINATTN_GDN_KKT           "v1" makes stage 2a (K K^T and the inverse Tinv, trito
                    warp-local products; about 60% of the shared-memory traffic). Round 16 on an H200 (e396e51 with
                    LINATTN_GDN_KKT=v2): Tinv error vs fp64 as v1's, Gluon gate, Triton forward and backward gates
                    green; stage 2a 1.17-1.23x faster (B1 T65536 0.642 -> 0.524 ms), gluon forward 1.04-1.07x at
-                   every production row (B1 T65536 2.795 -> 2.686 ms), benchmarks/KKT_SOLVE.md.
+                   every production row (B1 T65536 2.795 -> 2.686 ms), benchmarks/KKT_SOLVE.md. "v3" (opt-in, checked
+                   on the CPU only): kkt_solve_v3_kernel, v2's products without its tl.gather moves (Tinv bit-equal to
+                   v2's; from the PTX, a third fewer L1/shared wavefronts; GPU step kkt_v3).
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -118,8 +120,10 @@ class _Settings:
 
     @property
     def gdn_kkt(self) -> str:
-        """"v2" (default: kkt_solve_v2_kernel) or "v1" (LINATTN_GDN_KKT=v1: kkt_solve_kernel, as before round 16)."""
-        return "v1" if os.environ.get("LINATTN_GDN_KKT", "").strip().lower() == "v1" else "v2"
+        """"v2" (default: kkt_solve_v2_kernel), "v1" (LINATTN_GDN_KKT=v1: kkt_solve_kernel, as before round 16) or "v3"
+        (LINATTN_GDN_KKT=v3, opt-in: kkt_solve_v3_kernel, v2 with cheaper cross-warp moves; benchmarks/KKT_SOLVE.md)."""
+        value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
+        return value if value in ("v1", "v3") else "v2"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

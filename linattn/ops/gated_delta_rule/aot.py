@@ -164,7 +164,8 @@ _register_output_v2()
 # split_intra_config picks for H16/HV32 K=V=128 bf16: kkt_solve (K K^T as one [64, 128] x [128, 64] WGMMA, the
 # inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
 # (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).
-_KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "kkt_v2": "kkt_solve_v2_kernel"}
+_KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "kkt_v2": "kkt_solve_v2_kernel",
+               "kkt_v3": "kkt_solve_v3_kernel"}
 
 
 def _split_intra_build(which: str, tinv: str):
@@ -204,12 +205,16 @@ for _name, _which, _tinv, _intended, _what in SPLIT_INTRA:
 # static loop over the HV // H = 2 value heads; benchmarks/gpu/kkt_gva_round.py, tests/test_kkt_solve_gva.py) and v2
 # (intra_split.kkt_solve_v2_kernel: the same grid and outputs as kkt_solve_kernel, Tinv by block substitution on
 # [4, 16, 16] batched tensors instead of four [64, 64] products; benchmarks/gpu/kkt_v2_round.py,
-# tests/test_kkt_solve_v2.py).
+# tests/test_kkt_solve_v2.py) and v3 (intra_split.kkt_solve_v3_kernel: v2's products, its cross-warp moves as one
+# broadcast per moved tensor and in-register selects instead of tl.gather; benchmarks/gpu/kkt_v3_round.py,
+# tests/test_kkt_solve_v3.py).
 KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
     ("gdn_fwd_triton_split_kkt_solve_gva_w4", "kkt_gva", _X,
      "opt-in GVA kkt_solve (K K^T once per key head), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v2_w4", "kkt_v2", _X,
      "opt-in kkt_solve v2 (block substitution on 16x16 blocks), bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v3_w4", "kkt_v3", _X,
+     "opt-in kkt_solve v3 (v2 with broadcast-and-select cross-warp moves), bf16 Tinv"),
 ]
 for _name, _which, _tinv, _what in KKT_VARIANTS:
     register(AotKernel(_name, _split_intra_build(_which, _tinv), ("HGMMA",), archs=("sm_90a",), language="triton",

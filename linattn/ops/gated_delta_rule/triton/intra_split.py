@@ -243,9 +243,10 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
 
 
 def kkt_kernel():
-    """The stage-2a kernel the forward launches: kkt_solve_v2_kernel (default since round 16), or kkt_solve_kernel with
-    LINATTN_GDN_KKT=v1 (same signature, grid and outputs, Tinv to rounding; benchmarks/KKT_SOLVE.md)."""
-    return kkt_solve_v2_kernel if settings.gdn_kkt == "v2" else kkt_solve_kernel
+    """The stage-2a kernel the forward launches: kkt_solve_v2_kernel (default since round 16), kkt_solve_kernel with
+    LINATTN_GDN_KKT=v1, or kkt_solve_v3_kernel with LINATTN_GDN_KKT=v3 (opt-in; same signature, grid and outputs, Tinv
+    to rounding (v3: bit-equal to v2); benchmarks/KKT_SOLVE.md)."""
+    return {"v1": kkt_solve_kernel, "v3": kkt_solve_v3_kernel}.get(settings.gdn_kkt, kkt_solve_v2_kernel)
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -277,6 +278,23 @@ def _from_block_above(x, s: tl.constexpr):
     memory."""
     i = tl.arange(0, 4)[:, None, None] + tl.zeros([4, 16, 16], dtype=tl.int32)
     return tl.gather(x, tl.maximum(i - s, 0), 0)
+
+
+@triton.jit
+def _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: tl.constexpr, BT: tl.constexpr):
+    """Stores the four block diagonals of Tinv (d = T_ii, t1 = T_{i,i-1}, t2, t3 as [4, 16, 16], row block i):
+    diagonal s at column block (i - s) mod 4, T_{i,i-s} below the diagonal and its exact zeros (i < s) above it, so
+    the four stores write all of Tinv's rows t0 .. min(t0 + 64, eos)."""
+    rr = t0 + tl.arange(0, 4)[:, None, None] * 16 + tl.arange(0, 16)[None, :, None]
+    cc = tl.arange(0, 16)[None, None, :]
+    rowm = (rr < eos) & (cc < 16)
+    base_p = tinv_ptr + (rr * HV + hv) * BT + cc
+    blk4 = tl.arange(0, 4)[:, None, None]
+    ty = tinv_ptr.dtype.element_ty
+    tl.store(base_p + blk4 * 16, d.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 3) % 4) * 16, t1.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 2) % 4) * 16, t2.to(ty), mask=rowm)
+    tl.store(base_p + ((blk4 + 1) % 4) * 16, t3.to(ty), mask=rowm)
 
 
 @triton.jit
@@ -331,17 +349,7 @@ def kkt_solve_v2_kernel(
     t3 = tl.dot(t1, _from_block_above(e2, 1), input_precision=F32)
     t3 = -tl.dot(d, e3, acc=tl.dot(t2, _from_block_above(e1, 2), acc=t3, input_precision=F32), input_precision=F32)
 
-    # store diagonal s at column block (i - s) mod 4: T_{i,i-s} below the diagonal, its exact zeros above it
-    rr = t0 + tl.arange(0, 4)[:, None, None] * 16 + tl.arange(0, 16)[None, :, None]
-    cc = tl.arange(0, 16)[None, None, :]
-    rowm = (rr < eos) & (cc < 16)
-    base_p = tinv_ptr + (rr * HV + hv) * BT + cc
-    blk4 = tl.arange(0, 4)[:, None, None]
-    ty = tinv_ptr.dtype.element_ty
-    tl.store(base_p + blk4 * 16, d.to(ty), mask=rowm)
-    tl.store(base_p + ((blk4 + 3) % 4) * 16, t1.to(ty), mask=rowm)
-    tl.store(base_p + ((blk4 + 2) % 4) * 16, t2.to(ty), mask=rowm)
-    tl.store(base_p + ((blk4 + 1) % 4) * 16, t3.to(ty), mask=rowm)
+    _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
 
 def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -353,6 +361,93 @@ def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Chu
     tf32). gcum is bit-equal to kkt_solve_kernel's, Tinv agrees to rounding. gcum / tinv may be given (tinv fp32 for
     the backward's store_tinv, else k's dtype); they are allocated otherwise."""
     return _launch_kkt_variant(kkt_solve_v2_kernel, "kkt_solve_v2", k, g, beta, plan, HV, gcum, tinv, dot_prec)
+
+
+
+@triton.jit
+def _blocks_to_all_warps(x):
+    """x [4, 16, 16] (row block j in warp j) -> [4 (row block i), 4 (j), 16, 16] with [i, j] = x[j]: x broadcast over
+    a new leading axis. Triton lays the result out with i and j in registers and the 16 rows over the warps, so this
+    is one cross-warp move of x through shared memory (4 KB stored, the blocks the selects use loaded back), after
+    which every _select_above of it is in-thread."""
+    return tl.broadcast_to(tl.expand_dims(x, 0), [4, 4, 16, 16])
+
+
+@triton.jit
+def _select_above(xa, s: tl.constexpr):
+    """From _blocks_to_all_warps(x): y[i] = x[i - s] over the row-block axis, exact zeros where i < s (callers only
+    multiply those with zero blocks, as with _from_block_above's x[0])."""
+    i = tl.arange(0, 4)[:, None, None, None]
+    j = tl.arange(0, 4)[None, :, None, None]
+    return tl.sum(tl.where(j == i - s, xa, 0.), axis=1)
+
+
+@triton.jit
+def kkt_solve_v3_kernel(
+    k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
+    gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Opt-in (LINATTN_GDN_KKT=v3; kkt_solve_v3 below): kkt_solve_v2_kernel's block substitution, the same products in
+    the same order at the same precision, with its cross-warp moves done differently. v2 moves D_{i-s} and E_s[i-u]
+    to row block i with six tl.gather calls; each goes mma layout -> the gather's layout through shared memory, a
+    warp-shuffle gather, then shared memory again in an unswizzled layout (row-block dimension fastest) whose TF32
+    B-operand loads are 4-way bank conflicts (the lanes of one k row are 64 words apart). Here each moved tensor (d,
+    e1, e2) is broadcast to every warp once (_blocks_to_all_warps) and the shifted copies are in-register selects
+    (_select_above), which reach their product through the swizzled layout Triton picks for a dot operand
+    (conflict-free for the same loads). For i < s the select gives exact zeros where v2's clamped gather gave x[0];
+    both only meet zero blocks of A, so Tinv is bit-equal to v2's (tests/test_kkt_solve_v3.py).
+    sm_90a PTX per program against v2 (benchmarks/KKT_SOLVE.md, "v2 after round 16"; bank conflicts simulated from
+    the PTX addresses by benchmarks/ptx_shared_traffic.py): L1/shared wavefronts 2400 -> 1608 (shared 1496 -> 896,
+    of which v2's conflicts 576 -> 0; shuffles 904 -> 712); 85 registers (v2 95), 0 spill, 16 KB shared, so 5 CTAs
+    per SM as v2. Not yet run on a GPU (benchmarks/gpu/kkt_v3_round.py)."""
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+
+    F32: tl.constexpr = DOT_PREC
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    a1 = _blocks_at(a4, 1)                    # A_{i,i-1}
+    a2 = _blocks_at(a4, 2)                    # A_{i,i-2}
+    a3 = _blocks_at(a4, 3)                    # A_{i,i-3}
+    d = _inv_unit_lower16(_blocks_at(a4, 0), F32)          # D_i = T_ii
+    # v2's recurrence: E_s[i] = A_{i,i-s} D_{i-s}; T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
+    # (each broadcast's selects taken right after it: 85 registers; selecting at the products' operands, 99)
+    da = _blocks_to_all_warps(d)
+    d1 = _select_above(da, 1)                 # D_{i-1}
+    d2 = _select_above(da, 2)
+    d3 = _select_above(da, 3)
+    e1 = tl.dot(a1, d1, input_precision=F32)
+    e2 = tl.dot(a2, d2, input_precision=F32)
+    e3 = tl.dot(a3, d3, input_precision=F32)
+    t1 = -tl.dot(d, e1, input_precision=F32)
+    e1a = _blocks_to_all_warps(e1)
+    e11 = _select_above(e1a, 1)               # E_1[i-1]
+    e12 = _select_above(e1a, 2)               # E_1[i-2]
+    e21 = _select_above(_blocks_to_all_warps(e2), 1)       # E_2[i-1]
+    t2 = -tl.dot(d, e2, acc=tl.dot(t1, e11, input_precision=F32), input_precision=F32)
+    t3 = tl.dot(t1, e21, input_precision=F32)
+    t3 = -tl.dot(d, e3, acc=tl.dot(t2, e12, acc=t3, input_precision=F32), input_precision=F32)
+    _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+
+
+def kkt_solve_v3(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
+                 gcum: Optional[torch.Tensor] = None, tinv: Optional[torch.Tensor] = None,
+                 dot_prec: Optional[str] = None):
+    """Stage 2a as kkt_solve_v3_kernel, launched as kkt_solve_v2 launches v2 (same config and outputs); gcum bit-equal
+    to kkt_solve_kernel's, Tinv bit-equal to kkt_solve_v2's."""
+    return _launch_kkt_variant(kkt_solve_v3_kernel, "kkt_solve_v3", k, g, beta, plan, HV, gcum, tinv, dot_prec)
 
 
 def _launch_kkt_variant(kernel, name: str, k, g, beta, plan: ChunkPlan, HV: int, gcum, tinv, dot_prec,
