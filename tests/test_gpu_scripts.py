@@ -70,7 +70,8 @@ def test_ncu_source_reader_dry_run(tmp_path):
     out = _run([os.path.join(GPU, "ncu_source.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
     assert "ncu_source dry run: ok" in out
     summary = json.loads((tmp_path / "ncu_source_summary.json").read_text())["sample_sass.csv"]
-    (k,) = summary.values()
+    assert list(summary) == ["kkt_solve_v2_kernel", "chunk_fused_wu_ws_kernel"]     # two kernels, one file
+    k = summary["chunk_fused_wu_ws_kernel"]
     assert k["top"][0]["sass"].startswith("@P0 SYNCS") and k["by_opcode"]["SYNCS"] == 0.45
 
 

@@ -58,12 +58,14 @@ def read_sass_csv(text: str) -> dict:
     for rec in csv.reader(io.StringIO(text)):
         if not rec:
             continue
-        if len(rec) == 1 or (header is None and not any("address" in c.lower() for c in rec)):
+        # the H200's ncu (round 16) starts each kernel with '"Kernel Name","<name>",'; others with a one-field line
+        is_label = rec[0].strip() == "Kernel Name" or len(rec) == 1
+        if is_label or (header is None and not any("address" in c.lower() for c in rec)):
             if header is not None and rows:
                 kernels[name] = rows
-            label = " ".join(c for c in rec if c).strip()
-            if label and not label.startswith("=="):
-                name = label[:160]
+            label = (rec[1] if rec[0].strip() == "Kernel Name" and len(rec) > 1 else " ".join(c for c in rec if c))
+            if label.strip() and not label.startswith("=="):
+                name = label.strip()[:160]
             header, rows = None, []
             continue
         if header is None:
@@ -153,9 +155,12 @@ def summarize(paths, out_dir) -> dict:
     return res
 
 
-# A CSV in the layout ncu 2024/2025 writes for `--page source --csv --print-source sass` (kernel line, header, one
-# row per instruction); values made up.
-_SAMPLE = '''"chunk_fused_wu_ws_kernel"
+# A CSV in the layout the H200's ncu wrote in round 16 for `--page source --csv --print-source sass` (a kernel line,
+# a header, one row per instruction, then the next kernel; columns cut to a few); values made up.
+_SAMPLE = '''"Kernel Name","kkt_solve_v2_kernel",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_long_sb","stall_barrier"
+"0x7f0000001000","MOV R1, c[0x0][0x28]","7","0","0","0"
+"Kernel Name","chunk_fused_wu_ws_kernel",
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_long_sb","stall_barrier"
 "0x7f0000000000","MOV R1, c[0x0][0x28]","1","0","0","0"
 "0x7f0000000010","@P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x10], R3","900","890","0","0"
@@ -177,7 +182,10 @@ def main():
         p = os.path.join(a.out, "sample_sass.csv")
         with open(p, "w") as f:
             f.write(_SAMPLE)
-        (s,) = summarize([p], a.out)["sample_sass.csv"].values()
+        res = summarize([p], a.out)["sample_sass.csv"]
+        assert list(res) == ["kkt_solve_v2_kernel", "chunk_fused_wu_ws_kernel"], list(res)
+        assert res["kkt_solve_v2_kernel"]["samples"] == 7.0, res["kkt_solve_v2_kernel"]
+        s = res["chunk_fused_wu_ws_kernel"]
         assert s["instructions"] == 6 and s["samples"] == 2000.0, s
         assert list(s["by_opcode"])[:3] == ["SYNCS", "WARPGROUP", "HGMMA"], s["by_opcode"]
         assert s["top"][0]["share"] == 0.45 and s["top"][0]["not_issued_share"] == 0.445, s["top"][0]
