@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
-NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_"))
+NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and not n.endswith("_areg"))
+AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and n.endswith("_areg"))
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
@@ -74,6 +75,82 @@ def test_compiles_without_spill_with_intended_instructions(name):
     assert rep.sass.get("SYNCS.PHASECHK.TRANS64.TRYWAIT", 0) >= 9, rep.sass   # 1 + 3 + 3 + 2 waits at least
 
 
+@needs_gluon
+def test_areg_build_compiles_without_spill():
+    """WU_AREG (LINATTN_GDN_GLUON_WU_AREG=1, BV=32 only): 0 spill, no local memory, the register file as the default
+    build's, and both W / U paths in the code: the register-A products (W 4 at N = 128, U 4 at N = BV) next to the
+    shared-memory ones kept for a sequence's last chunk."""
+    assert AREG_NAMES == ["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"]
+    rep = inspect_kernel(REGISTRY[AREG_NAMES[0]])
+    assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
+    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
+    assert rep.num_warps == 16 and rep.regs == 128 and 0 < rep.smem <= SMEM_LIMIT_SM90
+    assert rep.sass.get("HGMMA.64x128x16.F32.BF16", 0) == 8, rep.sass          # W: 4 register-A + 4 smem-A
+    assert rep.sass.get("HGMMA.64x32x16.F32.BF16", 0) == 32 + 4, rep.sass       # U: 4 more
+
+
+def test_areg_switch_picks_the_variant_at_bv32_only(monkeypatch):
+    """LINATTN_GDN_GLUON_WU_AREG=1 sets WU_AREG in the launch at BV=32 (B1 at HV32) and not at BV=64; unset, the
+    launch passes WU_AREG=False, the kernel's default (the same build as before the switch existed)."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config, fused_wu_launch
+    plan, bufs = _buffers(1, 4096, 16, 32)
+    for env, want in ((None, False), ("1", True)):
+        if env is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_WU_AREG", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG", env)
+        cfg1, cfg8 = fused_wu_config(1, 32, 128, 132), fused_wu_config(8, 32, 128, 132)
+        assert (cfg1.BV, cfg1.areg, cfg8.BV, cfg8.areg) == (32, want, 64, False)
+        if not _GLUON_OK:
+            continue
+        *_, kwargs = fused_wu_launch(*bufs[:7], bufs[7], bufs[8], plan, 0.1, cfg1)
+        assert kwargs["WU_AREG"] is want
+
+
+@pytest.mark.parametrize("lens", [None, [1, 130, 64, 65]])
+def test_schedule_model_areg_matches_fp64(device, lens):
+    """The schedule model with areg (WU_AREG's rounding: Tinv * gates rounded, k and v as loaded) on full chunks and,
+    for each sequence's last chunk, the shared-memory path: o and the final state within TOL of the fp64 recurrence,
+    with errors vs fp64 within 1.15x the default model's (its W / U round k * gates instead; the two roundings are
+    independent, so the models differ by about their own error: 3.7e-3 on o in one run, while their errors vs fp64
+    stayed within 4% of each other over 6 seeds), W / U rows < eos within 1e-2 of wu_kernel's; fresh inputs and
+    interleaving every run, outputs NaN-poisoned."""
+    if device != "cpu":
+        pytest.skip("CPU model check")
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (chunk_gated_delta_rule_fwd_fused_wu,
+                                                                      emulate_fused_wu_ws)
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, rel_rms
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    T = 260 if lens is None else sum(lens)
+    x, cu = _inputs(1, T, lens, torch.bfloat16, True, 1, 2, seed=seed)
+    scale = 128 ** -0.5
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, cu)
+    with poisoned_allocations():
+        ref = chunk_gated_delta_rule_fwd(*args)
+    outs = {}
+    for areg in (False, True):
+        seen = {}
+
+        def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_):
+            seen["w"], seen["u"] = torch.full_like(ref.w, float("nan")), torch.full_like(ref.u, float("nan"))
+            emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_, BV=32, stages=3,
+                                w_out=seen["w"], u_out=seen["u"], seed=seed, areg=areg)
+        with poisoned_allocations():
+            outs[areg] = (chunk_gated_delta_rule_fwd_fused_wu(*args, fused_pass=fused), seen)
+    (res, seen), (res0, _) = outs[True], outs[False]
+    for mine, theirs in ((seen["w"], ref.w), (seen["u"], ref.u)):
+        assert torch.isfinite(mine).all() and rel_rms(mine, theirs) < 1e-2
+    assert not torch.equal(seen["w"], ref.w)                  # the areg rounding did run
+    o64, f64 = naive_recurrent(*(t.double() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])), scale=scale,
+                               initial_state=x["initial_state"].double(), output_final_state=True, cu_seqlens=cu)
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    assert rel_rms(res.o, o64) <= 1.15 * rel_rms(res0.o, o64)
+    assert rel_rms(res.final_state, f64) <= 1.15 * rel_rms(res0.final_state, f64)
+
+
 def _buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16, states=True):
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     K = V = 128
@@ -110,7 +187,7 @@ def test_launch_matches_aot_signature(B, T, lens, states):
     assert grid == (128 // cfg.BV, plan.N * 32)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, STAGES=cfg.stages, NWU=NWU, NPUB=NPUB,
                           USE_H0=states, STORE_HT=states, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS,
-                          PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+                          PRODUCER_REGS=PRODUCER_REGS, WU_AREG=False, num_warps=4)     # WU_AREG: opt-in, unset here
     T_tot = plan.T_total
     assert [list(a.shape) for a in args[:4]] == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128], [T_tot, 32 * 64]]
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 2 + [[64, cfg.BV], [64, 64]]

@@ -509,16 +509,17 @@ def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp
             "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
 
 
-def fused_wu_kernel_name(dtype: str, BV: int, stages: int) -> str:
-    return f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}"
+def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False) -> str:
+    return f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
 
 
-def _fused_wu_build(dtype: str, BV: int, stages: int):
+def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
                                                                           WU_REGS, chunk_fused_wu_ws_kernel as fn)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NWU=NWU, NPUB=NPUB, USE_H0=True,
-                     STORE_HT=True, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                     STORE_HT=True, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                     WU_AREG=areg)
         sig = fused_wu_signature(dtype, BV)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
@@ -530,3 +531,13 @@ for _dt, _bv, _s in FUSED_WU_CONFIGS:
         fused_wu_kernel_name(_dt, _bv, _s), _fused_wu_build(_dt, _bv, _s), FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
         description=f"GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
                     f"warpgroup, output warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))
+
+# The same kernel with WU_AREG (LINATTN_GDN_GLUON_WU_AREG=1, opt-in until its GPU gate): the wu warpgroup scales
+# Tinv's columns in registers and multiplies it as wgmma's register A operand against the ring's k and v tiles.
+# BV=32 only, as fused_wu_config takes it (at BV=64 the wu warpgroup's 152 registers spill 24 bytes).
+for _dt, _bv, _s in FUSED_WU_CONFIGS[:1]:
+    register(AotKernel(
+        fused_wu_kernel_name(_dt, _bv, _s, areg=True), _fused_wu_build(_dt, _bv, _s, areg=True), FUSED_WU_INTENDED,
+        div16=FUSED_WU_DIV16,
+        description=f"GDN forward stages 2b+3+4 fused, W/U with Tinv as wgmma's register A operand (WU_AREG), "
+                    f"H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))

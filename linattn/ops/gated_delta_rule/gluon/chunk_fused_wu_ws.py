@@ -79,14 +79,44 @@ if GLUON_OK:
         return gam, bk, bv
 
     @gluon.jit
+    def _wu_scaled_in_smem(k_s, v_s, t_s, wk_s, st, j, rk, rv, eos, bg, beta_v, LK: gl.constexpr,
+                           LV: gl.constexpr, ACC_W: gl.constexpr, ACC_U: gl.constexpr, K: gl.constexpr,
+                           BT: gl.constexpr, BV: gl.constexpr):
+        """w = Tinv @ ks, u = Tinv @ vs with ks, vs the row-scaled k and v written to shared memory first (wu_kernel's
+        rounding points). Rows past eos are SELECTED to 0 (as wu_kernel's zero-filled loads: the next sequence's rows
+        cannot reach W / U of valid rows, even if not finite). The v tile is rewritten in place: only this partition
+        reads v. Returns (w, u) in ACC_W / ACC_U, every wgmma waited."""
+        dt: gl.constexpr = k_s.dtype
+        ks = gl.where(gl.expand_dims(rk < eos, 1), k_s.index(st).load(LK).to(gl.float32) * gl.expand_dims(bg, 1),
+                      0.).to(dt)
+        wk_s.index(j).store(ks)
+        vs = gl.where(gl.expand_dims(rv < eos, 1),
+                      v_s.index(st).load(LV).to(gl.float32) * gl.expand_dims(beta_v, 1), 0.).to(dt)
+        v_s.index(st).store(vs)
+        fence_async_shared()                                       # generic stores -> wgmma (async proxy)
+        gl.thread_barrier()
+        w = warpgroup_mma(t_s.index(st), wk_s.index(j), gl.zeros([BT, K], gl.float32, ACC_W), use_acc=False,
+                          is_async=True)
+        u = warpgroup_mma(t_s.index(st), v_s.index(st), gl.zeros([BT, BV], gl.float32, ACC_U), use_acc=False,
+                          is_async=True)
+        w, u = warpgroup_mma_wait(0, deps=[w, u])
+        return w, u
+
+    @gluon.jit
     def _wu_worker(k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos, eos, hv,
                    HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr,
-                   NWU: gl.constexpr):
+                   NWU: gl.constexpr, AREG: gl.constexpr):
         dt: gl.constexpr = k_s.dtype
         LK: gl.constexpr = ws_rows_layout(K, dt.primitive_bitwidth, 4)     # the k tile [BT, K], 16-byte vectors
         LV: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)    # the v tile [BT, BV]
         ACC_W: gl.constexpr = ws_acc_layout(K)
         ACC_U: gl.constexpr = ws_acc_layout(BV)
+        # AREG: the gates scale Tinv's COLUMNS in registers (Tinv diag(b) k == Tinv (b * k)) and Tinv is the wgmma's
+        # register A operand, B the ring's k and v tiles as TMA wrote them: no scaled copy of k and v goes through
+        # shared memory (round 16's ncu source view: that copy was ~57% of this partition's time, and this
+        # partition the chain's bound at B1). Gates then live in the A operand's column layout.
+        LAW: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_W, k_width=2)
+        LAU: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_U, k_width=2)
         r_k = gl.arange(0, BT, layout=gl.SliceLayout(1, LK))
         r_v = gl.arange(0, BT, layout=gl.SliceLayout(1, LV))
         # The gates (wu_kernel's masked loads: gam = 0 and beta = 0 past the end) are loaded one chunk AHEAD and
@@ -98,31 +128,41 @@ if GLUON_OK:
             t0 = bos + c * BT
             st = c % STAGES
             j = c % NWU
-            rk = t0 + r_k
-            rv = t0 + r_v
+            if not AREG:
+                rk = t0 + r_k
+                rv = t0 + r_v
             # next chunk's gates in flight during this chunk (rows past eos masked: nothing read past the end)
             gam_nx, bk_nx, bv_nx = _wu_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_k, r_v, HV)
-            bg = bk_raw.to(gl.float32) * gl.exp(gam_raw)
-            beta_v = bv_raw.to(gl.float32)
+            if not AREG:
+                bg = bk_raw.to(gl.float32) * gl.exp(gam_raw)
+                beta_v = bv_raw.to(gl.float32)
             mbarrier.wait(ready.index(st), (c // STAGES) & 1)
             mbarrier.wait(wu_empty.index(j), ((c // NWU) & 1) ^ 1)      # product 1 of chunk c - NWU is done
-            # the scaled operands, rounded to dt as wu_kernel rounds them; rows past the end selected to 0 (as
-            # wu_kernel's zero-filled loads: the next sequence's rows cannot reach W / U of valid rows, even if
-            # not finite). The v tile is rewritten in place: only this partition reads v.
-            ks = gl.where(gl.expand_dims(rk < eos, 1),
-                          k_s.index(st).load(LK).to(gl.float32) * gl.expand_dims(bg, 1), 0.).to(dt)
-            wk_s.index(j).store(ks)
-            vs = gl.where(gl.expand_dims(rv < eos, 1),
-                          v_s.index(st).load(LV).to(gl.float32) * gl.expand_dims(beta_v, 1), 0.).to(dt)
-            v_s.index(st).store(vs)
-            fence_async_shared()                                       # generic stores -> wgmma (async proxy)
-            gl.thread_barrier()
-            w = warpgroup_mma(t_s.index(st), wk_s.index(j), gl.zeros([BT, K], gl.float32, ACC_W), use_acc=False,
-                              is_async=True)
-            u = warpgroup_mma(t_s.index(st), v_s.index(st), gl.zeros([BT, BV], gl.float32, ACC_U), use_acc=False,
-                              is_async=True)
-            w, u = warpgroup_mma_wait(0, deps=[w, u])
-            gl.thread_barrier()                                        # every warp's wgmma has read ks and vs
+            if AREG:
+                # (the scales are formed inside each branch here: formed once before it, they spilled 4 bytes)
+                if t0 + BT > eos:
+                    # the sequence's last chunk, whose box holds the next sequence's rows: the scaled copies with
+                    # those rows selected to 0, as without AREG (a column scale of 0 would meet them as 0 * x,
+                    # which is not 0 for x not finite)
+                    w, u = _wu_scaled_in_smem(k_s, v_s, t_s, wk_s, st, j, t0 + r_k, t0 + r_v, eos,
+                                              bk_raw.to(gl.float32) * gl.exp(gam_raw), bv_raw.to(gl.float32), LK,
+                                              LV, ACC_W, ACC_U, K, BT, BV)
+                else:
+                    # the gates stay in the row layouts while carried (a column slice of the A operand holds 16 per
+                    # thread and vector: the prefetched copies spilled); moved to the columns here
+                    bw = gl.convert_layout(bk_raw.to(gl.float32) * gl.exp(gam_raw), gl.SliceLayout(0, LAW))
+                    bu = gl.convert_layout(bv_raw.to(gl.float32), gl.SliceLayout(0, LAU))
+                    aw = (t_s.index(st).load(LAW).to(gl.float32) * gl.expand_dims(bw, 0)).to(dt)
+                    au = (t_s.index(st).load(LAU).to(gl.float32) * gl.expand_dims(bu, 0)).to(dt)
+                    w = warpgroup_mma(aw, k_s.index(st), gl.zeros([BT, K], gl.float32, ACC_W), use_acc=False,
+                                      is_async=True)
+                    u = warpgroup_mma(au, v_s.index(st), gl.zeros([BT, BV], gl.float32, ACC_U), use_acc=False,
+                                      is_async=True)
+                    w, u = warpgroup_mma_wait(0, deps=[w, u])
+            else:
+                w, u = _wu_scaled_in_smem(k_s, v_s, t_s, wk_s, st, j, rk, rv, eos, bg, beta_v, LK, LV, ACC_W, ACC_U,
+                                          K, BT, BV)
+            gl.thread_barrier()                                        # every warp's wgmma has read its operands
             wk_s.index(j).store(w.to(dt))
             v_s.index(st).store(u.to(dt))
             fence_async_shared()                                       # w -> state's wgmma; k, v, Tinv -> next TMA
@@ -140,7 +180,7 @@ if GLUON_OK:
         cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-        OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WU_AREG: gl.constexpr = False,
     ):
         dt: gl.constexpr = k_desc.dtype
         vb = gl.program_id(0)
@@ -182,7 +222,7 @@ if GLUON_OK:
              (_ws_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
-                           eos, hv, HV, K, BT, BV, STAGES, NWU)),
+                           eos, hv, HV, K, BT, BV, STAGES, NWU, WU_AREG)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
                              vb, K, V, BT, BV, STAGES))],
             worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
@@ -207,15 +247,17 @@ class FusedWuConfig:
     stages: int            # TMA ring depth
     nwu: int = NWU         # W buffers
     num_warps: int = 4     # the default (state) partition; the kernel launches 16 warps (4 warpgroups)
+    areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (BV=32 only: 24 B spilled at BV=64)
 
 
 def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     """V split as chunk_fused_ws.fused_ws_config: BV=64 unless N*HV*V/64 programs would leave SMs idle, then 32.
     Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB)."""
+    from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2
-    return FusedWuConfig(bv, 3 if bv == 32 else 2)
+    return FusedWuConfig(bv, 3 if bv == 32 else 2, areg=bv == 32 and settings.gdn_gluon_wu_areg)
 
 
 def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Tensor] = None,
@@ -262,7 +304,7 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
             beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=OUTPUT_REGS,
-                  WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=cfg.num_warps)
+                  WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, num_warps=cfg.num_warps)
     return chunk_fused_wu_ws_kernel, (V // cfg.BV, N * HV), args, kwargs
 
 
@@ -349,7 +391,7 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
-                        stats: Optional[dict] = None) -> None:
+                        stats: Optional[dict] = None, areg: bool = False) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -357,7 +399,10 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     (the ring's v tile holds v, then v * beta, then U; wk[j] holds the scaled k, then W), so a protocol error shows
     up as a wrong result or as a deadlock (RuntimeError). Boxes as the kernel's: full [BT, .] boxes from a chunk's
     first token (the next sequence's rows included, zero past T_tot); roundings as wu_kernel and chunk_fused_ws.
-    w_out [T_tot, HV, K] / u_out [T_tot, HV, V], when given, receive W and U rows < eos (what wu_kernel writes)."""
+    w_out [T_tot, HV, K] / u_out [T_tot, HV, V], when given, receive W and U rows < eos (what wu_kernel writes).
+    areg models WU_AREG: on chunks that end inside the sequence, W = (Tinv * (beta exp(gam))[None, :]).to(dt) @ k and
+    U = (Tinv * beta[None, :]).to(dt) @ v with k and v the ring's tiles as loaded (the sequence's last chunk as
+    without areg)."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -425,13 +470,19 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         yield ready[st], (c // stages) & 1
                         yield wu_empty[j], ((c // nwu) & 1) ^ 1
                         bg = bet * torch.exp(gam)
-                        valid = ((t0 + r_t) < eos)[:, None]
-                        wk[j] = torch.where(valid, ring[st]["k"].to(f32) * bg[:, None], 0.).to(dt)
-                        ring[st]["v"] = torch.where(valid, ring[st]["v"].to(f32) * bet[:, None], 0.).to(dt)
-                        yield None                     # the two wgmmas read the shared buffers
                         tt = ring[st]["t"].to(f32)
-                        w = (tt @ wk[j].to(f32)).to(dt)
-                        u = (tt @ ring[st]["v"].to(f32)).to(dt)
+                        if areg and t0 + BT <= eos:        # Tinv's columns scaled in registers: k, v as loaded
+                            aw, au = (tt * bg[None, :]).to(dt).to(f32), (tt * bet[None, :]).to(dt).to(f32)
+                            yield None                 # the two wgmmas read k and v from the ring
+                            w = (aw @ ring[st]["k"].to(f32)).to(dt)
+                            u = (au @ ring[st]["v"].to(f32)).to(dt)
+                        else:
+                            valid = ((t0 + r_t) < eos)[:, None]
+                            wk[j] = torch.where(valid, ring[st]["k"].to(f32) * bg[:, None], 0.).to(dt)
+                            ring[st]["v"] = torch.where(valid, ring[st]["v"].to(f32) * bet[:, None], 0.).to(dt)
+                            yield None                 # the two wgmmas read the shared buffers
+                            w = (tt @ wk[j].to(f32)).to(dt)
+                            u = (tt @ ring[st]["v"].to(f32)).to(dt)
                         yield None
                         wk[j] = w
                         ring[st]["v"] = u
