@@ -109,7 +109,7 @@ def install_stand_ins(dry: bool, poison: bool = True):
         if dry:      # STAND-IN: the torch model of the kernel's per-CTA schedule
             cfg = config or wu.fused_wu_config(plan.N, v.shape[-2], v.shape[-1], 132)
             wu.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=cfg.BV,
-                                   stages=cfg.stages, nwu=cfg.nwu)
+                                   stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg)
         else:
             real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config)
 

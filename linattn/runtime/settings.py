@@ -36,11 +36,14 @@ LINATTN_GDN_GLUON_FUSED_WU  "0" makes the "gluon" backend's forward form W and U
                    the fused-ws forward's; Gluon gate with it forced), fused stages 1.05-1.30x faster than wu_kernel
                    + fused-ws at every production row (B1 T65536 2.305 -> 2.129 ms, B8 T4096 0.856 -> 0.668),
                    benchmarks/GLUON_FUSED_WU.md. Takes precedence over LINATTN_GDN_GLUON_FUSED_WS.
-LINATTN_GDN_GLUON_WU_AREG "1": the fused-wu kernel's W/U warpgroup scales Tinv's columns by the gates in registers and
-                   multiplies it as wgmma's register A operand against the ring's k and v tiles (no scaled copy of k
-                   and v through shared memory; round 16's ncu source view put ~57% of that warpgroup's time, the
-                   B1 chain's bound, in that copy). BV=32 configs only (B1-B2 at HV32). Opt-in until its GPU gate:
-                   W and U round differently from wu_kernel (Tinv * gates rounded, not k * gates).
+LINATTN_GDN_GLUON_WU_AREG "0" turns off, in the fused-wu kernel's BV=32 configs (B1-B2 at HV32), the W/U warpgroup's
+                   register-A products: default on, it scales Tinv's columns by the gates in registers and multiplies
+                   it as wgmma's register A operand against the ring's k and v tiles, with no scaled copy of k and v
+                   through shared memory (round 16's ncu source view put ~57% of that warpgroup's time, the B1
+                   chain's bound, in that copy). Round 16 on an H200 (3054c0e): Gluon gate 18/18 + grad + sync-free
+                   with it; forward 1.05-1.08x at the BV=32 rows (B1 T65536 2.662 -> 2.510 ms); W and U round
+                   Tinv * gates instead of k * gates (errors vs fp64 as before). BV=64 configs keep the copy (the
+                   register-A form spills 24 bytes there).
 LINATTN_GDN_KKT           "v1" makes stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) run
                    kkt_solve_kernel (Tinv by a 64x64 block inverse) in the Triton forward, the backward's recompute
                    and the gluon forward; default "v2": kkt_solve_v2_kernel (Tinv by 16x16 block substitution with
@@ -152,7 +155,7 @@ class _Settings:
 
     @property
     def gdn_gluon_wu_areg(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_WU_AREG")
+        return _on_unless_off("LINATTN_GDN_GLUON_WU_AREG")
 
     @property
     def gdn_segment_warmup(self) -> bool:

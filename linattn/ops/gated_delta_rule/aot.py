@@ -532,7 +532,7 @@ for _dt, _bv, _s in FUSED_WU_CONFIGS:
         description=f"GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
                     f"warpgroup, output warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))
 
-# The same kernel with WU_AREG (LINATTN_GDN_GLUON_WU_AREG=1, opt-in until its GPU gate): the wu warpgroup scales
+# The same kernel with WU_AREG (the BV=32 default since round 16; LINATTN_GDN_GLUON_WU_AREG=0 off): the wu warpgroup scales
 # Tinv's columns in registers and multiplies it as wgmma's register A operand against the ring's k and v tiles.
 # BV=32 only, as fused_wu_config takes it (at BV=64 the wu warpgroup's 152 registers spill 24 bytes).
 for _dt, _bv, _s in FUSED_WU_CONFIGS[:1]:

@@ -247,7 +247,8 @@ class FusedWuConfig:
     stages: int            # TMA ring depth
     nwu: int = NWU         # W buffers
     num_warps: int = 4     # the default (state) partition; the kernel launches 16 warps (4 warpgroups)
-    areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (BV=32 only: 24 B spilled at BV=64)
+    areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (fused_wu_config: on at BV=32 unless
+                           # LINATTN_GDN_GLUON_WU_AREG=0; never at BV=64, where it spills 24 bytes)
 
 
 def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
