@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
-NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and not n.endswith("_areg"))
-AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and n.endswith("_areg"))
+NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" not in n)
+AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" in n)
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
@@ -76,17 +76,24 @@ def test_compiles_without_spill_with_intended_instructions(name):
 
 
 @needs_gluon
-def test_areg_build_compiles_without_spill():
-    """WU_AREG (LINATTN_GDN_GLUON_WU_AREG=1, BV=32 only): 0 spill, no local memory, the register file as the default
-    build's, and both W / U paths in the code: the register-A products (W 4 at N = 128, U 4 at N = BV) next to the
-    shared-memory ones kept for a sequence's last chunk."""
-    assert AREG_NAMES == ["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"]
-    rep = inspect_kernel(REGISTRY[AREG_NAMES[0]])
+@pytest.mark.parametrize("name", ["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg",
+                                  "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192"])
+def test_areg_build_compiles_without_spill(name):
+    """WU_AREG (the BV=32 default; at BV=64 a sweep row with the output / wu warpgroups at 136 / 192 registers): 0
+    spill, no local memory, the register file as the default build's, and both W / U paths in the code: the
+    register-A products (W 4 at N = 128, U 4 at N = BV) next to the shared-memory ones kept for a sequence's last
+    chunk."""
+    assert AREG_NAMES == sorted(["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg",
+                                 "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192"])
+    rep = inspect_kernel(REGISTRY[name])
     assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
     assert rep.num_warps == 16 and rep.regs == 128 and 0 < rep.smem <= SMEM_LIMIT_SM90
     assert rep.sass.get("HGMMA.64x128x16.F32.BF16", 0) == 8, rep.sass          # W: 4 register-A + 4 smem-A
-    assert rep.sass.get("HGMMA.64x32x16.F32.BF16", 0) == 32 + 4, rep.sass       # U: 4 more
+    if "_bv32_" in name:
+        assert rep.sass.get("HGMMA.64x32x16.F32.BF16", 0) == 32 + 4, rep.sass   # U: 4 more
+    else:
+        assert rep.sass.get("HGMMA.64x64x16.F32.BF16", 0) == 40 + 4, rep.sass   # U: 4 more
 
 
 def test_areg_switch_picks_the_variant_at_bv32_only(monkeypatch):
@@ -544,6 +551,8 @@ def test_gpu_round_dry_run(tmp_path):
                for r in res["timing"])
     swept = res["timing"][0]                                     # the config sweep row (DRY_SWEEP)
     assert swept["fused_wu_ms_bv32_s2_nwu1"] > 0 and swept["o_vs_ws_bv32_s2_nwu1"] < 3e-3
+    # the round-16 sweep row: WU_AREG at BV=64 with its registers (o differs from the copy path by about its error)
+    assert swept["fused_wu_ms_bv64_s2_nwu2_areg_o136_w192"] > 0 and swept["o_vs_ws_bv64_s2_nwu2_areg_o136_w192"] < 1e-2
 
 
 def test_gpu_round_reports_a_hang(tmp_path):

@@ -61,8 +61,11 @@ DRY_GATE_CASES = [("T1", 1, 1, None, "bf16", True), ("T65", 1, 65, None, "bf16",
 TIMING_ROWS = ((1, 65536), (8, 4096), (4, 16384), (1, "varlen"), (1, 32768), (2, 32768), (1, 8192))
 DRY_TIMING_ROWS = ((1, 130), (2, 65), (1, "varlen"))
 # launch configs timed besides the default at these rows (fused_wu kernel alone): (BV, stages, nwu)
-SWEEP = {(1, 65536): ((32, 2, 2), (32, 3, 1), (64, 2, 2), (64, 2, 1)), (8, 4096): ((64, 2, 1), (32, 3, 2), (32, 2, 2))}
-DRY_SWEEP = {(1, 130): ((32, 2, 1),)}
+# (BV, stages, NWU[, other FusedWuConfig fields]); round 16 added WU_AREG at BV=64 with the registers it needs there
+AREG64 = dict(areg=True, output_regs=136, wu_regs=192)
+SWEEP = {(1, 65536): ((32, 2, 2), (32, 3, 1), (64, 2, 2), (64, 2, 1)),
+         (8, 4096): ((64, 2, 1), (32, 3, 2), (32, 2, 2), (64, 2, 2, AREG64))}
+DRY_SWEEP = {(1, 130): ((32, 2, 1), (64, 2, 2, AREG64))}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 START = time.time()
 
@@ -277,12 +280,14 @@ def timing(res, path, args):
             row["fwd_current_ms"] = median_ms(lambda: current_forward(fargs), **reps)
             row["fwd_fused_wu_ms"] = median_ms(lambda: wu.chunk_gated_delta_rule_fwd_fused_wu(*fargs), **reps)
             row["fwd_speedup"] = row["fwd_current_ms"] / row["fwd_fused_wu_ms"]
-            for bv, st, nwu in (DRY_SWEEP if dry else SWEEP).get((B, T) if cu is None else (), ()):
-                c = wu.FusedWuConfig(bv, st, nwu)
-                row[f"fused_wu_ms_bv{bv}_s{st}_nwu{nwu}"] = median_ms(
+            for bv, st, nwu, *more in (DRY_SWEEP if dry else SWEEP).get((B, T) if cu is None else (), ()):
+                extra = more[0] if more else {}
+                c = wu.FusedWuConfig(bv, st, nwu, **extra)
+                tag = f"bv{bv}_s{st}_nwu{nwu}" + ("_areg_o{output_regs}_w{wu_regs}".format(**extra) if extra else "")
+                row[f"fused_wu_ms_{tag}"] = median_ms(
                     lambda: wu.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o_wu, h0, f_wu, plan, scale,
                                                        config=c), **reps)
-                row[f"o_vs_ws_bv{bv}_s{st}_nwu{nwu}"] = rel_rms(o_wu, o_ws)
+                row[f"o_vs_ws_{tag}"] = rel_rms(o_wu, o_ws)   # ~3e-3 with areg: W / U round differently
         except Exception as e:  # noqa: BLE001
             row = dict(B=B, T=T, error=repr(e)[:500], trace=traceback.format_exc()[-3000:])
         res["timing"].append(row)

@@ -509,16 +509,19 @@ def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp
             "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
 
 
-def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False) -> str:
-    return f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
+def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None) -> str:
+    return (f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
+            + (f"_o{regs[0]}_w{regs[1]}" if regs else ""))
 
 
-def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False):
+def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None):
+    """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs)."""
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
                                                                           WU_REGS, chunk_fused_wu_ws_kernel as fn)
+        out_regs, wu_regs = regs or (OUTPUT_REGS, WU_REGS)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NWU=NWU, NPUB=NPUB, USE_H0=True,
-                     STORE_HT=True, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                     STORE_HT=True, OUTPUT_REGS=out_regs, WU_REGS=wu_regs, PRODUCER_REGS=PRODUCER_REGS,
                      WU_AREG=areg)
         sig = fused_wu_signature(dtype, BV)
         sig.update({name: "constexpr" for name in const})
@@ -534,10 +537,14 @@ for _dt, _bv, _s in FUSED_WU_CONFIGS:
 
 # The same kernel with WU_AREG (the BV=32 default since round 16; LINATTN_GDN_GLUON_WU_AREG=0 off): the wu warpgroup scales
 # Tinv's columns in registers and multiplies it as wgmma's register A operand against the ring's k and v tiles.
-# BV=32 only, as fused_wu_config takes it (at BV=64 the wu warpgroup's 152 registers spill 24 bytes).
-for _dt, _bv, _s in FUSED_WU_CONFIGS[:1]:
+# BV=32 as fused_wu_config takes it; BV=64 (not taken by fused_wu_config: at the default registers the wu warpgroup's
+# 152 spill 24 bytes) with the output / wu warpgroups at 136 / 192 registers (state 160), a sweep row of the
+# gluon_fused_wu round (FusedWuConfig(64, 2, 2, areg=True, output_regs=136, wu_regs=192)).
+FUSED_WU_AREG_CONFIGS = [("bf16", 32, 3, None), ("bf16", 64, 2, (136, 192))]
+for _dt, _bv, _s, _regs in FUSED_WU_AREG_CONFIGS:
     register(AotKernel(
-        fused_wu_kernel_name(_dt, _bv, _s, areg=True), _fused_wu_build(_dt, _bv, _s, areg=True), FUSED_WU_INTENDED,
-        div16=FUSED_WU_DIV16,
+        fused_wu_kernel_name(_dt, _bv, _s, areg=True, regs=_regs), _fused_wu_build(_dt, _bv, _s, areg=True, regs=_regs),
+        FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
         description=f"GDN forward stages 2b+3+4 fused, W/U with Tinv as wgmma's register A operand (WU_AREG), "
-                    f"H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))
+                    f"H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
+                    + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))

@@ -248,7 +248,9 @@ class FusedWuConfig:
     nwu: int = NWU         # W buffers
     num_warps: int = 4     # the default (state) partition; the kernel launches 16 warps (4 warpgroups)
     areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (fused_wu_config: on at BV=32 unless
-                           # LINATTN_GDN_GLUON_WU_AREG=0; never at BV=64, where it spills 24 bytes)
+                           # LINATTN_GDN_GLUON_WU_AREG=0; never at BV=64, where it spills 24 bytes at these registers)
+    output_regs: int = OUTPUT_REGS   # setmaxnreg of the output / wu warpgroups (the state's follows: 512 - 24 - both)
+    wu_regs: int = WU_REGS           # BV=64 with areg compiles without spill at 136 / 192 (state 160; round 16, AOT)
 
 
 def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
@@ -304,8 +306,8 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
             desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
             beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
-                  USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=OUTPUT_REGS,
-                  WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, num_warps=cfg.num_warps)
+                  USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
+                  WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, num_warps=cfg.num_warps)
     return chunk_fused_wu_ws_kernel, (V // cfg.BV, N * HV), args, kwargs
 
 
