@@ -22,7 +22,8 @@ mma.sync, replicated over its 4 warps, with every block live at once: 255 regist
 The fp32 products of the inverse run at DOT_PREC like the one-kernel stage's (TF32 for 16-bit inputs, IEEE for
 fp32). Only the association of the substitution and the accumulation order of the products differ from
 intra_chunk_wy_kernel: in fp32 the two agree to ~1e-7 relative; with TF32 to TF32 round-off (2^-11) in Tinv, below
-the 16-bit rounding that follows. Not yet run on a GPU: benchmarks/SPLIT_INTRA.md.
+the 16-bit rounding that follows. Measured on the H200 from round 12: benchmarks/SPLIT_INTRA.md; stage 2a's later
+kernels (kkt_solve_v2_kernel, the default since round 16, and v3): benchmarks/KKT_SOLVE.md.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -78,6 +79,20 @@ def _gated_a(kk, gam, beta, BT: tl.constexpr):
 
 
 @triton.jit
+def _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H: tl.constexpr, HV: tl.constexpr,
+             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The per-value-head stage-2a prologue of chunk c of sequence n (kkt_solve_kernel and its v2 / v3): the chunk's
+    span, its gates (gcum stored) and the gated A. Returns (t0, eos, r, m, a): r the chunk's token rows, m = r < eos."""
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+    return t0, eos, r, m, a
+
+
+@triton.jit
 def kkt_solve_kernel(
     k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
     gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
@@ -91,12 +106,7 @@ def kkt_solve_kernel(
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
-    r = t0 + tl.arange(0, BT)
-    m = r < eos
-    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
-    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
     i = tl.arange(0, BT)
 
     # Tinv = (I + A)^-1, A = N + L (N: the 16x16 diagonal blocks, L: the strictly block-lower rest):
@@ -133,7 +143,8 @@ def kkt_solve_gva_kernel(
     sm_90a (ptxas, H16/HV32 K=128 bf16, AOT gdn_fwd_triton_split_kkt_solve_gva_w4): 225 registers, 0 spill, 48 KB
     shared, so 2 CTAs per SM where kkt_solve_kernel (122 registers) has 4: besides K K^T (32 registers) the
     compiler shares the address arithmetic of the unrolled heads and keeps it live across them (a dynamic loop
-    hoists the same invariants: 220-241). Not yet run on a GPU."""
+    hoists the same invariants: 220-241). H200, round 16: bit-equal to kkt_solve_kernel and 0.84-0.88x its speed
+    (B1 T65536 0.642 -> 0.755 ms): not adopted (benchmarks/RESULTS.md)."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     tl.static_assert(HV % H == 0, "GVA: every key head serves the same number of value heads")
     G: tl.constexpr = HV // H
@@ -298,6 +309,15 @@ def _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: tl.constexpr, BT:
 
 
 @triton.jit
+def _diagonals_and_inverse(a, F32: tl.constexpr):
+    """v2 / v3's start of the block substitution: the block diagonals of A as [4, 16, 16] (row block i holds
+    A_{i,i-1}, A_{i,i-2}, A_{i,i-3}) and D_i = (I + A_ii)^-1 = T_ii."""
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    return (_blocks_at(a4, 1), _blocks_at(a4, 2), _blocks_at(a4, 3),
+            _inv_unit_lower16(_blocks_at(a4, 0), F32))
+
+
+@triton.jit
 def kkt_solve_v2_kernel(
     k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
     gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
@@ -305,7 +325,7 @@ def kkt_solve_v2_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Opt-in form of kkt_solve_kernel (not launched by default; kkt_solve_v2 below): the same signature, grid,
+    """Stage 2a's default kernel since round 16 (LINATTN_GDN_KKT=v1 runs kkt_solve_kernel): the same signature, grid,
     gcum (the same code) and A, with Tinv = (I + A)^-1 by block substitution over the four 16-row blocks on
     [4, 16, 16] batched tensors (row block i in warp i, as the K K^T WGMMA accumulator already holds it) instead of
     kkt_solve_kernel's four [64, 64] products, whose operands each went through 16 KB of shared memory.
@@ -327,19 +347,10 @@ def kkt_solve_v2_kernel(
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
-    r = t0 + tl.arange(0, BT)
-    m = r < eos
-    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
-    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
 
     F32: tl.constexpr = DOT_PREC
-    a4 = tl.reshape(a, [4, 16, 4, 16])
-    a1 = _blocks_at(a4, 1)                    # A_{i,i-1}
-    a2 = _blocks_at(a4, 2)                    # A_{i,i-2}
-    a3 = _blocks_at(a4, 3)                    # A_{i,i-3}
-    d = _inv_unit_lower16(_blocks_at(a4, 0), F32)          # D_i = T_ii
+    a1, a2, a3, d = _diagonals_and_inverse(a, F32)
     # E_s[i] = A_{i,i-s} D_{i-s}; T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
     e1 = tl.dot(a1, _from_block_above(d, 1), input_precision=F32)
     e2 = tl.dot(a2, _from_block_above(d, 2), input_precision=F32)
@@ -355,7 +366,7 @@ def kkt_solve_v2_kernel(
 def kkt_solve_v2(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
                  gcum: Optional[torch.Tensor] = None, tinv: Optional[torch.Tensor] = None,
                  dot_prec: Optional[str] = None):
-    """Opt-in (nothing calls it by default): stage 2a as kkt_solve_v2_kernel, one program per (chunk slot, value
+    """Stage 2a as kkt_solve_v2_kernel alone (the forward launches it through kkt_kernel()), one program per (chunk slot, value
     head) like kkt_solve_kernel, returning (gcum fp32 [T_tot, HV], Tinv [T_tot, HV, 64]) as gluon/chunk_fused_wu_ws.py
     kkt_solve does (same frozen config: split_intra_config(K, K).BK_kkt / warps_kkt; DOT_PREC ieee for fp32 k, else
     tf32). gcum is bit-equal to kkt_solve_kernel's, Tinv agrees to rounding. gcum / tinv may be given (tinv fp32 for
@@ -402,26 +413,18 @@ def kkt_solve_v3_kernel(
     sm_90a PTX per program against v2 (benchmarks/KKT_SOLVE.md, "v2 after round 16"; bank conflicts simulated from
     the PTX addresses by benchmarks/ptx_shared_traffic.py): L1/shared wavefronts 2400 -> 1608 (shared 1496 -> 896,
     of which v2's conflicts 576 -> 0; shuffles 904 -> 712); 85 registers (v2 95), 0 spill, 16 KB shared, so 5 CTAs
-    per SM as v2. Not yet run on a GPU (benchmarks/gpu/kkt_v3_round.py)."""
+    per SM as v2. H200, round 16 (benchmarks/RESULTS.md part E): 0.441 ms against v2's 0.524 at B1 T65536, Tinv
+    bit-equal to v2's; opt-in until its Gluon and Triton forward gates run (benchmarks/NEXT_ROUND.md)."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
-    r = t0 + tl.arange(0, BT)
-    m = r < eos
-    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
-    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
 
     F32: tl.constexpr = DOT_PREC
-    a4 = tl.reshape(a, [4, 16, 4, 16])
-    a1 = _blocks_at(a4, 1)                    # A_{i,i-1}
-    a2 = _blocks_at(a4, 2)                    # A_{i,i-2}
-    a3 = _blocks_at(a4, 3)                    # A_{i,i-3}
-    d = _inv_unit_lower16(_blocks_at(a4, 0), F32)          # D_i = T_ii
+    a1, a2, a3, d = _diagonals_and_inverse(a, F32)
     # v2's recurrence: E_s[i] = A_{i,i-s} D_{i-s}; T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
     # (each broadcast's selects taken right after it: 85 registers; selecting at the products' operands, 99)
     da = _blocks_to_all_warps(d)
