@@ -25,33 +25,17 @@ sys.path.insert(1, ROOT)                                       # linattn from th
 import torch  # noqa: E402
 from common import median_ms, run_rows, start_round, write_json  # noqa: E402
 
-# (B, T) or (1, "varlen")
-ROWS = ((1, 8192), (1, 65536), (8, 4096), (1, "varlen"))
-DRY_ROWS = ((1, 130), (2, 65), (1, "varlen"))
-DRY_VARLEN = [1, 63, 1, 65, 70]
+# the rows, shapes, launches, kernel facts and row inputs of kkt_v2_round (the same stage-2a rows)
+from kkt_v2_round import (DRY_ROWS, ROWS, _launch, kernel_facts, launch_ref, row_inputs,  # noqa: E402
+                          shapes)
+
 START = time.time()
 
 
-def shapes(dry):
-    return (1, 2, 128) if dry else (16, 32, 128)          # H, HV, K (= V)
-
-
-def launch_ref(k, g, beta, gcum, tinv, plan, H, HV, K, prec):
-    """kkt_solve_kernel as the forward and gluon/chunk_fused_wu_ws.py kkt_solve launch it (frozen config)."""
-    from linattn.ops.gated_delta_rule.triton.intra_split import CHUNK, kkt_solve_kernel, split_intra_config
-    cfg = split_intra_config(K, K)
-    return kkt_solve_kernel[(plan.num_slots, HV)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt)
-
-
-def launch_gva(k, g, beta, gcum, tinv, plan, H, HV, K, prec):
+def launch_gva(*a):
     """kkt_solve_gva_kernel as intra_split.kkt_solve_gva launches it (returns the compiled kernel, for its registers)."""
-    from linattn.ops.gated_delta_rule.triton.intra_split import CHUNK, kkt_solve_gva_kernel, split_intra_config
-    cfg = split_intra_config(K, K)
-    return kkt_solve_gva_kernel[(plan.num_slots, H)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt)
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_solve_gva_kernel
+    return _launch(kkt_solve_gva_kernel, *a, per_key_head=True)
 
 
 def compare(a, b):
@@ -65,29 +49,9 @@ def compare(a, b):
     return out
 
 
-def kernel_facts(compiled):
-    """Registers / spills / shared memory of a compiled launch (None under the interpreter)."""
-    if compiled is None or not hasattr(compiled, "n_regs"):
-        return None
-    return dict(regs=int(compiled.n_regs), spills=int(compiled.n_spills), smem=int(compiled.metadata.shared))
-
-
 def run_row(B, T, dev, dry):
-    from linattn.bench.presets import PRODUCTION_VARLEN
-    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-    from linattn.testing import make_gdn_inputs
     H, HV, K = shapes(dry)
-    cu, N = None, B
-    if T == "varlen":
-        lens = DRY_VARLEN if dry else PRODUCTION_VARLEN["lengths"]
-        T, N = sum(lens), len(lens)
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=dev)
-    gen = torch.Generator().manual_seed(1000 + B * 7 + T)
-    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev, num_states=N, initial_state=False,
-                        generator=gen)
-    k, g, beta = x["k"], x["g"], x["beta"]
-    plan = make_chunk_plan(B, T, cu, 64, dev)
-    row = dict(B=B, T=T, N=N, H=H, HV=HV, K=K, varlen=cu is not None, slots=plan.num_slots)
+    k, g, beta, cu, T, plan, row = row_inputs(B, T, dev, dry)
     Tt = plan.T_total
     ok = True
     for tname, tdt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):

@@ -45,10 +45,12 @@ def shapes(dry):
     return (1, 2, 128) if dry else (16, 32, 128)          # H, HV, K (= V)
 
 
-def _launch(kernel, k, g, beta, gcum, tinv, plan, H, HV, K, prec):
+def _launch(kernel, k, g, beta, gcum, tinv, plan, H, HV, K, prec, per_key_head=False):
+    """One stage-2a launch at the frozen config on (chunk slots, HV), or (chunk slots, H) with per_key_head (the GVA
+    variant); returns the compiled kernel (for its registers)."""
     from linattn.ops.gated_delta_rule.triton.intra_split import CHUNK, split_intra_config
     cfg = split_intra_config(K, K)
-    return kernel[(plan.num_slots, HV)](
+    return kernel[(plan.num_slots, H if per_key_head else HV)](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt)
 
@@ -100,10 +102,9 @@ def tinv_errors(tinvs, k, g, beta, pairs, H, HV):
     return {n: dict(max=max(e), mean=sum(e) / len(e)) for n, e in errs.items()}
 
 
-def run_row(B, T, dev, dry, variants=("v2",)):
-    """One row: kkt_solve_kernel ("ref") and each of `variants`; tinv_ok when every variant's worst error is within
-    the bound; speedup_* is ref / the last variant, and with several variants the last one's ratio to each other is
-    recorded too (e.g. v2_over_v3_ms_bf16) with whether their Tinv are bit-equal (tinv_equal_v2_v3_bf16)."""
+def row_inputs(B, T, dev, dry):
+    """One row's stage-2a inputs (bf16, seeded by the row): (k, g, beta, cu, T, plan, row) with T the total tokens
+    and row the record's shape fields. T == "varlen": PRODUCTION_VARLEN's lengths (DRY_VARLEN in a dry run)."""
     from linattn.bench.presets import PRODUCTION_VARLEN
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.testing import make_gdn_inputs
@@ -116,9 +117,17 @@ def run_row(B, T, dev, dry, variants=("v2",)):
     gen = torch.Generator().manual_seed(1000 + B * 7 + T)
     x = make_gdn_inputs(B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev, num_states=N, initial_state=False,
                         generator=gen)
-    k, g, beta = x["k"], x["g"], x["beta"]
     plan = make_chunk_plan(B, T, cu, 64, dev)
     row = dict(B=B, T=T, N=N, H=H, HV=HV, K=K, varlen=cu is not None, slots=plan.num_slots)
+    return x["k"], x["g"], x["beta"], cu, T, plan, row
+
+
+def run_row(B, T, dev, dry, variants=("v2",)):
+    """One row: kkt_solve_kernel ("ref") and each of `variants`; tinv_ok when every variant's worst error is within
+    the bound; speedup_* is ref / the last variant, and with several variants the last one's ratio to each other is
+    recorded too (e.g. v2_over_v3_ms_bf16) with whether their Tinv are bit-equal (tinv_equal_v2_v3_bf16)."""
+    H, HV, K = shapes(dry)
+    k, g, beta, cu, T, plan, row = row_inputs(B, T, dev, dry)
     Tt = plan.T_total
     chunks = chunk_list(B, T, cu)
     pick = torch.Generator().manual_seed(7)
