@@ -1,8 +1,9 @@
-"""Shared by the stage-2a tests (test_kkt_solve_gva.py, test_kkt_solve_v2.py): chunk inputs, NaN-filled output
-buffers, kkt_solve_kernel launched as the forward launches it (the reference the opt-in variants are held to), and
-the checks of a variant's sm_90a AOT build."""
+"""Shared by the stage-2a tests (test_kkt_solve_gva.py, test_kkt_solve_v2.py, test_kkt_solve_v3.py): chunk inputs,
+the Tinv accuracy cases, NaN-filled output buffers, kkt_solve_kernel launched as the forward launches it (the
+reference the variants are held to), and the checks of a variant's sm_90a AOT build."""
 import inspect
 
+import pytest
 import torch
 
 from linattn.ops.gated_delta_rule.triton import intra_split as sm
@@ -20,6 +21,36 @@ def kkt_inputs(B, T, H, HV, K, dtype, lens=None, seed=0, g_scale=1.0, device="cp
     x = make_gdn_inputs(B, T, H, HV, K, K, dtype=dtype, device=device, initial_state=False,
                         generator=torch.Generator().manual_seed(seed))
     return x["k"], x["g"] * g_scale, x["beta"], make_chunk_plan(B, T, cu, 64, device), B, T, cu
+
+
+def _varlen_five(plan, g):
+    assert plan.N == 5
+
+
+def _steep(plan, g):
+    assert float(g.min()) * 63 < -100
+
+
+_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# The Tinv accuracy cases of the block-substitution variants (v2, v3), each its file's `_check` against fp64:
+# (kkt_inputs args, kkt_inputs kwargs, HV, Tinv dtype or None for k's, a check of the inputs or None)
+TINV_CASES = (
+    # bf16 k (TF32 products), Tinv stored in fp32: the inverse's own error
+    [pytest.param((1, T, H, HV, 128, torch.bfloat16), dict(seed=T * 10 + HV), HV, torch.float32, None,
+                  id=f"dense_fp32_tinv-{name}-T{T}")
+     for name, (H, HV) in (("H2HV2", (2, 2)), ("GVA_H1HV2", (1, 2))) for T in (1, 63, 64, 65, 200)]
+    # varlen with 1-token sequences, every dtype, Tinv in fp32 or in k's dtype
+    + [pytest.param((1, None, 1, 2, 128, _DT[dt]), dict(lens=[1, 63, 1, 65, 70], seed=2), 2,
+                    torch.float32 if tinv == "fp32" else None, _varlen_five, id=f"varlen_one_token-{dt}-tinv_{tinv}")
+       for tinv in ("fp32", "k") for dt in ("bf16", "fp16", "fp32")]
+    + [pytest.param((2, 65, 2, 2, 128, torch.float16), dict(seed=3), 2, None, None, id="batch_t_not_multiple_of_64"),
+       # K = 100: one K block of 128 with the boundary check (split_intra_config's BK_kkt)
+       pytest.param((1, 130, 1, 2, 100, torch.bfloat16), dict(seed=5), 2, torch.float32, None,
+                    id="k_not_a_power_of_two")]
+    # g x 60: gam_i - gam_j reaches ~ +1000 above the diagonal, where exp overflows; masked before exp, every
+    # output finite
+    + [pytest.param((1, 130, 1, 2, 128, _DT[dt]), dict(seed=6, g_scale=60.0), 2, torch.float32, _steep,
+                    id=f"steep_gates-{dt}") for dt in ("bf16", "fp32")])
 
 
 def nan_bufs(plan, HV, tinv_dtype, device="cpu"):
