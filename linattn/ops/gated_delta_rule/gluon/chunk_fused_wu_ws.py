@@ -5,7 +5,10 @@ barriers, ownership, budgets and measurements: benchmarks/GLUON_FUSED_WU.md. The
 fused_wu_supported takes the call (default since round 15; LINATTN_GDN_GLUON_FUSED_WU=0 turns it off).
 
 One CTA per (V block, sequence * value head), as chunk_fused_ws.py. Per chunk c, with dt the 16-bit operand dtype
-and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_kernel's rounding points:
+and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_kernel's rounding points (with WU_AREG,
+the default at BV=32 since round 16, a chunk that ends inside its sequence forms instead
+w = ((Tinv * (beta * exp(gam))[None, :]).to(dt) @ k).to(dt) and u = ((Tinv * beta[None, :]).to(dt) @ v).to(dt), Tinv as
+wgmma's register A operand and k, v the ring's tiles unchanged; GLUON_FUSED_WU.md, round 16):
   wu partition (worker 1, 4 warps = 1 warpgroup):
       ks = (k * (beta * exp(gam))[:, None]).to(dt)          -> wk_s[c % NWU]       (k: the ring's [BT, K] tile)
       vs = (v * beta[:, None]).to(dt)                       -> the ring's v tile, in place
@@ -114,7 +117,8 @@ if GLUON_OK:
         # AREG: the gates scale Tinv's COLUMNS in registers (Tinv diag(b) k == Tinv (b * k)) and Tinv is the wgmma's
         # register A operand, B the ring's k and v tiles as TMA wrote them: no scaled copy of k and v goes through
         # shared memory (round 16's ncu source view: that copy was ~57% of this partition's time, and this
-        # partition the chain's bound at B1). Gates then live in the A operand's column layout.
+        # partition the chain's bound at B1). The gates are carried in the k / v row layouts and moved to the A
+        # operand's column layout at use.
         LAW: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_W, k_width=2)
         LAU: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_U, k_width=2)
         r_k = gl.arange(0, BT, layout=gl.SliceLayout(1, LK))
