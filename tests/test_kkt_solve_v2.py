@@ -179,13 +179,16 @@ def test_backward_with_v2_matches_fp64_reference(monkeypatch, case, kkt):
     assert len(names) >= 2 and set(names) == {want}, names
 
 
-@pytest.mark.parametrize("kkt", ["v2", "v1"])
+STAGE_2A = {"v1": "kkt_solve_kernel", "v2": "kkt_solve_v2_kernel", "v3": "kkt_solve_v3_kernel"}
+
+
+@pytest.mark.parametrize("kkt", ["v2", "v1", "v3"])
 def test_forward_with_v2_matches_fp64_reference(monkeypatch, kkt):
-    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2 (default) or v1 (opt-out), so that
-    kernel alone runs stage 2a: o and the final state against naive_recurrent in float64 at TOL (varlen with a
+    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2 (default), v1 (opt-out) or v3 (opt-in), so
+    that kernel alone runs stage 2a: o and the final state against naive_recurrent in float64 at TOL (varlen with a
     1-token sequence, GVA, bf16)."""
     calls = []
-    _spy(monkeypatch, "kkt_solve_v2_kernel" if kkt == "v2" else "kkt_solve_kernel", calls)
+    _spy(monkeypatch, STAGE_2A[kkt], calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     monkeypatch.setenv("LINATTN_GDN_KKT", kkt)
     lens = [1, 70, 60]

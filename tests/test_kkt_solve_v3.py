@@ -8,7 +8,8 @@ TRITON_INTERPRET=1, modelled on test_kkt_solve_v2.py and sharing its helpers:
    [1, 63, 1, 65, 70], GVA and H = HV, k in bf16 / fp16 (TF32 products) / fp32 (IEEE), Tinv in fp32 and k's dtype,
    K = 100, steep gates.
 2. The launcher kkt_solve_v3 allocating like gluon's kkt_solve; the LINATTN_GDN_KKT=v3 switch in the Triton forward
-   and the gluon forward's kkt_solve; the whole Triton forward with v3 against the fp64 recurrent reference; one
+   and the gluon forward's kkt_solve; the whole Triton forward with v3 against the fp64 recurrent reference (in
+   test_kkt_solve_v2.py, parametrized over v1 / v2 / v3); one
    backward case (forward and the backward's stage-2 recompute with v3) against fp64 autograd at
    test_chunk_backward's tolerances.
 3. The sm_90a AOT build at H16/HV32 K=128 bf16 (gdn_fwd_triton_split_kkt_solve_v3_w4): the launcher's configuration,
@@ -24,10 +25,8 @@ import pytest
 import torch
 
 import linattn
-from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton import intra_split as sm
-from linattn.runtime.alloc import poisoned_allocations
-from linattn.testing import TOL, assert_close, make_gdn_inputs
+from linattn.testing import make_gdn_inputs
 
 from kkt_inputs import (TINV_CASES, aot_reports_no_spill, assert_aot_build_is_the_launchers, kkt_inputs,
                         launch_kkt_solve, nan_bufs)                      # tests/ is on sys.path
@@ -109,25 +108,8 @@ def test_switch_selects_v3(monkeypatch):
     assert [c[0] for c in calls] == ["kkt_solve_v3_kernel", "kkt_solve_v3_kernel"], calls
 
 
-def test_forward_with_v3_matches_fp64_reference(monkeypatch):
-    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v3, so v3 alone runs stage 2a: o and the final
-    state against naive_recurrent in float64 at TOL (varlen with a 1-token sequence, GVA, bf16)."""
-    calls = []
-    _spy(monkeypatch, "kkt_solve_v3_kernel", calls)
-    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    monkeypatch.setenv("LINATTN_GDN_KKT", "v3")
-    lens = [1, 70, 60]
-    cu = torch.tensor([0, 1, 71, 131], dtype=torch.int64)
-    x = make_gdn_inputs(1, sum(lens), 1, 2, 64, 64, dtype=torch.bfloat16, num_states=len(lens),
-                        generator=torch.Generator().manual_seed(11))
-    with torch.no_grad(), poisoned_allocations():
-        o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend="triton")
-    assert len(calls) == 1, "the forward did not take the split stage 2 with v3"
-    x64 = {n: (v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-           for n, v in x.items()}
-    ref_o, ref_ht = naive_recurrent(**x64, output_final_state=True, cu_seqlens=cu)
-    assert_close("o", o, ref_o, TOL[torch.bfloat16])
-    assert_close("final_state", ht, ref_ht, TOL[torch.bfloat16])
+# The whole Triton forward with LINATTN_GDN_KKT=v3 against fp64:
+# test_kkt_solve_v2.py::test_forward_with_v2_matches_fp64_reference[v3].
 
 
 def test_backward_with_v3_matches_fp64_reference(monkeypatch):
