@@ -110,11 +110,12 @@ def test_launcher_rejects_hv_not_a_multiple_of_h():
 
 def test_default_forward_does_not_launch_the_variant(monkeypatch):
     """Opt-in and not wired: the forward's stage 2 (intra_split) launches sm.kkt_kernel(), which is kkt_solve_kernel
-    with LINATTN_GDN_KKT=v1 (kkt_solve_v2_kernel by default since round 16) and never the GVA variant."""
+    with LINATTN_GDN_KKT=v1, kkt_solve_v2_kernel with v2 (kkt_solve_v3_kernel by default since round 17) and never the
+    GVA variant."""
     src = inspect.getsource(sm.intra_split)
     assert "kkt_kernel()[" in src and "gva" not in src
     monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
-    assert sm.kkt_kernel() is sm.kkt_solve_v2_kernel
+    assert sm.kkt_kernel() is sm.kkt_solve_v3_kernel
     monkeypatch.setenv("LINATTN_GDN_KKT", "v1")
     assert sm.kkt_kernel() is sm.kkt_solve_kernel
     monkeypatch.setenv("LINATTN_GDN_KKT", "v2")

@@ -134,22 +134,23 @@ def _spy(monkeypatch, name, calls):
 
 
 def test_switch_selects_the_stage_2a_kernel(monkeypatch):
-    """LINATTN_GDN_KKT: unset (default since round 16) -> kkt_solve_v2_kernel; "v1" -> kkt_solve_kernel; "v2" -> kkt_solve_v2_kernel, in the Triton forward's
-    stage 2 (intra_split) and in the gluon forward's kkt_solve, never both."""
+    """LINATTN_GDN_KKT: unset (default since round 17) -> kkt_solve_v3_kernel; "v2" -> kkt_solve_v2_kernel; "v1" ->
+    kkt_solve_kernel, in the Triton forward's stage 2 (intra_split) and in the gluon forward's kkt_solve, never two."""
     import importlib
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
     settings_mod = importlib.import_module("linattn.runtime.settings")
     calls = []
     _spy(monkeypatch, "kkt_solve_kernel", calls)
     _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
+    _spy(monkeypatch, "kkt_solve_v3_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     x = make_gdn_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
-    for value, kernel in ((None, "kkt_solve_v2_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
+    for value, kernel in ((None, "kkt_solve_v3_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
         else:
             monkeypatch.setenv("LINATTN_GDN_KKT", value)
-        assert settings_mod.settings.gdn_kkt == (value or "v2")
+        assert settings_mod.settings.gdn_kkt == (value or "v3")
         calls.clear()
         with torch.no_grad():
             linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
@@ -162,7 +163,7 @@ def test_switch_selects_the_stage_2a_kernel(monkeypatch):
 @pytest.mark.parametrize("case,kkt", [("T200-gva-fp32", "v2"), ("varlen-gva3-bf16-l2norm", "v2"),
                                       ("T64-gva-fp16-noh0", "v2"), ("T200-gva-fp32", "v1")])
 def test_backward_with_v2_matches_fp64_reference(monkeypatch, case, kkt):
-    """LINATTN_GDN_KKT=v2 (the default since round 16) through the Triton forward AND backward (which recomputes
+    """LINATTN_GDN_KKT=v2 (round 16's default, an opt-out since round 17) through the Triton forward AND backward (which recomputes
     stage 2 with an fp32 Tinv): every gradient against fp64 autograd of the chunked reference at
     test_chunk_backward's tolerances (its own check, reused), and the v2 kernel launched in both passes; one case
     with the opt-out LINATTN_GDN_KKT=v1, which must launch only kkt_solve_kernel."""
@@ -184,7 +185,7 @@ STAGE_2A = {"v1": "kkt_solve_kernel", "v2": "kkt_solve_v2_kernel", "v3": "kkt_so
 
 @pytest.mark.parametrize("kkt", ["v2", "v1", "v3"])
 def test_forward_with_v2_matches_fp64_reference(monkeypatch, kkt):
-    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2 (default), v1 (opt-out) or v3 (opt-in), so
+    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2, v1 (opt-outs) or v3 (the default since round 17), so
     that kernel alone runs stage 2a: o and the final state against naive_recurrent in float64 at TOL (varlen with a
     1-token sequence, GVA, bf16)."""
     calls = []

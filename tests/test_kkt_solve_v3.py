@@ -84,7 +84,8 @@ def test_launcher_allocates_like_fused_wu_kkt_solve():
 
 def test_switch_selects_v3(monkeypatch):
     """LINATTN_GDN_KKT=v3 (any case, spaces) -> kkt_solve_v3_kernel in the Triton forward's stage 2 (intra_split) and
-    in the gluon forward's kkt_solve, and nothing else; unset stays v2, an unknown value v2."""
+    in the gluon forward's kkt_solve, and nothing else; unset and an unknown value are v3 (the default since round 17),
+    "v2" the opt-out."""
     import importlib
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
     settings_mod = importlib.import_module("linattn.runtime.settings")
@@ -92,7 +93,7 @@ def test_switch_selects_v3(monkeypatch):
     for name in ("kkt_solve_kernel", "kkt_solve_v2_kernel", "kkt_solve_v3_kernel"):
         _spy(monkeypatch, name, calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    for value, want in ((" V3 ", "v3"), ("v4", "v2"), (None, "v2")):
+    for value, want in ((" V3 ", "v3"), ("v4", "v3"), (None, "v3"), ("v2", "v2")):
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
         else:

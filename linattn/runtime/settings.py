@@ -44,15 +44,13 @@ LINATTN_GDN_GLUON_WU_AREG "0" turns off, in the fused-wu kernel's BV=32 configs 
                    with it; forward 1.05-1.08x at the BV=32 rows (B1 T65536 2.662 -> 2.510 ms); W and U round
                    Tinv * gates instead of k * gates (errors vs fp64 as before). BV=64 configs keep the copy (the
                    register-A form spills 24 bytes there).
-LINATTN_GDN_KKT           "v1" makes stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) run
-                   kkt_solve_kernel (Tinv by a 64x64 block inverse) in the Triton forward, the backward's recompute
-                   and the gluon forward; default "v2": kkt_solve_v2_kernel (Tinv by 16x16 block substitution with
-                   warp-local products; about 60% of the shared-memory traffic). Round 16 on an H200 (e396e51 with
-                   LINATTN_GDN_KKT=v2): Tinv error vs fp64 as v1's, Gluon gate, Triton forward and backward gates
-                   green; stage 2a 1.17-1.23x faster (B1 T65536 0.642 -> 0.524 ms), gluon forward 1.04-1.07x at
-                   every production row (B1 T65536 2.795 -> 2.686 ms), benchmarks/KKT_SOLVE.md. "v3" (opt-in, checked
-                   on the CPU only): kkt_solve_v3_kernel, v2's products without its tl.gather moves (Tinv bit-equal to
-                   v2's; from the PTX, a third fewer L1/shared wavefronts; GPU step kkt_v3).
+LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
+                   backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
+                   (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
+                   select instead of tl.gather). Round 17 on an H200 (8e9e46d with LINATTN_GDN_KKT=v3): Gluon gate
+                   18/18 + grad + sync-free, Triton forward gate 18/18 + sync-free (round 16: backward gate green,
+                   Tinv bit-equal to v2's, B1 T65536 0.524 -> 0.441 ms). "v2": kkt_solve_v2_kernel (round 16's
+                   default, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block inverse, before round 16).
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -128,10 +126,11 @@ class _Settings:
 
     @property
     def gdn_kkt(self) -> str:
-        """"v2" (default: kkt_solve_v2_kernel), "v1" (LINATTN_GDN_KKT=v1: kkt_solve_kernel, as before round 16) or "v3"
-        (LINATTN_GDN_KKT=v3, opt-in: kkt_solve_v3_kernel, v2 with cheaper cross-warp moves; benchmarks/KKT_SOLVE.md)."""
+        """"v3" (default since round 17: kkt_solve_v3_kernel, v2 without its tl.gather moves; benchmarks/KKT_SOLVE.md),
+        "v2" (LINATTN_GDN_KKT=v2: kkt_solve_v2_kernel, the default of round 16) or "v1" (LINATTN_GDN_KKT=v1:
+        kkt_solve_kernel, as before round 16). An unknown value is the default."""
         value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
-        return value if value in ("v1", "v3") else "v2"
+        return value if value in ("v1", "v2") else "v3"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

@@ -23,7 +23,7 @@ The fp32 products of the inverse run at DOT_PREC like the one-kernel stage's (TF
 fp32). Only the association of the substitution and the accumulation order of the products differ from
 intra_chunk_wy_kernel: in fp32 the two agree to ~1e-7 relative; with TF32 to TF32 round-off (2^-11) in Tinv, below
 the 16-bit rounding that follows. Measured on the H200 from round 12: benchmarks/SPLIT_INTRA.md; stage 2a's later
-kernels (kkt_solve_v2_kernel, the default since round 16, and v3): benchmarks/KKT_SOLVE.md.
+kernels (kkt_solve_v2_kernel, the default of round 16, and v3, the default since round 17): benchmarks/KKT_SOLVE.md.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -254,10 +254,10 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
 
 
 def kkt_kernel():
-    """The stage-2a kernel the forward launches: kkt_solve_v2_kernel (default since round 16), kkt_solve_kernel with
-    LINATTN_GDN_KKT=v1, or kkt_solve_v3_kernel with LINATTN_GDN_KKT=v3 (opt-in; same signature, grid and outputs, Tinv
-    to rounding (v3: bit-equal to v2); benchmarks/KKT_SOLVE.md)."""
-    return {"v1": kkt_solve_kernel, "v3": kkt_solve_v3_kernel}.get(settings.gdn_kkt, kkt_solve_v2_kernel)
+    """The stage-2a kernel the forward launches: kkt_solve_v3_kernel (default since round 17), kkt_solve_v2_kernel
+    with LINATTN_GDN_KKT=v2 (round 16's default) or kkt_solve_kernel with LINATTN_GDN_KKT=v1 (same signature, grid
+    and outputs; Tinv to rounding, v3's bit-equal to v2's; benchmarks/KKT_SOLVE.md)."""
+    return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel}.get(settings.gdn_kkt, kkt_solve_v3_kernel)
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
