@@ -22,7 +22,9 @@ SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
 NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" not in n)
-AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" in n)
+AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" in n
+                    and "_opipe" not in n)
+OPIPE = "gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg_opipe_o160_w160"
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
@@ -114,6 +116,89 @@ def test_areg_switch_picks_the_variant_at_bv32_only(monkeypatch):
         assert kwargs["WU_AREG"] is want
 
 
+@needs_gluon
+def test_opipe_build_compiles_without_spill():
+    """OUT_PIPE (opt-in, on top of WU_AREG at BV=32; output / wu warpgroups at 160 / 160, state 168): 0 spill, no
+    local memory, the register file and shared memory as the WU_AREG build's; q k^T issued at two sites (before the
+    loop and one chunk ahead inside it: 2 x 8 HGMMA at N = 64, the rest as WU_AREG's); the gate exponentials without
+    the denormal range fix-up (ex2.approx.ftz in the PTX, which the WU_AREG build does not use)."""
+    from linattn.runtime.aot import compile_kernel
+    assert OPIPE in REGISTRY
+    rep = inspect_kernel(REGISTRY[OPIPE])
+    base = inspect_kernel(REGISTRY["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"])
+    assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
+    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
+    assert rep.num_warps == 16 and rep.regs == 128 and rep.smem == base.smem
+    assert rep.sass.get("HGMMA.64x64x16.F32.BF16", 0) == 16, rep.sass
+    for op in ("HGMMA.64x128x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"):
+        assert rep.sass.get(op, 0) == base.sass.get(op, 0), (op, rep.sass, base.sass)
+    assert "ex2.approx.ftz.f32" in compile_kernel(REGISTRY[OPIPE]).asm["ptx"]
+    assert "ex2.approx.ftz.f32" not in compile_kernel(REGISTRY["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"]).asm["ptx"]
+
+
+def test_opt_in_switches(monkeypatch):
+    """LINATTN_GDN_GLUON_OUT_PIPE=1 takes OUT_PIPE into the BV=32 WU_AREG config (wu warpgroup at 160 registers, the
+    build OPIPE), not without WU_AREG and never at BV=64; LINATTN_GDN_GLUON_WU_AREG64=1 takes WU_AREG into the BV=64
+    config with the output / wu warpgroups at 136 / 192. Both off by default."""
+    from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import FusedWuConfig, fused_wu_config
+    for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG64", "LINATTN_GDN_GLUON_WU_AREG"):
+        monkeypatch.delenv(name, raising=False)
+    assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3, areg=True)
+    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_OUT_PIPE", "1")
+    monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG64", "1")
+    cfg1, cfg8 = fused_wu_config(1, 32, 128, 132), fused_wu_config(8, 32, 128, 132)
+    assert cfg1 == FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
+    assert fused_wu_kernel_name("bf16", 32, 3, areg=True, regs=(cfg1.output_regs, cfg1.wu_regs), out_pipe=True) == OPIPE
+    assert cfg8 == FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192) and not cfg8.out_pipe
+    assert fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192)) in REGISTRY
+    monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG", "0")                  # both ride on WU_AREG
+    assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3)
+    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
+
+
+@pytest.mark.parametrize("T,lens,stages,npub", [(260, None, 3, 2), (261, [1, 130, 64, 65, 1], 3, 2),
+                                                (1, None, 3, 2), (200, [70, 1, 129], 1, 1), (130, None, 2, 1)])
+def test_schedule_model_out_pipe_matches_default_model(device, T, lens, stages, npub):
+    """The schedule model with out_pipe (the output partition waits for chunk c + 1's slot and takes its q k^T right
+    after releasing chunk c's; gate factors 2^(log2e gam_i - log2e gam_j) flushed below 2^-126) against the WU_AREG
+    model without it, on fresh inputs and interleavings, outputs NaN-poisoned: the final state bit-equal (the state
+    chain does not read the output partition's values), o within 1e-3 (the exponentials round differently: a few
+    16-bit ulps of att flip, 2e-4 of the elements in a CPU run) and within TOL of the fp64 recurrence, its error
+    vs fp64 within 1.02x of the default model's. T = 1 (the q k^T issued ahead is the only one), varlen with 1-token
+    sequences, ring depths 1-3 and one publication buffer (the protocol: a deadlock raises)."""
+    if device != "cpu":
+        pytest.skip("CPU model check")
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (chunk_gated_delta_rule_fwd_fused_wu,
+                                                                      emulate_fused_wu_ws)
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, rel_rms
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x, cu = _inputs(1, T, lens, torch.bfloat16, True, 1, 2, seed=seed)
+    scale = 128 ** -0.5
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, cu)
+    outs = {}
+    for out_pipe in (False, True):
+        stats = {}
+
+        def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_):
+            assert torch.isnan(o).all() and torch.isnan(final).all()
+            emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_, BV=32,
+                                stages=stages, npub=npub, seed=seed, stats=stats, areg=True, out_pipe=out_pipe)
+        with poisoned_allocations():
+            outs[out_pipe] = chunk_gated_delta_rule_fwd_fused_wu(*args, fused_pass=fused)
+        assert stats["steps"] > 0
+    res, res0 = outs[True], outs[False]
+    assert torch.isfinite(res.o).all() and torch.equal(res.final_state, res0.final_state)
+    assert rel_rms(res.o, res0.o) < 1e-3
+    o64, f64 = naive_recurrent(*(t.double() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])), scale=scale,
+                               initial_state=x["initial_state"].double(), output_final_state=True, cu_seqlens=cu)
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    assert rel_rms(res.o, o64) <= 1.02 * rel_rms(res0.o, o64)
+
+
 @pytest.mark.parametrize("lens", [None, [1, 130, 64, 65]])
 def test_schedule_model_areg_matches_fp64(device, lens):
     """The schedule model with areg (WU_AREG's rounding: Tinv * gates rounded, k and v as loaded) on full chunks and,
@@ -194,7 +279,8 @@ def test_launch_matches_aot_signature(B, T, lens, states):
     assert grid == (128 // cfg.BV, plan.N * 32)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, STAGES=cfg.stages, NWU=NWU, NPUB=NPUB,
                           USE_H0=states, STORE_HT=states, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS,
-                          PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.BV == 32, num_warps=4)   # WU_AREG: default at BV=32
+                          PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.BV == 32, OUT_PIPE=False,
+                          num_warps=4)   # WU_AREG: default at BV=32; OUT_PIPE opt-in
     T_tot = plan.T_total
     assert [list(a.shape) for a in args[:4]] == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128], [T_tot, 32 * 64]]
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 2 + [[64, cfg.BV], [64, 64]]
@@ -297,7 +383,8 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
                 fw.emulate_fused_wu_ws(view(q_d, B, T, H, 128), view(k_d, B, T, H, 128),
                                        view(v_d, B, T, HV, 128), beta, gcum, view(t_d, plan.T_total, HV, 64), o,
                                        h0, final, plan, scale, BV=kwargs["BV"], stages=kwargs["STAGES"],
-                                       nwu=kwargs["NWU"], npub=kwargs["NPUB"], areg=kwargs["WU_AREG"])
+                                       nwu=kwargs["NWU"], npub=kwargs["NPUB"], areg=kwargs["WU_AREG"],
+                                       out_pipe=kwargs["OUT_PIPE"])
             return run
     seen = {}
     real_launch = fw.fused_wu_launch
@@ -553,6 +640,8 @@ def test_gpu_round_dry_run(tmp_path):
     assert swept["fused_wu_ms_bv32_s2_nwu1"] > 0 and swept["o_vs_ws_bv32_s2_nwu1"] < 3e-3
     # the round-16 sweep row: WU_AREG at BV=64 with its registers (o differs from the copy path by about its error)
     assert swept["fused_wu_ms_bv64_s2_nwu2_areg_o136_w192"] > 0 and swept["o_vs_ws_bv64_s2_nwu2_areg_o136_w192"] < 1e-2
+    # round 17's sweep row: OUT_PIPE at BV=32 (on top of WU_AREG: o differs from the copy path by about its error)
+    assert swept["fused_wu_ms_bv32_s3_nwu2_areg_opipe"] > 0 and swept["o_vs_ws_bv32_s3_nwu2_areg_opipe"] < 1e-2
 
 
 def test_gpu_round_reports_a_hang(tmp_path):

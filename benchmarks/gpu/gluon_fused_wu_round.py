@@ -62,10 +62,14 @@ TIMING_ROWS = ((1, 65536), (8, 4096), (4, 16384), (1, "varlen"), (1, 32768), (2,
 DRY_TIMING_ROWS = ((1, 130), (2, 65), (1, "varlen"))
 # launch configs timed besides the default at these rows (fused_wu kernel alone): (BV, stages, nwu)
 # (BV, stages, NWU[, other FusedWuConfig fields]); round 16 added WU_AREG at BV=64 with the registers it needs there
+# and round 17 OUT_PIPE at BV=32 (the output warpgroup's q k^T one chunk ahead, on top of WU_AREG, wu at 160 registers)
 AREG64 = dict(areg=True, output_regs=136, wu_regs=192)
-SWEEP = {(1, 65536): ((32, 2, 2), (32, 3, 1), (64, 2, 2), (64, 2, 1)),
-         (8, 4096): ((64, 2, 1), (32, 3, 2), (32, 2, 2), (64, 2, 2, AREG64))}
-DRY_SWEEP = {(1, 130): ((32, 2, 1), (64, 2, 2, AREG64))}
+OPIPE = dict(areg=True, out_pipe=True, wu_regs=160)
+SWEEP = {(1, 65536): ((32, 3, 2, OPIPE), (32, 2, 2), (64, 2, 2)),
+         (1, 32768): ((32, 3, 2, OPIPE),), (2, 32768): ((32, 3, 2, OPIPE),), (1, 8192): ((32, 3, 2, OPIPE),),
+         (8, 4096): ((64, 2, 1), (32, 3, 2), (64, 2, 2, AREG64)), (4, 16384): ((64, 2, 2, AREG64),),
+         (): ((64, 2, 2, AREG64),)}                      # (): the varlen row
+DRY_SWEEP = {(1, 130): ((32, 2, 1), (64, 2, 2, AREG64), (32, 3, 2, OPIPE))}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 START = time.time()
 
@@ -112,7 +116,7 @@ def install_stand_ins(dry: bool, poison: bool = True):
         if dry:      # STAND-IN: the torch model of the kernel's per-CTA schedule
             cfg = config or wu.fused_wu_config(plan.N, v.shape[-2], v.shape[-1], 132)
             wu.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=cfg.BV,
-                                   stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg)
+                                   stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg, out_pipe=cfg.out_pipe)
         else:
             real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config)
 
@@ -283,7 +287,9 @@ def timing(res, path, args):
             for bv, st, nwu, *more in (DRY_SWEEP if dry else SWEEP).get((B, T) if cu is None else (), ()):
                 extra = more[0] if more else {}
                 c = wu.FusedWuConfig(bv, st, nwu, **extra)
-                tag = f"bv{bv}_s{st}_nwu{nwu}" + ("_areg_o{output_regs}_w{wu_regs}".format(**extra) if extra else "")
+                tag = (f"bv{bv}_s{st}_nwu{nwu}" + ("_areg" if extra.get("areg") else "")
+                       + ("_opipe" if extra.get("out_pipe") else "")
+                       + ("_o{output_regs}_w{wu_regs}".format(**extra) if "output_regs" in extra else ""))
                 row[f"fused_wu_ms_{tag}"] = median_ms(
                     lambda: wu.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o_wu, h0, f_wu, plan, scale,
                                                        config=c), **reps)

@@ -509,12 +509,12 @@ def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp
             "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
 
 
-def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None) -> str:
+def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False) -> str:
     return (f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
-            + (f"_o{regs[0]}_w{regs[1]}" if regs else ""))
+            + ("_opipe" if out_pipe else "") + (f"_o{regs[0]}_w{regs[1]}" if regs else ""))
 
 
-def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None):
+def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False):
     """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs)."""
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
@@ -522,7 +522,7 @@ def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=N
         out_regs, wu_regs = regs or (OUTPUT_REGS, WU_REGS)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NWU=NWU, NPUB=NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=out_regs, WU_REGS=wu_regs, PRODUCER_REGS=PRODUCER_REGS,
-                     WU_AREG=areg)
+                     WU_AREG=areg, OUT_PIPE=out_pipe)
         sig = fused_wu_signature(dtype, BV)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
@@ -547,4 +547,16 @@ for _dt, _bv, _s, _regs in FUSED_WU_AREG_CONFIGS:
         FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
         description=f"GDN forward stages 2b+3+4 fused, W/U with Tinv as wgmma's register A operand (WU_AREG), "
                     f"H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
+                    + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))
+
+# OUT_PIPE (opt-in, LINATTN_GDN_GLUON_OUT_PIPE=1; round 17): the output warpgroup issues chunk c + 1's q k^T before
+# chunk c's gate work (chunk_fused_wu_ws._output_pipelined). On top of WU_AREG, as fused_wu_config takes it.
+FUSED_WU_OPIPE_CONFIGS = [("bf16", 32, 3, (160, 160))]
+for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
+    register(AotKernel(
+        fused_wu_kernel_name(_dt, _bv, _s, areg=True, regs=_regs, out_pipe=True),
+        _fused_wu_build(_dt, _bv, _s, areg=True, regs=_regs, out_pipe=True),
+        FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
+        description=f"GDN forward stages 2b+3+4 fused, WU_AREG and the output warpgroup's q k^T one chunk ahead "
+                    f"(OUT_PIPE), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
                     + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))

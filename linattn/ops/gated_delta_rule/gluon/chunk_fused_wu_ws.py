@@ -175,6 +175,90 @@ if GLUON_OK:
             mbarrier.arrive(empty.index(st))
             gam_raw, bk_raw, bv_raw = gam_nx, bk_nx, bv_nx
 
+    # ------------------------------------------------------------------ worker 0: the output (1 warpgroup)
+    @gluon.jit
+    def _ex2_ftz(x):
+        """2^x by one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to 0). gl.exp2 / gl.exp add a range fix-up
+        for denormal results (FSETP and two FMUL per element) that a gate factor of < 1e-38 does not need."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                          nchunks, bos, eos, hv, vb,
+                          HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                          STAGES: gl.constexpr, NPUB: gl.constexpr):
+        """chunk_fused_ws._ws_output with q k^T one chunk ahead (OUT_PIPE): the q k^T of chunk c + 1 is issued as soon
+        as chunk c's products are waited, so it runs on the tensor cores while this warpgroup forms chunk c's gated
+        attention; the gates are loaded one chunk ahead in log2 units and exponentiated by ex2.approx.ftz, without
+        the mask before the exponential (the select after it discards the upper triangle, inf included).
+        Round 17's ncu source view: this warpgroup was ~97% busy at B1 (the chain's bound), the state waiting 28% on
+        pub_empty and the wu warpgroup 25% on ready behind it.
+        The q k^T issued in the last iteration (chunk nchunks) reads a ring slot that no copy is landing in (the
+        producer's last copy is chunk nchunks - 1, in another slot; an earlier copy into this one was waited) and is
+        discarded; it is waited before the partition ends."""
+        dt: gl.constexpr = q_s.dtype
+        LOG2E: gl.constexpr = 1.4426950408889634
+        ACC_A: gl.constexpr = ws_acc_layout(BT)               # q k^T [BT, BT]
+        ACC_O: gl.constexpr = ws_acc_layout(BV)               # o [BT, BV]
+        OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_O, k_width=2)
+        LO: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)
+        r_a = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC_A))
+        c_a = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC_A))
+        lower = gl.expand_dims(r_a, 1) >= gl.expand_dims(c_a, 0)
+        r_o = gl.arange(0, BT, layout=gl.SliceLayout(1, LO))
+        c_o = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LO))
+        gam = gl.load(gcum_ptr + (bos + r_a) * HV + hv, mask=(bos + r_a) < eos, other=0.) * LOG2E
+        if nchunks > 0:
+            mbarrier.wait(ready.index(0), 0)
+        qk = warpgroup_mma(q_s.index(0), k_s.index(0).permute((1, 0)), gl.zeros([BT, BT], gl.float32, ACC_A),
+                           use_acc=False, is_async=True)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            st = c % STAGES
+            j = c % NPUB
+            t1 = t0 + BT
+            gam_n = gl.load(gcum_ptr + (t1 + r_a) * HV + hv, mask=(t1 + r_a) < eos, other=0.) * LOG2E
+            mbarrier.wait(s_full.index(j), (c // NPUB) & 1)
+            qs = warpgroup_mma(q_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC_O),
+                               use_acc=False, is_async=True)
+            qkv, qs = warpgroup_mma_wait(0, deps=[qk, qs])
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st))                   # q, k read by wgmma only (async -> async: no fence)
+            st1 = (c + 1) % STAGES
+            if c + 1 < nchunks:
+                mbarrier.wait(ready.index(st1), ((c + 1) // STAGES) & 1)
+            qk_n = warpgroup_mma(q_s.index(st1), k_s.index(st1).permute((1, 0)),
+                                 gl.zeros([BT, BT], gl.float32, ACC_A), use_acc=False, is_async=True)
+            # the intra-chunk attention: exp2 of the log2-unit gate differences, the upper triangle selected to 0
+            gmat = _ex2_ftz(gl.expand_dims(gam, 1) - gl.expand_dims(gl.convert_layout(gam, gl.SliceLayout(0, ACC_A)), 0))
+            att = gl.convert_layout(gl.where(lower, qkv * gmat, 0.).to(dt), OPA)
+            o = qs * gl.expand_dims(_ex2_ftz(gl.convert_layout(gam, gl.SliceLayout(1, ACC_O))), 1)
+            mbarrier.wait(v_full.index(j), (c // NPUB) & 1)
+            o = warpgroup_mma(att, v_pub.index(j), o, is_async=True)
+            o = warpgroup_mma_wait(0, deps=[o])               # in order: the next q k^T is done too
+            gl.thread_barrier()
+            mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
+            o = gl.convert_layout((o * scale).to(o_ptr.dtype.element_ty), LO)
+            rows = t0 + r_o
+            o_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_o, 0)
+            gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
+            gam = gam_n
+            qk = qk_n
+        qkv = warpgroup_mma_wait(0, deps=[qk])                  # no chunk: the first q k^T is still in flight
+
+    @gluon.jit
+    def _wu_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                   nchunks, bos, eos, hv, vb,
+                   HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                   STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr):
+        if OUT_PIPE:
+            _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
+                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)
+        else:
+            _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                       nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)
+
     # ------------------------------------------------------------------ the kernel
     @gluon.jit
     def chunk_fused_wu_ws_kernel(
@@ -185,6 +269,7 @@ if GLUON_OK:
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WU_AREG: gl.constexpr = False,
+        OUT_PIPE: gl.constexpr = False,
     ):
         dt: gl.constexpr = k_desc.dtype
         vb = gl.program_id(0)
@@ -223,8 +308,8 @@ if GLUON_OK:
                           pub_empty, gcum_ptr, None, None, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
                           HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False, False,   # no h, vnew stores
                           True, True)),                          # WU_FED: W in wk_s, U in the v tile; STATES_IN_ACC
-             (_ws_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                           nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
+             (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                           nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
                            eos, hv, HV, K, BT, BV, STAGES, NWU, WU_AREG)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
@@ -255,16 +340,27 @@ class FusedWuConfig:
                            # LINATTN_GDN_GLUON_WU_AREG=0; never at BV=64, where it spills 24 bytes at these registers)
     output_regs: int = OUTPUT_REGS   # setmaxnreg of the output / wu warpgroups (the state's follows: 512 - 24 - both)
     wu_regs: int = WU_REGS           # BV=64 with areg compiles without spill at 136 / 192 (state 160; round 16, AOT)
+    out_pipe: bool = False           # OUT_PIPE: the output warpgroup issues q k^T one chunk ahead (_output_pipelined)
 
 
 def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     """V split as chunk_fused_ws.fused_ws_config: BV=64 unless N*HV*V/64 programs would leave SMs idle, then 32.
-    Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB)."""
+    Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB).
+    WU_AREG at BV=32 unless LINATTN_GDN_GLUON_WU_AREG=0; with it, the opt-ins LINATTN_GDN_GLUON_OUT_PIPE=1 (BV=32:
+    OUT_PIPE, wu warpgroup at 160 registers) and LINATTN_GDN_GLUON_WU_AREG64=1 (BV=64: WU_AREG with the output / wu
+    warpgroups at 136 / 192)."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2
-    return FusedWuConfig(bv, 3 if bv == 32 else 2, areg=bv == 32 and settings.gdn_gluon_wu_areg)
+    areg = settings.gdn_gluon_wu_areg
+    if bv == 64:
+        if areg and settings.gdn_gluon_wu_areg64:        # opt-in (round 17): WU_AREG at BV=64 needs these registers
+            return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
+        return FusedWuConfig(64, 2)
+    if areg and settings.gdn_gluon_out_pipe:             # opt-in (round 17): 4 bytes spill at the default 160 / 152
+        return FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
+    return FusedWuConfig(32, 3, areg=areg)
 
 
 def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Tensor] = None,
@@ -311,7 +407,8 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
             beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
-                  WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, num_warps=cfg.num_warps)
+                  WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, OUT_PIPE=cfg.out_pipe,
+                  num_warps=cfg.num_warps)
     return chunk_fused_wu_ws_kernel, (V // cfg.BV, N * HV), args, kwargs
 
 
@@ -398,7 +495,7 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
-                        stats: Optional[dict] = None, areg: bool = False) -> None:
+                        stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -409,7 +506,9 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     w_out [T_tot, HV, K] / u_out [T_tot, HV, V], when given, receive W and U rows < eos (what wu_kernel writes).
     areg models WU_AREG: on chunks that end inside the sequence, W = (Tinv * (beta exp(gam))[None, :]).to(dt) @ k and
     U = (Tinv * beta[None, :]).to(dt) @ v with k and v the ring's tiles as loaded (the sequence's last chunk as
-    without areg)."""
+    without areg). out_pipe models OUT_PIPE (_output_pipelined): the output partition waits for chunk c + 1's ring
+    slot and reads its q k^T right after releasing chunk c's slot, and forms the gate factors as 2^(log2e gam_i -
+    log2e gam_j) flushed to 0 below 2^-126, unmasked before the select."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -530,6 +629,42 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                     if final is not None:
                         final[n, hv, :, cols] = S
 
+                def output_pipelined():
+                    l2e = torch.tensor(1.4426950408889634, dtype=f32)
+
+                    def ex2_ftz(x):
+                        y = torch.exp2(x)
+                        return torch.where(y < 2.0 ** -126, torch.zeros(()), y)
+
+                    def qk_of(st):
+                        return ring[st]["q"].to(f32) @ ring[st]["k"].to(f32).T
+
+                    if nch > 0:
+                        yield ready[0], 0
+                    qk = qk_of(0) if nch > 0 else None
+                    for c in range(nch):
+                        t0 = bos + c * BT
+                        st, j = c % stages, c % npub
+                        gam = gates(t0, eos, hv)[0] * l2e
+                        yield s_full[j], (c // npub) & 1
+                        qs = ring[st]["q"].to(f32) @ s_pub[j].to(f32)
+                        empty[st].arrive()
+                        if c + 1 < nch:
+                            st1 = (c + 1) % stages
+                            yield ready[st1], ((c + 1) // stages) & 1
+                            qk_n = qk_of(st1)
+                        gmat = ex2_ftz(gam[:, None] - gam[None, :])
+                        att = torch.where(lower, qk * gmat, 0.).to(dt)
+                        oc = qs * ex2_ftz(gam)[:, None]
+                        yield v_full[j], (c // npub) & 1
+                        oc = oc + att.to(f32) @ v_pub[j].to(f32)
+                        pub_empty[j].arrive()
+                        oc = (oc * scale).to(o.dtype)
+                        nv = min(eos - t0, BT)
+                        o2[t0:t0 + nv, hv, cols] = oc[:nv]
+                        if c + 1 < nch:
+                            qk = qk_n
+
                 def output():
                     for c in range(nch):
                         t0 = bos + c * BT
@@ -551,7 +686,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         nv = min(eos - t0, BT)
                         o2[t0:t0 + nv, hv, cols] = oc[:nv]
 
-                steps += _interleave([state(), output(), wu(), producer()], inflight, land, rng,
+                steps += _interleave([state(), output_pipelined() if out_pipe else output(), wu(), producer()],
+                                     inflight, land, rng,
                                      f"sequence {n}, head {hv}, V block {vb}")
     if stats is not None:
         stats["steps"] = stats.get("steps", 0) + steps
