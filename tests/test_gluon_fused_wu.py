@@ -32,15 +32,17 @@ needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 def test_launcher_configs_are_registered():
     from linattn.ops.gated_delta_rule.aot import FUSED_WU_CONFIGS, fused_wu_kernel_name
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import OUTPUT_REGS, WU_REGS, fused_wu_config
     names = {fused_wu_kernel_name(*c) for c in FUSED_WU_CONFIGS}
     assert names == set(NAMES) and len(NAMES) == 3
     assert fused_wu_config(1, 32, 128, 132) == fused_wu_config(1, 32, 128, 132)
     assert (fused_wu_config(1, 32, 128, 132).BV, fused_wu_config(1, 32, 128, 132).stages) == (32, 3)
     assert (fused_wu_config(8, 32, 128, 132).BV, fused_wu_config(8, 32, 128, 132).stages) == (64, 2)
-    for N in (1, 8):
+    for N in (1, 8):                       # the default configs' builds (WU_AREG, OUT_PIPE at BV=32) are registered
         cfg = fused_wu_config(N, 32, 128, 132)
-        assert fused_wu_kernel_name("bf16", cfg.BV, cfg.stages) in names
+        regs = None if (cfg.output_regs, cfg.wu_regs) == (OUTPUT_REGS, WU_REGS) else (cfg.output_regs, cfg.wu_regs)
+        for dt in ("bf16", "fp16") if cfg.BV == 64 else ("bf16",):
+            assert fused_wu_kernel_name(dt, cfg.BV, cfg.stages, cfg.areg, regs, cfg.out_pipe) in REGISTRY, cfg
 
 
 @needs_gluon
@@ -79,28 +81,33 @@ def test_compiles_without_spill_with_intended_instructions(name):
 
 @needs_gluon
 @pytest.mark.parametrize("name", ["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg",
-                                  "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192"])
+                                  "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192",
+                                  "gdn_fwd_fused_wu_ws_gluon_fp16_bv64_s2_areg_o136_w192"])
 def test_areg_build_compiles_without_spill(name):
-    """WU_AREG (the BV=32 default; at BV=64 a sweep row with the output / wu warpgroups at 136 / 192 registers): 0
-    spill, no local memory, the register file as the default build's, and both W / U paths in the code: the
+    """WU_AREG (the default: at BV=32 the build without OUT_PIPE, at BV=64 with the output / wu warpgroups at 136 / 192
+    registers, bf16 and fp16): 0 spill, no local memory, the register file as the copy build's, and both W / U paths
+    in the code: the
     register-A products (W 4 at N = 128, U 4 at N = BV) next to the shared-memory ones kept for a sequence's last
     chunk."""
     assert AREG_NAMES == sorted(["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg",
-                                 "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192"])
+                                 "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192",
+                                 "gdn_fwd_fused_wu_ws_gluon_fp16_bv64_s2_areg_o136_w192"])
     rep = inspect_kernel(REGISTRY[name])
     assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
     assert rep.num_warps == 16 and rep.regs == 128 and 0 < rep.smem <= SMEM_LIMIT_SM90
-    assert rep.sass.get("HGMMA.64x128x16.F32.BF16", 0) == 8, rep.sass          # W: 4 register-A + 4 smem-A
+    sfx = ".BF16" if "_bf16_" in name else ""
+    assert rep.sass.get(f"HGMMA.64x128x16.F32{sfx}", 0) == 8, rep.sass          # W: 4 register-A + 4 smem-A
     if "_bv32_" in name:
-        assert rep.sass.get("HGMMA.64x32x16.F32.BF16", 0) == 32 + 4, rep.sass   # U: 4 more
+        assert rep.sass.get(f"HGMMA.64x32x16.F32{sfx}", 0) == 32 + 4, rep.sass   # U: 4 more
     else:
-        assert rep.sass.get("HGMMA.64x64x16.F32.BF16", 0) == 40 + 4, rep.sass   # U: 4 more
+        assert rep.sass.get(f"HGMMA.64x64x16.F32{sfx}", 0) == 40 + 4, rep.sass   # U: 4 more
 
 
-def test_areg_switch_picks_the_variant_at_bv32_only(monkeypatch):
-    """WU_AREG is on by default at BV=32 (B1 at HV32; round 16 on the H200: gate green, 1.05-1.08x) and never at
-    BV=64; LINATTN_GDN_GLUON_WU_AREG=0 turns it off (WU_AREG=False: the build from before the switch existed)."""
+def test_areg_switch(monkeypatch):
+    """WU_AREG is on by default at BV=32 (B1 at HV32; round 16 on the H200: gate green, 1.05-1.08x) and, since round
+    17, at BV=64; LINATTN_GDN_GLUON_WU_AREG=0 turns it off at both (WU_AREG=False: the build from before the switch
+    existed)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config, fused_wu_launch
     plan, bufs = _buffers(1, 4096, 16, 32)
     for env, want in ((None, True), ("1", True), ("0", False)):
@@ -109,7 +116,7 @@ def test_areg_switch_picks_the_variant_at_bv32_only(monkeypatch):
         else:
             monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG", env)
         cfg1, cfg8 = fused_wu_config(1, 32, 128, 132), fused_wu_config(8, 32, 128, 132)
-        assert (cfg1.BV, cfg1.areg, cfg8.BV, cfg8.areg) == (32, want, 64, False)
+        assert (cfg1.BV, cfg1.areg, cfg8.BV, cfg8.areg) == (32, want, 64, want)
         if not _GLUON_OK:
             continue
         *_, kwargs = fused_wu_launch(*bufs[:7], bufs[7], bufs[8], plan, 0.1, cfg1)
@@ -136,23 +143,26 @@ def test_opipe_build_compiles_without_spill():
     assert "ex2.approx.ftz.f32" not in compile_kernel(REGISTRY["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"]).asm["ptx"]
 
 
-def test_opt_in_switches(monkeypatch):
-    """LINATTN_GDN_GLUON_OUT_PIPE=1 takes OUT_PIPE into the BV=32 WU_AREG config (wu warpgroup at 160 registers, the
-    build OPIPE), not without WU_AREG and never at BV=64; LINATTN_GDN_GLUON_WU_AREG64=1 takes WU_AREG into the BV=64
-    config with the output / wu warpgroups at 136 / 192. Both off by default."""
+def test_round17_switches(monkeypatch):
+    """Defaults since round 17 (H200 gate green, the fused kernel 1.11-1.18x at every production row): OUT_PIPE in
+    the BV=32 WU_AREG config (wu warpgroup at 160 registers: the build OPIPE), never at BV=64; WU_AREG at BV=64 with
+    the output / wu warpgroups at 136 / 192. LINATTN_GDN_GLUON_OUT_PIPE=0 and LINATTN_GDN_GLUON_WU_AREG64=0 turn each
+    off; LINATTN_GDN_GLUON_WU_AREG=0 turns off both (they ride on WU_AREG)."""
     from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import FusedWuConfig, fused_wu_config
     for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG64", "LINATTN_GDN_GLUON_WU_AREG"):
         monkeypatch.delenv(name, raising=False)
-    assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3, areg=True)
-    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
-    monkeypatch.setenv("LINATTN_GDN_GLUON_OUT_PIPE", "1")
-    monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG64", "1")
     cfg1, cfg8 = fused_wu_config(1, 32, 128, 132), fused_wu_config(8, 32, 128, 132)
     assert cfg1 == FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
     assert fused_wu_kernel_name("bf16", 32, 3, areg=True, regs=(cfg1.output_regs, cfg1.wu_regs), out_pipe=True) == OPIPE
     assert cfg8 == FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192) and not cfg8.out_pipe
     assert fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192)) in REGISTRY
+    monkeypatch.setenv("LINATTN_GDN_GLUON_OUT_PIPE", "0")
+    monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG64", "0")
+    assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3, areg=True)
+    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_OUT_PIPE")
+    monkeypatch.delenv("LINATTN_GDN_GLUON_WU_AREG64")
     monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG", "0")                  # both ride on WU_AREG
     assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3)
     assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
@@ -277,10 +287,12 @@ def test_launch_matches_aot_signature(B, T, lens, states):
     for (name, want), arg in zip(sig.items(), args):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert grid == (128 // cfg.BV, plan.N * 32)
+    # the defaults since round 17: WU_AREG at both BV; OUT_PIPE at BV=32 with the wu warpgroup at 160 registers;
+    # at BV=64 the output / wu warpgroups at 136 / 192
+    regs = (OUTPUT_REGS, 160) if cfg.BV == 32 else (136, 192)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, STAGES=cfg.stages, NWU=NWU, NPUB=NPUB,
-                          USE_H0=states, STORE_HT=states, OUTPUT_REGS=OUTPUT_REGS, WU_REGS=WU_REGS,
-                          PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.BV == 32, OUT_PIPE=False,
-                          num_warps=4)   # WU_AREG: default at BV=32; OUT_PIPE opt-in
+                          USE_H0=states, STORE_HT=states, OUTPUT_REGS=regs[0], WU_REGS=regs[1],
+                          PRODUCER_REGS=PRODUCER_REGS, WU_AREG=True, OUT_PIPE=cfg.BV == 32, num_warps=4)
     T_tot = plan.T_total
     assert [list(a.shape) for a in args[:4]] == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128], [T_tot, 32 * 64]]
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 2 + [[64, cfg.BV], [64, 64]]
@@ -331,8 +343,9 @@ def _jit_compile_main():
 
 @needs_gluon
 def test_jit_launch_path_compiles_for_sm90():
-    """The launcher's arguments through the real JIT (a compile-only sm_90a driver): 16 warps, the setmaxnreg split
-    state 176 / output 160 / wu 152 / producer 24 (the whole 64 K register file), TMA boxes q, k as [64,64]
+    """The launcher's arguments through the real JIT (a compile-only sm_90a driver): 16 warps, the setmaxnreg split of
+    the default configs (since round 17: BV=32 state 168 / output 160 / wu 160, BV=64 state 160 / output 136 / wu
+    192; producer 24: the whole 64 K register file), TMA boxes q, k as [64,64]
     messages, v [64,BV], Tinv [64,64]; every barrier inside a partition is partition-local (bar.sync id, 128:
     ids 0 state, 2 output, 3 wu), the only CTA-wide one is warp_specialize's (id 1); the expect counts the four
     full boxes."""
@@ -346,9 +359,10 @@ def test_jit_launch_path_compiles_for_sm90():
     for r in rows:
         assert r["num_warps"] == 16 and r["reqntid"] == ["512"] and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
         assert r["maxnreg"] == ["128"], r
-        inside = {("dec", "176"), ("inc", "160"), ("inc", "152"), ("dec", "24")}
+        state, output, wu = (168, 160, 160) if r["BV"] == 32 else (160, 136, 192)
+        inside = {("dec", str(state)), ("inc", str(output)), ("inc", str(wu)), ("dec", "24")}
         assert inside <= set(map(tuple, r["setmaxnreg"])), r
-        assert 176 + 160 + 152 + 24 == 512                           # x 128 threads = 65 536 registers
+        assert state + output + wu + 24 == 512                       # x 128 threads = 65 536 registers
         assert r["tma_boxes"] == [[64, 64]] * 2 + [[64, r["BV"]], [64, 64]], r
         assert r["cta_bars"] == ["1"], r
         assert {i for i, _ in r["part_bars"]} == {"0", "2", "3"} and all(n == "128" for _, n in r["part_bars"]), r

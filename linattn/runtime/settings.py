@@ -44,14 +44,17 @@ LINATTN_GDN_GLUON_WU_AREG "0" turns off, in the fused-wu kernel's BV=32 configs 
                    with it; forward 1.05-1.08x at the BV=32 rows (B1 T65536 2.662 -> 2.510 ms); W and U round
                    Tinv * gates instead of k * gates (errors vs fp64 as before). BV=64 configs keep the copy (the
                    register-A form spills 24 bytes there).
-LINATTN_GDN_GLUON_WU_AREG64 "1" (opt-in, round 17) takes WU_AREG into the fused-wu kernel's BV=64 configs (B >= 3
-                   at HV32) too, with the output / wu warpgroups at 136 / 192 registers (state 160; AOT 0 spill).
-                   Round 17 on an H200 (8e9e46d, gluon_fused_wu sweep): fused kernel 0.668 -> 0.597 ms at B8 T4096.
-LINATTN_GDN_GLUON_OUT_PIPE "1" (opt-in, round 17): in the fused-wu kernel's BV=32 WU_AREG config, the output warpgroup
-                   issues chunk c + 1's q k^T before chunk c's gate work and exponentiates in log2 units with
-                   ex2.approx.ftz (chunk_fused_wu_ws._output_pipelined; output / wu warpgroups at 160 / 160
-                   registers, state 168). Round 17's ncu source view: the output warpgroup ~97% busy at B1, the
-                   state and wu warpgroups waiting behind it.
+LINATTN_GDN_GLUON_WU_AREG64 "0" keeps the fused-wu kernel's BV=64 configs (B >= 3 at HV32) on the scaled copy of k
+                   and v; default on since round 17: WU_AREG there too, with the output / wu warpgroups at 136 / 192
+                   registers (state 160; AOT 0 spill). Round 17 on an H200 (5fa92b3): Gluon gate 18/18 + grad +
+                   sync-free with it; fused kernel 1.11-1.12x (B8 T4096 0.668 -> 0.597 ms, B4 T16384 1.327 -> 1.200,
+                   varlen 1.270 -> 1.138).
+LINATTN_GDN_GLUON_OUT_PIPE "0" turns off, in the fused-wu kernel's BV=32 WU_AREG config (B1-B2 at HV32), OUT_PIPE;
+                   default on since round 17: the output warpgroup issues chunk c + 1's q k^T before chunk c's gate
+                   work and exponentiates in log2 units by ex2.approx.ftz (chunk_fused_wu_ws._output_pipelined; output
+                   / wu warpgroups at 160 / 160 registers, state 168). Round 17's ncu source view had that warpgroup
+                   ~97% busy at B1, the chain's bound. On an H200 (5fa92b3): Gluon gate 18/18 + grad + sync-free with
+                   it; fused kernel 1.16-1.18x (B1 T65536 1.969 -> 1.680 ms, B1 T8192 0.255 -> 0.219).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
@@ -166,11 +169,11 @@ class _Settings:
 
     @property
     def gdn_gluon_wu_areg64(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_WU_AREG64")
+        return _on_unless_off("LINATTN_GDN_GLUON_WU_AREG64")
 
     @property
     def gdn_gluon_out_pipe(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_OUT_PIPE")
+        return _on_unless_off("LINATTN_GDN_GLUON_OUT_PIPE")
 
     @property
     def gdn_segment_warmup(self) -> bool:

@@ -535,12 +535,12 @@ for _dt, _bv, _s in FUSED_WU_CONFIGS:
         description=f"GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
                     f"warpgroup, output warpgroup), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"))
 
-# The same kernel with WU_AREG (the BV=32 default since round 16; LINATTN_GDN_GLUON_WU_AREG=0 off): the wu warpgroup scales
-# Tinv's columns in registers and multiplies it as wgmma's register A operand against the ring's k and v tiles.
-# BV=32 as fused_wu_config takes it; BV=64 (not taken by fused_wu_config: at the default registers the wu warpgroup's
-# 152 spill 24 bytes) with the output / wu warpgroups at 136 / 192 registers (state 160), a sweep row of the
-# gluon_fused_wu round (FusedWuConfig(64, 2, 2, areg=True, output_regs=136, wu_regs=192)).
-FUSED_WU_AREG_CONFIGS = [("bf16", 32, 3, None), ("bf16", 64, 2, (136, 192))]
+# The same kernel with WU_AREG (the default since round 16 at BV=32, since round 17 at BV=64; LINATTN_GDN_GLUON_WU_AREG=0
+# off): the wu warpgroup scales Tinv's columns in registers and multiplies it as wgmma's register A operand against the
+# ring's k and v tiles. BV=32 without OUT_PIPE (LINATTN_GDN_GLUON_OUT_PIPE=0); BV=64 as fused_wu_config takes it, with
+# the output / wu warpgroups at 136 / 192 registers (state 160; at the default 160 / 152 the wu warpgroup spills 24
+# bytes), bf16 and fp16.
+FUSED_WU_AREG_CONFIGS = [("bf16", 32, 3, None), ("bf16", 64, 2, (136, 192)), ("fp16", 64, 2, (136, 192))]
 for _dt, _bv, _s, _regs in FUSED_WU_AREG_CONFIGS:
     register(AotKernel(
         fused_wu_kernel_name(_dt, _bv, _s, areg=True, regs=_regs), _fused_wu_build(_dt, _bv, _s, areg=True, regs=_regs),
@@ -549,7 +549,7 @@ for _dt, _bv, _s, _regs in FUSED_WU_AREG_CONFIGS:
                     f"H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
                     + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))
 
-# OUT_PIPE (opt-in, LINATTN_GDN_GLUON_OUT_PIPE=1; round 17): the output warpgroup issues chunk c + 1's q k^T before
+# OUT_PIPE (the BV=32 default since round 17; LINATTN_GDN_GLUON_OUT_PIPE=0 off): the output warpgroup issues chunk c + 1's q k^T before
 # chunk c's gate work (chunk_fused_wu_ws._output_pipelined). On top of WU_AREG, as fused_wu_config takes it.
 FUSED_WU_OPIPE_CONFIGS = [("bf16", 32, 3, (160, 160))]
 for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:

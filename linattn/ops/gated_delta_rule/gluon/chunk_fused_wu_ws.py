@@ -6,9 +6,10 @@ fused_wu_supported takes the call (default since round 15; LINATTN_GDN_GLUON_FUS
 
 One CTA per (V block, sequence * value head), as chunk_fused_ws.py. Per chunk c, with dt the 16-bit operand dtype
 and gam / beta the chunk's gates (0 on rows past the sequence end), EXACTLY wu_kernel's rounding points (with WU_AREG,
-the default at BV=32 since round 16, a chunk that ends inside its sequence forms instead
+the default since round 16 at BV=32 and since round 17 at BV=64, a chunk that ends inside its sequence forms instead
 w = ((Tinv * (beta * exp(gam))[None, :]).to(dt) @ k).to(dt) and u = ((Tinv * beta[None, :]).to(dt) @ v).to(dt), Tinv as
-wgmma's register A operand and k, v the ring's tiles unchanged; GLUON_FUSED_WU.md, round 16):
+wgmma's register A operand and k, v the ring's tiles unchanged; GLUON_FUSED_WU.md, round 16; and with OUT_PIPE, the
+default at BV=32 since round 17, the output partition is _output_pipelined, q k^T one chunk ahead):
   wu partition (worker 1, 4 warps = 1 warpgroup):
       ks = (k * (beta * exp(gam))[:, None]).to(dt)          -> wk_s[c % NWU]       (k: the ring's [BT, K] tile)
       vs = (v * beta[:, None]).to(dt)                       -> the ring's v tile, in place
@@ -336,8 +337,9 @@ class FusedWuConfig:
     stages: int            # TMA ring depth
     nwu: int = NWU         # W buffers
     num_warps: int = 4     # the default (state) partition; the kernel launches 16 warps (4 warpgroups)
-    areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (fused_wu_config: on at BV=32 unless
-                           # LINATTN_GDN_GLUON_WU_AREG=0; never at BV=64, where it spills 24 bytes at these registers)
+    areg: bool = False     # WU_AREG: Tinv as the W/U wgmma's register A operand (fused_wu_config: on unless
+                           # LINATTN_GDN_GLUON_WU_AREG=0; at BV=64 with output / wu at 136 / 192: 24 bytes spill at
+                           # these defaults)
     output_regs: int = OUTPUT_REGS   # setmaxnreg of the output / wu warpgroups (the state's follows: 512 - 24 - both)
     wu_regs: int = WU_REGS           # BV=64 with areg compiles without spill at 136 / 192 (state 160; round 16, AOT)
     out_pipe: bool = False           # OUT_PIPE: the output warpgroup issues q k^T one chunk ahead (_output_pipelined)
@@ -346,19 +348,20 @@ class FusedWuConfig:
 def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     """V split as chunk_fused_ws.fused_ws_config: BV=64 unless N*HV*V/64 programs would leave SMs idle, then 32.
     Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB).
-    WU_AREG at BV=32 unless LINATTN_GDN_GLUON_WU_AREG=0; with it, the opt-ins LINATTN_GDN_GLUON_OUT_PIPE=1 (BV=32:
-    OUT_PIPE, wu warpgroup at 160 registers) and LINATTN_GDN_GLUON_WU_AREG64=1 (BV=64: WU_AREG with the output / wu
-    warpgroups at 136 / 192)."""
+    WU_AREG unless LINATTN_GDN_GLUON_WU_AREG=0, and with it (defaults since round 17, H200 gate green, 1.11-1.18x
+    the fused kernel at every production row): OUT_PIPE at BV=32 (wu warpgroup at 160 registers; off with
+    LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
+    LINATTN_GDN_GLUON_WU_AREG64=0)."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2
     areg = settings.gdn_gluon_wu_areg
     if bv == 64:
-        if areg and settings.gdn_gluon_wu_areg64:        # opt-in (round 17): WU_AREG at BV=64 needs these registers
+        if areg and settings.gdn_gluon_wu_areg64:        # default since round 17: WU_AREG at BV=64 needs these registers
             return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
         return FusedWuConfig(64, 2)
-    if areg and settings.gdn_gluon_out_pipe:             # opt-in (round 17): 4 bytes spill at the default 160 / 152
+    if areg and settings.gdn_gluon_out_pipe:             # default since round 17 (4 bytes spill at 160 / 152 / 176)
         return FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
     return FusedWuConfig(32, 3, areg=areg)
 
