@@ -128,12 +128,77 @@ def summarize_kernel(rows: list, top: int = 40) -> dict:
     hot = sorted(range(len(rows)), key=lambda i: -rows[i]["samples"])[:top]
     return dict(instructions=len(rows), samples=total,
                 by_opcode={k: round(v / total, 4) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:20]},
-                regions=regions,
+                regions=regions, partitions=partition_breakdown(rows),
                 top=[dict(index=i, address=rows[i]["address"], sass=rows[i]["sass"][:120],
                           share=round(rows[i]["samples"] / total, 4),
                           not_issued_share=round(rows[i]["not_issued"] / total, 4),
                           reasons=dict(sorted(rows[i]["reasons"].items(), key=lambda kv: -kv[1])[:4]))
                      for i in hot])
+
+
+def _address(text: str):
+    try:
+        return int(str(text), 16)
+    except ValueError:
+        return None
+
+
+def partition_breakdown(rows: list, min_share: float = 0.01) -> list:
+    """Where each warp-specialised partition's samples go. The SASS of a gl.warp_specialize kernel gives every
+    partition its own code, entered through a setmaxnreg (USETMAXREG.TRY_ALLOC / DEALLOC, its register count in the
+    operand), so the code between two USETMAXREG is one partition's (or a prologue, or the idle warps of a padded
+    warpgroup). For each such segment with at least min_share of the kernel's samples: its register count, its
+    share, and its samples split into
+      mbar_wait   mbarrier waits: SYNCS.PHASECHK TRYWAIT and the branch on its result that jumps to the out-of-line
+                  retry loop (placed after the kernel's EXIT; the warp's wait is sampled on that branch),
+      wgmma_wait  WARPGROUP.DEPBAR (waiting for an asynchronous wgmma),
+      bar_sync    BAR.SYNC (named barriers: thread_barrier, layout conversions through shared memory),
+      idle        NOP (the padding warps of the producer's warpgroup),
+      work        everything else, with its leading stall reasons.
+    A partition whose samples are nearly all work and wgmma_wait is busy the whole kernel; one with a large mbar_wait
+    waits for another (round 17: the output warpgroup 97% busy at B1 with the state waiting 32% of its samples)."""
+    total = sum(r["samples"] for r in rows) or 1.0
+    exits = [_address(r["address"]) for r in rows if _opcode(r["sass"]) == "EXIT"]
+    exit_at = min(a for a in exits if a is not None) if any(a is not None for a in exits) else None
+    segments, cur = [], None
+    for idx, r in enumerate(rows):
+        op = _opcode(r["sass"])
+        if op == "USETMAXREG" or cur is None:
+            m = re.search(r"(0x[0-9a-fA-F]+)\s*$", r["sass"].strip()) if op == "USETMAXREG" else None
+            cur = dict(first=idx, first_address=r["address"], setmaxnreg=int(m.group(1), 16) if m else None,
+                       samples=0.0, cats=dict(mbar_wait=0.0, wgmma_wait=0.0, bar_sync=0.0, idle=0.0, work=0.0),
+                       reasons={})
+            segments.append(cur)
+        cur["last"] = idx
+        text = r["sass"]
+        target = re.search(r"BRA\s+(0x[0-9a-fA-F]+)", text)
+        if "TRYWAIT" in text or (target and exit_at is not None and int(target.group(1), 16) > exit_at):
+            cat = "mbar_wait"
+        elif op == "WARPGROUP" and "DEPBAR" in text:
+            cat = "wgmma_wait"
+        elif op == "BAR":
+            cat = "bar_sync"
+        elif op == "NOP":
+            cat = "idle"
+        else:
+            cat = "work"
+            for k, v in r["reasons"].items():
+                if "not issued" not in k.lower():
+                    cur["reasons"][k] = cur["reasons"].get(k, 0.0) + v
+        cur["samples"] += r["samples"]
+        cur["cats"][cat] += r["samples"]
+    out = []
+    for seg in segments:
+        if seg["samples"] < min_share * total:
+            continue
+        n = seg["samples"]
+        rs = sum(seg["reasons"].values()) or 1.0
+        out.append(dict(first=seg["first"], last=seg["last"], first_address=seg["first_address"],
+                        setmaxnreg=seg["setmaxnreg"], share=round(n / total, 4),
+                        categories={k: round(v / n, 4) for k, v in seg["cats"].items()},
+                        work_reasons={k: round(v / rs, 4) for k, v in
+                                      sorted(seg["reasons"].items(), key=lambda kv: -kv[1])[:5]}))
+    return out
 
 
 def summarize(paths, out_dir) -> dict:
@@ -149,6 +214,9 @@ def summarize(paths, out_dir) -> dict:
                 if reg["share"] >= 0.02:
                     print(f"  region {reg['first_address']}..{reg.get('last_address', '')}: {100 * reg['share']:.1f}%  "
                           + "; ".join(f"{t['sass'][:40]} {100 * t['share']:.1f}%" for t in reg["top"][:3]))
+            for part in s["partitions"]:
+                print(f"  partition at {part['first']} (setmaxnreg {part['setmaxnreg']}): {100 * part['share']:.1f}% "
+                      "of samples: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in part["categories"].items() if v))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "ncu_source_summary.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -168,6 +236,25 @@ _SAMPLE = '''"Kernel Name","kkt_solve_v2_kernel",
 "0x7f0000000030","WARPGROUP.DEPBAR.LE gsb0, 0x0","500","495","0","0"
 "0x7f0000000040","LDS.128 R4, [R2]","200","150","120","0"
 "0x7f0000000050","BAR.SYNC.DEFER_BLOCKING 0x1, 0x80","99","99","0","99"
+'''
+
+
+# A warp-specialised kernel in that layout: a prologue, two partitions entered through setmaxnreg, the kernel's EXIT
+# and an out-of-line mbarrier retry loop after it; values made up.
+_SAMPLE_WS = '''"Kernel Name","chunk_fused_wu_ws_kernel",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_short_sb","stall_long_sb"
+"0x7f0000000000","MOV R1, c[0x0][0x28]","0","0","0","0"
+"0x7f0000000010","USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0","0","0","0","0"
+"0x7f0000000020","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x31100], R3","10","10","0","0"
+"0x7f0000000030","@!P0  BRA 0x7f0000000100","190","190","0","190"
+"0x7f0000000040","HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], R24","100","50","0","0"
+"0x7f0000000050","WARPGROUP.DEPBAR.LE gsb0, 0x0","200","200","0","0"
+"0x7f0000000060","FMUL R4, R4, R5","500","300","300","0"
+"0x7f0000000070","USETMAXREG.DEALLOC.CTAPOOL 0x18","0","0","0","0"
+"0x7f0000000080","NOP","900","900","0","0"
+"0x7f0000000090","@!P1  BRA 0x7f0000000080","100","0","0","0"
+"0x7f00000000a0","EXIT","0","0","0","0"
+"0x7f0000000100","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x31100], R3","0","0","0","0"
 '''
 
 
@@ -191,6 +278,16 @@ def main():
         assert s["top"][0]["share"] == 0.45 and s["top"][0]["not_issued_share"] == 0.445, s["top"][0]
         assert s["top"][2]["sass"].startswith("HGMMA") and s["top"][3]["reasons"] == {"stall_long_sb": 120.0}, s["top"]
         assert len(s["regions"]) == 1 and s["regions"][0]["share"] == 0.9995, s["regions"]     # MOV: under 0.1%
+        p = os.path.join(a.out, "sample_ws_sass.csv")
+        with open(p, "w") as f:
+            f.write(_SAMPLE_WS)
+        parts = summarize([p], a.out)["sample_ws_sass.csv"]["chunk_fused_wu_ws_kernel"]["partitions"]
+        # the prologue (MOV, no samples) is dropped; the branch into the retry loop past EXIT is an mbarrier wait,
+        # the idle warps' own loop branch is work
+        assert [(q["first"], q["setmaxnreg"], q["share"]) for q in parts] == [(1, 160, 0.5), (7, 24, 0.5)], parts
+        assert parts[0]["categories"] == dict(mbar_wait=0.2, wgmma_wait=0.2, bar_sync=0.0, idle=0.0, work=0.6), parts
+        assert parts[0]["work_reasons"] == {"stall_short_sb": 1.0}, parts[0]
+        assert parts[1]["categories"]["idle"] == 0.9 and parts[1]["categories"]["work"] == 0.1, parts[1]
         print("ncu_source dry run: ok")
         return
     summarize(a.csv, a.out)
