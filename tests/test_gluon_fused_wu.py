@@ -124,23 +124,26 @@ def test_areg_switch(monkeypatch):
 
 
 @needs_gluon
-def test_opipe_build_compiles_without_spill():
-    """OUT_PIPE (opt-in, on top of WU_AREG at BV=32; output / wu warpgroups at 160 / 160, state 168): 0 spill, no
-    local memory, the register file and shared memory as the WU_AREG build's; q k^T issued at two sites (before the
-    loop and one chunk ahead inside it: 2 x 8 HGMMA at N = 64, the rest as WU_AREG's); the gate exponentials without
-    the denormal range fix-up (ex2.approx.ftz in the PTX, which the WU_AREG build does not use)."""
+@pytest.mark.parametrize("name,base", [(OPIPE, "gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"),
+                                       ("gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_opipe_o152_w176",
+                                        "gdn_fwd_fused_wu_ws_gluon_bf16_bv64_s2_areg_o136_w192")])
+def test_opipe_build_compiles_without_spill(name, base):
+    """OUT_PIPE on top of WU_AREG (the BV=32 default, output / wu warpgroups at 160 / 160, state 168; at BV=64 a sweep
+    row at 152 / 176, state 160): 0 spill, no local memory, the register file and shared memory as the WU_AREG
+    build's; q k^T issued at two sites (before the loop and one chunk ahead inside it: 8 more HGMMA at N = 64, the
+    rest as WU_AREG's); the gate exponentials without the denormal range fix-up (ex2.approx.ftz in the PTX, which
+    the WU_AREG build does not use)."""
     from linattn.runtime.aot import compile_kernel
-    assert OPIPE in REGISTRY
-    rep = inspect_kernel(REGISTRY[OPIPE])
-    base = inspect_kernel(REGISTRY["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"])
+    assert name in REGISTRY
+    rep, ref = inspect_kernel(REGISTRY[name]), inspect_kernel(REGISTRY[base])
     assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
-    assert rep.num_warps == 16 and rep.regs == 128 and rep.smem == base.smem
-    assert rep.sass.get("HGMMA.64x64x16.F32.BF16", 0) == 16, rep.sass
+    assert rep.num_warps == 16 and rep.regs == 128 and rep.smem == ref.smem
+    assert rep.sass.get("HGMMA.64x64x16.F32.BF16", 0) == ref.sass.get("HGMMA.64x64x16.F32.BF16", 0) + 8, rep.sass
     for op in ("HGMMA.64x128x16.F32.BF16", "HGMMA.64x32x16.F32.BF16"):
-        assert rep.sass.get(op, 0) == base.sass.get(op, 0), (op, rep.sass, base.sass)
-    assert "ex2.approx.ftz.f32" in compile_kernel(REGISTRY[OPIPE]).asm["ptx"]
-    assert "ex2.approx.ftz.f32" not in compile_kernel(REGISTRY["gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg"]).asm["ptx"]
+        assert rep.sass.get(op, 0) == ref.sass.get(op, 0), (op, rep.sass, ref.sass)
+    assert "ex2.approx.ftz.f32" in compile_kernel(REGISTRY[name]).asm["ptx"]
+    assert "ex2.approx.ftz.f32" not in compile_kernel(REGISTRY[base]).asm["ptx"]
 
 
 def test_round17_switches(monkeypatch):
@@ -654,8 +657,11 @@ def test_gpu_round_dry_run(tmp_path):
     assert swept["fused_wu_ms_bv32_s2_nwu1"] > 0 and swept["o_vs_ws_bv32_s2_nwu1"] < 3e-3
     # the round-16 sweep row: WU_AREG at BV=64 with its registers (o differs from the copy path by about its error)
     assert swept["fused_wu_ms_bv64_s2_nwu2_areg_o136_w192"] > 0 and swept["o_vs_ws_bv64_s2_nwu2_areg_o136_w192"] < 1e-2
-    # round 17's sweep row: OUT_PIPE at BV=32 (on top of WU_AREG: o differs from the copy path by about its error)
+    # round 17's sweep rows: OUT_PIPE at BV=32 and 64 (on top of WU_AREG: o differs from the copy path by about its
+    # error)
     assert swept["fused_wu_ms_bv32_s3_nwu2_areg_opipe"] > 0 and swept["o_vs_ws_bv32_s3_nwu2_areg_opipe"] < 1e-2
+    tag = "bv64_s2_nwu2_areg_opipe_o152_w176"
+    assert swept[f"fused_wu_ms_{tag}"] > 0 and swept[f"o_vs_ws_{tag}"] < 1e-2
 
 
 def test_gpu_round_reports_a_hang(tmp_path):

@@ -62,14 +62,17 @@ TIMING_ROWS = ((1, 65536), (8, 4096), (4, 16384), (1, "varlen"), (1, 32768), (2,
 DRY_TIMING_ROWS = ((1, 130), (2, 65), (1, "varlen"))
 # launch configs timed besides the default at these rows (fused_wu kernel alone): (BV, stages, nwu)
 # (BV, stages, NWU[, other FusedWuConfig fields]); round 16 added WU_AREG at BV=64 with the registers it needs there
-# and round 17 OUT_PIPE at BV=32 (the output warpgroup's q k^T one chunk ahead, on top of WU_AREG, wu at 160 registers)
+# and round 17 OUT_PIPE (the output warpgroup's q k^T one chunk ahead, on top of WU_AREG; BV=32 at wu 160 registers,
+# now the default there; BV=64 at output / wu 152 / 176, the next candidate: round 17's source view at B8 put the
+# output warpgroup at ~94% busy once WU_AREG took the copy off the wu warpgroup)
 AREG64 = dict(areg=True, output_regs=136, wu_regs=192)
 OPIPE = dict(areg=True, out_pipe=True, wu_regs=160)
+OPIPE64 = dict(areg=True, out_pipe=True, output_regs=152, wu_regs=176)   # BV=64 OUT_PIPE (AOT: 0 spill only here)
 SWEEP = {(1, 65536): ((32, 3, 2, OPIPE), (32, 2, 2), (64, 2, 2)),
          (1, 32768): ((32, 3, 2, OPIPE),), (2, 32768): ((32, 3, 2, OPIPE),), (1, 8192): ((32, 3, 2, OPIPE),),
-         (8, 4096): ((64, 2, 1), (32, 3, 2), (64, 2, 2, AREG64)), (4, 16384): ((64, 2, 2, AREG64),),
-         (): ((64, 2, 2, AREG64),)}                      # (): the varlen row
-DRY_SWEEP = {(1, 130): ((32, 2, 1), (64, 2, 2, AREG64), (32, 3, 2, OPIPE))}
+         (8, 4096): ((64, 2, 2, OPIPE64), (64, 2, 2), (32, 3, 2, OPIPE)), (4, 16384): ((64, 2, 2, OPIPE64),),
+         (): ((64, 2, 2, OPIPE64),)}                     # (): the varlen row
+DRY_SWEEP = {(1, 130): ((32, 2, 1), (64, 2, 2, AREG64), (32, 3, 2, OPIPE), (64, 2, 2, OPIPE64))}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 START = time.time()
 
