@@ -281,7 +281,8 @@ def main():
         p = os.path.join(a.out, "sample_ws_sass.csv")
         with open(p, "w") as f:
             f.write(_SAMPLE_WS)
-        parts = summarize([p], a.out)["sample_ws_sass.csv"]["chunk_fused_wu_ws_kernel"]["partitions"]
+        # (its summary in a folder of its own: ncu_source_summary.json of the first sample stays as written)
+        parts = summarize([p], os.path.join(a.out, "ws"))["sample_ws_sass.csv"]["chunk_fused_wu_ws_kernel"]["partitions"]
         # the prologue (MOV, no samples) is dropped; the branch into the retry loop past EXIT is an mbarrier wait,
         # the idle warps' own loop branch is work
         assert [(q["first"], q["setmaxnreg"], q["share"]) for q in parts] == [(1, 160, 0.5), (7, 24, 0.5)], parts
