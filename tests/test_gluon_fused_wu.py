@@ -150,10 +150,12 @@ def test_round17_switches(monkeypatch):
     """Defaults since round 17 (H200 gate green, the fused kernel 1.11-1.18x at every production row): OUT_PIPE in
     the BV=32 WU_AREG config (wu warpgroup at 160 registers: the build OPIPE), never at BV=64; WU_AREG at BV=64 with
     the output / wu warpgroups at 136 / 192. LINATTN_GDN_GLUON_OUT_PIPE=0 and LINATTN_GDN_GLUON_WU_AREG64=0 turn each
-    off; LINATTN_GDN_GLUON_WU_AREG=0 turns off both (they ride on WU_AREG)."""
+    off; LINATTN_GDN_GLUON_WU_AREG=0 turns off both (they ride on WU_AREG). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in,
+    not yet run on a GPU) adds OUT_PIPE at BV=64 with the output / wu warpgroups at 152 / 176."""
     from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import FusedWuConfig, fused_wu_config
-    for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG64", "LINATTN_GDN_GLUON_WU_AREG"):
+    for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG64", "LINATTN_GDN_GLUON_WU_AREG",
+                 "LINATTN_GDN_GLUON_OUT_PIPE64"):
         monkeypatch.delenv(name, raising=False)
     cfg1, cfg8 = fused_wu_config(1, 32, 128, 132), fused_wu_config(8, 32, 128, 132)
     assert cfg1 == FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
@@ -166,21 +168,27 @@ def test_round17_switches(monkeypatch):
     assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
     monkeypatch.delenv("LINATTN_GDN_GLUON_OUT_PIPE")
     monkeypatch.delenv("LINATTN_GDN_GLUON_WU_AREG64")
+    monkeypatch.setenv("LINATTN_GDN_GLUON_OUT_PIPE64", "1")               # opt-in: OUT_PIPE at BV=64 too
+    cfg8 = fused_wu_config(8, 32, 128, 132)
+    assert cfg8 == FusedWuConfig(64, 2, areg=True, out_pipe=True, output_regs=152, wu_regs=176)
+    assert fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(152, 176), out_pipe=True) in REGISTRY
+    assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
     monkeypatch.setenv("LINATTN_GDN_GLUON_WU_AREG", "0")                  # both ride on WU_AREG
     assert fused_wu_config(1, 32, 128, 132) == FusedWuConfig(32, 3)
-    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)
+    assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)                   # OUT_PIPE64 rides on it too
 
 
-@pytest.mark.parametrize("T,lens,stages,npub", [(260, None, 3, 2), (261, [1, 130, 64, 65, 1], 3, 2),
-                                                (1, None, 3, 2), (200, [70, 1, 129], 1, 1), (130, None, 2, 1)])
-def test_schedule_model_out_pipe_matches_default_model(device, T, lens, stages, npub):
+@pytest.mark.parametrize("T,lens,stages,npub,BV", [(260, None, 3, 2, 32), (261, [1, 130, 64, 65, 1], 3, 2, 32),
+                                                   (1, None, 3, 2, 32), (200, [70, 1, 129], 1, 1, 32),
+                                                   (130, None, 2, 1, 32), (193, [1, 128, 64], 2, 2, 64)])
+def test_schedule_model_out_pipe_matches_default_model(device, T, lens, stages, npub, BV):
     """The schedule model with out_pipe (the output partition waits for chunk c + 1's slot and takes its q k^T right
     after releasing chunk c's; gate factors 2^(log2e gam_i - log2e gam_j) flushed below 2^-126) against the WU_AREG
     model without it, on fresh inputs and interleavings, outputs NaN-poisoned: the final state bit-equal (the state
     chain does not read the output partition's values), o within 1e-3 (the exponentials round differently: a few
     16-bit ulps of att flip, 2e-4 of the elements in a CPU run) and within TOL of the fp64 recurrence, its error
     vs fp64 within 1.02x of the default model's. T = 1 (the q k^T issued ahead is the only one), varlen with 1-token
-    sequences, ring depths 1-3 and one publication buffer (the protocol: a deadlock raises)."""
+    sequences, ring depths 1-3 and one publication buffer (the protocol: a deadlock raises), BV 32 and 64."""
     if device != "cpu":
         pytest.skip("CPU model check")
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (chunk_gated_delta_rule_fwd_fused_wu,
@@ -198,7 +206,7 @@ def test_schedule_model_out_pipe_matches_default_model(device, T, lens, stages, 
 
         def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_):
             assert torch.isnan(o).all() and torch.isnan(final).all()
-            emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_, BV=32,
+            emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale_, BV=BV,
                                 stages=stages, npub=npub, seed=seed, stats=stats, areg=True, out_pipe=out_pipe)
         with poisoned_allocations():
             outs[out_pipe] = chunk_gated_delta_rule_fwd_fused_wu(*args, fused_pass=fused)

@@ -55,6 +55,10 @@ LINATTN_GDN_GLUON_OUT_PIPE "0" turns off, in the fused-wu kernel's BV=32 WU_AREG
                    / wu warpgroups at 160 / 160 registers, state 168). Round 17's ncu source view had that warpgroup
                    ~97% busy at B1, the chain's bound. On an H200 (5fa92b3): Gluon gate 18/18 + grad + sync-free with
                    it; fused kernel 1.16-1.18x (B1 T65536 1.969 -> 1.680 ms, B1 T8192 0.255 -> 0.219).
+LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, prepared after round 17, not yet run on a GPU): OUT_PIPE in the fused-wu
+                   kernel's BV=64 WU_AREG config too, with the output / wu warpgroups at 152 / 176 registers (state
+                   160; the only split without spill). Round 17's source view at B8: the output warpgroup ~94% busy
+                   there.
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
@@ -174,6 +178,10 @@ class _Settings:
     @property
     def gdn_gluon_out_pipe(self) -> bool:
         return _on_unless_off("LINATTN_GDN_GLUON_OUT_PIPE")
+
+    @property
+    def gdn_gluon_out_pipe64(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_OUT_PIPE64")
 
     @property
     def gdn_segment_warmup(self) -> bool:

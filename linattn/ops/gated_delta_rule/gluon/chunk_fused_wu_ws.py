@@ -351,7 +351,8 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     WU_AREG unless LINATTN_GDN_GLUON_WU_AREG=0, and with it (defaults since round 17, H200 gate green, 1.11-1.18x
     the fused kernel at every production row): OUT_PIPE at BV=32 (wu warpgroup at 160 registers; off with
     LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
-    LINATTN_GDN_GLUON_WU_AREG64=0)."""
+    LINATTN_GDN_GLUON_WU_AREG64=0). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in) adds OUT_PIPE at BV=64 (output / wu at
+    152 / 176)."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
@@ -359,6 +360,8 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     areg = settings.gdn_gluon_wu_areg
     if bv == 64:
         if areg and settings.gdn_gluon_wu_areg64:        # default since round 17: WU_AREG at BV=64 needs these registers
+            if settings.gdn_gluon_out_pipe64:            # opt-in (after round 17): OUT_PIPE there, 0 spill only here
+                return FusedWuConfig(64, 2, areg=True, out_pipe=True, output_regs=152, wu_regs=176)
             return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
         return FusedWuConfig(64, 2)
     if areg and settings.gdn_gluon_out_pipe:             # default since round 17 (4 bytes spill at 160 / 152 / 176)
