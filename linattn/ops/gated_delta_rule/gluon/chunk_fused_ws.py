@@ -190,6 +190,25 @@ if GLUON_OK:
 
     # ------------------------------------------------------------------ worker 0: the output (1 warpgroup)
     @gluon.jit
+    def _ws_output_index(vb, BT: gl.constexpr, BV: gl.constexpr, ACC_A: gl.constexpr, LO: gl.constexpr):
+        """The output partition's loop-invariant indices: the causal mask of q k^T (in ACC_A) and o's rows / columns
+        in the store layout LO (also chunk_fused_wu_ws._output_pipelined's)."""
+        r_a = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC_A))
+        c_a = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC_A))
+        lower = gl.expand_dims(r_a, 1) >= gl.expand_dims(c_a, 0)
+        r_o = gl.arange(0, BT, layout=gl.SliceLayout(1, LO))
+        c_o = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LO))
+        return r_a, lower, r_o, c_o
+
+    @gluon.jit
+    def _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV: gl.constexpr, V: gl.constexpr, LO: gl.constexpr):
+        """o * scale of one chunk, rows < eos, in o's dtype through the 16-byte row layout LO."""
+        o = gl.convert_layout((o * scale).to(o_ptr.dtype.element_ty), LO)
+        rows = t0 + r_o
+        o_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_o, 0)
+        gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
+
+    @gluon.jit
     def _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
@@ -199,11 +218,7 @@ if GLUON_OK:
         ACC_O: gl.constexpr = ws_acc_layout(BV)               # o [BT, BV]
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_O, k_width=2)
         LO: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)
-        r_a = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC_A))
-        c_a = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC_A))
-        lower = gl.expand_dims(r_a, 1) >= gl.expand_dims(c_a, 0)
-        r_o = gl.arange(0, BT, layout=gl.SliceLayout(1, LO))
-        c_o = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LO))
+        r_a, lower, r_o, c_o = _ws_output_index(vb, BT, BV, ACC_A, LO)
         for c in range(nchunks):
             t0 = bos + c * BT
             st = c % STAGES
@@ -227,10 +242,7 @@ if GLUON_OK:
             o = warpgroup_mma(att, v_pub.index(j), o)
             gl.thread_barrier()
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
-            o = gl.convert_layout((o * scale).to(o_ptr.dtype.element_ty), LO)
-            rows = t0 + r_o
-            o_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_o, 0)
-            gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
+            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO)
 
     # ------------------------------------------------------------------ the kernel
     @gluon.jit

@@ -50,8 +50,9 @@ NWU = 2                  # W buffers (wk_s): the wu partition may run up to NWU 
 WU_REGS = 152            # setmaxnreg of the wu warpgroup (GLUON_FUSED_WU.md, register budget)
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_output, _ws_state, ws_acc_layout,
-                                                                   ws_rows_layout, ws_smem_layout)
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_output, _ws_output_index, _ws_state,
+                                                                   _ws_store_o, ws_acc_layout, ws_rows_layout,
+                                                                   ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
 
     # ------------------------------------------------------------------ worker 2: the TMA producer (1 warp)
@@ -204,11 +205,7 @@ if GLUON_OK:
         ACC_O: gl.constexpr = ws_acc_layout(BV)               # o [BT, BV]
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_O, k_width=2)
         LO: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)
-        r_a = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC_A))
-        c_a = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC_A))
-        lower = gl.expand_dims(r_a, 1) >= gl.expand_dims(c_a, 0)
-        r_o = gl.arange(0, BT, layout=gl.SliceLayout(1, LO))
-        c_o = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LO))
+        r_a, lower, r_o, c_o = _ws_output_index(vb, BT, BV, ACC_A, LO)
         gam = gl.load(gcum_ptr + (bos + r_a) * HV + hv, mask=(bos + r_a) < eos, other=0.) * LOG2E
         if nchunks > 0:
             mbarrier.wait(ready.index(0), 0)
@@ -240,10 +237,7 @@ if GLUON_OK:
             o = warpgroup_mma_wait(0, deps=[o])               # in order: the next q k^T is done too
             gl.thread_barrier()
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
-            o = gl.convert_layout((o * scale).to(o_ptr.dtype.element_ty), LO)
-            rows = t0 + r_o
-            o_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_o, 0)
-            gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
+            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO)
             gam = gam_n
             qk = qk_n
         qkv = warpgroup_mma_wait(0, deps=[qk])                  # no chunk: the first q k^T is still in flight
@@ -635,6 +629,16 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                     if final is not None:
                         final[n, hv, :, cols] = S
 
+                def output_tail(c, t0, j, oc, att):
+                    """o of chunk c from its inter-chunk part oc and its 16-bit gated attention att: att vnew once
+                    v_full[j] passes, pub_empty[j] released, rows < eos stored."""
+                    yield v_full[j], (c // npub) & 1
+                    oc = oc + att.to(f32) @ v_pub[j].to(f32)
+                    pub_empty[j].arrive()
+                    oc = (oc * scale).to(o.dtype)
+                    nv = min(eos - t0, BT)
+                    o2[t0:t0 + nv, hv, cols] = oc[:nv]
+
                 def output_pipelined():
                     l2e = torch.tensor(1.4426950408889634, dtype=f32)
 
@@ -661,13 +665,7 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                             qk_n = qk_of(st1)
                         gmat = ex2_ftz(gam[:, None] - gam[None, :])
                         att = torch.where(lower, qk * gmat, 0.).to(dt)
-                        oc = qs * ex2_ftz(gam)[:, None]
-                        yield v_full[j], (c // npub) & 1
-                        oc = oc + att.to(f32) @ v_pub[j].to(f32)
-                        pub_empty[j].arrive()
-                        oc = (oc * scale).to(o.dtype)
-                        nv = min(eos - t0, BT)
-                        o2[t0:t0 + nv, hv, cols] = oc[:nv]
+                        yield from output_tail(c, t0, j, qs * ex2_ftz(gam)[:, None], att)
                         if c + 1 < nch:
                             qk = qk_n
 
@@ -684,13 +682,7 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         empty[st].arrive()
                         gmat = torch.exp(torch.where(lower, gam[:, None] - gam[None, :], 0.))
                         att = torch.where(lower, qk * gmat, 0.).to(dt)
-                        oc = qs * torch.exp(gam)[:, None]
-                        yield v_full[j], (c // npub) & 1
-                        oc = oc + att.to(f32) @ v_pub[j].to(f32)
-                        pub_empty[j].arrive()
-                        oc = (oc * scale).to(o.dtype)
-                        nv = min(eos - t0, BT)
-                        o2[t0:t0 + nv, hv, cols] = oc[:nv]
+                        yield from output_tail(c, t0, j, qs * torch.exp(gam)[:, None], att)
 
                 steps += _interleave([state(), output_pipelined() if out_pipe else output(), wu(), producer()],
                                      inflight, land, rng,
