@@ -59,6 +59,12 @@ LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, prepared after round 17, not yet run o
                    kernel's BV=64 WU_AREG config too, with the output / wu warpgroups at 152 / 176 registers (state
                    160; the only split without spill). Round 17's source view at B8: the output warpgroup ~94% busy
                    there.
+LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, prepared after round 17, not yet run on a GPU): the gluon forward's fused-wu
+                   path cuts each sequence of a fixed-length batch into segments of 64 chunks when the batch has too
+                   few sequence-heads to fill the GPU at BV=64 (B1-B2 at HV32), computes each segment's start state by
+                   a gate-truncated warm-up (triton/segment_start.py; error <= e^-20 of the state, so only with
+                   normalised keys: use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1) and runs the segments as
+                   sequences (FlashQLA's B1 scheme).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
@@ -182,6 +188,10 @@ class _Settings:
     @property
     def gdn_gluon_out_pipe64(self) -> bool:
         return _flag("LINATTN_GDN_GLUON_OUT_PIPE64")
+
+    @property
+    def gdn_gluon_segments(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_SEGMENTS")
 
     @property
     def gdn_segment_warmup(self) -> bool:

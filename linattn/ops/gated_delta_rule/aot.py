@@ -563,3 +563,27 @@ for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
         description=f"GDN forward stages 2b+3+4 fused, WU_AREG and the output warpgroup's q k^T one chunk ahead "
                     f"(OUT_PIPE), H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring"
                     + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))
+
+
+# ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in
+# LINATTN_GDN_GLUON_SEGMENTS=1, not yet run on a GPU): per (V block of 64, segment * head) a gate-truncated warm-up
+# with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16. Known spill: 252 bytes at 255 registers (the state
+# [128, 64] fp32 and W [64, 128] live together; 8 warps: 888, BV=32: 676 at 4 warps / 148 at 8, num_stages=1 more).
+# It walks only the warm-up windows (a few chunks per program at the production gates), so it is not on the chain;
+# a leaner form would keep the state and W in two K halves (not done).
+def _segment_start_build():
+    def build():
+        from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
+        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, cu_ptr=_I64,
+                   chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32")
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
+    return build
+
+
+register(AotKernel("gdn_fwd_triton_segment_start_bv64_w4", _segment_start_build(), ("HGMMA",), archs=("sm_90a",),
+                   language="triton", known_spill_bytes=252,
+                   div16=("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr", "cu_ptr",
+                          "chunk_off_ptr"),
+                   description="GDN forward segment start states (gate-truncated warm-up, W/U on the fly), Triton, "
+                               "H16/HV32 K=V=128 bf16, BV=64, 4 warps (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))

@@ -439,14 +439,35 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     return gcum, tinv
 
 
+def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, keys_normalised: bool, device) -> Tuple[int, int]:
+    """(S, L) of the segment-parallel forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1; triton/segment_start.py), or
+    (1, chunks): fixed-length batches whose keys are known normalised (use_qk_l2norm_in_kernel, or
+    LINATTN_GDN_KEYS_NORMALISED=1: the warm-up's error bound needs ||k|| = 1 and 0 <= beta <= 2) and too few
+    sequence-heads to fill the GPU at BV = 64 (segment_start.plan_segments)."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import plan_segments
+    from linattn.runtime.device import device_facts
+    from linattn.runtime.settings import settings
+    nch = -(-T // BT)
+    if not settings.gdn_gluon_segments or cu_seqlens is not None:
+        return 1, nch
+    if not (keys_normalised or settings.gdn_keys_normalised):
+        return 1, nch
+    facts = device_facts(device)
+    return plan_segments(B, T, HV, V, facts.num_sms if facts.kind == "cuda" else 132)
+
+
 def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                        fused_pass=None):
+                                        fused_pass=None, keys_normalised: bool = False, segments=None):
     """The whole forward with this kernel: kkt_solve (stage 2a, Triton), then stages 2b + 3 + 4 in one launch.
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
     backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale)
-    replaces the Gluon launch (CPU tests pass the schedule model)."""
+    replaces the Gluon launch (CPU tests pass the schedule model).
+    Segments (opt-in LINATTN_GDN_GLUON_SEGMENTS=1, segments_wanted; `segments` = (S, L) forces them): each sequence
+    is cut into S segments of L chunks whose start states segment_start.segment_start_states computes (a
+    gate-truncated warm-up, exact where the window reaches the sequence start), and the fused kernel runs the N * S
+    segments as sequences (segment_start.segment_plan); the final state is the last segment's."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
@@ -454,9 +475,23 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, cu_seqlens, BT, q.device)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
-    final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
-    (fused_pass or chunk_fused_wu_ws_gluon)(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
+    run = fused_pass or chunk_fused_wu_ws_gluon
+    S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, keys_normalised, q.device)
+    if S > 1:
+        if cu_seqlens is not None:
+            raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
+        from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
+        splan = segment_plan(B, T, S, L, q.device)
+        hseg = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
+                                    dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
+        fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+        run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+            beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale)
+        final = fseg.view(B, S, HV, K, V)[:, S - 1].contiguous() if output_final_state else None
+        return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+    final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
 
 

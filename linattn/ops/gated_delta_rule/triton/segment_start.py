@@ -1,0 +1,137 @@
+"""Start states of sequence segments, for a segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1).
+
+Why (round 17, benchmarks/OPT_LOG.md 17.5): at B1 H16/HV32 the fused-wu kernel walks 1024 chunks per (value head,
+V block of 32) on 128 CTAs, one per SM, ~1.64 us per chunk. Cut each sequence into S segments and give each its
+own start state, and the kernel sees N*S independent "sequences": enough CTAs to fill the GPU at BV = 64 (per chunk
+step ~2.3 us for twice the columns, round 17's B8 row), i.e. the same work in fewer, wider steps. FlashQLA does this
+at B1 (its get_warmup_chunks / prepare_h / correct_h0 kernels, BV = 128).
+
+This kernel computes the start states: program (V block, (n * S + s) * HV + hv) walks back from segment s's first
+chunk c0 = s * L over whole chunks, summing each chunk's total log decay (gcum at its last row), until the sum is
+<= -thresh or chunk 0 is reached (chunk_state_warmup._warmup_window); from S = 0 there (from the sequence's initial
+state when the window reaches chunk 0: then nothing is dropped), it runs the chunk recurrence over the window with W
+and U formed on the fly from Tinv exactly as wu_kernel rounds them, and stores the state reached at c0 into
+h_seg[n * S + s, hv]. Segment 0's start state is the initial state (or 0). Nothing else is written.
+
+What is dropped is chunk_state_warmup.py's bound: with ||k_t|| = 1 and 0 <= beta_t <= 2 every chunk transition is a
+contraction times exp(gam_C), so the start state is off by at most exp(-thresh) ||S(cw)||_F (thresh = 20:
+e^-20 = 2.1e-9); without normalised keys there is no such bound and the caller does not take this path.
+No host synchronisation: the window is found in the kernel; the grid comes from shapes only.
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.chunk_state import state_update
+from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH, _warmup_window
+from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+
+CHUNK = 64
+SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
+MIN_SEGMENTS = 2
+
+
+@triton.jit
+def segment_start_kernel(
+    k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
+    h0_ptr, hseg_ptr,                             # initial state [N, HV, K, V] fp32 (or unused); out [N * S, HV, K, V] fp32
+    cu_ptr, chunk_off_ptr,
+    S, seg_chunks, thresh,                        # segments per sequence, their length in chunks, warm-up threshold
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    vb = tl.program_id(0)
+    pid = tl.program_id(1)
+    hv = pid % HV
+    ns = pid // HV
+    n = ns // S
+    seg = ns % S
+    hk = hv // (HV // H)
+    op = k_ptr.dtype.element_ty
+    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
+    c0 = tl.minimum(seg * seg_chunks, nchunks)
+
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    cw = _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV, BT)
+    if USE_H0:
+        # the window reaches the sequence start: the true initial state, nothing dropped
+        s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
+    else:
+        s = tl.zeros([BK, BV], dtype=tl.float32)
+
+    i = tl.arange(0, BT)
+    for c in range(cw, c0):                    # whole chunks inside the sequence (c0 <= nchunks, c < c0)
+        t0 = bos + c * BT
+        r = t0 + i
+        m = r < eos
+        gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
+        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+        tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV),
+                                (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        # W and U at wu_kernel's rounding points (the fused kernel's and the Triton forward's)
+        ks = (b_k.to(tl.float32) * (beta * tl.exp(gam))[:, None]).to(op)
+        w = tl.dot(tinv, ks, input_precision=DOT_PREC).to(op)
+        vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
+        u = tl.dot(tinv, vs, input_precision=DOT_PREC).to(op)
+        vnew_op = (u.to(tl.float32) - tl.dot(w, s.to(op), input_precision=DOT_PREC)).to(op)
+        gam_last = tl.load(gcum_ptr + (t0 + BT - 1) * HV + hv)
+        s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
+
+    out = ((n.to(tl.int64) * S + seg) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    tl.store(hseg_ptr + out, s, mask=mkv)
+
+
+def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
+                  min_segments: int = MIN_SEGMENTS):
+    """(S, L) for a fixed-length batch of B sequences of T tokens, from shapes only: L = seg_chunks chunks per
+    segment, S = cdiv(chunks, L) segments; S = 1 (do not split) when the batch already gives the fused kernel enough
+    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result."""
+    nch = triton.cdiv(max(T, 0), CHUNK)
+    if B * HV * max(1, V // 64) >= num_sms:
+        return 1, nch
+    L = max(1, int(seg_chunks))
+    S = triton.cdiv(max(nch, 1), L)
+    return (S, L) if S >= min_segments else (1, nch)
+
+
+_SEG_PLANS: dict = {}
+
+
+def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
+    """The chunk plan of the N * S segments as sequences (sequence-major: segment s of sequence n is n * S + s): each
+    starts at a chunk boundary of its sequence, the last one of each sequence ends with it. Device ops only (no host
+    copy: capturable), cached per (B, T, S, L, device) as make_chunk_plan caches fixed-length plans."""
+    key = (B, T, S, L, str(torch.device(device)))
+    plan = _SEG_PLANS.get(key)
+    if plan is None:
+        starts = (torch.arange(B, device=device, dtype=torch.int64)[:, None] * T
+                  + (torch.arange(S, device=device, dtype=torch.int64)[None, :] * (L * CHUNK)).clamp(max=T))
+        cu = torch.cat([starts.reshape(-1), torch.full((1,), B * T, device=device, dtype=torch.int64)])
+        plan = make_chunk_plan(1, B * T, cu, CHUNK, device)
+        if len(_SEG_PLANS) >= 16:
+            _SEG_PLANS.pop(next(iter(_SEG_PLANS)))
+        _SEG_PLANS[key] = plan
+    return plan
+
+
+def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int,
+                         L: int, *, dot_prec: str, BV: int = 64, num_warps: int = 4, thresh: float = THRESH):
+    """h_seg [N * S, HV, K, V] fp32: each segment's start state (module docstring); k [B,T,H,K], v [B,T,HV,V],
+    beta [B,T,HV], gcum [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the per-sequence plan)."""
+    from linattn.runtime.alloc import empty
+    H, K = k.shape[-2], k.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    N = plan.N
+    hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
+    use_h0 = initial_state is not None
+    segment_start_kernel[(triton.cdiv(V, BV), N * S * HV)](
+        k, v, beta, gcum, tinv, initial_state if use_h0 else gcum, hseg, plan.cu, plan.chunk_offsets,
+        S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        USE_H0=use_h0, DOT_PREC=dot_prec, num_warps=num_warps)
+    return hseg

@@ -1,0 +1,162 @@
+"""The segment-parallel fused-wu forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1), on a CPU under TRITON_INTERPRET=1:
+
+1. triton/segment_start.py's start states against the exact state at each segment start (the Triton forward's final
+   state on the sequence prefix ending there): equal to rounding when the warm-up window reaches the sequence start
+   (an infinite threshold), within the e^-thresh bound with a finite one on steep gates (short windows);
+2. the whole forward with segments (kkt_solve, the start states, the fused kernel's schedule model on the segment
+   plan) against the fp64 recurrence and against the same forward without segments;
+3. when the switch takes segments (fixed-length, normalised keys, a batch too small to fill the GPU at BV = 64) and
+   when it does not.
+"""
+import pytest
+import torch
+
+from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+from linattn.ops.gated_delta_rule.triton import segment_start as ss
+from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.runtime.settings import settings
+from linattn.testing import TOL, make_gdn_inputs, rel_rms
+
+pytestmark = pytest.mark.skipif(not settings.interpret, reason="CPU tensors under TRITON_INTERPRET=1")
+
+
+def _inputs(B, T, H, HV, seed, steep=False, h0=True, dtype=torch.bfloat16):
+    x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=dtype, initial_state=h0,
+                        generator=torch.Generator().manual_seed(seed))
+    if steep:                                   # ~-20 of log decay per chunk: warm-up windows of one or two chunks
+        x["g"] = x["g"] * 0 - 0.32
+    return x
+
+
+def _start_states(x, S, L, thresh):
+    B, T = x["q"].shape[:2]
+    HV = x["v"].shape[2]
+    plan = make_chunk_plan(B, T, None, 64, "cpu")
+    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
+    with poisoned_allocations():
+        return ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
+                                       dot_prec="tf32", thresh=thresh)
+
+
+def _exact_start(x, n, c0):
+    """The state at chunk c0 of sequence n: the Triton forward's final state on the prefix (the initial state at 0)."""
+    if c0 == 0:
+        h0 = x["initial_state"]
+        return torch.zeros(x["v"].shape[2], 128, 128) if h0 is None else h0[n].float()
+    pre = {k: (t[n:n + 1, :c0 * 64].contiguous() if k != "initial_state" else
+               (None if t is None else t[n:n + 1].contiguous())) for k, t in x.items()}
+    res = chunk_gated_delta_rule_fwd(pre["q"], pre["k"], pre["v"], pre["g"], pre["beta"], 128 ** -0.5,
+                                     pre["initial_state"], True, None)
+    return res.final_state[0]
+
+
+@pytest.mark.parametrize("B,T,S,L,h0", [(1, 450, 3, 3, True), (2, 260, 2, 3, False)])
+def test_start_states_exact_when_the_window_reaches_the_start(B, T, S, L, h0):
+    """thresh = inf: every window walks back to chunk 0 and starts from the initial state, so each start state is the
+    exact one: the same W / U rounding points and state update as the Triton forward's (bit-equal under the
+    interpreter in a CPU run; 1e-6 allowed)."""
+    x = _inputs(B, T, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), h0=h0)
+    hseg = _start_states(x, S, L, float("inf"))
+    assert hseg.shape == (B * S, 2, 128, 128) and torch.isfinite(hseg).all()
+    for n in range(B):
+        for s in range(S):
+            want = _exact_start(x, n, min(s * L, -(-T // 64)))
+            assert rel_rms(hseg[n * S + s], want) < 1e-6, (n, s, rel_rms(hseg[n * S + s], want))
+
+
+def test_start_states_truncated_within_the_bound_on_steep_gates():
+    """thresh = 20 with ~-20 of log decay per chunk: each window is about one chunk, far from the sequence start, and
+    the start state differs from the exact one by <= e^-20 of the state (the contraction bound, normalised keys;
+    3e-9 in a CPU run; 1e-7 allowed), while a window of 0 chunks (thresh 0: starting from 0 at the segment) is off by
+    the whole state; segment 0 is the initial state itself."""
+    x = _inputs(1, 64 * 9, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), steep=True)
+    hseg = _start_states(x, 3, 3, 20.0)
+    assert torch.equal(hseg[0], x["initial_state"][0])
+    for s in (1, 2):
+        assert rel_rms(hseg[s], _exact_start(x, 0, 3 * s)) < 1e-7
+    assert rel_rms(_start_states(x, 3, 3, 0.0)[2], _exact_start(x, 0, 6)) > 0.5
+
+
+def _forward(x, segments, seed):
+    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale):
+        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=64, stages=2,
+                               seed=seed, areg=True)
+    with poisoned_allocations():
+        return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
+                                                      x["initial_state"], True, None, fused_pass=fused,
+                                                      segments=segments)
+
+
+@pytest.mark.parametrize("B,T,S,L,h0", [(1, 700, 4, 3, True), (2, 390, 2, 4, False)])
+def test_forward_with_segments_matches_fp64(B, T, S, L, h0):
+    """kkt_solve, the start states, the fused kernel's schedule model on the segment plan (T not a multiple of 64: a
+    short last segment; B2; with and without h0): o and the final state within TOL of the fp64 recurrence, and within
+    3e-3 of the same forward without segments: the truncation costs e^-20, but the start states carry the Triton
+    recurrence's rounding (decay on k) where the fused chain rounds its own way (decay on vnew): o 9e-4 apart in a
+    CPU run."""
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x = _inputs(B, T, 1, 2, seed=seed, h0=h0)
+    res = _forward(x, (S, L), seed)
+    ref = _forward(x, None, seed)
+    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
+                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
+                               output_final_state=True)
+    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    assert rel_rms(res.o, ref.o) < 3e-3 and rel_rms(res.final_state, ref.final_state) < 3e-3
+    assert res.final_state.shape == (B, 2, 128, 128)
+
+
+def test_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_SEGMENTS=1 takes segments for a fixed-length batch with normalised keys whose sequence-heads
+    leave the GPU short at BV = 64 (B1 HV32 T65536 on 132 SMs: 16 segments of 64 chunks); not without the switch, not
+    for varlen, not without normalised keys, not at B8 (512 CTAs at BV = 64), not for a sequence of < 2 segments."""
+    monkeypatch.delenv("LINATTN_GDN_KEYS_NORMALISED", raising=False)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
+    assert fw.segments_wanted(1, 65536, 32, 128, None, True, "cpu") == (1, 1024)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENTS", "1")
+    assert fw.segments_wanted(1, 65536, 32, 128, None, True, "cpu") == (16, 64)
+    assert fw.segments_wanted(1, 65536, 32, 128, torch.tensor([0, 65536]), True, "cpu")[0] == 1
+    assert fw.segments_wanted(1, 65536, 32, 128, None, False, "cpu")[0] == 1
+    monkeypatch.setenv("LINATTN_GDN_KEYS_NORMALISED", "1")
+    assert fw.segments_wanted(1, 65536, 32, 128, None, False, "cpu") == (16, 64)
+    assert fw.segments_wanted(8, 4096, 32, 128, None, True, "cpu")[0] == 1
+    assert fw.segments_wanted(1, 64 * 64, 32, 128, None, True, "cpu")[0] == 1
+    assert fw.segments_wanted(1, 8192, 32, 128, None, True, "cpu") == (2, 64)
+
+
+def test_segment_plan():
+    """Segments as sequences: chunk-aligned starts, each sequence's last segment ending with it, sequence-major."""
+    plan = ss.segment_plan(2, 700, 4, 3, "cpu")
+    assert plan.N == 8 and plan.T_total == 1400
+    assert plan.cu.tolist() == [0, 192, 384, 576, 700, 892, 1084, 1276, 1400]
+
+
+def test_launch_matches_aot_signature(monkeypatch):
+    """segment_start_states' arguments mangle to the registered sm_90a build's signature (its compile and spill are
+    checked by test_aot_gluon.py over the whole registry), with the intended constexprs and grid."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.runtime.aot import kernels
+    spec = kernels()["gdn_fwd_triton_segment_start_bv64_w4"]
+    _, sig, const, opts = spec.build()
+    seen = {}
+
+    class StandIn:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.update(grid=grid, args=args, kwargs=kwargs)
+            return run
+    monkeypatch.setattr(ss, "segment_start_kernel", StandIn())
+    x = _inputs(1, 64 * 6, 16, 32, seed=1)
+    plan = make_chunk_plan(1, 64 * 6, None, 64, "cpu")
+    gcum = torch.zeros(plan.T_total, 32)
+    tinv = torch.zeros(plan.T_total, 32, 64, dtype=torch.bfloat16)
+    ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 3, 2, dot_prec="tf32")
+    runtime = [n for n in sig if sig[n] != "constexpr"]
+    assert [mangle_type(a) for a in seen["args"]] == [sig[n] for n in runtime]
+    assert {k: v for k, v in seen["kwargs"].items() if k in const} == const
+    assert seen["kwargs"]["num_warps"] == opts["num_warps"] and seen["grid"] == (2, 3 * 32)
