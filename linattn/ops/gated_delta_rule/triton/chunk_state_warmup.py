@@ -75,6 +75,21 @@ def _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV: tl.constexpr, BT: tl.const
 
 
 @triton.jit
+def warmup_start(h0_ptr, gcum_ptr, bos, c0, n, hv, vb, thresh, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr):
+    """The warm-up window before chunk c0 and the state it starts from: (cw, S, the state tile's rk, rv, mask and
+    offsets). S is the initial state when the window reaches the sequence start (nothing dropped: exact), else 0.
+    Shared with segment_start.py."""
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    cw = _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV, BT)
+    if USE_H0:
+        s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
+    else:
+        s = tl.zeros([BK, BV], dtype=tl.float32)
+    return cw, s, rk, rv, mkv, state_off
+
+
+@triton.jit
 def chunk_state_warmup_kernel(
     k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
     h_ptr, vnew_ptr,                           # h [slots, HV, K, V] (chunk-start states), vnew [T_tot, HV, V]
@@ -100,13 +115,8 @@ def chunk_state_warmup_kernel(
         return
     c1 = tl.minimum(c0 + seg_chunks, nchunks)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
-    cw = _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV, BT)
-    if USE_H0:
-        # the window reaches the sequence start: the true initial state, nothing dropped (exact)
-        s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
-    else:
-        s = tl.zeros([BK, BV], dtype=tl.float32)
+    cw, s, rk, rv, mkv, state_off = warmup_start(h0_ptr, gcum_ptr, bos, c0, n, hv, vb, thresh, HV, K, V, BT, BK, BV,
+                                                 USE_H0)
 
     # chunks cw .. c0 - 1: the warm-up, nothing written (stores masked off); chunks c0 .. c1 - 1: the segment,
     # chunk_state_fwd_kernel's loop body (h at each chunk start, vnew for each token). One loop with masked stores:

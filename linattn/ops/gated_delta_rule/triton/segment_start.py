@@ -26,8 +26,8 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_state import state_update
-from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH, _warmup_window
-from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH, warmup_start
+from linattn.ops.gated_delta_rule.triton.common import sequence_span
 
 CHUNK = 64
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
@@ -54,13 +54,7 @@ def segment_start_kernel(
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
     c0 = tl.minimum(seg * seg_chunks, nchunks)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
-    cw = _warmup_window(gcum_ptr, bos, c0, hv, thresh, HV, BT)
-    if USE_H0:
-        # the window reaches the sequence start: the true initial state, nothing dropped
-        s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
-    else:
-        s = tl.zeros([BK, BV], dtype=tl.float32)
+    cw, s, rk, rv, mkv, _ = warmup_start(h0_ptr, gcum_ptr, bos, c0, n, hv, vb, thresh, HV, K, V, BT, BK, BV, USE_H0)
 
     i = tl.arange(0, BT)
     for c in range(cw, c0):                    # whole chunks inside the sequence (c0 <= nchunks, c < c0)
