@@ -1,8 +1,10 @@
 """The segment-parallel fused-wu forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1), on a CPU under TRITON_INTERPRET=1:
 
 1. triton/segment_start.py's start states against the exact state at each segment start (the Triton forward's final
-   state on the sequence prefix ending there): equal to rounding when the warm-up window reaches the sequence start
-   (an infinite threshold), within the e^-thresh bound with a finite one on steep gates (short windows);
+   state on the sequence prefix ending there, and the float64 recurrence): equal to rounding without truncation
+   (windows reaching the sequence start, or the exact join through the previous segment's map), within the
+   e^-thresh bound on steep gates (short windows), and as accurate as the chain itself where slow decay makes the
+   join necessary;
 2. the whole forward with segments (kkt_solve, the start states, the fused kernel's schedule model on the segment
    plan) against the fp64 recurrence and against the same forward without segments;
 3. when the switch takes segments (fixed-length, normalised keys, a batch too small to fill the GPU at BV = 64) and
@@ -53,11 +55,12 @@ def _exact_start(x, n, c0):
     return res.final_state[0]
 
 
-@pytest.mark.parametrize("B,T,S,L,h0", [(1, 450, 3, 3, True), (2, 260, 2, 3, False)])
-def test_start_states_exact_when_the_window_reaches_the_start(B, T, S, L, h0):
-    """thresh = inf: every window walks back to chunk 0 and starts from the initial state, so each start state is the
-    exact one: the same W / U rounding points and state update as the Triton forward's (bit-equal under the
-    interpreter in a CPU run; 1e-6 allowed)."""
+@pytest.mark.parametrize("B,T,S,L,h0", [(1, 450, 3, 3, True), (2, 260, 2, 3, False), (1, 64 * 12, 4, 3, True)])
+def test_start_states_exact_without_truncation(B, T, S, L, h0):
+    """thresh = inf, nothing truncated: segments 0 and 1 walk back to chunk 0 and start from the initial state (the
+    same W / U rounding points and state update as the Triton forward's: bit-equal under the interpreter), later ones
+    join exactly through the previous segment's map (segment_transition_kernel, segment_join_kernel; at these gates
+    that map is ~e^-14 small and the join lands within 1e-8 of the chain in a CPU run). 1e-6 allowed."""
     x = _inputs(B, T, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), h0=h0)
     hseg = _start_states(x, S, L, float("inf"))
     assert hseg.shape == (B * S, 2, 128, 128) and torch.isfinite(hseg).all()
@@ -80,6 +83,38 @@ def test_start_states_truncated_within_the_bound_on_steep_gates():
     assert rel_rms(_start_states(x, 3, 3, 0.0)[2], _exact_start(x, 0, 6)) > 0.5
 
 
+def _f64_start(x, n, c0):
+    """The state at chunk c0 of sequence n in float64 (the step-by-step recurrence on the prefix)."""
+    pre = {k: t[n:n + 1, :c0 * 64].double() for k, t in x.items() if k != "initial_state"}
+    h0 = None if x["initial_state"] is None else x["initial_state"][n:n + 1].double()
+    _, f = naive_recurrent(pre["q"], pre["k"], pre["v"], pre["g"], pre["beta"], scale=128 ** -0.5,
+                           initial_state=h0, output_final_state=True)
+    return f[0]
+
+
+@pytest.mark.parametrize("decay", ["slow", "none", "mixed"])
+def test_start_states_joined_exactly_when_the_decay_is_slow(decay):
+    """g x 0.01, g = 0, or head 0 steep and head 1 without decay: from segment 2 on the window would need more than
+    the previous segment, so the start state is joined exactly (h_s = M h_{s-1} + h, the previous segment's map from
+    its chunks, M's columns with fp32 operands), per (segment, head). Against the float64 recurrence on each prefix,
+    within 1.1x the Triton forward's own error on the same prefix (3.8e-3 vs 4.0e-3 in a CPU run: both are the
+    16-bit operands' rounding), and never worse than TOL."""
+    x = _inputs(1, 64 * 12, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())))
+    if decay == "slow":
+        x["g"] = x["g"] * 0.01
+    elif decay == "none":
+        x["g"] = x["g"] * 0
+    else:
+        x["g"][..., 0] = -0.32
+        x["g"][..., 1] = 0.
+    hseg = _start_states(x, 4, 3, 20.0)
+    for s in (1, 2, 3):
+        want = _f64_start(x, 0, 3 * s)
+        for hv in range(2):
+            err, chain = rel_rms(hseg[s, hv], want[hv]), rel_rms(_exact_start(x, 0, 3 * s)[hv], want[hv])
+            assert err <= 1.1 * chain + 1e-7 and err < TOL[torch.bfloat16], (s, hv, err, chain)
+
+
 def _forward(x, segments, seed):
     def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale):
         fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=64, stages=2,
@@ -90,15 +125,20 @@ def _forward(x, segments, seed):
                                                       segments=segments)
 
 
-@pytest.mark.parametrize("B,T,S,L,h0", [(1, 700, 4, 3, True), (2, 390, 2, 4, False)])
-def test_forward_with_segments_matches_fp64(B, T, S, L, h0):
+@pytest.mark.parametrize("B,T,S,L,h0,slow", [(1, 700, 4, 3, True, False), (2, 390, 2, 4, False, False),
+                                              (1, 700, 4, 3, True, True)])
+def test_forward_with_segments_matches_fp64(B, T, S, L, h0, slow):
     """kkt_solve, the start states, the fused kernel's schedule model on the segment plan (T not a multiple of 64: a
-    short last segment; B2; with and without h0): o and the final state within TOL of the fp64 recurrence, and within
+    short last segment; B2; with and without h0; slow decay, where the later segments are joined exactly): o and the
+    final state within TOL of the fp64 recurrence, and within
     3e-3 of the same forward without segments: the truncation costs e^-20, but the start states carry the Triton
     recurrence's rounding (decay on k) where the fused chain rounds its own way (decay on vnew): o 9e-4 apart in a
-    CPU run."""
+    CPU run; at slow decay, where both differ from fp64 by ~4e-3 along different paths, the segmented forward's
+    errors vs fp64 are within 1.15x the unsegmented one's."""
     seed = int(torch.randint(0, 2 ** 31 - 1, ()))
     x = _inputs(B, T, 1, 2, seed=seed, h0=h0)
+    if slow:                                    # g x 0.01: segments 2 and 3 joined exactly
+        x["g"] = x["g"] * 0.01
     res = _forward(x, (S, L), seed)
     ref = _forward(x, None, seed)
     o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
@@ -106,7 +146,11 @@ def test_forward_with_segments_matches_fp64(B, T, S, L, h0):
                                output_final_state=True)
     assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
     assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
-    assert rel_rms(res.o, ref.o) < 3e-3 and rel_rms(res.final_state, ref.final_state) < 3e-3
+    if slow:   # both are ~4e-3 from fp64 (16-bit operands) along different paths: compare their errors instead
+        assert rel_rms(res.o, o64) <= 1.15 * rel_rms(ref.o, o64)
+        assert rel_rms(res.final_state, f64) <= 1.15 * rel_rms(ref.final_state, f64)
+    else:
+        assert rel_rms(res.o, ref.o) < 3e-3 and rel_rms(res.final_state, ref.final_state) < 3e-3
     assert res.final_state.shape == (B, 2, 128, 128)
 
 
@@ -155,8 +199,9 @@ def test_launch_matches_aot_signature(monkeypatch):
     plan = make_chunk_plan(1, 64 * 6, None, 64, "cpu")
     gcum = torch.zeros(plan.T_total, 32)
     tinv = torch.zeros(plan.T_total, 32, 64, dtype=torch.bfloat16)
-    ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 3, 2, dot_prec="tf32")
+    # two segments: the join kernels (which read the flags the stand-in does not write) are not launched
+    ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 2, 3, dot_prec="tf32")
     runtime = [n for n in sig if sig[n] != "constexpr"]
     assert [mangle_type(a) for a in seen["args"]] == [sig[n] for n in runtime]
     assert {k: v for k, v in seen["kwargs"].items() if k in const} == const
-    assert seen["kwargs"]["num_warps"] == opts["num_warps"] and seen["grid"] == (2, 3 * 32)
+    assert seen["kwargs"]["num_warps"] == opts["num_warps"] and seen["grid"] == (2, 2 * 32)

@@ -63,7 +63,8 @@ LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, prepared after round 17, not yet run on 
                    path cuts each sequence of a fixed-length batch into segments of 64 chunks when the batch has too
                    few sequence-heads to fill the GPU at BV=64 (B1-B2 at HV32), computes each segment's start state by
                    a gate-truncated warm-up (triton/segment_start.py; error <= e^-20 of the state, so only with
-                   normalised keys: use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1) and runs the segments as
+                   normalised keys: use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1), joined exactly through
+                   the previous segment's map where the decay is too slow for a window, and runs the segments as
                    sequences (FlashQLA's B1 scheme).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel

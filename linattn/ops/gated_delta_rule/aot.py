@@ -567,23 +567,57 @@ for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
 
 # ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in
 # LINATTN_GDN_GLUON_SEGMENTS=1, not yet run on a GPU): per (V block of 64, segment * head) a gate-truncated warm-up
-# with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16. Known spill: 252 bytes at 255 registers (the state
-# [128, 64] fp32 and W [64, 128] live together; 8 warps: 888, BV=32: 676 at 4 warps / 148 at 8, num_stages=1 more).
-# It walks only the warm-up windows (a few chunks per program at the production gates), so it is not on the chain;
-# a leaner form would keep the state and W in two K halves (not done).
+# with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16; and the exact join's two kernels where the decay is
+# too slow for a warm-up window within one segment: the previous segment's map (segment_transition_kernel: h and M's
+# columns) and the walk along the segments (segment_join_kernel). Known spills (255 registers): start 304 bytes (the
+# state [128, 64] fp32 and W [64, 128] live together; 8 warps or BV=32 spill more or about as much, num_stages=1
+# more), transition 1380 bytes at 8 warps and 1 stage (3728 at 4 warps), join 940 (its [128, 128] fp32 map; the
+# product in 3xTF32, near fp32: 26 KB spilled as an IEEE fp32 product). None is on the chain: the start kernel walks a few chunks per
+# program at the production gates, the transition kernel runs only for flagged (segment, head) pairs; a leaner form
+# would keep the state and W in two K halves (not done).
 def _segment_start_build():
     def build():
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
-        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, cu_ptr=_I64,
-                   chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
+        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, flag_ptr=_I32,
+                   cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32")
         return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
     return build
 
 
 register(AotKernel("gdn_fwd_triton_segment_start_bv64_w4", _segment_start_build(), ("HGMMA",), archs=("sm_90a",),
-                   language="triton", known_spill_bytes=252,
-                   div16=("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr", "cu_ptr",
-                          "chunk_off_ptr"),
+                   language="triton", known_spill_bytes=304,
+                   div16=("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr", "flag_ptr",
+                          "cu_ptr", "chunk_off_ptr"),
                    description="GDN forward segment start states (gate-truncated warm-up, W/U on the fly), Triton, "
                                "H16/HV32 K=V=128 bf16, BV=64, 4 warps (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
+
+
+def _segment_join_builds():
+    from linattn.ops.gated_delta_rule.triton import segment_start as m
+    tsig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, flag_ptr=_I32, ht_ptr=_F, m_ptr=_F,
+                cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32")
+    tconst = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, DOT_PREC="tf32")
+    jsig = dict(hseg_ptr=_F, flag_ptr=_I32, ht_ptr=_F, m_ptr=_F, S="i32")
+    jconst = dict(HV=HV, K=K, V=V, BK=K, BV=64)
+    return [("gdn_fwd_triton_segment_transition_bv64_w8", m.segment_transition_kernel, tsig, tconst,
+             {"num_warps": 8, "num_stages": 1}, 1380),
+            ("gdn_fwd_triton_segment_join_bv64_w4", m.segment_join_kernel, jsig, jconst,
+             {"num_warps": 4, "num_stages": 2}, 940)]
+
+
+def _register_segment_join():
+    for name, idx in (("gdn_fwd_triton_segment_transition_bv64_w8", 0), ("gdn_fwd_triton_segment_join_bv64_w4", 1)):
+        def build(idx=idx):
+            _, fn, sig, const, opts, _ = _segment_join_builds()[idx]
+            return fn, {**sig, **{n: "constexpr" for n in const}}, const, opts
+        spill = (1380, 940)[idx]
+        register(AotKernel(name, build, ("HGMMA",), archs=("sm_90a",), language="triton",
+                           known_spill_bytes=spill, div16=(),
+                           description="GDN forward segments, the exact join where the decay is slow: "
+                                       + ("the previous segment's map (h and M's columns)" if idx == 0 else
+                                          "the walk along the segments (h_s = M h_{s-1} + h)")
+                                       + ", Triton, H16/HV32 K=V=128 (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
+
+
+_register_segment_join()

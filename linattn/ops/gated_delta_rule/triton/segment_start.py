@@ -11,7 +11,13 @@ chunk c0 = s * L over whole chunks, summing each chunk's total log decay (gcum a
 <= -thresh or chunk 0 is reached (chunk_state_warmup._warmup_window); from S = 0 there (from the sequence's initial
 state when the window reaches chunk 0: then nothing is dropped), it runs the chunk recurrence over the window with W
 and U formed on the fly from Tinv exactly as wu_kernel rounds them, and stores the state reached at c0 into
-h_seg[n * S + s, hv]. Segment 0's start state is the initial state (or 0). Nothing else is written.
+h_seg[n * S + s, hv] (and a flag, below). Segment 0's start state is the initial state (or 0).
+
+The window may span at most the previous segment. Where the decay is too slow for that (the summed log decay of a
+whole segment above -thresh), the (segment, head) is flagged and joined exactly instead, FlashQLA's fallback:
+segment_transition_kernel runs the previous segment's chunks for its affine map S -> M S + h (h from S = 0, M's
+columns from the identity's with U = 0, M's operands in fp32), and segment_join_kernel walks the segments of each
+sequence, h_s = M h_{s-1} + h for the flagged ones. At fast decay nothing is flagged and both kernels only read flags.
 
 What is dropped is chunk_state_warmup.py's bound: with ||k_t|| = 1 and 0 <= beta_t <= 2 every chunk transition is a
 contraction times exp(gam_C), so the start state is off by at most exp(-thresh) ||S(cw)||_F (thresh = 20:
@@ -26,8 +32,8 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_state import state_update
-from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH, warmup_start
-from linattn.ops.gated_delta_rule.triton.common import sequence_span
+from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH
+from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
 
 CHUNK = 64
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
@@ -35,50 +41,147 @@ MIN_SEGMENTS = 2
 
 
 @triton.jit
+def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
+              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """K [BT, BK], W [BT, BK] and U [BT, BV] (16-bit, at wu_kernel's rounding points: the fused kernel's and the
+    Triton forward's), gam [BT] and gam_C of the whole chunk starting at token t0."""
+    op = k_ptr.dtype.element_ty
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
+    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+    p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+    b_k = tl.load(p_k, boundary_check=(0, 1))
+    ks = (b_k.to(tl.float32) * (beta * tl.exp(gam))[:, None]).to(op)
+    w = tl.dot(tinv, ks, input_precision=DOT_PREC).to(op)
+    vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
+    u = tl.dot(tinv, vs, input_precision=DOT_PREC).to(op)
+    gam_last = tl.load(gcum_ptr + (t0 + BT - 1) * HV + hv)
+    return b_k, w, u, gam, gam_last
+
+
+@triton.jit
+def _segment_window(gcum_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr):
+    """chunk_state_warmup._warmup_window, walking back no further than chunk lim: (cw, whether the window is
+    usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is dropped)."""
+    cw = c0
+    acc = 0.0
+    while (cw > lim) & (acc > -thresh):
+        cw -= 1
+        acc += tl.load(gcum_ptr + (bos + cw.to(tl.int64) * BT + BT - 1) * HV + hv)
+    return cw, (acc <= -thresh) | (cw == 0)
+
+
+@triton.jit
+def _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT: tl.constexpr):
+    """Segment ns = n * S + s: (n, its sequence's first token, end, chunk count, the segment's first chunk c0)."""
+    n = ns // S
+    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
+    return n, bos, eos, nchunks, tl.minimum((ns % S) * seg_chunks, nchunks)
+
+
+@triton.jit
 def segment_start_kernel(
     k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
-    h0_ptr, hseg_ptr,                             # initial state [N, HV, K, V] fp32 (or unused); out [N * S, HV, K, V] fp32
+    h0_ptr, hseg_ptr, flag_ptr,                   # initial state [N, HV, K, V] fp32 (or unused); out [N * S, HV, K, V]
+                                                  # fp32; flag [N * S, HV] int32 (1: needs the exact join)
     cu_ptr, chunk_off_ptr,
     S, seg_chunks, thresh,                        # segments per sequence, their length in chunks, warm-up threshold
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     vb = tl.program_id(0)
-    pid = tl.program_id(1)
-    hv = pid % HV
-    ns = pid // HV
-    n = ns // S
-    seg = ns % S
+    hv = tl.program_id(1) % HV
+    ns = tl.program_id(1) // HV
     hk = hv // (HV // H)
     op = k_ptr.dtype.element_ty
-    bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
-    c0 = tl.minimum(seg * seg_chunks, nchunks)
+    n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
+    # the window may span at most the previous segment; beyond that the exact join takes over (segment_join_kernel)
+    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - seg_chunks, 0), hv, thresh, HV, BT)
+    tl.store(flag_ptr + ns * HV + hv, (~usable).to(tl.int32))
+    if usable:
+        rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+        if USE_H0:
+            s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
+        else:
+            s = tl.zeros([BK, BV], dtype=tl.float32)
+        for c in range(cw, c0):                # whole chunks inside the sequence (c0 <= nchunks, c < c0)
+            b_k, w, u, gam, gam_last = _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, bos + c * BT, eos, hv,
+                                                 hk, vb, H, HV, K, V, BT, BK, BV, DOT_PREC)
+            vnew_op = (u.to(tl.float32) - tl.dot(w, s.to(op), input_precision=DOT_PREC)).to(op)
+            s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
+        out = (ns.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+        tl.store(hseg_ptr + out, s, mask=mkv)
 
-    cw, s, rk, rv, mkv, _ = warmup_start(h0_ptr, gcum_ptr, bos, c0, n, hv, vb, thresh, HV, K, V, BT, BK, BV, USE_H0)
 
-    i = tl.arange(0, BT)
-    for c in range(cw, c0):                    # whole chunks inside the sequence (c0 <= nchunks, c < c0)
-        t0 = bos + c * BT
-        r = t0 + i
-        m = r < eos
-        gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
-        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-        tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV),
-                                (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        # W and U at wu_kernel's rounding points (the fused kernel's and the Triton forward's)
-        ks = (b_k.to(tl.float32) * (beta * tl.exp(gam))[:, None]).to(op)
-        w = tl.dot(tinv, ks, input_precision=DOT_PREC).to(op)
-        vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
-        u = tl.dot(tinv, vs, input_precision=DOT_PREC).to(op)
+@triton.jit
+def segment_transition_kernel(
+    k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, flag_ptr,
+    ht_ptr, m_ptr,                                # [N * S, HV, K, V] and [N * S, HV, K, K] fp32 (flagged rows only)
+    cu_ptr, chunk_off_ptr, S, seg_chunks,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """For a flagged segment s (its warm-up window would need more than the previous segment): the previous segment's
+    affine map S -> M S + h, from its chunks run with W and U on the fly: h from S = 0, and M's columns vb * BV ..
+    (the same recurrence with U = 0 from the identity's columns; K == V, so the V blocks cover M's columns)."""
+    vb = tl.program_id(0)
+    hv = tl.program_id(1) % HV
+    ns = tl.program_id(1) // HV
+    if tl.load(flag_ptr + ns * HV + hv) == 0:
+        return
+    hk = hv // (HV // H)
+    op = k_ptr.dtype.element_ty
+    n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
+    rk, rv, mkv, _ = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    s = tl.zeros([BK, BV], dtype=tl.float32)
+    x = (rk[:, None] == rv[None, :]).to(tl.float32)          # columns vb * BV .. of the identity
+    for c in range(tl.maximum(c0 - seg_chunks, 0), c0):   # (a flagged segment's window limit is > 0)
+        b_k, w, u, gam, gam_last = _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, bos + c * BT, eos, hv, hk,
+                                             vb, H, HV, K, V, BT, BK, BV, DOT_PREC)
         vnew_op = (u.to(tl.float32) - tl.dot(w, s.to(op), input_precision=DOT_PREC)).to(op)
-        gam_last = tl.load(gcum_ptr + (t0 + BT - 1) * HV + hv)
         s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
+        # M's columns in fp32 operands (DOT_PREC: TF32 on a GPU): M is near the identity at slow decay, where 16-bit
+        # operands would cost ~3e-3 of the joined states (a CPU run)
+        kdec = b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]
+        x = x * tl.exp(gam_last) - tl.dot(tl.trans(kdec), tl.dot(w.to(tl.float32), x, input_precision=DOT_PREC),
+                                          input_precision=DOT_PREC)
+    out = (ns.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+    tl.store(ht_ptr + out, s, mask=mkv)
+    tl.store(m_ptr + (ns.to(tl.int64) * HV + hv) * K * K + rk[:, None] * K + rv[None, :], x, mask=mkv)
 
-    out = ((n.to(tl.int64) * S + seg) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
-    tl.store(hseg_ptr + out, s, mask=mkv)
+
+@triton.jit
+def segment_join_kernel(
+    hseg_ptr, flag_ptr, ht_ptr, m_ptr, S,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """Program (vb, n * HV + hv): along the segments of sequence n, a flagged segment's start state is the previous
+    segment's map applied to the previous start state, h_s = M h_{s-1} + h (3xTF32 products: near fp32), written into
+    hseg; an unflagged one keeps its warm-up start state."""
+    vb = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // HV
+    hv = nh % HV
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    mkk = (rk[:, None] < K) & (rk[None, :] < K)
+    base = n.to(tl.int64) * S
+    h = tl.load(hseg_ptr + (base * HV + hv) * K * V + rk[:, None] * V + rv[None, :], mask=mkv, other=0.)
+    for seg in range(1, S):
+        row = (base + seg) * HV + hv
+        off = row * K * V + rk[:, None] * V + rv[None, :]
+        if tl.load(flag_ptr + row) != 0:
+            mm = tl.load(m_ptr + row * K * K + rk[:, None] * K + rk[None, :], mask=mkk, other=0.)
+            h = tl.load(ht_ptr + off, mask=mkv, other=0.) + tl.dot(mm, h, input_precision="tf32x3")
+            tl.store(hseg_ptr + off, h, mask=mkv)
+        else:
+            h = tl.load(hseg_ptr + off, mask=mkv, other=0.)
 
 
 def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
@@ -121,11 +224,24 @@ def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.T
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
+    if K != V or K % BV:
+        raise ValueError(f"segment start states need K == V, a multiple of BV={BV} (got K={K}, V={V})")
     N = plan.N
+    BK = max(16, triton.next_power_of_2(K))
     hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
+    flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
     use_h0 = initial_state is not None
-    segment_start_kernel[(triton.cdiv(V, BV), N * S * HV)](
-        k, v, beta, gcum, tinv, initial_state if use_h0 else gcum, hseg, plan.cu, plan.chunk_offsets,
-        S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), BV=BV,
-        USE_H0=use_h0, DOT_PREC=dot_prec, num_warps=num_warps)
+    grid = (triton.cdiv(V, BV), N * S * HV)
+    segment_start_kernel[grid](
+        k, v, beta, gcum, tinv, initial_state if use_h0 else gcum, hseg, flag, plan.cu, plan.chunk_offsets,
+        S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=use_h0, DOT_PREC=dot_prec,
+        num_warps=num_warps)
+    if S > 2:                                  # segments 0 and 1 never need the join (their windows reach the start)
+        ht = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
+        mt = empty(N * S, HV, K, K, dtype=torch.float32, device=k.device)
+        segment_transition_kernel[grid](
+            k, v, beta, gcum, tinv, flag, ht, mt, plan.cu, plan.chunk_offsets, S, L,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=8, num_stages=1)
+        segment_join_kernel[(triton.cdiv(V, BV), N * HV)](hseg, flag, ht, mt, S, HV=HV, K=K, V=V, BK=BK, BV=BV,
+                                                          num_warps=num_warps)
     return hseg
