@@ -1,6 +1,6 @@
-"""The opt-in stage 2a v3 (triton/intra_split.py kkt_solve_v3_kernel: kkt_solve_v2_kernel's block substitution with its
-tl.gather cross-warp moves replaced by one broadcast per moved tensor and in-register selects) on a CPU under
-TRITON_INTERPRET=1, modelled on test_kkt_solve_v2.py and sharing its helpers:
+"""Stage 2a v3 (the default since round 17; triton/intra_split.py kkt_solve_v3_kernel: kkt_solve_v2_kernel's block
+substitution with its tl.gather cross-warp moves replaced by one broadcast per moved tensor and in-register selects) on
+a CPU under TRITON_INTERPRET=1, modelled on test_kkt_solve_v2.py and sharing its helpers:
 1. gcum torch.equal to kkt_solve_kernel's (v1); Tinv against torch.linalg.inv(I + A) in float64 per chunk and value
    head, v3's worst chunk within 1.5 x v1's worst chunk plus test_kkt_solve_v2's floors (only for chunks both invert
    exactly); and Tinv torch.equal to v2's (the same products in the same order: v3 changes only how operands move

@@ -1,6 +1,6 @@
-"""GPU round for the opt-in stage 2a v2 (triton/intra_split.py kkt_solve_v2_kernel: kkt_solve_kernel's grid, gcum and A,
-Tinv by block substitution on [4, 16, 16] batched tensors instead of four [64, 64] fp32 products) against
-kkt_solve_kernel (the default): `python benchmarks/gpu/kkt_v2_round.py --out DIR [--budget 110] [--dry-run]`.
+"""GPU round for stage 2a v2 (round 16's default; triton/intra_split.py kkt_solve_v2_kernel: kkt_solve_kernel's grid,
+gcum and A, Tinv by block substitution on [4, 16, 16] batched tensors instead of four [64, 64] fp32 products) against
+kkt_solve_kernel (v1): `python benchmarks/gpu/kkt_v2_round.py --out DIR [--budget 110] [--dry-run]`.
 
 Per row (H16 HV32 K=V=128 bf16 on the GPU: B1 T8192, B1 T65536, B8 T4096, and the 24-sequence varlen row of
 linattn.bench.presets.PRODUCTION_VARLEN):

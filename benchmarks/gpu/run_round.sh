@@ -19,8 +19,9 @@
 # kkt_v2 (the opt-in stage 2a v2, intra_split.kkt_solve_v2_kernel, Tinv by 16x16 block substitution: gcum equality and
 # the Tinv error of both kernels vs an fp64 inverse, the forward with v2 vs fp64, then both timed;
 # benchmarks/gpu/kkt_v2_round.py),
-# kkt_v3 (the opt-in stage 2a v3, intra_split.kkt_solve_v3_kernel, v2 without tl.gather: kkt_v2's checks and timing for
-# v1, v2 and v3 on the same rows, the forward with LINATTN_GDN_KKT=v3 vs fp64; benchmarks/gpu/kkt_v3_round.py),
+# kkt_v3 (stage 2a v3, the default since round 17, intra_split.kkt_solve_v3_kernel, v2 without tl.gather: kkt_v2's
+# checks and timing for v1, v2 and v3 on the same rows, the forward with LINATTN_GDN_KKT=v3 vs fp64;
+# benchmarks/gpu/kkt_v3_round.py),
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and

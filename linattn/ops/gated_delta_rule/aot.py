@@ -212,9 +212,9 @@ KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
     ("gdn_fwd_triton_split_kkt_solve_gva_w4", "kkt_gva", _X,
      "opt-in GVA kkt_solve (K K^T once per key head), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v2_w4", "kkt_v2", _X,
-     "opt-in kkt_solve v2 (block substitution on 16x16 blocks), bf16 Tinv"),
+     "kkt_solve v2 (block substitution on 16x16 blocks; LINATTN_GDN_KKT=v2), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v3_w4", "kkt_v3", _X,
-     "opt-in kkt_solve v3 (v2 with broadcast-and-select cross-warp moves), bf16 Tinv"),
+     "kkt_solve v3 (v2 with broadcast-and-select cross-warp moves; the default since round 17), bf16 Tinv"),
 ]
 for _name, _which, _tinv, _what in KKT_VARIANTS:
     register(AotKernel(_name, _split_intra_build(_which, _tinv), ("HGMMA",), archs=("sm_90a",), language="triton",

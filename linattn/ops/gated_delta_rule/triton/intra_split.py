@@ -1,5 +1,5 @@
-"""Stage 2 of the forward as two kernels (opt-in, LINATTN_GDN_SPLIT_INTRA=1): the same outputs as
-intra_chunk_wy_kernel (gdn-math.md, "The chunk form"), in two passes that each keep few registers live and do their
+"""Stage 2 of the forward as two kernels (the default since round 12; LINATTN_GDN_SPLIT_INTRA=0 off): the same outputs
+as intra_chunk_wy_kernel (gdn-math.md, "The chunk form"), in two passes that each keep few registers live and do their
 big products as [64, *] tiles, which Triton lowers to WGMMA on Hopper (intra_chunk_wy_kernel's 16-row products are
 mma.sync, replicated over its 4 warps, with every block live at once: 255 registers).
 
@@ -325,8 +325,8 @@ def kkt_solve_v2_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Stage 2a's default kernel since round 16 (LINATTN_GDN_KKT=v1 runs kkt_solve_kernel): the same signature, grid,
-    gcum (the same code) and A, with Tinv = (I + A)^-1 by block substitution over the four 16-row blocks on
+    """Stage 2a's default kernel in round 16 (LINATTN_GDN_KKT=v2 since v3 took over in round 17): the same signature,
+    grid, gcum (the same code) and A, with Tinv = (I + A)^-1 by block substitution over the four 16-row blocks on
     [4, 16, 16] batched tensors (row block i in warp i, as the K K^T WGMMA accumulator already holds it) instead of
     kkt_solve_kernel's four [64, 64] products, whose operands each went through 16 KB of shared memory.
     From Tinv (I + A) = I, with D_i = (I + A_ii)^-1 and T_ij the 16x16 blocks of Tinv (i > j):
@@ -401,20 +401,20 @@ def kkt_solve_v3_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Opt-in (LINATTN_GDN_KKT=v3; kkt_solve_v3 below): kkt_solve_v2_kernel's block substitution, the same products in
-    the same order at the same precision, with its cross-warp moves done differently. v2 moves D_{i-s} and E_s[i-u]
-    to row block i with six tl.gather calls; each goes mma layout -> the gather's layout through shared memory, a
-    warp-shuffle gather, then shared memory again in an unswizzled layout (row-block dimension fastest) whose TF32
-    B-operand loads are 4-way bank conflicts (the lanes of one k row are 64 words apart). Here each moved tensor (d,
-    e1, e2) is broadcast to every warp once (_blocks_to_all_warps) and the shifted copies are in-register selects
-    (_select_above), which reach their product through the swizzled layout Triton picks for a dot operand
-    (conflict-free for the same loads). For i < s the select gives exact zeros where v2's clamped gather gave x[0];
-    both only meet zero blocks of A, so Tinv is bit-equal to v2's (tests/test_kkt_solve_v3.py).
+    """Stage 2a's default kernel since round 17 (kkt_solve_v3 below): kkt_solve_v2_kernel's block substitution, the same
+    products in the same order at the same precision, with its cross-warp moves done differently. v2 moves D_{i-s} and
+    E_s[i-u] to row block i with six tl.gather calls; each goes mma layout -> the gather's layout through shared memory,
+    a warp-shuffle gather, then shared memory again in an unswizzled layout (row-block dimension fastest) whose TF32
+    B-operand loads are 4-way bank conflicts (the lanes of one k row are 64 words apart). Here each moved tensor (d, e1,
+    e2) is broadcast to every warp once (_blocks_to_all_warps) and the shifted copies are in-register selects
+    (_select_above), which reach their product through the swizzled layout Triton picks for a dot operand (conflict-free
+    for the same loads). For i < s the select gives exact zeros where v2's clamped gather gave x[0]; both only meet zero
+    blocks of A, so Tinv is bit-equal to v2's (tests/test_kkt_solve_v3.py).
     sm_90a PTX per program against v2 (benchmarks/KKT_SOLVE.md, "v2 after round 16"; bank conflicts simulated from
     the PTX addresses by benchmarks/ptx_shared_traffic.py): L1/shared wavefronts 2400 -> 1608 (shared 1496 -> 896,
     of which v2's conflicts 576 -> 0; shuffles 904 -> 712); 85 registers (v2 95), 0 spill, 16 KB shared, so 5 CTAs
     per SM as v2. H200, round 16 (benchmarks/RESULTS.md part E): 0.441 ms against v2's 0.524 at B1 T65536, Tinv
-    bit-equal to v2's; opt-in until its Gluon and Triton forward gates run (benchmarks/NEXT_ROUND.md)."""
+    bit-equal to v2's; round 17: Gluon and Triton forward gates green with it, the default since then."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     p = tl.program_id(0)
     hv = tl.program_id(1)
