@@ -108,13 +108,16 @@ def test_tinv_vs_fp64(args, kwargs, HV, tinv_dtype, check_inputs):
     _check(k, g, beta, plan, B, T, cu, HV, tinv_dtype=tinv_dtype)
 
 
-def test_launcher_allocates_like_fused_wu_kkt_solve():
-    """kkt_solve_v2 allocating its outputs: the dtypes and shapes of gluon/chunk_fused_wu_ws.py kkt_solve, gcum
-    bit-equal."""
+@pytest.mark.parametrize("launcher", ["kkt_solve_v2", "kkt_solve_v3"])
+def test_launcher_allocates_like_fused_wu_kkt_solve(monkeypatch, launcher):
+    """kkt_solve_v2 / kkt_solve_v3 allocating their outputs: the dtypes and shapes of gluon/chunk_fused_wu_ws.py
+    kkt_solve, gcum bit-equal. The reference runs kkt_solve_kernel (LINATTN_GDN_KKT=v1), a kernel other than the one
+    tested: with the default it would run v3 (v2 in round 16), and compare a launcher with itself."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v1")
     k, g, beta, plan, B, T, cu = _inputs(1, None, 1, 2, 128, torch.bfloat16, lens=[1, 64, 1, 65], seed=7)
     ref_g, ref_t = kkt_solve(k, g, beta, plan, 2)
-    out_g, out_t = sm.kkt_solve_v2(k, g, beta, plan, 2)
+    out_g, out_t = getattr(sm, launcher)(k, g, beta, plan, 2)
     assert out_g.dtype == ref_g.dtype == torch.float32 and out_t.dtype == ref_t.dtype == torch.bfloat16
     assert out_t.shape == ref_t.shape == (plan.T_total, 2, 64)
     assert torch.equal(out_g, ref_g) and torch.isfinite(out_t).all()

@@ -7,7 +7,8 @@ a CPU under TRITON_INTERPRET=1, modelled on test_kkt_solve_v2.py and sharing its
    between warps). All written into NaN-filled buffers. The cases of test_kkt_solve_v2: T = 1, 63, 64, 65, 200, varlen
    [1, 63, 1, 65, 70], GVA and H = HV, k in bf16 / fp16 (TF32 products) / fp32 (IEEE), Tinv in fp32 and k's dtype,
    K = 100, steep gates.
-2. The launcher kkt_solve_v3 allocating like gluon's kkt_solve; the LINATTN_GDN_KKT=v3 switch in the Triton forward
+2. The launcher kkt_solve_v3 allocating like gluon's kkt_solve (in test_kkt_solve_v2.py, parametrized over v2 / v3,
+   against kkt_solve_kernel); the LINATTN_GDN_KKT=v3 switch in the Triton forward
    and the gluon forward's kkt_solve; the whole Triton forward with v3 against the fp64 recurrent reference (in
    test_kkt_solve_v2.py, parametrized over v1 / v2 / v3); one
    backward case (forward and the backward's stage-2 recompute with v3) against fp64 autograd at
@@ -70,16 +71,8 @@ def test_tinv_vs_fp64(args, kwargs, HV, tinv_dtype, check_inputs):
     _check(k, g, beta, plan, B, T, cu, HV, tinv_dtype=tinv_dtype)
 
 
-def test_launcher_allocates_like_fused_wu_kkt_solve():
-    """kkt_solve_v3 allocating its outputs: the dtypes and shapes of gluon/chunk_fused_wu_ws.py kkt_solve (which runs
-    v2, the default), gcum bit-equal."""
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
-    k, g, beta, plan, B, T, cu = _inputs(1, None, 1, 2, 128, torch.bfloat16, lens=[1, 64, 1, 65], seed=7)
-    ref_g, ref_t = kkt_solve(k, g, beta, plan, 2)
-    out_g, out_t = sm.kkt_solve_v3(k, g, beta, plan, 2)
-    assert out_g.dtype == ref_g.dtype == torch.float32 and out_t.dtype == ref_t.dtype == torch.bfloat16
-    assert out_t.shape == ref_t.shape == (plan.T_total, 2, 64)
-    assert torch.equal(out_g, ref_g) and torch.isfinite(out_t).all()
+# The launcher kkt_solve_v3 allocating like gluon's kkt_solve: test_kkt_solve_v2.py::
+# test_launcher_allocates_like_fused_wu_kkt_solve[kkt_solve_v3].
 
 
 def test_switch_selects_v3(monkeypatch):
