@@ -58,16 +58,25 @@ def _exact_start(x, n, c0):
 @pytest.mark.parametrize("B,T,S,L,h0", [(1, 450, 3, 3, True), (2, 260, 2, 3, False), (1, 64 * 12, 4, 3, True)])
 def test_start_states_exact_without_truncation(B, T, S, L, h0):
     """thresh = inf, nothing truncated: segments 0 and 1 walk back to chunk 0 and start from the initial state (the
-    same W / U rounding points and state update as the Triton forward's: bit-equal under the interpreter), later ones
-    join exactly through the previous segment's map (segment_transition_kernel, segment_join_kernel; at these gates
-    that map is ~e^-14 small and the join lands within 1e-8 of the chain in a CPU run). 1e-6 allowed."""
+    same W / U rounding points and state update as the Triton forward's: bit-equal under the interpreter over 12
+    seeds; 1e-6 allowed). Later ones join exactly through the previous segment's map (segment_transition_kernel,
+    segment_join_kernel), whose partial state rounds its 16-bit operands along another path than the chain's (up to
+    5e-6 apart over 12 seeds): against the float64 recurrence their error is within 1.1x the chain's own (1.00001x
+    at worst over 12 seeds)."""
     x = _inputs(B, T, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), h0=h0)
     hseg = _start_states(x, S, L, float("inf"))
     assert hseg.shape == (B * S, 2, 128, 128) and torch.isfinite(hseg).all()
     for n in range(B):
         for s in range(S):
-            want = _exact_start(x, n, min(s * L, -(-T // 64)))
-            assert rel_rms(hseg[n * S + s], want) < 1e-6, (n, s, rel_rms(hseg[n * S + s], want))
+            c0 = min(s * L, -(-T // 64))
+            want = _exact_start(x, n, c0)
+            if s < 2:
+                assert rel_rms(hseg[n * S + s], want) < 1e-6, (n, s, rel_rms(hseg[n * S + s], want))
+            else:
+                f64 = _f64_start(x, n, c0)
+                for hv in range(2):
+                    err, chain = rel_rms(hseg[n * S + s, hv], f64[hv]), rel_rms(want[hv], f64[hv])
+                    assert err <= 1.1 * chain + 1e-7, (n, s, hv, err, chain)
 
 
 def test_start_states_truncated_within_the_bound_on_steep_gates():
