@@ -23,7 +23,7 @@ _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
 NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" not in n)
 AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" in n
-                    and "_opipe" not in n)
+                    and "_opipe" not in n and not n.endswith("_sel"))   # _sel: test_aot_gluon.py checks them
 OPIPE = "gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg_opipe_o160_w160"
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
@@ -400,7 +400,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kwargs):
                 calls.append((grid, args, kwargs))
-                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale = args
+                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale, sel = args
                 plan = seen["plan"]
                 B, T = o.shape[:2]
                 H, HV = kwargs["H"], kwargs["HV"]
@@ -409,7 +409,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
                                        view(v_d, B, T, HV, 128), beta, gcum, view(t_d, plan.T_total, HV, 64), o,
                                        h0, final, plan, scale, BV=kwargs["BV"], stages=kwargs["STAGES"],
                                        nwu=kwargs["NWU"], npub=kwargs["NPUB"], areg=kwargs["WU_AREG"],
-                                       out_pipe=kwargs["OUT_PIPE"])
+                                       out_pipe=kwargs["OUT_PIPE"], select=sel)
             return run
     seen = {}
     real_launch = fw.fused_wu_launch

@@ -86,3 +86,15 @@ def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
     (k,) = summarize_csv(head + row.format("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block",
                                            "200,860"))
     assert abs(k["smem_per_block_kb"] - 200860 / 1024) < 1e-9
+
+
+def test_segments_round_dry_run(tmp_path):
+    """The segments round's logic on the CPU (the fused kernel's schedule model, 4 segments of 3 chunks): every row
+    runs; slow decay sends both heads unsegmented (o and final equal to the unsegmented forward's), mixed one of two,
+    fast none (o within 3e-3)."""
+    _run([os.path.join(GPU, "segments_round.py"), "--dry", "--out", str(tmp_path)], tmp_path)
+    rows = {r["decay"]: r for r in json.loads((tmp_path / "segments_round.json").read_text())["rows"]}
+    assert all("error" not in r and r["finite"] for r in rows.values()), rows
+    assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
+    assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
+    assert 0 < rows["fast"]["o_vs_unsegmented"] < 3e-3

@@ -113,15 +113,17 @@ def install_stand_ins(dry: bool, poison: bool = True):
             if final is not None:
                 final.fill_(float("nan"))
 
-    def counted_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=None):
+    def counted_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=None, select=None):
         counter["fused_wu"] += 1
-        poisoned(o, final)
+        if select is None:   # a selected launch (segments) writes part of o: the other launch wrote the rest
+            poisoned(o, final)
         if dry:      # STAND-IN: the torch model of the kernel's per-CTA schedule
             cfg = config or wu.fused_wu_config(plan.N, v.shape[-2], v.shape[-1], 132)
             wu.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=cfg.BV,
-                                   stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg, out_pipe=cfg.out_pipe)
+                                   stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg, out_pipe=cfg.out_pipe,
+                                   select=select)
         else:
-            real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config)
+            real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config, select=select)
 
     def counted_ws(q, k, w, u, gcum, o, h0, final, plan, scale, h=None, vnew=None, config=None):
         counter["fused_ws"] += 1

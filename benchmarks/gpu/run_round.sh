@@ -22,6 +22,8 @@
 # kkt_v3 (stage 2a v3, the default since round 17, intra_split.kkt_solve_v3_kernel, v2 without tl.gather: kkt_v2's
 # checks and timing for v1, v2 and v3 on the same rows, the forward with LINATTN_GDN_KKT=v3 vs fp64;
 # benchmarks/gpu/kkt_v3_round.py),
+# segments (the segment-parallel fused forward, LINATTN_GDN_GLUON_SEGMENTS=1, against the unsegmented one on the same
+# inputs at fast, slow and mixed decay; benchmarks/gpu/segments_round.py),
 # gluon (the Gluon GDN forward's gate and timing,
 # benchmarks/gpu/gdn_gluon_round.py), bench, demo, and the production bench's parts
 # prod_cold, prod_hv32, prod_hv64, prod_hv8 (benchmarks/gpu/bench_production.sh; one or two per call), and
@@ -73,6 +75,7 @@ for step in "$@"; do
     split_intra) timeout 150 python3 benchmarks/gpu/split_intra_round.py --out "$OUT" ;;   # two-kernel stage 2 (SPLIT_INTRA.md)
     kkt_gva) timeout 150 python3 benchmarks/gpu/kkt_gva_round.py --out "$OUT" ;;   # GVA stage 2a, K K^T once per key head (intra_split.py)
     kkt_v2) timeout 150 python3 benchmarks/gpu/kkt_v2_round.py --out "$OUT" ;;   # stage 2a v2, Tinv by 16x16 block substitution (intra_split.py)
+    segments) timeout 300 python3 benchmarks/gpu/segments_round.py --out "$OUT" ;;   # segment-parallel forward vs unsegmented, same inputs (fast / slow / mixed decay)
     kkt_v3) timeout 150 python3 benchmarks/gpu/kkt_v3_round.py --out "$OUT" ;;   # stage 2a v1/v2/v3 on the same rows; v3 = v2 without tl.gather (intra_split.py)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;

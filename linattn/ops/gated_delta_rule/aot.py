@@ -500,22 +500,26 @@ FUSED_WU_CONFIGS = [  # (dtype, BV, stages); the first two are what fused_wu_con
 ]
 
 
-def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp32"):
+def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp32", select: bool = False):
     """The argument types of chunk_fused_wu_ws_kernel as the JIT sees them for a fused_wu_launch call (None ->
-    constexpr for absent states; beta in its own dtype, fp32 from make_gdn_inputs and the api's callers)."""
+    constexpr for absent states and selection; beta in its own dtype, fp32 from make_gdn_inputs and the api's
+    callers)."""
     return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "v_desc": desc_sig(dtype, [BT, BV]),
             "t_desc": desc_sig(dtype, [BT, BT]), "beta_ptr": f"*{beta}", "gcum_ptr": "*fp32", "o_ptr": f"*{dtype}",
             "h0_ptr": "*fp32" if states else "constexpr", "ht_ptr": "*fp32" if states else "constexpr",
-            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32", "sel_ptr": "*i32" if select else "constexpr"}
 
 
-def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False) -> str:
+def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
+                         select: bool = False) -> str:
     return (f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
-            + ("_opipe" if out_pipe else "") + (f"_o{regs[0]}_w{regs[1]}" if regs else ""))
+            + ("_opipe" if out_pipe else "") + (f"_o{regs[0]}_w{regs[1]}" if regs else "") + ("_sel" if select else ""))
 
 
-def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False):
-    """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs)."""
+def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
+                    select: bool = False):
+    """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs); select: with the
+    per-(sequence, head) selection the segment-parallel forward passes (sel_ptr)."""
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
                                                                           WU_REGS, chunk_fused_wu_ws_kernel as fn)
@@ -523,7 +527,9 @@ def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=N
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=stages, NWU=NWU, NPUB=NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=out_regs, WU_REGS=wu_regs, PRODUCER_REGS=PRODUCER_REGS,
                      WU_AREG=areg, OUT_PIPE=out_pipe)
-        sig = fused_wu_signature(dtype, BV)
+        if not select:
+            const["sel_ptr"] = None
+        sig = fused_wu_signature(dtype, BV, select=select)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
     return build
@@ -565,59 +571,42 @@ for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
                     + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))
 
 
+# The two fused-wu launches of the segment-parallel forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1,
+# chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu): with the per-(sequence, head) selection sel_ptr, the segments
+# at BV=64 (WU_AREG, 136 / 192) and the unsegmented heads at BV=32 (OUT_PIPE, 160 / 160), as fused_wu_config takes them.
+FUSED_WU_SEL_CONFIGS = [("bf16", 32, 3, (160, 160), True), ("bf16", 64, 2, (136, 192), False)]
+for _dt, _bv, _s, _regs, _op in FUSED_WU_SEL_CONFIGS:
+    register(AotKernel(
+        fused_wu_kernel_name(_dt, _bv, _s, areg=True, regs=_regs, out_pipe=_op, select=True),
+        _fused_wu_build(_dt, _bv, _s, areg=True, regs=_regs, out_pipe=_op, select=True),
+        FUSED_WU_INTENDED, div16=FUSED_WU_DIV16 + ("sel_ptr",),
+        description=f"GDN forward stages 2b+3+4 fused with a per-(sequence, head) selection (the segment-parallel "
+                    f"forward's two launches), WU_AREG" + (" and OUT_PIPE" if _op else "")
+                    + f", H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring, output / wu warpgroups at "
+                    f"{_regs[0]} / {_regs[1]} registers"))
+
+
 # ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in
-# LINATTN_GDN_GLUON_SEGMENTS=1, not yet run on a GPU): per (V block of 64, segment * head) a gate-truncated warm-up
-# with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16; and the exact join's two kernels where the decay is
-# too slow for a warm-up window within one segment: the previous segment's map (segment_transition_kernel: h and M's
-# columns) and the walk along the segments (segment_join_kernel). Known spills (255 registers): start 304 bytes (the
-# state [128, 64] fp32 and W [64, 128] live together; 8 warps or BV=32 spill more or about as much, num_stages=1
-# more), transition 1380 bytes at 8 warps and 1 stage (3728 at 4 warps), join 940 (its [128, 128] fp32 map; the
-# product in 3xTF32, near fp32: 26 KB spilled as an IEEE fp32 product). None is on the chain: the start kernel walks a few chunks per
-# program at the production gates, the transition kernel runs only for flagged (segment, head) pairs; a leaner form
-# would keep the state and W in two K halves (not done).
+# LINATTN_GDN_GLUON_SEGMENTS=1): per (V block of 64, segment * head) a gate-truncated warm-up of at most
+# MAX_WINDOW chunks with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16, and a flag where the decay is too
+# slow for that (the head then runs unsegmented). Known spill (255 registers): 280 bytes (the state [128, 64] fp32 and
+# W [64, 128] live together; 8 warps or BV=32 spill more or about as much, num_stages=1 more); not on the chain: it
+# walks a few chunks per program at the production gates.
 def _segment_start_build():
     def build():
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
         sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, flag_ptr=_I32,
                    cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
-        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32")
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32", MAXW=16)
         return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
     return build
 
 
 register(AotKernel("gdn_fwd_triton_segment_start_bv64_w4", _segment_start_build(), ("HGMMA",), archs=("sm_90a",),
-                   language="triton", known_spill_bytes=304,
+                   language="triton", known_spill_bytes=280,
                    div16=("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr", "flag_ptr",
                           "cu_ptr", "chunk_off_ptr"),
                    description="GDN forward segment start states (gate-truncated warm-up, W/U on the fly), Triton, "
                                "H16/HV32 K=V=128 bf16, BV=64, 4 warps (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
 
 
-def _segment_join_builds():
-    from linattn.ops.gated_delta_rule.triton import segment_start as m
-    tsig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, flag_ptr=_I32, ht_ptr=_F, m_ptr=_F,
-                cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32")
-    tconst = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, DOT_PREC="tf32")
-    jsig = dict(hseg_ptr=_F, flag_ptr=_I32, ht_ptr=_F, m_ptr=_F, S="i32")
-    jconst = dict(HV=HV, K=K, V=V, BK=K, BV=64)
-    return [("gdn_fwd_triton_segment_transition_bv64_w8", m.segment_transition_kernel, tsig, tconst,
-             {"num_warps": 8, "num_stages": 1}, 1380),
-            ("gdn_fwd_triton_segment_join_bv64_w4", m.segment_join_kernel, jsig, jconst,
-             {"num_warps": 4, "num_stages": 2}, 940)]
-
-
-def _register_segment_join():
-    for name, idx in (("gdn_fwd_triton_segment_transition_bv64_w8", 0), ("gdn_fwd_triton_segment_join_bv64_w4", 1)):
-        def build(idx=idx):
-            _, fn, sig, const, opts, _ = _segment_join_builds()[idx]
-            return fn, {**sig, **{n: "constexpr" for n in const}}, const, opts
-        spill = (1380, 940)[idx]
-        register(AotKernel(name, build, ("HGMMA",), archs=("sm_90a",), language="triton",
-                           known_spill_bytes=spill, div16=(),
-                           description="GDN forward segments, the exact join where the decay is slow: "
-                                       + ("the previous segment's map (h and M's columns)" if idx == 0 else
-                                          "the walk along the segments (h_s = M h_{s-1} + h)")
-                                       + ", Triton, H16/HV32 K=V=128 (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
-
-
-_register_segment_join()

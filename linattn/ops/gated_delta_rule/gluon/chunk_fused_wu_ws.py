@@ -261,6 +261,7 @@ if GLUON_OK:
         beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
         h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
+        sel_ptr,                               # optional [N * HV] int32 (or None): (sequence, head) pairs run where != 0
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WU_AREG: gl.constexpr = False,
@@ -270,6 +271,10 @@ if GLUON_OK:
         vb = gl.program_id(0)
         nh = gl.program_id(1)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
+        if sel_ptr is not None:
+            # a pair not selected walks no chunk: it writes no o row, and its final state is its initial one (the
+            # segment-parallel forward discards it: chunk_gated_delta_rule_fwd_fused_wu)
+            nchunks = gl.where(gl.load(sel_ptr + nh) != 0, nchunks, 0)
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -380,12 +385,24 @@ def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Te
     return True, ""
 
 
-def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig):
+def _selection(select: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    """The kernel's sel_ptr: None, or select as a contiguous int32 [N * HV] (checked, never copied from host)."""
+    if select is None:
+        return None
+    if select.dtype != torch.int32 or select.numel() != n or not select.is_contiguous():
+        raise ValueError(f"select must be a contiguous int32 tensor of {n} elements (one per sequence and value "
+                         f"head), got {select.dtype} {tuple(select.shape)}")
+    return select
+
+
+def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig,
+                    select: Optional[torch.Tensor] = None):
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_wu_ws_kernel (separate from the launch so that a
     CPU test can check the arguments against the AOT signature, aot.py fused_wu_signature).
     q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV] (any float dtype, contiguous); gcum [T_tot,HV] fp32 and
     tinv [T_tot,HV,64] in q's dtype (kkt_solve_kernel's outputs); o [B,T,HV,V] (written); initial_state / final
-    [N,HV,K,V] fp32 or None."""
+    [N,HV,K,V] fp32 or None; select [N, HV] int32 or None: only the (sequence, head) pairs where it is != 0 run (the
+    others write no o row; their final state, when stored, is their initial state)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
@@ -404,7 +421,8 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
     args = (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
             desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
-            beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
+            beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale),
+            _selection(select, N * HV))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, OUT_PIPE=cfg.out_pipe,
@@ -413,12 +431,13 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
 
 def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
-                            config: Optional[FusedWuConfig] = None) -> None:
+                            config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None) -> None:
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
     Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
     from linattn.runtime.device import device_facts
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
-    kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg)
+    kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
+                                                 select)
     kernel[grid](*args, **kwargs)
 
 
@@ -456,18 +475,35 @@ def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, keys_normalised
     return plan_segments(B, T, HV, V, facts.num_sms if facts.kind == "cuda" else 132)
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device) -> "torch.cuda.Stream":
+    """One side stream per device for the unsegmented heads of the segment-parallel forward."""
+    key = torch.device(device).index
+    if key is None:
+        key = torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
+
+
 def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                         fused_pass=None, keys_normalised: bool = False, segments=None):
     """The whole forward with this kernel: kkt_solve (stage 2a, Triton), then stages 2b + 3 + 4 in one launch.
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
-    backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale)
-    replaces the Gluon launch (CPU tests pass the schedule model).
+    backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale,
+    select=None) replaces the Gluon launch (CPU tests pass the schedule model).
     Segments (opt-in LINATTN_GDN_GLUON_SEGMENTS=1, segments_wanted; `segments` = (S, L) forces them): each sequence
     is cut into S segments of L chunks whose start states segment_start.segment_start_states computes (a
-    gate-truncated warm-up, exact where the window reaches the sequence start), and the fused kernel runs the N * S
-    segments as sequences (segment_start.segment_plan); the final state is the last segment's."""
+    gate-truncated warm-up, exact where the window reaches the sequence start). A (sequence, head) none of whose
+    segments is flagged (every warm-up window short enough) runs as S independent segments: one fused launch on the
+    segment plan (segment_start.segment_plan), selected to those heads; the others (slow decay somewhere) run
+    unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that both run at once
+    (no host synchronisation: the selection is read in the kernels). The final state is the last segment's or the
+    unsegmented run's."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
@@ -478,20 +514,35 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     run = fused_pass or chunk_fused_wu_ws_gluon
     S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, keys_normalised, q.device)
-    if S > 1:
-        if cu_seqlens is not None:
-            raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-        from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
-        splan = segment_plan(B, T, S, L, q.device)
-        hseg = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
-                                    dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
-        fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-        run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-            beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale)
-        final = fseg.view(B, S, HV, K, V)[:, S - 1].contiguous() if output_final_state else None
+    if S <= 1:
+        final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
         return FwdResult(o, final, gcum, None, None, None, None, None, plan)
-    final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
+    if cu_seqlens is not None:
+        raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
+    splan = segment_plan(B, T, S, L, q.device)
+    hseg, flag = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
+                                      dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
+    slow = flag.view(B, S, HV).amax(1).contiguous()                      # [B, HV]: 1 = run unsegmented
+    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)           # [B * S, HV] (segment n * S + s)
+    fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    side = _side_stream(q.device) if q.is_cuda else None
+    if side is not None:
+        cur = torch.cuda.current_stream(q.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
+    else:
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
+    run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast)
+    if side is not None:
+        cur.wait_stream(side)                  # before any tensor used on the side stream can be freed or reused
+    final = None
+    if output_final_state:
+        final = torch.where(slow.bool()[:, :, None, None], final_u, fseg.view(B, S, HV, K, V)[:, S - 1])
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
 
 
@@ -530,7 +581,8 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
-                        stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False) -> None:
+                        stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False,
+                        select: Optional[torch.Tensor] = None) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -543,7 +595,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     U = (Tinv * beta[None, :]).to(dt) @ v with k and v the ring's tiles as loaded (the sequence's last chunk as
     without areg). out_pipe models OUT_PIPE (_output_pipelined): the output partition waits for chunk c + 1's ring
     slot and reads its q k^T right after releasing chunk c's slot, and forms the gate factors as 2^(log2e gam_i -
-    log2e gam_j) flushed to 0 below 2^-126, unmasked before the select."""
+    log2e gam_j) flushed to 0 below 2^-126, unmasked before the select. select [N, HV] int32 as the kernel's sel_ptr:
+    an unselected (sequence, head) walks no chunk (its final state, when stored, is its initial state)."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -569,11 +622,13 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
         bet = torch.where(m, beta2[rows.clamp(max=T_tot - 1), hv].to(f32), torch.zeros(()))
         return gam, bet, gcum[t0 + min(eos - t0, BT) - 1, hv]
 
+    sel = None if select is None else _selection(select, plan.N * HV).view(plan.N, HV).tolist()
     for n in range(plan.N):
         bos, eos = cu[n], cu[n + 1]
-        nch = -(-max(eos - bos, 0) // BT)
+        nch_seq = -(-max(eos - bos, 0) // BT)
         for hv in range(HV):
             hk = hv // (HV // H)
+            nch = nch_seq if sel is None or sel[n][hv] != 0 else 0
             for vb in range(V // BV):
                 cols = slice(vb * BV, (vb + 1) * BV)
                 ready = [_MBar(1) for _ in range(stages)]

@@ -2,22 +2,23 @@
 
 Why (round 17, benchmarks/OPT_LOG.md 17.5): at B1 H16/HV32 the fused-wu kernel walks 1024 chunks per (value head,
 V block of 32) on 128 CTAs, one per SM, ~1.64 us per chunk. Cut each sequence into S segments and give each its
-own start state, and the kernel sees N*S independent "sequences": enough CTAs to fill the GPU at BV = 64 (per chunk
-step ~2.3 us for twice the columns, round 17's B8 row), i.e. the same work in fewer, wider steps. FlashQLA does this
-at B1 (its get_warmup_chunks / prepare_h / correct_h0 kernels, BV = 128).
+own start state, and the kernel sees N*S independent "sequences": enough CTAs to fill the GPU at BV = 64, i.e. the
+same work in fewer, wider steps. FlashQLA does this at B1 (its get_warmup_chunks / prepare_h / correct_h0 kernels).
 
 This kernel computes the start states: program (V block, (n * S + s) * HV + hv) walks back from segment s's first
 chunk c0 = s * L over whole chunks, summing each chunk's total log decay (gcum at its last row), until the sum is
 <= -thresh or chunk 0 is reached (chunk_state_warmup._warmup_window); from S = 0 there (from the sequence's initial
 state when the window reaches chunk 0: then nothing is dropped), it runs the chunk recurrence over the window with W
 and U formed on the fly from Tinv exactly as wu_kernel rounds them, and stores the state reached at c0 into
-h_seg[n * S + s, hv] (and a flag, below). Segment 0's start state is the initial state (or 0).
+h_seg[n * S + s, hv]. Segment 0's start state is the initial state (or 0).
 
-The window may span at most the previous segment. Where the decay is too slow for that (the summed log decay of a
-whole segment above -thresh), the (segment, head) is flagged and joined exactly instead, FlashQLA's fallback:
-segment_transition_kernel runs the previous segment's chunks for its affine map S -> M S + h (h from S = 0, M's
-columns from the identity's with U = 0, M's operands in fp32), and segment_join_kernel walks the segments of each
-sequence, h_s = M h_{s-1} + h for the flagged ones. At fast decay nothing is flagged and both kernels only read flags.
+The window may span at most MAX_WINDOW chunks (and the previous segment). Where the decay is too slow for that, the
+(segment, head) is flagged (flag[n * S + s, hv] = 1, h_seg not written), and the caller runs that head of that
+sequence unsegmented (chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu). Round 18 measured the alternative,
+FlashQLA's exact join (the previous segment's affine map S -> M S + h, M [K, K] from the identity's columns, then a
+walk h_s = M h_{s-1} + h along the segments): B1 T65536 at g x 0.01 took 5.61 ms against 2.15 unsegmented. M costs
+as much as the chain itself over the segment (K = V), so at slow decay the join doubles the work and cannot beat the
+unsegmented chain (OPT_LOG 18.2).
 
 What is dropped is chunk_state_warmup.py's bound: with ||k_t|| = 1 and 0 <= beta_t <= 2 every chunk transition is a
 contraction times exp(gam_C), so the start state is off by at most exp(-thresh) ||S(cw)||_F (thresh = 20:
@@ -37,7 +38,8 @@ from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
 
 CHUNK = 64
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
-MIN_SEGMENTS = 2
+MIN_SEGMENTS = 4           # fewer do not pay: 2 segments at B1 T8192 were 0.320 vs 0.299 ms unsegmented (round 18)
+MAX_WINDOW = 16            # warm-up windows of at most 16 chunks (a quarter of a segment); longer ones are flagged
 
 
 @triton.jit
@@ -93,6 +95,7 @@ def segment_start_kernel(
     S, seg_chunks, thresh,                        # segments per sequence, their length in chunks, warm-up threshold
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
+    MAXW: tl.constexpr,
 ):
     vb = tl.program_id(0)
     hv = tl.program_id(1) % HV
@@ -100,8 +103,9 @@ def segment_start_kernel(
     hk = hv // (HV // H)
     op = k_ptr.dtype.element_ty
     n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
-    # the window may span at most the previous segment; beyond that the exact join takes over (segment_join_kernel)
-    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - seg_chunks, 0), hv, thresh, HV, BT)
+    # the window may span at most MAXW chunks and the previous segment; beyond that the head runs unsegmented
+    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
+                                 HV, BT)
     tl.store(flag_ptr + ns * HV + hv, (~usable).to(tl.int32))
     if usable:
         rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
@@ -118,77 +122,12 @@ def segment_start_kernel(
         tl.store(hseg_ptr + out, s, mask=mkv)
 
 
-@triton.jit
-def segment_transition_kernel(
-    k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, flag_ptr,
-    ht_ptr, m_ptr,                                # [N * S, HV, K, V] and [N * S, HV, K, K] fp32 (flagged rows only)
-    cu_ptr, chunk_off_ptr, S, seg_chunks,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-):
-    """For a flagged segment s (its warm-up window would need more than the previous segment): the previous segment's
-    affine map S -> M S + h, from its chunks run with W and U on the fly: h from S = 0, and M's columns vb * BV ..
-    (the same recurrence with U = 0 from the identity's columns; K == V, so the V blocks cover M's columns)."""
-    vb = tl.program_id(0)
-    hv = tl.program_id(1) % HV
-    ns = tl.program_id(1) // HV
-    if tl.load(flag_ptr + ns * HV + hv) == 0:
-        return
-    hk = hv // (HV // H)
-    op = k_ptr.dtype.element_ty
-    n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
-    rk, rv, mkv, _ = state_tile(n, hv, vb, HV, K, V, BK, BV)
-    s = tl.zeros([BK, BV], dtype=tl.float32)
-    x = (rk[:, None] == rv[None, :]).to(tl.float32)          # columns vb * BV .. of the identity
-    for c in range(tl.maximum(c0 - seg_chunks, 0), c0):   # (a flagged segment's window limit is > 0)
-        b_k, w, u, gam, gam_last = _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, bos + c * BT, eos, hv, hk,
-                                             vb, H, HV, K, V, BT, BK, BV, DOT_PREC)
-        vnew_op = (u.to(tl.float32) - tl.dot(w, s.to(op), input_precision=DOT_PREC)).to(op)
-        s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
-        # M's columns in fp32 operands (DOT_PREC: TF32 on a GPU): M is near the identity at slow decay, where 16-bit
-        # operands would cost ~3e-3 of the joined states (a CPU run)
-        kdec = b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]
-        x = x * tl.exp(gam_last) - tl.dot(tl.trans(kdec), tl.dot(w.to(tl.float32), x, input_precision=DOT_PREC),
-                                          input_precision=DOT_PREC)
-    out = (ns.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
-    tl.store(ht_ptr + out, s, mask=mkv)
-    tl.store(m_ptr + (ns.to(tl.int64) * HV + hv) * K * K + rk[:, None] * K + rv[None, :], x, mask=mkv)
-
-
-@triton.jit
-def segment_join_kernel(
-    hseg_ptr, flag_ptr, ht_ptr, m_ptr, S,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):
-    """Program (vb, n * HV + hv): along the segments of sequence n, a flagged segment's start state is the previous
-    segment's map applied to the previous start state, h_s = M h_{s-1} + h (3xTF32 products: near fp32), written into
-    hseg; an unflagged one keeps its warm-up start state."""
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
-    n = nh // HV
-    hv = nh % HV
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mkv = (rk[:, None] < K) & (rv[None, :] < V)
-    mkk = (rk[:, None] < K) & (rk[None, :] < K)
-    base = n.to(tl.int64) * S
-    h = tl.load(hseg_ptr + (base * HV + hv) * K * V + rk[:, None] * V + rv[None, :], mask=mkv, other=0.)
-    for seg in range(1, S):
-        row = (base + seg) * HV + hv
-        off = row * K * V + rk[:, None] * V + rv[None, :]
-        if tl.load(flag_ptr + row) != 0:
-            mm = tl.load(m_ptr + row * K * K + rk[:, None] * K + rk[None, :], mask=mkk, other=0.)
-            h = tl.load(ht_ptr + off, mask=mkv, other=0.) + tl.dot(mm, h, input_precision="tf32x3")
-            tl.store(hseg_ptr + off, h, mask=mkv)
-        else:
-            h = tl.load(hseg_ptr + off, mask=mkv, other=0.)
-
-
 def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
                   min_segments: int = MIN_SEGMENTS):
     """(S, L) for a fixed-length batch of B sequences of T tokens, from shapes only: L = seg_chunks chunks per
     segment, S = cdiv(chunks, L) segments; S = 1 (do not split) when the batch already gives the fused kernel enough
-    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result."""
+    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result (round 18:
+    2 segments at B1 T8192 lost, 8 and 16 at T32768 / T65536 won; 4 is not measured)."""
     nch = triton.cdiv(max(T, 0), CHUNK)
     if B * HV * max(1, V // 64) >= num_sms:
         return 1, nch
@@ -218,30 +157,24 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
 
 
 def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int,
-                         L: int, *, dot_prec: str, BV: int = 64, num_warps: int = 4, thresh: float = THRESH):
-    """h_seg [N * S, HV, K, V] fp32: each segment's start state (module docstring); k [B,T,H,K], v [B,T,HV,V],
-    beta [B,T,HV], gcum [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the per-sequence plan)."""
+                         L: int, *, dot_prec: str, BV: int = 64, num_warps: int = 4, thresh: float = THRESH,
+                         max_window: int = MAX_WINDOW):
+    """(h_seg [N * S, HV, K, V] fp32, flag [N * S, HV] int32): each segment's start state, and 1 where its warm-up
+    window would need more than max_window chunks (h_seg not written there; module docstring); k [B,T,H,K],
+    v [B,T,HV,V], beta [B,T,HV], gcum [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the
+    per-sequence plan)."""
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
-    if K != V or K % BV:
-        raise ValueError(f"segment start states need K == V, a multiple of BV={BV} (got K={K}, V={V})")
+    if V % BV:
+        raise ValueError(f"segment start states need V a multiple of BV={BV} (got V={V})")
     N = plan.N
     BK = max(16, triton.next_power_of_2(K))
     hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
     flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
     use_h0 = initial_state is not None
-    grid = (triton.cdiv(V, BV), N * S * HV)
-    segment_start_kernel[grid](
+    segment_start_kernel[(triton.cdiv(V, BV), N * S * HV)](
         k, v, beta, gcum, tinv, initial_state if use_h0 else gcum, hseg, flag, plan.cu, plan.chunk_offsets,
         S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=use_h0, DOT_PREC=dot_prec,
-        num_warps=num_warps)
-    if S > 2:                                  # segments 0 and 1 never need the join (their windows reach the start)
-        ht = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
-        mt = empty(N * S, HV, K, K, dtype=torch.float32, device=k.device)
-        segment_transition_kernel[grid](
-            k, v, beta, gcum, tinv, flag, ht, mt, plan.cu, plan.chunk_offsets, S, L,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=8, num_stages=1)
-        segment_join_kernel[(triton.cdiv(V, BV), N * HV)](hseg, flag, ht, mt, S, HV=HV, K=K, V=V, BK=BK, BV=BV,
-                                                          num_warps=num_warps)
-    return hseg
+        MAXW=int(max_window), num_warps=num_warps)
+    return hseg, flag

@@ -1,0 +1,117 @@
+"""The segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1) against the same forward without segments,
+in one process on the H200: per row (B, T, decay) the forward with and without segments on the same inputs (CUDA-graph
+replay of one api call, backend="gluon", keys normalised), their o and final-state distance, and how many
+(sequence, head) pairs the start-state kernel sent unsegmented (flagged: slow decay). Decays: "fast" (make_gdn_inputs'
+gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.01 on the odd value heads).
+Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
+
+Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry]  (--dry: CPU, tiny shapes, the fused kernel's
+schedule model in place of the Gluon launch, to exercise this script's logic)."""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import graph_ms, round_result, write_json  # noqa: E402
+
+ROWS = [(1, 8192, "fast"), (1, 16384, "fast"), (1, 32768, "fast"), (1, 65536, "fast"), (2, 32768, "fast"),
+        (1, 65536, "slow"), (1, 65536, "mixed"), (1, 16384, "slow")]
+DRY_ROWS = [(1, 64 * 12, "fast"), (1, 64 * 12, "slow"), (1, 64 * 12, "mixed")]
+
+
+def inputs(B, T, decay, device, H=16, HV=32):
+    import torch
+
+    from linattn.testing import make_gdn_inputs
+    x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, initial_state=True, device=device,
+                        generator=torch.Generator(device=device).manual_seed(T + B))
+    if decay == "slow":
+        x["g"] = x["g"] * 0.01
+    elif decay == "mixed":
+        x["g"][..., 1::2] = x["g"][..., 1::2] * 0.01
+    return x
+
+
+def unsegmented_pairs(x, S, L):
+    """(pairs run unsegmented, all pairs): the start-state kernel's flags, any over each (sequence, head)'s segments."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_states
+    B, T = x["q"].shape[:2]
+    HV = x["v"].shape[2]
+    plan = make_chunk_plan(B, T, None, 64, x["q"].device)
+    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
+    _, flag = segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
+                                   dot_prec="tf32")
+    return int(flag.view(B, S, HV).amax(1).sum()), B * HV
+
+
+def row(B, T, decay, device, dry):
+    import torch
+
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.testing import rel_rms
+    x = inputs(B, T, decay, device, *((1, 2) if dry else ()))
+    HV = x["v"].shape[2]
+    out = dict(B=B, T=T, decay=decay)
+    os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1"
+    S, L = (4, 3) if dry else fw.segments_wanted(B, T, HV, 128, None, True, device)
+    out.update(S=S, L=L)
+    if S <= 1:
+        out["note"] = "no segments at this shape (plan_segments)"
+    else:
+        out["unsegmented_pairs"], out["pairs"] = unsegmented_pairs(x, S, L)
+
+    def fwd(segments):
+        if dry:
+            def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None):
+                fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2,
+                                       areg=True, select=select)
+            r = fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
+                                                       x["initial_state"], True, None, fused_pass=fused,
+                                                       segments=(S, L) if segments else (1, 0))
+            return r.o, r.final_state
+        from linattn import chunk_gated_delta_rule
+        os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1" if segments else "0"
+        return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                      output_final_state=True, backend="gluon")
+
+    o_b, f_b = fwd(False)
+    o_s, f_s = fwd(True)
+    out.update(o_vs_unsegmented=rel_rms(o_s, o_b), final_vs_unsegmented=rel_rms(f_s, f_b),
+               finite=bool(torch.isfinite(o_s).all() and torch.isfinite(f_s).all()))
+    if not dry:
+        out["unsegmented_ms"] = graph_ms(lambda: fwd(False))
+        out["segments_ms"] = graph_ms(lambda: fwd(True))
+        out["speedup"] = out["unsegmented_ms"] / out["segments_ms"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dry", action="store_true")
+    a = ap.parse_args()
+    import torch
+    dry = a.dry or not torch.cuda.is_available()
+    os.environ["LINATTN_GDN_KEYS_NORMALISED"] = "1"
+    device = "cpu" if dry else "cuda"
+    res = round_result("segments_round.py", device, dry_run=dry, rows=[])
+    path = os.path.join(a.out, "segments_round.json")
+    t0 = time.time()
+    for B, T, decay in (DRY_ROWS if dry else ROWS):
+        try:
+            r = row(B, T, decay, device, dry)
+        except Exception as e:  # noqa: BLE001
+            r = dict(B=B, T=T, decay=decay, error=repr(e)[:600])
+        print(r, flush=True)
+        res["rows"].append(r)
+        write_json(path, res)
+    res["seconds"] = time.time() - t0
+    write_json(path, res)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
