@@ -164,22 +164,37 @@ def test_forward_with_segments_matches_fp64(B, T, S, L, h0, decay):
 
 
 def test_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_SEGMENTS=1 takes segments for a fixed-length batch with normalised keys whose sequence-heads
-    leave the GPU short at BV = 64 (B1 HV32 T65536 on 132 SMs: 16 segments of 64 chunks); not without the switch, not
-    for varlen, not without normalised keys, not at B8 (512 CTAs at BV = 64), not for a sequence of < 4 segments."""
-    monkeypatch.delenv("LINATTN_GDN_KEYS_NORMALISED", raising=False)
+    """LINATTN_GDN_GLUON_SEGMENTS=1 takes segments for a fixed-length batch whose sequence-heads leave the GPU short
+    at BV = 64 (B1 HV32 T65536 on 132 SMs: 16 segments of 64 chunks); not without the switch, not for varlen, not at
+    B8 (512 CTAs at BV = 64), not for a sequence of < 4 segments. Nothing about the inputs: the start-state kernel
+    checks its bound itself (test_flags_where_a_transition_is_not_a_contraction)."""
     monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
-    assert fw.segments_wanted(1, 65536, 32, 128, None, True, "cpu") == (1, 1024)
+    assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (1, 1024)
     monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENTS", "1")
-    assert fw.segments_wanted(1, 65536, 32, 128, None, True, "cpu") == (16, 64)
-    assert fw.segments_wanted(1, 65536, 32, 128, torch.tensor([0, 65536]), True, "cpu")[0] == 1
-    assert fw.segments_wanted(1, 65536, 32, 128, None, False, "cpu")[0] == 1
-    monkeypatch.setenv("LINATTN_GDN_KEYS_NORMALISED", "1")
-    assert fw.segments_wanted(1, 65536, 32, 128, None, False, "cpu") == (16, 64)
-    assert fw.segments_wanted(8, 4096, 32, 128, None, True, "cpu")[0] == 1
-    assert fw.segments_wanted(1, 64 * 64, 32, 128, None, True, "cpu")[0] == 1
-    assert fw.segments_wanted(1, 8192, 32, 128, None, True, "cpu")[0] == 1          # 2 segments lost (round 18)
-    assert fw.segments_wanted(1, 16384, 32, 128, None, True, "cpu") == (4, 64)
+    assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (16, 64)
+    assert fw.segments_wanted(1, 65536, 32, 128, torch.tensor([0, 65536]), "cpu")[0] == 1
+    assert fw.segments_wanted(8, 4096, 32, 128, None, "cpu")[0] == 1
+    assert fw.segments_wanted(1, 64 * 64, 32, 128, None, "cpu")[0] == 1
+    assert fw.segments_wanted(1, 8192, 32, 128, None, "cpu")[0] == 1          # 2 segments lost (round 18)
+    assert fw.segments_wanted(1, 16384, 32, 128, None, "cpu") == (4, 64)
+
+
+def test_flags_where_a_transition_is_not_a_contraction():
+    """Steep gates (windows of one chunk, truncated), keys of norm 1.5, beta in [0, 1) with 1 on each chunk's last
+    token: there beta ||k||^2 = 2.25 > 2, so the truncation bound does not hold and every truncated segment is
+    flagged; segment 0 (the initial state) is not. With the keys back at norm 1 nothing is flagged. The forward then
+    runs every head unsegmented: o and the final state equal to the forward without segments."""
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x = _inputs(1, 64 * 9, 1, 2, seed=seed, steep=True)
+    x["k"] = (x["k"].float() * 1.5).to(torch.bfloat16)
+    x["beta"] = torch.rand(x["beta"].shape, generator=torch.Generator().manual_seed(seed))
+    x["beta"][:, 63::64] = 1.
+    hseg, flag = _start_states(x, 3, 3, 20.0)
+    assert flag.tolist() == [[0, 0], [1, 1], [1, 1]]
+    x_ok = dict(x, k=(x["k"].float() / 1.5).to(torch.bfloat16))       # norm 1 again: nothing flagged
+    assert not _start_states(x_ok, 3, 3, 20.0)[1].any()
+    res, ref = _forward(x, (3, 3), seed), _forward(x, None, seed)
+    assert torch.equal(res.o, ref.o) and torch.equal(res.final_state, ref.final_state)
 
 
 def test_segment_plan():

@@ -1,6 +1,6 @@
 """The segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1) against the same forward without segments,
 in one process on the H200: per row (B, T, decay) the forward with and without segments on the same inputs (CUDA-graph
-replay of one api call, backend="gluon", keys normalised), their o and final-state distance, and how many
+replay of one api call, backend="gluon"), their o and final-state distance, and how many
 (sequence, head) pairs the start-state kernel sent unsegmented (flagged: slow decay). Decays: "fast" (make_gdn_inputs'
 gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.01 on the odd value heads).
 Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
@@ -25,7 +25,7 @@ def inputs(B, T, decay, device, H=16, HV=32):
 
     from linattn.testing import make_gdn_inputs
     x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, initial_state=True, device=device,
-                        generator=torch.Generator(device=device).manual_seed(T + B))
+                        generator=torch.Generator().manual_seed(T + B))
     if decay == "slow":
         x["g"] = x["g"] * 0.01
     elif decay == "mixed":
@@ -56,7 +56,7 @@ def row(B, T, decay, device, dry):
     HV = x["v"].shape[2]
     out = dict(B=B, T=T, decay=decay)
     os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1"
-    S, L = (4, 3) if dry else fw.segments_wanted(B, T, HV, 128, None, True, device)
+    S, L = (4, 3) if dry else fw.segments_wanted(B, T, HV, 128, None, device)
     out.update(S=S, L=L)
     if S <= 1:
         out["note"] = "no segments at this shape (plan_segments)"
@@ -95,7 +95,6 @@ def main():
     a = ap.parse_args()
     import torch
     dry = a.dry or not torch.cuda.is_available()
-    os.environ["LINATTN_GDN_KEYS_NORMALISED"] = "1"
     device = "cpu" if dry else "cuda"
     res = round_result("segments_round.py", device, dry_run=dry, rows=[])
     path = os.path.join(a.out, "segments_round.json")

@@ -272,9 +272,10 @@ if GLUON_OK:
         nh = gl.program_id(1)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
         if sel_ptr is not None:
-            # a pair not selected walks no chunk: it writes no o row, and its final state is its initial one (the
-            # segment-parallel forward discards it: chunk_gated_delta_rule_fwd_fused_wu)
-            nchunks = gl.where(gl.load(sel_ptr + nh) != 0, nchunks, 0)
+            # a pair not selected does nothing: no o row, no final state (the segment-parallel forward's other
+            # launch writes them: chunk_gated_delta_rule_fwd_fused_wu)
+            if gl.load(sel_ptr + nh) == 0:
+                return
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -402,7 +403,7 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV] (any float dtype, contiguous); gcum [T_tot,HV] fp32 and
     tinv [T_tot,HV,64] in q's dtype (kkt_solve_kernel's outputs); o [B,T,HV,V] (written); initial_state / final
     [N,HV,K,V] fp32 or None; select [N, HV] int32 or None: only the (sequence, head) pairs where it is != 0 run (the
-    others write no o row; their final state, when stored, is their initial state)."""
+    others' CTAs exit at once: no o row, no final state written)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
@@ -458,18 +459,15 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     return gcum, tinv
 
 
-def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, keys_normalised: bool, device) -> Tuple[int, int]:
-    """(S, L) of the segment-parallel forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1; triton/segment_start.py), or
-    (1, chunks): fixed-length batches whose keys are known normalised (use_qk_l2norm_in_kernel, or
-    LINATTN_GDN_KEYS_NORMALISED=1: the warm-up's error bound needs ||k|| = 1 and 0 <= beta <= 2) and too few
-    sequence-heads to fill the GPU at BV = 64 (segment_start.plan_segments)."""
+def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, device) -> Tuple[int, int]:
+    """(S, L) of the segment-parallel forward (LINATTN_GDN_GLUON_SEGMENTS; triton/segment_start.py), or (1, chunks):
+    fixed-length batches with too few sequence-heads to fill the GPU at BV = 64 (segment_start.plan_segments). No
+    condition on the inputs: the start-state kernel sends a head unsegmented where its warm-up bound does not hold."""
     from linattn.ops.gated_delta_rule.triton.segment_start import plan_segments
     from linattn.runtime.device import device_facts
     from linattn.runtime.settings import settings
     nch = -(-T // BT)
     if not settings.gdn_gluon_segments or cu_seqlens is not None:
-        return 1, nch
-    if not (keys_normalised or settings.gdn_keys_normalised):
         return 1, nch
     facts = device_facts(device)
     return plan_segments(B, T, HV, V, facts.num_sms if facts.kind == "cuda" else 132)
@@ -490,7 +488,7 @@ def _side_stream(device) -> "torch.cuda.Stream":
 
 def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                        fused_pass=None, keys_normalised: bool = False, segments=None):
+                                        fused_pass=None, segments=None):
     """The whole forward with this kernel: kkt_solve (stage 2a, Triton), then stages 2b + 3 + 4 in one launch.
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
@@ -513,7 +511,7 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     run = fused_pass or chunk_fused_wu_ws_gluon
-    S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, keys_normalised, q.device)
+    S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, q.device)
     if S <= 1:
         final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
@@ -596,7 +594,7 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     without areg). out_pipe models OUT_PIPE (_output_pipelined): the output partition waits for chunk c + 1's ring
     slot and reads its q k^T right after releasing chunk c's slot, and forms the gate factors as 2^(log2e gam_i -
     log2e gam_j) flushed to 0 below 2^-126, unmasked before the select. select [N, HV] int32 as the kernel's sel_ptr:
-    an unselected (sequence, head) walks no chunk (its final state, when stored, is its initial state)."""
+    an unselected (sequence, head) is skipped (no o row, no final state written)."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -627,8 +625,10 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
         bos, eos = cu[n], cu[n + 1]
         nch_seq = -(-max(eos - bos, 0) // BT)
         for hv in range(HV):
+            if sel is not None and sel[n][hv] == 0:
+                continue                               # the kernel's CTAs exit at once: nothing written
             hk = hv // (HV // H)
-            nch = nch_seq if sel is None or sel[n][hv] != 0 else 0
+            nch = nch_seq
             for vb in range(V // BV):
                 cols = slice(vb * BV, (vb + 1) * BV)
                 ready = [_MBar(1) for _ in range(stages)]

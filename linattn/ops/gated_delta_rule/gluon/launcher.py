@@ -231,8 +231,7 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
         from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
         if chunk_fused_wu_ws.fused_wu_supported(q, v, beta, cu_seqlens)[0]:
             return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state,
-                                                                          output_final_state, cu_seqlens,
-                                                                          keys_normalised=keys_normalised)
+                                                                          output_final_state, cu_seqlens)
     fused_pass = None
     if settings.gdn_gluon_fused_ws and not need_intermediates and state_pass is None:
         from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws
