@@ -477,12 +477,14 @@ _SIDE_STREAMS: dict = {}
 
 
 def _side_stream(device) -> "torch.cuda.Stream":
-    """One side stream per device for the unsegmented heads of the segment-parallel forward."""
+    """One side stream per device for the unsegmented heads of the segment-parallel forward, at the highest
+    priority: their chains are the critical path (1024 chunks each), so their CTAs should take SMs before the
+    segment launch's (round 18: at mixed decay they started a segment's time late)."""
     key = torch.device(device).index
     if key is None:
         key = torch.cuda.current_device()
     if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key, priority=-100)   # mapped to the highest valid
     return _SIDE_STREAMS[key]
 
 

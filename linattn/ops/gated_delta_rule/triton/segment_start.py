@@ -69,15 +69,19 @@ def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
 
 
 @triton.jit
-def _segment_window(gcum_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr):
-    """chunk_state_warmup._warmup_window, walking back no further than chunk lim: (cw, whether the window is
-    usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is dropped)."""
-    cw = c0
-    acc = 0.0
-    while (cw > lim) & (acc > -thresh):
-        cw -= 1
-        acc += tl.load(gcum_ptr + (bos + cw.to(tl.int64) * BT + BT - 1) * HV + hv)
-    return cw, (acc <= -thresh) | (cw == 0)
+def _segment_window(gcum_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr, MAXW: tl.constexpr):
+    """chunk_state_warmup._warmup_window, walking back no further than chunk lim (c0 - lim <= MAXW): (cw, whether
+    the window is usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is
+    dropped). The MAXW chunk decays before c0 in one load and a cumulative sum (a loop of dependent loads cost ~1 us
+    per chunk walked, all of MAXW at slow decay)."""
+    j = tl.arange(0, MAXW)                     # chunk c0 - 1 - j
+    inside = j < c0 - lim
+    dec = tl.load(gcum_ptr + (bos + (c0 - 1 - j).to(tl.int64) * BT + BT - 1) * HV + hv, mask=inside, other=0.)
+    hit = inside & (tl.cumsum(dec, 0) <= -thresh)
+    first = tl.min(tl.where(hit, j, MAXW), 0)  # the shortest window reaching -thresh (MAXW: none)
+    cw = tl.where(first < MAXW, c0 - 1 - first, lim)
+    cw = tl.where(thresh <= 0., c0, cw)        # nothing to reach: no window (as the walk's loop test)
+    return cw, (first < MAXW) | (thresh <= 0.) | (cw == 0)
 
 
 @triton.jit
@@ -107,7 +111,7 @@ def segment_start_kernel(
     n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
     # the window may span at most MAXW chunks and the previous segment; beyond that the head runs unsegmented
     cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
-                                 HV, BT)
+                                 HV, BT, MAXW)
     # a truncated window (cw > 0) also needs every transition I - beta k k^T to be a contraction (0 <= beta ||k||^2
     # <= 2, checked on each token of the window: the bound of the module docstring), else the head runs unsegmented
     expansive = 0
