@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, round_result, write_json  # noqa: E402
+from common import graph_ms, median_ms, round_result, write_json  # noqa: E402
 
 ROWS = [(1, 8192, "fast"), (1, 16384, "fast"), (1, 32768, "fast"), (1, 65536, "fast"), (2, 32768, "fast"),
         (1, 65536, "slow"), (1, 65536, "mixed"), (1, 16384, "slow")]
@@ -85,6 +85,9 @@ def row(B, T, decay, device, dry):
         out["unsegmented_ms"] = graph_ms(lambda: fwd(False))
         out["segments_ms"] = graph_ms(lambda: fwd(True))
         out["speedup"] = out["unsegmented_ms"] / out["segments_ms"]
+        # eager (host path included; stream priorities apply, which a graph replay may not keep)
+        out["unsegmented_eager_ms"] = median_ms(lambda: fwd(False))
+        out["segments_eager_ms"] = median_ms(lambda: fwd(True))
     return out
 
 
