@@ -55,17 +55,19 @@ LINATTN_GDN_GLUON_OUT_PIPE "0" turns off, in the fused-wu kernel's BV=32 WU_AREG
                    / wu warpgroups at 160 / 160 registers, state 168). Round 17's ncu source view had that warpgroup
                    ~97% busy at B1, the chain's bound. On an H200 (5fa92b3): Gluon gate 18/18 + grad + sync-free with
                    it; fused kernel 1.16-1.18x (B1 T65536 1.969 -> 1.680 ms, B1 T8192 0.255 -> 0.219).
-LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, prepared after round 17, not yet run on a GPU): OUT_PIPE in the fused-wu
-                   kernel's BV=64 WU_AREG config too, with the output / wu warpgroups at 152 / 176 registers (state
-                   160; the only split without spill). Round 17's source view at B8: the output warpgroup ~94% busy
-                   there.
-LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, prepared after round 17, not yet run on a GPU): the gluon forward's fused-wu
-                   path cuts each sequence of a fixed-length batch into segments of 64 chunks when the batch has too
-                   few sequence-heads to fill the GPU at BV=64 (B1-B2 at HV32), computes each segment's start state by
-                   a gate-truncated warm-up (triton/segment_start.py; error <= e^-20 of the state, so only with
-                   normalised keys: use_qk_l2norm_in_kernel or LINATTN_GDN_KEYS_NORMALISED=1), joined exactly through
-                   the previous segment's map where the decay is too slow for a window, and runs the segments as
-                   sequences (FlashQLA's B1 scheme).
+LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
+                   too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
+                   spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
+                   T16384 and 0.98x varlen24 (benchmarks/OPT_LOG.md 18.1).
+LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
+                   fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
+                   GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, computes each segment's start state by a
+                   gate-truncated warm-up of <= 16 chunks (triton/segment_start.py; error <= e^-20 of the state), and
+                   runs the segments as sequences (FlashQLA's B1 scheme). A (sequence, head) whose window would be
+                   longer, or whose window has a transition that is not a contraction (beta ||k||^2 outside [0, 2]),
+                   runs unsegmented in a second launch on a side stream. Round 18 on an H200 (82f0bc4, gate green):
+                   1.13-1.19x at fast decay (B1 T65536 2.139 -> 1.801 ms), 0.99x where every head decays slowly,
+                   0.95x where half do (benchmarks/OPT_LOG.md 18.2-18.3).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
