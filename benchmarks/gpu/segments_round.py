@@ -47,6 +47,54 @@ def unsegmented_pairs(x, S, L):
     return int(flag.view(B, S, HV).amax(1).sum()), B * HV
 
 
+def launches_apart(x, S, L):
+    """The segment-parallel forward's two fused launches on prepared inputs (kkt_solve and the start states done
+    once): the unsegmented heads' launch alone, the segment launch alone, both as the forward runs them (side stream
+    at the highest priority, joined) and both one after the other on one stream, each a CUDA-graph median. Answers
+    whether the two launches get in each other's way (both > max of the two alone) at mixed decay."""
+    import torch
+
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
+    q, k, v, beta, h0 = x["q"], x["k"], x["v"], x["beta"], x["initial_state"]
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    plan = make_chunk_plan(B, T, None, 64, q.device)
+    gcum, tinv = fw.kkt_solve(k, x["g"], beta, plan, HV)
+    hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
+    slow = flag.view(B, S, HV).amax(1).contiguous()
+    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)
+    splan = segment_plan(B, T, S, L, q.device)
+    o = torch.empty_like(v)
+    fseg = torch.empty(B * S, HV, K, V, dtype=torch.float32, device=q.device)
+    final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
+    scale = K ** -0.5
+
+    def slow_run():
+        fw.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, h0, final_u, plan, scale, select=slow)
+
+    def seg_run():
+        fw.chunk_fused_wu_ws_gluon(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg,
+                                   splan, scale, select=fast)
+
+    def both():
+        side = fw._side_stream(q.device)
+        cur = torch.cuda.current_stream(q.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            slow_run()
+        seg_run()
+        cur.wait_stream(side)
+
+    def serial():
+        slow_run()
+        seg_run()
+    return {name + "_ms": graph_ms(fn) for name, fn in (("slow_alone", slow_run), ("segments_alone", seg_run),
+                                                          ("both", both), ("serial", serial))}
+
+
 def row(B, T, decay, device, dry):
     import torch
 
@@ -88,6 +136,11 @@ def row(B, T, decay, device, dry):
         # eager (host path included; stream priorities apply, which a graph replay may not keep)
         out["unsegmented_eager_ms"] = median_ms(lambda: fwd(False))
         out["segments_eager_ms"] = median_ms(lambda: fwd(True))
+        if S > 1 and decay in ("mixed", "fast") and T == 65536:
+            try:
+                out["launches_apart"] = launches_apart(x, S, L)
+            except Exception as e:  # noqa: BLE001
+                out["launches_apart"] = dict(error=repr(e)[:400])
     return out
 
 
