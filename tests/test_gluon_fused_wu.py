@@ -23,7 +23,7 @@ _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
 NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" not in n)
 AREG_NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_fwd_fused_wu_ws_gluon_") and "_areg" in n
-                    and "_opipe" not in n and not n.endswith("_sel"))   # _sel: test_aot_gluon.py checks them
+                    and "_opipe" not in n and "_sel" not in n)   # _sel(_warm): test_aot_gluon.py checks them
 OPIPE = "gdn_fwd_fused_wu_ws_gluon_bf16_bv32_s3_areg_opipe_o160_w160"
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
@@ -315,6 +315,34 @@ def test_launch_matches_aot_signature(B, T, lens, states):
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
 
 
+@needs_gluon
+@pytest.mark.parametrize("warm", [False, True])
+def test_segment_launch_matches_aot_signature(warm):
+    """The segment-parallel forward's launches (select, and wlen with LINATTN_GDN_GLUON_SEGMENT_WARM=1) mangle to
+    the registered _sel / _sel_warm builds' signatures: the int32 [N * HV] selection and window lengths are passed
+    as themselves; a wrong dtype or size is refused."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_config, fused_wu_launch
+    from linattn.runtime.aot import kernels
+    plan, bufs = _buffers(16, 4096, 16, 32)                 # 16 "segments" of one sequence: BV=64
+    cfg = fused_wu_config(plan.N, 32, 128, 132)
+    sel = torch.ones(plan.N * 32, dtype=torch.int32)
+    wlen = torch.zeros(plan.N * 32, dtype=torch.int32) if warm else None
+    _, grid, args, kwargs = fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, wlen)
+    name = fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=warm)
+    _, sig, const, _ = kernels()[name].build()
+    runtime = [n for n in sig if sig[n] != "constexpr"]
+    assert [mangle_type(a) for a in args if a is not None] == [sig[n] for n in runtime]
+    assert {k: v for k, v in kwargs.items() if k in const} == {k: v for k, v in const.items() if k in kwargs}
+    assert args[12] is sel and args[13] is wlen and cfg.BV == 64 and grid == (2, plan.N * 32)
+    with pytest.raises(ValueError, match="select must be a contiguous int32"):
+        fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel.long(), wlen)
+    with pytest.raises(ValueError, match="wlen must be a contiguous int32"):
+        fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, torch.zeros(3, dtype=torch.int32))
+
+
 def test_supported():
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_supported
     q, v = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16), torch.zeros(1, 8, 4, 128, dtype=torch.bfloat16)
@@ -400,7 +428,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kwargs):
                 calls.append((grid, args, kwargs))
-                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale, sel = args
+                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale, sel, wlen = args
                 plan = seen["plan"]
                 B, T = o.shape[:2]
                 H, HV = kwargs["H"], kwargs["HV"]
@@ -409,7 +437,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
                                        view(v_d, B, T, HV, 128), beta, gcum, view(t_d, plan.T_total, HV, 64), o,
                                        h0, final, plan, scale, BV=kwargs["BV"], stages=kwargs["STAGES"],
                                        nwu=kwargs["NWU"], npub=kwargs["NPUB"], areg=kwargs["WU_AREG"],
-                                       out_pipe=kwargs["OUT_PIPE"], select=sel)
+                                       out_pipe=kwargs["OUT_PIPE"], select=sel, wlen=wlen)
             return run
     seen = {}
     real_launch = fw.fused_wu_launch

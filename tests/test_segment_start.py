@@ -120,9 +120,9 @@ def test_flags_where_the_decay_is_slow(decay):
 
 
 def _forward(x, segments, seed):
-    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None):
+    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, wlen=None):
         fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=64, stages=2,
-                               seed=seed, areg=True, select=select)
+                               seed=seed, areg=True, select=select, wlen=wlen)
     with poisoned_allocations():
         return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
                                                       x["initial_state"], True, None, fused_pass=fused,
@@ -229,3 +229,61 @@ def test_launch_matches_aot_signature(monkeypatch):
     assert [mangle_type(a) for a in seen["args"]] == [sig[n] for n in runtime]
     assert {k: v for k, v in seen["kwargs"].items() if k in const} == const
     assert seen["kwargs"]["num_warps"] == opts["num_warps"] and seen["grid"] == (2, 2 * 32)
+
+
+@pytest.mark.parametrize("decay", ["fast", "steep", "slow", "mixed"])
+def test_windows_as_the_start_states(decay):
+    """segment_windows (the load-only kernel of LINATTN_GDN_GLUON_SEGMENT_WARM=1): the same flags as
+    segment_start_states on the same inputs; a window length of 0 where flagged and for segment 0; the start state
+    the initial state where the window reaches the sequence start (segment 0, and segment 1 whose window of at most
+    3 chunks may reach chunk 0), else 0; on steep gates windows of one chunk."""
+    x = _inputs(1, 64 * 12, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), steep=decay == "steep")
+    if decay == "slow":
+        x["g"] = x["g"] * 0.01
+    elif decay == "mixed":
+        x["g"][..., 1] = 0.
+    plan = make_chunk_plan(1, 64 * 12, None, 64, "cpu")
+    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, 2)
+    with poisoned_allocations():
+        _, flag = ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 4, 3,
+                                          dot_prec="tf32")
+        hseg, flag_w, wlen = ss.segment_windows(x["k"], x["beta"], gcum, x["initial_state"], plan, 4, 3)
+    assert torch.equal(flag_w, flag)
+    assert (wlen[flag != 0] == 0).all() and (wlen[0] == 0).all() and ((wlen >= 0) & (wlen <= 3)).all()
+    for s in range(4):
+        for hv in range(2):
+            reaches_start = flag[s, hv] == 0 and int(wlen[s, hv]) == 3 * s
+            want = x["initial_state"][0, hv] if reaches_start else torch.zeros(128, 128)
+            assert torch.equal(hseg[s, hv], want), (s, hv)
+    if decay == "steep":
+        assert wlen[1:].tolist() == [[1, 1]] * 3
+
+
+@pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
+                                               (1, 700, 4, 3, True, "steep"), (2, 700, 4, 3, True, "mixed")])
+def test_forward_with_the_warm_up_in_the_kernel(monkeypatch, B, T, S, L, h0, decay):
+    """LINATTN_GDN_GLUON_SEGMENT_WARM=1: the schedule model runs each segment's chain from its window's first chunk
+    (wlen_ptr), storing o only from the segment's first row, with the chain's own roundings: o and the final state
+    within TOL of the fp64 recurrence and next to equal to the forward without segments (over 6 seeds per case: o
+    <= 9.8e-6 apart, the final state bit-equal; 3e-4 and 1e-5 allowed: a truncation of e^-20 can flip a 16-bit
+    rounding of the published state); unsegmented heads bit-equal to it."""
+    monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENT_WARM", "1")
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")
+    if decay == "mixed":
+        x["g"][..., 1] = 0.
+    res = _forward(x, (S, L), seed)
+    ref = _forward(x, None, seed)
+    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
+                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
+                               output_final_state=True)
+    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    for hv in range(2):
+        if decay == "mixed" and hv == 1:
+            assert torch.equal(res.o[:, :, hv], ref.o[:, :, hv]) and torch.equal(res.final_state[:, hv],
+                                                                                 ref.final_state[:, hv])
+        else:
+            assert rel_rms(res.o[:, :, hv], ref.o[:, :, hv]) < 3e-4, hv
+            assert rel_rms(res.final_state[:, hv], ref.final_state[:, hv]) < 1e-5, hv
+

@@ -5,6 +5,7 @@ replay of one api call, backend="gluon"), their o and final-state distance, and 
 gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.01 on the odd value heads).
 Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
 
+With LINATTN_GDN_GLUON_SEGMENT_WARM=1 in the environment the segments run their warm-up in the fused kernel.
 Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry]  (--dry: CPU, tiny shapes, the fused kernel's
 schedule model in place of the Gluon launch, to exercise this script's logic)."""
 import argparse
@@ -62,7 +63,13 @@ def launches_apart(x, S, L):
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, None, 64, q.device)
     gcum, tinv = fw.kkt_solve(k, x["g"], beta, plan, HV)
-    hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
+    from linattn.runtime.settings import settings
+    warm = {}
+    if settings.gdn_gluon_segment_warm:
+        hseg, flag, warm["wlen"] = segment_windows(k, beta, gcum, h0, plan, S, L)
+    else:
+        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
     slow = flag.view(B, S, HV).amax(1).contiguous()
     fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)
     splan = segment_plan(B, T, S, L, q.device)
@@ -77,7 +84,7 @@ def launches_apart(x, S, L):
     def seg_run():
         fw.chunk_fused_wu_ws_gluon(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
                                    beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg,
-                                   splan, scale, select=fast)
+                                   splan, scale, select=fast, **warm)
 
     def both():
         side = fw._side_stream(q.device)
@@ -113,9 +120,9 @@ def row(B, T, decay, device, dry):
 
     def fwd(segments):
         if dry:
-            def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None):
+            def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, wlen=None):
                 fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2,
-                                       areg=True, select=select)
+                                       areg=True, select=select, wlen=wlen)
             r = fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
                                                        x["initial_state"], True, None, fused_pass=fused,
                                                        segments=(S, L) if segments else (1, 0))

@@ -500,24 +500,27 @@ FUSED_WU_CONFIGS = [  # (dtype, BV, stages); the first two are what fused_wu_con
 ]
 
 
-def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp32", select: bool = False):
+def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp32", select: bool = False,
+                       warm: bool = False):
     """The argument types of chunk_fused_wu_ws_kernel as the JIT sees them for a fused_wu_launch call (None ->
     constexpr for absent states and selection; beta in its own dtype, fp32 from make_gdn_inputs and the api's
     callers)."""
     return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "v_desc": desc_sig(dtype, [BT, BV]),
             "t_desc": desc_sig(dtype, [BT, BT]), "beta_ptr": f"*{beta}", "gcum_ptr": "*fp32", "o_ptr": f"*{dtype}",
             "h0_ptr": "*fp32" if states else "constexpr", "ht_ptr": "*fp32" if states else "constexpr",
-            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32", "sel_ptr": "*i32" if select else "constexpr"}
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32", "sel_ptr": "*i32" if select else "constexpr",
+            "wlen_ptr": "*i32" if warm else "constexpr"}
 
 
 def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
-                         select: bool = False) -> str:
+                         select: bool = False, warm: bool = False) -> str:
     return (f"gdn_fwd_fused_wu_ws_gluon_{dtype}_bv{BV}_s{stages}" + ("_areg" if areg else "")
-            + ("_opipe" if out_pipe else "") + (f"_o{regs[0]}_w{regs[1]}" if regs else "") + ("_sel" if select else ""))
+            + ("_opipe" if out_pipe else "") + (f"_o{regs[0]}_w{regs[1]}" if regs else "") + ("_sel" if select else "")
+            + ("_warm" if warm else ""))
 
 
 def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
-                    select: bool = False):
+                    select: bool = False, warm: bool = False):
     """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs); select: with the
     per-(sequence, head) selection the segment-parallel forward passes (sel_ptr)."""
     def build():
@@ -529,7 +532,9 @@ def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=N
                      WU_AREG=areg, OUT_PIPE=out_pipe)
         if not select:
             const["sel_ptr"] = None
-        sig = fused_wu_signature(dtype, BV, select=select)
+        if not warm:
+            const["wlen_ptr"] = None
+        sig = fused_wu_signature(dtype, BV, select=select, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
     return build
@@ -584,6 +589,14 @@ for _dt, _bv, _s, _regs, _op in FUSED_WU_SEL_CONFIGS:
                     f"forward's two launches), WU_AREG" + (" and OUT_PIPE" if _op else "")
                     + f", H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring, output / wu warpgroups at "
                     f"{_regs[0]} / {_regs[1]} registers"))
+# The segment launch with the warm-up in the kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1 with segments): wlen_ptr.
+register(AotKernel(
+    fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=True),
+    _fused_wu_build("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=True),
+    FUSED_WU_INTENDED, div16=FUSED_WU_DIV16 + ("sel_ptr", "wlen_ptr"),
+    description="GDN forward stages 2b+3+4 fused, the segment launch with each segment's warm-up in the kernel "
+                "(wlen_ptr: the chain starts that many chunks early, o not stored there), WU_AREG, H16/HV32 K=V=128 "
+                "bf16, BV=64, 2-stage ring, output / wu warpgroups at 136 / 192 registers"))
 
 
 # ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in

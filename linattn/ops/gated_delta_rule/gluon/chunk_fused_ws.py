@@ -201,18 +201,23 @@ if GLUON_OK:
         return r_a, lower, r_o, c_o
 
     @gluon.jit
-    def _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV: gl.constexpr, V: gl.constexpr, LO: gl.constexpr):
-        """o * scale of one chunk, rows < eos, in o's dtype through the 16-byte row layout LO."""
+    def _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV: gl.constexpr, V: gl.constexpr, LO: gl.constexpr,
+                    o_lo=0, WARM: gl.constexpr = False):
+        """o * scale of one chunk, rows < eos, in o's dtype through the 16-byte row layout LO. WARM (the segment
+        warm-up in chunk_fused_wu_ws): rows < o_lo are warm-up rows, not stored."""
         o = gl.convert_layout((o * scale).to(o_ptr.dtype.element_ty), LO)
         rows = t0 + r_o
         o_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_o, 0)
-        gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
+        if WARM:
+            gl.store(o_ptr + o_off, o, mask=gl.expand_dims((rows < eos) & (rows >= o_lo), 1))
+        else:
+            gl.store(o_ptr + o_off, o, mask=gl.expand_dims(rows < eos, 1))
 
     @gluon.jit
     def _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, NPUB: gl.constexpr):
+                   STAGES: gl.constexpr, NPUB: gl.constexpr, o_lo=0, WARM: gl.constexpr = False):
         dt: gl.constexpr = q_s.dtype
         ACC_A: gl.constexpr = ws_acc_layout(BT)               # q k^T [BT, BT]
         ACC_O: gl.constexpr = ws_acc_layout(BV)               # o [BT, BV]
@@ -242,7 +247,7 @@ if GLUON_OK:
             o = warpgroup_mma(att, v_pub.index(j), o)
             gl.thread_barrier()
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
-            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO)
+            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO, o_lo, WARM)
 
     # ------------------------------------------------------------------ the kernel
     @gluon.jit

@@ -189,7 +189,7 @@ if GLUON_OK:
     def _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                           nchunks, bos, eos, hv, vb,
                           HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                          STAGES: gl.constexpr, NPUB: gl.constexpr):
+                          STAGES: gl.constexpr, NPUB: gl.constexpr, o_lo=0, WARM: gl.constexpr = False):
         """chunk_fused_ws._ws_output with q k^T one chunk ahead (OUT_PIPE): the q k^T of chunk c + 1 is issued as soon
         as chunk c's products are waited, so it runs on the tensor cores while this warpgroup forms chunk c's gated
         attention; the gates are loaded one chunk ahead in log2 units and exponentiated by ex2.approx.ftz, without
@@ -237,7 +237,7 @@ if GLUON_OK:
             o = warpgroup_mma_wait(0, deps=[o])               # in order: the next q k^T is done too
             gl.thread_barrier()
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
-            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO)
+            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO, o_lo, WARM)
             gam = gam_n
             qk = qk_n
         qkv = warpgroup_mma_wait(0, deps=[qk])                  # no chunk: the first q k^T is still in flight
@@ -246,13 +246,13 @@ if GLUON_OK:
     def _wu_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr):
+                   STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr, o_lo, WARM: gl.constexpr):
         if OUT_PIPE:
             _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
-                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)
+                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM)
         else:
             _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                       nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)
+                       nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM)
 
     # ------------------------------------------------------------------ the kernel
     @gluon.jit
@@ -262,6 +262,7 @@ if GLUON_OK:
         h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
         sel_ptr,                               # optional [N * HV] int32 (or None): (sequence, head) pairs run where != 0
+        wlen_ptr,                              # optional [N * HV] int32 (or None): warm-up chunks before each sequence
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WU_AREG: gl.constexpr = False,
@@ -276,6 +277,14 @@ if GLUON_OK:
             # launch writes them: chunk_gated_delta_rule_fwd_fused_wu)
             if gl.load(sel_ptr + nh) == 0:
                 return
+        # the segment warm-up (segment_start.segment_windows): the chain starts wl chunks before the sequence (from
+        # its h0, 0 unless the window reaches the whole sequence's start) and stores no o row before o_lo
+        WARM: gl.constexpr = wlen_ptr is not None
+        o_lo = bos
+        if WARM:
+            wl = gl.load(wlen_ptr + nh)
+            bos = bos - wl * BT
+            nchunks = nchunks + wl
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -310,7 +319,7 @@ if GLUON_OK:
                           HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False, False,   # no h, vnew stores
                           True, True)),                          # WU_FED: W in wk_s, U in the v tile; STATES_IN_ACC
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                           nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE)),
+                           nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
                            eos, hv, HV, K, BT, BV, STAGES, NWU, WU_AREG)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
@@ -386,24 +395,27 @@ def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Te
     return True, ""
 
 
-def _selection(select: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
-    """The kernel's sel_ptr: None, or select as a contiguous int32 [N * HV] (checked, never copied from host)."""
+def _selection(select: Optional[torch.Tensor], n: int, name: str = "select") -> Optional[torch.Tensor]:
+    """The kernel's sel_ptr (or wlen_ptr): None, or the tensor as a contiguous int32 [N * HV] (checked, never copied
+    from host)."""
     if select is None:
         return None
     if select.dtype != torch.int32 or select.numel() != n or not select.is_contiguous():
-        raise ValueError(f"select must be a contiguous int32 tensor of {n} elements (one per sequence and value "
+        raise ValueError(f"{name} must be a contiguous int32 tensor of {n} elements (one per sequence and value "
                          f"head), got {select.dtype} {tuple(select.shape)}")
     return select
 
 
 def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig,
-                    select: Optional[torch.Tensor] = None):
+                    select: Optional[torch.Tensor] = None, wlen: Optional[torch.Tensor] = None):
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_wu_ws_kernel (separate from the launch so that a
     CPU test can check the arguments against the AOT signature, aot.py fused_wu_signature).
     q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV] (any float dtype, contiguous); gcum [T_tot,HV] fp32 and
     tinv [T_tot,HV,64] in q's dtype (kkt_solve_kernel's outputs); o [B,T,HV,V] (written); initial_state / final
     [N,HV,K,V] fp32 or None; select [N, HV] int32 or None: only the (sequence, head) pairs where it is != 0 run (the
-    others' CTAs exit at once: no o row, no final state written)."""
+    others' CTAs exit at once: no o row, no final state written); wlen [N, HV] int32 or None: sequence n's chain for
+    head hv starts wlen[n, hv] chunks before the sequence (a segment's warm-up, from the initial state given for n)
+    and stores no o row there (plan-wise the rows belong to the previous sequence)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
@@ -423,7 +435,7 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     args = (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
             desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
             beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale),
-            _selection(select, N * HV))
+            _selection(select, N * HV), _selection(wlen, N * HV, "wlen"))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, OUT_PIPE=cfg.out_pipe,
@@ -432,13 +444,14 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
 
 def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
-                            config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None) -> None:
+                            config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None,
+                            wlen: Optional[torch.Tensor] = None) -> None:
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
     Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
     from linattn.runtime.device import device_facts
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
-                                                 select)
+                                                 select, wlen)
     kernel[grid](*args, **kwargs)
 
 
@@ -520,10 +533,15 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
         return FwdResult(o, final, gcum, None, None, None, None, None, plan)
     if cu_seqlens is not None:
         raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states, segment_windows
+    from linattn.runtime.settings import settings
     splan = segment_plan(B, T, S, L, q.device)
-    hseg, flag = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
-                                      dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
+    warm = {}
+    if settings.gdn_gluon_segment_warm:        # the warm-up in the fused kernel (opt-in, OPT_LOG 18.4)
+        hseg, flag, warm["wlen"] = segment_windows(k, beta, gcum, initial_state, plan, S, L)
+    else:
+        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
+                                          dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
     slow = flag.view(B, S, HV).amax(1).contiguous()                      # [B, HV]: 1 = run unsegmented
     fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)           # [B * S, HV] (segment n * S + s)
     fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
@@ -537,7 +555,8 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     else:
         run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
     run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast)
+        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast,
+        **warm)
     if side is not None:
         cur.wait_stream(side)                  # before any tensor used on the side stream can be freed or reused
     final = None
@@ -582,7 +601,7 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
                         stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False,
-                        select: Optional[torch.Tensor] = None) -> None:
+                        select: Optional[torch.Tensor] = None, wlen: Optional[torch.Tensor] = None) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -596,7 +615,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     without areg). out_pipe models OUT_PIPE (_output_pipelined): the output partition waits for chunk c + 1's ring
     slot and reads its q k^T right after releasing chunk c's slot, and forms the gate factors as 2^(log2e gam_i -
     log2e gam_j) flushed to 0 below 2^-126, unmasked before the select. select [N, HV] int32 as the kernel's sel_ptr:
-    an unselected (sequence, head) is skipped (no o row, no final state written)."""
+    an unselected (sequence, head) is skipped (no o row, no final state written). wlen [N, HV] int32 as the kernel's
+    wlen_ptr: the chain of (n, hv) starts wlen chunks before the sequence, o rows stored from the sequence start."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -623,14 +643,17 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
         return gam, bet, gcum[t0 + min(eos - t0, BT) - 1, hv]
 
     sel = None if select is None else _selection(select, plan.N * HV).view(plan.N, HV).tolist()
+    wl = None if wlen is None else _selection(wlen, plan.N * HV, "wlen").view(plan.N, HV).tolist()
     for n in range(plan.N):
-        bos, eos = cu[n], cu[n + 1]
-        nch_seq = -(-max(eos - bos, 0) // BT)
+        o_lo, eos = cu[n], cu[n + 1]
+        nch_seq = -(-max(eos - o_lo, 0) // BT)
         for hv in range(HV):
             if sel is not None and sel[n][hv] == 0:
                 continue                               # the kernel's CTAs exit at once: nothing written
             hk = hv // (HV // H)
-            nch = nch_seq
+            w = 0 if wl is None else wl[n][hv]         # warm-up chunks before the sequence (o not stored there)
+            bos = o_lo - w * BT
+            nch = nch_seq + w
             for vb in range(V // BV):
                 cols = slice(vb * BV, (vb + 1) * BV)
                 ready = [_MBar(1) for _ in range(stages)]
@@ -729,7 +752,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                     pub_empty[j].arrive()
                     oc = (oc * scale).to(o.dtype)
                     nv = min(eos - t0, BT)
-                    o2[t0:t0 + nv, hv, cols] = oc[:nv]
+                    lo = max(o_lo - t0, 0)
+                    o2[t0 + lo:t0 + nv, hv, cols] = oc[lo:nv]
 
                 def output_pipelined():
                     l2e = torch.tensor(1.4426950408889634, dtype=f32)

@@ -134,6 +134,51 @@ def segment_start_kernel(
     tl.store(flag_ptr + ns * HV + hv, ((~usable) | ((expansive != 0) & (cw > 0))).to(tl.int32))
 
 
+@triton.jit
+def segment_window_kernel(
+    k_ptr, beta_ptr, gcum_ptr,                    # k [T_tot, H, K], beta / gcum [T_tot, HV]
+    h0_ptr, hseg_ptr, flag_ptr, wlen_ptr,         # h0 [N, HV, K, V] fp32 (or unused); out: hseg [N * S, HV, K, V] fp32
+                                                  # (or unused), flag / wlen [N * S, HV] int32
+    cu_ptr, chunk_off_ptr, S, seg_chunks, thresh,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_H0: tl.constexpr, MAXW: tl.constexpr,
+):
+    """segment_start_kernel without the chain: program (n * S + s) * HV + hv finds the same window and flag, and
+    stores the window's length wlen = c0 - cw (0 where flagged) for the fused kernel to run the warm-up itself
+    (chunk_fused_wu_ws's wlen_ptr: its chain starts wlen chunks early), and hseg = the sequence's initial state where
+    the window reaches its start (cw == 0), else 0. Loads only: the window's chunk decays, then k and beta of its
+    tokens for the contraction check."""
+    hv = tl.program_id(0) % HV
+    ns = tl.program_id(0) // HV
+    hk = hv // (HV // H)
+    n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
+    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
+                                 HV, BT, MAXW)
+    expansive = 0
+    if usable:
+        i = tl.arange(0, BT)
+        rk = tl.arange(0, BK)
+        for c in range(cw, c0):
+            r = bos + c * BT + i
+            m = r < eos
+            kf = tl.load(k_ptr + (r.to(tl.int64) * H + hk)[:, None] * K + rk[None, :],
+                         mask=m[:, None] & (rk[None, :] < K), other=0.).to(tl.float32)
+            beta = tl.load(beta_ptr + r.to(tl.int64) * HV + hv, mask=m, other=0.).to(tl.float32)
+            bkk = beta * tl.sum(kf * kf, axis=1)
+            expansive = tl.maximum(expansive, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
+    flagged = (~usable) | ((expansive != 0) & (cw > 0))
+    tl.store(flag_ptr + ns * HV + hv, flagged.to(tl.int32))
+    tl.store(wlen_ptr + ns * HV + hv, tl.where(flagged, 0, c0 - cw))
+    if USE_H0:
+        rk = tl.arange(0, BK)
+        for vb in range(V // BV):
+            rv = vb * BV + tl.arange(0, BV)
+            mkv = (rk[:, None] < K) & (rv[None, :] < V)
+            off = rk[:, None] * V + rv[None, :]
+            s = tl.load(h0_ptr + (n.to(tl.int64) * HV + hv) * K * V + off, mask=mkv & (cw == 0), other=0.)
+            tl.store(hseg_ptr + (ns.to(tl.int64) * HV + hv) * K * V + off, s, mask=mkv)
+
+
 def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
                   min_segments: int = MIN_SEGMENTS):
     """(S, L) for a fixed-length batch of B sequences of T tokens, from shapes only: L = seg_chunks chunks per
@@ -190,3 +235,26 @@ def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.T
         S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=use_h0, DOT_PREC=dot_prec,
         MAXW=int(max_window), num_warps=num_warps)
     return hseg, flag
+
+
+def segment_windows(k, beta, gcum, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int, L: int, *,
+                    thresh: float = THRESH, max_window: int = MAX_WINDOW, BV: int = 32, num_warps: int = 4):
+    """(h_seg [N * S, HV, K, V] fp32 or None without an initial state, flag [N * S, HV] int32, wlen [N * S, HV]
+    int32): segment_window_kernel's outputs, for the segment launch with the warm-up in the fused kernel (opt-in
+    LINATTN_GDN_GLUON_SEGMENT_WARM=1; chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu). Same windows and flags
+    as segment_start_states."""
+    from linattn.runtime.alloc import empty
+    H, K = k.shape[-2], k.shape[-1]
+    HV = gcum.shape[-1]
+    V = K if initial_state is None else initial_state.shape[-1]
+    N = plan.N
+    BK = max(16, triton.next_power_of_2(K))
+    use_h0 = initial_state is not None
+    hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device) if use_h0 else None
+    flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
+    wlen = empty(N * S, HV, dtype=torch.int32, device=k.device)
+    segment_window_kernel[(N * S * HV,)](
+        k, beta, gcum, initial_state if use_h0 else gcum, hseg if use_h0 else gcum, flag, wlen, plan.cu,
+        plan.chunk_offsets, S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, V),
+        USE_H0=use_h0, MAXW=int(max_window), num_warps=num_warps)
+    return hseg, flag, wlen
