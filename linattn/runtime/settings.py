@@ -68,11 +68,12 @@ LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fuse
                    runs unsegmented in a second launch on a side stream. Round 18 on an H200 (82f0bc4, gate green):
                    1.13-1.19x at fast decay (B1 T65536 2.139 -> 1.801 ms), 0.99x where every head decays slowly,
                    0.95x where half do (benchmarks/OPT_LOG.md 18.2-18.3).
-LINATTN_GDN_GLUON_SEGMENT_WARM "1" (opt-in, prepared after round 18, not yet run on a GPU; only with
-                   LINATTN_GDN_GLUON_SEGMENTS=1): the segments' warm-up runs inside the fused kernel (each segment's
-                   chain starts its window's chunks early, o not stored there) instead of in the Triton start-state
-                   kernel, which round 18 found to cost ~0.12-0.16 ms at B1 T65536 (benchmarks/OPT_LOG.md 18.4); a
-                   load-only kernel finds the windows (segment_start.segment_window_kernel).
+LINATTN_GDN_GLUON_SEGMENT_WARM "1" (opt-in; only with LINATTN_GDN_GLUON_SEGMENTS=1): the segments' warm-up runs
+                   inside the fused kernel (each segment's chain starts its window's chunks early, o not stored there)
+                   instead of in the Triton start-state kernel, which round 18 found to cost ~0.12-0.16 ms at B1
+                   T65536 (benchmarks/OPT_LOG.md 18.4); a load-only kernel finds the windows
+                   (segment_start.segment_window_kernel). Round 18 on an H200 (e28ca9b, gate green): segments 1.17-1.22x
+                   at fast decay (B1 T65536 2.143 -> 1.753 ms), 0.984x at mixed and 0.965-0.985x at slow decay.
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
