@@ -491,8 +491,8 @@ _SIDE_STREAMS: dict = {}
 
 def _side_stream(device) -> "torch.cuda.Stream":
     """One side stream per device for the unsegmented heads of the segment-parallel forward, at the highest
-    priority: their chains are the critical path (1024 chunks each), so their CTAs should take SMs before the
-    segment launch's (round 18: at mixed decay they started a segment's time late)."""
+    priority (their chains are the critical path). Round 18 timed the two launches apart: they overlap cleanly (both
+    = the longer + 13 us at mixed decay) with or without the priority (OPT_LOG 18.3-18.4)."""
     key = torch.device(device).index
     if key is None:
         key = torch.cuda.current_device()
@@ -508,7 +508,8 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
     backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale,
-    select=None) replaces the Gluon launch (CPU tests pass the schedule model).
+    select=None[, wlen=None]) replaces the Gluon launch (CPU tests pass the schedule model; wlen only with the
+    in-kernel warm-up).
     Segments (opt-in LINATTN_GDN_GLUON_SEGMENTS=1, segments_wanted; `segments` = (S, L) forces them): each sequence
     is cut into S segments of L chunks whose start states segment_start.segment_start_states computes (a
     gate-truncated warm-up, exact where the window reaches the sequence start). A (sequence, head) none of whose
@@ -516,7 +517,9 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     segment plan (segment_start.segment_plan), selected to those heads; the others (slow decay somewhere) run
     unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that both run at once
     (no host synchronisation: the selection is read in the kernels). The final state is the last segment's or the
-    unsegmented run's."""
+    unsegmented run's. With LINATTN_GDN_GLUON_SEGMENT_WARM=1 (opt-in) the warm-up runs in the segment launch itself
+    (segment_start.segment_windows gives each segment's window length: its chain starts that many chunks early)
+    instead of in segment_start_states' Triton kernel."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
