@@ -98,3 +98,19 @@ def test_segments_round_dry_run(tmp_path):
     assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
     assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
     assert 0 < rows["fast"]["o_vs_unsegmented"] < 3e-3
+
+
+def test_run_round_refuses_a_snapshot_of_another_commit(tmp_path):
+    """A snapshot made by snap.sh carries SNAP_COMMIT: run_round.sh takes it as LINATTN_COMMIT, and refuses (exit 2,
+    no step run) a LINATTN_COMMIT that names another commit (round 18 lost a device call to a stale snapshot)."""
+    script = os.path.join(GPU, "run_round.sh")
+    (tmp_path / "SNAP_COMMIT").write_text("abc1234\n")
+    env = dict(os.environ, OUT=str(tmp_path / "out"), LINATTN_COMMIT="def5678", LINATTN_BENCH_CACHE=str(tmp_path / "c"))
+    proc = subprocess.run(["bash", script, "nosuchstep"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                          timeout=120)
+    assert proc.returncode == 2 and "this snapshot is of abc1234" in proc.stderr
+    assert "=== nosuchstep" not in proc.stdout
+    env["LINATTN_COMMIT"] = "abc1234"
+    proc = subprocess.run(["bash", script, "nosuchstep"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                          timeout=120)
+    assert "=== nosuchstep" in proc.stdout and "snapshot is of" not in proc.stderr

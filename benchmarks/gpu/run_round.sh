@@ -45,6 +45,15 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
 # one set of JIT caches for every step and call on this machine (bench_production.sh documents why)
 C=${LINATTN_BENCH_CACHE:-/tmp/linattn-bench-cache}
 export TRITON_CACHE_DIR=$C/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=$C/torchinductor_cache_dir TILELANG_CACHE_DIR=$C/tilelang_cache_dir
+# a snapshot made by snap.sh names its commit: take it, and refuse a LINATTN_COMMIT that says otherwise
+if [ -f SNAP_COMMIT ]; then
+  snap=$(cat SNAP_COMMIT)
+  if [ -n "${LINATTN_COMMIT:-}" ] && [ "${LINATTN_COMMIT:0:7}" != "${snap:0:7}" ]; then
+    echo "run_round.sh: LINATTN_COMMIT=$LINATTN_COMMIT but this snapshot is of $snap: make it with snap.sh" >&2
+    exit 2
+  fi
+  export LINATTN_COMMIT=$snap
+fi
 export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 BASE=$OUT
