@@ -129,6 +129,19 @@ def _forward(x, segments, seed):
                                                       segments=segments)
 
 
+def _segmented_and_plain(x, S, L, seed):
+    """The forward with S segments of L chunks and without (the schedule model, same seed): both results, the
+    segmented one checked finite and within TOL of the fp64 recurrence (o and the final state)."""
+    res = _forward(x, (S, L), seed)
+    ref = _forward(x, None, seed)
+    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
+                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
+                               output_final_state=True)
+    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    return res, ref
+
+
 @pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
                                                (1, 700, 4, 3, True, "slow"), (2, 700, 4, 3, True, "mixed")])
 def test_forward_with_segments_matches_fp64(B, T, S, L, h0, decay):
@@ -145,13 +158,7 @@ def test_forward_with_segments_matches_fp64(B, T, S, L, h0, decay):
         x["g"] = x["g"] * 0.01
     elif decay == "mixed":                      # head 1 without decay: flagged; head 0 as generated
         x["g"][..., 1] = 0.
-    res = _forward(x, (S, L), seed)
-    ref = _forward(x, None, seed)
-    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
-                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
-                               output_final_state=True)
-    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
-    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    res, ref = _segmented_and_plain(x, S, L, seed)
     unseg = {"fast": [], "slow": [0, 1], "mixed": [1]}[decay]
     for hv in range(2):
         if hv in unseg:
@@ -272,13 +279,7 @@ def test_forward_with_the_warm_up_in_the_kernel(monkeypatch, B, T, S, L, h0, dec
     x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")
     if decay == "mixed":
         x["g"][..., 1] = 0.
-    res = _forward(x, (S, L), seed)
-    ref = _forward(x, None, seed)
-    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
-                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
-                               output_final_state=True)
-    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
-    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
+    res, ref = _segmented_and_plain(x, S, L, seed)
     for hv in range(2):
         if decay == "mixed" and hv == 1:
             assert torch.equal(res.o[:, :, hv], ref.o[:, :, hv]) and torch.equal(res.final_state[:, hv],

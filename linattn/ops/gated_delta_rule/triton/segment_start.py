@@ -37,6 +37,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_ch
 from linattn.ops.gated_delta_rule.triton.chunk_state import state_update
 from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH
 from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+from linattn.ops.gated_delta_rule.triton.intra_split import chunk_gates_tinv
 
 CHUNK = 64
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
@@ -50,13 +51,8 @@ def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
     """K [BT, BK], W [BT, BK] and U [BT, BV] (16-bit, at wu_kernel's rounding points: the fused kernel's and the
     Triton forward's), gam [BT], gam_C and beta [BT] (0 past eos) of the whole chunk starting at token t0."""
-    op = k_ptr.dtype.element_ty
-    i = tl.arange(0, BT)
-    r = t0 + i
-    m = r < eos
-    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
+    op: tl.constexpr = k_ptr.dtype.element_ty
+    gam, beta, tinv = chunk_gates_tinv(gcum_ptr, beta_ptr, tinv_ptr, t0, eos, hv, op, HV, BT)
     p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
     p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1))
