@@ -318,9 +318,9 @@ def test_launch_matches_aot_signature(B, T, lens, states):
 @needs_gluon
 @pytest.mark.parametrize("warm", [False, True])
 def test_segment_launch_matches_aot_signature(warm):
-    """The segment-parallel forward's launches (select, and wlen with LINATTN_GDN_GLUON_SEGMENT_WARM=1) mangle to
-    the registered _sel / _sel_warm builds' signatures: the int32 [N * HV] selection and window lengths are passed
-    as themselves; a wrong dtype or size is refused."""
+    """The segment-parallel forward's launches (select, and the segment words with LINATTN_GDN_GLUON_SEGMENT_WARM=1)
+    mangle to the registered _sel / _sel_warm builds' signatures: the int32 selection ([N * HV], or [sequences, HV]
+    with segment words) and the words are passed as themselves; a wrong dtype, size or shape is refused."""
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
@@ -328,19 +328,25 @@ def test_segment_launch_matches_aot_signature(warm):
     from linattn.runtime.aot import kernels
     plan, bufs = _buffers(16, 4096, 16, 32)                 # 16 "segments" of one sequence: BV=64
     cfg = fused_wu_config(plan.N, 32, 128, 132)
-    sel = torch.ones(plan.N * 32, dtype=torch.int32)
-    wlen = torch.zeros(plan.N * 32, dtype=torch.int32) if warm else None
-    _, grid, args, kwargs = fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, wlen)
+    sel = torch.zeros(1, 32, dtype=torch.int32) if warm else torch.ones(plan.N * 32, dtype=torch.int32)
+    seg = torch.zeros(plan.N * 32, dtype=torch.int32) if warm else None
+    _, grid, args, kwargs = fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, seg)
     name = fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=warm)
     _, sig, const, _ = kernels()[name].build()
     runtime = [n for n in sig if sig[n] != "constexpr"]
     assert [mangle_type(a) for a in args if a is not None] == [sig[n] for n in runtime]
     assert {k: v for k, v in kwargs.items() if k in const} == {k: v for k, v in const.items() if k in kwargs}
-    assert args[12] is sel and args[13] is wlen and cfg.BV == 64 and grid == (2, plan.N * 32)
+    assert args[12] is sel and args[13] is seg and cfg.BV == 64 and grid == (2, plan.N * 32)
     with pytest.raises(ValueError, match="select must be a contiguous int32"):
-        fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel.long(), wlen)
-    with pytest.raises(ValueError, match="wlen must be a contiguous int32"):
-        fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, torch.zeros(3, dtype=torch.int32))
+        fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel.long(), seg)
+    if warm:
+        with pytest.raises(ValueError, match="seg must be a contiguous int32"):
+            fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, sel, torch.zeros(3, dtype=torch.int32))
+        with pytest.raises(ValueError, match=r"with segment words it is \[sequences, HV=32\]"):
+            fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, torch.zeros(32, dtype=torch.int32), seg)
+    else:
+        with pytest.raises(ValueError, match="select must be a contiguous int32"):
+            fused_wu_launch(*bufs, plan, 128 ** -0.5, cfg, torch.ones(3, dtype=torch.int32))
 
 
 def test_supported():
@@ -428,7 +434,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kwargs):
                 calls.append((grid, args, kwargs))
-                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale, sel, wlen = args
+                q_d, k_d, v_d, t_d, beta, gcum, o, h0, final, cu, offs, scale, sel, seg = args
                 plan = seen["plan"]
                 B, T = o.shape[:2]
                 H, HV = kwargs["H"], kwargs["HV"]
@@ -437,7 +443,7 @@ def test_gluon_entry_launches_the_kernel_with_the_forward_tensors(monkeypatch):
                                        view(v_d, B, T, HV, 128), beta, gcum, view(t_d, plan.T_total, HV, 64), o,
                                        h0, final, plan, scale, BV=kwargs["BV"], stages=kwargs["STAGES"],
                                        nwu=kwargs["NWU"], npub=kwargs["NPUB"], areg=kwargs["WU_AREG"],
-                                       out_pipe=kwargs["OUT_PIPE"], select=sel, wlen=wlen)
+                                       out_pipe=kwargs["OUT_PIPE"], select=sel, seg=seg)
             return run
     seen = {}
     real_launch = fw.fused_wu_launch

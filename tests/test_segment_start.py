@@ -120,9 +120,9 @@ def test_flags_where_the_decay_is_slow(decay):
 
 
 def _forward(x, segments, seed):
-    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, wlen=None):
+    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
         fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=64, stages=2,
-                               seed=seed, areg=True, select=select, wlen=wlen)
+                               seed=seed, areg=True, select=select, seg=seg)
     with poisoned_allocations():
         return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
                                                       x["initial_state"], True, None, fused_pass=fused,
@@ -240,40 +240,49 @@ def test_launch_matches_aot_signature(monkeypatch):
 
 @pytest.mark.parametrize("decay", ["fast", "steep", "slow", "mixed"])
 def test_windows_as_the_start_states(decay):
-    """segment_windows (the load-only kernel of LINATTN_GDN_GLUON_SEGMENT_WARM=1): the same flags as
-    segment_start_states on the same inputs; a window length of 0 where flagged and for segment 0; the start state
-    the initial state where the window reaches the sequence start (segment 0, and segment 1 whose window of at most
-    3 chunks may reach chunk 0), else 0; on steep gates windows of one chunk."""
-    x = _inputs(1, 64 * 12, 1, 2, seed=int(torch.randint(0, 2 ** 31 - 1, ())), steep=decay == "steep")
+    """segment_windows (the load-only kernel of LINATTN_GDN_GLUON_SEGMENT_WARM=1), two sequences: the same flags as
+    segment_start_states on the same inputs; slow[n, hv] = 1 exactly where a segment of (n, hv) is flagged; the
+    segment words: a warm-up of 0 chunks where flagged and for segment 0, at most 3; h0 where the window reaches the
+    sequence start (segment 0, and segment 1 whose window of at most 3 chunks may reach chunk 0); the last-segment bit
+    on segment 3 only; the sequence index; on steep gates windows of one chunk."""
+    B, S, L, HV = 2, 4, 3, 2
+    x = _inputs(B, 64 * 12, 1, HV, seed=int(torch.randint(0, 2 ** 31 - 1, ())), steep=decay == "steep")
     if decay == "slow":
         x["g"] = x["g"] * 0.01
     elif decay == "mixed":
         x["g"][..., 1] = 0.
-    plan = make_chunk_plan(1, 64 * 12, None, 64, "cpu")
-    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, 2)
+    plan = make_chunk_plan(B, 64 * 12, None, 64, "cpu")
+    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
     with poisoned_allocations():
-        _, flag = ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 4, 3,
+        _, flag = ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
                                           dot_prec="tf32")
-        hseg, flag_w, wlen = ss.segment_windows(x["k"], x["beta"], gcum, x["initial_state"], plan, 4, 3)
+        slow, flag_w, segw = ss.segment_windows(x["k"], x["beta"], gcum, plan, S, L)
     assert torch.equal(flag_w, flag)
-    assert (wlen[flag != 0] == 0).all() and (wlen[0] == 0).all() and ((wlen >= 0) & (wlen <= 3)).all()
-    for s in range(4):
-        for hv in range(2):
-            reaches_start = flag[s, hv] == 0 and int(wlen[s, hv]) == 3 * s
-            want = x["initial_state"][0, hv] if reaches_start else torch.zeros(128, 128)
-            assert torch.equal(hseg[s, hv], want), (s, hv)
+    assert torch.equal(slow, flag.view(B, S, HV).amax(1))
+    wl = segw & ss.SEGW_WL_MASK.value
+    assert (wl[flag != 0] == 0).all() and (wl.view(B, S, HV)[:, 0] == 0).all() and ((wl >= 0) & (wl <= L)).all()
+    for n in range(B):
+        for s in range(S):
+            for hv in range(HV):
+                word = int(segw[n * S + s, hv])
+                assert word >> ss.SEGW_SEQ_SHIFT.value == n
+                assert bool(word & ss.SEGW_LAST.value) == (s == S - 1)
+                if flag[n * S + s, hv] == 0:
+                    assert bool(word & ss.SEGW_H0.value) == (int(wl[n * S + s, hv]) == L * s), (n, s, hv)
     if decay == "steep":
-        assert wlen[1:].tolist() == [[1, 1]] * 3
+        assert wl.view(B, S, HV)[:, 1:].flatten().tolist() == [1] * (B * (S - 1) * HV)
+    if decay == "slow":
+        assert slow.all()
 
 
 @pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
                                                (1, 700, 4, 3, True, "steep"), (2, 700, 4, 3, True, "mixed")])
 def test_forward_with_the_warm_up_in_the_kernel(monkeypatch, B, T, S, L, h0, decay):
     """LINATTN_GDN_GLUON_SEGMENT_WARM=1: the schedule model runs each segment's chain from its window's first chunk
-    (wlen_ptr), storing o only from the segment's first row, with the chain's own roundings: o and the final state
-    within TOL of the fp64 recurrence and next to equal to the forward without segments (over 6 seeds per case: o
-    <= 9.8e-6 apart, the final state bit-equal; 3e-4 and 1e-5 allowed: a truncation of e^-20 can flip a 16-bit
-    rounding of the published state); unsegmented heads bit-equal to it."""
+    (its segment word), storing o only from the segment's first row, with the chain's own roundings: o and the final
+    state within TOL of the fp64 recurrence and next to equal to the forward without segments (over 6 seeds per
+    case: o <= 9.8e-6 apart, the final state bit-equal; 3e-4 and 1e-5 allowed: a truncation of e^-20 can flip a
+    16-bit rounding of the published state); unsegmented heads bit-equal to it."""
     monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENT_WARM", "1")
     seed = int(torch.randint(0, 2 ** 31 - 1, ()))
     x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")

@@ -113,7 +113,7 @@ def install_stand_ins(dry: bool, poison: bool = True):
             if final is not None:
                 final.fill_(float("nan"))
 
-    def counted_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=None, select=None, wlen=None):
+    def counted_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=None, select=None, seg=None):
         counter["fused_wu"] += 1
         if select is None:   # a selected launch (segments) writes part of o: the other launch wrote the rest
             poisoned(o, final)
@@ -121,9 +121,9 @@ def install_stand_ins(dry: bool, poison: bool = True):
             cfg = config or wu.fused_wu_config(plan.N, v.shape[-2], v.shape[-1], 132)
             wu.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=cfg.BV,
                                    stages=cfg.stages, nwu=cfg.nwu, areg=cfg.areg, out_pipe=cfg.out_pipe,
-                                   select=select, wlen=wlen)
+                                   select=select, seg=seg)
         else:
-            real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config, select=select, wlen=wlen)
+            real_wu(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=config, select=select, seg=seg)
 
     def counted_ws(q, k, w, u, gcum, o, h0, final, plan, scale, h=None, vnew=None, config=None):
         counter["fused_ws"] += 1

@@ -65,26 +65,28 @@ def launches_apart(x, S, L):
     gcum, tinv = fw.kkt_solve(k, x["g"], beta, plan, HV)
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
     from linattn.runtime.settings import settings
-    warm = {}
-    if settings.gdn_gluon_segment_warm:
-        hseg, flag, warm["wlen"] = segment_windows(k, beta, gcum, h0, plan, S, L)
-    else:
-        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
-    slow = flag.view(B, S, HV).amax(1).contiguous()
-    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)
     splan = segment_plan(B, T, S, L, q.device)
     o = torch.empty_like(v)
-    fseg = torch.empty(B * S, HV, K, V, dtype=torch.float32, device=q.device)
-    final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
     scale = K ** -0.5
+    if settings.gdn_gluon_segment_warm:        # both launches read h0 and write final straight (segment words)
+        slow, _, segw = segment_windows(k, beta, gcum, plan, S, L)
+        final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
+        h0_seg, fseg, seg_sel = h0, final_u, dict(select=slow, seg=segw)
+    else:
+        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
+        slow = flag.view(B, S, HV).amax(1).contiguous()
+        final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
+        h0_seg = hseg
+        fseg = torch.empty(B * S, HV, K, V, dtype=torch.float32, device=q.device)
+        seg_sel = dict(select=(slow == 0).to(torch.int32).repeat_interleave(S, 0))
 
     def slow_run():
         fw.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, h0, final_u, plan, scale, select=slow)
 
     def seg_run():
         fw.chunk_fused_wu_ws_gluon(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg,
-                                   splan, scale, select=fast, **warm)
+                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0_seg, fseg,
+                                   splan, scale, **seg_sel)
 
     def both():
         side = fw._side_stream(q.device)
@@ -120,9 +122,9 @@ def row(B, T, decay, device, dry):
 
     def fwd(segments):
         if dry:
-            def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, wlen=None):
+            def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
                 fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2,
-                                       areg=True, select=select, wlen=wlen)
+                                       areg=True, select=select, seg=seg)
             r = fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
                                                        x["initial_state"], True, None, fused_pass=fused,
                                                        segments=(S, L) if segments else (1, 0))

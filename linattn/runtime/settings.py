@@ -74,6 +74,9 @@ LINATTN_GDN_GLUON_SEGMENT_WARM "1" (opt-in; only with LINATTN_GDN_GLUON_SEGMENTS
                    T65536 (benchmarks/OPT_LOG.md 18.4); a load-only kernel finds the windows
                    (segment_start.segment_window_kernel). Round 18 on an H200 (e28ca9b, gate green): segments 1.17-1.22x
                    at fast decay (B1 T65536 2.143 -> 1.753 ms), 0.984x at mixed and 0.965-0.985x at slow decay.
+                   Since round 19 the window kernel writes one segment word per (segment, head) and the pairs to run
+                   unsegmented, and both launches read h0 and store the final state straight (no start states,
+                   flag reductions or final select between the launches).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and

@@ -509,7 +509,7 @@ def fused_wu_signature(dtype: str, BV: int, states: bool = True, beta: str = "fp
             "t_desc": desc_sig(dtype, [BT, BT]), "beta_ptr": f"*{beta}", "gcum_ptr": "*fp32", "o_ptr": f"*{dtype}",
             "h0_ptr": "*fp32" if states else "constexpr", "ht_ptr": "*fp32" if states else "constexpr",
             "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32", "sel_ptr": "*i32" if select else "constexpr",
-            "wlen_ptr": "*i32" if warm else "constexpr"}
+            "seg_ptr": "*i32" if warm else "constexpr"}
 
 
 def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
@@ -533,7 +533,7 @@ def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=N
         if not select:
             const["sel_ptr"] = None
         if not warm:
-            const["wlen_ptr"] = None
+            const["seg_ptr"] = None
         sig = fused_wu_signature(dtype, BV, select=select, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
@@ -589,14 +589,16 @@ for _dt, _bv, _s, _regs, _op in FUSED_WU_SEL_CONFIGS:
                     f"forward's two launches), WU_AREG" + (" and OUT_PIPE" if _op else "")
                     + f", H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring, output / wu warpgroups at "
                     f"{_regs[0]} / {_regs[1]} registers"))
-# The segment launch with the warm-up in the kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1 with segments): wlen_ptr.
+# The segment launch with the warm-up in the kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1 with segments): seg_ptr
+# (segment words), sel_ptr indexed by the whole sequence, h0 / the final state gated by the word.
 register(AotKernel(
     fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=True),
     _fused_wu_build("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=True),
-    FUSED_WU_INTENDED, div16=FUSED_WU_DIV16 + ("sel_ptr", "wlen_ptr"),
+    FUSED_WU_INTENDED, div16=FUSED_WU_DIV16 + ("sel_ptr", "seg_ptr"),
     description="GDN forward stages 2b+3+4 fused, the segment launch with each segment's warm-up in the kernel "
-                "(wlen_ptr: the chain starts that many chunks early, o not stored there), WU_AREG, H16/HV32 K=V=128 "
-                "bf16, BV=64, 2-stage ring, output / wu warpgroups at 136 / 192 registers"))
+                "(seg_ptr: the chain starts wl chunks early, o not stored there, h0 / final gated by the segment "
+                "word), WU_AREG, H16/HV32 K=V=128 bf16, BV=64, 2-stage ring, output / wu warpgroups at 136 / 192 "
+                "registers"))
 
 
 # ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in

@@ -106,13 +106,16 @@ if GLUON_OK:
     #   STATES_IN_ACC  h0 / the final state are loaded and stored straight in the accumulator layout (uncoalesced,
     #                  once per CTA) instead of through a coalesced blocked layout and its conversion scratch (16-32 KB
     #                  of shared memory the fused-wu kernel has no room for).
+    #   STATES_GATED   (the segment launch, chunk_fused_wu_ws with seg_ptr) h0 is loaded only where h0_on != 0 (else
+    #                  the chain starts from 0) and the final state stored only where ht_on != 0; n is then the
+    #                  whole sequence's index (the h0 / final row), not the segment's.
     @gluon.jit
     def _ws_state(k_s, w_s, u_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
                   gcum_ptr, h_desc, vnew_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
                   STORE_HT: gl.constexpr, STORE_H: gl.constexpr, STORE_VNEW: gl.constexpr, WU_FED: gl.constexpr,
-                  STATES_IN_ACC: gl.constexpr):
+                  STATES_IN_ACC: gl.constexpr, STATES_GATED: gl.constexpr = False, h0_on=1, ht_on=1):
         dt: gl.constexpr = w_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -124,7 +127,12 @@ if GLUON_OK:
         sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LS))
         state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
         if USE_H0:
-            s = gl.convert_layout(gl.load(h0_ptr + state_off), ACC)
+            if STATES_GATED:
+                s = gl.zeros([K, BV], gl.float32, ACC)
+                if h0_on != 0:
+                    s = gl.convert_layout(gl.load(h0_ptr + state_off), ACC)
+            else:
+                s = gl.convert_layout(gl.load(h0_ptr + state_off), ACC)
         else:
             s = gl.zeros([K, BV], gl.float32, ACC)
 
@@ -186,7 +194,11 @@ if GLUON_OK:
         if STORE_H:
             tma_store_wait(0)
         if STORE_HT:
-            gl.store(ht_ptr + state_off, gl.convert_layout(s, LS))
+            if STATES_GATED:
+                if ht_on != 0:
+                    gl.store(ht_ptr + state_off, gl.convert_layout(s, LS))
+            else:
+                gl.store(ht_ptr + state_off, gl.convert_layout(s, LS))
 
     # ------------------------------------------------------------------ worker 0: the output (1 warpgroup)
     @gluon.jit

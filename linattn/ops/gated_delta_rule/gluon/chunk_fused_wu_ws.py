@@ -43,6 +43,7 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, NPUB, OUTPUT_REGS, PRODUCER_REGS, _aligned, _MBar
+from linattn.ops.gated_delta_rule.triton.segment_start import SEGW_H0, SEGW_LAST, SEGW_SEQ_SHIFT, SEGW_WL_MASK
 from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load,
                                           warpgroup_mma, warpgroup_mma_wait)
 
@@ -261,8 +262,10 @@ if GLUON_OK:
         beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
         h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
-        sel_ptr,                               # optional [N * HV] int32 (or None): (sequence, head) pairs run where != 0
-        wlen_ptr,                              # optional [N * HV] int32 (or None): warm-up chunks before each sequence
+        sel_ptr,                               # optional int32 (or None): without seg_ptr, [N * HV], (sequence, head)
+                                               # pairs run where != 0; with seg_ptr, [sequences * HV] indexed by the
+                                               # segment's sequence: its segments run where == 0
+        seg_ptr,                               # optional [N * HV] int32 (or None): segment words (segment_start.py)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WU_AREG: gl.constexpr = False,
@@ -272,19 +275,33 @@ if GLUON_OK:
         vb = gl.program_id(0)
         nh = gl.program_id(1)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
-        if sel_ptr is not None:
-            # a pair not selected does nothing: no o row, no final state (the segment-parallel forward's other
-            # launch writes them: chunk_gated_delta_rule_fwd_fused_wu)
-            if gl.load(sel_ptr + nh) == 0:
-                return
-        # the segment warm-up (segment_start.segment_windows): the chain starts wl chunks before the sequence (from
-        # its h0, 0 unless the window reaches the whole sequence's start) and stores no o row before o_lo
-        WARM: gl.constexpr = wlen_ptr is not None
+        # the segment warm-up (segment_start.segment_windows): "sequence" n is a segment; its word gives the chain's
+        # start wl chunks before it (from h0 of the whole sequence where the window reaches that sequence's start,
+        # else from 0), whether it is its sequence's last segment (the only one storing a final state), and the
+        # sequence's index (the h0 / final row); no o row is stored before o_lo
+        WARM: gl.constexpr = seg_ptr is not None
         o_lo = bos
+        state_n = n
+        h0_on = 1
+        ht_on = 1
         if WARM:
-            wl = gl.load(wlen_ptr + nh)
+            word = gl.load(seg_ptr + nh)
+            state_n = word >> SEGW_SEQ_SHIFT
+            if sel_ptr is not None:
+                # a segment of a (sequence, head) that runs unsegmented (the other launch) does nothing
+                if gl.load(sel_ptr + state_n * HV + hv) != 0:
+                    return
+            wl = word & SEGW_WL_MASK
             bos = bos - wl * BT
             nchunks = nchunks + wl
+            h0_on = word & SEGW_H0
+            ht_on = word & SEGW_LAST
+        else:
+            if sel_ptr is not None:
+                # a pair not selected does nothing: no o row, no final state (the segment-parallel forward's other
+                # launch writes them: chunk_gated_delta_rule_fwd_fused_wu)
+                if gl.load(sel_ptr + nh) == 0:
+                    return
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -315,9 +332,9 @@ if GLUON_OK:
 
         gl.warp_specialize(
             [(_ws_state, (k_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full,
-                          pub_empty, gcum_ptr, None, None, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, n, hv, vb,
-                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False, False,   # no h, vnew stores
-                          True, True)),                          # WU_FED: W in wk_s, U in the v tile; STATES_IN_ACC
+                          pub_empty, gcum_ptr, None, None, h0_ptr, ht_ptr, nchunks, bos, eos, slot0, state_n, hv,
+                          vb, HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False, False,   # no h, vnew
+                          True, True, WARM, h0_on, ht_on)),      # WU_FED: W in wk_s, U in the v tile; STATES_IN_ACC
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,
@@ -395,27 +412,30 @@ def fused_wu_supported(q: torch.Tensor, v: torch.Tensor, beta: Optional[torch.Te
     return True, ""
 
 
-def _selection(select: Optional[torch.Tensor], n: int, name: str = "select") -> Optional[torch.Tensor]:
-    """The kernel's sel_ptr (or wlen_ptr): None, or the tensor as a contiguous int32 [N * HV] (checked, never copied
-    from host)."""
-    if select is None:
+def _selection(t: Optional[torch.Tensor], n: Optional[int], name: str = "select",
+               per: str = "sequence") -> Optional[torch.Tensor]:
+    """The kernel's sel_ptr (or seg_ptr): None, or the tensor as a contiguous int32 of n elements (n None: any size,
+    the caller checks the shape; checked, never copied from host)."""
+    if t is None:
         return None
-    if select.dtype != torch.int32 or select.numel() != n or not select.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous int32 tensor of {n} elements (one per sequence and value "
-                         f"head), got {select.dtype} {tuple(select.shape)}")
-    return select
+    if t.dtype != torch.int32 or not t.is_contiguous() or (n is not None and t.numel() != n):
+        raise ValueError(f"{name} must be a contiguous int32 tensor of {n if n is not None else '[sequences, HV]'} "
+                         f"elements (one per {per} and value head), got {t.dtype} {tuple(t.shape)}")
+    return t
 
 
 def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig,
-                    select: Optional[torch.Tensor] = None, wlen: Optional[torch.Tensor] = None):
+                    select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None):
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_wu_ws_kernel (separate from the launch so that a
     CPU test can check the arguments against the AOT signature, aot.py fused_wu_signature).
     q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV] (any float dtype, contiguous); gcum [T_tot,HV] fp32 and
     tinv [T_tot,HV,64] in q's dtype (kkt_solve_kernel's outputs); o [B,T,HV,V] (written); initial_state / final
     [N,HV,K,V] fp32 or None; select [N, HV] int32 or None: only the (sequence, head) pairs where it is != 0 run (the
-    others' CTAs exit at once: no o row, no final state written); wlen [N, HV] int32 or None: sequence n's chain for
-    head hv starts wlen[n, hv] chunks before the sequence (a segment's warm-up, from the initial state given for n)
-    and stores no o row there (plan-wise the rows belong to the previous sequence)."""
+    others' CTAs exit at once: no o row, no final state written); seg [N, HV] int32 or None: the plan's sequences are
+    segments and seg holds their segment words (segment_start.SEGW_*: sequence n's chain for head hv starts wl chunks
+    before it, from the initial state of its whole sequence or from 0, stores no o row there and its final state
+    only if it is its sequence's last segment; initial_state / final are then [sequences, HV, K, V]), and select is
+    [sequences, HV]: the segments of a pair where it is != 0 exit at once (that pair runs unsegmented)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
@@ -435,7 +455,9 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     args = (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
             desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
             beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale),
-            _selection(select, N * HV), _selection(wlen, N * HV, "wlen"))
+            _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment"))
+    if seg is not None and select is not None and (select.dim() != 2 or select.shape[1] != HV):
+        raise ValueError(f"select is {tuple(select.shape)}: with segment words it is [sequences, HV={HV}]")
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, OUT_PIPE=cfg.out_pipe,
@@ -445,13 +467,13 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
 def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
                             config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None,
-                            wlen: Optional[torch.Tensor] = None) -> None:
+                            seg: Optional[torch.Tensor] = None) -> None:
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
     Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
     from linattn.runtime.device import device_facts
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
-                                                 select, wlen)
+                                                 select, seg)
     kernel[grid](*args, **kwargs)
 
 
@@ -508,7 +530,7 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
     backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale,
-    select=None[, wlen=None]) replaces the Gluon launch (CPU tests pass the schedule model; wlen only with the
+    select=None[, seg=None]) replaces the Gluon launch (CPU tests pass the schedule model; seg only with the
     in-kernel warm-up).
     Segments (opt-in LINATTN_GDN_GLUON_SEGMENTS=1, segments_wanted; `segments` = (S, L) forces them): each sequence
     is cut into S segments of L chunks whose start states segment_start.segment_start_states computes (a
@@ -518,8 +540,10 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that both run at once
     (no host synchronisation: the selection is read in the kernels). The final state is the last segment's or the
     unsegmented run's. With LINATTN_GDN_GLUON_SEGMENT_WARM=1 (opt-in) the warm-up runs in the segment launch itself
-    (segment_start.segment_windows gives each segment's window length: its chain starts that many chunks early)
-    instead of in segment_start_states' Triton kernel."""
+    instead of in segment_start_states' Triton kernel: segment_start.segment_windows gives each segment's word (its
+    chain starts wl chunks early, from h0 where the window reaches the sequence start, else from 0; the last segment
+    stores the final state) and slow [B, HV]; both launches select with slow, read h0 and write the final state
+    straight from / into the caller's tensors (no start states, flag reductions or final select in between)."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
@@ -539,32 +563,39 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states, segment_windows
     from linattn.runtime.settings import settings
     splan = segment_plan(B, T, S, L, q.device)
-    warm = {}
-    if settings.gdn_gluon_segment_warm:        # the warm-up in the fused kernel (opt-in, OPT_LOG 18.4)
-        hseg, flag, warm["wlen"] = segment_windows(k, beta, gcum, initial_state, plan, S, L)
+    side = _side_stream(q.device) if q.is_cuda else None
+    final = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    if settings.gdn_gluon_segment_warm:        # the warm-up in the fused kernel (opt-in, OPT_LOG 18.4-18.5)
+        # slow [B, HV]: 1 = the pair runs unsegmented (sequence plan, side stream), 0 = as segments; both launches
+        # read h0 and write final (each its own pairs) straight from / into the caller's [B, HV, K, V] tensors
+        slow, _, segw = segment_windows(k, beta, gcum, plan, S, L)
+        unsegmented = dict(select=slow)
+        segmented = dict(select=slow, seg=segw)
+        h0_seg, final_seg, final_u = initial_state, final, final
     else:
         hseg, flag = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
                                           dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
-    slow = flag.view(B, S, HV).amax(1).contiguous()                      # [B, HV]: 1 = run unsegmented
-    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)           # [B * S, HV] (segment n * S + s)
-    fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    side = _side_stream(q.device) if q.is_cuda else None
+        slow = flag.view(B, S, HV).amax(1).contiguous()                  # [B, HV]: 1 = run unsegmented
+        fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)       # [B * S, HV] (segment n * S + s)
+        unsegmented = dict(select=slow)
+        segmented = dict(select=fast)
+        h0_seg = hseg
+        final_seg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+        final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     if side is not None:
         cur = torch.cuda.current_stream(q.device)
         side.wait_stream(cur)
         with torch.cuda.stream(side):
-            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
+            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, **unsegmented)
     else:
-        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, **unsegmented)
     run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast,
-        **warm)
+        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0_seg, final_seg, splan, scale,
+        **segmented)
     if side is not None:
         cur.wait_stream(side)                  # before any tensor used on the side stream can be freed or reused
-    final = None
-    if output_final_state:
-        final = torch.where(slow.bool()[:, :, None, None], final_u, fseg.view(B, S, HV, K, V)[:, S - 1])
+    if output_final_state and not settings.gdn_gluon_segment_warm:      # the last segment's or the unsegmented run's
+        final = torch.where(slow.bool()[:, :, None, None], final_u, final_seg.view(B, S, HV, K, V)[:, S - 1])
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
 
 
@@ -604,7 +635,7 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
                         stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False,
-                        select: Optional[torch.Tensor] = None, wlen: Optional[torch.Tensor] = None) -> None:
+                        select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -618,8 +649,10 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     without areg). out_pipe models OUT_PIPE (_output_pipelined): the output partition waits for chunk c + 1's ring
     slot and reads its q k^T right after releasing chunk c's slot, and forms the gate factors as 2^(log2e gam_i -
     log2e gam_j) flushed to 0 below 2^-126, unmasked before the select. select [N, HV] int32 as the kernel's sel_ptr:
-    an unselected (sequence, head) is skipped (no o row, no final state written). wlen [N, HV] int32 as the kernel's
-    wlen_ptr: the chain of (n, hv) starts wlen chunks before the sequence, o rows stored from the sequence start."""
+    an unselected (sequence, head) is skipped (no o row, no final state written). seg [N, HV] int32 as the kernel's
+    seg_ptr (segment words, segment_start.SEGW_*; select is then [sequences, HV], its pairs != 0 skipped): the chain
+    of (n, hv) starts wl chunks before the segment, from initial_state[sequence] where the word says so (else 0), o
+    rows stored from the segment start, the final state into final[sequence] only for a last segment."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -645,16 +678,20 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
         bet = torch.where(m, beta2[rows.clamp(max=T_tot - 1), hv].to(f32), torch.zeros(()))
         return gam, bet, gcum[t0 + min(eos - t0, BT) - 1, hv]
 
-    sel = None if select is None else _selection(select, plan.N * HV).view(plan.N, HV).tolist()
-    wl = None if wlen is None else _selection(wlen, plan.N * HV, "wlen").view(plan.N, HV).tolist()
+    sel = None if select is None else _selection(select, None if seg is not None else plan.N * HV).view(-1, HV).tolist()
+    words = None if seg is None else _selection(seg, plan.N * HV, "seg", "segment").view(plan.N, HV).tolist()
     for n in range(plan.N):
         o_lo, eos = cu[n], cu[n + 1]
         nch_seq = -(-max(eos - o_lo, 0) // BT)
         for hv in range(HV):
-            if sel is not None and sel[n][hv] == 0:
+            seq, w, h0_on, ht_on = n, 0, True, True    # the h0 / final row, warm-up chunks (no o stored there)
+            if words is not None:
+                word = words[n][hv]
+                seq, w = word >> SEGW_SEQ_SHIFT.value, word & SEGW_WL_MASK.value
+                h0_on, ht_on = bool(word & SEGW_H0.value), bool(word & SEGW_LAST.value)
+            if sel is not None and (sel[seq][hv] != 0 if words is not None else sel[n][hv] == 0):
                 continue                               # the kernel's CTAs exit at once: nothing written
             hk = hv // (HV // H)
-            w = 0 if wl is None else wl[n][hv]         # warm-up chunks before the sequence (o not stored there)
             bos = o_lo - w * BT
             nch = nch_seq + w
             for vb in range(V // BV):
@@ -719,8 +756,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         empty[st].arrive()
 
                 def state():
-                    if initial_state is not None:
-                        S = initial_state[n, hv, :, cols].to(f32).clone()
+                    if initial_state is not None and h0_on:
+                        S = initial_state[seq, hv, :, cols].to(f32).clone()
                     else:
                         S = torch.zeros(K, BV)
                     for c in range(nch):
@@ -744,8 +781,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         yield None                     # a scheduling point between the two products
                         S = S * torch.exp(gam_last) + ring[st]["k"].to(f32).T @ vs.to(f32)
                         empty[st].arrive()
-                    if final is not None:
-                        final[n, hv, :, cols] = S
+                    if final is not None and ht_on:
+                        final[seq, hv, :, cols] = S
 
                 def output_tail(c, t0, j, oc, att):
                     """o of chunk c from its inter-chunk part oc and its 16-bit gated attention att: att vnew once

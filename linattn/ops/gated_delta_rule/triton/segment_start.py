@@ -44,6 +44,14 @@ SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's 
 MIN_SEGMENTS = 4           # fewer do not pay: 2 segments at B1 T8192 were 0.320 vs 0.299 ms unsegmented (round 18)
 MAX_WINDOW = 16            # warm-up windows of at most 16 chunks (a quarter of a segment); longer ones are flagged
 
+# The segment word: one int32 per (segment, head), written by segment_window_kernel, read by the fused kernel's seg_ptr
+# (chunk_fused_wu_ws.chunk_fused_wu_ws_kernel) to run the segment with its warm-up:
+SEGW_WL_MASK = tl.constexpr(255)   # bits 0-7: the warm-up length in chunks (the chain starts that many chunks early)
+SEGW_H0 = tl.constexpr(1 << 8)     # bit 8: the chain starts from its sequence's h0 (the window reaches the sequence
+                                   # start), else from 0
+SEGW_LAST = tl.constexpr(1 << 9)   # bit 9: the sequence's last segment (its final state is the sequence's)
+SEGW_SEQ_SHIFT = tl.constexpr(10)  # bits 10-30: the sequence index n (the h0 / final row)
+
 
 @triton.jit
 def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
@@ -133,17 +141,16 @@ def segment_start_kernel(
 @triton.jit
 def segment_window_kernel(
     k_ptr, beta_ptr, gcum_ptr,                    # k [T_tot, H, K], beta / gcum [T_tot, HV]
-    h0_ptr, hseg_ptr, flag_ptr, wlen_ptr,         # h0 [N, HV, K, V] fp32 (or unused); out: hseg [N * S, HV, K, V] fp32
-                                                  # (or unused), flag / wlen [N * S, HV] int32
+    slow_ptr, flag_ptr, segw_ptr,                 # out: slow [N, HV] int32 (zeroed by the caller; 1 stored where a
+                                                  # segment of (n, hv) is flagged), flag / segw [N * S, HV] int32
     cu_ptr, chunk_off_ptr, S, seg_chunks, thresh,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_H0: tl.constexpr, MAXW: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, MAXW: tl.constexpr,
 ):
     """segment_start_kernel without the chain: program (n * S + s) * HV + hv finds the same window and flag, and
-    stores the window's length wlen = c0 - cw (0 where flagged) for the fused kernel to run the warm-up itself
-    (chunk_fused_wu_ws's wlen_ptr: its chain starts wlen chunks early), and hseg = the sequence's initial state where
-    the window reaches its start (cw == 0), else 0. Loads only: the window's chunk decays, then k and beta of its
-    tokens for the contraction check."""
+    stores the segment word (SEGW_*: the window's length wl = c0 - cw, 0 where flagged; whether the window reaches the
+    sequence start, cw == 0, so that the chain starts from h0; whether s is the last segment; n) for the fused kernel
+    to run the warm-up itself (chunk_fused_wu_ws's seg_ptr), and slow[n, hv] = 1 where flagged. Loads only: the
+    window's chunk decays, then k and beta of its tokens for the contraction check."""
     hv = tl.program_id(0) % HV
     ns = tl.program_id(0) // HV
     hk = hv // (HV // H)
@@ -164,15 +171,10 @@ def segment_window_kernel(
             expansive = tl.maximum(expansive, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
     flagged = (~usable) | ((expansive != 0) & (cw > 0))
     tl.store(flag_ptr + ns * HV + hv, flagged.to(tl.int32))
-    tl.store(wlen_ptr + ns * HV + hv, tl.where(flagged, 0, c0 - cw))
-    if USE_H0:
-        rk = tl.arange(0, BK)
-        for vb in range(V // BV):
-            rv = vb * BV + tl.arange(0, BV)
-            mkv = (rk[:, None] < K) & (rv[None, :] < V)
-            off = rk[:, None] * V + rv[None, :]
-            s = tl.load(h0_ptr + (n.to(tl.int64) * HV + hv) * K * V + off, mask=mkv & (cw == 0), other=0.)
-            tl.store(hseg_ptr + (ns.to(tl.int64) * HV + hv) * K * V + off, s, mask=mkv)
+    word = (tl.where(flagged, 0, c0 - cw) | tl.where(cw == 0, SEGW_H0, 0) | tl.where(ns % S == S - 1, SEGW_LAST, 0)
+            | (n << SEGW_SEQ_SHIFT))
+    tl.store(segw_ptr + ns * HV + hv, word)
+    tl.store(slow_ptr + n * HV + hv, 1, mask=flagged)   # every writer stores 1: no atomic needed
 
 
 def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
@@ -233,24 +235,24 @@ def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.T
     return hseg, flag
 
 
-def segment_windows(k, beta, gcum, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int, L: int, *,
-                    thresh: float = THRESH, max_window: int = MAX_WINDOW, BV: int = 32, num_warps: int = 4):
-    """(h_seg [N * S, HV, K, V] fp32 or None without an initial state, flag [N * S, HV] int32, wlen [N * S, HV]
-    int32): segment_window_kernel's outputs, for the segment launch with the warm-up in the fused kernel (opt-in
-    LINATTN_GDN_GLUON_SEGMENT_WARM=1; chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu). Same windows and flags
-    as segment_start_states."""
+def segment_windows(k, beta, gcum, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
+                    max_window: int = MAX_WINDOW, num_warps: int = 4):
+    """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs, for
+    the segment launch with the warm-up in the fused kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1;
+    chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu): slow[n, hv] = 1 where any segment of (n, hv) is flagged
+    (that pair runs unsegmented), the flags (the same as segment_start_states'), the segment words (SEGW_*)."""
+    if max_window > SEGW_WL_MASK.value:
+        raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
+    if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):
+        raise ValueError(f"{plan.N} sequences: the segment word holds fewer than {1 << (31 - SEGW_SEQ_SHIFT.value)}")
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     HV = gcum.shape[-1]
-    V = K if initial_state is None else initial_state.shape[-1]
     N = plan.N
-    BK = max(16, triton.next_power_of_2(K))
-    use_h0 = initial_state is not None
-    hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device) if use_h0 else None
+    slow = torch.zeros(N, HV, dtype=torch.int32, device=k.device)
     flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
-    wlen = empty(N * S, HV, dtype=torch.int32, device=k.device)
+    segw = empty(N * S, HV, dtype=torch.int32, device=k.device)
     segment_window_kernel[(N * S * HV,)](
-        k, beta, gcum, initial_state if use_h0 else gcum, hseg if use_h0 else gcum, flag, wlen, plan.cu,
-        plan.chunk_offsets, S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, V),
-        USE_H0=use_h0, MAXW=int(max_window), num_warps=num_warps)
-    return hseg, flag, wlen
+        k, beta, gcum, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh),
+        H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window), num_warps=num_warps)
+    return slow, flag, segw
