@@ -100,6 +100,32 @@ def test_segments_round_dry_run(tmp_path):
     assert 0 < rows["fast"]["o_vs_unsegmented"] < 3e-3
 
 
+def test_segments_timeline_summary():
+    """segments_round.calls_timeline on a chrome trace of three calls (kkt, a memset, two kernels on two streams; one
+    call cut short, one host event): the short call and non-GPU events are dropped, offsets and durations are the
+    medians over the complete calls, the span runs from the call's first start to its last end."""
+    sys.path.insert(0, GPU)
+    try:
+        from segments_round import calls_timeline
+    finally:
+        sys.path.remove(GPU)
+    ev = []
+    for i, (t0, d) in enumerate(((0, 10), (1000, 12), (2000, 14))):
+        ev += [dict(cat="kernel", name="kkt_solve_v3_kernel", ts=t0, dur=100, tid=7),
+               dict(cat="gpu_memset", name="Memset", ts=t0 + 101, dur=2, tid=7),
+               dict(cat="kernel", name="segment_window_kernel", ts=t0 + 105, dur=d, tid=7),
+               dict(cat="kernel", name="chunk_fused_wu_ws_kernel", ts=t0 + 120 + i, dur=500, tid=9),
+               dict(cat="cpu_op", name="aten::empty", ts=t0 + 50, dur=1, tid=1)]
+    ev += [dict(cat="kernel", name="kkt_solve_v3_kernel", ts=3000, dur=100, tid=7)]
+    r = calls_timeline(ev)
+    assert r["calls"] == 3 and [k["name"] for k in r["kernels"]] == [
+        "kkt_solve_v3_kernel", "Memset", "segment_window_kernel", "chunk_fused_wu_ws_kernel"]
+    assert [k["start_us"] for k in r["kernels"]] == [0, 101, 105, 121]
+    assert [k["dur_us"] for k in r["kernels"]] == [100, 2, 12, 500] and r["kernels"][3]["stream"] == 9
+    assert r["span_us"] == 621
+    assert "error" in calls_timeline([dict(cat="kernel", name="other", ts=0, dur=1)])
+
+
 def test_run_round_refuses_a_snapshot_of_another_commit(tmp_path):
     """A snapshot made by snap.sh carries SNAP_COMMIT: run_round.sh takes it as LINATTN_COMMIT, and refuses (exit 2,
     no step run) a LINATTN_COMMIT that names another commit (round 18 lost a device call to a stale snapshot)."""

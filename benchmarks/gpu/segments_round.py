@@ -6,8 +6,9 @@ gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.
 Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
 
 With LINATTN_GDN_GLUON_SEGMENT_WARM=1 in the environment the segments run their warm-up in the fused kernel.
-Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry]  (--dry: CPU, tiny shapes, the fused kernel's
-schedule model in place of the Gluon launch, to exercise this script's logic)."""
+Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry | --timeline]  (--dry: CPU, tiny shapes, the fused
+kernel's schedule model in place of the Gluon launch, to exercise this script's logic; --timeline: the kernels of one
+forward with and without segments, start offsets and durations from the torch profiler, TIMELINE_ROWS)."""
 import argparse
 import os
 import sys
@@ -153,20 +154,86 @@ def row(B, T, decay, device, dry):
     return out
 
 
+TIMELINE_ROWS = [(1, 65536, "fast"), (1, 65536, "mixed"), (1, 65536, "slow"), (1, 16384, "slow")]
+
+
+def kernel_timeline(fn, iters: int = 8, first: str = "kkt") -> dict:
+    """GPU kernels of `fn` (one forward) on the torch profiler's CUDA trace, `iters` calls queued back to back (the
+    host runs ahead of the GPU after the first, so the gaps are the GPU's own): per kernel of one call (in start
+    order; iterations split at each kernel whose name contains `first`), its stream, median start offset from the
+    call's first kernel and median duration in us, and the median span of a call (first start to last end)."""
+    import json
+    import tempfile
+
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return calls_timeline(events, first)
+
+
+def calls_timeline(events, first: str = "kkt") -> dict:
+    """kernel_timeline's summary of chrome-trace events (kernels and memsets; dicts with name, ts, dur, tid)."""
+    import statistics
+    ks = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset")), key=lambda e: e["ts"])
+    calls, cur = [], []
+    for e in ks:
+        if first in e["name"] and cur:
+            calls.append(cur)
+            cur = []
+        cur.append(e)
+    if cur:
+        calls.append(cur)
+    calls = [c for c in calls if first in c[0]["name"]]
+    n = statistics.mode(len(c) for c in calls) if calls else 0
+    calls = [c for c in calls if len(c) == n]
+    if not calls:
+        return dict(error="no complete call found", kernels_seen=len(ks))
+    kernels = [dict(name=calls[0][i]["name"][:90], stream=calls[0][i].get("tid"),
+                    start_us=statistics.median(c[i]["ts"] - c[0]["ts"] for c in calls),
+                    dur_us=statistics.median(c[i]["dur"] for c in calls)) for i in range(n)]
+    span = statistics.median(max(e["ts"] + e["dur"] for e in c) - c[0]["ts"] for c in calls)
+    return dict(calls=len(calls), span_us=span, kernels=kernels)
+
+
+def timeline_row(B, T, decay, device) -> dict:
+    """The forward with and without segments (api, backend="gluon") as kernel timelines (kernel_timeline)."""
+    from linattn import chunk_gated_delta_rule
+    x = inputs(B, T, decay, device)
+    out = dict(B=B, T=T, decay=decay)
+    for name, seg in (("unsegmented", "0"), ("segments", "1")):
+        os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = seg
+        out[name] = kernel_timeline(lambda: chunk_gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True,
+            backend="gluon"))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--timeline", action="store_true", help="kernel timelines of TIMELINE_ROWS instead (GPU only)")
     a = ap.parse_args()
     import torch
     dry = a.dry or not torch.cuda.is_available()
     device = "cpu" if dry else "cuda"
-    res = round_result("segments_round.py", device, dry_run=dry, rows=[])
-    path = os.path.join(a.out, "segments_round.json")
+    timeline = a.timeline and not dry
+    res = round_result("segments_round.py", device, dry_run=dry, timeline=timeline, rows=[])
+    path = os.path.join(a.out, "segments_timeline.json" if timeline else "segments_round.json")
     t0 = time.time()
-    for B, T, decay in (DRY_ROWS if dry else ROWS):
+    for B, T, decay in (DRY_ROWS if dry else TIMELINE_ROWS if timeline else ROWS):
         try:
-            r = row(B, T, decay, device, dry)
+            r = timeline_row(B, T, decay, device) if timeline else row(B, T, decay, device, dry)
         except Exception as e:  # noqa: BLE001
             r = dict(B=B, T=T, decay=decay, error=repr(e)[:600])
         print(r, flush=True)
