@@ -39,8 +39,8 @@ def _start_states(x, S, L, thresh):
     plan = make_chunk_plan(B, T, None, 64, "cpu")
     gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
     with poisoned_allocations():
-        return ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
-                                       dot_prec="tf32", thresh=thresh)
+        return ss.segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan, S,
+                                       L, dot_prec="tf32", thresh=thresh)
 
 
 def _exact_start(x, n, c0):
@@ -113,8 +113,8 @@ def test_flags_where_the_decay_is_slow(decay):
             assert rel_rms(hseg[s, 0], _exact_start(x, 0, 3 * s)[0]) < 1e-7
     plan = make_chunk_plan(1, 64 * 12, None, 64, "cpu")
     gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, 2)
-    _, flag2 = ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 4, 3,
-                                       dot_prec="tf32", thresh=20.0, max_window=2)
+    _, flag2 = ss.segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan, 4,
+                                       3, dot_prec="tf32", thresh=20.0, max_window=2)
     want[1] = [int(h in slow_heads) for h in range(2)]
     assert flag2.tolist() == want
 
@@ -231,7 +231,8 @@ def test_launch_matches_aot_signature(monkeypatch):
     plan = make_chunk_plan(1, 64 * 6, None, 64, "cpu")
     gcum = torch.zeros(plan.T_total, 32)
     tinv = torch.zeros(plan.T_total, 32, 64, dtype=torch.bfloat16)
-    ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, 2, 3, dot_prec="tf32")
+    ss.segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan, 2, 3,
+                            dot_prec="tf32")
     runtime = [n for n in sig if sig[n] != "constexpr"]
     assert [mangle_type(a) for a in seen["args"]] == [sig[n] for n in runtime]
     assert {k: v for k, v in seen["kwargs"].items() if k in const} == const
@@ -254,9 +255,9 @@ def test_windows_as_the_start_states(decay):
     plan = make_chunk_plan(B, 64 * 12, None, 64, "cpu")
     gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
     with poisoned_allocations():
-        _, flag = ss.segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
-                                          dot_prec="tf32")
-        slow, flag_w, segw = ss.segment_windows(x["k"], x["beta"], gcum, plan, S, L)
+        _, flag = ss.segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan,
+                                          S, L, dot_prec="tf32")
+        slow, flag_w, segw = ss.segment_windows(x["k"], x["beta"], x["g"], plan, S, L)
     assert torch.equal(flag_w, flag)
     assert torch.equal(slow, flag.view(B, S, HV).amax(1))
     wl = segw & ss.SEGW_WL_MASK.value

@@ -44,7 +44,7 @@ def unsegmented_pairs(x, S, L):
     HV = x["v"].shape[2]
     plan = make_chunk_plan(B, T, None, 64, x["q"].device)
     gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
-    _, flag = segment_start_states(x["k"], x["v"], x["beta"], gcum, tinv, x["initial_state"], plan, S, L,
+    _, flag = segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan, S, L,
                                    dot_prec="tf32")
     return int(flag.view(B, S, HV).amax(1).sum()), B * HV
 
@@ -70,11 +70,11 @@ def launches_apart(x, S, L):
     o = torch.empty_like(v)
     scale = K ** -0.5
     if settings.gdn_gluon_segment_warm:        # both launches read h0 and write final straight (segment words)
-        slow, _, segw = segment_windows(k, beta, gcum, plan, S, L)
+        slow, _, segw = segment_windows(k, beta, x["g"], plan, S, L)
         final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
         h0_seg, fseg, seg_sel = h0, final_u, dict(select=slow, seg=segw)
     else:
-        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, h0, plan, S, L, dot_prec="tf32")
+        hseg, flag = segment_start_states(k, v, beta, x["g"], gcum, tinv, h0, plan, S, L, dot_prec="tf32")
         slow = flag.view(B, S, HV).amax(1).contiguous()
         final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
         h0_seg = hseg
@@ -90,12 +90,21 @@ def launches_apart(x, S, L):
                                    splan, scale, **seg_sel)
 
     def both():
-        side = fw._side_stream(q.device)
+        # as the forward issues them: with the warm-up in the kernel (_segments_warm) the unsegmented launch on this
+        # stream first and the segment launch on a default-priority side stream; else the unsegmented launch on the
+        # high-priority side stream
+        warm_order = settings.gdn_gluon_segment_warm
+        side = fw._side_stream(q.device, priority=0 if warm_order else -100)
         cur = torch.cuda.current_stream(q.device)
         side.wait_stream(cur)
-        with torch.cuda.stream(side):
+        if warm_order:
             slow_run()
-        seg_run()
+            with torch.cuda.stream(side):
+                seg_run()
+        else:
+            with torch.cuda.stream(side):
+                slow_run()
+            seg_run()
         cur.wait_stream(side)
 
     def serial():

@@ -611,7 +611,7 @@ register(AotKernel(
 def _segment_start_build():
     def build():
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
-        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, flag_ptr=_I32,
+        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, g_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, flag_ptr=_I32,
                    cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32", MAXW=16)
         return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
@@ -620,8 +620,8 @@ def _segment_start_build():
 
 register(AotKernel("gdn_fwd_triton_segment_start_bv64_w4", _segment_start_build(), ("HGMMA",), archs=("sm_90a",),
                    language="triton", known_spill_bytes=520,
-                   div16=("k_ptr", "v_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr", "flag_ptr",
-                          "cu_ptr", "chunk_off_ptr"),
+                   div16=("k_ptr", "v_ptr", "beta_ptr", "g_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr",
+                          "flag_ptr", "cu_ptr", "chunk_off_ptr"),
                    description="GDN forward segment start states (gate-truncated warm-up, W/U on the fly), Triton, "
                                "H16/HV32 K=V=128 bf16, BV=64, 4 warps (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
 

@@ -511,15 +511,18 @@ def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, device) -> Tupl
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(device) -> "torch.cuda.Stream":
-    """One side stream per device for the unsegmented heads of the segment-parallel forward, at the highest
-    priority (their chains are the critical path). Round 18 timed the two launches apart: they overlap cleanly (both
-    = the longer + 13 us at mixed decay) with or without the priority (OPT_LOG 18.3-18.4)."""
-    key = torch.device(device).index
-    if key is None:
-        key = torch.cuda.current_device()
+def _side_stream(device, priority: int = -100) -> "torch.cuda.Stream":
+    """One side stream per device and priority for the segment-parallel forward. With the start-state kernel: the
+    unsegmented heads' launch, at the highest priority (-100, mapped to the highest valid; their chains are the
+    critical path; round 18 timed the two launches apart: they overlap cleanly, both = the longer + 13 us at mixed
+    decay, with or without the priority, OPT_LOG 18.3-18.4). With the warm-up in the kernel (_segments_warm): the
+    window kernel and the segment launch, at the default priority (0, the lowest), so as not to take SMs ahead of
+    the unsegmented chains on the main stream."""
+    key = (torch.device(device).index, priority)
+    if key[0] is None:
+        key = (torch.cuda.current_device(), priority)
     if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key, priority=-100)   # mapped to the highest valid
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key[0], priority=priority)
     return _SIDE_STREAMS[key]
 
 
@@ -543,60 +546,102 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     instead of in segment_start_states' Triton kernel: segment_start.segment_windows gives each segment's word (its
     chain starts wl chunks early, from h0 where the window reaches the sequence start, else from 0; the last segment
     stores the final state) and slow [B, HV]; both launches select with slow, read h0 and write the final state
-    straight from / into the caller's tensors (no start states, flag reductions or final select in between)."""
+    straight from / into the caller's tensors (no start states, flag reductions or final select in between); the
+    window kernel runs next to kkt_solve, and the streams are ordered as _segments_warm says."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
+    from linattn.runtime.settings import settings
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, cu_seqlens, BT, q.device)
-    gcum, tinv = kkt_solve(k, g, beta, plan, HV)
-    o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     run = fused_pass or chunk_fused_wu_ws_gluon
     S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, q.device)
+    if S > 1 and cu_seqlens is not None:
+        raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
+    if S > 1 and settings.gdn_gluon_segment_warm:
+        o, final, gcum = _segments_warm(run, q, k, v, g, beta, scale, initial_state, output_final_state, plan, S, L)
+        return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+    gcum, tinv = kkt_solve(k, g, beta, plan, HV)
+    o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     if S <= 1:
         final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
         return FwdResult(o, final, gcum, None, None, None, None, None, plan)
-    if cu_seqlens is not None:
-        raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states, segment_windows
-    from linattn.runtime.settings import settings
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
     splan = segment_plan(B, T, S, L, q.device)
+    hseg, flag = segment_start_states(k, v, beta, g, gcum, tinv, initial_state, plan, S, L,
+                                      dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
+    slow = flag.view(B, S, HV).amax(1).contiguous()                      # [B, HV]: 1 = run unsegmented
+    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)           # [B * S, HV] (segment n * S + s)
+    fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     side = _side_stream(q.device) if q.is_cuda else None
-    final = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    if settings.gdn_gluon_segment_warm:        # the warm-up in the fused kernel (opt-in, OPT_LOG 18.4-18.5)
-        # slow [B, HV]: 1 = the pair runs unsegmented (sequence plan, side stream), 0 = as segments; both launches
-        # read h0 and write final (each its own pairs) straight from / into the caller's [B, HV, K, V] tensors
-        slow, _, segw = segment_windows(k, beta, gcum, plan, S, L)
-        unsegmented = dict(select=slow)
-        segmented = dict(select=slow, seg=segw)
-        h0_seg, final_seg, final_u = initial_state, final, final
-    else:
-        hseg, flag = segment_start_states(k, v, beta, gcum, tinv, initial_state, plan, S, L,
-                                          dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
-        slow = flag.view(B, S, HV).amax(1).contiguous()                  # [B, HV]: 1 = run unsegmented
-        fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)       # [B * S, HV] (segment n * S + s)
-        unsegmented = dict(select=slow)
-        segmented = dict(select=fast)
-        h0_seg = hseg
-        final_seg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-        final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     if side is not None:
         cur = torch.cuda.current_stream(q.device)
         side.wait_stream(cur)
         with torch.cuda.stream(side):
-            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, **unsegmented)
+            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
     else:
-        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, **unsegmented)
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
     run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0_seg, final_seg, splan, scale,
-        **segmented)
+        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast)
     if side is not None:
         cur.wait_stream(side)                  # before any tensor used on the side stream can be freed or reused
-    if output_final_state and not settings.gdn_gluon_segment_warm:      # the last segment's or the unsegmented run's
-        final = torch.where(slow.bool()[:, :, None, None], final_u, final_seg.view(B, S, HV, K, V)[:, S - 1])
+    final = None
+    if output_final_state:                     # the last segment's or the unsegmented run's
+        final = torch.where(slow.bool()[:, :, None, None], final_u, fseg.view(B, S, HV, K, V)[:, S - 1])
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+
+
+def _segments_warm(run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int,
+                   L: int):
+    """The segment-parallel forward with the warm-up in the fused kernel (LINATTN_GDN_GLUON_SEGMENT_WARM=1): (o,
+    final, gcum). Order on the GPU (no host synchronisation; two streams joined at the end):
+      side stream:  slow := 0, segment_window_kernel (segment words, slow) from the inputs k, beta and g, next to
+                    kkt_solve; then, once kkt_solve is done, the segment launch (segment plan, BV=64; its segments of
+                    the pairs with slow != 0 exit at once)
+      main stream:  kkt_solve; then, once the window kernel is done, the unsegmented launch of the pairs with
+                    slow != 0 (sequence plan), issued before the segment launch so that its chains, the critical path
+                    where any pair is slow, take their SMs first (round 19: the segment launch dispatched 1.4 us
+                    ahead cost the slow chains 19 us at B1 T65536 with half the heads slow).
+    Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
+    from linattn.runtime.alloc import empty
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    splan = segment_plan(B, T, S, L, q.device)
+    o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
+    final = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+
+    def segment_launch():
+        run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+            beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), initial_state, final, splan, scale,
+            select=slow, seg=segw)
+
+    if not q.is_cuda:                          # one stream (CPU tests: the interpreter, the schedule model)
+        slow, _, segw = segment_windows(k, beta, g, plan, S, L)
+        gcum, tinv = kkt_solve(k, g, beta, plan, HV)
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
+        segment_launch()
+        return o, final, gcum
+    side = _side_stream(q.device, priority=0)
+    cur = torch.cuda.current_stream(q.device)
+    side.wait_stream(cur)                      # the inputs are ready
+    with torch.cuda.stream(side):
+        slow, _, segw = segment_windows(k, beta, g, plan, S, L)
+    slow.record_stream(cur)                    # allocated on the side stream, read on this one
+    segw.record_stream(cur)
+    gcum, tinv = kkt_solve(k, g, beta, plan, HV)
+    kkt_done = torch.cuda.Event()
+    kkt_done.record(cur)
+    cur.wait_stream(side)                      # the window kernel (all the side stream holds so far)
+    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
+    side.wait_event(kkt_done)
+    with torch.cuda.stream(side):
+        segment_launch()
+    cur.wait_stream(side)                      # before any tensor used on the side stream can be freed or reused
+    return o, final, gcum
 
 
 # ---------------------------------------------------------------------------------------------------- CPU model

@@ -73,14 +73,16 @@ def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
 
 
 @triton.jit
-def _segment_window(gcum_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr, MAXW: tl.constexpr):
+def _segment_window(g_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr, MAXW: tl.constexpr):
     """chunk_state_warmup._warmup_window, walking back no further than chunk lim (c0 - lim <= MAXW): (cw, whether
     the window is usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is
-    dropped). The MAXW chunk decays before c0 in one load and a cumulative sum (a loop of dependent loads cost ~1 us
-    per chunk walked, all of MAXW at slow decay)."""
+    dropped). Each chunk's decay is the sum of its tokens' g (the inputs, not kkt_solve's gcum: so that the window
+    kernel can run next to kkt_solve), the MAXW chunks before c0 in one [MAXW, BT] load and a cumulative sum (a loop
+    of dependent loads cost ~1 us per chunk walked, all of MAXW at slow decay; chunks before c0 are whole)."""
     j = tl.arange(0, MAXW)                     # chunk c0 - 1 - j
     inside = j < c0 - lim
-    dec = tl.load(gcum_ptr + (bos + (c0 - 1 - j).to(tl.int64) * BT + BT - 1) * HV + hv, mask=inside, other=0.)
+    tok = bos + (c0 - 1 - j).to(tl.int64)[:, None] * BT + tl.arange(0, BT)[None, :]
+    dec = tl.sum(tl.load(g_ptr + tok * HV + hv, mask=inside[:, None], other=0.).to(tl.float32), 1)
     hit = inside & (tl.cumsum(dec, 0) <= -thresh)
     first = tl.min(tl.where(hit, j, MAXW), 0)  # the shortest window reaching -thresh (MAXW: none)
     cw = tl.where(first < MAXW, c0 - 1 - first, lim)
@@ -98,7 +100,8 @@ def _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT: tl.constexpr):
 
 @triton.jit
 def segment_start_kernel(
-    k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
+    k_ptr, v_ptr, beta_ptr, g_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta / g / gcum
+                                                         # [T_tot, HV], tinv [T_tot, HV, BT]
     h0_ptr, hseg_ptr, flag_ptr,                   # initial state [N, HV, K, V] fp32 (or unused); out [N * S, HV, K, V]
                                                   # fp32; flag [N * S, HV] int32 (1: run the head unsegmented)
     cu_ptr, chunk_off_ptr,
@@ -114,7 +117,7 @@ def segment_start_kernel(
     op = k_ptr.dtype.element_ty
     n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
     # the window may span at most MAXW chunks and the previous segment; beyond that the head runs unsegmented
-    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
+    cw, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
                                  HV, BT, MAXW)
     # a truncated window (cw > 0) also needs every transition I - beta k k^T to be a contraction (0 <= beta ||k||^2
     # <= 2, checked on each token of the window: the bound of the module docstring), else the head runs unsegmented
@@ -140,7 +143,7 @@ def segment_start_kernel(
 
 @triton.jit
 def segment_window_kernel(
-    k_ptr, beta_ptr, gcum_ptr,                    # k [T_tot, H, K], beta / gcum [T_tot, HV]
+    k_ptr, beta_ptr, g_ptr,                       # k [T_tot, H, K], beta / g [T_tot, HV] (the inputs)
     slow_ptr, flag_ptr, segw_ptr,                 # out: slow [N, HV] int32 (zeroed by the caller; 1 stored where a
                                                   # segment of (n, hv) is flagged), flag / segw [N * S, HV] int32
     cu_ptr, chunk_off_ptr, S, seg_chunks, thresh,
@@ -155,7 +158,7 @@ def segment_window_kernel(
     ns = tl.program_id(0) // HV
     hk = hv // (HV // H)
     n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
-    cw, usable = _segment_window(gcum_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
+    cw, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
                                  HV, BT, MAXW)
     expansive = 0
     if usable:
@@ -211,13 +214,13 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
     return plan
 
 
-def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int,
+def segment_start_states(k, v, beta, g, gcum, tinv, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int,
                          L: int, *, dot_prec: str, BV: int = 64, num_warps: int = 4, thresh: float = THRESH,
                          max_window: int = MAX_WINDOW):
     """(h_seg [N * S, HV, K, V] fp32, flag [N * S, HV] int32): each segment's start state, and 1 where its warm-up
     window would need more than max_window chunks (h_seg not written there; module docstring); k [B,T,H,K],
-    v [B,T,HV,V], beta [B,T,HV], gcum [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the
-    per-sequence plan)."""
+    v [B,T,HV,V], beta / g [B,T,HV] (g: the per-token log decays, whose chunk sums choose the windows), gcum
+    [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the per-sequence plan)."""
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
@@ -229,13 +232,13 @@ def segment_start_states(k, v, beta, gcum, tinv, initial_state: Optional[torch.T
     flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
     use_h0 = initial_state is not None
     segment_start_kernel[(triton.cdiv(V, BV), N * S * HV)](
-        k, v, beta, gcum, tinv, initial_state if use_h0 else gcum, hseg, flag, plan.cu, plan.chunk_offsets,
+        k, v, beta, g, gcum, tinv, initial_state if use_h0 else gcum, hseg, flag, plan.cu, plan.chunk_offsets,
         S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=use_h0, DOT_PREC=dot_prec,
         MAXW=int(max_window), num_warps=num_warps)
     return hseg, flag
 
 
-def segment_windows(k, beta, gcum, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
+def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
                     max_window: int = MAX_WINDOW, num_warps: int = 4):
     """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs, for
     the segment launch with the warm-up in the fused kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1;
@@ -247,12 +250,12 @@ def segment_windows(k, beta, gcum, plan: ChunkPlan, S: int, L: int, *, thresh: f
         raise ValueError(f"{plan.N} sequences: the segment word holds fewer than {1 << (31 - SEGW_SEQ_SHIFT.value)}")
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
-    HV = gcum.shape[-1]
+    HV = g.shape[-1]
     N = plan.N
     slow = torch.zeros(N, HV, dtype=torch.int32, device=k.device)
     flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
     segw = empty(N * S, HV, dtype=torch.int32, device=k.device)
     segment_window_kernel[(N * S * HV,)](
-        k, beta, gcum, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh),
+        k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh),
         H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window), num_warps=num_warps)
     return slow, flag, segw
