@@ -90,21 +90,14 @@ def launches_apart(x, S, L):
                                    splan, scale, **seg_sel)
 
     def both():
-        # as the forward issues them: with the warm-up in the kernel (_segments_warm) the unsegmented launch on this
-        # stream first and the segment launch on a default-priority side stream; else the unsegmented launch on the
-        # high-priority side stream
-        warm_order = settings.gdn_gluon_segment_warm
-        side = fw._side_stream(q.device, priority=0 if warm_order else -100)
+        # as the forward issues them: the unsegmented launch on the high-priority side stream, the segment launch
+        # on this one
+        side = fw._side_stream(q.device)
         cur = torch.cuda.current_stream(q.device)
         side.wait_stream(cur)
-        if warm_order:
+        with torch.cuda.stream(side):
             slow_run()
-            with torch.cuda.stream(side):
-                seg_run()
-        else:
-            with torch.cuda.stream(side):
-                slow_run()
-            seg_run()
+        seg_run()
         cur.wait_stream(side)
 
     def serial():

@@ -511,18 +511,17 @@ def segments_wanted(B: int, T: int, HV: int, V: int, cu_seqlens, device) -> Tupl
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(device, priority: int = -100) -> "torch.cuda.Stream":
-    """One side stream per device and priority for the segment-parallel forward. With the start-state kernel: the
-    unsegmented heads' launch, at the highest priority (-100, mapped to the highest valid; their chains are the
-    critical path; round 18 timed the two launches apart: they overlap cleanly, both = the longer + 13 us at mixed
-    decay, with or without the priority, OPT_LOG 18.3-18.4). With the warm-up in the kernel (_segments_warm): the
-    window kernel and the segment launch, at the default priority (0, the lowest), so as not to take SMs ahead of
-    the unsegmented chains on the main stream."""
-    key = (torch.device(device).index, priority)
-    if key[0] is None:
-        key = (torch.cuda.current_device(), priority)
+def _side_stream(device) -> "torch.cuda.Stream":
+    """One side stream per device for the segment-parallel forward, at the highest priority (-100, mapped to the
+    highest valid): the unsegmented heads' launch (their chains are the critical path) and, with the warm-up in the
+    kernel, the window kernel before it (_segments_warm). Round 18 timed the two launches apart: they overlap cleanly
+    (both = the longer + 13 us at mixed decay; OPT_LOG 18.3-18.4); round 19 found the order and priority to matter
+    by ~10-20 us (OPT_LOG 19.2-19.3)."""
+    key = torch.device(device).index
+    if key is None:
+        key = torch.cuda.current_device()
     if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key[0], priority=priority)
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key, priority=-100)
     return _SIDE_STREAMS[key]
 
 
@@ -598,13 +597,15 @@ def _segments_warm(run, q, k, v, g, beta, scale: float, initial_state, output_fi
                    L: int):
     """The segment-parallel forward with the warm-up in the fused kernel (LINATTN_GDN_GLUON_SEGMENT_WARM=1): (o,
     final, gcum). Order on the GPU (no host synchronisation; two streams joined at the end):
-      side stream:  slow := 0, segment_window_kernel (segment words, slow) from the inputs k, beta and g, next to
-                    kkt_solve; then, once kkt_solve is done, the segment launch (segment plan, BV=64; its segments of
-                    the pairs with slow != 0 exit at once)
-      main stream:  kkt_solve; then, once the window kernel is done, the unsegmented launch of the pairs with
-                    slow != 0 (sequence plan), issued before the segment launch so that its chains, the critical path
-                    where any pair is slow, take their SMs first (round 19: the segment launch dispatched 1.4 us
-                    ahead cost the slow chains 19 us at B1 T65536 with half the heads slow).
+      side stream (highest priority): slow := 0, segment_window_kernel (segment words, slow) from the inputs k,
+                    beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
+                    kkt_solve is done, the unsegmented launch of the pairs with slow != 0 (sequence plan): their
+                    chains are the critical path wherever a pair is slow, so they take the SMs first
+      main stream:  kkt_solve; then, once the window kernel is done, the segment launch (segment plan, BV=64; its
+                    segments of the pairs with slow != 0 exit at once)
+    Round 19 (OPT_LOG 19.2-19.3): with the window kernel and the segment launch on a default-priority side stream
+    instead, the window kernel waited behind kkt_solve's CTAs and the slow chains lost their SMs to the segment
+    launch (half the heads slow: 0.971x; round 18's order, the window kernel after kkt_solve: 0.981x).
     Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
     from linattn.runtime.alloc import empty
@@ -625,21 +626,21 @@ def _segments_warm(run, q, k, v, g, beta, scale: float, initial_state, output_fi
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
         segment_launch()
         return o, final, gcum
-    side = _side_stream(q.device, priority=0)
+    side = _side_stream(q.device)
     cur = torch.cuda.current_stream(q.device)
     side.wait_stream(cur)                      # the inputs are ready
     with torch.cuda.stream(side):
         slow, _, segw = segment_windows(k, beta, g, plan, S, L)
+    window_done = torch.cuda.Event()
+    window_done.record(side)
     slow.record_stream(cur)                    # allocated on the side stream, read on this one
     segw.record_stream(cur)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
-    kkt_done = torch.cuda.Event()
-    kkt_done.record(cur)
-    cur.wait_stream(side)                      # the window kernel (all the side stream holds so far)
-    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
-    side.wait_event(kkt_done)
+    side.wait_stream(cur)                      # kkt_solve
     with torch.cuda.stream(side):
-        segment_launch()
+        run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
+    cur.wait_event(window_done)
+    segment_launch()
     cur.wait_stream(side)                      # before any tensor used on the side stream can be freed or reused
     return o, final, gcum
 
