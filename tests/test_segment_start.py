@@ -144,14 +144,16 @@ def _segmented_and_plain(x, S, L, seed):
 
 @pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
                                                (1, 700, 4, 3, True, "slow"), (2, 700, 4, 3, True, "mixed")])
-def test_forward_with_segments_matches_fp64(B, T, S, L, h0, decay):
-    """kkt_solve, the start states, the fused kernel's schedule model on the segment plan for the heads never
-    flagged and on the sequence plan for the others (T not a multiple of 64: a short last segment; B2; with and
-    without h0; slow decay, where every head runs unsegmented; mixed, head 0 segmented and head 1 not): o and the
-    final state within TOL of the fp64 recurrence; the unsegmented heads bit-equal to the forward without segments
-    (the same computation); the segmented ones within 3e-3 of it: the truncation costs e^-20, but the start states
-    carry the Triton recurrence's rounding (decay on k) where the fused chain rounds its own way (decay on vnew): o
-    9e-4 apart in a CPU run."""
+def test_forward_with_segments_matches_fp64(monkeypatch, B, T, S, L, h0, decay):
+    """LINATTN_GDN_GLUON_SEGMENT_WARM=0: kkt_solve, the start states, the fused kernel's schedule model on the segment
+    plan for the heads never flagged and on the sequence plan for the others (T not a multiple of 64: a short last
+    segment; B2; with and without h0; slow decay, where every head runs unsegmented; mixed, head 0 segmented and head
+    1 not): o and the final state within TOL of the fp64 recurrence; the unsegmented heads bit-equal to the forward
+    without segments (the same computation); the segmented ones within 3e-3 of it: the truncation costs e^-20, but
+    the start states carry the Triton recurrence's rounding (decay on k) where the fused chain rounds its own way
+    (decay on vnew): o 9e-4 apart in a CPU run.
+    """
+    monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENT_WARM", "0")
     seed = int(torch.randint(0, 2 ** 31 - 1, ()))
     x = _inputs(B, T, 1, 2, seed=seed, h0=h0)
     if decay == "slow":                         # g x 0.01: segments 2 and 3 flagged on both heads
@@ -173,9 +175,14 @@ def test_forward_with_segments_matches_fp64(B, T, S, L, h0, decay):
 def test_switch(monkeypatch):
     """LINATTN_GDN_GLUON_SEGMENTS=1 takes segments for a fixed-length batch whose sequence-heads leave the GPU short
     at BV = 64 (B1 HV32 T65536 on 132 SMs: 16 segments of 64 chunks); not without the switch, not for varlen, not at
-    B8 (512 CTAs at BV = 64), not for a sequence of < 4 segments. Nothing about the inputs: the start-state kernel
-    checks its bound itself (test_flags_where_a_transition_is_not_a_contraction)."""
+    B8 (512 CTAs at BV = 64), not for a sequence of < 4 segments. Nothing about the inputs: the window kernels
+    check their bound themselves (test_flags_where_a_transition_is_not_a_contraction). Within segments the warm-up
+    runs in the fused kernel unless LINATTN_GDN_GLUON_SEGMENT_WARM=0."""
     monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENT_WARM", raising=False)
+    assert settings.gdn_gluon_segment_warm          # within segments, the in-kernel warm-up by default (round 19)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENT_WARM", "0")
+    assert not settings.gdn_gluon_segment_warm
     assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (1, 1024)
     monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENTS", "1")
     assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (16, 64)

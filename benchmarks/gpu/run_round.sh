@@ -85,7 +85,7 @@ for step in "$@"; do
     kkt_gva) timeout 150 python3 benchmarks/gpu/kkt_gva_round.py --out "$OUT" ;;   # GVA stage 2a, K K^T once per key head (intra_split.py)
     kkt_v2) timeout 150 python3 benchmarks/gpu/kkt_v2_round.py --out "$OUT" ;;   # stage 2a v2, Tinv by 16x16 block substitution (intra_split.py)
     segments) timeout 300 python3 benchmarks/gpu/segments_round.py --out "$OUT" ;;   # segment-parallel forward vs unsegmented, same inputs (fast / slow / mixed decay)
-    segments_tl) timeout 200 python3 benchmarks/gpu/segments_round.py --out "$OUT" --timeline ;;   # kernel timelines of the forward with and without segments (profiler)
+    segments_tl) timeout 200 python3 benchmarks/gpu/segments_round.py --out "$OUT" --timeline ;;   # kernel timelines, profiler
     kkt_v3) timeout 150 python3 benchmarks/gpu/kkt_v3_round.py --out "$OUT" ;;   # stage 2a v1/v2/v3 on the same rows; v3 = v2 without tl.gather (intra_split.py)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;

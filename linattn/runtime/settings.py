@@ -61,22 +61,24 @@ LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-
                    T16384 and 0.98x varlen24 (benchmarks/OPT_LOG.md 18.1).
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
-                   GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, computes each segment's start state by a
-                   gate-truncated warm-up of <= 16 chunks (triton/segment_start.py; error <= e^-20 of the state), and
-                   runs the segments as sequences (FlashQLA's B1 scheme). A (sequence, head) whose window would be
+                   GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a
+                   gate-truncated warm-up of <= 16 chunks early (error <= e^-20 of the state; triton/segment_start.py)
+                   and runs the segments as sequences (FlashQLA's B1 scheme). A (sequence, head) whose window would be
                    longer, or whose window has a transition that is not a contraction (beta ||k||^2 outside [0, 2]),
-                   runs unsegmented in a second launch on a side stream. Round 18 on an H200 (82f0bc4, gate green):
-                   1.13-1.19x at fast decay (B1 T65536 2.139 -> 1.801 ms), 0.99x where every head decays slowly,
-                   0.95x where half do (benchmarks/OPT_LOG.md 18.2-18.3).
-LINATTN_GDN_GLUON_SEGMENT_WARM "1" (opt-in; only with LINATTN_GDN_GLUON_SEGMENTS=1): the segments' warm-up runs
-                   inside the fused kernel (each segment's chain starts its window's chunks early, o not stored there)
-                   instead of in the Triton start-state kernel, which round 18 found to cost ~0.12-0.16 ms at B1
-                   T65536 (benchmarks/OPT_LOG.md 18.4); a load-only kernel finds the windows
-                   (segment_start.segment_window_kernel). Round 18 on an H200 (e28ca9b, gate green): segments 1.17-1.22x
-                   at fast decay (B1 T65536 2.143 -> 1.753 ms), 0.984x at mixed and 0.965-0.985x at slow decay.
-                   Since round 19 the window kernel writes one segment word per (segment, head) and the pairs to run
-                   unsegmented, and both launches read h0 and store the final state straight (no start states,
-                   flag reductions or final select between the launches).
+                   runs unsegmented in a second launch on a side stream. Round 19 on an H200 (1a9384a, gate green,
+                   same call as the forward without segments): 1.23-1.25x where every head decays fast (B1 T65536
+                   2.151 -> 1.724 ms; 1.693 ms and 0.76x FlashQLA in the same-run table), but 0.981-0.99x where every
+                   head decays slowly and 0.986x where half do: the chain of a slow head is the bound there, and the
+                   window kernel and the segment launch next to it cost 1-2% (benchmarks/OPT_LOG.md 19.1-19.3). Why
+                   not a default: the decision rule is faster at every timed row. Take it for long single sequences
+                   whose gates decay fast on every head.
+LINATTN_GDN_GLUON_SEGMENT_WARM "0" (with LINATTN_GDN_GLUON_SEGMENTS=1) runs the segments' warm-up in the Triton
+                   start-state kernel (segment_start.segment_start_kernel, 520 bytes of spill) instead of inside the
+                   fused kernel, the default since round 19 (each segment's chain starts its window's chunks early, o
+                   not stored there; a load-only kernel writes one segment word per (segment, head) and the pairs to
+                   run unsegmented; both launches read h0 and store the final state straight). The start-state kernel
+                   was slower at every row: round 18 1.13-1.19x at fast decay and 0.95x with half the heads slow,
+                   against 1.17-1.22x and 0.984x for the in-kernel warm-up then (OPT_LOG 18.4-18.5).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
@@ -207,7 +209,7 @@ class _Settings:
 
     @property
     def gdn_gluon_segment_warm(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_SEGMENT_WARM")
+        return _on_unless_off("LINATTN_GDN_GLUON_SEGMENT_WARM")
 
     @property
     def gdn_segment_warmup(self) -> bool:

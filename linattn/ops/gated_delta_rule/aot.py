@@ -611,8 +611,8 @@ register(AotKernel(
 def _segment_start_build():
     def build():
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
-        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, g_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F, flag_ptr=_I32,
-                   cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
+        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, g_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F,
+                   flag_ptr=_I32, cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32", MAXW=16)
         return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
     return build
