@@ -86,6 +86,19 @@ def graph_ms(fn, repeats: int = 20) -> float:
     return ms
 
 
+def cuda_profile(fn, iters: int = 10):
+    """The torch profiler (CUDA activity) over `iters` calls of fn queued back to back, after 3 warm-up calls."""
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return prof
+
+
 def run_sections(res: dict, sections, path: str) -> dict:
     """Run (name, fn) sections in order into res[name], each in try/except (an error is recorded with its trace
     and the next section still runs), timing each under res["section_s"], and rewrite the JSON at `path` after

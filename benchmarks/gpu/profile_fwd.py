@@ -10,18 +10,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 
 import linattn  # noqa: E402
-from common import env_line, write_json  # noqa: E402
+from common import cuda_profile, env_line, write_json  # noqa: E402
 from linattn.testing import make_gdn_inputs  # noqa: E402
 
 
 def profile(fn, iters=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn, iters)
     rows = {}
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)

@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, median_ms, round_result, write_json  # noqa: E402
+from common import cuda_profile, graph_ms, median_ms, round_result, write_json  # noqa: E402
 
 ROWS = [(1, 8192, "fast"), (1, 16384, "fast"), (1, 32768, "fast"), (1, 65536, "fast"), (2, 32768, "fast"),
         (1, 65536, "slow"), (1, 65536, "mixed"), (1, 16384, "slow")]
@@ -166,15 +166,7 @@ def kernel_timeline(fn, iters: int = 8, first: str = "kkt") -> dict:
     call's first kernel and median duration in us, and the median span of a call (first start to last end)."""
     import json
     import tempfile
-
-    import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn, iters)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
