@@ -318,8 +318,8 @@ def test_launch_matches_aot_signature(B, T, lens, states):
 @needs_gluon
 @pytest.mark.parametrize("warm", [False, True])
 def test_segment_launch_matches_aot_signature(warm):
-    """The segment-parallel forward's launches (select, and the segment words with LINATTN_GDN_GLUON_SEGMENT_WARM=1)
-    mangle to the registered _sel / _sel_warm builds' signatures: the int32 selection ([N * HV], or [sequences, HV]
+    """The segment-parallel forward's launches (select, and the segment words of the segment launch) mangle to the
+    registered _sel / _sel_warm builds' signatures: the int32 selection ([N * HV], or [sequences, HV]
     with segment words) and the words are passed as themselves; a wrong dtype, size or shape is refused."""
     from triton.runtime.jit import mangle_type
 

@@ -1,11 +1,10 @@
 """The segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1) against the same forward without segments,
 in one process on the H200: per row (B, T, decay) the forward with and without segments on the same inputs (CUDA-graph
 replay of one api call, backend="gluon"), their o and final-state distance, and how many
-(sequence, head) pairs the start-state kernel sent unsegmented (flagged: slow decay). Decays: "fast" (make_gdn_inputs'
+(sequence, head) pairs the window kernel sent unsegmented (flagged: slow decay). Decays: "fast" (make_gdn_inputs'
 gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.01 on the odd value heads).
 Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
 
-With LINATTN_GDN_GLUON_SEGMENT_WARM=1 in the environment the segments run their warm-up in the fused kernel.
 Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry | --timeline]  (--dry: CPU, tiny shapes, the fused
 kernel's schedule model in place of the Gluon launch, to exercise this script's logic; --timeline: the kernels of one
 forward with and without segments, start offsets and durations from the torch profiler, TIMELINE_ROWS)."""
@@ -36,21 +35,18 @@ def inputs(B, T, decay, device, H=16, HV=32):
 
 
 def unsegmented_pairs(x, S, L):
-    """(pairs run unsegmented, all pairs): the start-state kernel's flags, any over each (sequence, head)'s segments."""
-    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    """(pairs run unsegmented, all pairs): the window kernel's slow[n, hv] (any segment of the pair flagged)."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_states
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
     B, T = x["q"].shape[:2]
     HV = x["v"].shape[2]
     plan = make_chunk_plan(B, T, None, 64, x["q"].device)
-    gcum, tinv = fw.kkt_solve(x["k"], x["g"], x["beta"], plan, HV)
-    _, flag = segment_start_states(x["k"], x["v"], x["beta"], x["g"], gcum, tinv, x["initial_state"], plan, S, L,
-                                   dot_prec="tf32")
-    return int(flag.view(B, S, HV).amax(1).sum()), B * HV
+    slow, _, _ = segment_windows(x["k"], x["beta"], x["g"], plan, S, L)
+    return int(slow.sum()), B * HV
 
 
 def launches_apart(x, S, L):
-    """The segment-parallel forward's two fused launches on prepared inputs (kkt_solve and the start states done
+    """The segment-parallel forward's two fused launches on prepared inputs (kkt_solve and the window kernel done
     once): the unsegmented heads' launch alone, the segment launch alone, both as the forward runs them (side stream
     at the highest priority, joined) and both one after the other on one stream, each a CUDA-graph median. Answers
     whether the two launches get in each other's way (both > max of the two alone) at mixed decay."""
@@ -58,36 +54,25 @@ def launches_apart(x, S, L):
 
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
     q, k, v, beta, h0 = x["q"], x["k"], x["v"], x["beta"], x["initial_state"]
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, None, 64, q.device)
     gcum, tinv = fw.kkt_solve(k, x["g"], beta, plan, HV)
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
-    from linattn.runtime.settings import settings
     splan = segment_plan(B, T, S, L, q.device)
     o = torch.empty_like(v)
     scale = K ** -0.5
-    if settings.gdn_gluon_segment_warm:        # both launches read h0 and write final straight (segment words)
-        slow, _, segw = segment_windows(k, beta, x["g"], plan, S, L)
-        final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
-        h0_seg, fseg, seg_sel = h0, final_u, dict(select=slow, seg=segw)
-    else:
-        hseg, flag = segment_start_states(k, v, beta, x["g"], gcum, tinv, h0, plan, S, L, dot_prec="tf32")
-        slow = flag.view(B, S, HV).amax(1).contiguous()
-        final_u = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
-        h0_seg = hseg
-        fseg = torch.empty(B * S, HV, K, V, dtype=torch.float32, device=q.device)
-        seg_sel = dict(select=(slow == 0).to(torch.int32).repeat_interleave(S, 0))
+    slow, _, segw = segment_windows(k, beta, x["g"], plan, S, L)
+    final = torch.empty(B, HV, K, V, dtype=torch.float32, device=q.device)
 
     def slow_run():
-        fw.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, h0, final_u, plan, scale, select=slow)
+        fw.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=slow)
 
     def seg_run():
         fw.chunk_fused_wu_ws_gluon(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0_seg, fseg,
-                                   splan, scale, **seg_sel)
+                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0, final,
+                                   splan, scale, select=slow, seg=segw)
 
     def both():
         # as the forward issues them: the unsegmented launch on the high-priority side stream, the segment launch

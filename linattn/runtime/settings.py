@@ -71,14 +71,8 @@ LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fuse
                    head decays slowly and 0.986x where half do: the chain of a slow head is the bound there, and the
                    window kernel and the segment launch next to it cost 1-2% (benchmarks/OPT_LOG.md 19.1-19.3). Why
                    not a default: the decision rule is faster at every timed row. Take it for long single sequences
-                   whose gates decay fast on every head.
-LINATTN_GDN_GLUON_SEGMENT_WARM "0" (with LINATTN_GDN_GLUON_SEGMENTS=1) runs the segments' warm-up in the Triton
-                   start-state kernel (segment_start.segment_start_kernel, 520 bytes of spill) instead of inside the
-                   fused kernel, the default since round 19 (each segment's chain starts its window's chunks early, o
-                   not stored there; a load-only kernel writes one segment word per (segment, head) and the pairs to
-                   run unsegmented; both launches read h0 and store the final state straight). The start-state kernel
-                   was slower at every row: round 18 1.13-1.19x at fast decay and 0.95x with half the heads slow,
-                   against 1.17-1.22x and 0.984x for the in-kernel warm-up then (OPT_LOG 18.4-18.5).
+                   whose gates decay fast on every head. Each segment's warm-up runs inside the fused kernel (round
+                   18's Triton start-state kernel, slower at every measured row, was removed after round 19).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
                    (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
@@ -206,10 +200,6 @@ class _Settings:
     @property
     def gdn_gluon_segments(self) -> bool:
         return _flag("LINATTN_GDN_GLUON_SEGMENTS")
-
-    @property
-    def gdn_gluon_segment_warm(self) -> bool:
-        return _on_unless_off("LINATTN_GDN_GLUON_SEGMENT_WARM")
 
     @property
     def gdn_segment_warmup(self) -> bool:

@@ -589,7 +589,7 @@ for _dt, _bv, _s, _regs, _op in FUSED_WU_SEL_CONFIGS:
                     f"forward's two launches), WU_AREG" + (" and OUT_PIPE" if _op else "")
                     + f", H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring, output / wu warpgroups at "
                     f"{_regs[0]} / {_regs[1]} registers"))
-# The segment launch with the warm-up in the kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1 with segments): seg_ptr
+# The segment launch with the warm-up in the kernel (opt-in LINATTN_GDN_GLUON_SEGMENTS=1): seg_ptr
 # (segment words), sel_ptr indexed by the whole sequence, h0 / the final state gated by the word.
 register(AotKernel(
     fused_wu_kernel_name("bf16", 64, 2, areg=True, regs=(136, 192), select=True, warm=True),
@@ -599,30 +599,3 @@ register(AotKernel(
                 "(seg_ptr: the chain starts wl chunks early, o not stored there, h0 / final gated by the segment "
                 "word), WU_AREG, H16/HV32 K=V=128 bf16, BV=64, 2-stage ring, output / wu warpgroups at 136 / 192 "
                 "registers"))
-
-
-# ---- Segment start states for the segment-parallel fused forward (triton/segment_start.py; opt-in
-# LINATTN_GDN_GLUON_SEGMENTS=1): per (V block of 64, segment * head) a gate-truncated warm-up of at most
-# MAX_WINDOW chunks with W and U formed from Tinv on the fly, H16/HV32 K=V=128 bf16, and a flag where the decay is too
-# slow for that, or where a transition of a truncated window is not a contraction (the head then runs unsegmented).
-# Known spill (255 registers): 520 bytes (280 before the contraction check, 408 before the one-load window; the state [128, 64] fp32 and
-# W [64, 128] live together; 8 warps or BV=32 spill more or about as much, num_stages=1 more); not on the chain: it
-# walks a few chunks per program at the production gates.
-def _segment_start_build():
-    def build():
-        from linattn.ops.gated_delta_rule.triton.segment_start import segment_start_kernel as fn
-        sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, g_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, h0_ptr=_F, hseg_ptr=_F,
-                   flag_ptr=_I32, cu_ptr=_I64, chunk_off_ptr=_I64, S="i32", seg_chunks="i32", thresh="fp32")
-        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, USE_H0=True, DOT_PREC="tf32", MAXW=16)
-        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": 4, "num_stages": 2}
-    return build
-
-
-register(AotKernel("gdn_fwd_triton_segment_start_bv64_w4", _segment_start_build(), ("HGMMA",), archs=("sm_90a",),
-                   language="triton", known_spill_bytes=520,
-                   div16=("k_ptr", "v_ptr", "beta_ptr", "g_ptr", "gcum_ptr", "tinv_ptr", "h0_ptr", "hseg_ptr",
-                          "flag_ptr", "cu_ptr", "chunk_off_ptr"),
-                   description="GDN forward segment start states (gate-truncated warm-up, W/U on the fly), Triton, "
-                               "H16/HV32 K=V=128 bf16, BV=64, 4 warps (opt-in LINATTN_GDN_GLUON_SEGMENTS=1)"))
-
-

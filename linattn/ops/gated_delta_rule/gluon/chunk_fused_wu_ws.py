@@ -514,7 +514,7 @@ _SIDE_STREAMS: dict = {}
 def _side_stream(device) -> "torch.cuda.Stream":
     """One side stream per device for the segment-parallel forward, at the highest priority (-100, mapped to the
     highest valid): the unsegmented heads' launch (their chains are the critical path) and, with the warm-up in the
-    kernel, the window kernel before it (_segments_warm). Round 18 timed the two launches apart: they overlap cleanly
+    kernel, the window kernel before it (_segments). Round 18 timed the two launches apart: they overlap cleanly
     (both = the longer + 13 us at mixed decay; OPT_LOG 18.3-18.4); round 19 found the order and priority to matter
     by ~10-20 us (OPT_LOG 19.2-19.3)."""
     key = torch.device(device).index
@@ -532,71 +532,37 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
     backward recomputes from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale,
-    select=None[, seg=None]) replaces the Gluon launch (CPU tests pass the schedule model; seg only with the
-    in-kernel warm-up).
+    select=None[, seg=None]) replaces the Gluon launch (CPU tests pass the schedule model; seg only for segments).
     Segments (opt-in LINATTN_GDN_GLUON_SEGMENTS=1, segments_wanted; `segments` = (S, L) forces them): each sequence
-    is cut into S segments of L chunks whose start states segment_start.segment_start_states computes (a
-    gate-truncated warm-up, exact where the window reaches the sequence start). A (sequence, head) none of whose
-    segments is flagged (every warm-up window short enough) runs as S independent segments: one fused launch on the
-    segment plan (segment_start.segment_plan), selected to those heads; the others (slow decay somewhere) run
-    unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that both run at once
-    (no host synchronisation: the selection is read in the kernels). The final state is the last segment's or the
-    unsegmented run's. With LINATTN_GDN_GLUON_SEGMENT_WARM=1 (opt-in) the warm-up runs in the segment launch itself
-    instead of in segment_start_states' Triton kernel: segment_start.segment_windows gives each segment's word (its
-    chain starts wl chunks early, from h0 where the window reaches the sequence start, else from 0; the last segment
-    stores the final state) and slow [B, HV]; both launches select with slow, read h0 and write the final state
-    straight from / into the caller's tensors (no start states, flag reductions or final select in between); the
-    window kernel runs next to kkt_solve, and the streams are ordered as _segments_warm says."""
+    is cut into S segments of L chunks, each started a gate-truncated warm-up early (exact where the window reaches
+    the sequence start; segment_start.py). A (sequence, head) none of whose segments is flagged (every warm-up window
+    short enough) runs as S independent segments: one fused launch on the segment plan (segment_start.segment_plan),
+    whose CTAs read their segment word (the warm-up length, h0 or 0, last segment or not); the others (slow decay
+    somewhere) run unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that
+    both run at once (no host synchronisation: the selection is read in the kernels). Both launches read h0 and
+    write the final state straight from / into the caller's tensors; _segments gives the order on the GPU."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
-    from linattn.runtime.settings import settings
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, cu_seqlens, BT, q.device)
     run = fused_pass or chunk_fused_wu_ws_gluon
     S, L = segments or segments_wanted(B, T, HV, V, cu_seqlens, q.device)
-    if S > 1 and cu_seqlens is not None:
-        raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-    if S > 1 and settings.gdn_gluon_segment_warm:
-        o, final, gcum = _segments_warm(run, q, k, v, g, beta, scale, initial_state, output_final_state, plan, S, L)
+    if S > 1:
+        if cu_seqlens is not None:
+            raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
+        o, final, gcum = _segments(run, q, k, v, g, beta, scale, initial_state, output_final_state, plan, S, L)
         return FwdResult(o, final, gcum, None, None, None, None, None, plan)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
-    if S <= 1:
-        final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-        run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
-        return FwdResult(o, final, gcum, None, None, None, None, None, plan)
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_start_states
-    splan = segment_plan(B, T, S, L, q.device)
-    hseg, flag = segment_start_states(k, v, beta, g, gcum, tinv, initial_state, plan, S, L,
-                                      dot_prec="ieee" if k.dtype == torch.float32 else "tf32")
-    slow = flag.view(B, S, HV).amax(1).contiguous()                      # [B, HV]: 1 = run unsegmented
-    fast = (slow == 0).to(torch.int32).repeat_interleave(S, 0)           # [B * S, HV] (segment n * S + s)
-    fseg = empty(B * S, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    final_u = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    side = _side_stream(q.device) if q.is_cuda else None
-    if side is not None:
-        cur = torch.cuda.current_stream(q.device)
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):
-            run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
-    else:
-        run(q, k, v, beta, gcum, tinv, o, initial_state, final_u, plan, scale, select=slow)
-    run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-        beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), hseg, fseg, splan, scale, select=fast)
-    if side is not None:
-        cur.wait_stream(side)                  # before any tensor used on the side stream can be freed or reused
-    final = None
-    if output_final_state:                     # the last segment's or the unsegmented run's
-        final = torch.where(slow.bool()[:, :, None, None], final_u, fseg.view(B, S, HV, K, V)[:, S - 1])
+    final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
 
 
-def _segments_warm(run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int,
-                   L: int):
-    """The segment-parallel forward with the warm-up in the fused kernel (LINATTN_GDN_GLUON_SEGMENT_WARM=1): (o,
-    final, gcum). Order on the GPU (no host synchronisation; two streams joined at the end):
+def _segments(run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int, L: int):
+    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum). Order on the GPU (no host synchronisation; two streams joined at the end):
       side stream (highest priority): slow := 0, segment_window_kernel (segment words, slow) from the inputs k,
                     beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
                     kkt_solve is done, the unsegmented launch of the pairs with slow != 0 (sequence plan): their
@@ -605,7 +571,8 @@ def _segments_warm(run, q, k, v, g, beta, scale: float, initial_state, output_fi
                     segments of the pairs with slow != 0 exit at once)
     Round 19 (OPT_LOG 19.2-19.3): with the window kernel and the segment launch on a default-priority side stream
     instead, the window kernel waited behind kkt_solve's CTAs and the slow chains lost their SMs to the segment
-    launch (half the heads slow: 0.971x; round 18's order, the window kernel after kkt_solve: 0.981x).
+    launch (half the heads slow: 0.971x; the window kernel after kkt_solve on the main stream: 0.981x; this order
+    0.986x, but 0.981x where every head is slow, against 1.000x and 0.994x for the other two).
     Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
     from linattn.runtime.alloc import empty

@@ -183,8 +183,8 @@ def kkt_solve_gva_kernel(
 def chunk_gates_tinv(gcum_ptr, beta_ptr, tinv_ptr, t0, eos, hv, op: tl.constexpr, HV: tl.constexpr,
                      BT: tl.constexpr):
     """The chunk from token t0: gam [BT] and beta [BT] fp32 (0 past eos) and Tinv [BT, BT] rounded to the operand
-    dtype op, as the one-kernel stage multiplies it (rows past the end load as zeros). Shared by wu_kernel and
-    segment_start._chunk_wu."""
+    dtype op, as the one-kernel stage multiplies it (rows past the end load as zeros). Used by wu_kernel (and, until
+    round 19, by the segment start-state kernel)."""
     i = tl.arange(0, BT)
     r = t0 + i
     m = r < eos

@@ -1,24 +1,25 @@
-"""Start states of sequence segments, for a segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1).
+"""Segment windows for the segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1).
 
 Why (round 17, benchmarks/OPT_LOG.md 17.5): at B1 H16/HV32 the fused-wu kernel walks 1024 chunks per (value head,
 V block of 32) on 128 CTAs, one per SM, ~1.64 us per chunk. Cut each sequence into S segments and give each its
 own start state, and the kernel sees N*S independent "sequences": enough CTAs to fill the GPU at BV = 64, i.e. the
 same work in fewer, wider steps. FlashQLA does this at B1 (its get_warmup_chunks / prepare_h / correct_h0 kernels).
 
-This kernel computes the start states: program (V block, (n * S + s) * HV + hv) walks back from segment s's first
-chunk c0 = s * L over whole chunks, summing each chunk's total log decay (gcum at its last row), until the sum is
-<= -thresh or chunk 0 is reached (chunk_state_warmup._warmup_window); from S = 0 there (from the sequence's initial
-state when the window reaches chunk 0: then nothing is dropped), it runs the chunk recurrence over the window with W
-and U formed on the fly from Tinv exactly as wu_kernel rounds them, and stores the state reached at c0 into
-h_seg[n * S + s, hv]. Segment 0's start state is the initial state (or 0).
+A segment's start state comes from a gate-truncated warm-up: the chain of segment s starts cw <= c0 = s * L chunks
+into its sequence, from 0 (from the sequence's initial state when cw = 0: then nothing is dropped), and its o rows
+before c0 are not stored. segment_window_kernel finds cw for each (segment, head) -- walking back from c0 over whole
+chunks, summing each chunk's log decay (the sum of its tokens' g), until the sum is <= -thresh or chunk 0 is reached
+-- and writes it into a segment word (SEGW_*) for the fused kernel (chunk_fused_wu_ws.py, seg_ptr), which runs the
+warm-up chunks itself (OPT_LOG 18.5, 19.1). Round 18's separate Triton start-state kernel cost ~0.12-0.16 ms at B1
+T65536 (520 bytes of spill) and was slower at every measured row (rounds 18-19); it was removed after round 19.
 
 The window may span at most MAX_WINDOW chunks (and the previous segment). Where the decay is too slow for that, the
-(segment, head) is flagged (flag[n * S + s, hv] = 1, h_seg not written), and the caller runs that head of that
-sequence unsegmented (chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu). Round 18 measured the alternative,
-FlashQLA's exact join (the previous segment's affine map S -> M S + h, M [K, K] from the identity's columns, then a
-walk h_s = M h_{s-1} + h along the segments): B1 T65536 at g x 0.01 took 5.61 ms against 2.15 unsegmented. M costs
-as much as the chain itself over the segment (K = V), so at slow decay the join doubles the work and cannot beat the
-unsegmented chain (OPT_LOG 18.2).
+(segment, head) is flagged (flag[n * S + s, hv] = 1, slow[n, hv] = 1), and the caller runs that head of that
+sequence unsegmented (chunk_fused_wu_ws._segments). Round 18 measured the alternative, FlashQLA's exact join (the
+previous segment's affine map S -> M S + h, M [K, K] from the identity's columns, then a walk h_s = M h_{s-1} + h
+along the segments): B1 T65536 at g x 0.01 took 5.61 ms against 2.15 unsegmented. M costs as much as the chain
+itself over the segment (K = V), so at slow decay the join doubles the work and cannot beat the unsegmented chain
+(OPT_LOG 18.2).
 
 What is dropped is chunk_state_warmup.py's bound: with 0 <= beta_t ||k_t||^2 <= 2 every token's transition
 I - beta_t k_t k_t^T is a contraction, each chunk's a contraction times exp(gam_C), so the start state is off by at
@@ -27,17 +28,13 @@ truncated window and flags the (segment, head) where it fails, so no promise abo
 keys and beta in [0, 1], as in Qwen3-Next's layers, always pass).
 No host synchronisation: the window is found in the kernel; the grid comes from shapes only.
 """
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
-from linattn.ops.gated_delta_rule.triton.chunk_state import state_update
 from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH
-from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
-from linattn.ops.gated_delta_rule.triton.intra_split import chunk_gates_tinv
+from linattn.ops.gated_delta_rule.triton.common import sequence_span
 
 CHUNK = 64
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
@@ -51,25 +48,6 @@ SEGW_H0 = tl.constexpr(1 << 8)     # bit 8: the chain starts from its sequence's
                                    # start), else from 0
 SEGW_LAST = tl.constexpr(1 << 9)   # bit 9: the sequence's last segment (its final state is the sequence's)
 SEGW_SEQ_SHIFT = tl.constexpr(10)  # bits 10-30: the sequence index n (the h0 / final row)
-
-
-@triton.jit
-def _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, hk, vb,
-              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """K [BT, BK], W [BT, BK] and U [BT, BV] (16-bit, at wu_kernel's rounding points: the fused kernel's and the
-    Triton forward's), gam [BT], gam_C and beta [BT] (0 past eos) of the whole chunk starting at token t0."""
-    op: tl.constexpr = k_ptr.dtype.element_ty
-    gam, beta, tinv = chunk_gates_tinv(gcum_ptr, beta_ptr, tinv_ptr, t0, eos, hv, op, HV, BT)
-    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-    p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-    b_k = tl.load(p_k, boundary_check=(0, 1))
-    ks = (b_k.to(tl.float32) * (beta * tl.exp(gam))[:, None]).to(op)
-    w = tl.dot(tinv, ks, input_precision=DOT_PREC).to(op)
-    vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
-    u = tl.dot(tinv, vs, input_precision=DOT_PREC).to(op)
-    gam_last = tl.load(gcum_ptr + (t0 + BT - 1) * HV + hv)
-    return b_k, w, u, gam, gam_last, beta
 
 
 @triton.jit
@@ -99,49 +77,6 @@ def _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT: tl.constexpr):
 
 
 @triton.jit
-def segment_start_kernel(
-    k_ptr, v_ptr, beta_ptr, g_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta / g / gcum
-                                                         # [T_tot, HV], tinv [T_tot, HV, BT]
-    h0_ptr, hseg_ptr, flag_ptr,                   # initial state [N, HV, K, V] fp32 (or unused); out [N * S, HV, K, V]
-                                                  # fp32; flag [N * S, HV] int32 (1: run the head unsegmented)
-    cu_ptr, chunk_off_ptr,
-    S, seg_chunks, thresh,                        # segments per sequence, their length in chunks, warm-up threshold
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
-    MAXW: tl.constexpr,
-):
-    vb = tl.program_id(0)
-    hv = tl.program_id(1) % HV
-    ns = tl.program_id(1) // HV
-    hk = hv // (HV // H)
-    op = k_ptr.dtype.element_ty
-    n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
-    # the window may span at most MAXW chunks and the previous segment; beyond that the head runs unsegmented
-    cw, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
-                                 HV, BT, MAXW)
-    # a truncated window (cw > 0) also needs every transition I - beta k k^T to be a contraction (0 <= beta ||k||^2
-    # <= 2, checked on each token of the window: the bound of the module docstring), else the head runs unsegmented
-    expansive = 0
-    if usable:
-        rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
-        if USE_H0:
-            s = tl.load(h0_ptr + state_off, mask=mkv & (cw == 0), other=0.).to(tl.float32)
-        else:
-            s = tl.zeros([BK, BV], dtype=tl.float32)
-        for c in range(cw, c0):                # whole chunks inside the sequence (c0 <= nchunks, c < c0)
-            b_k, w, u, gam, gam_last, beta = _chunk_wu(k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr, bos + c * BT, eos,
-                                                       hv, hk, vb, H, HV, K, V, BT, BK, BV, DOT_PREC)
-            kf = b_k.to(tl.float32)
-            bkk = beta * tl.sum(kf * kf, axis=1)
-            expansive = tl.maximum(expansive, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
-            vnew_op = (u.to(tl.float32) - tl.dot(w, s.to(op), input_precision=DOT_PREC)).to(op)
-            s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
-        out = (ns.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
-        tl.store(hseg_ptr + out, s, mask=mkv)
-    tl.store(flag_ptr + ns * HV + hv, ((~usable) | ((expansive != 0) & (cw > 0))).to(tl.int32))
-
-
-@triton.jit
 def segment_window_kernel(
     k_ptr, beta_ptr, g_ptr,                       # k [T_tot, H, K], beta / g [T_tot, HV] (the inputs)
     slow_ptr, flag_ptr, segw_ptr,                 # out: slow [N, HV] int32 (zeroed by the caller; 1 stored where a
@@ -149,8 +84,8 @@ def segment_window_kernel(
     cu_ptr, chunk_off_ptr, S, seg_chunks, thresh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, MAXW: tl.constexpr,
 ):
-    """segment_start_kernel without the chain: program (n * S + s) * HV + hv finds the same window and flag, and
-    stores the segment word (SEGW_*: the window's length wl = c0 - cw, 0 where flagged; whether the window reaches the
+    """Program (n * S + s) * HV + hv finds the window of segment s of sequence n for head hv and its flag, and stores
+    the segment word (SEGW_*: the window's length wl = c0 - cw, 0 where flagged; whether the window reaches the
     sequence start, cw == 0, so that the chain starts from h0; whether s is the last segment; n) for the fused kernel
     to run the warm-up itself (chunk_fused_wu_ws's seg_ptr), and slow[n, hv] = 1 where flagged. Loads only: the
     window's chunk decays, then k and beta of its tokens for the contraction check."""
@@ -214,36 +149,12 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
     return plan
 
 
-def segment_start_states(k, v, beta, g, gcum, tinv, initial_state: Optional[torch.Tensor], plan: ChunkPlan, S: int,
-                         L: int, *, dot_prec: str, BV: int = 64, num_warps: int = 4, thresh: float = THRESH,
-                         max_window: int = MAX_WINDOW):
-    """(h_seg [N * S, HV, K, V] fp32, flag [N * S, HV] int32): each segment's start state, and 1 where its warm-up
-    window would need more than max_window chunks (h_seg not written there; module docstring); k [B,T,H,K],
-    v [B,T,HV,V], beta / g [B,T,HV] (g: the per-token log decays, whose chunk sums choose the windows), gcum
-    [T_tot, HV] fp32 and tinv [T_tot, HV, 64] (kkt_solve's outputs for the per-sequence plan)."""
-    from linattn.runtime.alloc import empty
-    H, K = k.shape[-2], k.shape[-1]
-    HV, V = v.shape[-2], v.shape[-1]
-    if V % BV:
-        raise ValueError(f"segment start states need V a multiple of BV={BV} (got V={V})")
-    N = plan.N
-    BK = max(16, triton.next_power_of_2(K))
-    hseg = empty(N * S, HV, K, V, dtype=torch.float32, device=k.device)
-    flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
-    use_h0 = initial_state is not None
-    segment_start_kernel[(triton.cdiv(V, BV), N * S * HV)](
-        k, v, beta, g, gcum, tinv, initial_state if use_h0 else gcum, hseg, flag, plan.cu, plan.chunk_offsets,
-        S, L, float(thresh), H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=use_h0, DOT_PREC=dot_prec,
-        MAXW=int(max_window), num_warps=num_warps)
-    return hseg, flag
-
-
 def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
                     max_window: int = MAX_WINDOW, num_warps: int = 4):
-    """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs, for
-    the segment launch with the warm-up in the fused kernel (opt-in LINATTN_GDN_GLUON_SEGMENT_WARM=1;
-    chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu): slow[n, hv] = 1 where any segment of (n, hv) is flagged
-    (that pair runs unsegmented), the flags (the same as segment_start_states'), the segment words (SEGW_*)."""
+    """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs for the
+    segment-parallel forward (chunk_fused_wu_ws._segments): slow[n, hv] = 1 where any segment of (n, hv) is flagged
+    (that pair runs unsegmented), the flags, the segment words (SEGW_*). k [B,T,H,K], beta / g [B,T,HV] (g: the
+    per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan."""
     if max_window > SEGW_WL_MASK.value:
         raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
     if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):
