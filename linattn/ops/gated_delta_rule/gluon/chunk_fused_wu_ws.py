@@ -562,17 +562,18 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
 
 
 def _segments(run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int, L: int):
-    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum). Order on the GPU (no host synchronisation; two streams joined at the end):
+    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum). Order on the
+    GPU (no host synchronisation; two streams joined at the end):
       side stream (highest priority): slow := 0, segment_window_kernel (segment words, slow) from the inputs k,
                     beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
                     kkt_solve is done, the unsegmented launch of the pairs with slow != 0 (sequence plan): their
                     chains are the critical path wherever a pair is slow, so they take the SMs first
       main stream:  kkt_solve; then, once the window kernel is done, the segment launch (segment plan, BV=64; its
                     segments of the pairs with slow != 0 exit at once)
-    Round 19 (OPT_LOG 19.2-19.3): with the window kernel and the segment launch on a default-priority side stream
-    instead, the window kernel waited behind kkt_solve's CTAs and the slow chains lost their SMs to the segment
-    launch (half the heads slow: 0.971x; the window kernel after kkt_solve on the main stream: 0.981x; this order
-    0.986x, but 0.981x where every head is slow, against 1.000x and 0.994x for the other two).
+    Round 19 (OPT_LOG 19.1-19.3, RESULTS.md round 19): two other orders were measured (the window kernel after
+    kkt_solve on the main stream; the window kernel and the segment launch on a default-priority side stream); none
+    gave the rows with a slow head 1.00x, and the same order moves by ~2% there between calls (this one: 0.981x and
+    1.005x with every head slow at B1 T65536 in two calls).
     Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
     from linattn.runtime.alloc import empty
