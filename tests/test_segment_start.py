@@ -59,15 +59,8 @@ def _window_start(x, n, c0, wl, from_h0):
 
 
 def _exact_start(x, n, c0):
-    """The state at chunk c0 of sequence n: the Triton forward's final state on the prefix (the initial state at 0)."""
-    if c0 == 0:
-        h0 = x["initial_state"]
-        return torch.zeros(x["v"].shape[2], 128, 128) if h0 is None else h0[n].float()
-    pre = {k: (t[n:n + 1, :c0 * 64].contiguous() if k != "initial_state" else
-               (None if t is None else t[n:n + 1].contiguous())) for k, t in x.items()}
-    res = chunk_gated_delta_rule_fwd(pre["q"], pre["k"], pre["v"], pre["g"], pre["beta"], 128 ** -0.5,
-                                     pre["initial_state"], True, None)
-    return res.final_state[0]
+    """The state at chunk c0 of sequence n: the chain over the whole prefix from the initial state."""
+    return _window_start(x, n, c0, c0, True)
 
 
 @pytest.mark.parametrize("B,T,S,L,h0", [(1, 450, 3, 3, True), (2, 260, 2, 3, False), (1, 64 * 12, 4, 3, True)])

@@ -180,21 +180,6 @@ def kkt_solve_gva_kernel(
 
 
 @triton.jit
-def chunk_gates_tinv(gcum_ptr, beta_ptr, tinv_ptr, t0, eos, hv, op: tl.constexpr, HV: tl.constexpr,
-                     BT: tl.constexpr):
-    """The chunk from token t0: gam [BT] and beta [BT] fp32 (0 past eos) and Tinv [BT, BT] rounded to the operand
-    dtype op, as the one-kernel stage multiplies it (rows past the end load as zeros). Used by wu_kernel (and, until
-    round 19, by the segment start-state kernel)."""
-    i = tl.arange(0, BT)
-    r = t0 + i
-    m = r < eos
-    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
-    return gam, beta, tinv
-
-
-@triton.jit
 def wu_kernel(
     k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
     w_ptr, u_ptr,                                 # w [T_tot, HV, K], u [T_tot, HV, V] in k's dtype
@@ -211,7 +196,13 @@ def wu_kernel(
     hk = hv // (HV // H)
     op = k_ptr.dtype.element_ty
 
-    gam, beta, tinv = chunk_gates_tinv(gcum_ptr, beta_ptr, tinv_ptr, t0, eos, hv, op, HV, BT)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    # Tinv rounded to the operand dtype, as the one-kernel stage multiplies it (rows past the end load as zeros)
+    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
 
     bg = beta * tl.exp(gam)
     for kb in range(0, tl.cdiv(K, BK)):
