@@ -522,7 +522,8 @@ def fused_wu_kernel_name(dtype: str, BV: int, stages: int, areg: bool = False, r
 def _fused_wu_build(dtype: str, BV: int, stages: int, areg: bool = False, regs=None, out_pipe: bool = False,
                     select: bool = False, warm: bool = False):
     """regs: (OUTPUT_REGS, WU_REGS) in place of the module's (a config's output_regs / wu_regs); select: with the
-    per-(sequence, head) selection the segment-parallel forward passes (sel_ptr)."""
+    per-(sequence, head) selection the segment-parallel forward passes (sel_ptr); warm: the segment launch, with the
+    segment words (seg_ptr: each segment's warm-up runs in the kernel)."""
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (NPUB, NWU, OUTPUT_REGS, PRODUCER_REGS,
                                                                           WU_REGS, chunk_fused_wu_ws_kernel as fn)
