@@ -22,6 +22,9 @@
 # kkt_v3 (stage 2a v3, the default since round 17, intra_split.kkt_solve_v3_kernel, v2 without tl.gather: kkt_v2's
 # checks and timing for v1, v2 and v3 on the same rows, the forward with LINATTN_GDN_KKT=v3 vs fp64;
 # benchmarks/gpu/kkt_v3_round.py),
+# kkt_v4 (the opt-in stage 2a v4, intra_split.kkt_solve_v4_kernel, v3 with bf16 operands for the inverse's products
+# where Tinv is stored in bf16: kkt_v2's checks and timing for v1, v3, v4o and v4, then the forward with v3 and v4 on
+# the same inputs, CUDA graphs; benchmarks/gpu/kkt_v4_round.py),
 # segments (the segment-parallel fused forward, LINATTN_GDN_GLUON_SEGMENTS=1, against the unsegmented one on the same
 # inputs at fast, slow and mixed decay; benchmarks/gpu/segments_round.py),
 # gluon (the Gluon GDN forward's gate and timing,
@@ -87,6 +90,7 @@ for step in "$@"; do
     segments) timeout 300 python3 benchmarks/gpu/segments_round.py --out "$OUT" ;;   # segment-parallel forward vs unsegmented, same inputs (fast / slow / mixed decay)
     segments_tl) timeout 200 python3 benchmarks/gpu/segments_round.py --out "$OUT" --timeline ;;   # kernel timelines, profiler
     kkt_v3) timeout 150 python3 benchmarks/gpu/kkt_v3_round.py --out "$OUT" ;;   # stage 2a v1/v2/v3 on the same rows; v3 = v2 without tl.gather (intra_split.py)
+    kkt_v4) timeout 330 python3 benchmarks/gpu/kkt_v4_round.py --out "$OUT" ;;   # stage 2a v1/v3/v4o/v4 (v4: bf16 product operands), then the forward with v3 vs v4 (A/B, KKT_V4_AB_BUDGET)
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;

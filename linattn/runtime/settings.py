@@ -159,7 +159,7 @@ class _Settings:
         "v2" (LINATTN_GDN_KKT=v2: kkt_solve_v2_kernel, the default of round 16) or "v1" (LINATTN_GDN_KKT=v1:
         kkt_solve_kernel, as before round 16). An unknown value is the default."""
         value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
-        return value if value in ("v1", "v2") else "v3"
+        return value if value in ("v1", "v2", "v4") else "v3"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

@@ -165,7 +165,8 @@ _register_output_v2()
 # inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
 # (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).
 _KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "kkt_v2": "kkt_solve_v2_kernel",
-               "kkt_v3": "kkt_solve_v3_kernel"}
+               "kkt_v3": "kkt_solve_v3_kernel", "kkt_v4": "kkt_solve_v4_kernel", "kkt_v4o": "kkt_solve_v4_kernel"}
+_KKT_EXTRA = {"kkt_v4": dict(LOWP_DIAG=True), "kkt_v4o": dict(LOWP_DIAG=False)}   # v4o: diagonal inverses at TF32
 
 
 def _split_intra_build(which: str, tinv: str):
@@ -176,7 +177,7 @@ def _split_intra_build(which: str, tinv: str):
             fn, warps = getattr(m, _KKT_KERNELS[which]), cfg.warps_kkt
             sig = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, cu_ptr=_I64, chunk_idx_ptr=_I32,
                        N="i32")
-            const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32")
+            const = dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32", **_KKT_EXTRA.get(which, {}))
         else:
             fn, warps = m.wu_kernel, cfg.warps_wu
             sig = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=tinv, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
@@ -215,6 +216,12 @@ KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
      "kkt_solve v2 (block substitution on 16x16 blocks; LINATTN_GDN_KKT=v2), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v3_w4", "kkt_v3", _X,
      "kkt_solve v3 (v2 with broadcast-and-select cross-warp moves; the default since round 17), bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v4_w4", "kkt_v4", _X,
+     "kkt_solve v4 (v3 with bf16 operands for the inverse's products; LINATTN_GDN_KKT=v4), bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v4o_w4", "kkt_v4o", _X,
+     "kkt_solve v4, bf16 operands for the off-diagonal products only, bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v4_f32_w4", "kkt_v4", _F,
+     "kkt_solve v4 with fp32 Tinv (the backward's recompute: v3's products at TF32)"),
 ]
 for _name, _which, _tinv, _what in KKT_VARIANTS:
     register(AotKernel(_name, _split_intra_build(_which, _tinv), ("HGMMA",), archs=("sm_90a",), language="triton",

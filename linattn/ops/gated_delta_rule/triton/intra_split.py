@@ -257,7 +257,8 @@ def kkt_kernel():
     """The stage-2a kernel the forward launches: kkt_solve_v3_kernel (default since round 17), kkt_solve_v2_kernel
     with LINATTN_GDN_KKT=v2 (round 16's default) or kkt_solve_kernel with LINATTN_GDN_KKT=v1 (same signature, grid
     and outputs; Tinv to rounding, v3's bit-equal to v2's; benchmarks/KKT_SOLVE.md)."""
-    return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel}.get(settings.gdn_kkt, kkt_solve_v3_kernel)
+    return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel, "v4": kkt_solve_v4_kernel}.get(settings.gdn_kkt,
+                                                                                          kkt_solve_v3_kernel)
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -442,6 +443,96 @@ def kkt_solve_v3_kernel(
     t2 = -tl.dot(d, e2, acc=tl.dot(t1, e11, input_precision=F32), input_precision=F32)
     t3 = tl.dot(t1, e21, input_precision=F32)
     t3 = -tl.dot(d, e3, acc=tl.dot(t2, e12, acc=t3, input_precision=F32), input_precision=F32)
+    _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+
+
+@triton.jit
+def _dot_op(a, b, F32: tl.constexpr, LOWP: tl.constexpr):
+    """a @ b in fp32: TF32 / IEEE at F32, or with bf16 operands when LOWP (mma.sync bf16: the fp32 accumulator's
+    registers are already the bf16 A operand's, so no shuffles convert it)."""
+    if LOWP:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a, b, input_precision=F32)
+
+
+@triton.jit
+def _dot_op_acc(a, b, acc, F32: tl.constexpr, LOWP: tl.constexpr):
+    """acc + a @ b, as _dot_op."""
+    if LOWP:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc=acc)
+    else:
+        return tl.dot(a, b, acc=acc, input_precision=F32)
+
+
+@triton.jit
+def _inv_unit_lower16_op(n, F32: tl.constexpr, LOWP: tl.constexpr):
+    """intra_chunk._inv_unit_lower16 ((I - n)(I + n^2)(I + n^4)(I + n^8)) with _dot_op's operands."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1., 0.)
+    n2 = _dot_op(n, n, F32, LOWP)
+    n4 = _dot_op(n2, n2, F32, LOWP)
+    n8 = _dot_op(n4, n4, F32, LOWP)
+    x = _dot_op(eye - n, eye + n2, F32, LOWP)
+    x = _dot_op(x, eye + n4, F32, LOWP)
+    return _dot_op(x, eye + n8, F32, LOWP)
+
+
+@triton.jit
+def kkt_solve_v4_kernel(
+    k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
+    gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True,
+):
+    """Opt-in (LINATTN_GDN_KKT=v4): kkt_solve_v3_kernel with bf16 operands for the inverse's products where Tinv is
+    stored in bf16 (the forward; its consumers multiply Tinv at bf16), and exactly v3 elsewhere (fp32 Tinv for the
+    backward's recompute, fp16 Tinv): the same signature, grid, gcum and K K^T. v3's shuffles (712 per program, 44%
+    of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are the fp32 accumulator -> TF32 operand conversions;
+    for bf16 operands mma.sync takes the accumulator's registers as they are, and the broadcasts move half the bytes.
+    LOWP_DIAG=False keeps the diagonal 16x16 inverses at DOT_PREC (bf16 only for the off-diagonal products).
+    Rounding: each product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
+    (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64)."""
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+    LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
+    LD: tl.constexpr = LOWP and LOWP_DIAG
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
+
+    F32: tl.constexpr = DOT_PREC
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    a1 = _blocks_at(a4, 1)
+    a2 = _blocks_at(a4, 2)
+    a3 = _blocks_at(a4, 3)
+    d = _inv_unit_lower16_op(_blocks_at(a4, 0), F32, LD)
+    if LOWP:                                   # the moved blocks travel as the products' bf16 operands
+        da = _blocks_to_all_warps(d.to(tl.bfloat16))
+    else:
+        da = _blocks_to_all_warps(d)
+    d1 = _select_above(da, 1)                 # D_{i-1}
+    d2 = _select_above(da, 2)
+    d3 = _select_above(da, 3)
+    e1 = _dot_op(a1, d1, F32, LOWP)
+    e2 = _dot_op(a2, d2, F32, LOWP)
+    e3 = _dot_op(a3, d3, F32, LOWP)
+    t1 = -_dot_op(d, e1, F32, LOWP)
+    if LOWP:
+        e1a = _blocks_to_all_warps(e1.to(tl.bfloat16))
+        e2a = _blocks_to_all_warps(e2.to(tl.bfloat16))
+    else:
+        e1a = _blocks_to_all_warps(e1)
+        e2a = _blocks_to_all_warps(e2)
+    e11 = _select_above(e1a, 1)               # E_1[i-1]
+    e12 = _select_above(e1a, 2)               # E_1[i-2]
+    e21 = _select_above(e2a, 1)               # E_2[i-1]
+    t2 = -_dot_op_acc(d, e2, _dot_op(t1, e11, F32, LOWP), F32, LOWP)
+    t3 = _dot_op(t1, e21, F32, LOWP)
+    t3 = -_dot_op_acc(d, e3, _dot_op_acc(t2, e12, t3, F32, LOWP), F32, LOWP)
     _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
 

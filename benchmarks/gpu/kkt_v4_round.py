@@ -1,0 +1,85 @@
+"""GPU round for stage 2a v4 (opt-in LINATTN_GDN_KKT=v4; triton/intra_split.py kkt_solve_v4_kernel: v3 with bf16
+operands for the inverse's products where Tinv is stored in bf16; benchmarks/KKT_SOLVE.md, "v4"):
+`python benchmarks/gpu/kkt_v4_round.py --out DIR [--budget 110] [--dry-run]`.
+1. kkt_v2_round.py's rows and checks for v1 ("ref"), v3, v4o (the diagonal 16x16 inverses kept at TF32) and v4 on the
+   same rows and inputs: gcum equal to v1's, each variant's Tinv error vs fp64 (v4 / v4o bound: 2.0x v1's worst +
+   floor, kkt_v2_round.BOUND), v3's fp32 Tinv bit-equal to v4's (tinv_equal_v3_v4_fp32: v4 keeps v3's products
+   there), all timed; the Triton forward with LINATTN_GDN_KKT=v4 against fp64.
+2. Forward A/B (`forward_ab`): the public forward (backend "gluon", bf16, H16/HV32 K=V=128, initial and final state)
+   at the production rows with LINATTN_GDN_KKT=v3 and =v4 on the same inputs, CUDA-graph medians in the order
+   v3, v4, v3, v4; o and the final state of v4 against v3's (relative RMS); plus B1 T65536 with the opt-in segments
+   and the Triton backend at B8 T4096. Correctness against fp64 of the whole forward with v4 is the gates' (run_round.sh
+   fwd / gluon with LINATTN_GDN_KKT=v4).
+Writes DIR/kkt_v4.json."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import graph_ms, write_json  # noqa: E402
+from kkt_v2_round import START, main  # noqa: E402
+
+AB_ROWS = [(1, 8192, "gluon", ""), (1, 65536, "gluon", ""), (8, 4096, "gluon", ""), (4, 16384, "gluon", ""),
+           (1, "varlen", "gluon", ""), (1, 65536, "gluon", "segments"), (8, 4096, "triton", "")]
+DRY_AB_ROWS = [(1, 130, "triton", ""), (1, "varlen", "triton", "")]
+
+
+def ab_row(B, T, backend, mode, dev, dry, budget_left):
+    import torch
+
+    import linattn
+    from linattn.bench.presets import PRODUCTION_VARLEN
+    from linattn.testing import make_gdn_inputs, rel_rms
+    H, HV, K = (1, 2, 64) if dry else (16, 32, 128)
+    cu, N = None, B
+    if T == "varlen":
+        lens = [1, 63, 1, 65, 70] if dry else PRODUCTION_VARLEN["lengths"]
+        T, N = sum(lens), len(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=dev)
+    x = make_gdn_inputs(B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev, num_states=N,
+                        generator=torch.Generator().manual_seed(2000 + B + T))
+    out = dict(B=B, T=T, backend=backend, mode=mode or "default", varlen=cu is not None)
+    os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1" if mode == "segments" else "0"
+
+    def fwd(kkt):
+        os.environ["LINATTN_GDN_KKT"] = kkt
+        return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=backend)
+
+    try:
+        with torch.no_grad():
+            o3, h3 = fwd("v3")
+            o4, h4 = fwd("v4")
+            out.update(o_v4_vs_v3=rel_rms(o4, o3), final_v4_vs_v3=rel_rms(h4, h3),
+                       finite=bool(torch.isfinite(o4).all() and torch.isfinite(h4).all()))
+            if not dry and budget_left() > 0:
+                for i, kkt in enumerate(("v3", "v4", "v3", "v4")):
+                    out[f"{kkt}_ms_{i // 2}"] = graph_ms(lambda: fwd(kkt))
+                for kkt in ("v3", "v4"):
+                    out[f"{kkt}_ms"] = min(out[f"{kkt}_ms_0"], out[f"{kkt}_ms_1"])
+                out["speedup"] = out["v3_ms"] / out["v4_ms"]
+    finally:
+        os.environ.pop("LINATTN_GDN_KKT", None)
+        os.environ.pop("LINATTN_GDN_GLUON_SEGMENTS", None)
+    return out
+
+
+def run():
+    res, path, dry, dev = main(variants=("v3", "v4o", "v4"), script="kkt_v4_round.py", json_name="kkt_v4.json")
+    budget = float(os.environ.get("KKT_V4_AB_BUDGET", 200))
+    res["forward_ab"] = []
+    for B, T, backend, mode in (DRY_AB_ROWS if dry else AB_ROWS):
+        if time.time() - START > budget:
+            res["forward_ab"].append(dict(B=B, T=T, backend=backend, mode=mode, skipped="budget"))
+            continue
+        try:
+            r = ab_row(B, T, backend, mode, dev, dry, lambda: budget - (time.time() - START))
+        except Exception as e:  # noqa: BLE001
+            r = dict(B=B, T=T, backend=backend, mode=mode, error=repr(e)[:600])
+        res["forward_ab"].append(r)
+        write_json(path, res)
+        print(f"  A/B {r}", flush=True)
+    write_json(path, res)
+
+
+if __name__ == "__main__":
+    run()
