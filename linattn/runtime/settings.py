@@ -74,12 +74,15 @@ LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fuse
                    whose gates decay fast on every head. Each segment's warm-up runs inside the fused kernel (round
                    18's Triton start-state kernel, slower at every measured row, was removed after round 19).
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
-                   backward's recompute and the gluon forward. Default "v3" since round 17: kkt_solve_v3_kernel
-                   (Tinv by 16x16 block substitution with warp-local products, cross-warp moves by broadcast and
-                   select instead of tl.gather). Round 17 on an H200 (8e9e46d with LINATTN_GDN_KKT=v3): Gluon gate
-                   18/18 + grad + sync-free, Triton forward gate 18/18 + sync-free (round 16: backward gate green,
-                   Tinv bit-equal to v2's, B1 T65536 0.524 -> 0.441 ms). "v2": kkt_solve_v2_kernel (round 16's
-                   default, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block inverse, before round 16).
+                   backward's recompute and the gluon forward. Default "v4" since round 20: kkt_solve_v4_kernel (v3
+                   with bf16 operands for the inverse's products where Tinv is stored in bf16, i.e. the forward;
+                   the backward's fp32 Tinv is v3's, bit-equal). Round 20 on an H200 (d35fac6): stage 2a 0.442 ->
+                   0.371 ms at B1 T65536, 0.215 -> 0.160 at B8 T4096; the forward 1.03-1.07x at every production
+                   row (gluon, segments, triton); Gluon gate 18/18 + grad + sync-free and Triton forward gate green
+                   with it; bf16 Tinv error vs fp64 1.2-1.4x v3's. "v3": kkt_solve_v3_kernel (rounds 17-19: Tinv by
+                   16x16 block substitution with TF32 warp-local products, cross-warp moves by broadcast and select);
+                   "v2": kkt_solve_v2_kernel (round 16, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block
+                   inverse, before round 16).
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -155,11 +158,12 @@ class _Settings:
 
     @property
     def gdn_kkt(self) -> str:
-        """"v3" (default since round 17: kkt_solve_v3_kernel, v2 without its tl.gather moves; benchmarks/KKT_SOLVE.md),
-        "v2" (LINATTN_GDN_KKT=v2: kkt_solve_v2_kernel, the default of round 16) or "v1" (LINATTN_GDN_KKT=v1:
-        kkt_solve_kernel, as before round 16). An unknown value is the default."""
+        """"v4" (default since round 20: kkt_solve_v4_kernel, v3 with bf16 operands for the inverse's products where
+        Tinv is stored in bf16; benchmarks/KKT_SOLVE.md), "v3" (LINATTN_GDN_KKT=v3: kkt_solve_v3_kernel, the default
+        of rounds 17-19), "v2" (kkt_solve_v2_kernel, round 16's) or "v1" (kkt_solve_kernel, as before round 16). An
+        unknown value is the default."""
         value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
-        return value if value in ("v1", "v2", "v4") else "v3"
+        return value if value in ("v1", "v2", "v3") else "v4"
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

@@ -254,11 +254,12 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
 
 
 def kkt_kernel():
-    """The stage-2a kernel the forward launches: kkt_solve_v3_kernel (default since round 17), kkt_solve_v2_kernel
-    with LINATTN_GDN_KKT=v2 (round 16's default) or kkt_solve_kernel with LINATTN_GDN_KKT=v1 (same signature, grid
-    and outputs; Tinv to rounding, v3's bit-equal to v2's; benchmarks/KKT_SOLVE.md)."""
-    return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel, "v4": kkt_solve_v4_kernel}.get(settings.gdn_kkt,
-                                                                                          kkt_solve_v3_kernel)
+    """The stage-2a kernel the forward launches: kkt_solve_v4_kernel (default since round 20), kkt_solve_v3_kernel
+    with LINATTN_GDN_KKT=v3 (rounds 17-19), kkt_solve_v2_kernel with LINATTN_GDN_KKT=v2 (round 16) or
+    kkt_solve_kernel with LINATTN_GDN_KKT=v1 (same signature, grid and outputs; Tinv to rounding, v3's bit-equal to
+    v2's, v4's fp32 Tinv bit-equal to v3's; benchmarks/KKT_SOLVE.md)."""
+    return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel, "v3": kkt_solve_v3_kernel}.get(settings.gdn_kkt,
+                                                                                          kkt_solve_v4_kernel)
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -486,14 +487,17 @@ def kkt_solve_v4_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True,
 ):
-    """Opt-in (LINATTN_GDN_KKT=v4): kkt_solve_v3_kernel with bf16 operands for the inverse's products where Tinv is
+    """Stage 2a's default kernel since round 20 (LINATTN_GDN_KKT=v3 restores v3): kkt_solve_v3_kernel with bf16 operands for the inverse's products where Tinv is
     stored in bf16 (the forward; its consumers multiply Tinv at bf16), and exactly v3 elsewhere (fp32 Tinv for the
     backward's recompute, fp16 Tinv): the same signature, grid, gcum and K K^T. v3's shuffles (712 per program, 44%
     of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are the fp32 accumulator -> TF32 operand conversions;
     for bf16 operands mma.sync takes the accumulator's registers as they are, and the broadcasts move half the bytes.
     LOWP_DIAG=False keeps the diagonal 16x16 inverses at DOT_PREC (bf16 only for the off-diagonal products).
     Rounding: each product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
-    (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64)."""
+    (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64).
+    H200, round 20 (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and
+    0.215 -> 0.160 ms at B8 T4096 against v3 (v4o 0.373 / 0.181), bf16 Tinv error vs fp64 1.2-1.4x v3's, fp32 Tinv
+    bit-equal to v3's; sm_90a 78 registers, 0 spill."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
     LD: tl.constexpr = LOWP and LOWP_DIAG
