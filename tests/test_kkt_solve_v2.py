@@ -137,8 +137,9 @@ def _spy(monkeypatch, name, calls):
 
 
 def test_switch_selects_the_stage_2a_kernel(monkeypatch):
-    """LINATTN_GDN_KKT: unset (default since round 17) -> kkt_solve_v3_kernel; "v2" -> kkt_solve_v2_kernel; "v1" ->
-    kkt_solve_kernel, in the Triton forward's stage 2 (intra_split) and in the gluon forward's kkt_solve, never two."""
+    """LINATTN_GDN_KKT: unset (default since round 20) -> kkt_solve_v4_kernel; "v3" -> kkt_solve_v3_kernel; "v2" ->
+    kkt_solve_v2_kernel; "v1" -> kkt_solve_kernel, in the Triton forward's stage 2 (intra_split) and in the gluon
+    forward's kkt_solve, never two."""
     import importlib
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
     settings_mod = importlib.import_module("linattn.runtime.settings")
@@ -146,14 +147,16 @@ def test_switch_selects_the_stage_2a_kernel(monkeypatch):
     _spy(monkeypatch, "kkt_solve_kernel", calls)
     _spy(monkeypatch, "kkt_solve_v2_kernel", calls)
     _spy(monkeypatch, "kkt_solve_v3_kernel", calls)
+    _spy(monkeypatch, "kkt_solve_v4_kernel", calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     x = make_gdn_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
-    for value, kernel in ((None, "kkt_solve_v3_kernel"), ("v2", "kkt_solve_v2_kernel"), ("v1", "kkt_solve_kernel")):
+    for value, kernel in ((None, "kkt_solve_v4_kernel"), ("v3", "kkt_solve_v3_kernel"), ("v2", "kkt_solve_v2_kernel"),
+                          ("v1", "kkt_solve_kernel")):
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
         else:
             monkeypatch.setenv("LINATTN_GDN_KKT", value)
-        assert settings_mod.settings.gdn_kkt == (value or "v3")
+        assert settings_mod.settings.gdn_kkt == (value or "v4")
         calls.clear()
         with torch.no_grad():
             linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
@@ -183,12 +186,13 @@ def test_backward_with_v2_matches_fp64_reference(monkeypatch, case, kkt):
     assert len(names) >= 2 and set(names) == {want}, names
 
 
-STAGE_2A = {"v1": "kkt_solve_kernel", "v2": "kkt_solve_v2_kernel", "v3": "kkt_solve_v3_kernel"}
+STAGE_2A = {"v1": "kkt_solve_kernel", "v2": "kkt_solve_v2_kernel", "v3": "kkt_solve_v3_kernel",
+            "v4": "kkt_solve_v4_kernel"}
 
 
-@pytest.mark.parametrize("kkt", ["v2", "v1", "v3"])
+@pytest.mark.parametrize("kkt", ["v2", "v1", "v3", "v4"])
 def test_forward_with_v2_matches_fp64_reference(monkeypatch, kkt):
-    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2, v1 (opt-outs) or v3 (the default since round 17), so
+    """The whole Triton forward (split stage 2 on) with LINATTN_GDN_KKT=v2, v1, v3 (opt-outs) or v4 (the default since round 20), so
     that kernel alone runs stage 2a: o and the final state against naive_recurrent in float64 at TOL (varlen with a
     1-token sequence, GVA, bf16)."""
     calls = []

@@ -77,22 +77,23 @@ def test_tinv_vs_fp64(args, kwargs, HV, tinv_dtype, check_inputs):
 
 def test_switch_selects_v3(monkeypatch):
     """LINATTN_GDN_KKT=v3 (any case, spaces) -> kkt_solve_v3_kernel in the Triton forward's stage 2 (intra_split) and
-    in the gluon forward's kkt_solve, and nothing else; unset and an unknown value are v3 (the default since round 17),
-    "v2" the opt-out."""
+    in the gluon forward's kkt_solve, and nothing else; unset and an unknown value are v4 (the default since round
+    20), "v2" another opt-out."""
     import importlib
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
     settings_mod = importlib.import_module("linattn.runtime.settings")
     calls = []
-    for name in ("kkt_solve_kernel", "kkt_solve_v2_kernel", "kkt_solve_v3_kernel"):
+    for name in ("kkt_solve_kernel", "kkt_solve_v2_kernel", "kkt_solve_v3_kernel", "kkt_solve_v4_kernel"):
         _spy(monkeypatch, name, calls)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
-    for value, want in ((" V3 ", "v3"), ("v9", "v3"), (None, "v3"), ("v2", "v2")):
+    for value, want in ((" V3 ", "v3"), ("v9", "v4"), (None, "v4"), ("v2", "v2")):
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
         else:
             monkeypatch.setenv("LINATTN_GDN_KKT", value)
         assert settings_mod.settings.gdn_kkt == want
-        assert sm.kkt_kernel() is {"v2": sm.kkt_solve_v2_kernel, "v3": sm.kkt_solve_v3_kernel}[want]
+        assert sm.kkt_kernel() is {"v2": sm.kkt_solve_v2_kernel, "v3": sm.kkt_solve_v3_kernel,
+                                   "v4": sm.kkt_solve_v4_kernel}[want]
     monkeypatch.setenv("LINATTN_GDN_KKT", "v3")
     x = make_gdn_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
