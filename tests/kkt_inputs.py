@@ -1,6 +1,6 @@
-"""Shared by the stage-2a tests (test_kkt_solve_gva.py, test_kkt_solve_v2.py, test_kkt_solve_v3.py): chunk inputs,
-the Tinv accuracy cases, NaN-filled output buffers, kkt_solve_kernel launched as the forward launches it (the
-reference the variants are held to), and the checks of a variant's sm_90a AOT build."""
+"""Shared by the stage-2a tests (test_kkt_solve_gva.py, test_kkt_solve_v2.py, test_kkt_solve_v3.py,
+test_kkt_solve_v4.py): chunk inputs, the Tinv accuracy cases, NaN-filled output buffers, kkt_solve_kernel launched as
+the forward launches it (the reference the variants are held to), and the checks of a variant's sm_90a AOT build."""
 import inspect
 
 import pytest
@@ -73,16 +73,16 @@ def launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype):
 AOT_REF = "gdn_fwd_triton_split_kkt_solve_w4"        # kkt_solve_kernel's AOT build (bf16 Tinv)
 
 
-def assert_aot_build_is_the_launchers(name, kernel):
+def assert_aot_build_is_the_launchers(name, kernel, extra=None):
     """The AOT registration `name` builds `kernel` with the launcher's signature, constants (H16/HV32 K=128 bf16,
-    split_intra_config's BK_kkt, tf32) and warps."""
+    split_intra_config's BK_kkt, tf32, and `extra`: a variant's own constexpr arguments) and warps."""
     from linattn.runtime.aot import kernels
     fn, sig, const, opts = kernels()[name].build()
     params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
     runtime = [n for n in sig if sig[n] != "constexpr"]
     assert sorted(sig) == sorted(params) and runtime == params[:len(runtime)]
     cfg = sm.split_intra_config(128, 128)
-    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32")
+    assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32", **(extra or {}))
     assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == "*bf16"
     assert getattr(fn, "fn", fn) is getattr(kernel, "fn", kernel)
 
