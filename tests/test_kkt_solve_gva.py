@@ -90,10 +90,12 @@ def test_bit_equal_steep_gates():
     _check(k, g, beta, plan, 2)
 
 
-def test_launcher_matches_fused_wu_kkt_solve():
+def test_launcher_matches_fused_wu_kkt_solve(monkeypatch):
     """kkt_solve_gva (allocating its outputs) against chunk_fused_wu_ws.kkt_solve, the kkt_solve_kernel launch of the
-    gluon forward: the same dtypes and bit-equal values."""
+    gluon forward (LINATTN_GDN_KKT=v1: the kernel the GVA variant is meant bit-equal to): the same dtypes and
+    bit-equal values."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v1")
     k, g, beta, plan = _inputs(1, None, 1, 2, 128, torch.bfloat16, lens=[1, 64, 1, 65], seed=7)
     ref_g, ref_t = kkt_solve(k, g, beta, plan, 2)
     out_g, out_t = sm.kkt_solve_gva(k, g, beta, plan, 2)
@@ -110,11 +112,13 @@ def test_launcher_rejects_hv_not_a_multiple_of_h():
 
 def test_default_forward_does_not_launch_the_variant(monkeypatch):
     """Opt-in and not wired: the forward's stage 2 (intra_split) launches sm.kkt_kernel(), which is kkt_solve_kernel
-    with LINATTN_GDN_KKT=v1, kkt_solve_v2_kernel with v2 (kkt_solve_v3_kernel by default since round 17) and never the
-    GVA variant."""
+    with LINATTN_GDN_KKT=v1, kkt_solve_v2_kernel with v2, kkt_solve_v3_kernel with v3 (kkt_solve_v4_kernel by default
+    since round 20) and never the GVA variant."""
     src = inspect.getsource(sm.intra_split)
     assert "kkt_kernel()[" in src and "gva" not in src
     monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
+    assert sm.kkt_kernel() is sm.kkt_solve_v4_kernel
+    monkeypatch.setenv("LINATTN_GDN_KKT", "v3")
     assert sm.kkt_kernel() is sm.kkt_solve_v3_kernel
     monkeypatch.setenv("LINATTN_GDN_KKT", "v1")
     assert sm.kkt_kernel() is sm.kkt_solve_kernel
