@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not settings.interpret, reason="CPU tensors unde
 # 16 of them device kernels (benchmarks/OPT_LOG.md)
 MAX_OPS = {"0": 7, "1": 8}
 LAUNCHES = {"0": ["intra_chunk_wy_kernel", "chunk_state_fwd_kernel", "chunk_output_loop_kernel"],
-            "1": ["kkt_solve_v3_kernel", "wu_kernel", "chunk_state_fwd_kernel", "chunk_output_loop_kernel"]}  # stage 4: OUTPUT_V2 since round 13; stage 2a: KKT v3 since round 17
+            "1": ["kkt_solve_v4_kernel", "wu_kernel", "chunk_state_fwd_kernel", "chunk_output_loop_kernel"]}  # stage 4: OUTPUT_V2 since round 13; stage 2a: KKT v4 since round 20
 
 
 def _public(x, cu=None):
