@@ -10,6 +10,8 @@ operands for the inverse's products where Tinv is stored in bf16; benchmarks/KKT
    v3, v4, v3, v4; o and the final state of v4 against v3's (relative RMS); plus B1 T65536 with the opt-in segments
    and the Triton backend at B8 T4096. Correctness against fp64 of the whole forward with v4 is the gates' (run_round.sh
    fwd / gluon with LINATTN_GDN_KKT=v4).
+KKT_VARIANTS (comma-separated kkt_v2_round.VARIANTS names, the last one the forward check's) changes the variants of
+part 1, e.g. KKT_VARIANTS=v4,v4h (v4 with HEADS_FAST) with KKT_V4_AB_BUDGET=0 (no part 2).
 Writes DIR/kkt_v4.json."""
 import os
 import sys
@@ -64,7 +66,8 @@ def ab_row(B, T, backend, mode, dev, dry, budget_left):
 
 
 def run():
-    res, path, dry, dev = main(variants=("v3", "v4o", "v4"), script="kkt_v4_round.py", json_name="kkt_v4.json")
+    variants = tuple(os.environ.get("KKT_VARIANTS", "v3,v4o,v4").split(","))
+    res, path, dry, dev = main(variants=variants, script="kkt_v4_round.py", json_name="kkt_v4.json")
     budget = float(os.environ.get("KKT_V4_AB_BUDGET", 200))
     res["forward_ab"] = []
     for B, T, backend, mode in (DRY_AB_ROWS if dry else AB_ROWS):

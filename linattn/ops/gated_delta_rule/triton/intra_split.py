@@ -485,7 +485,7 @@ def kkt_solve_v4_kernel(
     gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True,
+    DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True, HEADS_FAST: tl.constexpr = False,
 ):
     """Stage 2a's default kernel since round 20 (LINATTN_GDN_KKT=v3 restores v3): kkt_solve_v3_kernel with bf16 operands for the inverse's products where Tinv is
     stored in bf16 (the forward; its consumers multiply Tinv at bf16), and exactly v3 elsewhere (fp32 Tinv for the
@@ -493,6 +493,7 @@ def kkt_solve_v4_kernel(
     of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are the fp32 accumulator -> TF32 operand conversions;
     for bf16 operands mma.sync takes the accumulator's registers as they are, and the broadcasts move half the bytes.
     LOWP_DIAG=False keeps the diagonal 16x16 inverses at DOT_PREC (bf16 only for the off-diagonal products).
+    HEADS_FAST=True (opt-in, one round-20 A/B) numbers the programs head-fastest (see below); same outputs.
     Rounding: each product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
     (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64).
     H200, round 20 (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and
@@ -501,8 +502,16 @@ def kkt_solve_v4_kernel(
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
     LD: tl.constexpr = LOWP and LOWP_DIAG
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
+    if HEADS_FAST:
+        # the same (slot, head) pairs on the same (slots, HV) grid, renumbered so that consecutive programs (the
+        # order CTAs are dispatched in) take the HV heads of one chunk: the value heads of a key head read one k tile
+        # while it is in L2, and the heads' g / beta / gcum words share their sectors
+        lin = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        p = lin // HV
+        hv = lin % HV
+    else:
+        p = tl.program_id(0)
+        hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
