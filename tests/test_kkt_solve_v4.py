@@ -187,3 +187,57 @@ def test_gpu_round_dry_run(tmp_path):
     assert all(r["tinv_equal_v3_v4_fp32"] is True for r in res["rows"]), res["rows"]
     ab = res["forward_ab"]
     assert len(ab) == 2 and all(r["finite"] and 0 < r["o_v4_vs_v3"] < 1e-2 for r in ab), ab
+
+
+# ---------------------------------------------------------------- program order (HEADS_FAST)
+
+@pytest.mark.parametrize("args, kwargs", [((1, 200, 1, 2, 128, torch.bfloat16), {}),
+                                          ((1, None, 2, 4, 64, torch.bfloat16), dict(lens=[1, 63, 1, 65, 70])),
+                                          ((2, 65, 1, 3, 64, torch.float32), {})],
+                         ids=["dense-gva", "varlen-gva", "fp32-hv3"])
+def test_heads_fast_order_is_bit_equal(args, kwargs):
+    """HEADS_FAST renumbers the programs over the same (slot, head) pairs: gcum and Tinv (bf16 and fp32) torch.equal
+    to the default order's, every element written (NaN-filled buffers)."""
+    k, g, beta, plan, B, T, cu = kkt_inputs(*args, device=DEV, seed=random.randrange(1000), **kwargs)
+    HV, (H, K) = args[3], k.shape[-2:]
+    for tinv_dtype in (torch.bfloat16, torch.float32):
+        outs = []
+        for heads_fast in (False, True):
+            gcum, tinv = nan_bufs(plan, HV, tinv_dtype, DEV)
+            sm.kkt_solve_v4_kernel[(plan.num_slots, HV)](
+                k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
+                BK=sm.split_intra_config(K, K).BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
+                HEADS_FAST=heads_fast, num_warps=4)
+            outs.append((gcum, tinv))
+        (g0, t0), (g1, t1) = outs
+        assert torch.isfinite(g1).all() and torch.isfinite(t1).all()
+        assert torch.equal(g0, g1) and torch.equal(t0, t1), tinv_dtype
+
+
+def test_heads_fast_from_the_slot_threshold(monkeypatch):
+    """kkt_order: HEADS_FAST for kkt_solve_v4_kernel from KKT_HEADS_FAST_SLOTS chunk slots on, nothing below it or for
+    the other stage-2a kernels; both forwards' stage-2a launches pass it (threshold lowered to the test's 5 slots)."""
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True}
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS - 1) == {}
+    assert sm.kkt_order(sm.kkt_solve_v3_kernel, 1 << 20) == {}
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    real, seen = sm.kkt_solve_v4_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw.get("HEADS_FAST"))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(sm, "kkt_solve_v4_kernel", Spy())
+    monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
+    monkeypatch.setattr(sm, "KKT_HEADS_FAST_SLOTS", 5)
+    x = make_gdn_inputs(1, 300, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")       # 5 slots
+        k, g, beta, plan = kkt_inputs(1, 300, 1, 2, 64, torch.bfloat16, seed=4)[:4]
+        kkt_solve(k, g, beta, plan, 2)
+        k, g, beta, plan = kkt_inputs(1, 250, 1, 2, 64, torch.bfloat16, seed=4)[:4]          # 4 slots
+        kkt_solve(k, g, beta, plan, 2)
+    assert seen == [True, True, None], seen

@@ -481,16 +481,17 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     """Stage 2a alone (triton/intra_split.py kkt_kernel(): kkt_solve_v4_kernel by default, LINATTN_GDN_KKT picks
     another; the frozen config): gcum fp32 [T_tot, HV] and Tinv [T_tot, HV, 64] in k's dtype, the precision wu_kernel (and this
     kernel) multiplies it at."""
-    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_kernel, split_intra_config
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_kernel, kkt_order, split_intra_config
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     cfg = split_intra_config(K, K)
     gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
     tinv = empty(plan.T_total, HV, BT, dtype=k.dtype, device=k.device)
-    kkt_kernel()[(plan.num_slots, HV)](
+    kernel = kkt_kernel()
+    kernel[(plan.num_slots, HV)](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        num_warps=cfg.warps_kkt)
+        num_warps=cfg.warps_kkt, **kkt_order(kernel, plan.num_slots))
     return gcum, tinv
 
 

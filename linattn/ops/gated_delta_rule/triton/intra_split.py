@@ -245,9 +245,11 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     grid = (plan.num_slots, HV)
-    kkt_kernel()[grid](
+    kernel = kkt_kernel()
+    kernel[grid](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt)
+        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
+        **kkt_order(kernel, plan.num_slots))
     wu_kernel[grid](
         k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
@@ -260,6 +262,19 @@ def kkt_kernel():
     v2's, v4's fp32 Tinv bit-equal to v3's; benchmarks/KKT_SOLVE.md)."""
     return {"v1": kkt_solve_kernel, "v2": kkt_solve_v2_kernel, "v3": kkt_solve_v3_kernel}.get(settings.gdn_kkt,
                                                                                           kkt_solve_v4_kernel)
+
+
+# chunk slots from which kkt_solve_v4_kernel numbers its programs head-fastest (HEADS_FAST). In the default order the
+# two value heads of a key head read the same k tile num_slots programs apart (~24 KB of traffic each): H200, round 20
+# (benchmarks/RESULTS.md; KKT_TIMING_ROUNDS=5, spread <= 0.3%): head-fastest 1.17x at 1024 slots (B1 T65536) and
+# 1.11x at 957 (the varlen row), 0.992x at 512 (B8 T4096) and 0.97x at 128 (B1 T8192): the threshold sits between
+KKT_HEADS_FAST_SLOTS = 768
+
+
+def kkt_order(kernel, num_slots: int) -> dict:
+    """The program-order argument of a stage-2a launch: HEADS_FAST for kkt_solve_v4_kernel on grids of at least
+    KKT_HEADS_FAST_SLOTS chunk slots, nothing otherwise (the other kernels have no such argument)."""
+    return {"HEADS_FAST": True} if kernel is kkt_solve_v4_kernel and num_slots >= KKT_HEADS_FAST_SLOTS else {}
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -493,7 +508,8 @@ def kkt_solve_v4_kernel(
     of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are the fp32 accumulator -> TF32 operand conversions;
     for bf16 operands mma.sync takes the accumulator's registers as they are, and the broadcasts move half the bytes.
     LOWP_DIAG=False keeps the diagonal 16x16 inverses at DOT_PREC (bf16 only for the off-diagonal products).
-    HEADS_FAST=True (opt-in, one round-20 A/B) numbers the programs head-fastest (see below); same outputs.
+    HEADS_FAST=True numbers the programs head-fastest (see below; same outputs): the launches pass it from
+    KKT_HEADS_FAST_SLOTS chunk slots on (kkt_order).
     Rounding: each product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
     (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64).
     H200, round 20 (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and
