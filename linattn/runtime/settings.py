@@ -76,10 +76,11 @@ LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fuse
 LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_split.py) in the Triton forward, the
                    backward's recompute and the gluon forward. Default "v4" since round 20: kkt_solve_v4_kernel (v3
                    with bf16 operands for the inverse's products where Tinv is stored in bf16, i.e. the forward;
-                   the backward's fp32 Tinv is v3's, bit-equal). Round 20 on an H200 (d35fac6): stage 2a 0.442 ->
-                   0.371 ms at B1 T65536, 0.215 -> 0.160 at B8 T4096; the forward 1.03-1.07x at every production
-                   row (gluon, segments, triton); Gluon gate 18/18 + grad + sync-free and Triton forward gate green
-                   with it; bf16 Tinv error vs fp64 1.2-1.4x v3's. "v3": kkt_solve_v3_kernel (rounds 17-19: Tinv by
+                   the backward's fp32 Tinv is v3's, bit-equal), its programs numbered head-fastest from 768 chunk
+                   slots on (intra_split.kkt_order). Round 20 on an H200: stage 2a 0.442 -> 0.371 ms at B1 T65536
+                   (0.317 with the head-fastest order), 0.215 -> 0.160 at B8 T4096; the forward 1.05-1.08x at every
+                   production row; Gluon gate 18/18 + grad + sync-free and Triton forward gate green with both
+                   (16ccb6b); bf16 Tinv error vs fp64 1.2-1.4x v3's. "v3": kkt_solve_v3_kernel (rounds 17-19: Tinv by
                    16x16 block substitution with TF32 warp-local products, cross-warp moves by broadcast and select);
                    "v2": kkt_solve_v2_kernel (round 16, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block
                    inverse, before round 16).
