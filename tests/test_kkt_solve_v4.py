@@ -141,8 +141,9 @@ def test_forward_error_at_slow_gates_close_to_v3(monkeypatch):
 # ---------------------------------------------------------------- sm_90a AOT builds
 
 AOT_V3 = "gdn_fwd_triton_split_kkt_solve_v3_w4"
-AOT = {"gdn_fwd_triton_split_kkt_solve_v4_w4": dict(LOWP_DIAG=True),
-       "gdn_fwd_triton_split_kkt_solve_v4o_w4": dict(LOWP_DIAG=False)}
+AOT = {"gdn_fwd_triton_split_kkt_solve_v4_w4": dict(LOWP_DIAG=True, HEADS_FAST=False),
+       "gdn_fwd_triton_split_kkt_solve_v4o_w4": dict(LOWP_DIAG=False, HEADS_FAST=False),
+       "gdn_fwd_triton_split_kkt_solve_v4h_w4": dict(LOWP_DIAG=True, HEADS_FAST=True)}
 
 
 @pytest.mark.parametrize("name", sorted(AOT))
@@ -151,9 +152,9 @@ def test_aot_registration_is_the_launchers(name):
 
 
 def test_aot_sm90a_no_spill_bf16_mma():
-    """v4 and v4o for sm_90a (ptxas): 0 spill, WGMMA for K K^T, registers and shared memory no more than v3's; v4's
-    inverse all bf16 mma (no TF32 mma), v4o's both kinds (its diagonal inverses at TF32); the fp32-Tinv build (the
-    backward's) only TF32 mma, as v3."""
+    """v4, v4o and v4h (head-fastest) for sm_90a (ptxas): 0 spill, WGMMA for K K^T, registers and shared memory no
+    more than v3's; v4's inverse all bf16 mma (no TF32 mma), v4o's both kinds (its diagonal inverses at TF32); the
+    fp32-Tinv build (the backward's) only TF32 mma, as v3."""
     from linattn.runtime.aot import inspect_kernel, kernels
     reg = kernels()
     v3 = inspect_kernel(reg[AOT_V3])

@@ -165,8 +165,12 @@ _register_output_v2()
 # inverse's [64, 64] products as TF32 WGMMA, the batched 16x16 diagonal inverses as mma.sync) storing Tinv in bf16
 # (the forward) or fp32 (store_tinv, the backward's recompute); wu reading either ([64, 64] x [64, 64] WGMMA).
 _KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "kkt_v2": "kkt_solve_v2_kernel",
-               "kkt_v3": "kkt_solve_v3_kernel", "kkt_v4": "kkt_solve_v4_kernel", "kkt_v4o": "kkt_solve_v4_kernel"}
-_KKT_EXTRA = {"kkt_v4": dict(LOWP_DIAG=True), "kkt_v4o": dict(LOWP_DIAG=False)}   # v4o: diagonal inverses at TF32
+               "kkt_v3": "kkt_solve_v3_kernel", "kkt_v4": "kkt_solve_v4_kernel", "kkt_v4o": "kkt_solve_v4_kernel",
+               "kkt_v4h": "kkt_solve_v4_kernel"}
+# v4's own constexpr arguments per build: v4o has the diagonal inverses at TF32, v4h the head-fastest program order
+# (intra_split.kkt_order: the launches' choice from 768 chunk slots on)
+_KKT_EXTRA = {"kkt_v4": dict(LOWP_DIAG=True, HEADS_FAST=False), "kkt_v4o": dict(LOWP_DIAG=False, HEADS_FAST=False),
+              "kkt_v4h": dict(LOWP_DIAG=True, HEADS_FAST=True)}
 
 
 def _split_intra_build(which: str, tinv: str):
@@ -220,6 +224,8 @@ KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
      "kkt_solve v4 (v3 with bf16 operands for the inverse's products; LINATTN_GDN_KKT=v4), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v4o_w4", "kkt_v4o", _X,
      "kkt_solve v4, bf16 operands for the off-diagonal products only, bf16 Tinv"),
+    ("gdn_fwd_triton_split_kkt_solve_v4h_w4", "kkt_v4h", _X,
+     "kkt_solve v4 with its programs numbered head-fastest (the default from 768 chunk slots on), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v4_f32_w4", "kkt_v4", _F,
      "kkt_solve v4 with fp32 Tinv (the backward's recompute: v3's products at TF32)"),
 ]
