@@ -411,6 +411,53 @@ def _select_above(xa, s: tl.constexpr):
 
 
 @triton.jit
+def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
+                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                          DOT_PREC: tl.constexpr, LOWP: tl.constexpr, LD: tl.constexpr):
+    """The program of kkt_solve_v3_kernel (LOWP = LD = False) and kkt_solve_v4_kernel for chunk slot p and value head
+    hv: _chunk_a (gcum stored, the gated A), then v2's block recurrence
+        E_s[i] = A_{i,i-s} D_{i-s};  T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
+    with each moved tensor broadcast to every warp once and its shifted copies selected in registers (each
+    broadcast's selects taken right after it: 85 registers in v3; selecting at the products' operands, 99), then the
+    four block diagonals stored. LOWP: bf16 operands for the off-diagonal products and the broadcasts; LD: for the
+    diagonal 16x16 inverses too; DOT_PREC (TF32 / IEEE) otherwise."""
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n < N:                                  # else a surplus slot of the varlen bound
+        t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
+
+        F32: tl.constexpr = DOT_PREC
+        a4 = tl.reshape(a, [4, 16, 4, 16])
+        a1 = _blocks_at(a4, 1)
+        a2 = _blocks_at(a4, 2)
+        a3 = _blocks_at(a4, 3)
+        d = _inv_unit_lower16_op(_blocks_at(a4, 0), F32, LD)
+        if LOWP:                                   # the moved blocks travel as the products' bf16 operands
+            da = _blocks_to_all_warps(d.to(tl.bfloat16))
+        else:
+            da = _blocks_to_all_warps(d)
+        d1 = _select_above(da, 1)                 # D_{i-1}
+        d2 = _select_above(da, 2)
+        d3 = _select_above(da, 3)
+        e1 = _dot_op(a1, d1, F32, LOWP)
+        e2 = _dot_op(a2, d2, F32, LOWP)
+        e3 = _dot_op(a3, d3, F32, LOWP)
+        t1 = -_dot_op(d, e1, F32, LOWP)
+        if LOWP:
+            e1a = _blocks_to_all_warps(e1.to(tl.bfloat16))
+            e2a = _blocks_to_all_warps(e2.to(tl.bfloat16))
+        else:
+            e1a = _blocks_to_all_warps(e1)
+            e2a = _blocks_to_all_warps(e2)
+        e11 = _select_above(e1a, 1)               # E_1[i-1]
+        e12 = _select_above(e1a, 2)               # E_1[i-2]
+        e21 = _select_above(e2a, 1)               # E_2[i-1]
+        t2 = -_dot_op_acc(d, e2, _dot_op(t1, e11, F32, LOWP), F32, LOWP)
+        t3 = _dot_op(t1, e21, F32, LOWP)
+        t3 = -_dot_op_acc(d, e3, _dot_op_acc(t2, e12, t3, F32, LOWP), F32, LOWP)
+        _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+
+
+@triton.jit
 def kkt_solve_v3_kernel(
     k_ptr, g_ptr, beta_ptr,                   # k [T_tot, H, K], g/beta [T_tot, HV]
     gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (fp32 or k's dtype)
@@ -433,33 +480,8 @@ def kkt_solve_v3_kernel(
     per SM as v2. H200, round 16 (benchmarks/RESULTS.md part E): 0.441 ms against v2's 0.524 at B1 T65536, Tinv
     bit-equal to v2's; round 17: Gluon and Triton forward gates green with it, the default since then."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
-        return
-    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
-
-    F32: tl.constexpr = DOT_PREC
-    a1, a2, a3, d = _diagonals_and_inverse(a, F32)
-    # v2's recurrence: E_s[i] = A_{i,i-s} D_{i-s}; T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
-    # (each broadcast's selects taken right after it: 85 registers; selecting at the products' operands, 99)
-    da = _blocks_to_all_warps(d)
-    d1 = _select_above(da, 1)                 # D_{i-1}
-    d2 = _select_above(da, 2)
-    d3 = _select_above(da, 3)
-    e1 = tl.dot(a1, d1, input_precision=F32)
-    e2 = tl.dot(a2, d2, input_precision=F32)
-    e3 = tl.dot(a3, d3, input_precision=F32)
-    t1 = -tl.dot(d, e1, input_precision=F32)
-    e1a = _blocks_to_all_warps(e1)
-    e11 = _select_above(e1a, 1)               # E_1[i-1]
-    e12 = _select_above(e1a, 2)               # E_1[i-2]
-    e21 = _select_above(_blocks_to_all_warps(e2), 1)       # E_2[i-1]
-    t2 = -tl.dot(d, e2, acc=tl.dot(t1, e11, input_precision=F32), input_precision=F32)
-    t3 = tl.dot(t1, e21, input_precision=F32)
-    t3 = -tl.dot(d, e3, acc=tl.dot(t2, e12, acc=t3, input_precision=F32), input_precision=F32)
-    _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, tl.program_id(0), tl.program_id(1),
+                          H, HV, K, BT, BK, DOT_PREC, False, False)
 
 
 @triton.jit
@@ -528,41 +550,8 @@ def kkt_solve_v4_kernel(
     else:
         p = tl.program_id(0)
         hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
-        return
-    t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
-
-    F32: tl.constexpr = DOT_PREC
-    a4 = tl.reshape(a, [4, 16, 4, 16])
-    a1 = _blocks_at(a4, 1)
-    a2 = _blocks_at(a4, 2)
-    a3 = _blocks_at(a4, 3)
-    d = _inv_unit_lower16_op(_blocks_at(a4, 0), F32, LD)
-    if LOWP:                                   # the moved blocks travel as the products' bf16 operands
-        da = _blocks_to_all_warps(d.to(tl.bfloat16))
-    else:
-        da = _blocks_to_all_warps(d)
-    d1 = _select_above(da, 1)                 # D_{i-1}
-    d2 = _select_above(da, 2)
-    d3 = _select_above(da, 3)
-    e1 = _dot_op(a1, d1, F32, LOWP)
-    e2 = _dot_op(a2, d2, F32, LOWP)
-    e3 = _dot_op(a3, d3, F32, LOWP)
-    t1 = -_dot_op(d, e1, F32, LOWP)
-    if LOWP:
-        e1a = _blocks_to_all_warps(e1.to(tl.bfloat16))
-        e2a = _blocks_to_all_warps(e2.to(tl.bfloat16))
-    else:
-        e1a = _blocks_to_all_warps(e1)
-        e2a = _blocks_to_all_warps(e2)
-    e11 = _select_above(e1a, 1)               # E_1[i-1]
-    e12 = _select_above(e1a, 2)               # E_1[i-2]
-    e21 = _select_above(e2a, 1)               # E_2[i-1]
-    t2 = -_dot_op_acc(d, e2, _dot_op(t1, e11, F32, LOWP), F32, LOWP)
-    t3 = _dot_op(t1, e21, F32, LOWP)
-    t3 = -_dot_op_acc(d, e3, _dot_op_acc(t2, e12, t3, F32, LOWP), F32, LOWP)
-    _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
+                          H, HV, K, BT, BK, DOT_PREC, LOWP, LD)
 
 
 def kkt_solve_v3(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
