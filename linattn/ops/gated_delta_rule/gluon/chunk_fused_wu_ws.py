@@ -479,8 +479,8 @@ def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, 
 
 def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int):
     """Stage 2a alone (triton/intra_split.py kkt_kernel(): kkt_solve_v4_kernel by default, LINATTN_GDN_KKT picks
-    another; the frozen config): gcum fp32 [T_tot, HV] and Tinv [T_tot, HV, 64] in k's dtype, the precision wu_kernel (and this
-    kernel) multiplies it at."""
+    another; the frozen config; kkt_order's program order): gcum fp32 [T_tot, HV] and Tinv [T_tot, HV, 64] in k's
+    dtype, the precision wu_kernel (and this kernel) multiplies it at."""
     from linattn.ops.gated_delta_rule.triton.intra_split import kkt_kernel, kkt_order, split_intra_config
     from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]

@@ -267,7 +267,8 @@ def kkt_kernel():
 # chunk slots from which kkt_solve_v4_kernel numbers its programs head-fastest (HEADS_FAST). In the default order the
 # two value heads of a key head read the same k tile num_slots programs apart (~24 KB of traffic each): H200, round 20
 # (benchmarks/RESULTS.md; KKT_TIMING_ROUNDS=5, spread <= 0.3%): head-fastest 1.17x at 1024 slots (B1 T65536) and
-# 1.11x at 957 (the varlen row), 0.992x at 512 (B8 T4096) and 0.97x at 128 (B1 T8192): the threshold sits between
+# 1.11x at 957 (the varlen row), 0.992x at 512 (B8 T4096) and 0.97x at 128 (B1 T8192); the threshold sits between
+# the two sides that were measured (512 and 957)
 KKT_HEADS_FAST_SLOTS = 768
 
 
@@ -480,7 +481,8 @@ def kkt_solve_v3_kernel(
     per SM as v2. H200, round 16 (benchmarks/RESULTS.md part E): 0.441 ms against v2's 0.524 at B1 T65536, Tinv
     bit-equal to v2's; round 17: Gluon and Triton forward gates green with it, the default since then."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
-    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, tl.program_id(0), tl.program_id(1),
+    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N,
+                          tl.program_id(0), tl.program_id(1),
                           H, HV, K, BT, BK, DOT_PREC, False, False)
 
 
@@ -524,19 +526,19 @@ def kkt_solve_v4_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True, HEADS_FAST: tl.constexpr = False,
 ):
-    """Stage 2a's default kernel since round 20 (LINATTN_GDN_KKT=v3 restores v3): kkt_solve_v3_kernel with bf16 operands for the inverse's products where Tinv is
-    stored in bf16 (the forward; its consumers multiply Tinv at bf16), and exactly v3 elsewhere (fp32 Tinv for the
-    backward's recompute, fp16 Tinv): the same signature, grid, gcum and K K^T. v3's shuffles (712 per program, 44%
-    of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are the fp32 accumulator -> TF32 operand conversions;
-    for bf16 operands mma.sync takes the accumulator's registers as they are, and the broadcasts move half the bytes.
-    LOWP_DIAG=False keeps the diagonal 16x16 inverses at DOT_PREC (bf16 only for the off-diagonal products).
-    HEADS_FAST=True numbers the programs head-fastest (see below; same outputs): the launches pass it from
-    KKT_HEADS_FAST_SLOTS chunk slots on (kkt_order).
-    Rounding: each product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
-    (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64).
-    H200, round 20 (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and
-    0.215 -> 0.160 ms at B8 T4096 against v3 (v4o 0.373 / 0.181), bf16 Tinv error vs fp64 1.2-1.4x v3's, fp32 Tinv
-    bit-equal to v3's; sm_90a 78 registers, 0 spill."""
+    """Stage 2a's default kernel since round 20 (LINATTN_GDN_KKT=v3 restores v3): kkt_solve_v3_kernel with bf16
+    operands for the inverse's products where Tinv is stored in bf16 (the forward; its consumers multiply Tinv at
+    bf16), and exactly v3 elsewhere (fp32 Tinv for the backward's recompute, fp16 Tinv): the same signature, grid,
+    gcum and K K^T. v3's shuffles (712 per program, 44% of its L1/shared wavefronts, benchmarks/KKT_SOLVE.md) are
+    the fp32 accumulator -> TF32 operand conversions; for bf16 operands mma.sync takes the accumulator's registers
+    as they are, and the broadcasts move half the bytes. LOWP_DIAG=False keeps the diagonal 16x16 inverses at
+    DOT_PREC (bf16 only for the off-diagonal products). HEADS_FAST=True numbers the programs head-fastest (see
+    below; same outputs): the launches pass it from KKT_HEADS_FAST_SLOTS chunk slots on (kkt_order). Rounding: each
+    product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
+    (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64). H200, round 20
+    (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and 0.215 -> 0.160 ms at
+    B8 T4096 against v3 (v4o 0.373 / 0.181; 0.317 ms at B1 T65536 with HEADS_FAST), bf16 Tinv error vs fp64
+    1.2-1.4x v3's, fp32 Tinv bit-equal to v3's; sm_90a 78 registers, 0 spill."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
     LD: tl.constexpr = LOWP and LOWP_DIAG
