@@ -115,7 +115,7 @@ def test_default_forward_does_not_launch_the_variant(monkeypatch):
     with LINATTN_GDN_KKT=v1, kkt_solve_v2_kernel with v2, kkt_solve_v3_kernel with v3 (kkt_solve_v4_kernel by default
     since round 20) and never the GVA variant."""
     src = inspect.getsource(sm.intra_split)
-    assert "kkt_kernel()[" in src and "gva" not in src
+    assert "kernel = kkt_kernel()" in src and "kernel[" in src and "gva" not in src
     monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
     assert sm.kkt_kernel() is sm.kkt_solve_v4_kernel
     monkeypatch.setenv("LINATTN_GDN_KKT", "v3")
