@@ -50,16 +50,26 @@ def _a_block(ki, kj, gi, gj, bi, DIAG: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower16(n, PREC: tl.constexpr):
-    """(I + n)^-1 for a strictly lower triangular 16x16 n: (I - n)(I + n^2)(I + n^4)(I + n^8)."""
+def _dot_op(a, b, PREC: tl.constexpr, LOWP: tl.constexpr = False, acc=None):
+    """acc + a @ b in fp32 (acc None: a @ b): TF32 / IEEE at PREC, or with bf16 operands when LOWP (for mma.sync the
+    fp32 accumulator's registers are already a bf16 A operand's, so no shuffles convert it; intra_split's v4)."""
+    if LOWP:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc=acc)
+    else:
+        return tl.dot(a, b, acc=acc, input_precision=PREC)
+
+
+@triton.jit
+def _inv_unit_lower16(n, PREC: tl.constexpr, LOWP: tl.constexpr = False):
+    """(I + n)^-1 for a strictly lower triangular 16x16 n: (I - n)(I + n^2)(I + n^4)(I + n^8), products by _dot_op."""
     r = tl.arange(0, 16)
     eye = tl.where(r[:, None] == r[None, :], 1., 0.)
-    n2 = tl.dot(n, n, input_precision=PREC)
-    n4 = tl.dot(n2, n2, input_precision=PREC)
-    n8 = tl.dot(n4, n4, input_precision=PREC)
-    x = tl.dot(eye - n, eye + n2, input_precision=PREC)
-    x = tl.dot(x, eye + n4, input_precision=PREC)
-    return tl.dot(x, eye + n8, input_precision=PREC)
+    n2 = _dot_op(n, n, PREC, LOWP)
+    n4 = _dot_op(n2, n2, PREC, LOWP)
+    n8 = _dot_op(n4, n4, PREC, LOWP)
+    x = _dot_op(eye - n, eye + n2, PREC, LOWP)
+    x = _dot_op(x, eye + n4, PREC, LOWP)
+    return _dot_op(x, eye + n8, PREC, LOWP)
 
 
 @triton.jit

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
-from linattn.ops.gated_delta_rule.triton.intra_chunk import _inv_unit_lower16
+from linattn.ops.gated_delta_rule.triton.intra_chunk import _dot_op, _inv_unit_lower16
 from linattn.runtime.alloc import empty
 from linattn.runtime.settings import settings
 
@@ -431,7 +431,7 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
         a1 = _blocks_at(a4, 1)
         a2 = _blocks_at(a4, 2)
         a3 = _blocks_at(a4, 3)
-        d = _inv_unit_lower16_op(_blocks_at(a4, 0), F32, LD)
+        d = _inv_unit_lower16(_blocks_at(a4, 0), F32, LD)
         if LOWP:                                   # the moved blocks travel as the products' bf16 operands
             da = _blocks_to_all_warps(d.to(tl.bfloat16))
         else:
@@ -452,9 +452,9 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
         e11 = _select_above(e1a, 1)               # E_1[i-1]
         e12 = _select_above(e1a, 2)               # E_1[i-2]
         e21 = _select_above(e2a, 1)               # E_2[i-1]
-        t2 = -_dot_op_acc(d, e2, _dot_op(t1, e11, F32, LOWP), F32, LOWP)
+        t2 = -_dot_op(d, e2, F32, LOWP, acc=_dot_op(t1, e11, F32, LOWP))
         t3 = _dot_op(t1, e21, F32, LOWP)
-        t3 = -_dot_op_acc(d, e3, _dot_op_acc(t2, e12, t3, F32, LOWP), F32, LOWP)
+        t3 = -_dot_op(d, e3, F32, LOWP, acc=_dot_op(t2, e12, F32, LOWP, acc=t3))
         _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
 
@@ -484,38 +484,6 @@ def kkt_solve_v3_kernel(
     _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N,
                           tl.program_id(0), tl.program_id(1),
                           H, HV, K, BT, BK, DOT_PREC, False, False)
-
-
-@triton.jit
-def _dot_op(a, b, F32: tl.constexpr, LOWP: tl.constexpr):
-    """a @ b in fp32: TF32 / IEEE at F32, or with bf16 operands when LOWP (mma.sync bf16: the fp32 accumulator's
-    registers are already the bf16 A operand's, so no shuffles convert it)."""
-    if LOWP:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    else:
-        return tl.dot(a, b, input_precision=F32)
-
-
-@triton.jit
-def _dot_op_acc(a, b, acc, F32: tl.constexpr, LOWP: tl.constexpr):
-    """acc + a @ b, as _dot_op."""
-    if LOWP:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc=acc)
-    else:
-        return tl.dot(a, b, acc=acc, input_precision=F32)
-
-
-@triton.jit
-def _inv_unit_lower16_op(n, F32: tl.constexpr, LOWP: tl.constexpr):
-    """intra_chunk._inv_unit_lower16 ((I - n)(I + n^2)(I + n^4)(I + n^8)) with _dot_op's operands."""
-    r = tl.arange(0, 16)
-    eye = tl.where(r[:, None] == r[None, :], 1., 0.)
-    n2 = _dot_op(n, n, F32, LOWP)
-    n4 = _dot_op(n2, n2, F32, LOWP)
-    n8 = _dot_op(n4, n4, F32, LOWP)
-    x = _dot_op(eye - n, eye + n2, F32, LOWP)
-    x = _dot_op(x, eye + n4, F32, LOWP)
-    return _dot_op(x, eye + n8, F32, LOWP)
 
 
 @triton.jit
