@@ -59,14 +59,15 @@ def nan_bufs(plan, HV, tinv_dtype, device="cpu"):
             torch.full((plan.T_total, HV, 64), float("nan"), dtype=tinv_dtype, device=device))
 
 
-def launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype):
-    """kkt_solve_kernel as the forward launches it (split_intra_config's BK_kkt / warps_kkt): (gcum, Tinv)."""
+def launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype, kernel=None, **extra):
+    """kkt_solve_kernel (or `kernel`, with its own constexpr arguments `extra`) as the forward launches it
+    (split_intra_config's BK_kkt / warps_kkt) into NaN-filled buffers: (gcum, Tinv)."""
     H, K = k.shape[-2], k.shape[-1]
     cfg = sm.split_intra_config(K, K)
     gcum, tinv = nan_bufs(plan, HV, tinv_dtype, k.device)
-    sm.kkt_solve_kernel[(plan.num_slots, HV)](
+    (kernel or sm.kkt_solve_kernel)[(plan.num_slots, HV)](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
-        BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", num_warps=cfg.warps_kkt)
+        BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", num_warps=cfg.warps_kkt, **extra)
     return gcum, tinv
 
 

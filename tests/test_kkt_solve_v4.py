@@ -46,14 +46,7 @@ BOUND = 2.5
 
 def _v4(k, g, beta, plan, HV, tinv_dtype, lowp_diag=True):
     """kkt_solve_v4_kernel at the launcher's config into NaN-filled buffers: (gcum, Tinv)."""
-    H, K = k.shape[-2], k.shape[-1]
-    cfg = sm.split_intra_config(K, K)
-    gcum, tinv = nan_bufs(plan, HV, tinv_dtype, DEV)
-    sm.kkt_solve_v4_kernel[(plan.num_slots, HV)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
-        BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32", LOWP_DIAG=lowp_diag,
-        num_warps=cfg.warps_kkt)
-    return gcum, tinv
+    return launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype, sm.kkt_solve_v4_kernel, LOWP_DIAG=lowp_diag)
 
 
 @pytest.mark.parametrize("args, kwargs, HV, tinv_dtype, check_inputs", TINV_CASES)
@@ -200,17 +193,10 @@ def test_heads_fast_order_is_bit_equal(args, kwargs):
     """HEADS_FAST renumbers the programs over the same (slot, head) pairs: gcum and Tinv (bf16 and fp32) torch.equal
     to the default order's, every element written (NaN-filled buffers)."""
     k, g, beta, plan, B, T, cu = kkt_inputs(*args, device=DEV, seed=random.randrange(1000), **kwargs)
-    HV, (H, K) = args[3], k.shape[-2:]
+    HV = args[3]
     for tinv_dtype in (torch.bfloat16, torch.float32):
-        outs = []
-        for heads_fast in (False, True):
-            gcum, tinv = nan_bufs(plan, HV, tinv_dtype, DEV)
-            sm.kkt_solve_v4_kernel[(plan.num_slots, HV)](
-                k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=sm.CHUNK,
-                BK=sm.split_intra_config(K, K).BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
-                HEADS_FAST=heads_fast, num_warps=4)
-            outs.append((gcum, tinv))
-        (g0, t0), (g1, t1) = outs
+        (g0, t0), (g1, t1) = (launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype, sm.kkt_solve_v4_kernel,
+                                               HEADS_FAST=heads_fast) for heads_fast in (False, True))
         assert torch.isfinite(g1).all() and torch.isfinite(t1).all()
         assert torch.equal(g0, g1) and torch.equal(t0, t1), tinv_dtype
 
