@@ -134,14 +134,16 @@ def test_forward_error_at_slow_gates_close_to_v3(monkeypatch):
 # ---------------------------------------------------------------- sm_90a AOT builds
 
 AOT_V3 = "gdn_fwd_triton_split_kkt_solve_v3_w4"
-AOT = {"gdn_fwd_triton_split_kkt_solve_v4_w4": dict(LOWP_DIAG=True, HEADS_FAST=False),
-       "gdn_fwd_triton_split_kkt_solve_v4o_w4": dict(LOWP_DIAG=False, HEADS_FAST=False),
-       "gdn_fwd_triton_split_kkt_solve_v4h_w4": dict(LOWP_DIAG=True, HEADS_FAST=True)}
+AOT = {"gdn_fwd_triton_split_kkt_solve_v4_w4": dict(LOWP_DIAG=True, HEADS_FAST=False, EARLY_K=False),
+       "gdn_fwd_triton_split_kkt_solve_v4o_w4": dict(LOWP_DIAG=False, HEADS_FAST=False, EARLY_K=False),
+       "gdn_fwd_triton_split_kkt_solve_v4h_w4": dict(LOWP_DIAG=True, HEADS_FAST=True, EARLY_K=False)}
+AOT_EARLY = {"gdn_fwd_triton_split_kkt_solve_v4e_w4": dict(LOWP_DIAG=True, HEADS_FAST=False, EARLY_K=True),
+             "gdn_fwd_triton_split_kkt_solve_v4eh_w4": dict(LOWP_DIAG=True, HEADS_FAST=True, EARLY_K=True)}
 
 
-@pytest.mark.parametrize("name", sorted(AOT))
+@pytest.mark.parametrize("name", sorted(AOT) + sorted(AOT_EARLY))
 def test_aot_registration_is_the_launchers(name):
-    assert_aot_build_is_the_launchers(name, sm.kkt_solve_v4_kernel, AOT[name])
+    assert_aot_build_is_the_launchers(name, sm.kkt_solve_v4_kernel, {**AOT, **AOT_EARLY}[name])
 
 
 def test_aot_sm90a_no_spill_bf16_mma():
@@ -228,3 +230,70 @@ def test_heads_fast_from_the_slot_threshold(monkeypatch):
         k, g, beta, plan = kkt_inputs(1, 250, 1, 2, 64, torch.bfloat16, seed=4)[:4]          # 4 slots
         kkt_solve(k, g, beta, plan, 2)
     assert seen == [True, True, None], seen
+
+
+# ---------------------------------------------------------------- load order (EARLY_K)
+
+@pytest.mark.parametrize("args, kwargs", [((1, 200, 1, 2, 128, torch.bfloat16), {}),
+                                          ((1, None, 2, 4, 64, torch.bfloat16), dict(lens=[1, 63, 1, 65, 70])),
+                                          ((1, 130, 1, 2, 100, torch.bfloat16), dict(g_scale=60.0)),
+                                          ((2, 65, 1, 3, 64, torch.float32), {}),
+                                          ((1, 70, 1, 2, 256, torch.bfloat16), {})],
+                         ids=["dense-gva", "varlen-gva", "k100-steep", "fp32-hv3", "k256-not-one-tile"])
+@pytest.mark.parametrize("heads_fast", [False, True], ids=["slot-order", "heads-fast"])
+def test_early_k_is_bit_equal(args, kwargs, heads_fast):
+    """EARLY_K only moves the k tile's, g's and beta's loads ahead of gam's cumsum: gcum and Tinv (bf16 and fp32)
+    torch.equal to v4 without it, every element written (NaN-filled buffers). K = 256 has two k blocks, where the
+    kernel keeps the default order (EARLY_K needs K <= BK)."""
+    k, g, beta, plan, B, T, cu = kkt_inputs(*args, device=DEV, seed=random.randrange(1000), **kwargs)
+    HV = args[3]
+    for tinv_dtype in (torch.bfloat16, torch.float32):
+        (g0, t0), (g1, t1) = (launch_kkt_solve(k, g, beta, plan, HV, tinv_dtype, sm.kkt_solve_v4_kernel,
+                                               HEADS_FAST=heads_fast, EARLY_K=early) for early in (False, True))
+        assert torch.isfinite(g1).all() and torch.isfinite(t1).all()
+        assert torch.equal(g0, g1) and torch.equal(t0, t1), tinv_dtype
+
+
+def test_early_k_setting_reaches_both_launches(monkeypatch):
+    """LINATTN_GDN_KKT_EARLY_K=1: kkt_order passes EARLY_K to kkt_solve_v4_kernel (never to the other kernels), and
+    both forwards' stage-2a launches take it; unset, neither does."""
+    monkeypatch.setenv("LINATTN_GDN_KKT_EARLY_K", "1")
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, 1) == {"EARLY_K": True}
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True, "EARLY_K": True}
+    assert sm.kkt_order(sm.kkt_solve_v3_kernel, 1 << 20) == {}
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    real, seen = sm.kkt_solve_v4_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw.get("EARLY_K"))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(sm, "kkt_solve_v4_kernel", Spy())
+    monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
+    monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
+    x = make_gdn_inputs(1, 100, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    k, g, beta, plan = kkt_inputs(1, 100, 1, 2, 64, torch.bfloat16, seed=4)[:4]
+    with torch.no_grad():
+        linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
+        kkt_solve(k, g, beta, plan, 2)
+        monkeypatch.delenv("LINATTN_GDN_KKT_EARLY_K")
+        kkt_solve(k, g, beta, plan, 2)
+    assert seen == [True, True, None], seen
+
+
+def test_aot_early_k_keeps_occupancy():
+    """v4e / v4eh for sm_90a: 0 spill, WGMMA for K K^T and bf16 mma for the inverse as v4, and no fewer CTAs per SM
+    than v4 (registers: 65536 per SM in units of 256 per warp; shared memory: 228 KB with 1 KB reserved per CTA)."""
+    def ctas(rep):
+        regs = -(-rep.regs * 32 // 256) * 256                 # per warp, allocation unit 256
+        return min(65536 // (regs * rep.num_warps), 233472 // (rep.smem + 1024), 32 // rep.num_warps)
+    reps = {}
+    for name in list(AOT_EARLY) + ["gdn_fwd_triton_split_kkt_solve_v4_w4", "gdn_fwd_triton_split_kkt_solve_v4h_w4"]:
+        reps.update(aot_reports_no_spill(name))
+    for early, base in (("v4e", "v4"), ("v4eh", "v4h")):
+        e, b = (reps[f"gdn_fwd_triton_split_kkt_solve_{n}_w4"] for n in (early, base))
+        print(early, e.regs, e.smem, ctas(e), "|", base, b.regs, b.smem, ctas(b))
+        assert ctas(e) >= ctas(b), (early, e.regs, e.smem, b.regs, b.smem)
+        assert e.sass.get("HMMA.16816.F32.BF16", 0) > 0 and e.sass.get("HMMA.1688.F32.TF32", 0) == 0

@@ -11,7 +11,9 @@ operands for the inverse's products where Tinv is stored in bf16; benchmarks/KKT
    and the Triton backend at B8 T4096. Correctness against fp64 of the whole forward with v4 is the gates' (run_round.sh
    fwd / gluon with LINATTN_GDN_KKT=v4).
 KKT_VARIANTS (comma-separated kkt_v2_round.VARIANTS names, the last one the forward check's) changes the variants of
-part 1, e.g. KKT_VARIANTS=v4,v4h (v4 with HEADS_FAST) with KKT_V4_AB_BUDGET=0 (no part 2).
+part 1, e.g. KKT_VARIANTS=v4,v4h (v4 with HEADS_FAST) with KKT_V4_AB_BUDGET=0 (no part 2). KKT_AB changes part 2's
+two sides (ab_sides), e.g. KKT_AB="v4:LINATTN_GDN_KKT_EARLY_K=0,v4e:LINATTN_GDN_KKT_EARLY_K=1" (round 21); each row
+also records whether the two sides' o and final state are bit-equal.
 Writes DIR/kkt_v4.json."""
 import os
 import sys
@@ -43,26 +45,46 @@ def ab_row(B, T, backend, mode, dev, dry, budget_left):
     out = dict(B=B, T=T, backend=backend, mode=mode or "default", varlen=cu is not None)
     os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1" if mode == "segments" else "0"
 
-    def fwd(kkt):
-        os.environ["LINATTN_GDN_KKT"] = kkt
-        return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=backend)
+    (la, (var_a, val_a)), (lb, (var_b, val_b)) = ab_sides()
+
+    def fwd(side):
+        var, val = (var_a, val_a) if side == la else (var_b, val_b)
+        os.environ[var] = val
+        try:
+            return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=backend)
+        finally:
+            os.environ.pop(var, None)
 
     try:
         with torch.no_grad():
-            o3, h3 = fwd("v3")
-            o4, h4 = fwd("v4")
-            out.update(o_v4_vs_v3=rel_rms(o4, o3), final_v4_vs_v3=rel_rms(h4, h3),
-                       finite=bool(torch.isfinite(o4).all() and torch.isfinite(h4).all()))
+            oa, ha = fwd(la)
+            ob, hb = fwd(lb)
+            out.update({f"o_{lb}_vs_{la}": rel_rms(ob, oa), f"final_{lb}_vs_{la}": rel_rms(hb, ha),
+                        "bit_equal": bool(torch.equal(ob, oa) and torch.equal(hb, ha)),
+                        "finite": bool(torch.isfinite(ob).all() and torch.isfinite(hb).all())})
             if not dry and budget_left() > 0:
-                for i, kkt in enumerate(("v3", "v4", "v3", "v4")):
-                    out[f"{kkt}_ms_{i // 2}"] = graph_ms(lambda: fwd(kkt))
-                for kkt in ("v3", "v4"):
-                    out[f"{kkt}_ms"] = min(out[f"{kkt}_ms_0"], out[f"{kkt}_ms_1"])
-                out["speedup"] = out["v3_ms"] / out["v4_ms"]
+                for i, side in enumerate((la, lb, la, lb)):
+                    out[f"{side}_ms_{i // 2}"] = graph_ms(lambda: fwd(side))
+                for side in (la, lb):
+                    out[f"{side}_ms"] = min(out[f"{side}_ms_0"], out[f"{side}_ms_1"])
+                out["speedup"] = out[f"{la}_ms"] / out[f"{lb}_ms"]
     finally:
-        os.environ.pop("LINATTN_GDN_KKT", None)
         os.environ.pop("LINATTN_GDN_GLUON_SEGMENTS", None)
     return out
+
+
+def ab_sides():
+    """The forward A/B's two sides from KKT_AB ("label:VARIABLE=value,label:VARIABLE=value"; default v3 against v4
+    through LINATTN_GDN_KKT): ((label_a, (variable, value)), (label_b, (variable, value)))."""
+    spec = os.environ.get("KKT_AB", "v3:LINATTN_GDN_KKT=v3,v4:LINATTN_GDN_KKT=v4")
+    sides = []
+    for part in spec.split(","):
+        label, setting = part.split(":", 1)
+        var, val = setting.split("=", 1)
+        sides.append((label.strip(), (var.strip(), val.strip())))
+    if len(sides) != 2 or sides[0][0] == sides[1][0]:
+        raise ValueError(f"KKT_AB needs two differently labelled sides, got {spec!r}")
+    return tuple(sides)
 
 
 def run():

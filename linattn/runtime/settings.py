@@ -84,6 +84,10 @@ LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_spl
                    16x16 block substitution with TF32 warp-local products, cross-warp moves by broadcast and select);
                    "v2": kkt_solve_v2_kernel (round 16, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block
                    inverse, before round 16).
+LINATTN_GDN_KKT_EARLY_K   "1" (opt-in while its GPU A/B is pending): kkt_solve_v4_kernel issues the loads of g,
+                   beta and the k tile together before gam's cumsum (EARLY_K; intra_split._chunk_a), where the
+                   default issues k's only after the cumsum has waited for g. Round 21's source-level profile of v4
+                   (ncu, B1 T65536): ~27% of the samples wait on those two dependent round trips. Outputs bit-equal.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -165,6 +169,10 @@ class _Settings:
         unknown value is the default."""
         value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
         return value if value in ("v1", "v2", "v3") else "v4"
+
+    @property
+    def gdn_kkt_early_k(self) -> bool:
+        return _flag("LINATTN_GDN_KKT_EARLY_K")
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

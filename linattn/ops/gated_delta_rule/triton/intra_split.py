@@ -46,14 +46,21 @@ CHUNK = 64
 def _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV: tl.constexpr, BT: tl.constexpr):
     """gam (also stored as gcum) and beta of one chunk's rows r (mask m) for value head hv. gam: a cumsum inside each
     16-row block plus the sum of the earlier blocks, the one-kernel stage's order."""
-    g = tl.reshape(tl.load(g_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32), [4, 16])
-    sums = tl.sum(g, axis=1)
-    b = tl.arange(0, 4)
-    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
-    gam = tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
+    gam = _gam_of(tl.load(g_ptr + r * HV + hv, mask=m, other=0.), BT)
     tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
     beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
     return gam, beta
+
+
+@triton.jit
+def _gam_of(g_rows, BT: tl.constexpr):
+    """gam = cumsum(g) over one chunk's loaded g rows: a cumsum inside each 16-row block plus the sum of the earlier
+    blocks, the one-kernel stage's order."""
+    g = tl.reshape(g_rows.to(tl.float32), [4, 16])
+    sums = tl.sum(g, axis=1)
+    b = tl.arange(0, 4)
+    base = tl.sum(tl.where(b[None, :] < b[:, None], sums[None, :], 0.), axis=1)
+    return tl.reshape(tl.cumsum(g, axis=1) + base[:, None], [BT])
 
 
 @triton.jit
@@ -80,15 +87,31 @@ def _gated_a(kk, gam, beta, BT: tl.constexpr):
 
 @triton.jit
 def _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H: tl.constexpr, HV: tl.constexpr,
-             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """The per-value-head stage-2a prologue of chunk c of sequence n (kkt_solve_kernel and its v2 / v3): the chunk's
-    span, its gates (gcum stored) and the gated A. Returns (t0, eos, r, m, a): r the chunk's token rows, m = r < eos."""
+             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+             EARLY_K: tl.constexpr = False):
+    """The per-value-head stage-2a prologue of chunk c of sequence n (kkt_solve_kernel and its v2 / v3 / v4): the
+    chunk's span, its gates (gcum stored) and the gated A. Returns (t0, eos, r, m, a): r the chunk's token rows,
+    m = r < eos. EARLY_K (v4, K <= BK: one k tile): g, beta and the k tile are loaded before gam's cumsum, so the
+    three loads are in flight together instead of k's being issued after the cumsum has waited for g (round 21's
+    source-level profile: two dependent DRAM round trips per program). The same operations on the same values, so
+    the same gcum and A bit for bit."""
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
     r = t0 + tl.arange(0, BT)
     m = r < eos
-    gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
-    a = _gated_a(_chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC), gam, beta, BT)
+    if EARLY_K:
+        tl.static_assert(K <= BK, "EARLY_K loads the whole k tile at once")
+        g_rows = tl.load(g_ptr + r * HV + hv, mask=m, other=0.)
+        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        gam = _gam_of(g_rows, BT)
+        tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
+        kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    else:
+        gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+        kk = _chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC)
+    a = _gated_a(kk, gam, beta, BT)
     return t0, eos, r, m, a
 
 
@@ -273,9 +296,15 @@ KKT_HEADS_FAST_SLOTS = 768
 
 
 def kkt_order(kernel, num_slots: int) -> dict:
-    """The program-order argument of a stage-2a launch: HEADS_FAST for kkt_solve_v4_kernel on grids of at least
-    KKT_HEADS_FAST_SLOTS chunk slots, nothing otherwise (the other kernels have no such argument)."""
-    return {"HEADS_FAST": True} if kernel is kkt_solve_v4_kernel and num_slots >= KKT_HEADS_FAST_SLOTS else {}
+    """The schedule arguments of a stage-2a launch (kkt_solve_v4_kernel's only; the other kernels have none):
+    HEADS_FAST on grids of at least KKT_HEADS_FAST_SLOTS chunk slots, and EARLY_K where LINATTN_GDN_KKT_EARLY_K=1.
+    Neither changes an output bit."""
+    if kernel is not kkt_solve_v4_kernel:
+        return {}
+    args = {"HEADS_FAST": True} if num_slots >= KKT_HEADS_FAST_SLOTS else {}
+    if settings.gdn_kkt_early_k:
+        args["EARLY_K"] = True
+    return args
 
 
 def kkt_solve_gva(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
@@ -414,7 +443,8 @@ def _select_above(xa, s: tl.constexpr):
 @triton.jit
 def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, LOWP: tl.constexpr, LD: tl.constexpr):
+                          DOT_PREC: tl.constexpr, LOWP: tl.constexpr, LD: tl.constexpr,
+                          EARLY_K: tl.constexpr = False):
     """The program of kkt_solve_v3_kernel (LOWP = LD = False) and kkt_solve_v4_kernel for chunk slot p and value head
     hv: _chunk_a (gcum stored, the gated A), then v2's block recurrence
         E_s[i] = A_{i,i-s} D_{i-s};  T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
@@ -424,7 +454,8 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
     diagonal 16x16 inverses too; DOT_PREC (TF32 / IEEE) otherwise."""
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n < N:                                  # else a surplus slot of the varlen bound
-        t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC)
+        t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC,
+                                    EARLY_K)
 
         F32: tl.constexpr = DOT_PREC
         a4 = tl.reshape(a, [4, 16, 4, 16])
@@ -493,6 +524,7 @@ def kkt_solve_v4_kernel(
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, LOWP_DIAG: tl.constexpr = True, HEADS_FAST: tl.constexpr = False,
+    EARLY_K: tl.constexpr = False,
 ):
     """Stage 2a's default kernel since round 20 (LINATTN_GDN_KKT=v3 restores v3): kkt_solve_v3_kernel with bf16
     operands for the inverse's products where Tinv is stored in bf16 (the forward; its consumers multiply Tinv at
@@ -521,7 +553,7 @@ def kkt_solve_v4_kernel(
         p = tl.program_id(0)
         hv = tl.program_id(1)
     _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
-                          H, HV, K, BT, BK, DOT_PREC, LOWP, LD)
+                          H, HV, K, BT, BK, DOT_PREC, LOWP, LD, EARLY_K and K <= BK)
 
 
 def kkt_solve_v3(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, HV: int,
