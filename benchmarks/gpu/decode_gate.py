@@ -380,26 +380,17 @@ def sweep() -> dict:
     # gives the 148 tiles as 296 half tiles (BV/2 columns) to programs 0-295, prefetched like any other tile.
     # First in the list, each next to its own launch config's default (2 stages 3/SM, 3 stages 2/SM: R = 148
     # over 396, R = 16 over 264 programs), and again last to read the noise against
-    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 2, 3, None, "prefetch_qk+split_tail"),
-                                                     (64, 4, 2, 3, None, "prefetch_qk"),
-                                                     (64, 4, 3, 2, None, "prefetch_qk+split_tail"),
+    # round 15 result: split_tail no gain (285.0 / 284.8 us; benchmarks/DECODE_TAIL.md). Round 21: 4 stages at 2 per
+    # SM (sm_90a: 252 registers, 0 spill, 99,756 B shared = three 32 KB state buffers, so while a program computes
+    # tile i the copies of tiles i+1 and i+2 are in flight, 128 KB per SM against 64 KB at 3 stages), alternated
+    # with the default (3 stages) three times on the same inputs; the rows of rounds 9-15 are in their JSONs
+    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 4, 2, None, "prefetch_qk"),
                                                      (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 2, 3, None, "kwarp"), (64, 4, 2, 3, None, "prefetch_qk"),
-                                                     (64, 4, 3, 2, None, "kwarp"),
-                                                     (64, 4, 2, 3, None, "kwarp+store_cs"),
-                                                     (32, 4, 0, 0), (64, 4, 2, 3), (64, 8, 2, 2), (128, 8, 2, 1),
-                                                     (64, 4, 3, 2), (64, 4, 2, 4), (32, 4, 3, 3),
-                                                     (64, 4, 2, 2, 256), (64, 4, 2, 4, 512), (64, 4, 2, 3, 384),
-                                                     (64, 4, 2, 3, None, "store_cs"),
-                                                     (64, 4, 2, 3, None, "prefetch_qk"),
-                                                     (64, 4, 2, 3, None, "contiguous_tiles"),
-                                                     (64, 4, 2, 3, None, "store_cs+prefetch_qk"),
-                                                     (128, 4, 2, 2), (128, 4, 2, 2, 256),
-                                                     (128, 4, 2, 2, 256, "prefetch_qk"), (64, 4, 2, 3),
+                                                     (64, 4, 4, 2, None, "prefetch_qk"),
                                                      (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 2, 3, 384, "prefetch_qk"),
-                                                     (64, 4, 2, 3, None, "kwarp"),
-                                                     (64, 4, 2, 3, None, "prefetch_qk+split_tail")]),
+                                                     (64, 4, 4, 2, None, "prefetch_qk"),
+                                                     (64, 4, 3, 2, None, "prefetch_qk"),
+                                                     (64, 4, 4, 2), (64, 4, 2, 3, None, "prefetch_qk")]),
                            (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 8, 0, 0), (64, 8, 2, 2), (128, 8, 2, 1),
                                                       (64, 4, 2, 3), (128, 8, 0, 0), (64, 4, 2, 3, None, "kwarp")]),
                            (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (32, 4, 2, 4)]),
@@ -467,6 +458,9 @@ def main():
     sections = ([("drift_cpu", lambda: [drift("cpu", 1, 2, 2, 32, 32, 1000, s) for s in (1.0, 0.05)])]
                 if args.drift_cpu else
                 [("gate", gate), ("bench", lambda: bench(args.fla)), ("drift", gpu_drift), ("sweep", sweep)])
+    only = [n.strip() for n in os.environ.get("DECODE_SECTIONS", "").split(",") if n.strip()]
+    if only:                                   # e.g. DECODE_SECTIONS=sweep: a launch-config A/B alone
+        sections = [(n, f) for n, f in sections if n in only]
     from common import run_sections
     run_sections(res, sections, os.path.join(args.out, "decode.json"))
     _print(res)
