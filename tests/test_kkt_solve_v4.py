@@ -205,7 +205,9 @@ def test_heads_fast_order_is_bit_equal(args, kwargs):
 
 def test_heads_fast_from_the_slot_threshold(monkeypatch):
     """kkt_order: HEADS_FAST for kkt_solve_v4_kernel from KKT_HEADS_FAST_SLOTS chunk slots on, nothing below it or for
-    the other stage-2a kernels; both forwards' stage-2a launches pass it (threshold lowered to the test's 5 slots)."""
+    the other stage-2a kernels; both forwards' stage-2a launches pass it (threshold lowered to the test's 5 slots).
+    EARLY_K, kkt_order's other argument, is pinned off here: this test is about the program order alone."""
+    monkeypatch.setenv("LINATTN_GDN_KKT_EARLY_K", "0")
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True}
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS - 1) == {}
     assert sm.kkt_order(sm.kkt_solve_v3_kernel, 1 << 20) == {}
@@ -256,7 +258,7 @@ def test_early_k_is_bit_equal(args, kwargs, heads_fast):
 
 def test_early_k_setting_reaches_both_launches(monkeypatch):
     """LINATTN_GDN_KKT_EARLY_K=1: kkt_order passes EARLY_K to kkt_solve_v4_kernel (never to the other kernels), and
-    both forwards' stage-2a launches take it; unset, neither does."""
+    both forwards' stage-2a launches take it; with "0", neither does."""
     monkeypatch.setenv("LINATTN_GDN_KKT_EARLY_K", "1")
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, 1) == {"EARLY_K": True}
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True, "EARLY_K": True}
@@ -278,7 +280,7 @@ def test_early_k_setting_reaches_both_launches(monkeypatch):
     with torch.no_grad():
         linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="triton")
         kkt_solve(k, g, beta, plan, 2)
-        monkeypatch.delenv("LINATTN_GDN_KKT_EARLY_K")
+        monkeypatch.setenv("LINATTN_GDN_KKT_EARLY_K", "0")
         kkt_solve(k, g, beta, plan, 2)
     assert seen == [True, True, None], seen
 
