@@ -299,3 +299,11 @@ def test_aot_early_k_keeps_occupancy():
         print(early, e.regs, e.smem, ctas(e), "|", base, b.regs, b.smem, ctas(b))
         assert ctas(e) >= ctas(b), (early, e.regs, e.smem, b.regs, b.smem)
         assert e.sass.get("HMMA.16816.F32.BF16", 0) > 0 and e.sass.get("HMMA.1688.F32.TF32", 0) == 0
+
+
+def test_early_k_is_the_default(monkeypatch):
+    """Unset or any value but an "off" one, LINATTN_GDN_KKT_EARLY_K is on (round 21's default); "0" turns it off."""
+    monkeypatch.delenv("LINATTN_GDN_KKT_EARLY_K", raising=False)
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, 1) == {"EARLY_K": True}
+    monkeypatch.setenv("LINATTN_GDN_KKT_EARLY_K", "0")
+    assert sm.kkt_order(sm.kkt_solve_v4_kernel, 1) == {}

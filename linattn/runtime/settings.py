@@ -84,10 +84,13 @@ LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_spl
                    16x16 block substitution with TF32 warp-local products, cross-warp moves by broadcast and select);
                    "v2": kkt_solve_v2_kernel (round 16, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block
                    inverse, before round 16).
-LINATTN_GDN_KKT_EARLY_K   "1" (opt-in while its GPU A/B is pending): kkt_solve_v4_kernel issues the loads of g,
-                   beta and the k tile together before gam's cumsum (EARLY_K; intra_split._chunk_a), where the
-                   default issues k's only after the cumsum has waited for g. Round 21's source-level profile of v4
-                   (ncu, B1 T65536): ~27% of the samples wait on those two dependent round trips. Outputs bit-equal.
+LINATTN_GDN_KKT_EARLY_K   "0" turns off, in kkt_solve_v4_kernel (stage 2a's default), EARLY_K: default on since round
+                   21, the loads of g, beta and the k tile are issued together before gam's cumsum
+                   (intra_split._chunk_a), where before k's were issued only after the cumsum had waited for g (two
+                   dependent DRAM round trips per program; ~27% of v4's ncu samples at B1 T65536). Outputs bit-equal.
+                   Round 21 on an H200 (1109770): stage 2a 1.08x (B1 T65536 0.318 -> 0.294 ms, B8 T4096 0.161 ->
+                   0.150), forward 1.007-1.015x at all seven A/B rows; Gluon gate 18/18 + grad + sync-free and Triton
+                   forward gate green with it.
 LINATTN_GDN_SPLIT_INTRA   "0" turns off the two-kernel intra-chunk stage of the Triton GDN forward (A's inverse, then
                    W and U; triton/intra_split.py) and runs the one-kernel stage (triton/intra_chunk.py) instead;
                    default on since round 12 (H200: stage 2 1.32-1.47x, forward 1.09-1.18x, gate green).
@@ -172,7 +175,7 @@ class _Settings:
 
     @property
     def gdn_kkt_early_k(self) -> bool:
-        return _flag("LINATTN_GDN_KKT_EARLY_K")
+        return _on_unless_off("LINATTN_GDN_KKT_EARLY_K")
 
     @property
     def gdn_gluon_bwd_state(self) -> str:

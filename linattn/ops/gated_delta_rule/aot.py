@@ -168,7 +168,8 @@ _KKT_KERNELS = {"kkt": "kkt_solve_kernel", "kkt_gva": "kkt_solve_gva_kernel", "k
                "kkt_v3": "kkt_solve_v3_kernel", "kkt_v4": "kkt_solve_v4_kernel", "kkt_v4o": "kkt_solve_v4_kernel",
                "kkt_v4h": "kkt_solve_v4_kernel", "kkt_v4e": "kkt_solve_v4_kernel", "kkt_v4eh": "kkt_solve_v4_kernel"}
 # v4's own constexpr arguments per build: v4o has the diagonal inverses at TF32, v4h the head-fastest program order
-# (intra_split.kkt_order: the launches' choice from 768 chunk slots on)
+# (intra_split.kkt_order: the launches' choice from 768 chunk slots on), v4e / v4eh the loads issued before the cumsum
+# (EARLY_K, kkt_order's default since round 21)
 _KKT_EXTRA = {"kkt_v4": dict(LOWP_DIAG=True, HEADS_FAST=False, EARLY_K=False),
               "kkt_v4o": dict(LOWP_DIAG=False, HEADS_FAST=False, EARLY_K=False),
               "kkt_v4h": dict(LOWP_DIAG=True, HEADS_FAST=True, EARLY_K=False),
@@ -230,9 +231,10 @@ KKT_VARIANTS = [  # (name, kernel, Tinv type, what it is)
     ("gdn_fwd_triton_split_kkt_solve_v4h_w4", "kkt_v4h", _X,
      "kkt_solve v4 with its programs numbered head-fastest (the default from 768 chunk slots on), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v4e_w4", "kkt_v4e", _X,
-     "kkt_solve v4 with g, beta and the k tile loaded before gam's cumsum (EARLY_K), bf16 Tinv"),
+     "kkt_solve v4 with g, beta and the k tile loaded before gam's cumsum (EARLY_K; the default below 768 chunk "
+     "slots since round 21), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v4eh_w4", "kkt_v4eh", _X,
-     "kkt_solve v4 with EARLY_K and the head-fastest program order, bf16 Tinv"),
+     "kkt_solve v4 with EARLY_K and the head-fastest program order (the default from 768 chunk slots), bf16 Tinv"),
     ("gdn_fwd_triton_split_kkt_solve_v4_f32_w4", "kkt_v4", _F,
      "kkt_solve v4 with fp32 Tinv (the backward's recompute: v3's products at TF32)"),
 ]

@@ -297,8 +297,8 @@ KKT_HEADS_FAST_SLOTS = 768
 
 def kkt_order(kernel, num_slots: int) -> dict:
     """The schedule arguments of a stage-2a launch (kkt_solve_v4_kernel's only; the other kernels have none):
-    HEADS_FAST on grids of at least KKT_HEADS_FAST_SLOTS chunk slots, and EARLY_K where LINATTN_GDN_KKT_EARLY_K=1.
-    Neither changes an output bit."""
+    HEADS_FAST on grids of at least KKT_HEADS_FAST_SLOTS chunk slots, and EARLY_K (default since round 21;
+    LINATTN_GDN_KKT_EARLY_K=0 off). Neither changes an output bit."""
     if kernel is not kkt_solve_v4_kernel:
         return {}
     args = {"HEADS_FAST": True} if num_slots >= KKT_HEADS_FAST_SLOTS else {}
@@ -533,7 +533,9 @@ def kkt_solve_v4_kernel(
     the fp32 accumulator -> TF32 operand conversions; for bf16 operands mma.sync takes the accumulator's registers
     as they are, and the broadcasts move half the bytes. LOWP_DIAG=False keeps the diagonal 16x16 inverses at
     DOT_PREC (bf16 only for the off-diagonal products). HEADS_FAST=True numbers the programs head-fastest (see
-    below; same outputs): the launches pass it from KKT_HEADS_FAST_SLOTS chunk slots on (kkt_order). Rounding: each
+    below; same outputs): the launches pass it from KKT_HEADS_FAST_SLOTS chunk slots on (kkt_order). EARLY_K=True
+    issues the loads of g, beta and the k tile before gam's cumsum (_chunk_a; same outputs; kkt_order passes it by
+    default since round 21: stage 2a 1.08x on the H200, 72 registers without HEADS_FAST). Rounding: each
     product's operands at bf16 (2^-9) instead of TF32 (2^-11); Tinv is then stored at bf16 anyway
     (tests/test_kkt_solve_v4.py measures both against the fp64 inverse and the forward against fp64). H200, round 20
     (benchmarks/RESULTS.md, benchmarks/gpu/kkt_v4_round.py): 0.442 -> 0.371 ms at B1 T65536 and 0.215 -> 0.160 ms at
