@@ -42,12 +42,14 @@ START = time.time()
 VARIANTS = {"v2": "kkt_solve_v2_kernel", "v3": "kkt_solve_v3_kernel", "v4": "kkt_solve_v4_kernel",
             "v4o": ("kkt_solve_v4_kernel", {"LOWP_DIAG": False}), "v4h": ("kkt_solve_v4_kernel", {"HEADS_FAST": True}),
             "v4e": ("kkt_solve_v4_kernel", {"EARLY_K": True}),
-            "v4eh": ("kkt_solve_v4_kernel", {"EARLY_K": True, "HEADS_FAST": True})}
+            "v4eh": ("kkt_solve_v4_kernel", {"EARLY_K": True, "HEADS_FAST": True}),
+            # round 21: v4eh compiles to 77 registers (6 CTAs per SM), v4e to 72 (7); ptxas capped at 72, 0 spill
+            "v4ehr": ("kkt_solve_v4_kernel", {"EARLY_K": True, "HEADS_FAST": True, "maxnreg": 72})}
 # bound on a variant's worst Tinv error: BOUND x kkt_solve_kernel's worst + FLOOR (1.5 unless named). v4 / v4o round
 # the inverse's product operands to bf16 on purpose where Tinv is stored in bf16 (its consumers multiply it at bf16);
 # under the interpreter their bf16 Tinv error is ~1.46x v3's, so they get 2.0 here, written before their first GPU
 # run; their fp32 Tinv (the backward's) is v3's computation
-BOUND = {"v4": 2.0, "v4o": 2.0, "v4h": 2.0, "v4e": 2.0, "v4eh": 2.0}
+BOUND = {"v4": 2.0, "v4o": 2.0, "v4h": 2.0, "v4e": 2.0, "v4eh": 2.0, "v4ehr": 2.0}
 
 
 def shapes(dry):
