@@ -178,6 +178,55 @@ def test_round17_switches(monkeypatch):
     assert fused_wu_config(8, 32, 128, 132) == FusedWuConfig(64, 2)                   # OUT_PIPE64 rides on it too
 
 
+BV16 = "gdn_fwd_fused_wu_ws_gluon_bf16_bv16_s3_areg_opipe_o160_w160"
+
+
+def test_bv16_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_BV16=1 (opt-in, round 21): BV=16 with the BV=32 default's settings where N * HV * V / 16
+    programs fit the SMs (B1 and B2 at H2/HV8 on 132 SMs), BV=32 where they would not (B1 at HV32, B3 at HV8) and
+    BV=64 where the batch fills the GPU; its build is registered. Unset, BV=16 is never taken."""
+    from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import FusedWuConfig, fused_wu_config
+    for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG", "LINATTN_GDN_GLUON_BV16"):
+        monkeypatch.delenv(name, raising=False)
+    default32 = FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
+    assert fused_wu_config(1, 8, 128, 132) == default32 and fused_wu_config(2, 8, 128, 132) == default32
+    monkeypatch.setenv("LINATTN_GDN_GLUON_BV16", "1")
+    cfg = fused_wu_config(1, 8, 128, 132)
+    assert cfg == FusedWuConfig(16, 3, areg=True, out_pipe=True, wu_regs=160)
+    assert fused_wu_config(2, 8, 128, 132) == cfg                       # 128 programs <= 132 SMs
+    assert fused_wu_config(3, 8, 128, 132) == default32                 # 96 programs at BV=32, 192 at 16
+    assert fused_wu_config(1, 32, 128, 132) == default32
+    assert fused_wu_config(8, 32, 128, 132).BV == 64
+    assert fused_wu_kernel_name("bf16", 16, 3, areg=True, regs=(cfg.output_regs, cfg.wu_regs), out_pipe=True) == BV16
+    assert BV16 in REGISTRY
+
+
+@needs_gluon
+def test_bv16_build_compiles_without_spill():
+    """The BV=16 build (sm_90a): 0 spill, no local memory, the whole register file over 16 warps, shared memory in
+    budget, and its products at N = 16 (U, W S, K^T vnew, q S, P vnew) next to the V-independent ones at 64 / 128."""
+    rep = inspect_kernel(REGISTRY[BV16])
+    assert not rep.missing and rep.spill_bytes == 0, (rep.missing, rep.spill_bytes)
+    assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
+    assert rep.num_warps == 16 and rep.regs == 128 and 0 < rep.smem <= SMEM_LIMIT_SM90, (rep.regs, rep.smem)
+    assert rep.sass.get("HGMMA.64x16x16.F32.BF16", 0) > 0, rep.sass
+    assert rep.sass.get("HGMMA.64x32x16.F32.BF16", 0) == 0, rep.sass
+
+
+def test_switch_ab_round_dry_run(tmp_path):
+    """benchmarks/gpu/switch_ab_round.py --dry-run (the BV=16 A/B's script) on the CPU: both sides run, their outputs
+    compared (the Triton backend, where the switch changes nothing: bit-equal), the JSON written."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu", "switch_ab_round.py"), "--out",
+                           str(tmp_path), "--dry-run"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "switch_ab.json").read_text())
+    assert res["passed"] and res["sides"] == {"bv32": "LINATTN_GDN_GLUON_BV16=0", "bv16": "LINATTN_GDN_GLUON_BV16=1"}
+    assert len(res["rows"]) == 2 and all(r["bit_equal"] for r in res["rows"]), res["rows"]
+
+
 @pytest.mark.parametrize("T,lens,stages,npub,BV", [(260, None, 3, 2, 32), (261, [1, 130, 64, 65, 1], 3, 2, 32),
                                                    (1, None, 3, 2, 32), (200, [70, 1, 129], 1, 1, 32),
                                                    (130, None, 2, 1, 32), (193, [1, 128, 64], 2, 2, 64)])

@@ -48,7 +48,8 @@ BF, FP16 = torch.bfloat16, torch.float16
 def gate_cases():
     """(name, B, T, H, HV, K, V, dtype, lens, extra): ours (short, varlen), then gdn_fwd_gate's K=V=128 16-bit
     cases, small first (a timeout then still leaves most cases measured). Our cases reuse the head counts and
-    dtypes of gdn_fwd_gate's (H16/HV32 bf16, H8/HV16 fp16) so that they add no kernel specialisations to compile."""
+    dtypes of gdn_fwd_gate's (H16/HV32 bf16, H8/HV16 fp16) so that they add no kernel specialisations to compile,
+    except the H2/HV8 ones (round 21)."""
     from gdn_fwd_gate import cases
     own = []
     for T in (1, 63, 65, 1000):
@@ -57,6 +58,11 @@ def gate_cases():
     lens = [1, 1, 63, 1, 65, 1000, 1, 64, 128, 1]
     own.append(("gluon_varlen_1tok", 1, sum(lens), 16, 32, 128, 128, BF, lens, {}))
     own.append(("gluon_varlen_1tok_no_h0", 1, 265, 16, 32, 128, 128, BF, [1, 200, 1, 63], dict(initial_state=False)))
+    # H2/HV8 (round 21; new head counts, so two more specialisations to compile): where few sequence-heads leave SMs
+    # idle the launcher may split V finer (fused_wu_config's opt-in BV=16 takes B1 and B2 here)
+    own.append(("gluon_hv8_T1000", 1, 1000, 2, 8, 128, 128, BF, None, {}))
+    own.append(("gluon_hv8_B2_T130_no_h0", 2, 130, 2, 8, 128, 128, BF, None, dict(initial_state=False)))
+    own.append(("gluon_hv8_varlen_1tok", 1, 333, 2, 8, 128, 128, BF, [1, 200, 1, 65, 66], {}))
     theirs = [c for c in cases() if c[5] == 128 and c[6] == 128 and c[7] in (BF, FP16)]
     return own + sorted(theirs, key=lambda c: c[1] * c[2])
 

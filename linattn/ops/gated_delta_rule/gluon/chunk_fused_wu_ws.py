@@ -378,7 +378,8 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     the fused kernel at every production row): OUT_PIPE at BV=32 (wu warpgroup at 160 registers; off with
     LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
     LINATTN_GDN_GLUON_WU_AREG64=0). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in) adds OUT_PIPE at BV=64 (output / wu at
-    152 / 176)."""
+    152 / 176). LINATTN_GDN_GLUON_BV16=1 (opt-in, round 21) takes BV=16 (as the BV=32 default otherwise) where
+    N * HV * V / 16 programs still fit the SMs."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
@@ -390,6 +391,10 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
                 return FusedWuConfig(64, 2, areg=True, out_pipe=True, output_regs=152, wu_regs=176)
             return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
         return FusedWuConfig(64, 2)
+    if settings.gdn_gluon_bv16 and N * HV * (V // 16) <= num_sms and areg and settings.gdn_gluon_out_pipe:
+        # opt-in (round 21): 16-column blocks where they still fit one wave (B1-B2 at HV8): twice the CTAs of BV=32,
+        # each with half the V-dependent work per chunk
+        return FusedWuConfig(16, 3, areg=True, out_pipe=True, wu_regs=160)
     if areg and settings.gdn_gluon_out_pipe:             # default since round 17 (4 bytes spill at 160 / 152 / 176)
         return FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
     return FusedWuConfig(32, 3, areg=areg)
