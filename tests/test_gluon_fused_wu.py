@@ -198,6 +198,7 @@ def test_bv16_switch(monkeypatch):
     assert fused_wu_config(3, 8, 128, 132) == default32                 # 96 programs at BV=32, 192 at 16
     assert fused_wu_config(1, 32, 128, 132) == default32
     assert fused_wu_config(8, 32, 128, 132).BV == 64
+    assert fused_wu_config(1, 8, 128, 132, bv16=False) == default32   # the segment-parallel forward's launches
     assert fused_wu_kernel_name("bf16", 16, 3, areg=True, regs=(cfg.output_regs, cfg.wu_regs), out_pipe=True) == BV16
     assert BV16 in REGISTRY
 

@@ -371,7 +371,7 @@ class FusedWuConfig:
     out_pipe: bool = False           # OUT_PIPE: the output warpgroup issues q k^T one chunk ahead (_output_pipelined)
 
 
-def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
+def fused_wu_config(N: int, HV: int, V: int, num_sms: int, bv16: bool = True) -> FusedWuConfig:
     """V split as chunk_fused_ws.fused_ws_config: BV=64 unless N*HV*V/64 programs would leave SMs idle, then 32.
     Ring depth 3 at BV=32 (200 860 B of shared memory), 2 at BV=64 (196 732 B; 3 stages would need ~246 KB).
     WU_AREG unless LINATTN_GDN_GLUON_WU_AREG=0, and with it (defaults since round 17, H200 gate green, 1.11-1.18x
@@ -379,7 +379,7 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
     LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
     LINATTN_GDN_GLUON_WU_AREG64=0). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in) adds OUT_PIPE at BV=64 (output / wu at
     152 / 176). LINATTN_GDN_GLUON_BV16=1 (opt-in, round 21) takes BV=16 (as the BV=32 default otherwise) where
-    N * HV * V / 16 programs still fit the SMs."""
+    N * HV * V / 16 programs still fit the SMs, unless bv16=False (the segment-parallel forward's launches)."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
@@ -391,7 +391,7 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int) -> FusedWuConfig:
                 return FusedWuConfig(64, 2, areg=True, out_pipe=True, output_regs=152, wu_regs=176)
             return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
         return FusedWuConfig(64, 2)
-    if settings.gdn_gluon_bv16 and N * HV * (V // 16) <= num_sms and areg and settings.gdn_gluon_out_pipe:
+    if bv16 and settings.gdn_gluon_bv16 and N * HV * (V // 16) <= num_sms and areg and settings.gdn_gluon_out_pipe:
         # opt-in (round 21): 16-column blocks where they still fit one wave (B1-B2 at HV8): twice the CTAs of BV=32,
         # each with half the V-dependent work per chunk
         return FusedWuConfig(16, 3, areg=True, out_pipe=True, wu_regs=160)
@@ -476,7 +476,9 @@ def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, 
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
     Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
     from linattn.runtime.device import device_facts
-    cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
+    # BV=16 is gated on the GPU without the segment-parallel forward's selection only (round 21)
+    cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms,
+                                    bv16=select is None and seg is None)
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
                                                  select, seg)
     kernel[grid](*args, **kwargs)
