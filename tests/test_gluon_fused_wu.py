@@ -182,9 +182,9 @@ BV16 = "gdn_fwd_fused_wu_ws_gluon_bf16_bv16_s3_areg_opipe_o160_w160"
 
 
 def test_bv16_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_BV16=1 (opt-in, round 21): BV=16 with the BV=32 default's settings where N * HV * V / 16
-    programs fit the SMs (B1 and B2 at H2/HV8 on 132 SMs), BV=32 where they would not (B1 at HV32, B3 at HV8) and
-    BV=64 where the batch fills the GPU; its build is registered. With "0", BV=16 is never taken."""
+    """LINATTN_GDN_GLUON_BV16 (on by default since round 21; "1" here): BV=16 with the BV=32 default's settings where
+    N * HV * V / 16 programs fit the SMs (B1 and B2 at H2/HV8 on 132 SMs), BV=32 where they would not (B1 at HV32,
+    B3 at HV8) and BV=64 where the batch fills the GPU; its build is registered. With "0", BV=16 is never taken."""
     from linattn.ops.gated_delta_rule.aot import fused_wu_kernel_name
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import FusedWuConfig, fused_wu_config
     for name in ("LINATTN_GDN_GLUON_OUT_PIPE", "LINATTN_GDN_GLUON_WU_AREG", "LINATTN_GDN_GLUON_BV16"):
@@ -200,6 +200,8 @@ def test_bv16_switch(monkeypatch):
     assert fused_wu_config(1, 32, 128, 132) == default32
     assert fused_wu_config(8, 32, 128, 132).BV == 64
     assert fused_wu_config(1, 8, 128, 132, bv16=False) == default32   # the segment-parallel forward's launches
+    monkeypatch.delenv("LINATTN_GDN_GLUON_BV16")                        # the default since round 21: on
+    assert fused_wu_config(1, 8, 128, 132) == cfg
     assert fused_wu_kernel_name("bf16", 16, 3, areg=True, regs=(cfg.output_regs, cfg.wu_regs), out_pipe=True) == BV16
     assert BV16 in REGISTRY
 

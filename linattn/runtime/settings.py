@@ -55,11 +55,13 @@ LINATTN_GDN_GLUON_OUT_PIPE "0" turns off, in the fused-wu kernel's BV=32 WU_AREG
                    / wu warpgroups at 160 / 160 registers, state 168). Round 17's ncu source view had that warpgroup
                    ~97% busy at B1, the chain's bound. On an H200 (5fa92b3): Gluon gate 18/18 + grad + sync-free with
                    it; fused kernel 1.16-1.18x (B1 T65536 1.969 -> 1.680 ms, B1 T8192 0.255 -> 0.219).
-LINATTN_GDN_GLUON_BV16 "1" (opt-in while its GPU gate and A/B are pending): the fused-wu kernel at BV=16 (WU_AREG, OUT_PIPE,
-                   output / wu warpgroups at 160 / 160, 3-stage ring; sm_90a 0 spill, 178,588 B shared) where even
-                   16-column V blocks fit the GPU in one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), instead of
-                   BV=32 with half the SMs idle. Round 21's H2/HV8 table had the gluon forward at 0.98x FLA at B1
-                   T8192 (1.05-1.07x at T32768 / T65536).
+LINATTN_GDN_GLUON_BV16 "0" turns off BV=16 in the fused-wu kernel: default on since round 21, where even 16-column V
+                   blocks fit the GPU in one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), the kernel takes BV=16
+                   (the BV=32 default's WU_AREG, OUT_PIPE, 160 / 160 registers, 3-stage ring; sm_90a 0 spill,
+                   178,588 B shared) instead of BV=32 with most SMs idle; not in the segment-parallel forward's
+                   launches. Round 21 on an H200 (493afea): Gluon gate green with it (the H2/HV8 cases take BV=16),
+                   o and final state bit-equal to BV=32's, forward 1.045-1.057x at B1 T8192 / T32768 / T65536 and B2
+                   T32768 H2/HV8 (B1 T8192 0.244 -> 0.231 ms; FLA 0.237 in that table).
 LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
@@ -220,7 +222,7 @@ class _Settings:
 
     @property
     def gdn_gluon_bv16(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_BV16")
+        return _on_unless_off("LINATTN_GDN_GLUON_BV16")
 
     @property
     def gdn_gluon_segments(self) -> bool:

@@ -588,8 +588,8 @@ for _dt, _bv, _s, _regs in FUSED_WU_AREG_CONFIGS:
 # BV=64 with OUT_PIPE is a sweep row of the gluon_fused_wu round (taken by fused_wu_config only with the opt-in LINATTN_GDN_GLUON_OUT_PIPE64=1: round 18, 1.05x at B8, 0.97x at B4), at the
 # only split of a register sweep that compiles without spill: output / wu 152 / 176, state 160 (168 / 160: 96 bytes,
 # 160 / 168: 8, 176 / 152: 4).
-# BV=16 (opt-in LINATTN_GDN_GLUON_BV16=1, round 21): the BV=32 default's config at 16 columns, where N * HV * V / 16
-# programs still fit the SMs (B1-B2 at HV8).
+# BV=16 (the default since round 21 where N * HV * V / 16 programs still fit the SMs, B1-B2 at HV8;
+# LINATTN_GDN_GLUON_BV16=0 off): the BV=32 default's config at 16 columns.
 FUSED_WU_OPIPE_CONFIGS = [("bf16", 32, 3, (160, 160)), ("bf16", 64, 2, (152, 176)), ("bf16", 16, 3, (160, 160))]
 for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
     register(AotKernel(

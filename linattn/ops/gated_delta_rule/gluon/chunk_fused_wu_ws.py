@@ -378,7 +378,7 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int, bv16: bool = True) ->
     the fused kernel at every production row): OUT_PIPE at BV=32 (wu warpgroup at 160 registers; off with
     LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
     LINATTN_GDN_GLUON_WU_AREG64=0). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in) adds OUT_PIPE at BV=64 (output / wu at
-    152 / 176). LINATTN_GDN_GLUON_BV16=1 (opt-in, round 21) takes BV=16 (as the BV=32 default otherwise) where
+    152 / 176). BV=16 (as the BV=32 default otherwise; default since round 21, LINATTN_GDN_GLUON_BV16=0 off) where
     N * HV * V / 16 programs still fit the SMs, unless bv16=False (the segment-parallel forward's launches)."""
     from linattn.runtime.settings import settings
     bv = 64
@@ -392,8 +392,8 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int, bv16: bool = True) ->
             return FusedWuConfig(64, 2, areg=True, output_regs=136, wu_regs=192)
         return FusedWuConfig(64, 2)
     if bv16 and settings.gdn_gluon_bv16 and N * HV * (V // 16) <= num_sms and areg and settings.gdn_gluon_out_pipe:
-        # opt-in (round 21): 16-column blocks where they still fit one wave (B1-B2 at HV8): twice the CTAs of BV=32,
-        # each with half the V-dependent work per chunk
+        # default since round 21 (H200: gate green, bit-equal to BV=32, forward 1.045-1.057x at H2/HV8 B1-B2):
+        # 16-column blocks where they still fit one wave, twice the CTAs of BV=32, each with half the V-dependent work
         return FusedWuConfig(16, 3, areg=True, out_pipe=True, wu_regs=160)
     if areg and settings.gdn_gluon_out_pipe:             # default since round 17 (4 bytes spill at 160 / 152 / 176)
         return FusedWuConfig(32, 3, areg=True, out_pipe=True, wu_regs=160)
