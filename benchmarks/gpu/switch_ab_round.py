@@ -5,7 +5,7 @@ AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (kkt
 round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV" (T "varlen<lengths
 joined by +>" for a varlen row; default round 21's H2/HV8 rows). Per row: the two sides' o and final state compared
 (relative RMS, bit-equality; correctness against fp64 is the gates' job), then CUDA-graph medians in the order a, b,
-a, b (backend "gluon", bf16, K = V = 128, initial and final state). Writes DIR/switch_ab.json."""
+a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and final state). Writes DIR/switch_ab.json."""
 import os
 import sys
 import time
@@ -34,6 +34,7 @@ def run():
     os.environ.setdefault("KKT_AB", os.environ.get("AB_SIDES", DEFAULT_SIDES))
     (la, (var_a, val_a)), (lb, (var_b, val_b)) = ab_sides()
     res["sides"] = {la: f"{var_a}={val_a}", lb: f"{var_b}={val_b}"}
+    backend = res["backend"] = os.environ.get("AB_BACKEND", "gluon")
     start = time.time()
     for spec in (DRY_ROWS if dry else os.environ.get("AB_ROWS", DEFAULT_ROWS)).split():
         B, T, H, HV, lens = parse_row(spec)
@@ -53,7 +54,7 @@ def run():
             os.environ[var] = val
             try:
                 return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu,
-                                                      backend="triton" if dry else "gluon")
+                                                      backend="triton" if dry else backend)
             finally:
                 os.environ.pop(var, None)
         try:

@@ -42,12 +42,13 @@ class FwdConfig:
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> FwdConfig:
     facts = device_facts(device)
-    return _configs_for(K, V, N, HV, facts.kind, facts.num_sms)
+    return _configs_for(K, V, N, HV, facts.kind, facts.num_sms, settings.gdn_state_bv16)
 
 
 @lru_cache(maxsize=1024)
-def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int) -> FwdConfig:
-    # a pure function of the shape and the device's kind and SM count, cached: the host path of every call runs it
+def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int, bv16: bool = False) -> FwdConfig:
+    # a pure function of the shape, the device's kind and SM count and the switches passed in, cached: the host path
+    # of every call runs it
     BK = _pow2(K)
     BV = _pow2(V)
     # state pass: [BK, BV] fp32 state in registers; split V so that N*HV*(V/BV) programs cover the SMs
@@ -55,6 +56,9 @@ def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int) -> Fw
     sms = num_sms if kind == "cuda" else 1
     while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
+    if bv16 and bv_state == 32 and N * HV * triton.cdiv(V, 32) < sms and N * HV * triton.cdiv(V, 16) <= sms:
+        # LINATTN_GDN_STATE_BV16 (round 21): 16 columns where even they fit one wave (B1-B2 at H2/HV8 on an H200)
+        bv_state = 16
     return FwdConfig(BK_intra=BK, BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
                      warps_intra=4, warps_state=8 if BK >= 256 else 4, warps_out=4, stages=2)
 
