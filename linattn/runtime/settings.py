@@ -62,11 +62,12 @@ LINATTN_GDN_GLUON_BV16 "0" turns off BV=16 in the fused-wu kernel: default on si
                    launches. Round 21 on an H200 (493afea): Gluon gate green with it (the H2/HV8 cases take BV=16),
                    o and final state bit-equal to BV=32's, forward 1.045-1.057x at B1 T8192 / T32768 / T65536 and B2
                    T32768 H2/HV8 (B1 T8192 0.244 -> 0.231 ms; FLA 0.237 in that table).
-LINATTN_GDN_STATE_BV16 "1" (opt-in while its GPU gate and A/B are pending): the Triton forward's state pass
-                   (triton/chunk_state.py; also the backward's recompute) at BV=16 where 32-column blocks leave SMs
-                   idle and 16-column ones still fit one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), the Triton
-                   counterpart of the fused-wu kernel's BV=16. Round 21's H2/HV8 table had the Triton forward at
-                   0.73-0.78x FLA at B1.
+LINATTN_GDN_STATE_BV16 "0" turns off BV=16 in the Triton forward's state pass (triton/chunk_state.py; also the
+                   backward's recompute): default on since round 21, where 32-column blocks leave SMs idle and
+                   16-column ones still fit one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), the Triton
+                   counterpart of the fused-wu kernel's BV=16. Round 21 on an H200 (76de3a3): Triton forward gate
+                   green with it, o and final state bit-equal to BV=32's, forward 1.094x / 1.100x / 1.100x at B1
+                   T8192 / T32768 / T65536 and 1.047x at B2 T32768, H2/HV8.
 LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
@@ -227,7 +228,7 @@ class _Settings:
 
     @property
     def gdn_state_bv16(self) -> bool:
-        return _flag("LINATTN_GDN_STATE_BV16")
+        return _on_unless_off("LINATTN_GDN_STATE_BV16")
 
     @property
     def gdn_gluon_bv16(self) -> bool:

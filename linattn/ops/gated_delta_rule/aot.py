@@ -140,7 +140,7 @@ TRITON_FWD = [
     ("gdn_fwd_triton_state_bv32_w4", "state", 32, 4, 2, ("HGMMA",), "stage 3: state pass, B=1 config"),
     ("gdn_fwd_triton_state_bv64_w4", "state", 64, 4, 2, ("HGMMA",), "stage 3: state pass, B>=3 config"),
     ("gdn_fwd_triton_state_bv16_w4", "state", 16, 4, 2, ("HGMMA",),
-     "stage 3: state pass, BV=16 (LINATTN_GDN_STATE_BV16: B1-B2 at HV8)"),
+     "stage 3: state pass, BV=16 (B1-B2 at HV8; LINATTN_GDN_STATE_BV16=0 off)"),
     ("gdn_fwd_triton_output_bv64_w4", "output", 64, 4, 2, ("HGMMA",), "stage 4: output, v1 (LINATTN_GDN_OUTPUT=v1)"),
     ("gdn_fwd_triton_fused_bv32_w8", "fused", 32, 8, 1, ("HGMMA",), "opt-in fused stage 3+4, B=1 config"),
 ]

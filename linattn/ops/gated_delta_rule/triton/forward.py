@@ -57,7 +57,8 @@ def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int, bv16:
     while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
     if bv16 and bv_state == 32 and N * HV * triton.cdiv(V, 32) < sms and N * HV * triton.cdiv(V, 16) <= sms:
-        # LINATTN_GDN_STATE_BV16 (round 21): 16 columns where even they fit one wave (B1-B2 at H2/HV8 on an H200)
+        # LINATTN_GDN_STATE_BV16 (default since round 21; H200: gate green, bit-equal, 1.05-1.10x at B1-B2 H2/HV8):
+        # 16 columns where even they fit one wave
         bv_state = 16
     return FwdConfig(BK_intra=BK, BV_intra=min(BV, 64), BV_state=bv_state, BV_out=min(BV, 64),
                      warps_intra=4, warps_state=8 if BK >= 256 else 4, warps_out=4, stages=2)
