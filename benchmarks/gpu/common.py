@@ -181,3 +181,46 @@ def start_round(script: str, json_name: str, budget: float = 110.0):
     res["commit"] = os.environ.get("LINATTN_COMMIT", "")
     write_json(path, res)
     return args, dry, dev, path, res
+
+
+def ab_sides(spec: str):
+    """Two sides of a switch A/B from "label:VARIABLE=value,label:VARIABLE=value":
+    ((label_a, (variable, value)), (label_b, (variable, value)))."""
+    sides = []
+    for part in spec.split(","):
+        label, setting = part.split(":", 1)
+        var, val = setting.split("=", 1)
+        sides.append((label.strip(), (var.strip(), val.strip())))
+    if len(sides) != 2 or sides[0][0] == sides[1][0]:
+        raise ValueError(f"an A/B needs two differently labelled sides, got {spec!r}")
+    return tuple(sides)
+
+
+def switch_ab(call, sides, out: dict, timed: bool) -> None:
+    """call() (returning (o, final state)) under each side's environment setting (ab_sides): the two results
+    compared into out (o_b_vs_a, final_b_vs_a relative RMS, bit_equal, finite), then, when timed, CUDA-graph
+    medians in the order a, b, a, b (a_ms_0, b_ms_0, a_ms_1, b_ms_1; a_ms / b_ms the better of each; speedup
+    a_ms / b_ms). The variable is unset again after every call."""
+    import torch
+
+    from linattn.testing import rel_rms
+    (la, (var_a, val_a)), (lb, (var_b, val_b)) = sides
+
+    def run(side):
+        var, val = (var_a, val_a) if side == la else (var_b, val_b)
+        os.environ[var] = val
+        try:
+            return call()
+        finally:
+            os.environ.pop(var, None)
+    oa, ha = run(la)
+    ob, hb = run(lb)
+    out.update({f"o_{lb}_vs_{la}": rel_rms(ob, oa), f"final_{lb}_vs_{la}": rel_rms(hb, ha),
+                "bit_equal": bool(torch.equal(ob, oa) and torch.equal(hb, ha)),
+                "finite": bool(torch.isfinite(ob).all() and torch.isfinite(hb).all())})
+    if timed:
+        for i, side in enumerate((la, lb, la, lb)):
+            out[f"{side}_ms_{i // 2}"] = graph_ms(lambda: run(side))
+        for side in (la, lb):
+            out[f"{side}_ms"] = min(out[f"{side}_ms_0"], out[f"{side}_ms_1"])
+        out["speedup"] = out[f"{la}_ms"] / out[f"{lb}_ms"]

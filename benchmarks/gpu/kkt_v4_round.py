@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, write_json  # noqa: E402
+from common import ab_sides as parse_sides, switch_ab, write_json  # noqa: E402
 from kkt_v2_round import START, main  # noqa: E402
 
 AB_ROWS = [(1, 8192, "gluon", ""), (1, 65536, "gluon", ""), (8, 4096, "gluon", ""), (4, 16384, "gluon", ""),
@@ -33,7 +33,7 @@ def ab_row(B, T, backend, mode, dev, dry, budget_left):
 
     import linattn
     from linattn.bench.presets import PRODUCTION_VARLEN
-    from linattn.testing import make_gdn_inputs, rel_rms
+    from linattn.testing import make_gdn_inputs
     H, HV, K = (1, 2, 64) if dry else (16, 32, 128)
     cu, N = None, B
     if T == "varlen":
@@ -45,29 +45,11 @@ def ab_row(B, T, backend, mode, dev, dry, budget_left):
     out = dict(B=B, T=T, backend=backend, mode=mode or "default", varlen=cu is not None)
     os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1" if mode == "segments" else "0"
 
-    (la, (var_a, val_a)), (lb, (var_b, val_b)) = ab_sides()
-
-    def fwd(side):
-        var, val = (var_a, val_a) if side == la else (var_b, val_b)
-        os.environ[var] = val
-        try:
-            return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=backend)
-        finally:
-            os.environ.pop(var, None)
-
     try:
         with torch.no_grad():
-            oa, ha = fwd(la)
-            ob, hb = fwd(lb)
-            out.update({f"o_{lb}_vs_{la}": rel_rms(ob, oa), f"final_{lb}_vs_{la}": rel_rms(hb, ha),
-                        "bit_equal": bool(torch.equal(ob, oa) and torch.equal(hb, ha)),
-                        "finite": bool(torch.isfinite(ob).all() and torch.isfinite(hb).all())})
-            if not dry and budget_left() > 0:
-                for i, side in enumerate((la, lb, la, lb)):
-                    out[f"{side}_ms_{i // 2}"] = graph_ms(lambda: fwd(side))
-                for side in (la, lb):
-                    out[f"{side}_ms"] = min(out[f"{side}_ms_0"], out[f"{side}_ms_1"])
-                out["speedup"] = out[f"{la}_ms"] / out[f"{lb}_ms"]
+            switch_ab(lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu,
+                                                             backend=backend),
+                      ab_sides(), out, not dry and budget_left() > 0)
     finally:
         os.environ.pop("LINATTN_GDN_GLUON_SEGMENTS", None)
     return out
@@ -75,16 +57,8 @@ def ab_row(B, T, backend, mode, dev, dry, budget_left):
 
 def ab_sides():
     """The forward A/B's two sides from KKT_AB ("label:VARIABLE=value,label:VARIABLE=value"; default v3 against v4
-    through LINATTN_GDN_KKT): ((label_a, (variable, value)), (label_b, (variable, value)))."""
-    spec = os.environ.get("KKT_AB", "v3:LINATTN_GDN_KKT=v3,v4:LINATTN_GDN_KKT=v4")
-    sides = []
-    for part in spec.split(","):
-        label, setting = part.split(":", 1)
-        var, val = setting.split("=", 1)
-        sides.append((label.strip(), (var.strip(), val.strip())))
-    if len(sides) != 2 or sides[0][0] == sides[1][0]:
-        raise ValueError(f"KKT_AB needs two differently labelled sides, got {spec!r}")
-    return tuple(sides)
+    through LINATTN_GDN_KKT): common.ab_sides' ((label_a, (variable, value)), (label_b, (variable, value)))."""
+    return parse_sides(os.environ.get("KKT_AB", "v3:LINATTN_GDN_KKT=v3,v4:LINATTN_GDN_KKT=v4"))
 
 
 def run():

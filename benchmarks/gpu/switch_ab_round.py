@@ -1,7 +1,7 @@
 """A/B of one environment switch on the public forward, same inputs, same process:
 `python benchmarks/gpu/switch_ab_round.py --out DIR [--budget 150] [--dry-run]`.
 
-AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (kkt_v4_round.ab_sides' form; default
+AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (common.ab_sides; default
 round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV" (T "varlen<lengths
 joined by +>" for a varlen row; default round 21's H2/HV8 rows). Per row: the two sides' o and final state compared
 (relative RMS, bit-equality; correctness against fp64 is the gates' job), then CUDA-graph medians in the order a, b,
@@ -11,8 +11,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, start_round, write_json  # noqa: E402
-from kkt_v4_round import ab_sides  # noqa: E402
+from common import ab_sides, start_round, switch_ab, write_json  # noqa: E402
 
 DEFAULT_SIDES = "bv32:LINATTN_GDN_GLUON_BV16=0,bv16:LINATTN_GDN_GLUON_BV16=1"
 DEFAULT_ROWS = "1:8192:2:8 1:32768:2:8 1:65536:2:8 2:32768:2:8"
@@ -30,10 +29,9 @@ def run():
     import torch
 
     import linattn
-    from linattn.testing import make_gdn_inputs, rel_rms
-    os.environ.setdefault("KKT_AB", os.environ.get("AB_SIDES", DEFAULT_SIDES))
-    (la, (var_a, val_a)), (lb, (var_b, val_b)) = ab_sides()
-    res["sides"] = {la: f"{var_a}={val_a}", lb: f"{var_b}={val_b}"}
+    from linattn.testing import make_gdn_inputs
+    sides = ab_sides(os.environ.get("AB_SIDES", DEFAULT_SIDES))
+    res["sides"] = {label: f"{var}={val}" for label, (var, val) in sides}
     backend = res["backend"] = os.environ.get("AB_BACKEND", "gluon")
     start = time.time()
     for spec in (DRY_ROWS if dry else os.environ.get("AB_ROWS", DEFAULT_ROWS)).split():
@@ -49,27 +47,11 @@ def run():
         x = make_gdn_inputs(1 if lens else B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev,
                             num_states=len(lens) if lens else B, generator=torch.Generator().manual_seed(21 + T))
 
-        def fwd(side):
-            var, val = (var_a, val_a) if side == la else (var_b, val_b)
-            os.environ[var] = val
-            try:
-                return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu,
-                                                      backend="triton" if dry else backend)
-            finally:
-                os.environ.pop(var, None)
         try:
             with torch.no_grad():
-                oa, ha = fwd(la)
-                ob, hb = fwd(lb)
-                row.update({f"o_{lb}_vs_{la}": rel_rms(ob, oa), f"final_{lb}_vs_{la}": rel_rms(hb, ha),
-                            "bit_equal": bool(torch.equal(ob, oa) and torch.equal(hb, ha)),
-                            "finite": bool(torch.isfinite(ob).all() and torch.isfinite(hb).all())})
-                if not dry:
-                    for i, side in enumerate((la, lb, la, lb)):
-                        row[f"{side}_ms_{i // 2}"] = graph_ms(lambda: fwd(side))
-                    for side in (la, lb):
-                        row[f"{side}_ms"] = min(row[f"{side}_ms_0"], row[f"{side}_ms_1"])
-                    row["speedup"] = row[f"{la}_ms"] / row[f"{lb}_ms"]
+                switch_ab(lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu,
+                                                                 backend="triton" if dry else backend),
+                          sides, row, not dry)
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:600]
         res["rows"].append(row)
