@@ -203,6 +203,21 @@ def test_heads_fast_order_is_bit_equal(args, kwargs):
         assert torch.equal(g0, g1) and torch.equal(t0, t1), tinv_dtype
 
 
+def _spy_v4_launches(monkeypatch, name):
+    """Replaces intra_split.kkt_solve_v4_kernel (looked up at each launch) by a spy that records each launch's
+    keyword argument `name` (None when absent) and launches the real kernel. Returns the list it appends to."""
+    real, seen = sm.kkt_solve_v4_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw.get(name))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(sm, "kkt_solve_v4_kernel", Spy())
+    return seen
+
+
 def test_heads_fast_from_the_slot_threshold(monkeypatch):
     """kkt_order: HEADS_FAST for kkt_solve_v4_kernel from KKT_HEADS_FAST_SLOTS chunk slots on, nothing below it or for
     the other stage-2a kernels; both forwards' stage-2a launches pass it (threshold lowered to the test's 5 slots).
@@ -212,15 +227,7 @@ def test_heads_fast_from_the_slot_threshold(monkeypatch):
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS - 1) == {}
     assert sm.kkt_order(sm.kkt_solve_v3_kernel, 1 << 20) == {}
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
-    real, seen = sm.kkt_solve_v4_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append(kw.get("HEADS_FAST"))
-                return real[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(sm, "kkt_solve_v4_kernel", Spy())
+    seen = _spy_v4_launches(monkeypatch, "HEADS_FAST")
     monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     monkeypatch.setattr(sm, "KKT_HEADS_FAST_SLOTS", 5)
@@ -264,15 +271,7 @@ def test_early_k_setting_reaches_both_launches(monkeypatch):
     assert sm.kkt_order(sm.kkt_solve_v4_kernel, sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True, "EARLY_K": True}
     assert sm.kkt_order(sm.kkt_solve_v3_kernel, 1 << 20) == {}
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
-    real, seen = sm.kkt_solve_v4_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append(kw.get("EARLY_K"))
-                return real[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(sm, "kkt_solve_v4_kernel", Spy())
+    seen = _spy_v4_launches(monkeypatch, "EARLY_K")
     monkeypatch.delenv("LINATTN_GDN_KKT", raising=False)
     monkeypatch.setenv("LINATTN_GDN_SPLIT_INTRA", "1")
     x = make_gdn_inputs(1, 100, 1, 2, 64, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
