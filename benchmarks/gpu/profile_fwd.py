@@ -1,6 +1,8 @@
 """Per-kernel time of the GDN forward (torch profiler), for OPT_LOG.md.
 
     python benchmarks/gpu/profile_fwd.py --out DIR [--backend triton] [--fla]
+
+PROFILE_SHAPES: space-separated "B:T:H:HV" (K = V = 128; default "1:65536:16:32 8:4096:16:32").
 """
 import argparse
 import os
@@ -31,8 +33,10 @@ def main():
     ap.add_argument("--fla", action="store_true")
     a = ap.parse_args()
     res = dict(env=env_line(), shapes={})
-    for B, T in ((1, 65536), (8, 4096)):
-        x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, device="cuda")
+    shapes = [tuple(int(v) for v in spec.split(":")) for spec in
+              os.environ.get("PROFILE_SHAPES", "1:65536:16:32 8:4096:16:32").split()]
+    for B, T, H, HV in shapes:
+        x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device="cuda")
         entry = {}
         with torch.no_grad():
             entry["linattn"] = profile(lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True,
@@ -44,7 +48,7 @@ def main():
                     entry["fla"] = profile(lambda: fla_fn(**x, output_final_state=True))
                 except Exception as e:
                     entry["fla_error"] = repr(e)
-        res["shapes"][f"B{B}_T{T}"] = entry
+        res["shapes"][f"B{B}_T{T}" + (f"_H{H}_HV{HV}" if (H, HV) != (16, 32) else "")] = entry
         for who, rows in entry.items():
             if isinstance(rows, dict):
                 print(f"B={B} T={T} {who}: total {sum(rows.values()):.3f} ms")
