@@ -42,6 +42,17 @@ def state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
+def state_update_vdecay(s, b_k, vnew, gam, gam_last, DOT_PREC: tl.constexpr):
+    """state_update with the decay on Vnew's rows instead of K's: S_next = exp(gam_C) S + K^T (diag(exp(gam_C - gam))
+    Vnew), Vnew fp32 [BT, BV] rounded once to K's dtype after the scaling (FLA's and chunk_fused_wu_ws's form). K^T
+    then comes straight from the loaded tile (a transposed operand of the product), where state_update scales K in
+    registers ([BT, BK] elementwise, then a [BK, BT] operand written to shared memory) on every chunk. Rows past the
+    sequence end: Vnew is 0 there (U and W zero-filled) and so is K."""
+    vdec = (vnew * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+    return s * tl.exp(gam_last) + tl.dot(tl.trans(b_k), vdec, input_precision=DOT_PREC)
+
+
+@triton.jit
 def chunk_state_fwd_kernel(
     k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
     h_ptr, vnew_ptr,                           # h [slots, HV, K, V] (chunk-start states), vnew [T_tot, HV, V]
@@ -49,8 +60,9 @@ def chunk_state_fwd_kernel(
     cu_ptr, chunk_off_ptr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, DECAY_V: tl.constexpr = False,
 ):
+    """DECAY_V (opt-in, round 21): the state update by state_update_vdecay (the decay on Vnew, not on K)."""
     vb = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // HV
@@ -75,7 +87,10 @@ def chunk_state_fwd_kernel(
         p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         vnew_op = vnew.to(vnew_ptr.dtype.element_ty)
         tl.store(p_vn, vnew_op, boundary_check=(0, 1))
-        s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
+        if DECAY_V:
+            s = state_update_vdecay(s, b_k, vnew, gam, gam_last, DOT_PREC)
+        else:
+            s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, s, mask=mkv)
