@@ -1,10 +1,10 @@
-"""The Triton forward's state pass with the chunk decay on Vnew instead of K (LINATTN_GDN_STATE_DECAY_V, round 21;
-chunk_state.state_update_vdecay), under the interpreter: o and the final state against the fp64 recurrence within
-linattn.testing.TOL and within BOUND x the default formulation's error on the same fresh inputs (the two round at
-different places: K * decay against Vnew * decay), every buffer NaN-poisoned; dense GVA, varlen with 1-token
-sequences, K and V not powers of two, fp16 with fp32 gates, fp32; steep gates. The backward's recompute keeps the
-default formulation (forward.py passes DECAY_V only with compute_output). The sm_90a builds: 0 spill, no more
-registers than the default's."""
+"""The Triton forward's state pass with the chunk decay on Vnew instead of K (the default since round 21,
+LINATTN_GDN_STATE_DECAY_V=0 off; chunk_state.state_update_vdecay), under the interpreter: o and the final state
+against the fp64 recurrence within linattn.testing.TOL and within BOUND x the former formulation's error on the same
+fresh inputs (the two round at different places: K * decay against Vnew * decay), every buffer NaN-poisoned; dense
+GVA, varlen with 1-token sequences, K and V not powers of two, fp16 with fp32 gates, fp32; steep gates. The
+backward's recompute keeps the former formulation (forward.py passes DECAY_V only with compute_output). The sm_90a
+builds: 0 spill, no more registers than the former's."""
 import random
 
 import pytest
@@ -99,3 +99,13 @@ def test_aot_builds():
         assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and rep.families["STL"] == 0, rep.sass
         assert not rep.missing and rep.families["HGMMA"] > 0, rep.sass
         assert rep.regs <= ref.regs, (bv, rep.regs, ref.regs)
+
+
+def test_decay_v_is_the_forward_default(monkeypatch):
+    """Unset, LINATTN_GDN_STATE_DECAY_V is on (round 21's default: H200 gate green, the Triton forward 1.03-1.14x);
+    "0" turns it off."""
+    from linattn.runtime.settings import settings
+    monkeypatch.delenv("LINATTN_GDN_STATE_DECAY_V", raising=False)
+    assert settings.gdn_state_decay_v
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V", "0")
+    assert not settings.gdn_state_decay_v

@@ -68,12 +68,14 @@ LINATTN_GDN_STATE_BV16 "0" turns off BV=16 in the Triton forward's state pass (t
                    counterpart of the fused-wu kernel's BV=16. Round 21 on an H200 (76de3a3): Triton forward gate
                    green with it, o and final state bit-equal to BV=32's, forward 1.094x / 1.100x / 1.100x at B1
                    T8192 / T32768 / T65536 and 1.047x at B2 T32768, H2/HV8.
-LINATTN_GDN_STATE_DECAY_V "1" (opt-in while its GPU gate and A/B are pending): the Triton forward's state pass
-                   applies each chunk's decay to Vnew's rows (a [64, BV] scaling) instead of K's ([64, K], then a
-                   transposed operand through shared memory), K^T read straight from the loaded tile: FLA's and the
-                   fused Gluon kernel's form (chunk_state.state_update_vdecay). Rounding moves from K * decay to
-                   Vnew * decay. Not in the backward's recompute. Round 21's profile at H2/HV8: the Triton state pass
-                   1.6-2.0 us per chunk against FLA's 1.15-1.18.
+LINATTN_GDN_STATE_DECAY_V "0" turns off, in the Triton forward's state pass, the decay on Vnew: default on since
+                   round 21, each chunk's decay scales Vnew's rows (a [64, BV] scaling) instead of K's ([64, K], then a
+                   transposed operand through shared memory) and K^T comes straight from the loaded tile: FLA's and
+                   the fused Gluon kernel's form (chunk_state.state_update_vdecay). Rounding moves from K * decay to
+                   Vnew * decay (o 1.3e-3 from the former, errors against fp64 within 1.04x of its over 40 CPU cases).
+                   Not in the backward's recompute. Round 21 on an H200 (e60a30a): Triton forward gate green with it;
+                   the Triton forward 1.135x / 1.140x / 1.077x at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x /
+                   1.026x at H16/HV32 B1 T65536 / B8 T4096.
 LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
@@ -238,7 +240,7 @@ class _Settings:
 
     @property
     def gdn_state_decay_v(self) -> bool:
-        return _flag("LINATTN_GDN_STATE_DECAY_V")
+        return _on_unless_off("LINATTN_GDN_STATE_DECAY_V")
 
     @property
     def gdn_gluon_bv16(self) -> bool:

@@ -62,7 +62,8 @@ def chunk_state_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, DECAY_V: tl.constexpr = False,
 ):
-    """DECAY_V (opt-in, round 21): the state update by state_update_vdecay (the decay on Vnew, not on K)."""
+    """DECAY_V (the forward's default since round 21; LINATTN_GDN_STATE_DECAY_V=0 off; never the backward's recompute):
+    the state update by state_update_vdecay (the decay on Vnew, not on K)."""
     vb = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // HV
