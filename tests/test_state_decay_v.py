@@ -70,7 +70,7 @@ def test_forward_with_decay_on_vnew(monkeypatch, shape, lens):
 
 def test_backward_recompute_keeps_the_default(monkeypatch):
     """forward.py passes DECAY_V=False when it only recomputes intermediates (compute_output=False: the
-    backward), whatever the switch says."""
+    backward), whatever LINATTN_GDN_STATE_DECAY_V says, unless LINATTN_GDN_STATE_DECAY_V_BWD=1 (opt-in)."""
     from linattn.ops.gated_delta_rule.triton import chunk_state, forward
     seen = []
     real = chunk_state.chunk_state_fwd_kernel
@@ -88,6 +88,22 @@ def test_backward_recompute_keeps_the_default(monkeypatch):
     forward.chunk_gated_delta_rule_fwd(*args)
     forward.chunk_gated_delta_rule_fwd(*args, compute_output=False)
     assert seen == [True, False], seen
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", "1")            # opt-in: the recompute too
+    forward.chunk_gated_delta_rule_fwd(*args, compute_output=False)
+    assert seen == [True, False, True], seen
+
+
+@pytest.mark.parametrize("B,T,H,HV,K,V,extra", [
+    (1, 130, 1, 2, 64, 64, dict(dtype=torch.float32)),
+    (1, 200, 1, 2, 60, 100, dict(dtype=torch.bfloat16, lengths=[1, 63, 1, 70, 65])),
+])
+def test_backward_with_decay_v_in_the_recompute(monkeypatch, B, T, H, HV, K, V, extra):
+    """LINATTN_GDN_STATE_DECAY_V_BWD=1 (opt-in): every gradient against autograd through the fp64 chunked reference
+    within test_chunk_backward's tolerances (its _check: fresh inputs, NaN-poisoned buffers)."""
+    from test_chunk_backward import _check                                # tests/ is on sys.path
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V", "1")
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", "1")
+    _check(B, T, H, HV, K, V, seed=random.randrange(1 << 30), **extra)
 
 
 def test_aot_builds():

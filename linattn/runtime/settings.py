@@ -76,6 +76,10 @@ LINATTN_GDN_STATE_DECAY_V "0" turns off, in the Triton forward's state pass, the
                    Not in the backward's recompute. Round 21 on an H200 (e60a30a): Triton forward gate green with it;
                    the Triton forward 1.135x / 1.140x / 1.077x at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x /
                    1.026x at H16/HV32 B1 T65536 / B8 T4096.
+LINATTN_GDN_STATE_DECAY_V_BWD "1" (opt-in, prepared for round 22's GPU gate): the Triton backward's recompute of the
+                   state pass takes the decay on Vnew too (with LINATTN_GDN_STATE_DECAY_V on); the gradients then
+                   differentiate the forward that runs (tests/test_state_decay_v.py checks them against fp64 on the
+                   CPU). Off by default until the backward gate has run with it on an H200.
 LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
@@ -241,6 +245,10 @@ class _Settings:
     @property
     def gdn_state_decay_v(self) -> bool:
         return _on_unless_off("LINATTN_GDN_STATE_DECAY_V")
+
+    @property
+    def gdn_state_decay_v_bwd(self) -> bool:
+        return _flag("LINATTN_GDN_STATE_DECAY_V_BWD")
 
     @property
     def gdn_gluon_bv16(self) -> bool:
