@@ -114,9 +114,6 @@ _TRITON_FWD_STAGES = {
     "state": ("chunk_state", "chunk_state_fwd_kernel",
               dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=_X, h0_ptr=_F, ht_ptr=_F,
                    cu_ptr=_I64, chunk_off_ptr=_I64), dict(USE_H0=True, STORE_HT=True)),
-    "state_dv": ("chunk_state", "chunk_state_fwd_kernel",
-                 dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=_X, h0_ptr=_F, ht_ptr=_F,
-                      cu_ptr=_I64, chunk_off_ptr=_I64), dict(USE_H0=True, STORE_HT=True, DECAY_V=True)),
     "output": ("chunk_output", "chunk_output_kernel",
                dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, o_ptr=_X, cu_ptr=_I64,
                     chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32", scale="fp32"), {}),
@@ -124,6 +121,9 @@ _TRITON_FWD_STAGES = {
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, o_ptr=_X, h0_ptr=_F, ht_ptr=_F, cu_ptr=_I64,
                    chunk_off_ptr=_I64, scale="fp32"), dict(USE_H0=True, STORE_HT=True)),
 }
+# the state pass with the decay on Vnew (LINATTN_GDN_STATE_DECAY_V, the forward's default since round 21): the same
+# kernel and signature, one more constexpr
+_TRITON_FWD_STAGES["state_dv"] = (*_TRITON_FWD_STAGES["state"][:3], dict(USE_H0=True, STORE_HT=True, DECAY_V=True))
 
 
 def _triton_fwd_build(which: str, BV: int, warps: int, stages: int):

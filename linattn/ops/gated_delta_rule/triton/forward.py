@@ -56,7 +56,7 @@ def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int, bv16:
     sms = num_sms if kind == "cuda" else 1
     while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
-    if bv16 and bv_state == 32 and N * HV * triton.cdiv(V, 32) < sms and N * HV * triton.cdiv(V, 16) <= sms:
+    if bv16 and bv_state == 32 and N * HV * triton.cdiv(V, 16) <= sms:
         # LINATTN_GDN_STATE_BV16 (default since round 21; H200: gate green, bit-equal, 1.05-1.10x at B1-B2 H2/HV8):
         # 16 columns where even they fit one wave
         bv_state = 16

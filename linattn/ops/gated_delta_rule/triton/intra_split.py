@@ -64,14 +64,20 @@ def _gam_of(g_rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _k_block(k_ptr, t0, eos, hk, kb, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """The [BT, BK] block kb of one chunk's keys (key head hk); rows past the sequence end load as zeros."""
+    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+    return tl.load(p_k, boundary_check=(0, 1))
+
+
+@triton.jit
 def _chunk_kkt(k_ptr, t0, eos, hk, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                DOT_PREC: tl.constexpr):
     """K K^T of one chunk's keys (key head hk) over K in blocks of BK; rows past the sequence end load as zeros, so
     their A rows and columns vanish."""
     kk = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        b_k = _k_block(k_ptr, t0, eos, hk, kb, H, K, BT, BK)
         kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
     return kk
 
@@ -103,8 +109,7 @@ def _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H: tl.constexpr
         tl.static_assert(K <= BK, "EARLY_K loads the whole k tile at once")
         g_rows = tl.load(g_ptr + r * HV + hv, mask=m, other=0.)
         beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        b_k = _k_block(k_ptr, t0, eos, hk, 0, H, K, BT, BK)
         gam = _gam_of(g_rows, BT)
         tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
         kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
