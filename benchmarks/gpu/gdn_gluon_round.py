@@ -59,7 +59,7 @@ def gate_cases():
     own.append(("gluon_varlen_1tok", 1, sum(lens), 16, 32, 128, 128, BF, lens, {}))
     own.append(("gluon_varlen_1tok_no_h0", 1, 265, 16, 32, 128, 128, BF, [1, 200, 1, 63], dict(initial_state=False)))
     # H2/HV8 (round 21; new head counts, so two more specialisations to compile): where few sequence-heads leave SMs
-    # idle the launcher may split V finer (fused_wu_config's opt-in BV=16 takes B1 and B2 here)
+    # idle the launcher splits V finer (fused_wu_config's BV=16, the default since round 21, takes B1 and B2 here)
     own.append(("gluon_hv8_T1000", 1, 1000, 2, 8, 128, 128, BF, None, {}))
     own.append(("gluon_hv8_B2_T130_no_h0", 2, 130, 2, 8, 128, 128, BF, None, dict(initial_state=False)))
     own.append(("gluon_hv8_varlen_1tok", 1, 333, 2, 8, 128, 128, BF, [1, 200, 1, 65, 66], {}))
