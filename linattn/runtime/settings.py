@@ -59,9 +59,9 @@ LINATTN_GDN_GLUON_BV16 "0" turns off BV=16 in the fused-wu kernel: default on si
                    blocks fit the GPU in one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), the kernel takes BV=16
                    (the BV=32 default's WU_AREG, OUT_PIPE, 160 / 160 registers, 3-stage ring; sm_90a 0 spill,
                    178,588 B shared) instead of BV=32 with most SMs idle; not in the segment-parallel forward's
-                   launches. Round 21 on an H200 (493afea): Gluon gate green with it (the H2/HV8 cases take BV=16),
-                   o and final state bit-equal to BV=32's, forward 1.045-1.057x at B1 T8192 / T32768 / T65536 and B2
-                   T32768 H2/HV8 (B1 T8192 0.244 -> 0.231 ms; FLA 0.237 in that table).
+                   launches. Round 21 on an H200 (493afea): Gluon gate green with it (two of its H2/HV8 cases
+                   take BV=16), o and final state bit-equal to BV=32's, forward 1.045-1.057x at B1 T8192 / T32768 /
+                   T65536 and B2 T32768 H2/HV8 (B1 T8192 0.244 -> 0.231 ms; FLA 0.237 in that table).
 LINATTN_GDN_STATE_BV16 "0" turns off BV=16 in the Triton forward's state pass (triton/chunk_state.py; also the
                    backward's recompute): default on since round 21, where 32-column blocks leave SMs idle and
                    16-column ones still fit one wave (N * HV * V / 16 <= SMs: B1-B2 at H2/HV8), the Triton
