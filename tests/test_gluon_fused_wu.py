@@ -771,3 +771,19 @@ def test_gpu_round_reports_a_hang(tmp_path):
     by = {c["case"]: c for c in res["gate"]["cases"]}
     assert not by["T65"]["ok"] and "timeout" in by["T65"]["error"]
     assert by["T1"]["ok"] and by["varlen"]["ok"] and res["gate"]["passed"] is False
+
+
+def test_switch_ab_round_fwdbwd_dry_run(tmp_path):
+    """switch_ab_round.py with AB_MODE=fwdbwd (round 22: the backward recompute's decay on Vnew against on K) on the
+    CPU: the forward is the same on both sides (o bit-equal), the gradients differ by the rounding's place only
+    (relative RMS above 0 and below 1e-2), finite, the JSON written with its mode."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               AB_MODE="fwdbwd", AB_SIDES="k:LINATTN_GDN_STATE_DECAY_V_BWD=0,v:LINATTN_GDN_STATE_DECAY_V_BWD=1")
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu", "switch_ab_round.py"), "--out",
+                           str(tmp_path), "--dry-run"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "switch_ab.json").read_text())
+    assert res["passed"] and res["mode"] == "fwdbwd" and len(res["rows"]) == 2, res
+    for r in res["rows"]:
+        assert r["o_v_vs_k"] == 0.0 and 0.0 < r["final_v_vs_k"] < 1e-2 and r["finite"], r

@@ -13,6 +13,8 @@
    the same run, bf16-state speedup at batch 256. Targets are checked and recorded.
 3. drift: 1,000 decode steps, one call per token, fp32 and bf16 pools against a fp64 recurrence.
 4. sweep: launch configs around the heuristic (data for decode_launch_config). 3 and 4 give way to the budget.
+5. modes (only with DECODE_SECTIONS=modes): batch 256 fp32 in four state modes (pool in place / out of place /
+   sorted slots, no pool), alternated: where the pool mode's time goes.
 
 `--drift-cpu` runs only the drift section on the CPU (under TRITON_INTERPRET=1) at a small size: the numbers
 in benchmarks/DECODE.md. Writes DIR/decode.json (environment line first) and prints a short table.
@@ -441,6 +443,64 @@ def sweep() -> dict:
     return dict(rows=rows)
 
 
+def modes() -> dict:
+    """Where the pool costs (round 22): batch 256, fp32 state, H = HV = 32, the default launch config, the same
+    inputs timed in four state modes, alternated twice so that call-to-call drift shows: "pool_inplace" (the bench's
+    row, the issue's target), "pool_out" (index load and gather, a new final state: no in-place write),
+    "pool_sorted" (in place with the same slots in ascending order: DRAM locality of the slots), "plain_out"
+    (FLA's mode: no pool, no index load, a new final state). Each mode's first call is checked against
+    pool_inplace's (same math, same inputs: o and the updated states bit-equal expected)."""
+    B, H, HV = SWEEP_B, 32, 32
+    x = _inputs(B, 1, H, HV)
+    state_bytes = 2 * B * HV * K * V * 4
+    n = _n_calls(state_bytes)
+    pool = torch.randn(n * B, HV, K, V, device=DEV) * 0.5
+    perm = torch.randperm(n * B, device=DEV)
+    idx = [perm[i * B:(i + 1) * B].contiguous() for i in range(n)]
+    sidx = [torch.sort(i).values for i in idx]
+    # sorted slots: the sequences' inputs permuted with them, so every mode does the same work per sequence
+    order = [torch.sort(i).indices for i in idx]
+    xs = [{kk: (t[o] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == B else t)
+           for kk, t in x.items()} for o in order]
+    h0 = [pool[i].contiguous() for i in idx]
+    fns = {
+        "pool_inplace": [lambda i=i: decode(**x, initial_state=pool, state_indices=idx[i], inplace=True)
+                         for i in range(n)],
+        "pool_out": [lambda i=i: decode(**x, initial_state=pool, state_indices=idx[i], output_final_state=True)
+                     for i in range(n)],
+        "pool_sorted": [lambda i=i: decode(**xs[i], initial_state=pool, state_indices=sidx[i], inplace=True)
+                        for i in range(n)],
+        "plain_out": [lambda i=i: decode(**x, initial_state=h0[i], output_final_state=True) for i in range(n)],
+    }
+    # correctness of each mode's first call against pool_inplace's, from the same start states
+    start = pool[idx[0]].clone()
+    o_ref = decode(**x, initial_state=pool, state_indices=idx[0], inplace=True)[0]
+    s_ref = pool[idx[0]].clone()
+    checks = {}
+    pool[idx[0]] = start
+    o, st = decode(**x, initial_state=pool, state_indices=idx[0], output_final_state=True)[:2]
+    checks["pool_out"] = dict(o_equal=bool(torch.equal(o, o_ref)), state_equal=bool(torch.equal(st, s_ref)))
+    o = decode(**xs[0], initial_state=pool, state_indices=sidx[0], inplace=True)[0]
+    checks["pool_sorted"] = dict(o_equal=bool(torch.equal(o, o_ref[order[0]])),
+                                 state_equal=bool(torch.equal(pool[idx[0]], s_ref)))
+    pool[idx[0]] = start
+    o, st = decode(**x, initial_state=start.contiguous(), output_final_state=True)[:2]
+    checks["plain_out"] = dict(o_equal=bool(torch.equal(o, o_ref)), state_equal=bool(torch.equal(st, s_ref)))
+    rows = []
+    for rep in range(2):
+        for name, f in fns.items():
+            if time.time() - START > 200:
+                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
+                continue
+            ms = _time_graph(f)
+            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, state_tb_s=state_bytes / ms / 1e9))
+    copy = _copy_bandwidth()
+    for r in rows:
+        if "us" in r:
+            r["of_copy_bw"] = r["state_tb_s"] / copy["tb_s"]
+    return dict(B=B, calls_per_replay=n, copy=copy, checks=checks, rows=rows)
+
+
 def gpu_drift():
     if time.time() - START > 60:
         return dict(skipped="time budget")
@@ -457,10 +517,13 @@ def main():
     res = dict(environment=environment(args.fla))
     sections = ([("drift_cpu", lambda: [drift("cpu", 1, 2, 2, 32, 32, 1000, s) for s in (1.0, 0.05)])]
                 if args.drift_cpu else
-                [("gate", gate), ("bench", lambda: bench(args.fla)), ("drift", gpu_drift), ("sweep", sweep)])
+                [("gate", gate), ("bench", lambda: bench(args.fla)), ("drift", gpu_drift), ("sweep", sweep),
+                 ("modes", modes)])
     only = [n.strip() for n in os.environ.get("DECODE_SECTIONS", "").split(",") if n.strip()]
     if only:                                   # e.g. DECODE_SECTIONS=sweep: a launch-config A/B alone
         sections = [(n, f) for n, f in sections if n in only]
+    else:                                      # modes is a diagnosis, run only when named
+        sections = [(n, f) for n, f in sections if n != "modes"]
     from common import run_sections
     run_sections(res, sections, os.path.join(args.out, "decode.json"))
     _print(res)
@@ -496,6 +559,12 @@ def _print(res):
         print(f"bf16 speedup at batch 256: {b.get('bf16_speedup_b256', float('nan')):.2f}x; targets: {b.get('targets')}")
     elif b:
         print(f"bench error: {b.get('error')}")
+    m = res.get("modes") or {}
+    for r in m.get("rows", []):
+        print(f"mode {r['mode']:13s} rep {r['rep']}: " + (f"{r['us']:.1f} us {100 * r['of_copy_bw']:.1f}% of copy"
+                                                          if "us" in r else str(r.get("skipped"))))
+    if m.get("checks"):
+        print(f"modes checks: {m['checks']}")
     for r in (res.get("sweep") or {}).get("rows", []):
         print(f"sweep B={r['B']} {r['state']} BV={r.get('BV')} warps={r.get('num_warps')} stages={r.get('stages')} "
               f"per_sm={r.get('per_sm')}" + (f" programs={r['programs']}" if r.get("programs") else "")

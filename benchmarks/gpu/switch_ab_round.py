@@ -5,7 +5,10 @@ AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (com
 round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV" (T "varlen<lengths
 joined by +>" for a varlen row; default round 21's H2/HV8 rows). Per row: the two sides' o and final state compared
 (relative RMS, bit-equality; correctness against fp64 is the gates' job), then CUDA-graph medians in the order a, b,
-a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and final state). Writes DIR/switch_ab.json."""
+a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and final state). AB_MODE=fwdbwd times the
+forward and the backward together (autograd.grad of o and the final state against fixed random output gradients, as
+linattn bench's fwdbwd rows) and compares the gradients of q, k, v, g, beta and the initial state, concatenated, in
+place of the final state. Writes DIR/switch_ab.json."""
 import os
 import sys
 import time
@@ -33,6 +36,9 @@ def run():
     sides = ab_sides(os.environ.get("AB_SIDES", DEFAULT_SIDES))
     res["sides"] = {label: f"{var}={val}" for label, (var, val) in sides}
     backend = res["backend"] = os.environ.get("AB_BACKEND", "gluon")
+    mode = res["mode"] = os.environ.get("AB_MODE", "fwd")
+    if mode not in ("fwd", "fwdbwd"):
+        raise ValueError(f"AB_MODE must be fwd or fwdbwd, got {mode!r}")
     start = time.time()
     for spec in (DRY_ROWS if dry else os.environ.get("AB_ROWS", DEFAULT_ROWS)).split():
         B, T, H, HV, lens = parse_row(spec)
@@ -47,11 +53,27 @@ def run():
         x = make_gdn_inputs(1 if lens else B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev,
                             num_states=len(lens) if lens else B, generator=torch.Generator().manual_seed(21 + T))
 
-        try:
+        be = "triton" if dry else backend
+
+        def fwd():
             with torch.no_grad():
-                switch_ab(lambda: linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu,
-                                                                 backend="triton" if dry else backend),
-                          sides, row, not dry)
+                return linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=be)
+
+        leaves = ("q", "k", "v", "g", "beta", "initial_state")
+        if mode == "fwdbwd":
+            for n in leaves:
+                x[n].requires_grad_(True)
+            gen = torch.Generator(device=dev).manual_seed(22 + T)
+            do = torch.randn(x["v"].shape, device=dev, generator=gen).to(x["v"].dtype)
+            dht = torch.randn(x["initial_state"].shape, device=dev, generator=gen)
+
+        def fwdbwd():
+            o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, backend=be)
+            grads = torch.autograd.grad((o, ht), [x[n] for n in leaves], (do, dht))
+            return o.detach(), torch.cat([g.float().flatten() for g in grads])
+
+        try:
+            switch_ab(fwdbwd if mode == "fwdbwd" else fwd, sides, row, not dry)
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:600]
         res["rows"].append(row)
