@@ -73,13 +73,14 @@ LINATTN_GDN_STATE_DECAY_V "0" turns off, in the Triton forward's state pass, the
                    transposed operand through shared memory) and K^T comes straight from the loaded tile: FLA's and
                    the fused Gluon kernel's form (chunk_state.state_update_vdecay). Rounding moves from K * decay to
                    Vnew * decay (o 1.3e-3 from the former, errors against fp64 within 1.04x of its over 40 CPU cases).
-                   Not in the backward's recompute. Round 21 on an H200 (e60a30a): Triton forward gate green with it;
-                   the Triton forward 1.135x / 1.140x / 1.077x at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x /
+                   In the backward's recompute too since round 22 (LINATTN_GDN_STATE_DECAY_V_BWD). Round 21 on an
+                   H200 (e60a30a): Triton forward gate green with it; the Triton forward 1.135x / 1.140x / 1.077x at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x /
                    1.026x at H16/HV32 B1 T65536 / B8 T4096.
-LINATTN_GDN_STATE_DECAY_V_BWD "1" (opt-in, prepared for round 22's GPU gate): the Triton backward's recompute of the
-                   state pass takes the decay on Vnew too (with LINATTN_GDN_STATE_DECAY_V on); the gradients then
-                   differentiate the forward that runs (tests/test_state_decay_v.py checks them against fp64 on the
-                   CPU). Off by default until the backward gate has run with it on an H200.
+LINATTN_GDN_STATE_DECAY_V_BWD "0" turns off the decay on Vnew in the Triton backward's recompute of the state pass
+                   (with LINATTN_GDN_STATE_DECAY_V on): default on since round 22, so the gradients differentiate the
+                   forward that runs. Round 22 on an H200 (3a4913e): Triton backward gate green with it; fwd+bwd
+                   (Triton) 1.010x / 1.003x at H16/HV32 B1 T65536 / B8 T4096, 1.028x / 1.014x at H2/HV8 B1 T8192 /
+                   B4 T16384 (same inputs, same process; gradients 1.3e-3 from the former's, o unchanged).
 LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-wu kernel's BV=64 WU_AREG config
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
@@ -248,7 +249,7 @@ class _Settings:
 
     @property
     def gdn_state_decay_v_bwd(self) -> bool:
-        return _flag("LINATTN_GDN_STATE_DECAY_V_BWD")
+        return _on_unless_off("LINATTN_GDN_STATE_DECAY_V_BWD")
 
     @property
     def gdn_gluon_bv16(self) -> bool:

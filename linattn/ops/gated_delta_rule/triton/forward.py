@@ -157,7 +157,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
             plan.cu, plan.chunk_offsets,
             H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_state,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
-            # the backward's recompute (compute_output False) only with the opt-in LINATTN_GDN_STATE_DECAY_V_BWD=1
+            # the backward's recompute (compute_output False) too unless LINATTN_GDN_STATE_DECAY_V_BWD=0 (round 22)
             DECAY_V=settings.gdn_state_decay_v and (compute_output or settings.gdn_state_decay_v_bwd),
             num_warps=cfg.warps_state, num_stages=cfg.stages)
 
