@@ -74,8 +74,8 @@ LINATTN_GDN_STATE_DECAY_V "0" turns off, in the Triton forward's state pass, the
                    the fused Gluon kernel's form (chunk_state.state_update_vdecay). Rounding moves from K * decay to
                    Vnew * decay (o 1.3e-3 from the former, errors against fp64 within 1.04x of its over 40 CPU cases).
                    In the backward's recompute too since round 22 (LINATTN_GDN_STATE_DECAY_V_BWD). Round 21 on an
-                   H200 (e60a30a): Triton forward gate green with it; the Triton forward 1.135x / 1.140x / 1.077x at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x /
-                   1.026x at H16/HV32 B1 T65536 / B8 T4096.
+                   H200 (e60a30a): Triton forward gate green with it; the Triton forward 1.135x / 1.140x / 1.077x
+                   at H2/HV8 B1 T8192 / B1 T65536 / B4 T16384, 1.081x / 1.026x at H16/HV32 B1 T65536 / B8 T4096.
 LINATTN_GDN_STATE_DECAY_V_BWD "0" turns off the decay on Vnew in the Triton backward's recompute of the state pass
                    (with LINATTN_GDN_STATE_DECAY_V on): default on since round 22, so the gradients differentiate the
                    forward that runs. Round 22 on an H200 (3a4913e): Triton backward gate green with it; fwd+bwd
