@@ -3,8 +3,8 @@ LINATTN_GDN_STATE_DECAY_V=0 off; chunk_state.state_update_vdecay), under the int
 against the fp64 recurrence within linattn.testing.TOL and within BOUND x the former formulation's error on the same
 fresh inputs (the two round at different places: K * decay against Vnew * decay), every buffer NaN-poisoned; dense
 GVA, varlen with 1-token sequences, K and V not powers of two, fp16 with fp32 gates, fp32; steep gates. The
-backward's recompute keeps the former formulation (forward.py passes DECAY_V only with compute_output). The sm_90a
-builds: 0 spill, no more registers than the former's."""
+backward's recompute takes it too since round 22 (LINATTN_GDN_STATE_DECAY_V_BWD, "0" keeps the former formulation
+there). The sm_90a builds: 0 spill, no more registers than the former's."""
 import random
 
 import pytest
@@ -68,9 +68,10 @@ def test_forward_with_decay_on_vnew(monkeypatch, shape, lens):
         assert v <= BOUND * d + 1e-7, (name, v, d, seed)
 
 
-def test_backward_recompute_keeps_the_default(monkeypatch):
-    """forward.py passes DECAY_V=False when it only recomputes intermediates (compute_output=False: the
-    backward), whatever LINATTN_GDN_STATE_DECAY_V says, unless LINATTN_GDN_STATE_DECAY_V_BWD=1 (opt-in)."""
+def test_backward_recompute_takes_decay_v(monkeypatch):
+    """forward.py passes DECAY_V to the recompute of the state pass (compute_output=False: the backward) as to the
+    forward since round 22, and DECAY_V=False there with LINATTN_GDN_STATE_DECAY_V_BWD=0, whatever
+    LINATTN_GDN_STATE_DECAY_V says for the forward."""
     from linattn.ops.gated_delta_rule.triton import chunk_state, forward
     seen = []
     real = chunk_state.chunk_state_fwd_kernel
@@ -83,26 +84,30 @@ def test_backward_recompute_keeps_the_default(monkeypatch):
             return launch
     monkeypatch.setattr(forward, "chunk_state_fwd_kernel", Spy())
     monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V", "1")
+    monkeypatch.delenv("LINATTN_GDN_STATE_DECAY_V_BWD", raising=False)
     x = make_gdn_inputs(1, 70, 1, 2, 32, 32, dtype=torch.float32)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 32 ** -0.5, x["initial_state"], True, None)
     forward.chunk_gated_delta_rule_fwd(*args)
     forward.chunk_gated_delta_rule_fwd(*args, compute_output=False)
-    assert seen == [True, False], seen
-    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", "1")            # opt-in: the recompute too
+    assert seen == [True, True], seen
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", "0")            # off: the former form in the recompute
     forward.chunk_gated_delta_rule_fwd(*args, compute_output=False)
-    assert seen == [True, False, True], seen
+    forward.chunk_gated_delta_rule_fwd(*args)
+    assert seen == [True, True, False, True], seen
 
 
 @pytest.mark.parametrize("B,T,H,HV,K,V,extra", [
     (1, 130, 1, 2, 64, 64, dict(dtype=torch.float32)),
     (1, 200, 1, 2, 60, 100, dict(dtype=torch.bfloat16, lengths=[1, 63, 1, 70, 65])),
 ])
-def test_backward_with_decay_v_in_the_recompute(monkeypatch, B, T, H, HV, K, V, extra):
-    """LINATTN_GDN_STATE_DECAY_V_BWD=1 (opt-in): every gradient against autograd through the fp64 chunked reference
-    within test_chunk_backward's tolerances (its _check: fresh inputs, NaN-poisoned buffers)."""
+@pytest.mark.parametrize("bwd", ["1", "0"])
+def test_backward_with_decay_v_in_the_recompute(monkeypatch, B, T, H, HV, K, V, extra, bwd):
+    """LINATTN_GDN_STATE_DECAY_V_BWD "1" (the default since round 22) and "0" (the former form in the recompute):
+    every gradient against autograd through the fp64 chunked reference within test_chunk_backward's tolerances (its
+    _check: fresh inputs, NaN-poisoned buffers)."""
     from test_chunk_backward import _check                                # tests/ is on sys.path
     monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V", "1")
-    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", "1")
+    monkeypatch.setenv("LINATTN_GDN_STATE_DECAY_V_BWD", bwd)
     _check(B, T, H, HV, K, V, seed=random.randrange(1 << 30), **extra)
 
 
