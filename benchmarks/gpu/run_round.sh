@@ -2,7 +2,7 @@
 # One GPU round on the device machine: install carried wheels, then run the named steps in order, each with its
 # own time limit, all writing JSON under $OUT. Usage: bash benchmarks/gpu/run_round.sh STEP...
 # Steps: fwd (forward gate + FLA timing), ncu (hardware counters of the forward's kernels), ncu_bwd (the same for
-# one forward+backward, benchmarks/gpu/ncu_bwd.py; one case per call: NCU_BWD_CASES=triton:1:65536), bwd, decode, decode_gluon, split (segment-parallel state pass),
+# one forward+backward, benchmarks/gpu/ncu_bwd.py; one case per call: NCU_BWD_CASES=triton:1:65536), bwd, decode, bench_decode (`linattn bench --modes decode`), decode_gluon, split (segment-parallel state pass),
 # warmup (segment-parallel state pass with gate-truncated warm-ups, benchmarks/gpu/warmup_state_round.py),
 # fused (the Triton forward's state pass and output as one kernel, benchmarks/gpu/fused_fwd_round.py), output (stage-4
 # configs and variants, benchmarks/gpu/output_stage_round.py), bwd_wy (the opt-in WY backward v2,
@@ -70,6 +70,7 @@ for step in "$@"; do
     fwd)    timeout 300 python3 benchmarks/gpu/gdn_fwd_gate.py --out "$OUT" ${GATE_FLA---fla} ;;
     bwd)    timeout 300 python3 benchmarks/gpu/gdn_bwd_gate.py --out "$OUT" ${GATE_FLA---fla} ;;
     decode) timeout 200 python3 benchmarks/gpu/decode_gate.py --out "$OUT" --fla ;;
+    bench_decode) timeout 300 python3 -m linattn.cli bench --modes decode ${DECODE_BENCH_BACKENDS:+--backends $DECODE_BENCH_BACKENDS} --json "$OUT/decode_bench.json" ;;   # issue 6's targets: linattn bench --modes decode, same run as FLA
     matmul) timeout 240 python3 benchmarks/gpu/matmul_gate.py --out "$OUT" ;;
     decode_gluon) timeout 150 python3 benchmarks/gpu/decode_gluon_round.py --out "$OUT" ;;
     split)  timeout 200 python3 benchmarks/gpu/split_state_round.py --out "$OUT" ;;

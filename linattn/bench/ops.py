@@ -48,8 +48,11 @@ class BenchOp:
     bytes: Callable                      # (shape, mode, runner_name) -> float
     bytes_model: str
     prepare: Callable                    # (backend, shape, inputs, mode) -> Runner
-    typical_call: Callable               # (device) -> kwargs for supports()/explain()
+    typical_call: Callable               # (device) -> kwargs for supports()/explain(), or None (doctor has its own)
     reference: str = "reference"
+    api_module: str = ""                 # the module that registers the op's backends (default linattn.ops.<name>.api)
+    max_sets: int = 8                    # input sets cycled through at most (timing.num_input_sets)
+    modes: Tuple[str, ...] = ("fwd", "fwdbwd")
 
 
 # ---------------------------------------------------------------------------------------- Gated DeltaNet
@@ -287,6 +290,9 @@ GATED_DELTA_RULE = BenchOp(
 BENCH_OPS: Dict[str, BenchOp] = {"gated_delta_rule": GATED_DELTA_RULE}
 # the names users may also type: the registry op name
 BENCH_OPS["chunk_gated_delta_rule"] = GATED_DELTA_RULE
+from linattn.bench.decode import GATED_DELTA_RULE_DECODE  # noqa: E402  (decode.py builds on the classes above)
+BENCH_OPS["gated_delta_rule_decode"] = GATED_DELTA_RULE_DECODE
+BENCH_OPS["fused_recurrent_gated_delta_rule"] = GATED_DELTA_RULE_DECODE
 
 
 def get_bench_op(name: str) -> BenchOp:

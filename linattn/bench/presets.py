@@ -52,7 +52,18 @@ PRESETS = {
 }
 PRESETS["production"] = PRESETS["production_hv32"] + PRESETS["production_hv64"] + PRESETS["production_hv8"]
 
-CPU_PRESETS = ("tiny",)
+
+def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128) -> Dict:
+    return dict(B=B, T=1, H=H, HV=HV, K=K, V=V, state=state, pool=pool)
+
+
+# decode (`--modes decode`, issue 6's targets): H = HV = 32, K = V = 128, the serving pool at batch 1 / 32 / 256 with
+# an fp32 state, 256 with a bf16 state, and batch 256 in FLA's mode (no pool, a new final state)
+PRESETS["decode"] = [_decode(1), _decode(32), _decode(256), _decode(256, "bfloat16"), _decode(256, pool=False)]
+PRESETS["decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32), _decode(2, "bfloat16", H=2, HV=2, K=32, V=32),
+                          _decode(2, pool=False, H=1, HV=2, K=32, V=32)]
+
+CPU_PRESETS = ("tiny", "decode_tiny")
 
 
 def shape_label(s: Dict) -> str:
@@ -60,6 +71,9 @@ def shape_label(s: Dict) -> str:
     decay = f" g x{s['g_scale']:g}" if s.get("g_scale", 1.0) != 1.0 else ""
     if s.get("lengths"):
         return f"varlen{len(s['lengths'])} T{s['T']} {head}{decay}"
+    if "state" in s:                               # a decode shape (linattn.bench.decode)
+        mode = "pool in place" if s.get("pool") else "no pool"
+        return f"B{s['B']} T{s['T']} {head} {s['state']} state, {mode}"
     return f"B{s['B']} T{s['T']} {head}{decay}"
 
 

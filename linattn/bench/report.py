@@ -50,6 +50,9 @@ def format_table(result: Dict) -> str:
     c = result.get("ceilings", {})
     out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.3g}')} TFLOP/s, bytes / "
                f"{_f(c.get('copy_gbps'), '{:.0f}')} GB/s) [{c.get('how', '')}]; speedup vs {result.get('baseline')}")
+    if result.get("targets"):
+        out.append("targets: " + ", ".join(f"{k} {_f(v, '{:.3g}') if isinstance(v, float) else v}"
+                                           for k, v in result["targets"].items()))
     for cold in result.get("cold", []):
         tag = f" [part {cold.get('part')}]" if len(parts) > 1 else ""
         if cold.get("status") == "ok":

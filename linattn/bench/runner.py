@@ -138,7 +138,7 @@ def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], 
     for i, shape in enumerate([] if cold_only else shapes):
         for mode in modes:
             set_bytes = op.bytes(shape, mode, "")
-            n_sets = num_input_sets(set_bytes, dev)
+            n_sets = num_input_sets(set_bytes, dev, op.max_sets)
             sets = [op.make_inputs(shape, dev, 1000 * i + j, mode) for j in range(n_sets)]
             anchor = None
             for b in order:

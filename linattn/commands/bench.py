@@ -6,11 +6,15 @@ from linattn.bench.presets import CPU_PRESETS, PRESETS
 
 
 def add_arguments(p):
-    p.add_argument("--op", default="gated_delta_rule", help="bench op (linattn.bench.ops.BENCH_OPS)")
-    p.add_argument("--backends", nargs="+", default=["triton", "fla", "sdpa"],
-                   help="linattn backends (triton, gluon, reference) and peers (fla, flashqla, sdpa)")
-    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
-    p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the CPU)")
+    p.add_argument("--op", default=None, help="bench op (linattn.bench.ops.BENCH_OPS; default gated_delta_rule, "
+                   "or gated_delta_rule_decode with --modes decode)")
+    p.add_argument("--backends", nargs="+", default=None,
+                   help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
+                   "default triton fla sdpa, and auto triton gluon fla with --modes decode")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode"],
+                   help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone")
+    p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
+                   "CPU; decode and decode_tiny with --modes decode)")
     p.add_argument("--json", default=None, help="write the full result here")
     p.add_argument("--plot", default=None, help="write a PNG: ms vs T per backend, log-log (needs matplotlib)")
     p.add_argument("--baseline", default=None, help="speedups against this backend (default: fla if it ran, else triton)")
@@ -47,9 +51,32 @@ def run(args) -> int:
         return emit(load_results(args.from_json, args.baseline), args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
-    preset = args.preset or ("quick" if on_gpu else "tiny")
+    decode = "decode" in args.modes
+    if decode and args.modes != ["decode"]:
+        print("linattn bench: --modes decode times another op (the decode step): run it alone", file=sys.stderr)
+        return 2
+    from linattn.bench.ops import BENCH_OPS
+    op_name = args.op or ("gated_delta_rule_decode" if decode else "gated_delta_rule")
+    if op_name not in BENCH_OPS:
+        print(f"linattn bench: unknown op {op_name!r}; known: {sorted(BENCH_OPS)}", file=sys.stderr)
+        return 2
+    bad = [m for m in args.modes if m not in BENCH_OPS[op_name].modes]
+    if bad:
+        print(f"linattn bench: op {op_name} has no mode {bad[0]!r} (its modes: {', '.join(BENCH_OPS[op_name].modes)})",
+              file=sys.stderr)
+        return 2
+    backends = args.backends or (["auto", "triton", "gluon", "fla"] if decode else ["triton", "fla", "sdpa"])
+    if decode:
+        preset = args.preset or ("decode" if on_gpu else "decode_tiny")
+    else:
+        preset = args.preset or ("quick" if on_gpu else "tiny")
+    if preset in PRESETS and any(("state" in s) != decode for s in PRESETS[preset]):
+        print(f"linattn bench: preset {preset!r} is {'not ' if decode else ''}a decode preset "
+              f"({'use --modes decode' if not decode else 'decode presets: decode, decode_tiny'})", file=sys.stderr)
+        return 2
     if not on_gpu and preset not in CPU_PRESETS:
-        print(f"linattn bench: no GPU here; only the {', '.join(CPU_PRESETS)} preset runs on the CPU "
+        cpu = [p for p in CPU_PRESETS if p.startswith("decode") == decode]
+        print(f"linattn bench: no GPU here; only the {', '.join(cpu)} preset runs on the CPU "
               f"(asked for {preset!r})", file=sys.stderr)
         return 2
     if preset not in PRESETS:
@@ -63,10 +90,16 @@ def run(args) -> int:
         def on_progress(partial):             # a run cut short by a time limit still leaves its measurements
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             write_json(dict(partial, partial=True), args.json + ".partial")
-    result = run_bench(args.op, preset, args.backends, args.modes,
+    # cold start is measured by default for the chunked op on a GPU, not for decode (its kernels compile in seconds)
+    cold_default = on_gpu and not decode
+    result = run_bench(op_name, preset, backends, args.modes,
                        repeats=args.repeats or (20 if on_gpu else 3), warmup=args.warmup or (3 if on_gpu else 1),
                        device=device, baseline=args.baseline,
-                       cold=args.cold_only or (on_gpu if args.cold is None else args.cold), cold_only=args.cold_only, on_progress=on_progress)
+                       cold=args.cold_only or (cold_default if args.cold is None else args.cold),
+                       cold_only=args.cold_only, on_progress=on_progress)
+    if decode:
+        from linattn.bench.decode import decode_targets
+        result["targets"] = decode_targets(result["rows"])
     if on_progress and os.path.exists(args.json + ".partial"):
         os.remove(args.json + ".partial")
     return emit(result, args)

@@ -72,7 +72,7 @@ def run(args) -> int:
         print(f"{mod}: {package_version(mod)}")
     for bench in {id(b): b for b in BENCH_OPS.values()}.values():
         try:                                    # the op's API module registers its backends
-            __import__(f"linattn.ops.{bench.name}.api")
+            __import__(bench.api_module or f"linattn.ops.{bench.name}.api")
         except ImportError as e:
             print(f"op {bench.registry_op}: API not importable ({e})")
     ops = all_ops()
@@ -81,7 +81,9 @@ def run(args) -> int:
     for name, table in sorted(ops.items()):
         bench = bench_op_for_registry(name)
         if bench is not None:
-            calls = [("typical call", bench.typical_call(device))] + EXTRA_TYPICAL_CALLS.get(name, lambda d: [])(device)
+            typical = bench.typical_call(device)
+            calls = (([("typical call", typical)] if typical is not None else [])
+                     + EXTRA_TYPICAL_CALLS.get(name, lambda d: [])(device))
         elif name in EXTRA_TYPICAL_CALLS:
             calls = EXTRA_TYPICAL_CALLS[name](device)
         else:
