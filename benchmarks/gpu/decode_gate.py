@@ -386,13 +386,19 @@ def sweep() -> dict:
     # SM (sm_90a: 252 registers, 0 spill, 99,756 B shared = three 32 KB state buffers, so while a program computes
     # tile i the copies of tiles i+1 and i+2 are in flight, 128 KB per SM against 64 KB at 3 stages), alternated
     # with the default (3 stages) three times on the same inputs; the rows of rounds 9-15 are in their JSONs
-    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 4, 2, None, "prefetch_qk"),
+    # round 21 result: 4 stages flat (280.4-282.6 us against 281.4-282.5). Round 22 (the modes section: in place
+    # 281.6 / 282.0 us, the same kernel writing a new final state instead 275.7 / 276.4, in place on the same slots
+    # sorted 279.5 / 279.8: the in-place write's addresses cost ~2%): whole-head tiles, BV = 128, so that every tile
+    # reads and writes one contiguous 64 KB state (sm_90a: 8 warps 211 registers at 2 stages, 254 at 3; 16 warps 128
+    # at 3 stages; one program per SM), and the streaming store on the default, each next to the default
+    for B, sd, configs in ((SWEEP_B, torch.float32, [(64, 4, 3, 2, None, "prefetch_qk"),
+                                                     (128, 8, 2, 1, None, "prefetch_qk"),
+                                                     (128, 8, 3, 1, None, "prefetch_qk"),
+                                                     (128, 16, 3, 1, None, "prefetch_qk"),
+                                                     (64, 4, 3, 2, None, "prefetch_qk+store_cs"),
                                                      (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 4, 2, None, "prefetch_qk"),
-                                                     (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 4, 2, None, "prefetch_qk"),
-                                                     (64, 4, 3, 2, None, "prefetch_qk"),
-                                                     (64, 4, 4, 2), (64, 4, 2, 3, None, "prefetch_qk")]),
+                                                     (128, 8, 2, 1, None, "prefetch_qk"),
+                                                     (128, 16, 3, 1, None, "prefetch_qk")]),
                            (SWEEP_B, torch.bfloat16, [(64, 4, 0, 0), (64, 8, 0, 0), (64, 8, 2, 2), (128, 8, 2, 1),
                                                       (64, 4, 2, 3), (128, 8, 0, 0), (64, 4, 2, 3, None, "kwarp")]),
                            (SWEEP_B // 8, torch.float32, [(32, 4, 0, 0), (64, 4, 2, 3), (32, 4, 2, 4)]),
