@@ -85,6 +85,10 @@ LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
                    T16384 and 0.98x varlen24 (benchmarks/OPT_LOG.md 18.1).
+LINATTN_GDN_GLUON_GF128 "1" (opt-in, not yet gated on a GPU): the gluon forward's fused-wu path runs stages 2b+3+4 at
+                   BV = 128 in the gate-free form (gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md: one CTA per
+                   sequence and value head, Vnew = Tinv diag(beta) (V - diag(e^gam) K S), no W and no U, three
+                   partitions) where V == 128 and LINATTN_GDN_GLUON_SEGMENTS is off.
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
                    GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a
@@ -254,6 +258,10 @@ class _Settings:
     @property
     def gdn_gluon_bv16(self) -> bool:
         return _on_unless_off("LINATTN_GDN_GLUON_BV16")
+
+    @property
+    def gdn_gluon_gf128(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_GF128")
 
     @property
     def gdn_gluon_segments(self) -> bool:

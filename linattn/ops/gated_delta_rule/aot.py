@@ -635,3 +635,34 @@ register(AotKernel(
                 "(seg_ptr: the chain starts wl chunks early, o not stored there, h0 / final gated by the segment "
                 "word), WU_AREG, H16/HV32 K=V=128 bf16, BV=64, 2-stage ring, output / wu warpgroups at 136 / 192 "
                 "registers"))
+
+
+# ---- Stages 2b + 3 + 4 at BV = 128 in the gate-free form (gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; opt-in
+# LINATTN_GDN_GLUON_GF128=1): one CTA per (sequence, value head), three partitions (state, output, TMA producer), Vnew
+# = Tinv diag(beta) (V - diag(e^gam) K S) with no W and no U.
+def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32"):
+    sig = fused_wu_signature(dtype, 128, states=states, beta=beta)
+    for name in ("sel_ptr", "seg_ptr"):
+        sig.pop(name)
+    return sig
+
+
+def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_STAGES,
+                                                                       PRODUCER_REGS, chunk_fused_gf_kernel as fn)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
+                     STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                     OUT_PIPE=out_pipe)
+        sig = fused_gf_signature(dtype)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": 4}
+    return build
+
+
+for _dt in ("bf16", "fp16"):
+    register(AotKernel(
+        f"gdn_fwd_fused_gf_gluon_{_dt}_bv128", _fused_gf_build(_dt), FUSED_WU_INTENDED, div16=FUSED_WU_DIV16,
+        description=f"GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form (no W, no U: Vnew = Tinv "
+                    f"diag(beta) (V - diag(e^gam) K S)), warp-specialised Gluon (TMA producer warp, state warpgroup, "
+                    f"output warpgroup with q k^T one chunk ahead), H16/HV32 K=V=128 {_dt}, 2-stage ring"))

@@ -429,6 +429,30 @@ def _selection(t: Optional[torch.Tensor], n: Optional[int], name: str = "select"
     return t
 
 
+def fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int) -> tuple:
+    """The kernel arguments up to scale shared by chunk_fused_wu_ws_kernel and chunk_fused_gf_kernel: TMA descriptors
+    over q, k ([BT, K] boxes), v ([BT, BV]) and Tinv ([BT, BT]), then beta, gcum, o, the states, the plan, scale."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
+    from linattn.runtime.gluon_compat import TensorDescriptor
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    T_tot = plan.T_total
+    dt = q.dtype
+    for name, t in (("k", k), ("v", v), ("tinv", tinv)):
+        if t.dtype != dt:
+            raise ValueError(f"{name} is {t.dtype}, q is {dt}: the fused-wu kernel takes one 16-bit dtype")
+    if tuple(tinv.shape) != (T_tot, HV, BT):
+        raise ValueError(f"tinv is {tuple(tinv.shape)}, expected {(T_tot, HV, BT)}")
+    gdt = _gl_dtype(dt)
+
+    def desc(t2d, block):
+        return TensorDescriptor.from_tensor(_aligned(t2d), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    return (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
+            desc(v.reshape(T_tot, HV * V), [BT, BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
+            beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
+
+
 def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, cfg: FusedWuConfig,
                     select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None):
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_wu_ws_kernel (separate from the launch so that a
@@ -441,26 +465,11 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     before it, from the initial state of its whole sequence or from 0, stores no o row there and its final state
     only if it is its sequence's last segment; initial_state / final are then [sequences, HV, K, V]), and select is
     [sequences, HV]: the segments of a pair where it is != 0 exit at once (that pair runs unsegmented)."""
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import _gl_dtype
-    from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
-    N, T_tot = plan.N, plan.T_total
-    dt = q.dtype
-    for name, t in (("k", k), ("v", v), ("tinv", tinv)):
-        if t.dtype != dt:
-            raise ValueError(f"{name} is {t.dtype}, q is {dt}: the fused-wu kernel takes one 16-bit dtype")
-    if tuple(tinv.shape) != (T_tot, HV, BT):
-        raise ValueError(f"tinv is {tuple(tinv.shape)}, expected {(T_tot, HV, BT)}")
-    gdt = _gl_dtype(dt)
-
-    def desc(t2d, block):
-        return TensorDescriptor.from_tensor(_aligned(t2d), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
-
-    args = (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
-            desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
-            beta.reshape(T_tot, HV), gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale),
-            _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment"))
+    N = plan.N
+    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + (
+        _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment"))
     if seg is not None and select is not None and (select.dim() != 2 or select.shape[1] != HV):
         raise ValueError(f"select is {tuple(select.shape)}: with segment words it is [sequences, HV={HV}]")
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
@@ -657,7 +666,8 @@ def _interleave(parts, inflight, land, rng, where: str) -> int:
 def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int = 32,
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
                         stats: Optional[dict] = None, areg: bool = False, out_pipe: bool = False,
-                        select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
+                        select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None,
+                        gate_free: bool = False) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests and the GPU round's dry run (the
     arguments of chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -674,7 +684,10 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
     an unselected (sequence, head) is skipped (no o row, no final state written). seg [N, HV] int32 as the kernel's
     seg_ptr (segment words, segment_start.SEGW_*; select is then [sequences, HV], its pairs != 0 skipped): the chain
     of (n, hv) starts wl chunks before the segment, from initial_state[sequence] where the word says so (else 0), o
-    rows stored from the segment start, the final state into final[sequence] only for a last segment."""
+    rows stored from the segment start, the final state into final[sequence] only for a last segment.
+    gate_free models chunk_fused_gf.py (BV = V = 128 there; any BV here): no wu partition (empty counts 2) and the
+    state partition forms x = where(valid, beta (v - e^gam (K @ s_pub)), 0).to(dt) and vnew = where(valid, Tinv @ x,
+    0).to(dt) from the ring's k, v and Tinv tiles."""
     import random
     dt = q.dtype
     B, T, H, K = q.shape
@@ -719,7 +732,7 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
             for vb in range(V // BV):
                 cols = slice(vb * BV, (vb + 1) * BV)
                 ready = [_MBar(1) for _ in range(stages)]
-                empty = [_MBar(3) for _ in range(stages)]
+                empty = [_MBar(2 if gate_free else 3) for _ in range(stages)]
                 wu_full = [_MBar(1) for _ in range(nwu)]
                 wu_empty = [_MBar(1) for _ in range(nwu)]
                 s_full = [_MBar(1) for _ in range(npub)]
@@ -791,15 +804,24 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         s_full[j].arrive()
                         st, jw = c % stages, c % nwu
                         yield ready[st], (c // stages) & 1
-                        yield wu_full[jw], (c // nwu) & 1
                         valid = ((t0 + r_t) < eos)[:, None]
-                        ws = wk[jw].to(f32) @ s_pub[j].to(f32)
-                        vn = torch.where(valid, ring[st]["v"].to(f32) - ws, 0.).to(dt)
+                        if gate_free:
+                            bet = gates(t0, eos, hv)[1]
+                            ks = ring[st]["k"].to(f32) @ s_pub[j].to(f32)
+                            x = torch.where(valid, bet[:, None] * (ring[st]["v"].to(f32)
+                                                                   - torch.exp(gam)[:, None] * ks), 0.).to(dt)
+                            yield None                 # x in vn_s, read by the second wgmma
+                            vn = torch.where(valid, ring[st]["t"].to(f32) @ x.to(f32), 0.).to(dt)
+                        else:
+                            yield wu_full[jw], (c // nwu) & 1
+                            ws = wk[jw].to(f32) @ s_pub[j].to(f32)
+                            vn = torch.where(valid, ring[st]["v"].to(f32) - ws, 0.).to(dt)
                         v_pub[j] = vn
                         d = torch.exp(gam_last - gam)
                         vs = torch.where(valid, vn.to(f32) * d[:, None], 0.).to(dt)
                         v_full[j].arrive()
-                        wu_empty[jw].arrive()
+                        if not gate_free:
+                            wu_empty[jw].arrive()
                         yield None                     # a scheduling point between the two products
                         S = S * torch.exp(gam_last) + ring[st]["k"].to(f32).T @ vs.to(f32)
                         empty[st].arrive()
@@ -862,7 +884,8 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         att = torch.where(lower, qk * gmat, 0.).to(dt)
                         yield from output_tail(c, t0, j, qs * torch.exp(gam)[:, None], att)
 
-                steps += _interleave([state(), output_pipelined() if out_pipe else output(), wu(), producer()],
+                parts = [state(), output_pipelined() if out_pipe else output()] + ([] if gate_free else [wu()])
+                steps += _interleave(parts + [producer()],
                                      inflight, land, rng,
                                      f"sequence {n}, head {hv}, V block {vb}")
     if stats is not None:

@@ -1,0 +1,226 @@
+"""Stages 2b + 3 + 4 of the GDN forward at BV = 128 (one CTA per sequence and value head) in the gate-free form, one
+warp-specialised Gluon kernel (sm_90a; opt-in LINATTN_GDN_GLUON_GF128=1; design and budgets: benchmarks/GLUON_BV128.md).
+
+Why: chunk_fused_wu_ws.py forms W = Tinv diag(beta e^gam) K, which does not depend on V, once per V block: at its
+BV = 32 / 64 every chunk's W is computed 4 / 2 times per head (OPT_LOG 21.5: the W/U warpgroup bounds the chain at
+B1). At BV = 128 that kernel spills (OPT_LOG 22.4: four partitions cannot hold the state's [128, 128] accumulator,
+product 1's and the W/U accumulators). FlashQLA's gate-free form needs neither W nor U:
+
+    Vnew = U - W S = Tinv diag(beta) (V - diag(e^gam) K S)
+
+so the W/U warpgroup goes away and the state warpgroup forms Vnew from the ring's k, v and Tinv tiles. Per chunk c,
+with dt the 16-bit operand dtype and gam / beta the chunk's gates (0 on rows past the sequence end):
+  state partition (default, 1 warpgroup, ~240 registers):
+      s_pub     = S_c.to(dt)                                                  (published; also K S's B operand)
+      x         = where(valid, beta * (v - e^gam * (K @ s_pub)), 0).to(dt)   -> vn_s
+      vnew      = where(valid, Tinv @ vn_s, 0).to(dt)                        -> v_pub (published)
+      S_{c+1}   = e^gam_C S_c + K^T @ (d * vnew).to(dt),  d = e^(gam_C - gam)  (vn_s rewritten after Tinv's wgmma)
+  output partition (worker 0, 1 warpgroup): chunk_fused_wu_ws._wu_output (OUT_PIPE: q k^T one chunk ahead), BV = 128.
+  producer (worker 1, 1 warp): chunk_fused_wu_ws._wu_producer: q, k [BT, K], v [BT, BV], Tinv [BT, BT] per chunk.
+Rows of a box past the sequence end hold the next sequence's tokens: x's rows there are selected to 0 (where, so
+values that are not finite cannot leak) and Tinv's rows of valid tokens have zeros past the diagonal, so Vnew of
+valid rows is exact; the rows past the end are selected to 0 again after the product.
+
+Barriers as chunk_fused_ws.py with two consumers (ready[s] count 1 + tx; empty[s] count 2: the state partition after
+product 3 (v read by generic loads: fenced), the output after q k^T and q S; s_full, v_full, pub_empty per published
+buffer). Shared memory at BV = 128, 2 stages, one published pair: ring 2 x (q 16 + k 16 + v 16 + Tinv 8 KB), s_pub
+32 KB, v_pub 16 KB, vn_s 16 KB (x, then d * vnew) = 176 KB plus the output's layout conversions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
+from linattn.runtime.gluon_compat import GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma
+
+GF_BV = 128
+GF_STAGES = 2
+GF_NPUB = 1
+GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is set by Gluon). sm_90a AOT (OPT_LOG 22.5):
+#                          8 bytes spill at every split from 200 to 240 (one 64-bit scalar of the prologue; stored
+#                          once, reloaded once at 240), more below 200
+
+if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_output, _wu_producer
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import ws_acc_layout, ws_smem_layout
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
+
+    @gluon.jit
+    def _gf_gates(gcum_ptr, beta_ptr, t0, eos, hv, r_t, HV: gl.constexpr, BT: gl.constexpr):
+        """gam, beta (0 on rows >= eos) and gam at the chunk's last valid row (0 past the end) of the chunk at t0."""
+        rows = t0 + r_t
+        gam = gl.load(gcum_ptr + rows * HV + hv, mask=rows < eos, other=0.)
+        bet = gl.load(beta_ptr + rows * HV + hv, mask=rows < eos, other=0.).to(gl.float32)
+        gam_last = gl.load(gcum_ptr + (t0 + gl.minimum(eos - t0, BT) - 1) * HV + hv, mask=t0 < eos, other=0.)
+        return gam, bet, gam_last
+
+    @gluon.jit
+    def _gf_state(k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr, gcum_ptr,
+                  h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
+                  HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                  STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+        dt: gl.constexpr = k_s.dtype
+        ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
+        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
+        COLS: gl.constexpr = gl.SliceLayout(0, ACC)
+        # h0 / the final state straight in the accumulator layout (once per CTA; no conversion scratch)
+        # int32 offsets inside the state and one scalar int64 base: per-element 64-bit offsets (256 registers per
+        # thread for a [128, 128] tile) spilled 144 bytes in the prologue
+        sk = gl.arange(0, K, layout=ROWS)
+        sv = gl.arange(0, BV, layout=COLS)
+        state_off = gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        if USE_H0:
+            s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
+        else:
+            s = gl.zeros([K, BV], gl.float32, ACC)
+        r_t = gl.arange(0, BT, layout=ROWS)
+        gam, bet, gam_last = _gf_gates(gcum_ptr, beta_ptr, bos, eos, hv, r_t, HV, BT)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            # the gates of chunk c + 1 in flight during this chunk (masked past the end)
+            gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
+
+            # publish S_c once the output partition is done with chunk c - NPUB
+            j = c % NPUB
+            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
+            s_pub.index(j).store(s.to(dt))
+            fence_async_shared()                               # generic store -> wgmma (async proxy)
+            gl.thread_barrier()
+            mbarrier.arrive(s_full.index(j))
+
+            st = c % STAGES
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)
+            valid = gl.expand_dims((t0 + r_t) < eos, 1)
+            # product 1: K S_c; x = beta (v - e^gam K S_c), rows past the end selected to 0
+            ks = warpgroup_mma(k_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            x = gl.where(valid, gl.expand_dims(bet, 1) * (v_s.index(st).load(ACC).to(gl.float32)
+                                                          - gl.expand_dims(gl.exp(gam), 1) * ks), 0.).to(dt)
+            vn_s.store(x)
+            fence_async_shared()
+            gl.thread_barrier()
+            # product 2: vnew = Tinv x
+            vnew = warpgroup_mma(t_s.index(st), vn_s, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            vnew = gl.where(valid, vnew, 0.).to(dt)
+            v_pub.index(j).store(vnew)
+            d = gl.exp(gam_last - gam)
+            vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
+            gl.thread_barrier()                                # every warp's product 2 has read x from vn_s
+            vn_s.store(vs)
+            fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 3)
+            gl.thread_barrier()
+            mbarrier.arrive(v_full.index(j))
+            # product 3: S_{c+1} = e^gam_C S_c + K^T (d * vnew)
+            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
+            # this partition's share of ring slot st is done (v read by generic loads: fence before the TMA refill)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st))
+            gam = gam_n
+            bet = bet_n
+            gam_last = gam_last_n
+        if STORE_HT:
+            # the row index in int32 (N * HV <= 65535: the grid), widened after: an int64 base computed before the
+            # loop stayed live through it and spilled 8 bytes
+            gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
+
+    @gluon.jit
+    def chunk_fused_gf_kernel(
+        q_desc, k_desc, v_desc, t_desc,        # TMA over q, k [T_tot, H*K], v [T_tot, HV*V], Tinv [T_tot, HV*BT]
+        beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
+        h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
+        cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+        STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+        OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
+    ):
+        gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
+        dt: gl.constexpr = k_desc.dtype
+        nh = gl.program_id(0)
+        n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
+
+        q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)             # state + output partitions
+        for i in gl.static_range(NPUB):
+            mbarrier.init(s_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(pub_empty.index(i), count=1)
+        fence_async_shared()                                     # barrier inits visible to the async proxy
+
+        gl.warp_specialize(
+            [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, HV, K, V, BT, BV, STAGES, NPUB, USE_H0,
+                          STORE_HT)),
+             (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                           nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, bos, False)),
+             (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
+                             0, K, V, BT, BV, STAGES))],
+            worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
+
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(NPUB):
+            mbarrier.invalidate(s_full.index(i))
+            mbarrier.invalidate(v_full.index(i))
+            mbarrier.invalidate(pub_empty.index(i))
+
+
+# ---------------------------------------------------------------------------------------------------- launcher
+
+@dataclass(frozen=True)
+class FusedGfConfig:
+    BV: int = GF_BV
+    stages: int = GF_STAGES
+    npub: int = GF_NPUB
+    output_regs: int = GF_OUTPUT_REGS
+    out_pipe: bool = True
+    num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
+
+
+def gf_supported(q: torch.Tensor, v: torch.Tensor) -> tuple:
+    """Whether the gate-free BV=128 kernel takes the call (on top of fused_wu_supported): V == 128 (one CTA holds a
+    whole value head)."""
+    if v.shape[-1] != GF_BV:
+        return False, f"V={v.shape[-1]}: the gate-free kernel holds a whole value head of {GF_BV}"
+    return True, ""
+
+
+def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
+                    cfg: Optional[FusedGfConfig] = None):
+    """(kernel, grid, args, kwargs) of one launch of chunk_fused_gf_kernel: the arguments of fused_wu_launch (the
+    same descriptors and pointers, v's box [BT, 128]) without a selection or segment words."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_args
+    cfg = cfg or FusedGfConfig()
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV)
+    kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
+                  USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
+                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, num_warps=cfg.num_warps)
+    return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
+
+
+def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
+                         select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
+    """Stages 2b + 3 + 4 at BV = 128 in the gate-free form (a fused_pass for chunk_fused_wu_ws's whole forward):
+    writes o (and final when given). No segments: select / seg are refused."""
+    if select is not None or seg is not None:
+        raise ValueError("the gate-free BV=128 kernel has no segment launch (select / seg)")
+    kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
+    kernel[grid](*args, **kwargs)

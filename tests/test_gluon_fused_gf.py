@@ -1,0 +1,161 @@
+"""The gate-free BV=128 fused forward (stages 2b+3+4, gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; opt-in
+LINATTN_GDN_GLUON_GF128=1) on a CPU host: its sm_90a builds, its launch arguments against the AOT signature, the
+schedule model (chunk_fused_wu_ws.emulate_fused_wu_ws with gate_free: the state partition forms Vnew = Tinv diag(beta)
+(V - diag(e^gam) K S) from the ring's tiles, no wu partition) against the fp64 recurrence, and the switch. The kernel
+itself runs only on a GPU (benchmarks/gpu: the Gluon gate with the switch on)."""
+import pytest
+import torch
+
+from linattn.runtime.aot import inspect_kernel, kernels
+from linattn.runtime.gluon_compat import gluon_status
+
+from test_gluon_fused_wu import SMEM_LIMIT_SM90, _buffers, _inputs    # tests/ is on sys.path
+
+_GLUON_OK, _GLUON_REASON, _ = gluon_status()
+needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+GF_NAMES = ["gdn_fwd_fused_gf_gluon_bf16_bv128", "gdn_fwd_fused_gf_gluon_fp16_bv128"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", GF_NAMES)
+def test_gf_build(name):
+    """sm_90a: 12 warps (state and output warpgroups, the producer warp's padded warpgroup), shared memory in budget,
+    the intended HGMMA / UTMALDG / SYNCS / WARPGROUP, the five products' wgmma shapes (K S, Tinv x, K^T vnew, q S and
+    att vnew at 64x128; q k^T at 64x64). Spill: 8 bytes, one 64-bit scalar of the state partition's prologue stored
+    once and loaded once (OPT_LOG 22.5: every output-warpgroup split from 200 to 240 registers leaves these 8 bytes;
+    int32 token indices in the loop cost 36); nothing else goes to local memory."""
+    rep = inspect_kernel(kernels()[name])
+    assert not rep.missing, f"{name}: intended instructions missing: {rep.missing}; got {rep.sass}"
+    assert rep.spill_bytes <= 8 and rep.families["STL"] <= 1 and rep.families["LDL"] <= 1, (rep.spill_bytes, rep.sass)
+    assert rep.num_warps == 12 and 0 < rep.smem <= SMEM_LIMIT_SM90, (rep.num_warps, rep.smem)
+    mma = "HGMMA.{}.F32" + (".BF16" if "bf16" in name else "")      # fp16 operands: no suffix in the SASS name
+    assert rep.sass.get(mma.format("64x128x16"), 0) >= 28 and rep.sass.get(mma.format("64x64x16"), 0) >= 8, rep.sass
+    assert rep.families["HMMA"] == 0 and rep.families["LDGSTS"] == 0
+
+
+@needs_gluon
+@pytest.mark.parametrize("B,T,lens,states", [(8, 512, None, True), (1, 3000, [1, 63, 65, 1000, 1871], False)])
+def test_gf_launch_matches_aot_signature(B, T, lens, states):
+    """fused_gf_launch's arguments mangle to the AOT signature; one CTA per (sequence, value head); v's box [64, 128]."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_gf_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_NPUB, GF_OUTPUT_REGS, GF_STAGES, PRODUCER_REGS,
+                                                                   fused_gf_launch)
+    plan, bufs = _buffers(B, T, 16, 32, lens, states=states)
+    kernel, grid, args, kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)
+    sig = fused_gf_signature("bf16", states)
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert grid == (plan.N * 32,)
+    assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
+                          STORE_HT=states, OUTPUT_REGS=GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=True,
+                          num_warps=4)
+    assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
+    names = list(kernel.arg_names)
+    assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
+
+
+BOUND = 1.15         # gate-free error / the default model's error (measured max 1.056 over 84 pairs, see below)
+GF_CASES = [  # (B, T, lens, dtype, initial state, H, HV, stages, npub)
+    (1, 1, None, torch.bfloat16, True, 1, 2, 2, 1),
+    (1, 260, None, torch.bfloat16, True, 1, 2, 2, 1),
+    (2, 65, None, torch.float16, False, 1, 2, 2, 1),
+    (1, 200, None, torch.bfloat16, True, 2, 4, 2, 1),
+    (1, 260, [1, 63, 1, 130, 64, 1], torch.bfloat16, True, 1, 2, 2, 1),
+    (1, 257, None, torch.bfloat16, True, 1, 2, 1, 1),                  # a one-slot ring: still correct
+    (1, 200, [65, 1, 64, 70], torch.float16, False, 1, 2, 3, 2),
+]
+
+
+@pytest.mark.parametrize("B,T,lens,dtype,h0,H,HV,stages,npub", GF_CASES)
+def test_gf_schedule_model_matches_fp64(device, B, T, lens, dtype, h0, H, HV, stages, npub):
+    """The fused-wu forward with the gate-free schedule model at BV=128 (kkt_solve under the interpreter, three
+    partitions interleaved at random at their mbarrier waits), fresh inputs and interleaving every run, outputs
+    NaN-poisoned: o and the final state within TOL of the fp64 recurrence and within BOUND x the default model's error
+    (W/U formed, BV=32, WU_AREG, OUT_PIPE) on the same inputs. Measured before the bound was written: these seven
+    shapes x 6 seeds, o and final (84 pairs): gate-free / default error 0.81-1.056 (below 1 on the long rows: fewer
+    roundings, no W and no U; up to 1.056 on the T = 1 and T = 65 rows, where a few elements decide).
+    T = 1, T not a multiple of 64, B2, GVA, varlen with 1-token sequences, with and without h0, bf16 and fp16, ring
+    depths 1-3 and one or two published buffers."""
+    if device != "cpu":
+        pytest.skip("CPU model check")
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (chunk_gated_delta_rule_fwd_fused_wu,
+                                                                      emulate_fused_wu_ws)
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, rel_rms
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x, cu = _inputs(B, T, lens, dtype, h0, H, HV, seed=seed)
+    scale = 128 ** -0.5
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, cu)
+    res = {}
+    for gf in (False, True):
+        def fused(q, k, v, beta, gcum, tinv, o, h0_, fin, plan, sc):
+            emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0_, fin, plan, sc, BV=128 if gf else 32,
+                                stages=stages if gf else 3, npub=npub if gf else 2, out_pipe=True, areg=not gf,
+                                gate_free=gf, seed=seed)
+        with poisoned_allocations():
+            res[gf] = chunk_gated_delta_rule_fwd_fused_wu(*args, fused_pass=fused)
+    h64 = None if x["initial_state"] is None else x["initial_state"].double()
+    o64, f64 = naive_recurrent(*(t.double() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])), scale=scale,
+                               initial_state=h64, output_final_state=True, cu_seqlens=cu)
+    tol = TOL[dtype]
+    for name, want in (("o", o64), ("final_state", f64)):
+        got, base = getattr(res[True], name), getattr(res[False], name)
+        assert torch.isfinite(got).all(), name
+        err, err0 = rel_rms(got, want), rel_rms(base, want)
+        assert err < tol, (name, err, tol, seed)
+        assert err <= BOUND * err0 + 1e-7, (name, err, err0, seed)
+
+
+def test_gf_switch(device, monkeypatch):
+    """LINATTN_GDN_GLUON_GF128=1 (opt-in): the op linattn::chunk_gdn_fwd_gluon runs its fused pass through
+    chunk_fused_gf_gluon (a model stand-in here), o and final as the Triton forward's; unset, or with
+    LINATTN_GDN_GLUON_SEGMENTS=1, never (the gate-free kernel has no segment launch)."""
+    if device != "cpu":
+        pytest.skip("CPU stand-in check")
+    from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf, chunk_fused_wu_ws
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.runtime.settings import settings
+    from linattn.testing import rel_rms
+    gf_calls, wu_calls = [], []
+
+    def gf_stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
+        gf_calls.append(plan)
+        chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=128, stages=2,
+                                              npub=1, out_pipe=True, gate_free=True)
+
+    def wu_stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
+        wu_calls.append(plan)
+        chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2)
+    monkeypatch.setattr(chunk_fused_gf, "chunk_fused_gf_gluon", gf_stand_in)
+    monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", wu_stand_in)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
+    for switch, segments, want in (("1", None, "gf"), (None, None, "wu"), ("1", "1", "wu")):
+        for var, val in (("LINATTN_GDN_GLUON_GF128", switch), ("LINATTN_GDN_GLUON_SEGMENTS", segments)):
+            if val is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, val)
+        assert settings.gdn_gluon_gf128 == (switch == "1")
+        gf_calls.clear()
+        wu_calls.clear()
+        x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=7)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
+        ref = chunk_gated_delta_rule_fwd(*args)
+        o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
+        assert (len(gf_calls), len(wu_calls)) == ((1, 0) if want == "gf" else (0, 1)), (switch, segments)
+        assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
+
+
+def test_gf_refuses_segments():
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import chunk_fused_gf_gluon, gf_supported
+    with pytest.raises(ValueError, match="no segment launch"):
+        chunk_fused_gf_gluon(*([None] * 11), select=torch.zeros(2, dtype=torch.int32))
+    assert gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 128))[0]
+    ok, why = gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 64))
+    assert not ok and "V=64" in why
