@@ -649,11 +649,12 @@ def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32"):
 
 def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True):
     def build():
-        from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_STAGES,
-                                                                       PRODUCER_REGS, chunk_fused_gf_kernel as fn)
+        from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
+                                                                       GF_STAGES, PRODUCER_REGS,
+                                                                       chunk_fused_gf_kernel as fn)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                     OUT_PIPE=out_pipe)
+                     OUT_PIPE=out_pipe, SPLIT=GF_SPLIT)
         sig = fused_gf_signature(dtype)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}

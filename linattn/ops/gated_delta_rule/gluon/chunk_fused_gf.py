@@ -10,9 +10,9 @@ product 1's and the W/U accumulators). FlashQLA's gate-free form needs neither W
 
 so the W/U warpgroup goes away and the state warpgroup forms Vnew from the ring's k, v and Tinv tiles. Per chunk c,
 with dt the 16-bit operand dtype and gam / beta the chunk's gates (0 on rows past the sequence end):
-  state partition (default, 1 warpgroup, ~240 registers):
+  state partition (default, 1 warpgroup):
       s_pub     = S_c.to(dt)                                                  (published; also K S's B operand)
-      x         = where(valid, beta * (v - e^gam * (K @ s_pub)), 0).to(dt)   -> vn_s
+      x         = where(valid, beta * (v - e^gam * (K @ s_pub)), 0).to(dt)   -> vn_s, in two column halves
       vnew      = where(valid, Tinv @ vn_s, 0).to(dt)                        -> v_pub (published)
       S_{c+1}   = e^gam_C S_c + K^T @ (d * vnew).to(dt),  d = e^(gam_C - gam)  (vn_s rewritten after Tinv's wgmma)
   output partition (worker 0, 1 warpgroup): chunk_fused_wu_ws._wu_output (OUT_PIPE: q k^T one chunk ahead), BV = 128.
@@ -39,9 +39,9 @@ from linattn.runtime.gluon_compat import GLUON_OK, gl, gluon, mbarrier, fence_as
 GF_BV = 128
 GF_STAGES = 2
 GF_NPUB = 1
-GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is set by Gluon). sm_90a AOT (OPT_LOG 22.5):
-#                          8 bytes spill at every split from 200 to 240 (one 64-bit scalar of the prologue; stored
-#                          once, reloaded once at 240), more below 200
+GF_SPLIT = 2             # product 1 (K S) and x in column halves (register pressure, see _gf_state)
+GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is set by Gluon); sm_90a AOT: 0 spill at
+#                          224 and 240 with SPLIT = 2 (without it 8 bytes at every split from 200 to 240: OPT_LOG 22.5)
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_output, _wu_producer
@@ -61,7 +61,8 @@ if GLUON_OK:
     def _gf_state(k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr, gcum_ptr,
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                  STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                  STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                  SPLIT: gl.constexpr):
         dt: gl.constexpr = k_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -94,11 +95,19 @@ if GLUON_OK:
             st = c % STAGES
             mbarrier.wait(ready.index(st), (c // STAGES) & 1)
             valid = gl.expand_dims((t0 + r_t) < eos, 1)
-            # product 1: K S_c; x = beta (v - e^gam K S_c), rows past the end selected to 0
-            ks = warpgroup_mma(k_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            x = gl.where(valid, gl.expand_dims(bet, 1) * (v_s.index(st).load(ACC).to(gl.float32)
-                                                          - gl.expand_dims(gl.exp(gam), 1) * ks), 0.).to(dt)
-            vn_s.store(x)
+            # product 1: K S_c; x = beta (v - e^gam K S_c), rows past the end selected to 0. In column halves of
+            # BV / 2 (SPLIT): with S's 128 registers live, a whole [64, 128] product and the v tile next to it left
+            # the state warpgroup 2 registers short (8 bytes spilled, reloaded every chunk)
+            HB: gl.constexpr = BV // SPLIT
+            ACC_H: gl.constexpr = ws_acc_layout(HB)
+            valid_h = gl.convert_layout(valid, ACC_H)
+            bet_h = gl.expand_dims(gl.convert_layout(bet, gl.SliceLayout(1, ACC_H)), 1)
+            eg_h = gl.expand_dims(gl.convert_layout(gl.exp(gam), gl.SliceLayout(1, ACC_H)), 1)
+            for h in gl.static_range(SPLIT):
+                ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(h * HB, HB, dim=1),
+                                   gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
+                v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
+                vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
             fence_async_shared()
             gl.thread_barrier()
             # product 2: vnew = Tinv x
@@ -135,6 +144,7 @@ if GLUON_OK:
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
+        SPLIT: gl.constexpr = GF_SPLIT,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         dt: gl.constexpr = k_desc.dtype
@@ -165,7 +175,7 @@ if GLUON_OK:
         gl.warp_specialize(
             [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                           gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, HV, K, V, BT, BV, STAGES, NPUB, USE_H0,
-                          STORE_HT)),
+                          STORE_HT, SPLIT)),
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, bos, False)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
@@ -190,6 +200,7 @@ class FusedGfConfig:
     npub: int = GF_NPUB
     output_regs: int = GF_OUTPUT_REGS
     out_pipe: bool = True
+    split: int = GF_SPLIT
     num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
 
 
@@ -212,7 +223,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
-                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, num_warps=cfg.num_warps)
+                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 
