@@ -710,6 +710,7 @@ def test_switch_takes_the_fused_wu_path(device, monkeypatch):
     monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", stand_in)
     monkeypatch.setattr(chunk_fused_ws, "chunk_fused_ws_gluon", ws_stand_in)
     monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WS", "1")
+    monkeypatch.setenv("LINATTN_GDN_GLUON_GF128", "0")       # the W/U kernel, not the gate-free one (test_gluon_fused_gf)
     for switch, on in (("1", True), ("0", False), (None, True)):      # None: unset, the default
         if switch is None:
             monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
