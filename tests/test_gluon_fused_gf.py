@@ -1,5 +1,5 @@
-"""The gate-free BV=128 fused forward (stages 2b+3+4, gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; opt-in
-LINATTN_GDN_GLUON_GF128=1) on a CPU host: its sm_90a builds, its launch arguments against the AOT signature, the
+"""The gate-free BV=128 fused forward (stages 2b+3+4, gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; the gluon
+forward's default since round 22 where gf_wanted holds) on a CPU host: its sm_90a builds, its launch arguments against the AOT signature, the
 schedule model (chunk_fused_wu_ws.emulate_fused_wu_ws with gate_free: the state partition forms Vnew = Tinv diag(beta)
 (V - diag(e^gam) K S) from the ring's tiles, no wu partition) against the fp64 recurrence, and the switch. The kernel
 itself runs only on a GPU (benchmarks/gpu: the Gluon gate with the switch on)."""
@@ -109,15 +109,25 @@ def test_gf_schedule_model_matches_fp64(device, B, T, lens, dtype, h0, H, HV, st
         assert err <= BOUND * err0 + 1e-7, (name, err, err0, seed)
 
 
+def test_gf_wanted():
+    """The default's rule (round 22, H200): at least 15/16 of a wave of sequence-heads, N * HV * 16 >= 15 * SMs."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import gf_wanted
+    assert gf_wanted(4, 32, 132) and gf_wanted(8, 32, 132) and gf_wanted(24, 32, 132) and gf_wanted(8, 64, 132)
+    assert not gf_wanted(2, 32, 132) and not gf_wanted(1, 32, 132) and not gf_wanted(8, 8, 132)
+    assert gf_wanted(1, 124, 132) and not gf_wanted(1, 123, 132)
+
+
 def test_gf_switch(device, monkeypatch):
-    """LINATTN_GDN_GLUON_GF128=1 (opt-in): the op linattn::chunk_gdn_fwd_gluon runs its fused pass through
-    chunk_fused_gf_gluon (a model stand-in here), o and final as the Triton forward's; unset, or with
-    LINATTN_GDN_GLUON_SEGMENTS=1, never (the gate-free kernel has no segment launch)."""
+    """LINATTN_GDN_GLUON_GF128 unset (the default: gf_wanted, which every call meets on a 2-SM CPU host) or "1": the op
+    linattn::chunk_gdn_fwd_gluon runs its fused pass through chunk_fused_gf_gluon (a model stand-in here), o and final
+    as the Triton forward's; "0", or "1" with LINATTN_GDN_GLUON_SEGMENTS=1 (the gate-free kernel has no segment
+    launch), never."""
     if device != "cpu":
         pytest.skip("CPU stand-in check")
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf, chunk_fused_wu_ws
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.runtime.device import device_facts
     from linattn.runtime.settings import settings
     from linattn.testing import rel_rms
     gf_calls, wu_calls = [], []
@@ -134,13 +144,14 @@ def test_gf_switch(device, monkeypatch):
     monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", wu_stand_in)
     monkeypatch.delenv("LINATTN_GDN_GLUON_FUSED_WU", raising=False)
     monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
-    for switch, segments, want in (("1", None, "gf"), (None, None, "wu"), ("1", "1", "wu")):
+    assert chunk_fused_gf.gf_wanted(3, 2, device_facts("cpu").num_sms)       # the unset case below takes it
+    for switch, segments, want in (("1", None, "gf"), (None, None, "gf"), ("0", None, "wu"), ("1", "1", "wu")):
         for var, val in (("LINATTN_GDN_GLUON_GF128", switch), ("LINATTN_GDN_GLUON_SEGMENTS", segments)):
             if val is None:
                 monkeypatch.delenv(var, raising=False)
             else:
                 monkeypatch.setenv(var, val)
-        assert settings.gdn_gluon_gf128 == (switch == "1")
+        assert settings.gdn_gluon_gf128 == {"1": "on", "0": "off", None: "auto"}[switch]
         gf_calls.clear()
         wu_calls.clear()
         x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=7)

@@ -85,10 +85,15 @@ LINATTN_GDN_GLUON_OUT_PIPE64 "1" (opt-in, not a default): OUT_PIPE in the fused-
                    too, with the output / wu warpgroups at 152 / 176 registers (state 160; the only split without
                    spill). Round 18 on an H200 (3e157b5): gate green, fused kernel 1.05x at B8 T4096 but 0.97x at B4
                    T16384 and 0.98x varlen24 (benchmarks/OPT_LOG.md 18.1).
-LINATTN_GDN_GLUON_GF128 "1" (opt-in, not yet gated on a GPU): the gluon forward's fused-wu path runs stages 2b+3+4 at
+LINATTN_GDN_GLUON_GF128 unset (default since round 22): the gluon forward's fused-wu path runs stages 2b+3+4 at
                    BV = 128 in the gate-free form (gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md: one CTA per
                    sequence and value head, Vnew = Tinv diag(beta) (V - diag(e^gam) K S), no W and no U, three
-                   partitions) where V == 128 and LINATTN_GDN_GLUON_SEGMENTS is off.
+                   partitions) where V == 128, LINATTN_GDN_GLUON_SEGMENTS is off and the call has at least 15/16 of
+                   a wave of sequence-heads (N * HV * 16 >= 15 * SMs: 124 on an H200); "1" takes it wherever V ==
+                   128, "0" never. Round 22 on an H200 (83a788d): Gluon gate green with it forced on; forward 1.111x
+                   / 1.074x / 1.094x at H16/HV32 B8 T4096 / B4 T16384 / varlen24, 1.107x / 1.096x at H16/HV64 B8
+                   T4096 / B4 T16384; slower below the rule (0.871x at B2 T32768 HV32, 0.895x at H2/HV8 B8, ~0.45x at
+                   B1), where fewer CTAs than SMs run its ~4 us chunk steps.
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
                    GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a
@@ -260,8 +265,12 @@ class _Settings:
         return _on_unless_off("LINATTN_GDN_GLUON_BV16")
 
     @property
-    def gdn_gluon_gf128(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_GF128")
+    def gdn_gluon_gf128(self) -> str:
+        """"on", "off" (LINATTN_GDN_GLUON_GF128 set) or "auto" (unset: chunk_fused_gf.gf_wanted decides by shape)."""
+        value = os.environ.get("LINATTN_GDN_GLUON_GF128", "").strip().lower()
+        if value == "":
+            return "auto"
+        return "on" if value in ("1", "true", "yes", "on") else "off"
 
     @property
     def gdn_gluon_segments(self) -> bool:

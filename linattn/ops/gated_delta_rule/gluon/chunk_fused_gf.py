@@ -1,5 +1,6 @@
 """Stages 2b + 3 + 4 of the GDN forward at BV = 128 (one CTA per sequence and value head) in the gate-free form, one
-warp-specialised Gluon kernel (sm_90a; opt-in LINATTN_GDN_GLUON_GF128=1; design and budgets: benchmarks/GLUON_BV128.md).
+warp-specialised Gluon kernel (sm_90a; the gluon forward's default since round 22 where gf_wanted holds,
+LINATTN_GDN_GLUON_GF128 "1" always / "0" never; design, budgets and measurements: benchmarks/GLUON_BV128.md).
 
 Why: chunk_fused_wu_ws.py forms W = Tinv diag(beta e^gam) K, which does not depend on V, once per V block: at its
 BV = 32 / 64 every chunk's W is computed 4 / 2 times per head (OPT_LOG 21.5: the W/U warpgroup bounds the chain at
@@ -210,6 +211,14 @@ def gf_supported(q: torch.Tensor, v: torch.Tensor) -> tuple:
     if v.shape[-1] != GF_BV:
         return False, f"V={v.shape[-1]}: the gate-free kernel holds a whole value head of {GF_BV}"
     return True, ""
+
+
+def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
+    """Where the gate-free kernel is the default (LINATTN_GDN_GLUON_GF128 unset): at least 15/16 of a wave of
+    (sequence, value head) CTAs, N * HV * 16 >= 15 * SMs (124 on an H200). Its chunk step (~4 us at B1, H200) is
+    ~2.4x the BV=32 kernel's, bought back by doing a whole head's V (W once instead of per V block): H200, round 22
+    (83a788d): 1.074-1.111x at N * HV = 128 / 256 / 512 / 768, 0.871x / 0.895x at 64, ~0.45x at 32."""
+    return N * HV * 16 >= 15 * num_sms
 
 
 def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,

@@ -225,17 +225,23 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     run as the warp-specialised Gluon kernel (gluon/chunk_fused_ws.py; result's h and vnew None); with
     LINATTN_GDN_GLUON_FUSED_WU on (the default since round 15; "0" turns it off) W and U are formed inside that
     kernel instead (gluon/chunk_fused_wu_ws.py: kkt_solve, then the fused kernel; no wu_kernel); with the opt-in
-    LINATTN_GDN_GLUON_GF128=1 (and segments off) that kernel is the gate-free BV=128 one (gluon/chunk_fused_gf.py)."""
+    gate-free BV=128 kernel (gluon/chunk_fused_gf.py) where chunk_fused_gf.gf_wanted holds (default since round 22;
+    LINATTN_GDN_GLUON_GF128: "1" always, "0" never; segments off)."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
     if settings.gdn_gluon_fused_wu and not need_intermediates and state_pass is None:
         from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
         if chunk_fused_wu_ws.fused_wu_supported(q, v, beta, cu_seqlens)[0]:
             gf = None
-            if settings.gdn_gluon_gf128 and not settings.gdn_gluon_segments:
-                # opt-in: stages 2b+3+4 at BV=128 in the gate-free form (gluon/chunk_fused_gf.py; no segment launch)
+            if settings.gdn_gluon_gf128 != "off" and not settings.gdn_gluon_segments:
+                # stages 2b+3+4 at BV=128 in the gate-free form (gluon/chunk_fused_gf.py; no segment launch): by
+                # default where a wave of sequence-heads fills the GPU (gf_wanted), everywhere with "1"
                 from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf
-                if chunk_fused_gf.gf_supported(q, v)[0]:
+                from linattn.runtime.device import device_facts
+                N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+                wanted = settings.gdn_gluon_gf128 == "on" or chunk_fused_gf.gf_wanted(
+                    N, v.shape[2], device_facts(q.device).num_sms)
+                if wanted and chunk_fused_gf.gf_supported(q, v)[0]:
                     gf = chunk_fused_gf.chunk_fused_gf_gluon
             return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state,
                                                                           output_final_state, cu_seqlens,
