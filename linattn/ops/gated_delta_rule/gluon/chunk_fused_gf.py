@@ -46,7 +46,8 @@ GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is se
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_output, _wu_producer
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import ws_acc_layout, ws_smem_layout
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_barriers, _ws_barriers_invalidate, ws_acc_layout,
+                                                                   ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
 
     @gluon.jit
@@ -159,19 +160,7 @@ if GLUON_OK:
         s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
         v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
         vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)             # state + output partitions
-        for i in gl.static_range(NPUB):
-            mbarrier.init(s_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(pub_empty.index(i), count=1)
-        fence_async_shared()                                     # barrier inits visible to the async proxy
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # empty: state + output partitions
 
         gl.warp_specialize(
             [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
@@ -182,14 +171,7 @@ if GLUON_OK:
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
                              0, K, V, BT, BV, STAGES))],
             worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
-
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-            mbarrier.invalidate(empty.index(i))
-        for i in gl.static_range(NPUB):
-            mbarrier.invalidate(s_full.index(i))
-            mbarrier.invalidate(v_full.index(i))
-            mbarrier.invalidate(pub_empty.index(i))
+        _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
 
 
 # ---------------------------------------------------------------------------------------------------- launcher

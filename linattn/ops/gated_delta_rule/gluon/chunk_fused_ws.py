@@ -261,6 +261,36 @@ if GLUON_OK:
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
             _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO, o_lo, WARM)
 
+    # ------------------------------------------------------------------ barriers (also chunk_fused_gf.py's)
+    @gluon.jit
+    def _ws_barriers(STAGES: gl.constexpr, NPUB: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The ring's ready[STAGES] (count 1 + tx) and empty[STAGES] (count CONSUMERS) and the published pairs'
+        s_full, v_full, pub_empty[NPUB] (count 1), allocated and initialised, the inits fenced for the async proxy."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        for i in gl.static_range(NPUB):
+            mbarrier.init(s_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(pub_empty.index(i), count=1)
+        fence_async_shared()                                     # barrier inits visible to the async proxy
+        return ready, empty, s_full, v_full, pub_empty
+
+    @gluon.jit
+    def _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES: gl.constexpr, NPUB: gl.constexpr):
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(NPUB):
+            mbarrier.invalidate(s_full.index(i))
+            mbarrier.invalidate(v_full.index(i))
+            mbarrier.invalidate(pub_empty.index(i))
+
     # ------------------------------------------------------------------ the kernel
     @gluon.jit
     def chunk_fused_ws_kernel(
@@ -285,19 +315,7 @@ if GLUON_OK:
         s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
         v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], u_desc.layout)
         vn_s = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)             # state partition + output partition
-        for i in gl.static_range(NPUB):
-            mbarrier.init(s_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(pub_empty.index(i), count=1)
-        fence_async_shared()                                     # barrier inits visible to the async proxy
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # empty: state + output partitions
 
         gl.warp_specialize(
             [(_ws_state, (k_s, w_s, u_s, ready, empty, None, None, s_pub, v_pub, vn_s, s_full, v_full, pub_empty,
@@ -309,14 +327,7 @@ if GLUON_OK:
              (_ws_producer, (q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, ready, empty, nchunks, bos, hv, hk,
                              vb, K, V, BT, BV, STAGES))],
             worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
-
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-            mbarrier.invalidate(empty.index(i))
-        for i in gl.static_range(NPUB):
-            mbarrier.invalidate(s_full.index(i))
-            mbarrier.invalidate(v_full.index(i))
-            mbarrier.invalidate(pub_empty.index(i))
+        _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
 
 
 # ---------------------------------------------------------------------------------------------------- launcher
