@@ -9,7 +9,7 @@ import torch
 from linattn.runtime.aot import inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
-from test_gluon_fused_wu import SMEM_LIMIT_SM90, _buffers, _inputs    # tests/ is on sys.path
+from test_gluon_fused_wu import SMEM_LIMIT_SM90, _buffers, _inputs, op_against_triton_forward  # tests/ on sys.path
 
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
@@ -126,7 +126,6 @@ def test_gf_switch(device, monkeypatch):
         pytest.skip("CPU stand-in check")
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf, chunk_fused_wu_ws
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     from linattn.runtime.device import device_facts
     from linattn.runtime.settings import settings
     from linattn.testing import rel_rms
@@ -154,10 +153,7 @@ def test_gf_switch(device, monkeypatch):
         assert settings.gdn_gluon_gf128 == {"1": "on", "0": "off", None: "auto"}[switch]
         gf_calls.clear()
         wu_calls.clear()
-        x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=7)
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
-        ref = chunk_gated_delta_rule_fwd(*args)
-        o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
+        o, final, ref = op_against_triton_forward(seed=7)
         assert (len(gf_calls), len(wu_calls)) == ((1, 0) if want == "gf" else (0, 1)), (switch, segments)
         assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
 

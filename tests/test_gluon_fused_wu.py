@@ -688,6 +688,16 @@ def test_switch_is_on_by_default(monkeypatch):
     assert "LINATTN_GDN_GLUON_FUSED_WU" in settings_mod.__doc__
 
 
+def op_against_triton_forward(seed: int):
+    """The op linattn::chunk_gdn_fwd_gluon (o and final) and the Triton forward (its FwdResult) on one varlen call
+    with 1-token sequences, H1/HV2, bf16, initial state: the switch tests' common call."""
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=seed)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
+    o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
+    return o, final, chunk_gated_delta_rule_fwd(*args)
+
+
 def test_switch_takes_the_fused_wu_path(device, monkeypatch):
     """LINATTN_GDN_GLUON_FUSED_WU unset (the default) or "1": the op linattn::chunk_gdn_fwd_gluon (o and final only)
     goes through chunk_gated_delta_rule_fwd_fused_wu: one fused-wu launch (model stand-in), o and final as the
@@ -696,7 +706,6 @@ def test_switch_takes_the_fused_wu_path(device, monkeypatch):
         pytest.skip("CPU stand-in check")
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_ws, chunk_fused_wu_ws
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     from linattn.testing import rel_rms
     calls, ws_calls = [], []
 
@@ -718,10 +727,7 @@ def test_switch_takes_the_fused_wu_path(device, monkeypatch):
             monkeypatch.setenv("LINATTN_GDN_GLUON_FUSED_WU", switch)
         calls.clear()
         ws_calls.clear()
-        x, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=5)
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, cu)
-        ref = chunk_gated_delta_rule_fwd(*args)
-        o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*args, "wgmma")
+        o, final, ref = op_against_triton_forward(seed=5)
         assert (len(calls), len(ws_calls)) == ((1, 0) if on else (0, 1)), switch
         assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
 
