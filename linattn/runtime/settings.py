@@ -154,6 +154,15 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _on_off_auto(name: str) -> str:
+    """A three-way switch: "auto" when unset (the code decides by shape), "on" for "1", "true", "yes" or "on", else
+    "off"."""
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return "auto"
+    return "on" if value in ("1", "true", "yes", "on") else "off"
+
+
 def _on_unless_off(name: str) -> bool:
     """A switch that is on by default: "0", "off", "false" or "no" turns it off."""
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
@@ -215,10 +224,7 @@ class _Settings:
     @property
     def gdn_gluon_bwd_state(self) -> str:
         """"on", "off" (LINATTN_GDN_GLUON_BWD_STATE set) or "auto" (unset: gluon/backend.py decides by shape)."""
-        value = os.environ.get("LINATTN_GDN_GLUON_BWD_STATE", "").strip().lower()
-        if value == "":
-            return "auto"
-        return "on" if value in ("1", "true", "yes", "on") else "off"
+        return _on_off_auto("LINATTN_GDN_GLUON_BWD_STATE")
 
     @property
     def gdn_gluon_bwd_dh(self) -> bool:
@@ -267,10 +273,7 @@ class _Settings:
     @property
     def gdn_gluon_gf128(self) -> str:
         """"on", "off" (LINATTN_GDN_GLUON_GF128 set) or "auto" (unset: chunk_fused_gf.gf_wanted decides by shape)."""
-        value = os.environ.get("LINATTN_GDN_GLUON_GF128", "").strip().lower()
-        if value == "":
-            return "auto"
-        return "on" if value in ("1", "true", "yes", "on") else "off"
+        return _on_off_auto("LINATTN_GDN_GLUON_GF128")
 
     @property
     def gdn_gluon_segments(self) -> bool:
