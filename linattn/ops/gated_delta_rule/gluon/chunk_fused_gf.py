@@ -133,8 +133,7 @@ if GLUON_OK:
             bet = bet_n
             gam_last = gam_last_n
         if STORE_HT:
-            # the row index in int32 (N * HV <= 65535: the grid), widened after: an int64 base computed before the
-            # loop stayed live through it and spilled 8 bytes
+            # the row index in int32 (N * HV <= 65535: the grid), widened for the element offset
             gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
 
     @gluon.jit
