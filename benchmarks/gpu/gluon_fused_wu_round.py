@@ -35,6 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)                                       # common, case_watchdog
 sys.path.insert(1, ROOT)                                       # linattn from this checkout
+# this round gates and times the W/U kernel: where the gate-free BV=128 kernel is the default (round 22: a wave of
+# sequence-heads, e.g. B8 at HV32) the public forward would run that one instead (its gate: the gluon step with
+# LINATTN_GDN_GLUON_GF128=1); the children inherit the setting
+os.environ.setdefault("LINATTN_GDN_GLUON_GF128", "0")
 import torch  # noqa: E402
 from case_watchdog import child_env, child_loop, script_cmd, watch_cases  # noqa: E402
 from common import median_ms, round_result, write_json  # noqa: E402
