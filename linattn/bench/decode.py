@@ -72,17 +72,24 @@ def _common(inp: Dict) -> Dict:
     return {n: inp[n] for n in ("q", "k", "v", "g", "beta")}
 
 
+def _outs(shape: Dict) -> tuple:
+    """The outputs compared: o, and the new final state in FLA's mode (in pool mode the states are in the pool)."""
+    return ("o",) if shape["pool"] else ("o", "final_state")
+
+
+def _ours_kwargs(shape: Dict, inp: Dict) -> Dict:
+    state = (dict(initial_state=inp["pool"], state_indices=inp["idx"], inplace=True) if shape["pool"]
+             else dict(initial_state=inp["h0"], output_final_state=True))
+    return dict(_common(inp), **state)
+
+
 def _ours_args(shape: Dict):
     def args(inp: Dict, mode: str):
-        kw = _common(inp)
         if shape["pool"]:
             # the set's slots back to its start states, so that every backend's check call (the first call after
             # args) starts where the first backend's did; timed calls then keep updating the pool in place
             inp["pool"][inp["idx"].long()] = inp["h0"]
-            kw.update(initial_state=inp["pool"], state_indices=inp["idx"], inplace=True)
-        else:
-            kw.update(initial_state=inp["h0"], output_final_state=True)
-        return kw, (), ()
+        return _ours_kwargs(shape, inp), (), ()
     return args
 
 
@@ -91,8 +98,7 @@ def _prepare_ours(name: str, shape: Dict, inputs: Dict) -> Runner:
     from linattn.backends import op_backends
     from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule
     reg = op_backends(OP)
-    kw = dict(_common(inputs), **(dict(initial_state=inputs["pool"], state_indices=inputs["idx"], inplace=True)
-                                   if shape["pool"] else dict(initial_state=inputs["h0"], output_final_state=True)))
+    kw = _ours_kwargs(shape, inputs)
     if name == "auto":
         try:
             picked = reg.select("auto", **kw).name
@@ -106,10 +112,9 @@ def _prepare_ours(name: str, shape: Dict, inputs: Dict) -> Runner:
         how = f"backend={name!r}"
     else:
         raise Unavailable(f"not registered for {OP} (registered: {reg.names()})")
-    outs = ("o",) if shape["pool"] else ("o", "final_state")
     notes = [how + (", pool updated in place" if shape["pool"] else ", FLA's mode (new final state)")]
-    return Runner(name, lambda **a: fused_recurrent_gated_delta_rule(**a, backend=name), _ours_args(shape), outs, (),
-                  notes=notes)
+    return Runner(name, lambda **a: fused_recurrent_gated_delta_rule(**a, backend=name), _ours_args(shape),
+                  _outs(shape), (), notes=notes)
 
 
 def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
@@ -119,8 +124,7 @@ def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
     def args(inp, mode):
         kw = {n: t.double() for n, t in _common(inp).items()}
         return dict(kw, initial_state=inp["h0"].double(), output_final_state=True), (), ()
-    outs = ("o",) if shape["pool"] else ("o", "final_state")
-    return Runner("reference", fused_recurrent_reference, args, outs, (), notes=["fp64, from the start states"])
+    return Runner("reference", fused_recurrent_reference, args, _outs(shape), (), notes=["fp64, from the start states"])
 
 
 def _prepare_fla(shape: Dict, inputs: Dict) -> Runner:
@@ -132,8 +136,7 @@ def _prepare_fla(shape: Dict, inputs: Dict) -> Runner:
 
     def args(inp, mode):
         return dict(_common(inp), initial_state=inp["h0"], output_final_state=True), (), ()
-    outs = ("o",) if shape["pool"] else ("o", "final_state")
-    return Runner("fla", lambda **kw: fla_decode(**kw), args, outs, (), family="peer",
+    return Runner("fla", lambda **kw: fla_decode(**kw), args, _outs(shape), (), family="peer",
                   notes=[f"fla {getattr(fla, '__version__', '?')} fused_recurrent_gated_delta_rule: its own mode "
                          "(h0 -> a new final state; no pool)" if shape["pool"] else
                          f"fla {getattr(fla, '__version__', '?')} fused_recurrent_gated_delta_rule"])

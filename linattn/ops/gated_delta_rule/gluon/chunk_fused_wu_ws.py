@@ -797,7 +797,7 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         S = torch.zeros(K, BV)
                     for c in range(nch):
                         t0 = bos + c * BT
-                        gam, _, gam_last = gates(t0, eos, hv)
+                        gam, bet, gam_last = gates(t0, eos, hv)
                         j = c % npub
                         yield pub_empty[j], ((c // npub) & 1) ^ 1
                         s_pub[j] = S.to(dt)
@@ -806,7 +806,6 @@ def emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan
                         yield ready[st], (c // stages) & 1
                         valid = ((t0 + r_t) < eos)[:, None]
                         if gate_free:
-                            bet = gates(t0, eos, hv)[1]
                             ks = ring[st]["k"].to(f32) @ s_pub[j].to(f32)
                             x = torch.where(valid, bet[:, None] * (ring[st]["v"].to(f32)
                                                                    - torch.exp(gam)[:, None] * ks), 0.).to(dt)
