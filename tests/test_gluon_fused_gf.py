@@ -120,8 +120,8 @@ def test_gf_wanted():
 def test_gf_switch(device, monkeypatch):
     """LINATTN_GDN_GLUON_GF128 unset (the default: gf_wanted, which every call meets on a 2-SM CPU host) or "1": the op
     linattn::chunk_gdn_fwd_gluon runs its fused pass through chunk_fused_gf_gluon (a model stand-in here), o and final
-    as the Triton forward's; "0", or "1" with LINATTN_GDN_GLUON_SEGMENTS=1 (the gate-free kernel has no segment
-    launch), never."""
+    as the Triton forward's; "0", or "1" with LINATTN_GDN_GLUON_SEGMENTS=1 (the W/U kernel's opt-in segment-parallel
+    forward, which keeps the W/U kernel for this varlen call), never."""
     if device != "cpu":
         pytest.skip("CPU stand-in check")
     from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
@@ -158,9 +158,11 @@ def test_gf_switch(device, monkeypatch):
         assert rel_rms(o, ref.o) < 3e-3 and rel_rms(final, ref.final_state) < 3e-3
 
 
-def test_gf_refuses_segments():
+def test_gf_refuses_a_selection_without_segment_words():
+    """The gate-free kernel reads a selection only with segment words (its segment launch); the unsegmented pairs of
+    the segment-parallel forward run on the W/U kernel."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import chunk_fused_gf_gluon, gf_supported
-    with pytest.raises(ValueError, match="no segment launch"):
+    with pytest.raises(ValueError, match="only with segment words"):
         chunk_fused_gf_gluon(*([None] * 11), select=torch.zeros(2, dtype=torch.int32))
     assert gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 128))[0]
     ok, why = gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 64))
