@@ -167,3 +167,123 @@ def test_gf_refuses_a_selection_without_segment_words():
     assert gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 128))[0]
     ok, why = gf_supported(torch.empty(1, 1, 1, 128), torch.empty(1, 1, 2, 64))
     assert not ok and "V=64" in why
+
+
+GF_WARM = "gdn_fwd_fused_gf_gluon_bf16_bv128_warm"
+
+
+@needs_gluon
+def test_gf_segment_build():
+    """The segment launch's build (seg_ptr and sel_ptr): as the plain build, 0 spill and no local memory (a pair the
+    selection skips runs no chunk instead of returning early: the early return spilled 8 bytes), the same wgmma
+    shapes and shared memory."""
+    rep = inspect_kernel(kernels()[GF_WARM])
+    plain = inspect_kernel(kernels()[GF_NAMES[0]])
+    assert not rep.missing, rep.missing
+    assert rep.spill_bytes == 0 and rep.families["STL"] == 0 and rep.families["LDL"] == 0, (rep.spill_bytes, rep.sass)
+    assert rep.num_warps == 12 and rep.smem == plain.smem
+    assert {k: v for k, v in rep.sass.items() if k.startswith("HGMMA")} == \
+        {k: v for k, v in plain.sass.items() if k.startswith("HGMMA")}
+
+
+@needs_gluon
+def test_gf_segment_launch_matches_aot_signature():
+    """fused_gf_launch with segment words and the per-sequence selection mangles to the warm build's signature; one
+    CTA per (segment, value head); a selection of the wrong shape is refused."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_gf_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import fused_gf_launch
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    plan, bufs = _buffers(1, 4096, 16, 32)
+    splan = segment_plan(1, 4096, 4, 16, "cpu")
+    seg = torch.zeros(4, 32, dtype=torch.int32)
+    sel = torch.zeros(1, 32, dtype=torch.int32)
+    kernel, grid, args, kwargs = fused_gf_launch(*bufs, splan, 128 ** -0.5, select=sel, seg=seg)
+    sig = fused_gf_signature("bf16", select=True, warm=True)
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert grid == (4 * 32,)
+    with pytest.raises(ValueError, match="with segment words it is"):
+        fused_gf_launch(*bufs, splan, 128 ** -0.5, select=torch.zeros(4 * 32, dtype=torch.int32), seg=seg)
+
+
+def test_gf_segment_plan():
+    """One wave of CTAs (B * HV * S <= SMs), no segment under GF_SEG_MIN_CHUNKS chunks, none empty; no split where
+    fewer than two segments result."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import GF_SEG_MIN_CHUNKS, gf_segment_plan
+    assert GF_SEG_MIN_CHUNKS == 16
+    assert gf_segment_plan(1, 65536, 32, 132) == (4, 256)
+    assert gf_segment_plan(1, 8192, 32, 132) == (4, 32)
+    assert gf_segment_plan(2, 32768, 32, 132) == (2, 256)
+    assert gf_segment_plan(1, 65536, 8, 132) == (16, 64)
+    assert gf_segment_plan(1, 8192, 8, 132) == (8, 16)
+    assert gf_segment_plan(1, 2048 + 64, 32, 132) == (2, 17)          # 33 chunks: 17 + 16
+    assert gf_segment_plan(1, 2047, 32, 132) == (2, 16)               # 32 chunks (the last one short)
+    assert gf_segment_plan(1, 70000, 4, 132) == (33, 34)              # 1094 chunks, 33 segments: 132 CTAs
+    for B, T, HV in ((1, 65536, 32), (2, 32768, 32), (1, 8192, 8), (3, 5000, 16), (1, 70000, 4)):
+        S, L = gf_segment_plan(B, T, HV, 132)
+        nch = -(-T // 64)
+        assert S >= 2 and B * HV * S <= 132 and L >= GF_SEG_MIN_CHUNKS and (S - 1) * L < nch <= S * L, (B, T, HV)
+    for B, T, HV in ((4, 65536, 32), (8, 4096, 32), (1, 1984, 32), (1, 1, 32), (3, 65536, 32)):
+        assert gf_segment_plan(B, T, HV, 132) == (1, -(-T // 64)), (B, T, HV)
+
+
+def test_gf_segments_switch(device, monkeypatch):
+    """LINATTN_GDN_GLUON_GF_SEGMENTS "1": a fixed-length call whose segment plan splits runs the segment launch on the
+    gate-free kernel (seg and select given: model stand-in) and the unsegmented pairs' launch on the W/U kernel
+    (select only), o and final within TOL of the fp64 recurrence; unset (GF_SEGMENTS_AUTO off), "0", a varlen call, or
+    LINATTN_GDN_GLUON_SEGMENTS=1 (the W/U kernel's own segments): no gate-free segment launch. The plan's minimum
+    segment length is lowered to 2 chunks so that a CPU-sized sequence splits (B1 T260: 2 segments of 3 chunks)."""
+    if device != "cpu":
+        pytest.skip("CPU stand-in check")
+    from linattn.ops.gated_delta_rule.gluon import backend  # noqa: F401  (registers the op)
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf, chunk_fused_wu_ws
+    from linattn.ops.gated_delta_rule.reference import naive_recurrent
+    from linattn.testing import TOL, rel_rms
+    calls = []
+
+    def gf_stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
+        calls.append(("gf", select is not None, seg is not None))
+        chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=128, stages=2,
+                                              npub=1, out_pipe=True, gate_free=True, select=select, seg=seg)
+
+    def wu_stand_in(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, config=None, select=None, seg=None):
+        calls.append(("wu", select is not None, seg is not None))
+        chunk_fused_wu_ws.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2,
+                                              select=select, seg=seg)
+    monkeypatch.setattr(chunk_fused_gf, "chunk_fused_gf_gluon", gf_stand_in)
+    monkeypatch.setattr(chunk_fused_wu_ws, "chunk_fused_wu_ws_gluon", wu_stand_in)
+    monkeypatch.setattr(chunk_fused_gf, "GF_SEG_MIN_CHUNKS", 2)
+    for var in ("LINATTN_GDN_GLUON_FUSED_WU", "LINATTN_GDN_GLUON_GF128"):
+        monkeypatch.delenv(var, raising=False)
+    assert chunk_fused_gf.gf_segment_plan(1, 260, 2, 132) == (2, 3)
+    x, _ = _inputs(1, 260, None, torch.bfloat16, True, seed=11)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, None)
+    xv, cu = _inputs(1, 150, [1, 80, 69], torch.bfloat16, True, seed=11)
+    vargs = (xv["q"], xv["k"], xv["v"], xv["g"], xv["beta"], 128 ** -0.5, xv["initial_state"], True, cu)
+
+    def fp64(a):
+        return naive_recurrent(*(t.double() for t in a[:5]), scale=a[5], initial_state=a[6].double(),
+                               output_final_state=True, cu_seqlens=a[8])
+    refs = {False: fp64(args), True: fp64(vargs)}
+    for switch, wu_segments, varlen, want in (("1", None, False, [("wu", True, False), ("gf", True, True)]),
+                                              (None, None, False, [("gf", False, False)]),
+                                              ("0", None, False, [("gf", False, False)]),
+                                              ("1", None, True, [("gf", False, False)]),
+                                              ("1", "1", False, [("wu", True, False), ("wu", True, True)])):
+        for var, val in (("LINATTN_GDN_GLUON_GF_SEGMENTS", switch), ("LINATTN_GDN_GLUON_SEGMENTS", wu_segments)):
+            if val is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, val)
+        if wu_segments:       # the W/U kernel's segment plan: segments of 2 chunks (plan_segments: >= 4 of them)
+            monkeypatch.setattr(chunk_fused_wu_ws, "segments_wanted", lambda *a: (3, 2))
+        calls.clear()
+        o, final = torch.ops.linattn.chunk_gdn_fwd_gluon(*(vargs if varlen else args), "wgmma")
+        assert sorted(calls) == sorted(want), (switch, wu_segments, varlen, calls)
+        o64, f64 = refs[varlen]
+        tol = TOL[torch.bfloat16]
+        assert torch.isfinite(o).all() and torch.isfinite(final).all()
+        assert rel_rms(o, o64) < tol and rel_rms(final, f64) < tol, (switch, wu_segments, varlen)

@@ -8,8 +8,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = os.path.join(REPO, "benchmarks", "gpu")
 
 
-def _run(args, tmp_path, timeout=600):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO)
+def _run(args, tmp_path, timeout=600, **extra_env):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO, **extra_env)
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -99,6 +99,18 @@ def test_segments_round_dry_run(tmp_path):
     assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
     assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
     assert rows["fast"]["o_vs_unsegmented"] < 3e-4
+
+
+def test_segments_round_gf_dry_run(tmp_path):
+    """SEG_KIND=gf: the gate-free kernel's segment launch (its schedule model) next to the W/U kernel's model for the
+    unsegmented pairs: every row runs and passes its fp64 check; slow decay sends both heads to the W/U launch (o and
+    final equal to the unsegmented forward's, which runs the W/U model too), mixed one of two, fast none."""
+    _run([os.path.join(GPU, "segments_round.py"), "--dry", "--out", str(tmp_path)], tmp_path, SEG_KIND="gf")
+    rows = {r["decay"]: r for r in json.loads((tmp_path / "segments_gf_round.json").read_text())["rows"]}
+    assert all("error" not in r and r["finite"] and r["passed"] and r["kind"] == "gf" for r in rows.values()), rows
+    assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
+    assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
+    assert all(rows[d]["err_o_vs_fp64"] < rows[d]["tol"] for d in rows)
 
 
 def test_segments_timeline_summary():

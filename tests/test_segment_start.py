@@ -289,3 +289,57 @@ def test_forward_with_segments(B, T, S, L, h0, decay):
             assert rel_rms(res.o[:, :, hv], ref.o[:, :, hv]) < 3e-4, hv
             assert rel_rms(res.final_state[:, hv], ref.final_state[:, hv]) < 1e-5, hv
     assert res.final_state.shape == (B, 2, 128, 128)
+
+
+def _forward_gf(x, segments, seed, plain="gf"):
+    """The forward with the gate-free kernel's segment launch (the schedule model with gate_free at BV = 128, a
+    2-stage ring and one published buffer, seg and select) and the unsegmented pairs on the W/U kernel's model at the
+    BV = 32 default (WU_AREG, OUT_PIPE, select); segments None: the plain forward on `plain` ("gf" or "wu")."""
+    def wu(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
+        assert seg is None
+        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=32, stages=3,
+                               seed=seed, areg=True, out_pipe=True, select=select)
+
+    def gf(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
+        assert (seg is None) == (segments is None)
+        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=128, stages=2,
+                               npub=1, seed=seed, out_pipe=True, gate_free=True, select=select, seg=seg)
+    with poisoned_allocations():
+        return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
+                                                      x["initial_state"], True, None,
+                                                      fused_pass=gf if segments is None and plain == "gf" else wu,
+                                                      segments=segments,
+                                                      segment_pass=gf)
+
+
+@pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
+                                               (1, 700, 4, 3, True, "steep"), (1, 700, 4, 3, True, "slow"),
+                                               (2, 700, 4, 3, True, "mixed")])
+def test_forward_with_gf_segments(B, T, S, L, h0, decay):
+    """The gate-free kernel's segment launch (LINATTN_GDN_GLUON_GF_SEGMENTS): each segment's chain from its window's
+    first chunk in the gate-free form, o stored from the segment's first row, the flagged pairs on the W/U kernel's
+    model. o and the final state within TOL of the fp64 recurrence; segmented heads next to equal to the plain
+    gate-free forward (the bounds of test_forward_with_segments: a truncation of e^-20 can flip a 16-bit rounding of
+    the published state), unsegmented heads bit-equal to the plain W/U forward (the same model and roundings)."""
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")
+    if decay == "slow":
+        x["g"] = x["g"] * 0.01
+    elif decay == "mixed":
+        x["g"][..., 1] = 0.
+    res = _forward_gf(x, (S, L), seed)
+    ref_gf = _forward_gf(x, None, seed)
+    ref_wu = _forward_gf(x, None, seed, plain="wu") if decay in ("slow", "mixed") else None
+    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
+                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
+                               output_final_state=True)
+    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
+    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16], seed
+    unseg = {"fast": [], "steep": [], "slow": [0, 1], "mixed": [1]}[decay]
+    for hv in range(2):
+        if hv in unseg:
+            assert torch.equal(res.o[:, :, hv], ref_wu.o[:, :, hv]) and torch.equal(res.final_state[:, hv],
+                                                                                    ref_wu.final_state[:, hv])
+        else:
+            assert rel_rms(res.o[:, :, hv], ref_gf.o[:, :, hv]) < 3e-4, (hv, seed)
+            assert rel_rms(res.final_state[:, hv], ref_gf.final_state[:, hv]) < 1e-5, (hv, seed)

@@ -1,9 +1,11 @@
-"""The segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1) against the same forward without segments,
+"""The segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1; with SEG_KIND=gf the gate-free kernel's
+segment launch, LINATTN_GDN_GLUON_GF_SEGMENTS=1, its rows and H2/HV8 rows) against the same forward without segments,
 in one process on the H200: per row (B, T, decay) the forward with and without segments on the same inputs (CUDA-graph
 replay of one api call, backend="gluon"), their o and final-state distance, and how many
 (sequence, head) pairs the window kernel sent unsegmented (flagged: slow decay). Decays: "fast" (make_gdn_inputs'
 gates), "slow" (g x 0.01 on every head: every head unsegmented), "mixed" (g x 0.01 on the odd value heads).
-Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round times.
+Correctness against fp64 is the Gluon gate's (gdn_gluon_round.py with the switch on); this round also checks each
+row's segmented o and final state against the fp64 chunk reference (slow and mixed decay are not in the gate).
 
 Usage: python3 benchmarks/gpu/segments_round.py --out DIR [--dry | --timeline]  (--dry: CPU, tiny shapes, the fused
 kernel's schedule model in place of the Gluon launch, to exercise this script's logic; --timeline: the kernels of one
@@ -16,8 +18,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cuda_profile, graph_ms, median_ms, round_result, write_json  # noqa: E402
 
+KIND = os.environ.get("SEG_KIND", "wu")       # "wu": the W/U kernel's segments; "gf": the gate-free kernel's
+SWITCH = {"wu": "LINATTN_GDN_GLUON_SEGMENTS", "gf": "LINATTN_GDN_GLUON_GF_SEGMENTS"}[KIND]
 ROWS = [(1, 8192, "fast"), (1, 16384, "fast"), (1, 32768, "fast"), (1, 65536, "fast"), (2, 32768, "fast"),
         (1, 65536, "slow"), (1, 65536, "mixed"), (1, 16384, "slow")]
+if KIND == "gf":   # H2/HV8 B1 (the W/U kernel at BV=16 by default): 16 segments of 64 chunks at T65536
+    ROWS += [(1, 8192, "fast", 2, 8), (1, 65536, "fast", 2, 8), (1, 65536, "mixed", 2, 8)]
 DRY_ROWS = [(1, 64 * 12, "fast"), (1, 64 * 12, "slow"), (1, 64 * 12, "mixed")]
 
 
@@ -45,6 +51,18 @@ def unsegmented_pairs(x, S, L):
     return int(slow.sum()), B * HV
 
 
+def seg_plan(B, T, HV, device, dry):
+    """(S, L) with the switch of SEG_KIND on."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    os.environ[SWITCH] = "1"
+    if dry:
+        return 4, 3
+    if KIND == "gf":
+        return chunk_fused_gf.gf_segments_wanted(B, T, HV, None, device)
+    return fw.segments_wanted(B, T, HV, 128, None, device)
+
+
 def launches_apart(x, S, L):
     """The segment-parallel forward's two fused launches on prepared inputs (kkt_solve and the window kernel done
     once): the unsegmented heads' launch alone, the segment launch alone, both as the forward runs them (side stream
@@ -52,9 +70,11 @@ def launches_apart(x, S, L):
     whether the two launches get in each other's way (both > max of the two alone) at mixed decay."""
     import torch
 
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
+    seg_pass = chunk_fused_gf.chunk_fused_gf_gluon if KIND == "gf" else fw.chunk_fused_wu_ws_gluon
     q, k, v, beta, h0 = x["q"], x["k"], x["v"], x["beta"], x["initial_state"]
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -70,9 +90,9 @@ def launches_apart(x, S, L):
         fw.chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=slow)
 
     def seg_run():
-        fw.chunk_fused_wu_ws_gluon(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-                                   beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0, final,
-                                   splan, scale, select=slow, seg=segw)
+        seg_pass(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+                 beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), h0, final, splan, scale,
+                 select=slow, seg=segw)
 
     def both():
         # as the forward issues them: the unsegmented launch on the high-priority side stream, the segment launch
@@ -92,16 +112,15 @@ def launches_apart(x, S, L):
                                                           ("both", both), ("serial", serial))}
 
 
-def row(B, T, decay, device, dry):
+def row(B, T, decay, device, dry, H=16, HV=32):
     import torch
 
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
-    from linattn.testing import rel_rms
-    x = inputs(B, T, decay, device, *((1, 2) if dry else ()))
+    from linattn.testing import TOL, rel_rms
+    x = inputs(B, T, decay, device, *((1, 2) if dry else (H, HV)))
     HV = x["v"].shape[2]
-    out = dict(B=B, T=T, decay=decay)
-    os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1"
-    S, L = (4, 3) if dry else fw.segments_wanted(B, T, HV, 128, None, device)
+    out = dict(B=B, T=T, H=x["q"].shape[2], HV=HV, decay=decay, kind=KIND)
+    S, L = seg_plan(B, T, HV, device, dry)
     out.update(S=S, L=L)
     if S <= 1:
         out["note"] = "no segments at this shape (plan_segments)"
@@ -113,12 +132,17 @@ def row(B, T, decay, device, dry):
             def fused(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
                 fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=64, stages=2,
                                        areg=True, select=select, seg=seg)
+
+            def gf_seg(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None, seg=None):
+                fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, BV=128, stages=2,
+                                       npub=1, out_pipe=True, gate_free=True, select=select, seg=seg)
             r = fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
                                                        x["initial_state"], True, None, fused_pass=fused,
-                                                       segments=(S, L) if segments else (1, 0))
+                                                       segments=(S, L) if segments else (1, 0),
+                                                       segment_pass=gf_seg if KIND == "gf" else None)
             return r.o, r.final_state
         from linattn import chunk_gated_delta_rule
-        os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = "1" if segments else "0"
+        os.environ[SWITCH] = "1" if segments else "0"
         return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
                                       output_final_state=True, backend="gluon")
 
@@ -126,6 +150,17 @@ def row(B, T, decay, device, dry):
     o_s, f_s = fwd(True)
     out.update(o_vs_unsegmented=rel_rms(o_s, o_b), final_vs_unsegmented=rel_rms(f_s, f_b),
                finite=bool(torch.isfinite(o_s).all() and torch.isfinite(f_s).all()))
+    if os.environ.get("SEG_FP64", "1") == "1":
+        from linattn.ops.gated_delta_rule.reference import chunk_reference
+        x64 = {k: (t.double() if t is not None else None) for k, t in x.items()}
+        with torch.no_grad():
+            ro, rh = chunk_reference(**x64, output_final_state=True)
+        del x64
+        tol = TOL[x["q"].dtype]
+        out.update(err_o_vs_fp64=rel_rms(o_s, ro), err_state_vs_fp64=rel_rms(f_s, rh),
+                   err_o_unsegmented_vs_fp64=rel_rms(o_b, ro), err_state_unsegmented_vs_fp64=rel_rms(f_b, rh), tol=tol)
+        out["passed"] = bool(out["finite"] and out["err_o_vs_fp64"] <= tol and out["err_state_vs_fp64"] <= tol)
+        del ro, rh
     if not dry:
         out["unsegmented_ms"] = graph_ms(lambda: fwd(False))
         out["segments_ms"] = graph_ms(lambda: fwd(True))
@@ -190,7 +225,7 @@ def timeline_row(B, T, decay, device) -> dict:
     x = inputs(B, T, decay, device)
     out = dict(B=B, T=T, decay=decay)
     for name, seg in (("unsegmented", "0"), ("segments", "1")):
-        os.environ["LINATTN_GDN_GLUON_SEGMENTS"] = seg
+        os.environ[SWITCH] = seg
         out[name] = kernel_timeline(lambda: chunk_gated_delta_rule(
             x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True,
             backend="gluon"))
@@ -208,11 +243,12 @@ def main():
     device = "cpu" if dry else "cuda"
     timeline = a.timeline and not dry
     res = round_result("segments_round.py", device, dry_run=dry, timeline=timeline, rows=[])
-    path = os.path.join(a.out, "segments_timeline.json" if timeline else "segments_round.json")
+    tag = "_gf" if KIND == "gf" else ""
+    path = os.path.join(a.out, f"segments{tag}_timeline.json" if timeline else f"segments{tag}_round.json")
     t0 = time.time()
-    for B, T, decay in (DRY_ROWS if dry else TIMELINE_ROWS if timeline else ROWS):
+    for B, T, decay, *heads in (DRY_ROWS if dry else TIMELINE_ROWS if timeline else ROWS):
         try:
-            r = timeline_row(B, T, decay, device) if timeline else row(B, T, decay, device, dry)
+            r = timeline_row(B, T, decay, device) if timeline else row(B, T, decay, device, dry, *heads)
         except Exception as e:  # noqa: BLE001
             r = dict(B=B, T=T, decay=decay, error=repr(e)[:600])
         print(r, flush=True)

@@ -94,6 +94,13 @@ LINATTN_GDN_GLUON_GF128 unset (default since round 22): the gluon forward's fuse
                    / 1.074x / 1.094x at H16/HV32 B8 T4096 / B4 T16384 / varlen24, 1.107x / 1.096x at H16/HV64 B8
                    T4096 / B4 T16384; slower below the rule (0.871x at B2 T32768 HV32, 0.895x at H2/HV8 B8, ~0.45x at
                    B1), where fewer CTAs than SMs run its ~4 us chunk steps.
+LINATTN_GDN_GLUON_GF_SEGMENTS "1" (opt-in): the gluon forward cuts each sequence of a fixed-length batch whose
+                   sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128 CTAs holds
+                   (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16 chunks),
+                   each started a gate-truncated warm-up early as LINATTN_GDN_GLUON_SEGMENTS's, and runs them on the
+                   gate-free kernel (gluon/chunk_fused_gf.py, seg_ptr); the (sequence, head) pairs the window kernel
+                   flags run unsegmented on the W/U kernel on a side stream. Not with LINATTN_GDN_GLUON_SEGMENTS=1 or
+                   LINATTN_GDN_GLUON_GF128=0.
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
                    GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a
@@ -274,6 +281,11 @@ class _Settings:
     def gdn_gluon_gf128(self) -> str:
         """"on", "off" (LINATTN_GDN_GLUON_GF128 set) or "auto" (unset: chunk_fused_gf.gf_wanted decides by shape)."""
         return _on_off_auto("LINATTN_GDN_GLUON_GF128")
+
+    @property
+    def gdn_gluon_gf_segments(self) -> str:
+        """"on", "off" (LINATTN_GDN_GLUON_GF_SEGMENTS set) or "auto" (unset: chunk_fused_gf.GF_SEGMENTS_AUTO)."""
+        return _on_off_auto("LINATTN_GDN_GLUON_GF_SEGMENTS")
 
     @property
     def gdn_gluon_segments(self) -> bool:

@@ -640,14 +640,12 @@ register(AotKernel(
 # ---- Stages 2b + 3 + 4 at BV = 128 in the gate-free form (gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; the
 # gluon forward's default since round 22 where chunk_fused_gf.gf_wanted holds): one CTA per (sequence, value head),
 # three partitions (state, output, TMA producer), Vnew = Tinv diag(beta) (V - diag(e^gam) K S) with no W and no U.
-def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32"):
-    sig = fused_wu_signature(dtype, 128, states=states, beta=beta)
-    for name in ("sel_ptr", "seg_ptr"):
-        sig.pop(name)
-    return sig
+def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", select: bool = False,
+                       warm: bool = False):
+    return fused_wu_signature(dtype, 128, states=states, beta=beta, select=select, warm=warm)
 
 
-def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True):
+def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
                                                                        GF_STAGES, PRODUCER_REGS,
@@ -655,7 +653,9 @@ def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True):
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
                      OUT_PIPE=out_pipe, SPLIT=GF_SPLIT)
-        sig = fused_gf_signature(dtype)
+        if not warm:                   # the segment launch has both, the plain launch neither
+            const.update(sel_ptr=None, seg_ptr=None)
+        sig = fused_gf_signature(dtype, select=warm, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
     return build
@@ -667,3 +667,12 @@ for _dt in ("bf16", "fp16"):
         description=f"GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form (no W, no U: Vnew = Tinv "
                     f"diag(beta) (V - diag(e^gam) K S)), warp-specialised Gluon (TMA producer warp, state warpgroup, "
                     f"output warpgroup with q k^T one chunk ahead), H16/HV32 K=V=128 {_dt}, 2-stage ring"))
+
+# The segment launch of the gate-free kernel (the segment-parallel forward at BV=128, chunk_fused_wu_ws._segments with
+# the gate-free segment plan): seg_ptr (segment words: the warm-up chunks run in the kernel, o not stored there, h0 /
+# the final state gated by the word) and sel_ptr indexed by the whole sequence (its pairs run unsegmented elsewhere).
+register(AotKernel(
+    "gdn_fwd_fused_gf_gluon_bf16_bv128_warm", _fused_gf_build("bf16", warm=True), FUSED_WU_INTENDED,
+    div16=FUSED_WU_DIV16 + ("sel_ptr", "seg_ptr"),
+    description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form, the segment launch with each "
+                "segment's warm-up in the kernel (seg_ptr, sel_ptr), H16/HV32 K=V=128 bf16, 2-stage ring"))

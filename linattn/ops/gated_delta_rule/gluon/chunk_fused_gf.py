@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
+from linattn.ops.gated_delta_rule.triton.segment_start import SEGW_H0, SEGW_LAST, SEGW_SEQ_SHIFT, SEGW_WL_MASK
 from linattn.runtime.gluon_compat import GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma
 
 GF_BV = 128
@@ -64,7 +65,10 @@ if GLUON_OK:
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  SPLIT: gl.constexpr, STATES_GATED: gl.constexpr = False, h0_on=1, ht_on=1):
+        """The state chain (module docstring). STATES_GATED (the segment launch, seg_ptr): h0 is loaded only where
+        h0_on != 0 (else the chain starts from 0), the final state stored only where ht_on != 0, and n is the whole
+        sequence's index (the h0 / final row), as chunk_fused_ws._ws_state's."""
         dt: gl.constexpr = k_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -76,7 +80,12 @@ if GLUON_OK:
         sv = gl.arange(0, BV, layout=COLS)
         state_off = gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
         if USE_H0:
-            s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
+            if STATES_GATED:
+                s = gl.zeros([K, BV], gl.float32, ACC)
+                if h0_on != 0:
+                    s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
+            else:
+                s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
         else:
             s = gl.zeros([K, BV], gl.float32, ACC)
         r_t = gl.arange(0, BT, layout=ROWS)
@@ -134,7 +143,11 @@ if GLUON_OK:
             gam_last = gam_last_n
         if STORE_HT:
             # the row index in int32 (N * HV <= 65535: the grid), widened for the element offset
-            gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
+            if STATES_GATED:
+                if ht_on != 0:
+                    gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
+            else:
+                gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
 
     @gluon.jit
     def chunk_fused_gf_kernel(
@@ -142,6 +155,9 @@ if GLUON_OK:
         beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
         h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr, scale,          # the chunk plan (triton/chunk_indices.py); scale
+        sel_ptr,                               # optional int32 (or None), read with seg_ptr only: [sequences * HV]
+                                               # indexed by the segment's sequence, its segments run where == 0
+        seg_ptr,                               # optional [N * HV] int32 (or None): segment words (segment_start.py)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
@@ -151,6 +167,30 @@ if GLUON_OK:
         dt: gl.constexpr = k_desc.dtype
         nh = gl.program_id(0)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
+        # the segment warm-up, as chunk_fused_wu_ws_kernel's: "sequence" n is a segment whose word gives the chain's
+        # start wl chunks early (from its sequence's h0 where the window reaches the sequence start, else from 0),
+        # whether it stores its sequence's final state (the last segment) and the sequence's index; no o row is
+        # stored before o_lo. The segments of a pair that sel_ptr sends to the other launch run no chunk and store
+        # no final state: an early return instead made ptxas keep two prologue values in local memory across the
+        # partitions' dispatch (8 bytes of spill, sm_90a AOT). sel_ptr is read only with seg_ptr.
+        WARM: gl.constexpr = seg_ptr is not None
+        o_lo = bos
+        state_n = n
+        h0_on = 1
+        ht_on = 1
+        if WARM:
+            word = gl.load(seg_ptr + nh)
+            state_n = word >> SEGW_SEQ_SHIFT
+            wl = word & SEGW_WL_MASK
+            bos = bos - wl * BT
+            nchunks = nchunks + wl
+            h0_on = word & SEGW_H0
+            ht_on = word & SEGW_LAST
+            if sel_ptr is not None:
+                # a segment of a (sequence, head) that runs unsegmented (the other launch) does nothing
+                if gl.load(sel_ptr + state_n * HV + hv) != 0:
+                    nchunks = 0
+                    ht_on = 0
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -163,10 +203,10 @@ if GLUON_OK:
 
         gl.warp_specialize(
             [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, HV, K, V, BT, BV, STAGES, NPUB, USE_H0,
-                          STORE_HT, SPLIT)),
+                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                          USE_H0, STORE_HT, SPLIT, WARM, h0_on, ht_on)),
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                           nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, bos, False)),
+                           nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
                              0, K, V, BT, BV, STAGES))],
             worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
@@ -202,15 +242,50 @@ def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
     return N * HV * 16 >= 15 * num_sms
 
 
+# The segment launch at BV=128 (LINATTN_GDN_GLUON_GF_SEGMENTS): at B1-B2 the gate-free kernel has one CTA per value
+# head (32-64 on 132 SMs) and a ~4 us chunk step; cut each sequence into as many segments as one wave of CTAs holds,
+# each started a gate-truncated warm-up early (triton/segment_start.py, as the W/U kernel's opt-in segments), and the
+# chain per CTA shortens by that factor. One wave, not more: every further wave pays a whole segment chain again.
+GF_SEG_MIN_CHUNKS = 16     # no segment shorter: a warm-up window (~3 chunks at production decay) stays <= ~20% of it
+GF_SEGMENTS_AUTO = False   # LINATTN_GDN_GLUON_GF_SEGMENTS unset: opt-in until the H200 gate and A/B say otherwise
+
+
+def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
+    """(S, L) of the gate-free segment launch for B sequences of T tokens: S = the segments per sequence that one wave
+    of B * HV * S CTAs holds, none shorter than GF_SEG_MIN_CHUNKS chunks, L = cdiv(chunks, S) (S recounted so that
+    no segment is empty); (1, chunks) where fewer than two segments result."""
+    nch = -(-max(T, 0) // BT)
+    S = min(num_sms // max(B * HV, 1), nch // GF_SEG_MIN_CHUNKS)
+    if S < 2:
+        return 1, nch
+    L = -(-nch // S)
+    return -(-nch // L), L
+
+
+def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device) -> tuple:
+    """(S, L) for the gluon forward (LINATTN_GDN_GLUON_GF_SEGMENTS: "1" wherever gf_segment_plan splits, "0" never,
+    unset as GF_SEGMENTS_AUTO), or (1, chunks): fixed-length batches only (the segment plan cuts equal sequences)."""
+    from linattn.runtime.device import device_facts
+    from linattn.runtime.settings import settings
+    nch = -(-max(T, 0) // BT)
+    mode = settings.gdn_gluon_gf_segments
+    if mode == "off" or (mode == "auto" and not GF_SEGMENTS_AUTO) or cu_seqlens is not None:
+        return 1, nch
+    facts = device_facts(device)
+    return gf_segment_plan(B, T, HV, facts.num_sms if facts.kind == "cuda" else 132)
+
+
 def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
-                    cfg: Optional[FusedGfConfig] = None):
+                    cfg: Optional[FusedGfConfig] = None, select: Optional[torch.Tensor] = None,
+                    seg: Optional[torch.Tensor] = None):
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_gf_kernel: the arguments of fused_wu_launch (the
-    same descriptors and pointers, v's box [BT, 128]) without a selection or segment words."""
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_args
+    same descriptors and pointers, v's box [BT, 128], the same selection select and segment words seg)."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_args, selection_args
     cfg = cfg or FusedGfConfig()
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
-    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV)
+    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + selection_args(
+        select, seg, plan.N, HV)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, num_warps=cfg.num_warps)
@@ -220,8 +295,11 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
                          select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
     """Stages 2b + 3 + 4 at BV = 128 in the gate-free form (a fused_pass for chunk_fused_wu_ws's whole forward):
-    writes o (and final when given). No segments: select / seg are refused."""
-    if select is not None or seg is not None:
-        raise ValueError("the gate-free BV=128 kernel has no segment launch (select / seg)")
-    kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
+    writes o (and final when given). With seg (segment words over the plan's segments), the segment launch of the
+    segment-parallel forward, select [sequences, HV] as chunk_fused_wu_ws_gluon's; select alone is refused (the
+    unsegmented pairs run on chunk_fused_wu_ws, whose chain is the shorter at few CTAs)."""
+    if select is not None and seg is None:
+        raise ValueError("the gate-free kernel takes a selection only with segment words (seg)")
+    kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale,
+                                                 select=select, seg=seg)
     kernel[grid](*args, **kwargs)

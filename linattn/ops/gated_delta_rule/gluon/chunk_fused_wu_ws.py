@@ -429,6 +429,14 @@ def _selection(t: Optional[torch.Tensor], n: Optional[int], name: str = "select"
     return t
 
 
+def selection_args(select: Optional[torch.Tensor], seg: Optional[torch.Tensor], N: int, HV: int) -> tuple:
+    """The kernels' (sel_ptr, seg_ptr), checked (_selection): without seg, select is [N, HV] over the plan's
+    sequences; with seg ([N, HV] segment words over the plan's segments), select is [sequences, HV]."""
+    if seg is not None and select is not None and (select.dim() != 2 or select.shape[1] != HV):
+        raise ValueError(f"select is {tuple(select.shape)}: with segment words it is [sequences, HV={HV}]")
+    return _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment")
+
+
 def fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int) -> tuple:
     """The kernel arguments up to scale shared by chunk_fused_wu_ws_kernel and chunk_fused_gf_kernel: TMA descriptors
     over q, k ([BT, K] boxes), v ([BT, BV]) and Tinv ([BT, BT]), then beta, gcum, o, the states, the plan, scale."""
@@ -468,10 +476,8 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
     N = plan.N
-    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + (
-        _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment"))
-    if seg is not None and select is not None and (select.dim() != 2 or select.shape[1] != HV):
-        raise ValueError(f"select is {tuple(select.shape)}: with segment words it is [sequences, HV={HV}]")
+    args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + selection_args(
+        select, seg, N, HV)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NWU=cfg.nwu, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   WU_REGS=cfg.wu_regs, PRODUCER_REGS=PRODUCER_REGS, WU_AREG=cfg.areg, OUT_PIPE=cfg.out_pipe,
@@ -544,7 +550,7 @@ def _side_stream(device) -> "torch.cuda.Stream":
 
 def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                                        fused_pass=None, segments=None):
+                                        fused_pass=None, segments=None, segment_pass=None):
     """The whole forward with this kernel: kkt_solve (stage 2a, Triton), then stages 2b + 3 + 4 in one launch.
     Same arguments as triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state,
     gcum and the plan (w, u, h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
@@ -557,7 +563,10 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     whose CTAs read their segment word (the warm-up length, h0 or 0, last segment or not); the others (slow decay
     somewhere) run unsegmented: one fused launch on the sequence plan, selected to them, on a side stream so that
     both run at once (no host synchronisation: the selection is read in the kernels). Both launches read h0 and
-    write the final state straight from / into the caller's tensors; _segments gives the order on the GPU."""
+    write the final state straight from / into the caller's tensors; _segments gives the order on the GPU.
+    segment_pass (same arguments as fused_pass, with select and seg) runs the segment launch in place of fused_pass:
+    the gate-free BV=128 kernel's segments (chunk_fused_gf.gf_segments_wanted; the unsegmented pairs stay on
+    fused_pass)."""
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
@@ -569,7 +578,8 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     if S > 1:
         if cu_seqlens is not None:
             raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-        o, final, gcum = _segments(run, q, k, v, g, beta, scale, initial_state, output_final_state, plan, S, L)
+        o, final, gcum = _segments(run, segment_pass or run, q, k, v, g, beta, scale, initial_state,
+                                   output_final_state, plan, S, L)
         return FwdResult(o, final, gcum, None, None, None, None, None, plan)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
@@ -578,8 +588,10 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     return FwdResult(o, final, gcum, None, None, None, None, None, plan)
 
 
-def _segments(run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int, L: int):
-    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum). Order on the
+def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int,
+              L: int):
+    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum); `run` launches
+    the unsegmented pairs (sequence plan, select), `seg_run` the segments (segment plan, select and seg). Order on the
     GPU (no host synchronisation; two streams joined at the end):
       side stream (highest priority): slow := 0, segment_window_kernel (segment words, slow) from the inputs k,
                     beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
@@ -601,9 +613,9 @@ def _segments(run, q, k, v, g, beta, scale: float, initial_state, output_final_s
     final = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
 
     def segment_launch():
-        run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
-            beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), initial_state, final, splan, scale,
-            select=slow, seg=segw)
+        seg_run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+                beta.reshape(1, B * T, HV), gcum, tinv, o.view(1, B * T, HV, V), initial_state, final, splan, scale,
+                select=slow, seg=segw)
 
     if not q.is_cuda:                          # one stream (CPU tests: the interpreter, the schedule model)
         slow, _, segw = segment_windows(k, beta, g, plan, S, L)

@@ -232,17 +232,22 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     if settings.gdn_gluon_fused_wu and not need_intermediates and state_pass is None:
         from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
         if chunk_fused_wu_ws.fused_wu_supported(q, v, beta, cu_seqlens)[0]:
+            from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
             gf = None
-            if settings.gdn_gluon_gf128 != "off" and not settings.gdn_gluon_segments:
-                # stages 2b+3+4 at BV=128 in the gate-free form (gluon/chunk_fused_gf.py; no segment launch): by
-                # default where a wave of sequence-heads fills the GPU (gf_wanted), everywhere with "1"
-                from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf
+            if settings.gdn_gluon_gf128 != "off" and not settings.gdn_gluon_segments and gfm.gf_supported(q, v)[0]:
+                # stages 2b+3+4 at BV=128 in the gate-free form (gluon/chunk_fused_gf.py): in segments where its
+                # segment launch is on and the batch leaves SMs idle (gf_segments_wanted; the pairs the window
+                # kernel flags run unsegmented on the W/U kernel); else by default where a wave of sequence-heads
+                # fills the GPU (gf_wanted), everywhere with "1"
                 from linattn.runtime.device import device_facts
+                S, L = gfm.gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device)
+                if S > 1:
+                    return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(
+                        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, segments=(S, L),
+                        segment_pass=gfm.chunk_fused_gf_gluon)
                 N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-                wanted = settings.gdn_gluon_gf128 == "on" or chunk_fused_gf.gf_wanted(
-                    N, v.shape[2], device_facts(q.device).num_sms)
-                if wanted and chunk_fused_gf.gf_supported(q, v)[0]:
-                    gf = chunk_fused_gf.chunk_fused_gf_gluon
+                if settings.gdn_gluon_gf128 == "on" or gfm.gf_wanted(N, v.shape[2], device_facts(q.device).num_sms):
+                    gf = gfm.chunk_fused_gf_gluon
             return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state,
                                                                           output_final_state, cu_seqlens,
                                                                           fused_pass=gf)
