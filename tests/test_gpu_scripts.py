@@ -153,3 +153,14 @@ def test_run_round_refuses_a_snapshot_of_another_commit(tmp_path):
     proc = subprocess.run(["bash", script, "nosuchstep"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
                           timeout=120)
     assert "=== nosuchstep" in proc.stdout and "snapshot is of" not in proc.stderr
+
+
+def test_host_profile_dry_run(tmp_path):
+    """host_profile.py on the CPU (one tiny Triton-backend row): host us per call, the profile's total, and both
+    top lists, each entry a function name with a positive time per call."""
+    _run([os.path.join(GPU, "host_profile.py"), "--dry", "--out", str(tmp_path)], tmp_path)
+    (r,) = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
+    assert "error" not in r and r["host_us"] > 0 and r["profiled_us"] > 0, r
+    for key in ("by_own_time", "by_cumulative"):
+        assert r[key] and all(e["us"] >= 0 and ":" in e["fn"] for e in r[key]), r[key]
+    assert r["by_cumulative"][0]["us"] >= r["by_cumulative"][-1]["us"]

@@ -90,6 +90,7 @@ for step in "$@"; do
     kkt_v2) timeout 150 python3 benchmarks/gpu/kkt_v2_round.py --out "$OUT" ;;   # stage 2a v2, Tinv by 16x16 block substitution (intra_split.py)
     segments) timeout ${SEG_TIMEOUT:-300} python3 benchmarks/gpu/segments_round.py --out "$OUT" ;;   # segment-parallel forward vs unsegmented, same inputs (fast / slow / mixed decay; SEG_KIND=gf: the gate-free segment launch)
     segments_tl) timeout 200 python3 benchmarks/gpu/segments_round.py --out "$OUT" --timeline ;;   # kernel timelines, profiler
+    host_profile) timeout 200 python3 benchmarks/gpu/host_profile.py --out "$OUT" ;;   # eager host time per call and its cProfile (HOST_ROWS)
     kkt_v3) timeout 150 python3 benchmarks/gpu/kkt_v3_round.py --out "$OUT" ;;   # stage 2a v1/v2/v3 on the same rows; v3 = v2 without tl.gather (intra_split.py)
     switch_ab) timeout $(( ${SWITCH_AB_BUDGET:-150} + 90 )) python3 benchmarks/gpu/switch_ab_round.py --out "$OUT" --budget ${SWITCH_AB_BUDGET:-150} ;;   # one env switch A/B on the forward (AB_SIDES, AB_ROWS)
     kkt_v4) timeout 330 python3 benchmarks/gpu/kkt_v4_round.py --out "$OUT" ;;   # stage 2a v1/v3/v4o/v4 (v4: bf16 product operands), then the forward with v3 vs v4 (A/B, KKT_V4_AB_BUDGET)
