@@ -287,3 +287,31 @@ def test_gf_segments_switch(device, monkeypatch):
         tol = TOL[torch.bfloat16]
         assert torch.isfinite(o).all() and torch.isfinite(final).all()
         assert rel_rms(o, o64) < tol and rel_rms(final, f64) < tol, (switch, wu_segments, varlen)
+
+
+def test_gf_segments_wanted(monkeypatch):
+    """The switch and the default's rule: "1" wherever gf_segment_plan splits; "0", or a varlen call, never; unset,
+    only where GF_SEGMENTS_AUTO holds and the call is captured into a CUDA graph or has at least
+    GF_SEG_MIN_EAGER_TOKENS tokens (the eager host-time floor, round 23). Off a GPU the plan assumes 132 SMs."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
+    assert gfm.GF_SEG_MIN_EAGER_TOKENS == 32768
+    cu = torch.tensor([0, 65536])
+    monkeypatch.setenv("LINATTN_GDN_GLUON_GF_SEGMENTS", "1")
+    assert gfm.gf_segments_wanted(1, 8192, 32, None, "cpu") == (4, 32)
+    assert gfm.gf_segments_wanted(1, 65536, 32, None, "cpu") == (4, 256)
+    assert gfm.gf_segments_wanted(1, 65536, 32, cu, "cpu") == (1, 1024)
+    assert gfm.gf_segments_wanted(8, 4096, 32, None, "cpu") == (1, 64)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_GF_SEGMENTS", "0")
+    assert gfm.gf_segments_wanted(1, 65536, 32, None, "cpu", capturing=True) == (1, 1024)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_GF_SEGMENTS")
+    for auto in (False, True):
+        monkeypatch.setattr(gfm, "GF_SEGMENTS_AUTO", auto)
+        want = (lambda plan, nch: plan if auto else (1, nch))
+        assert gfm.gf_segments_wanted(1, 65536, 32, None, "cpu") == want((4, 256), 1024)
+        assert gfm.gf_segments_wanted(1, 32768, 32, None, "cpu") == want((4, 128), 512)
+        assert gfm.gf_segments_wanted(2, 16384, 32, None, "cpu") == want((2, 128), 256)
+        assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu") == (1, 256)                # eager, too short
+        assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu", capturing=True) == want((4, 64), 256)
+        assert gfm.gf_segments_wanted(1, 8192, 8, None, "cpu", capturing=True) == want((8, 16), 128)
+        assert gfm.gf_segments_wanted(1, 65536, 32, cu, "cpu", capturing=True) == (1, 1024)
+        assert gfm.gf_segments_wanted(8, 4096, 32, None, "cpu", capturing=True) == (1, 64)

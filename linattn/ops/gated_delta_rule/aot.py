@@ -612,10 +612,12 @@ for _dt, _bv, _s, _regs in FUSED_WU_OPIPE_CONFIGS:
                     + (f", output / wu warpgroups at {_regs[0]} / {_regs[1]} registers" if _regs else "")))
 
 
-# The two fused-wu launches of the segment-parallel forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1,
-# chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu): with the per-(sequence, head) selection sel_ptr, the segments
-# at BV=64 (WU_AREG, 136 / 192) and the unsegmented heads at BV=32 (OUT_PIPE, 160 / 160), as fused_wu_config takes them.
-FUSED_WU_SEL_CONFIGS = [("bf16", 32, 3, (160, 160), True), ("bf16", 64, 2, (136, 192), False)]
+# The fused-wu launches of the segment-parallel forward (chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu): with
+# the per-(sequence, head) selection sel_ptr, the W/U segments at BV=64 (WU_AREG, 136 / 192; opt-in
+# LINATTN_GDN_GLUON_SEGMENTS=1) and the unsegmented heads at BV=32 or, where N * HV * 8 CTAs fit the SMs (H2/HV8 B1-B2),
+# BV=16 (OUT_PIPE, 160 / 160), as fused_wu_config takes them.
+FUSED_WU_SEL_CONFIGS = [("bf16", 32, 3, (160, 160), True), ("bf16", 64, 2, (136, 192), False),
+                        ("bf16", 16, 3, (160, 160), True)]
 for _dt, _bv, _s, _regs, _op in FUSED_WU_SEL_CONFIGS:
     register(AotKernel(
         fused_wu_kernel_name(_dt, _bv, _s, areg=True, regs=_regs, out_pipe=_op, select=True),

@@ -248,6 +248,11 @@ def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
 # chain per CTA shortens by that factor. One wave, not more: every further wave pays a whole segment chain again.
 GF_SEG_MIN_CHUNKS = 16     # no segment shorter: a warm-up window (~3 chunks at production decay) stays <= ~20% of it
 GF_SEGMENTS_AUTO = False   # LINATTN_GDN_GLUON_GF_SEGMENTS unset: opt-in until the H200 gate and A/B say otherwise
+# An eager call (not under CUDA-graph capture) is segmented by default only from this many tokens: the segment path's
+# host time (~0.55 ms per call on the H200 machine, round 23: two more launches, the side stream) exceeds the GPU time
+# of shorter calls. Round 23, B1 H16/HV32 eager: T8192 0.566 vs 0.290 ms unsegmented, T16384 0.573 vs 0.506, T32768
+# 0.640 vs 0.994; as CUDA graphs 1.34x / 1.46x / 1.54x faster.
+GF_SEG_MIN_EAGER_TOKENS = 32768
 
 
 def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
@@ -262,14 +267,17 @@ def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
     return -(-nch // L), L
 
 
-def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device) -> tuple:
+def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device, capturing: bool = False) -> tuple:
     """(S, L) for the gluon forward (LINATTN_GDN_GLUON_GF_SEGMENTS: "1" wherever gf_segment_plan splits, "0" never,
-    unset as GF_SEGMENTS_AUTO), or (1, chunks): fixed-length batches only (the segment plan cuts equal sequences)."""
+    unset: where GF_SEGMENTS_AUTO, under CUDA-graph capture or from GF_SEG_MIN_EAGER_TOKENS tokens), or (1, chunks):
+    fixed-length batches only (the segment plan cuts equal sequences)."""
     from linattn.runtime.device import device_facts
     from linattn.runtime.settings import settings
     nch = -(-max(T, 0) // BT)
     mode = settings.gdn_gluon_gf_segments
-    if mode == "off" or (mode == "auto" and not GF_SEGMENTS_AUTO) or cu_seqlens is not None:
+    if mode == "off" or cu_seqlens is not None:
+        return 1, nch
+    if mode == "auto" and not (GF_SEGMENTS_AUTO and (capturing or B * T >= GF_SEG_MIN_EAGER_TOKENS)):
         return 1, nch
     facts = device_facts(device)
     return gf_segment_plan(B, T, HV, facts.num_sms if facts.kind == "cuda" else 132)

@@ -379,7 +379,7 @@ def fused_wu_config(N: int, HV: int, V: int, num_sms: int, bv16: bool = True) ->
     LINATTN_GDN_GLUON_OUT_PIPE=0) and WU_AREG at BV=64 with the output / wu warpgroups at 136 / 192 (off with
     LINATTN_GDN_GLUON_WU_AREG64=0). LINATTN_GDN_GLUON_OUT_PIPE64=1 (opt-in) adds OUT_PIPE at BV=64 (output / wu at
     152 / 176). BV=16 (as the BV=32 default otherwise; default since round 21, LINATTN_GDN_GLUON_BV16=0 off) where
-    N * HV * V / 16 programs still fit the SMs, unless bv16=False (the segment-parallel forward's launches)."""
+    N * HV * V / 16 programs still fit the SMs, unless bv16=False (the W/U segment launch, seg_ptr)."""
     from linattn.runtime.settings import settings
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
@@ -491,9 +491,10 @@ def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, 
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
     Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
     from linattn.runtime.device import device_facts
-    # BV=16 is gated on the GPU without the segment-parallel forward's selection only (round 21)
+    # BV=16 is gated on the GPU without segment words only: plain (round 21) and with the selection of the
+    # segment-parallel forward's unsegmented launch (round 23, segments_round SEG_KIND=gf, H2/HV8 mixed decay)
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms,
-                                    bv16=select is None and seg is None)
+                                    bv16=seg is None)
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
                                                  select, seg)
     kernel[grid](*args, **kwargs)

@@ -239,8 +239,10 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
                 # segment launch is on and the batch leaves SMs idle (gf_segments_wanted; the pairs the window
                 # kernel flags run unsegmented on the W/U kernel); else by default where a wave of sequence-heads
                 # fills the GPU (gf_wanted), everywhere with "1"
+                from linattn.ops.gated_delta_rule.gluon.backend import _capturing
                 from linattn.runtime.device import device_facts
-                S, L = gfm.gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device)
+                S, L = gfm.gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device,
+                                              capturing=_capturing(q))
                 if S > 1:
                     return chunk_fused_wu_ws.chunk_gated_delta_rule_fwd_fused_wu(
                         q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, segments=(S, L),
