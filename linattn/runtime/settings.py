@@ -94,13 +94,17 @@ LINATTN_GDN_GLUON_GF128 unset (default since round 22): the gluon forward's fuse
                    / 1.074x / 1.094x at H16/HV32 B8 T4096 / B4 T16384 / varlen24, 1.107x / 1.096x at H16/HV64 B8
                    T4096 / B4 T16384; slower below the rule (0.871x at B2 T32768 HV32, 0.895x at H2/HV8 B8, ~0.45x at
                    B1), where fewer CTAs than SMs run its ~4 us chunk steps.
-LINATTN_GDN_GLUON_GF_SEGMENTS "1" (opt-in): the gluon forward cuts each sequence of a fixed-length batch whose
-                   sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128 CTAs holds
-                   (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16 chunks),
-                   each started a gate-truncated warm-up early as LINATTN_GDN_GLUON_SEGMENTS's, and runs them on the
-                   gate-free kernel (gluon/chunk_fused_gf.py, seg_ptr); the (sequence, head) pairs the window kernel
-                   flags run unsegmented on the W/U kernel on a side stream. Not with LINATTN_GDN_GLUON_SEGMENTS=1 or
-                   LINATTN_GDN_GLUON_GF128=0.
+LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
+                   batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
+                   CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
+                   chunks), each started a gate-truncated warm-up early as LINATTN_GDN_GLUON_SEGMENTS's, and runs
+                   them on the gate-free kernel (gluon/chunk_fused_gf.py, seg_ptr); the (sequence, head) pairs the
+                   window kernel flags (slow decay) run unsegmented on the W/U kernel on a side stream. By default
+                   only under CUDA-graph capture or from 32768 tokens (an eager call's host time: the path adds two
+                   launches); "1" wherever the plan splits, "0" never. Not with LINATTN_GDN_GLUON_SEGMENTS=1 or
+                   LINATTN_GDN_GLUON_GF128=0. Round 23 on an H200 (benchmarks/OPT_LOG.md 23.1-23.3): B1-B2 HV32
+                   forward 1.34-1.58x (B1 T65536 2.006 -> 1.274 ms), H2/HV8 B1 1.85x / 4.57x at T8192 / T65536;
+                   0.995-1.001x where every head decays slowly, 0.997x at HV32 where half do.
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
                    GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a
