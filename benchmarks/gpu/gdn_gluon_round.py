@@ -63,6 +63,9 @@ def gate_cases():
     own.append(("gluon_hv8_T1000", 1, 1000, 2, 8, 128, 128, BF, None, {}))
     own.append(("gluon_hv8_B2_T130_no_h0", 2, 130, 2, 8, 128, 128, BF, None, dict(initial_state=False)))
     own.append(("gluon_hv8_varlen_1tok", 1, 333, 2, 8, 128, 128, BF, [1, 200, 1, 65, 66], {}))
+    # the gate-free kernel's segment launch on a multi-sequence batch (round 23's default: B * T >= 32768 tokens
+    # eager, B * HV * S <= SMs): B4 T8192 H2/HV8 runs 4 segments of 32 chunks per sequence
+    own.append(("gluon_hv8_B4_T8192_segments", 4, 8192, 2, 8, 128, 128, BF, None, {}))
     theirs = [c for c in cases() if c[5] == 128 and c[6] == 128 and c[7] in (BF, FP16)]
     return own + sorted(theirs, key=lambda c: c[1] * c[2])
 
