@@ -315,3 +315,23 @@ def test_gf_segments_wanted(monkeypatch):
         assert gfm.gf_segments_wanted(1, 8192, 8, None, "cpu", capturing=True) == want((8, 16), 128)
         assert gfm.gf_segments_wanted(1, 65536, 32, cu, "cpu", capturing=True) == (1, 1024)
         assert gfm.gf_segments_wanted(8, 4096, 32, None, "cpu", capturing=True) == (1, 64)
+
+
+@needs_gluon
+def test_gf_ks_pipe_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_GF_KS_PIPE=1 (opt-in): the launch passes KS_PIPE with the output warpgroup at 232 registers,
+    as its registered builds (0 spill there, 8 bytes at 240); unset, KS_PIPE=False at the default 240 (the constexpr's
+    default: the same compiled kernel as gated in round 22). The KS_PIPE builds keep the plain build's wgmma shapes."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_KS_PIPE_OUTPUT_REGS, GF_OUTPUT_REGS,
+                                                                   fused_gf_launch)
+    plan, bufs = _buffers(2, 256, 16, 32)
+    monkeypatch.delenv("LINATTN_GDN_GLUON_GF_KS_PIPE", raising=False)
+    kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]
+    assert kwargs["KS_PIPE"] is False and kwargs["OUTPUT_REGS"] == GF_OUTPUT_REGS
+    monkeypatch.setenv("LINATTN_GDN_GLUON_GF_KS_PIPE", "1")
+    kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]
+    assert kwargs["KS_PIPE"] is True and kwargs["OUTPUT_REGS"] == GF_KS_PIPE_OUTPUT_REGS == 232
+    for name in ("gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe", "gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe_warm"):
+        rep = inspect_kernel(kernels()[name])
+        assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and not rep.missing, (name, rep.spill_bytes)
+        assert rep.sass.get("HGMMA.64x128x16.F32.BF16") == 24 and rep.sass.get("HGMMA.64x64x16.F32.BF16") == 32

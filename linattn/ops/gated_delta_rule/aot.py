@@ -647,7 +647,7 @@ def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", sele
     return fused_wu_signature(dtype, 128, states=states, beta=beta, select=select, warm=warm)
 
 
-def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False):
+def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False, ks_pipe: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
                                                                        GF_STAGES, PRODUCER_REGS,
@@ -657,6 +657,8 @@ def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: b
                      OUT_PIPE=out_pipe, SPLIT=GF_SPLIT)
         if not warm:                   # the segment launch has both, the plain launch neither
             const.update(sel_ptr=None, seg_ptr=None)
+        if ks_pipe:
+            const["KS_PIPE"] = True
         sig = fused_gf_signature(dtype, select=warm, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
@@ -678,3 +680,14 @@ register(AotKernel(
     div16=FUSED_WU_DIV16 + ("sel_ptr", "seg_ptr"),
     description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form, the segment launch with each "
                 "segment's warm-up in the kernel (seg_ptr, sel_ptr), H16/HV32 K=V=128 bf16, 2-stage ring"))
+
+# KS_PIPE (opt-in LINATTN_GDN_GLUON_GF_KS_PIPE=1): product 1's halves pipelined in the state warpgroup, the output
+# warpgroup at 232 registers (8 bytes of spill at 240).
+for _warm in (False, True):
+    register(AotKernel(
+        "gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe" + ("_warm" if _warm else ""),
+        _fused_gf_build("bf16", output_regs=232, warm=_warm, ks_pipe=True), FUSED_WU_INTENDED,
+        div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
+        description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with product 1's column halves "
+                    "pipelined (KS_PIPE), output warpgroup at 232 registers, H16/HV32 K=V=128 bf16"
+                    + (", the segment launch" if _warm else "")))

@@ -36,7 +36,8 @@ import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
 from linattn.ops.gated_delta_rule.triton.segment_start import SEGW_H0, SEGW_LAST, SEGW_SEQ_SHIFT, SEGW_WL_MASK
-from linattn.runtime.gluon_compat import GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
+                                          warpgroup_mma_wait)
 
 GF_BV = 128
 GF_STAGES = 2
@@ -44,6 +45,8 @@ GF_NPUB = 1
 GF_SPLIT = 2             # product 1 (K S) and x in column halves (register pressure, see _gf_state)
 GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is set by Gluon); sm_90a AOT: 0 spill at
 #                          224 and 240 with SPLIT = 2 (without it 8 bytes at every split from 200 to 240: OPT_LOG 22.5)
+GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live in the state warpgroup): 8 bytes of
+#                                spill at 240, 0 at 232 and 224 (sm_90a AOT, plain and segment builds)
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_output, _wu_producer
@@ -65,10 +68,12 @@ if GLUON_OK:
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  SPLIT: gl.constexpr, STATES_GATED: gl.constexpr = False, h0_on=1, ht_on=1):
+                  SPLIT: gl.constexpr, STATES_GATED: gl.constexpr = False, h0_on=1, ht_on=1,
+                  KS_PIPE: gl.constexpr = False):
         """The state chain (module docstring). STATES_GATED (the segment launch, seg_ptr): h0 is loaded only where
         h0_on != 0 (else the chain starts from 0), the final state stored only where ht_on != 0, and n is the whole
-        sequence's index (the h0 / final row), as chunk_fused_ws._ws_state's."""
+        sequence's index (the h0 / final row), as chunk_fused_ws._ws_state's. KS_PIPE: product 1's column half h + 1
+        is issued (asynchronously) before half h's x is formed and stored, so that its wgmma runs under that work."""
         dt: gl.constexpr = k_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -114,11 +119,23 @@ if GLUON_OK:
             valid_h = gl.convert_layout(valid, ACC_H)
             bet_h = gl.expand_dims(gl.convert_layout(bet, gl.SliceLayout(1, ACC_H)), 1)
             eg_h = gl.expand_dims(gl.convert_layout(gl.exp(gam), gl.SliceLayout(1, ACC_H)), 1)
-            for h in gl.static_range(SPLIT):
-                ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(h * HB, HB, dim=1),
+            if KS_PIPE:
+                ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(0, HB, dim=1),
                                    gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
-                v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
-                vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
+                for h in gl.static_range(SPLIT):
+                    if h + 1 < SPLIT:      # the next half's product in flight under this half's x
+                        ks_n = warpgroup_mma(k_s.index(st), s_pub.index(j).slice((h + 1) * HB, HB, dim=1),
+                                             gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False, is_async=True)
+                    v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
+                    vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
+                    if h + 1 < SPLIT:
+                        ks = warpgroup_mma_wait(0, deps=[ks_n])
+            else:
+                for h in gl.static_range(SPLIT):
+                    ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(h * HB, HB, dim=1),
+                                       gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
+                    v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
+                    vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
             fence_async_shared()
             gl.thread_barrier()
             # product 2: vnew = Tinv x
@@ -161,7 +178,7 @@ if GLUON_OK:
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
-        SPLIT: gl.constexpr = GF_SPLIT,
+        SPLIT: gl.constexpr = GF_SPLIT, KS_PIPE: gl.constexpr = False,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         dt: gl.constexpr = k_desc.dtype
@@ -204,7 +221,7 @@ if GLUON_OK:
         gl.warp_specialize(
             [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                           gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                          USE_H0, STORE_HT, SPLIT, WARM, h0_on, ht_on)),
+                          USE_H0, STORE_HT, SPLIT, WARM, h0_on, ht_on, KS_PIPE)),
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
@@ -223,7 +240,17 @@ class FusedGfConfig:
     output_regs: int = GF_OUTPUT_REGS
     out_pipe: bool = True
     split: int = GF_SPLIT
+    ks_pipe: bool = False  # KS_PIPE (opt-in LINATTN_GDN_GLUON_GF_KS_PIPE=1, fused_gf_config)
     num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
+
+
+def fused_gf_config() -> FusedGfConfig:
+    """The launch config: the defaults, or with LINATTN_GDN_GLUON_GF_KS_PIPE=1 (opt-in) product 1's halves pipelined
+    (KS_PIPE) with the output warpgroup at GF_KS_PIPE_OUTPUT_REGS."""
+    from linattn.runtime.settings import settings
+    if settings.gdn_gluon_gf_ks_pipe:
+        return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True)
+    return FusedGfConfig()
 
 
 def gf_supported(q: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -292,14 +319,15 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_gf_kernel: the arguments of fused_wu_launch (the
     same descriptors and pointers, v's box [BT, 128], the same selection select and segment words seg)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_args, selection_args
-    cfg = cfg or FusedGfConfig()
+    cfg = cfg or fused_gf_config()
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
     args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + selection_args(
         select, seg, plan.N, HV)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
-                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, num_warps=cfg.num_warps)
+                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, KS_PIPE=cfg.ks_pipe,
+                  num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 
