@@ -319,18 +319,26 @@ def test_gf_segments_wanted(monkeypatch):
 
 @needs_gluon
 def test_gf_ks_pipe_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_GF_KS_PIPE=1 (opt-in): the launch passes KS_PIPE with the output warpgroup at 232 registers,
-    as its registered builds (0 spill there, 8 bytes at 240); unset, KS_PIPE=False at the default 240 (the constexpr's
-    default: the same compiled kernel as gated in round 22). The KS_PIPE builds keep the plain build's wgmma shapes."""
+    """LINATTN_GDN_GLUON_GF_KS_PIPE unset (the default since round 23): the plain launch passes KS_PIPE with the output
+    warpgroup at 232 registers, the segment launch neither (0.989-1.001x there on the H200); "1" both, "0" neither
+    (KS_PIPE=False at 240: the constexpr's default, the round-22 kernel). The registered KS_PIPE builds compile without
+    spill (8 bytes at 240) and keep the plain build's wgmma shapes."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_KS_PIPE_OUTPUT_REGS, GF_OUTPUT_REGS,
                                                                    fused_gf_launch)
-    plan, bufs = _buffers(2, 256, 16, 32)
-    monkeypatch.delenv("LINATTN_GDN_GLUON_GF_KS_PIPE", raising=False)
-    kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]
-    assert kwargs["KS_PIPE"] is False and kwargs["OUTPUT_REGS"] == GF_OUTPUT_REGS
-    monkeypatch.setenv("LINATTN_GDN_GLUON_GF_KS_PIPE", "1")
-    kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]
-    assert kwargs["KS_PIPE"] is True and kwargs["OUTPUT_REGS"] == GF_KS_PIPE_OUTPUT_REGS == 232
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    plan, bufs = _buffers(1, 4096, 16, 32)
+    splan = segment_plan(1, 4096, 4, 16, "cpu")
+    seg = dict(select=torch.zeros(1, 32, dtype=torch.int32), seg=torch.zeros(4, 32, dtype=torch.int32))
+    for switch, plain_on, seg_on in ((None, True, False), ("1", True, True), ("0", False, False)):
+        if switch is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_GF_KS_PIPE", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_GF_KS_PIPE", switch)
+        for kwargs, on in ((fused_gf_launch(*bufs, plan, 128 ** -0.5)[3], plain_on),
+                           (fused_gf_launch(*bufs, splan, 128 ** -0.5, **seg)[3], seg_on)):
+            assert kwargs["KS_PIPE"] is on, switch
+            assert kwargs["OUTPUT_REGS"] == (GF_KS_PIPE_OUTPUT_REGS if on else GF_OUTPUT_REGS) and \
+                GF_KS_PIPE_OUTPUT_REGS == 232
     for name in ("gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe", "gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe_warm"):
         rep = inspect_kernel(kernels()[name])
         assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and not rep.missing, (name, rep.spill_bytes)

@@ -94,9 +94,11 @@ LINATTN_GDN_GLUON_GF128 unset (default since round 22): the gluon forward's fuse
                    / 1.074x / 1.094x at H16/HV32 B8 T4096 / B4 T16384 / varlen24, 1.107x / 1.096x at H16/HV64 B8
                    T4096 / B4 T16384; slower below the rule (0.871x at B2 T32768 HV32, 0.895x at H2/HV8 B8, ~0.45x at
                    B1), where fewer CTAs than SMs run its ~4 us chunk steps.
-LINATTN_GDN_GLUON_GF_KS_PIPE "1" (opt-in, round 23): the gate-free kernel's state warpgroup issues product 1's second
-                   column half before forming the first half's x (chunk_fused_gf.py KS_PIPE; the output warpgroup at
-                   232 registers: sm_90a 0 spill).
+LINATTN_GDN_GLUON_GF_KS_PIPE unset (default since round 23): the gate-free kernel's plain launch (not its segment
+                   launch) has the state warpgroup issue product 1's second column half before forming the first
+                   half's x (chunk_fused_gf.py KS_PIPE; the output warpgroup at 232 registers: sm_90a 0 spill); "1"
+                   both launches, "0" neither. H200 round 23 (gate green forced on, o and final bit-equal): 1.017x
+                   B8 T4096, 1.039x B4 T16384, 1.013x varlen24 at H16/HV32; the segment launch 0.989-1.001x, so off.
 LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
                    batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
                    CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
@@ -290,8 +292,9 @@ class _Settings:
         return _on_off_auto("LINATTN_GDN_GLUON_GF128")
 
     @property
-    def gdn_gluon_gf_ks_pipe(self) -> bool:
-        return _flag("LINATTN_GDN_GLUON_GF_KS_PIPE")
+    def gdn_gluon_gf_ks_pipe(self) -> str:
+        """"on", "off" (LINATTN_GDN_GLUON_GF_KS_PIPE set) or "auto" (unset: the plain launch only)."""
+        return _on_off_auto("LINATTN_GDN_GLUON_GF_KS_PIPE")
 
     @property
     def gdn_gluon_gf_segments(self) -> str:

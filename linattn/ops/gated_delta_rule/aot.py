@@ -681,13 +681,14 @@ register(AotKernel(
     description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form, the segment launch with each "
                 "segment's warm-up in the kernel (seg_ptr, sel_ptr), H16/HV32 K=V=128 bf16, 2-stage ring"))
 
-# KS_PIPE (opt-in LINATTN_GDN_GLUON_GF_KS_PIPE=1): product 1's halves pipelined in the state warpgroup, the output
-# warpgroup at 232 registers (8 bytes of spill at 240).
-for _warm in (False, True):
+# KS_PIPE (the plain launch's default since round 23, LINATTN_GDN_GLUON_GF_KS_PIPE): product 1's halves pipelined in
+# the state warpgroup, the output warpgroup at 232 registers (8 bytes of spill at 240); the segment launch with it
+# ("1" only).
+for _dt, _warm in (("bf16", False), ("fp16", False), ("bf16", True)):
     register(AotKernel(
-        "gdn_fwd_fused_gf_gluon_bf16_bv128_kspipe" + ("_warm" if _warm else ""),
-        _fused_gf_build("bf16", output_regs=232, warm=_warm, ks_pipe=True), FUSED_WU_INTENDED,
+        f"gdn_fwd_fused_gf_gluon_{_dt}_bv128_kspipe" + ("_warm" if _warm else ""),
+        _fused_gf_build(_dt, output_regs=232, warm=_warm, ks_pipe=True), FUSED_WU_INTENDED,
         div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
-        description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with product 1's column halves "
-                    "pipelined (KS_PIPE), output warpgroup at 232 registers, H16/HV32 K=V=128 bf16"
+        description=f"GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with product 1's column halves "
+                    f"pipelined (KS_PIPE), output warpgroup at 232 registers, H16/HV32 K=V=128 {_dt}"
                     + (", the segment launch" if _warm else "")))

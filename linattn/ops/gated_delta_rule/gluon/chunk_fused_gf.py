@@ -240,15 +240,19 @@ class FusedGfConfig:
     output_regs: int = GF_OUTPUT_REGS
     out_pipe: bool = True
     split: int = GF_SPLIT
-    ks_pipe: bool = False  # KS_PIPE (opt-in LINATTN_GDN_GLUON_GF_KS_PIPE=1, fused_gf_config)
+    ks_pipe: bool = False  # KS_PIPE (fused_gf_config: the plain launch's default since round 23)
     num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
 
 
-def fused_gf_config() -> FusedGfConfig:
-    """The launch config: the defaults, or with LINATTN_GDN_GLUON_GF_KS_PIPE=1 (opt-in) product 1's halves pipelined
-    (KS_PIPE) with the output warpgroup at GF_KS_PIPE_OUTPUT_REGS."""
+def fused_gf_config(segments: bool = False) -> FusedGfConfig:
+    """The launch config. KS_PIPE (product 1's halves pipelined, the output warpgroup at GF_KS_PIPE_OUTPUT_REGS)
+    for the plain launch by default (LINATTN_GDN_GLUON_GF_KS_PIPE unset), not for the segment launch; "1" both, "0"
+    neither. H200, round 23 (OPT_LOG 23.6; gate green with it forced on, o and final bit-equal): plain launch 1.017x
+    B8 T4096, 1.039x B4 T16384, 1.013x varlen24 (H16/HV32); segment launch 0.989x B1 T65536, 0.995x B1 T8192, 1.001x
+    H2/HV8 B1 T65536."""
     from linattn.runtime.settings import settings
-    if settings.gdn_gluon_gf_ks_pipe:
+    mode = settings.gdn_gluon_gf_ks_pipe
+    if mode == "on" or (mode == "auto" and not segments):
         return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True)
     return FusedGfConfig()
 
@@ -319,7 +323,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     """(kernel, grid, args, kwargs) of one launch of chunk_fused_gf_kernel: the arguments of fused_wu_launch (the
     same descriptors and pointers, v's box [BT, 128], the same selection select and segment words seg)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import fused_wu_args, selection_args
-    cfg = cfg or fused_gf_config()
+    cfg = cfg or fused_gf_config(segments=seg is not None)
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
     args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + selection_args(
