@@ -39,8 +39,8 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_NPUB, GF_OUTPUT_REGS, GF_STAGES, PRODUCER_REGS,
-                                                                   fused_gf_launch)
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_KS_PIPE_OUTPUT_REGS, GF_NPUB, GF_STAGES,
+                                                                   PRODUCER_REGS, fused_gf_launch)
     plan, bufs = _buffers(B, T, 16, 32, lens, states=states)
     kernel, grid, args, kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)
     sig = fused_gf_signature("bf16", states)
@@ -49,8 +49,8 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert grid == (plan.N * 32,)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
-                          STORE_HT=states, OUTPUT_REGS=GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=True,
-                          SPLIT=2, KS_PIPE=False, num_warps=4)
+                          STORE_HT=states, OUTPUT_REGS=GF_KS_PIPE_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                          OUT_PIPE=True, SPLIT=2, KS_PIPE=True, num_warps=4)
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
