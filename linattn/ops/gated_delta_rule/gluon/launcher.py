@@ -226,7 +226,10 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     LINATTN_GDN_GLUON_FUSED_WU on (the default since round 15; "0" turns it off) W and U are formed inside that
     kernel instead (gluon/chunk_fused_wu_ws.py: kkt_solve, then the fused kernel; no wu_kernel); with the opt-in
     gate-free BV=128 kernel (gluon/chunk_fused_gf.py) where chunk_fused_gf.gf_wanted holds (default since round 22;
-    LINATTN_GDN_GLUON_GF128: "1" always, "0" never; segments off)."""
+    LINATTN_GDN_GLUON_GF128: "1" always, "0" never), and in segments where chunk_fused_gf.gf_segments_wanted splits
+    (default since round 23: fixed-length calls whose sequence-heads leave SMs idle, under CUDA-graph capture or from
+    32768 tokens; LINATTN_GDN_GLUON_GF_SEGMENTS); the W/U kernel's opt-in segments (LINATTN_GDN_GLUON_SEGMENTS=1)
+    take precedence over both."""
     from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
     assert CHUNK == BT
     if settings.gdn_gluon_fused_wu and not need_intermediates and state_pass is None:
