@@ -35,7 +35,6 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
-from linattn.ops.gated_delta_rule.triton.segment_start import SEGW_H0, SEGW_LAST, SEGW_SEQ_SHIFT, SEGW_WL_MASK
 from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
                                           warpgroup_mma_wait)
 
@@ -49,7 +48,7 @@ GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live i
 #                                spill at 240, 0 at 232 and 224 (sm_90a AOT, plain and segment builds)
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_output, _wu_producer
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _segment_word, _wu_output, _wu_producer
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_barriers, _ws_barriers_invalidate, ws_acc_layout,
                                                                    ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
@@ -184,25 +183,13 @@ if GLUON_OK:
         dt: gl.constexpr = k_desc.dtype
         nh = gl.program_id(0)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
-        # the segment warm-up, as chunk_fused_wu_ws_kernel's: "sequence" n is a segment whose word gives the chain's
-        # start wl chunks early (from its sequence's h0 where the window reaches the sequence start, else from 0),
-        # whether it stores its sequence's final state (the last segment) and the sequence's index; no o row is
-        # stored before o_lo. The segments of a pair that sel_ptr sends to the other launch run no chunk and store
-        # no final state: an early return instead made ptxas keep two prologue values in local memory across the
-        # partitions' dispatch (8 bytes of spill, sm_90a AOT). sel_ptr is read only with seg_ptr.
+        # the segment warm-up, as chunk_fused_wu_ws_kernel's (_segment_word). The segments of a pair that sel_ptr
+        # sends to the other launch run no chunk and store no final state: an early return instead made ptxas keep
+        # two prologue values in local memory across the partitions' dispatch (8 bytes of spill, sm_90a AOT).
+        # sel_ptr is read only with seg_ptr.
         WARM: gl.constexpr = seg_ptr is not None
-        o_lo = bos
-        state_n = n
-        h0_on = 1
-        ht_on = 1
+        o_lo, state_n, bos, nchunks, h0_on, ht_on = _segment_word(seg_ptr, nh, n, bos, nchunks, BT)
         if WARM:
-            word = gl.load(seg_ptr + nh)
-            state_n = word >> SEGW_SEQ_SHIFT
-            wl = word & SEGW_WL_MASK
-            bos = bos - wl * BT
-            nchunks = nchunks + wl
-            h0_on = word & SEGW_H0
-            ht_on = word & SEGW_LAST
             if sel_ptr is not None:
                 # a segment of a (sequence, head) that runs unsegmented (the other launch) does nothing
                 if gl.load(sel_ptr + state_n * HV + hv) != 0:

@@ -244,6 +244,21 @@ if GLUON_OK:
         qkv = warpgroup_mma_wait(0, deps=[qk])                  # no chunk: the first q k^T is still in flight
 
     @gluon.jit
+    def _segment_word(seg_ptr, nh, n, bos, nchunks, BT: gl.constexpr):
+        """The segment warm-up of program nh (segment_start.segment_windows), shared by this kernel and
+        chunk_fused_gf.py: with seg_ptr, "sequence" n is a segment whose word (SEGW_*) gives the chain's start wl
+        chunks before it (from h0 of the whole sequence where the window reaches that sequence's start, else from 0),
+        whether it is its sequence's last segment (the only one storing a final state) and the sequence's index (the
+        h0 / final row). Returns (o_lo: no o row stored before it, the h0 / final row, the chain's first token, its
+        chunk count, h0 flag, final-state flag); without seg_ptr the plain sequence's."""
+        if seg_ptr is not None:
+            word = gl.load(seg_ptr + nh)
+            wl = word & SEGW_WL_MASK
+            return bos, word >> SEGW_SEQ_SHIFT, bos - wl * BT, nchunks + wl, word & SEGW_H0, word & SEGW_LAST
+        else:
+            return bos, n, bos, nchunks, 1, 1
+
+    @gluon.jit
     def _wu_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
@@ -275,27 +290,13 @@ if GLUON_OK:
         vb = gl.program_id(0)
         nh = gl.program_id(1)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
-        # the segment warm-up (segment_start.segment_windows): "sequence" n is a segment; its word gives the chain's
-        # start wl chunks before it (from h0 of the whole sequence where the window reaches that sequence's start,
-        # else from 0), whether it is its sequence's last segment (the only one storing a final state), and the
-        # sequence's index (the h0 / final row); no o row is stored before o_lo
-        WARM: gl.constexpr = seg_ptr is not None
-        o_lo = bos
-        state_n = n
-        h0_on = 1
-        ht_on = 1
+        WARM: gl.constexpr = seg_ptr is not None            # the segment warm-up (_segment_word)
+        o_lo, state_n, bos, nchunks, h0_on, ht_on = _segment_word(seg_ptr, nh, n, bos, nchunks, BT)
         if WARM:
-            word = gl.load(seg_ptr + nh)
-            state_n = word >> SEGW_SEQ_SHIFT
             if sel_ptr is not None:
                 # a segment of a (sequence, head) that runs unsegmented (the other launch) does nothing
                 if gl.load(sel_ptr + state_n * HV + hv) != 0:
                     return
-            wl = word & SEGW_WL_MASK
-            bos = bos - wl * BT
-            nchunks = nchunks + wl
-            h0_on = word & SEGW_H0
-            ht_on = word & SEGW_LAST
         else:
             if sel_ptr is not None:
                 # a pair not selected does nothing: no o row, no final state (the segment-parallel forward's other
