@@ -320,7 +320,10 @@ def test_forward_with_gf_segments(B, T, S, L, h0, decay):
     first chunk in the gate-free form, o stored from the segment's first row, the flagged pairs on the W/U kernel's
     model. o and the final state within TOL of the fp64 recurrence; segmented heads next to equal to the plain
     gate-free forward (the bounds of test_forward_with_segments: a truncation of e^-20 can flip a 16-bit rounding of
-    the published state), unsegmented heads bit-equal to the plain W/U forward (the same model and roundings)."""
+    the published state), unsegmented heads bit-equal to the plain W/U forward (the same model and roundings). Which
+    heads run unsegmented is the window kernel's slow[n, hv]: where no window of at most L = 3 chunks reaches a log
+    decay of -20, which production-like gates (about -7.4 per chunk) miss at random, so at "fast" decay a head may be
+    flagged; at steep decay (-20.5 per chunk) none is, at slow decay both are, at mixed at least head 1."""
     seed = int(torch.randint(0, 2 ** 31 - 1, ()))
     x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")
     if decay == "slow":
@@ -329,17 +332,21 @@ def test_forward_with_gf_segments(B, T, S, L, h0, decay):
         x["g"][..., 1] = 0.
     res = _forward_gf(x, (S, L), seed)
     ref_gf = _forward_gf(x, None, seed)
-    ref_wu = _forward_gf(x, None, seed, plain="wu") if decay in ("slow", "mixed") else None
+    ref_wu = _forward_gf(x, None, seed, plain="wu")
+    slow = _windows(x, S, L)[0]
     o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
                                initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
                                output_final_state=True)
     assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
     assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16], seed
-    unseg = {"fast": [], "steep": [], "slow": [0, 1], "mixed": [1]}[decay]
-    for hv in range(2):
-        if hv in unseg:
-            assert torch.equal(res.o[:, :, hv], ref_wu.o[:, :, hv]) and torch.equal(res.final_state[:, hv],
-                                                                                    ref_wu.final_state[:, hv])
-        else:
-            assert rel_rms(res.o[:, :, hv], ref_gf.o[:, :, hv]) < 3e-4, (hv, seed)
-            assert rel_rms(res.final_state[:, hv], ref_gf.final_state[:, hv]) < 1e-5, (hv, seed)
+    if decay == "steep":
+        assert not slow.any(), slow
+    assert set({"fast": [], "steep": [], "slow": [0, 1], "mixed": [1]}[decay]) <= set(slow.nonzero()[:, 1].tolist())
+    for n in range(B):
+        for hv in range(2):
+            got, want = (res.o[n, :, hv], res.final_state[n, hv]), (ref_wu if slow[n, hv] else ref_gf)
+            if slow[n, hv]:
+                assert torch.equal(got[0], want.o[n, :, hv]) and torch.equal(got[1], want.final_state[n, hv])
+            else:
+                assert rel_rms(got[0], want.o[n, :, hv]) < 3e-4, (n, hv, seed)
+                assert rel_rms(got[1], want.final_state[n, hv]) < 1e-5, (n, hv, seed)
