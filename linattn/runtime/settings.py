@@ -107,9 +107,10 @@ LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward 
                    window kernel flags (slow decay) run unsegmented on the W/U kernel on a side stream. By default
                    only under CUDA-graph capture or from 32768 tokens (an eager call's host time: the path adds two
                    launches); "1" wherever the plan splits, "0" never. Not with LINATTN_GDN_GLUON_SEGMENTS=1 or
-                   LINATTN_GDN_GLUON_GF128=0. Round 23 on an H200 (benchmarks/OPT_LOG.md 23.1-23.3): B1-B2 HV32
-                   forward 1.34-1.58x (B1 T65536 2.006 -> 1.274 ms), H2/HV8 B1 1.85x / 4.57x at T8192 / T65536;
-                   0.995-1.001x where every head decays slowly, 0.997x at HV32 where half do.
+                   LINATTN_GDN_GLUON_GF128=0. Round 23 on an H200 (benchmarks/OPT_LOG.md 23.1-23.4, RESULTS.md
+                   round 23 part D): B1-B2 HV32 forward 1.35-1.58x (B1 T65536 1.995 -> 1.266 ms), H2/HV8 B1 1.86x /
+                   4.58x at T8192 / T65536; 0.993-1.009x where every head decays slowly, 0.994x at HV32 and 1.000x
+                   at H2/HV8 where half do (those pairs run unsegmented).
 LINATTN_GDN_GLUON_SEGMENTS "1" (opt-in, not a default): the gluon forward's fused-wu path cuts each sequence of a
                    fixed-length batch into segments of 64 chunks when the batch has too few sequence-heads to fill the
                    GPU at BV=64 (B1-B2 at HV32) and there are >= 4 segments, starts each segment's chain a

@@ -267,7 +267,7 @@ def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
 GF_SEG_MIN_CHUNKS = 16     # no segment shorter: a warm-up window (~3 chunks at production decay) stays <= ~20% of it
 # LINATTN_GDN_GLUON_GF_SEGMENTS unset: the default since round 23 (H200, gate green with the segments forced on; B1-B2
 # HV32 forward 1.34-1.58x as CUDA graphs, H2/HV8 B1 1.85x / 4.57x at T8192 / T65536; where every head decays slowly
-# 0.995-1.001x and where half do 0.997x at HV32: those pairs run unsegmented; benchmarks/OPT_LOG.md 23.1-23.3)
+# 0.993-1.009x and where half do 0.994x at HV32, 1.000x at H2/HV8: those pairs run unsegmented; OPT_LOG 23.1-23.4)
 GF_SEGMENTS_AUTO = True
 # An eager call (not under CUDA-graph capture) is segmented by default only from this many tokens: the segment path's
 # host time (~0.55 ms per call on the H200 machine, round 23: two more launches, the side stream) exceeds the GPU time
