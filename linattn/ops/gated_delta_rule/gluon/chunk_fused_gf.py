@@ -67,11 +67,10 @@ if GLUON_OK:
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  SPLIT: gl.constexpr, STATES_GATED: gl.constexpr = False, h0_on=1, ht_on=1,
-                  KS_PIPE: gl.constexpr = False):
-        """The state chain (module docstring). STATES_GATED (the segment launch, seg_ptr): h0 is loaded only where
-        h0_on != 0 (else the chain starts from 0), the final state stored only where ht_on != 0, and n is the whole
-        sequence's index (the h0 / final row), as chunk_fused_ws._ws_state's. KS_PIPE: product 1's column half h + 1
+                  SPLIT: gl.constexpr, h0_on, ht_on, KS_PIPE: gl.constexpr = False):
+        """The state chain (module docstring). h0 is loaded only where h0_on != 0 (else the chain starts from 0), the
+        final state stored only where ht_on != 0 (both 1 outside the segment launch: chunk_fused_wu_ws._segment_word),
+        and n is the h0 / final row (the whole sequence's in the segment launch). KS_PIPE: product 1's column half h + 1
         is issued (asynchronously) before half h's x is formed and stored, so that its wgmma runs under that work."""
         dt: gl.constexpr = k_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
@@ -83,15 +82,10 @@ if GLUON_OK:
         sk = gl.arange(0, K, layout=ROWS)
         sv = gl.arange(0, BV, layout=COLS)
         state_off = gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        s = gl.zeros([K, BV], gl.float32, ACC)
         if USE_H0:
-            if STATES_GATED:
-                s = gl.zeros([K, BV], gl.float32, ACC)
-                if h0_on != 0:
-                    s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
-            else:
+            if h0_on != 0:
                 s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
-        else:
-            s = gl.zeros([K, BV], gl.float32, ACC)
         r_t = gl.arange(0, BT, layout=ROWS)
         gam, bet, gam_last = _gf_gates(gcum_ptr, beta_ptr, bos, eos, hv, r_t, HV, BT)
         for c in range(nchunks):
@@ -159,10 +153,7 @@ if GLUON_OK:
             gam_last = gam_last_n
         if STORE_HT:
             # the row index in int32 (N * HV <= 65535: the grid), widened for the element offset
-            if STATES_GATED:
-                if ht_on != 0:
-                    gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
-            else:
+            if ht_on != 0:
                 gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
 
     @gluon.jit
@@ -208,7 +199,7 @@ if GLUON_OK:
         gl.warp_specialize(
             [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                           gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                          USE_H0, STORE_HT, SPLIT, WARM, h0_on, ht_on, KS_PIPE)),
+                          USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE)),
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
              (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
