@@ -647,18 +647,21 @@ def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", sele
     return fused_wu_signature(dtype, 128, states=states, beta=beta, select=select, warm=warm)
 
 
-def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False, ks_pipe: bool = False):
+def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False, ks_pipe: bool = False,
+                    state2: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
-                                                                       GF_STAGES, PRODUCER_REGS,
-                                                                       chunk_fused_gf_kernel as fn)
+                                                                       GF_STAGES, GF_STATE2_OUTPUT_REGS,
+                                                                       GF_STATE2_SPLIT, GF_STATE2_STATE_REGS,
+                                                                       PRODUCER_REGS, chunk_fused_gf_kernel as fn)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                     OUT_PIPE=out_pipe, SPLIT=GF_SPLIT)
+                     OUT_PIPE=out_pipe, SPLIT=GF_SPLIT, KS_PIPE=ks_pipe, STATE_WGS=1, STATE_REGS=0)
         if not warm:                   # the segment launch has both, the plain launch neither
             const.update(sel_ptr=None, seg_ptr=None)
-        if ks_pipe:
-            const["KS_PIPE"] = True
+        if state2:                     # two state partitions (LINATTN_GDN_GLUON_GF_STATE2)
+            const.update(OUTPUT_REGS=GF_STATE2_OUTPUT_REGS, SPLIT=GF_STATE2_SPLIT, STATE_WGS=2,
+                         STATE_REGS=GF_STATE2_STATE_REGS)
         sig = fused_gf_signature(dtype, select=warm, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
@@ -691,4 +694,16 @@ for _dt, _warm in (("bf16", False), ("fp16", False), ("bf16", True)):
         div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
         description=f"GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with product 1's column halves "
                     f"pipelined (KS_PIPE), output warpgroup at 232 registers, H16/HV32 K=V=128 {_dt}"
+                    + (", the segment launch" if _warm else "")))
+
+# Two state partitions (LINATTN_GDN_GLUON_GF_STATE2, round 24): each holds the [128, 64] half of S's columns, four
+# warpgroups (output 176, worker state 152, the default state Gluon's remainder); plain and segment launch, each with
+# and without KS_PIPE.
+for _warm, _ksp in ((False, False), (False, True), (True, False), (True, True)):
+    register(AotKernel(
+        "gdn_fwd_fused_gf_gluon_bf16_bv128_state2" + ("_kspipe" if _ksp else "") + ("_warm" if _warm else ""),
+        _fused_gf_build("bf16", warm=_warm, ks_pipe=_ksp, state2=True), FUSED_WU_INTENDED,
+        div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
+        description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with two state partitions of 64 "
+                    "columns each (STATE_WGS=2)" + (", KS_PIPE" if _ksp else "") + ", H16/HV32 K=V=128 bf16"
                     + (", the segment launch" if _warm else "")))

@@ -22,6 +22,12 @@ Rows of a box past the sequence end hold the next sequence's tokens: x's rows th
 values that are not finite cannot leak) and Tinv's rows of valid tokens have zeros past the diagonal, so Vnew of
 valid rows is exact; the rows past the end are selected to 0 again after the product.
 
+STATE_WGS = 2 (LINATTN_GDN_GLUON_GF_STATE2, round 24 trial): the state chain in two partitions, the default and worker
+0, each holding the [K, BV / 2] half of S's columns. Every product of the chain is column-separable (K S, Tinv x and
+K^T (d vnew) act on a column half independently), so each partition publishes its half of S and vnew, forms its half
+of x and d * vnew in its columns of vn_s, and the halves meet only at the ring (empty count 3) and the publication
+barriers (s_full, v_full count 2). Four warpgroups: output 176, worker state 152, default state Gluon's remainder.
+
 Barriers as chunk_fused_ws.py with two consumers (ready[s] count 1 + tx; empty[s] count 2: the state partition after
 product 3 (v read by generic loads: fenced), the output after q k^T and q S; s_full, v_full, pub_empty per published
 buffer). Shared memory at BV = 128, 2 stages, one published pair: ring 2 x (q 16 + k 16 + v 16 + Tinv 8 KB), s_pub
@@ -46,12 +52,28 @@ GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is se
 #                          224 and 240 with SPLIT = 2 (without it 8 bytes at every split from 200 to 240: OPT_LOG 22.5)
 GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live in the state warpgroup): 8 bytes of
 #                                spill at 240, 0 at 232 and 224 (sm_90a AOT, plain and segment builds)
+# Two state partitions (STATE_WGS = 2, LINATTN_GDN_GLUON_GF_STATE2): four warpgroups share the 64K registers (128 per
+# thread on average). sm_90a AOT, SPLIT = 2 (product 1 in two [64, 32] halves per partition): 0 spill in the plain,
+# KS_PIPE, segment and segment + KS_PIPE builds with the output at 176 and the worker state partition at 152 (the
+# default state partition gets Gluon's remainder, 160). SPLIT = 1 kept 4 bytes (the switch loop's shared-memory base)
+# in local memory at every split tried, as did the output at 192 with two of the four builds.
+GF_STATE2_OUTPUT_REGS = 176
+GF_STATE2_STATE_REGS = 152
+GF_STATE2_SPLIT = 2
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _segment_word, _wu_output, _wu_producer
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_barriers, _ws_barriers_invalidate, ws_acc_layout,
                                                                    ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
+
+    @gluon.jit
+    def _gf_cols(buf, COL0: gl.constexpr, NCOL: gl.constexpr, BV: gl.constexpr):
+        """Columns [COL0, COL0 + NCOL) of a [rows, BV] shared buffer (the buffer itself where NCOL == BV)."""
+        if NCOL < BV:
+            return buf.slice(COL0, NCOL, dim=1)
+        else:
+            return buf
 
     @gluon.jit
     def _gf_gates(gcum_ptr, beta_ptr, t0, eos, hv, r_t, HV: gl.constexpr, BT: gl.constexpr):
@@ -67,22 +89,32 @@ if GLUON_OK:
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  SPLIT: gl.constexpr, h0_on, ht_on, KS_PIPE: gl.constexpr = False):
+                  SPLIT: gl.constexpr, h0_on, ht_on, KS_PIPE: gl.constexpr = False, COL0: gl.constexpr = 0,
+                  NC: gl.constexpr = 0):
         """The state chain (module docstring). h0 is loaded only where h0_on != 0 (else the chain starts from 0), the
         final state stored only where ht_on != 0 (both 1 outside the segment launch: chunk_fused_wu_ws._segment_word),
         and n is the h0 / final row (the whole sequence's in the segment launch). KS_PIPE: product 1's column half h + 1
-        is issued (asynchronously) before half h's x is formed and stored, so that its wgmma runs under that work."""
+        is issued (asynchronously) before half h's x is formed and stored, so that its wgmma runs under that work.
+        COL0, NC (NC = 0: all BV): the columns [COL0, COL0 + NC) of S, x, vnew that this partition holds (STATE_WGS = 2:
+        two state partitions of BV / 2 columns each; every product of the chain is column-separable, so the halves
+        share only the ring and the publication barriers)."""
         dt: gl.constexpr = k_s.dtype
-        ACC: gl.constexpr = ws_acc_layout(BV)                 # [BT, BV] and S [K, BV]
+        NCOL: gl.constexpr = BV if NC == 0 else NC
+        # this partition's columns of the published pair and of the x / d * vnew buffer (the whole buffers where
+        # NCOL == BV, so that the one-partition build is unchanged)
+        vn_c = vn_s
+        if NCOL < BV:
+            vn_c = vn_s.slice(COL0, NCOL, dim=1)
+        ACC: gl.constexpr = ws_acc_layout(NCOL)               # [BT, NCOL] and S [K, NCOL]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
         COLS: gl.constexpr = gl.SliceLayout(0, ACC)
         # h0 / the final state straight in the accumulator layout (once per CTA; no conversion scratch)
         # int32 offsets inside the state and one scalar int64 base: per-element 64-bit offsets (256 registers per
         # thread for a [128, 128] tile) spilled 144 bytes in the prologue
         sk = gl.arange(0, K, layout=ROWS)
-        sv = gl.arange(0, BV, layout=COLS)
+        sv = gl.arange(0, NCOL, layout=COLS) + COL0
         state_off = gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
-        s = gl.zeros([K, BV], gl.float32, ACC)
+        s = gl.zeros([K, NCOL], gl.float32, ACC)
         if USE_H0:
             if h0_on != 0:
                 s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
@@ -96,7 +128,7 @@ if GLUON_OK:
             # publish S_c once the output partition is done with chunk c - NPUB
             j = c % NPUB
             mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
-            s_pub.index(j).store(s.to(dt))
+            _gf_cols(s_pub.index(j), COL0, NCOL, BV).store(s.to(dt))
             fence_async_shared()                               # generic store -> wgmma (async proxy)
             gl.thread_barrier()
             mbarrier.arrive(s_full.index(j))
@@ -107,43 +139,43 @@ if GLUON_OK:
             # product 1: K S_c; x = beta (v - e^gam K S_c), rows past the end selected to 0. In column halves of
             # BV / 2 (SPLIT): with S's 128 registers live, a whole [64, 128] product and the v tile next to it left
             # the state warpgroup 2 registers short (8 bytes spilled, reloaded every chunk)
-            HB: gl.constexpr = BV // SPLIT
+            HB: gl.constexpr = NCOL // SPLIT
             ACC_H: gl.constexpr = ws_acc_layout(HB)
             valid_h = gl.convert_layout(valid, ACC_H)
             bet_h = gl.expand_dims(gl.convert_layout(bet, gl.SliceLayout(1, ACC_H)), 1)
             eg_h = gl.expand_dims(gl.convert_layout(gl.exp(gam), gl.SliceLayout(1, ACC_H)), 1)
             if KS_PIPE:
-                ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(0, HB, dim=1),
+                ks = warpgroup_mma(k_s.index(st), _gf_cols(s_pub.index(j), COL0, NCOL, BV).slice(0, HB, dim=1),
                                    gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
                 for h in gl.static_range(SPLIT):
                     if h + 1 < SPLIT:      # the next half's product in flight under this half's x
-                        ks_n = warpgroup_mma(k_s.index(st), s_pub.index(j).slice((h + 1) * HB, HB, dim=1),
+                        ks_n = warpgroup_mma(k_s.index(st), _gf_cols(s_pub.index(j), COL0, NCOL, BV).slice((h + 1) * HB, HB, dim=1),
                                              gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False, is_async=True)
-                    v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
-                    vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
+                    v = v_s.index(st).slice(COL0 + h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
+                    vn_c.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
                     if h + 1 < SPLIT:
                         ks = warpgroup_mma_wait(0, deps=[ks_n])
             else:
                 for h in gl.static_range(SPLIT):
-                    ks = warpgroup_mma(k_s.index(st), s_pub.index(j).slice(h * HB, HB, dim=1),
+                    ks = warpgroup_mma(k_s.index(st), _gf_cols(s_pub.index(j), COL0, NCOL, BV).slice(h * HB, HB, dim=1),
                                        gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
-                    v = v_s.index(st).slice(h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
-                    vn_s.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
+                    v = v_s.index(st).slice(COL0 + h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
+                    vn_c.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
             fence_async_shared()
             gl.thread_barrier()
             # product 2: vnew = Tinv x
-            vnew = warpgroup_mma(t_s.index(st), vn_s, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            vnew = warpgroup_mma(t_s.index(st), vn_c, gl.zeros([BT, NCOL], gl.float32, ACC), use_acc=False)
             vnew = gl.where(valid, vnew, 0.).to(dt)
-            v_pub.index(j).store(vnew)
+            _gf_cols(v_pub.index(j), COL0, NCOL, BV).store(vnew)
             d = gl.exp(gam_last - gam)
             vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
             gl.thread_barrier()                                # every warp's product 2 has read x from vn_s
-            vn_s.store(vs)
+            vn_c.store(vs)
             fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 3)
             gl.thread_barrier()
             mbarrier.arrive(v_full.index(j))
             # product 3: S_{c+1} = e^gam_C S_c + K^T (d * vnew)
-            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
+            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_c, s * gl.exp(gam_last))
             # this partition's share of ring slot st is done (v read by generic loads: fence before the TMA refill)
             fence_async_shared()
             gl.thread_barrier()
@@ -169,6 +201,7 @@ if GLUON_OK:
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
         SPLIT: gl.constexpr = GF_SPLIT, KS_PIPE: gl.constexpr = False,
+        STATE_WGS: gl.constexpr = 1, STATE_REGS: gl.constexpr = 0,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         dt: gl.constexpr = k_desc.dtype
@@ -194,17 +227,36 @@ if GLUON_OK:
         s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
         v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
         vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
-        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # empty: state + output partitions
+        # empty: the state partitions + the output; s_full / v_full: one arrival per state partition
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 1 + STATE_WGS, STATE_WGS)
 
-        gl.warp_specialize(
-            [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                          USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE)),
-             (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                           nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
-             (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv, hk,
-                             0, K, V, BT, BV, STAGES))],
-            worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
+        if STATE_WGS == 1:
+            gl.warp_specialize(
+                [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE)),
+                 (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                               nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
+                 (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
+                                 hk, 0, K, V, BT, BV, STAGES))],
+                worker_num_warps=[4, 1], worker_num_regs=[OUTPUT_REGS, PRODUCER_REGS])
+        else:
+            # two state partitions (the default and worker 0), each the [K, BV / 2] half of S's columns: the chain's
+            # serial elementwise work per chunk (S's publication, x, d * vnew) halves, its products run at N = BV / 2
+            gl.static_assert(STATE_WGS == 2, "STATE_WGS: 1 or 2 state partitions")
+            HALF: gl.constexpr = BV // 2
+            gl.warp_specialize(
+                [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, HALF)),
+                 (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF)),
+                 (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                               nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
+                 (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
+                                 hk, 0, K, V, BT, BV, STAGES))],
+                worker_num_warps=[4, 4, 1], worker_num_regs=[STATE_REGS, OUTPUT_REGS, PRODUCER_REGS])
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
 
 
@@ -220,6 +272,8 @@ class FusedGfConfig:
     split: int = GF_SPLIT
     ks_pipe: bool = False  # KS_PIPE (fused_gf_config: the plain launch's default since round 23)
     num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
+    state_wgs: int = 1     # 2: two state partitions of BV / 2 columns (LINATTN_GDN_GLUON_GF_STATE2; 16 warps)
+    state_regs: int = 0    # setmaxnreg of the worker state partition where state_wgs == 2
 
 
 def fused_gf_config(segments: bool = False) -> FusedGfConfig:
@@ -230,7 +284,11 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     H2/HV8 B1 T65536."""
     from linattn.runtime.settings import settings
     mode = settings.gdn_gluon_gf_ks_pipe
-    if mode == "on" or (mode == "auto" and not segments):
+    ks_pipe = mode == "on" or (mode == "auto" and not segments)
+    if settings.gdn_gluon_gf_state2 == "on":
+        return FusedGfConfig(output_regs=GF_STATE2_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
+                             state_regs=GF_STATE2_STATE_REGS)
+    if ks_pipe:
         return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True)
     return FusedGfConfig()
 
@@ -309,7 +367,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, KS_PIPE=cfg.ks_pipe,
-                  num_warps=cfg.num_warps)
+                  STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 

@@ -263,9 +263,10 @@ if GLUON_OK:
 
     # ------------------------------------------------------------------ barriers (also chunk_fused_gf.py's)
     @gluon.jit
-    def _ws_barriers(STAGES: gl.constexpr, NPUB: gl.constexpr, CONSUMERS: gl.constexpr):
+    def _ws_barriers(STAGES: gl.constexpr, NPUB: gl.constexpr, CONSUMERS: gl.constexpr, PUBLISHERS: gl.constexpr = 1):
         """The ring's ready[STAGES] (count 1 + tx) and empty[STAGES] (count CONSUMERS) and the published pairs'
-        s_full, v_full, pub_empty[NPUB] (count 1), allocated and initialised, the inits fenced for the async proxy."""
+        s_full, v_full (count PUBLISHERS: the partitions that publish a share of each), pub_empty[NPUB] (count 1),
+        allocated and initialised, the inits fenced for the async proxy."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
@@ -275,8 +276,8 @@ if GLUON_OK:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)
         for i in gl.static_range(NPUB):
-            mbarrier.init(s_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(s_full.index(i), count=PUBLISHERS)
+            mbarrier.init(v_full.index(i), count=PUBLISHERS)
             mbarrier.init(pub_empty.index(i), count=1)
         fence_async_shared()                                     # barrier inits visible to the async proxy
         return ready, empty, s_full, v_full, pub_empty
