@@ -50,7 +50,7 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     assert grid == (plan.N * 32,)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
                           STORE_HT=states, OUTPUT_REGS=GF_KS_PIPE_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                          OUT_PIPE=True, SPLIT=2, KS_PIPE=True, num_warps=4)
+                          OUT_PIPE=True, SPLIT=2, KS_PIPE=True, STATE_WGS=1, STATE_REGS=0, num_warps=4)
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
@@ -343,3 +343,52 @@ def test_gf_ks_pipe_switch(monkeypatch):
         rep = inspect_kernel(kernels()[name])
         assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and not rep.missing, (name, rep.spill_bytes)
         assert rep.sass.get("HGMMA.64x128x16.F32.BF16") == 24 and rep.sass.get("HGMMA.64x64x16.F32.BF16") == 32
+
+
+@needs_gluon
+def test_gf_state2_builds_and_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_GF_STATE2=1 (round 24 trial): the launch passes STATE_WGS=2 with the output at 176 and the
+    worker state partition at 152 registers, SPLIT=2, KS_PIPE as its own switch decides (plain launch yes, segment launch
+    no), and its arguments still mangle to the AOT signature; unset or "0": STATE_WGS=1 (the round-23 kernel).
+    The four registered state2 builds: 16 warps (two state warpgroups, output, the producer's padded warpgroup), 0 spill
+    and no local memory, shared memory in budget, and each state partition's products at N = 64 (Tinv x, K^T d vnew as
+    two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T 64x64)."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_gf_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_STATE2_OUTPUT_REGS, GF_STATE2_STATE_REGS,
+                                                                   fused_gf_launch)
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    monkeypatch.delenv("LINATTN_GDN_GLUON_GF_KS_PIPE", raising=False)
+    plan, bufs = _buffers(1, 4096, 16, 32)
+    splan = segment_plan(1, 4096, 4, 16, "cpu")
+    seg = dict(select=torch.zeros(1, 32, dtype=torch.int32), seg=torch.zeros(4, 32, dtype=torch.int32))
+    for switch, on in ((None, False), ("0", False), ("1", True)):
+        if switch is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_GF_STATE2", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_GF_STATE2", switch)
+        for launch, ks_pipe in ((fused_gf_launch(*bufs, plan, 128 ** -0.5), True),
+                                (fused_gf_launch(*bufs, splan, 128 ** -0.5, **seg), False)):
+            kernel, grid, args, kwargs = launch
+            assert kwargs["KS_PIPE"] is ks_pipe, switch
+            if not on:
+                assert kwargs["STATE_WGS"] == 1 and kwargs["STATE_REGS"] == 0, switch
+                continue
+            assert kwargs["STATE_WGS"] == 2 and kwargs["STATE_REGS"] == GF_STATE2_STATE_REGS == 152
+            assert kwargs["OUTPUT_REGS"] == GF_STATE2_OUTPUT_REGS == 176 and kwargs["SPLIT"] == 2
+            assert kwargs["num_warps"] == 4 and grid[0] == (plan.N * 32 if ks_pipe else splan.N * 32)
+            sig = fused_gf_signature("bf16", select=not ks_pipe, warm=not ks_pipe)
+            assert len(args) == len(sig)
+            for (name, want), arg in zip(sig.items(), args):
+                assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+            names = list(kernel.arg_names)
+            assert sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
+    for suffix in ("", "_kspipe", "_warm", "_kspipe_warm"):
+        name = "gdn_fwd_fused_gf_gluon_bf16_bv128_state2" + suffix
+        rep = inspect_kernel(kernels()[name])
+        assert not rep.missing, f"{name}: intended instructions missing: {rep.missing}; got {rep.sass}"
+        assert rep.spill_bytes == 0 and rep.families["STL"] == 0 and rep.families["LDL"] == 0, (name, rep.spill_bytes)
+        assert rep.num_warps == 16 and 0 < rep.smem <= SMEM_LIMIT_SM90, (name, rep.num_warps, rep.smem)
+        assert rep.sass.get("HGMMA.64x128x16.F32.BF16") == 12 and rep.sass.get("HGMMA.64x64x16.F32.BF16") == 40 \
+            and rep.sass.get("HGMMA.64x32x16.F32.BF16") == 32, (name, rep.sass)
