@@ -253,7 +253,7 @@ if GLUON_OK:
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
                               USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF)),
                  (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
-                               nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
+                               nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM, True)),
                  (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
                                  hk, 0, K, V, BT, BV, STAGES))],
                 worker_num_warps=[4, 4, 1], worker_num_regs=[STATE_REGS, OUTPUT_REGS, PRODUCER_REGS])

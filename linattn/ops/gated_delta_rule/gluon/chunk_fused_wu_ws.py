@@ -190,7 +190,8 @@ if GLUON_OK:
     def _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                           nchunks, bos, eos, hv, vb,
                           HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                          STAGES: gl.constexpr, NPUB: gl.constexpr, o_lo=0, WARM: gl.constexpr = False):
+                          STAGES: gl.constexpr, NPUB: gl.constexpr, o_lo=0, WARM: gl.constexpr = False,
+                          QK_DONE: gl.constexpr = False):
         """chunk_fused_ws._ws_output with q k^T one chunk ahead (OUT_PIPE): the q k^T of chunk c + 1 is issued as soon
         as chunk c's products are waited, so it runs on the tensor cores while this warpgroup forms chunk c's gated
         attention; the gates are loaded one chunk ahead in log2 units and exponentiated by ex2.approx.ftz, without
@@ -199,7 +200,12 @@ if GLUON_OK:
         pub_empty and the wu warpgroup 25% on ready behind it.
         The q k^T issued in the last iteration (chunk nchunks) reads a ring slot that no copy is landing in (the
         producer's last copy is chunk nchunks - 1, in another slot; an earlier copy into this one was waited) and is
-        discarded; it is waited before the partition ends."""
+        discarded; it is waited before the partition ends.
+        QK_DONE: no wgmma is in flight across the loop's entry or back edge: the first q k^T is waited before the loop
+        and each next one with chunk c's output product (it is complete there anyway: wait(0)), so the loop carries a
+        finished [BT, BT] tile. Where another partition in the same switch loop reads its own accumulators (the
+        gate-free kernel's second state partition), ptxas otherwise serialises every wgmma of the kernel (C7514:
+        non-wgmma instructions reading accumulator registers inside a pipeline stage, the loop-carried copies)."""
         dt: gl.constexpr = q_s.dtype
         LOG2E: gl.constexpr = 1.4426950408889634
         ACC_A: gl.constexpr = ws_acc_layout(BT)               # q k^T [BT, BT]
@@ -212,6 +218,8 @@ if GLUON_OK:
             mbarrier.wait(ready.index(0), 0)
         qk = warpgroup_mma(q_s.index(0), k_s.index(0).permute((1, 0)), gl.zeros([BT, BT], gl.float32, ACC_A),
                            use_acc=False, is_async=True)
+        if QK_DONE:
+            qk = warpgroup_mma_wait(0, deps=[qk])
         for c in range(nchunks):
             t0 = bos + c * BT
             st = c % STAGES
@@ -221,7 +229,11 @@ if GLUON_OK:
             mbarrier.wait(s_full.index(j), (c // NPUB) & 1)
             qs = warpgroup_mma(q_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC_O),
                                use_acc=False, is_async=True)
-            qkv, qs = warpgroup_mma_wait(0, deps=[qk, qs])
+            if QK_DONE:
+                qkv = qk
+                qs = warpgroup_mma_wait(0, deps=[qs])
+            else:
+                qkv, qs = warpgroup_mma_wait(0, deps=[qk, qs])
             gl.thread_barrier()
             mbarrier.arrive(empty.index(st))                   # q, k read by wgmma only (async -> async: no fence)
             st1 = (c + 1) % STAGES
@@ -235,13 +247,17 @@ if GLUON_OK:
             o = qs * gl.expand_dims(_ex2_ftz(gl.convert_layout(gam, gl.SliceLayout(1, ACC_O))), 1)
             mbarrier.wait(v_full.index(j), (c // NPUB) & 1)
             o = warpgroup_mma(att, v_pub.index(j), o, is_async=True)
-            o = warpgroup_mma_wait(0, deps=[o])               # in order: the next q k^T is done too
+            if QK_DONE:
+                o, qk_n = warpgroup_mma_wait(0, deps=[o, qk_n])
+            else:
+                o = warpgroup_mma_wait(0, deps=[o])           # in order: the next q k^T is done too
             gl.thread_barrier()
             mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] read by wgmma only
             _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO, o_lo, WARM)
             gam = gam_n
             qk = qk_n
-        qkv = warpgroup_mma_wait(0, deps=[qk])                  # no chunk: the first q k^T is still in flight
+        if not QK_DONE:
+            qkv = warpgroup_mma_wait(0, deps=[qk])              # no chunk: the first q k^T is still in flight
 
     @gluon.jit
     def _segment_word(seg_ptr, nh, n, bos, nchunks, BT: gl.constexpr):
@@ -262,10 +278,11 @@ if GLUON_OK:
     def _wu_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr, o_lo, WARM: gl.constexpr):
+                   STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr, o_lo, WARM: gl.constexpr,
+                   QK_DONE: gl.constexpr = False):
         if OUT_PIPE:
             _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
-                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM)
+                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM, QK_DONE)
         else:
             _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                        nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM)
