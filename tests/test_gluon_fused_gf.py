@@ -6,7 +6,7 @@ itself runs only on a GPU (benchmarks/gpu: the Gluon gate with the switch on).""
 import pytest
 import torch
 
-from linattn.runtime.aot import inspect_kernel, kernels
+from linattn.runtime.aot import compile_kernel, inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
 from test_gluon_fused_wu import SMEM_LIMIT_SM90, _buffers, _inputs, op_against_triton_forward  # tests/ on sys.path
@@ -354,6 +354,7 @@ def test_gf_state2_builds_and_switch(monkeypatch):
     and no local memory, shared memory in budget, and each state partition's products at N = 64 (Tinv x, K^T d vnew as
     two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T 64x64)."""
     from triton.runtime.jit import mangle_type
+    from triton.tools.disasm import get_sass
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_STATE2_OUTPUT_REGS, GF_STATE2_STATE_REGS,
@@ -392,3 +393,9 @@ def test_gf_state2_builds_and_switch(monkeypatch):
         assert rep.num_warps == 16 and 0 < rep.smem <= SMEM_LIMIT_SM90, (name, rep.num_warps, rep.smem)
         assert rep.sass.get("HGMMA.64x128x16.F32.BF16") == 12 and rep.sass.get("HGMMA.64x64x16.F32.BF16") == 40 \
             and rep.sass.get("HGMMA.64x32x16.F32.BF16") == 32, (name, rep.sass)
+        # the wgmmas are not serialised (ptxas C7514, which the output's loop-carried in-flight q k^T caused here
+        # before QK_DONE): only the last HGMMA of each of the 12 wgmma groups (4 per state partition, 4 in the
+        # output) waits on its scoreboard
+        sass = get_sass(compile_kernel(kernels()[name]).asm["cubin"])
+        hgmma = [line for line in sass.splitlines() if "HGMMA." in line]
+        assert len(hgmma) == 84 and sum("gsb0" in line for line in hgmma) == 12, (name, len(hgmma))
