@@ -99,11 +99,15 @@ LINATTN_GDN_GLUON_GF_KS_PIPE unset (default since round 23): the gate-free kerne
                    half's x (chunk_fused_gf.py KS_PIPE; the output warpgroup at 232 registers: sm_90a 0 spill); "1"
                    both launches, "0" neither. H200 round 23 (gate green forced on, o and final bit-equal): 1.017x
                    B8 T4096, 1.039x B4 T16384, 1.013x varlen24 at H16/HV32; the segment launch 0.989-1.001x, so off.
-LINATTN_GDN_GLUON_GF_STATE2 "1" (opt-in, round 24 trial): the gate-free kernel runs its state chain in two state
+LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel runs its state chain in two state
                    partitions of 64 columns each (chunk_fused_gf.py STATE_WGS=2: each holds the [128, 64] half of S,
                    publishes its half, forms its half of x, vnew and d * vnew; the products at N = 32 / 64), four
                    warpgroups with the output at 176 and the worker state partition at 152 registers (sm_90a: 0
-                   spill in all four builds); "0" or unset: one state warpgroup.
+                   spill, wgmmas not serialised, in all four builds); "0": one state warpgroup (round 23's kernel);
+                   "1": two. Round 24 on an H200 (benchmarks/OPT_LOG.md 24.1-24.2, RESULTS.md round 24 part A; gate
+                   green with it forced on, o and final bit-equal): 1.113x B8 T4096, 1.133x B4 T16384, 1.125x
+                   varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768 at H16/HV32; 1.096x / 1.069x at
+                   HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.
 LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
                    batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
                    CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
@@ -304,7 +308,7 @@ class _Settings:
 
     @property
     def gdn_gluon_gf_state2(self) -> str:
-        """"on", "off" (LINATTN_GDN_GLUON_GF_STATE2 set) or "auto" (unset: one state warpgroup)."""
+        """"on", "off" (LINATTN_GDN_GLUON_GF_STATE2 set) or "auto" (unset: two state partitions, as "on")."""
         return _on_off_auto("LINATTN_GDN_GLUON_GF_STATE2")
 
     @property
