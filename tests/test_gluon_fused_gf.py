@@ -35,12 +35,13 @@ def test_gf_build(name):
 @needs_gluon
 @pytest.mark.parametrize("B,T,lens,states", [(8, 512, None, True), (1, 3000, [1, 63, 65, 1000, 1871], False)])
 def test_gf_launch_matches_aot_signature(B, T, lens, states):
-    """fused_gf_launch's arguments mangle to the AOT signature; one CTA per (sequence, value head); v's box [64, 128]."""
+    """fused_gf_launch's arguments mangle to the AOT signature; one CTA per (sequence, value head); v's box [64, 128];
+    the default config (round 24): two state partitions, KS_PIPE on the plain launch."""
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_KS_PIPE_OUTPUT_REGS, GF_NPUB, GF_STAGES,
-                                                                   PRODUCER_REGS, fused_gf_launch)
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_NPUB, GF_STAGES, GF_STATE2_OUTPUT_REGS,
+                                                                   GF_STATE2_STATE_REGS, PRODUCER_REGS, fused_gf_launch)
     plan, bufs = _buffers(B, T, 16, 32, lens, states=states)
     kernel, grid, args, kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)
     sig = fused_gf_signature("bf16", states)
@@ -49,8 +50,9 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert grid == (plan.N * 32,)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
-                          STORE_HT=states, OUTPUT_REGS=GF_KS_PIPE_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                          OUT_PIPE=True, SPLIT=2, KS_PIPE=True, STATE_WGS=1, STATE_REGS=0, num_warps=4)
+                          STORE_HT=states, OUTPUT_REGS=GF_STATE2_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                          OUT_PIPE=True, SPLIT=2, KS_PIPE=True, STATE_WGS=2, STATE_REGS=GF_STATE2_STATE_REGS,
+                          num_warps=4)
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
@@ -322,13 +324,15 @@ def test_gf_ks_pipe_switch(monkeypatch):
     """LINATTN_GDN_GLUON_GF_KS_PIPE unset (the default since round 23): the plain launch passes KS_PIPE with the output
     warpgroup at 232 registers, the segment launch neither (0.989-1.001x there on the H200); "1" both, "0" neither
     (KS_PIPE=False at 240: the constexpr's default, the round-22 kernel). The registered KS_PIPE builds compile without
-    spill (8 bytes at 240) and keep the plain build's wgmma shapes."""
+    spill (8 bytes at 240) and keep the plain build's wgmma shapes. One state partition (LINATTN_GDN_GLUON_GF_STATE2=0;
+    test_gf_state2_builds_and_switch has the two-partition config)."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_KS_PIPE_OUTPUT_REGS, GF_OUTPUT_REGS,
                                                                    fused_gf_launch)
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
     plan, bufs = _buffers(1, 4096, 16, 32)
     splan = segment_plan(1, 4096, 4, 16, "cpu")
     seg = dict(select=torch.zeros(1, 32, dtype=torch.int32), seg=torch.zeros(4, 32, dtype=torch.int32))
+    monkeypatch.setenv("LINATTN_GDN_GLUON_GF_STATE2", "0")
     for switch, plain_on, seg_on in ((None, True, False), ("1", True, True), ("0", False, False)):
         if switch is None:
             monkeypatch.delenv("LINATTN_GDN_GLUON_GF_KS_PIPE", raising=False)
@@ -347,9 +351,9 @@ def test_gf_ks_pipe_switch(monkeypatch):
 
 @needs_gluon
 def test_gf_state2_builds_and_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_GF_STATE2=1 (round 24 trial): the launch passes STATE_WGS=2 with the output at 176 and the
+    """LINATTN_GDN_GLUON_GF_STATE2 unset or "1" (the default since round 24): the launch passes STATE_WGS=2 with the output at 176 and the
     worker state partition at 152 registers, SPLIT=2, KS_PIPE as its own switch decides (plain launch yes, segment launch
-    no), and its arguments still mangle to the AOT signature; unset or "0": STATE_WGS=1 (the round-23 kernel).
+    no), and its arguments still mangle to the AOT signature; "0": STATE_WGS=1 (the round-23 kernel).
     The four registered state2 builds: 16 warps (two state warpgroups, output, the producer's padded warpgroup), 0 spill
     and no local memory, shared memory in budget, and each state partition's products at N = 64 (Tinv x, K^T d vnew as
     two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T 64x64)."""
@@ -364,7 +368,7 @@ def test_gf_state2_builds_and_switch(monkeypatch):
     plan, bufs = _buffers(1, 4096, 16, 32)
     splan = segment_plan(1, 4096, 4, 16, "cpu")
     seg = dict(select=torch.zeros(1, 32, dtype=torch.int32), seg=torch.zeros(4, 32, dtype=torch.int32))
-    for switch, on in ((None, False), ("0", False), ("1", True)):
+    for switch, on in ((None, True), ("0", False), ("1", True)):
         if switch is None:
             monkeypatch.delenv("LINATTN_GDN_GLUON_GF_STATE2", raising=False)
         else:
