@@ -2,8 +2,9 @@
 `python benchmarks/gpu/switch_ab_round.py --out DIR [--budget 150] [--dry-run]`.
 
 AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (common.ab_sides; default
-round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV" (T "varlen<lengths
-joined by +>" for a varlen row; default round 21's H2/HV8 rows). Per row: the two sides' o and final state compared
+round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV[:decay]" (T "varlen<lengths
+joined by +>" for a varlen row; default round 21's H2/HV8 rows; decay "fast", make_gdn_inputs' gates, the default,
+"slow": g x 0.01 on every value head, "mixed": g x 0.01 on the odd value heads, as segments_round.py's). Per row: the two sides' o and final state compared
 (relative RMS, bit-equality; correctness against fp64 is the gates' job), then CUDA-graph medians in the order a, b,
 a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and final state). AB_MODE=fwdbwd times the
 forward and the backward together (autograd.grad of o and the final state against fixed random output gradients, as
@@ -19,12 +20,16 @@ from common import ab_sides, start_round, switch_ab, write_json  # noqa: E402
 DEFAULT_SIDES = "bv32:LINATTN_GDN_GLUON_BV16=0,bv16:LINATTN_GDN_GLUON_BV16=1"
 DEFAULT_ROWS = "1:8192:2:8 1:32768:2:8 1:65536:2:8 2:32768:2:8"
 DRY_ROWS = "1:130:1:2 1:varlen1+63+66:1:2"
+DECAYS = ("fast", "slow", "mixed")
 
 
 def parse_row(spec: str):
-    B, T, H, HV = spec.split(":")
+    B, T, H, HV, *rest = spec.split(":")
+    decay = rest[0] if rest else "fast"
+    if len(rest) > 1 or decay not in DECAYS:
+        raise ValueError(f"row {spec!r}: B:T:H:HV[:decay], decay one of {DECAYS}")
     lens = [int(x) for x in T[len("varlen"):].split("+")] if T.startswith("varlen") else None
-    return int(B), (sum(lens) if lens else int(T)), int(H), int(HV), lens
+    return int(B), (sum(lens) if lens else int(T)), int(H), int(HV), lens, decay
 
 
 def run():
@@ -41,8 +46,8 @@ def run():
         raise ValueError(f"AB_MODE must be fwd or fwdbwd, got {mode!r}")
     start = time.time()
     for spec in (DRY_ROWS if dry else os.environ.get("AB_ROWS", DEFAULT_ROWS)).split():
-        B, T, H, HV, lens = parse_row(spec)
-        row = dict(row=spec, B=B, T=T, H=H, HV=HV, varlen=lens is not None)
+        B, T, H, HV, lens, decay = parse_row(spec)
+        row = dict(row=spec, B=B, T=T, H=H, HV=HV, varlen=lens is not None, decay=decay)
         if time.time() - start > args.budget:
             res["skipped"].append(spec)
             continue
@@ -52,6 +57,10 @@ def run():
             cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64, device=dev)
         x = make_gdn_inputs(1 if lens else B, T, H, HV, K, K, dtype=torch.bfloat16, device=dev,
                             num_states=len(lens) if lens else B, generator=torch.Generator().manual_seed(21 + T))
+        if decay == "slow":
+            x["g"] = x["g"] * 0.01
+        elif decay == "mixed":
+            x["g"][..., 1::2] = x["g"][..., 1::2] * 0.01
 
         be = "triton" if dry else backend
 
