@@ -231,6 +231,23 @@ def test_switch_ab_round_dry_run(tmp_path):
     assert len(res["rows"]) == 2 and all(r["bit_equal"] for r in res["rows"]), res["rows"]
 
 
+def test_switch_ab_round_rows():
+    """switch_ab_round.py's AB_ROWS: "B:T:H:HV[:decay]" (round 24: the slow and mixed decay rows of the decision rule),
+    varlen lengths summed, a decay other than fast / slow / mixed refused."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("switch_ab_round", os.path.join(root, "benchmarks", "gpu",
+                                                                                   "switch_ab_round.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.parse_row("1:65536:16:32") == (1, 65536, 16, 32, None, "fast")
+    assert mod.parse_row("2:4096:2:8:mixed") == (2, 4096, 2, 8, None, "mixed")
+    assert mod.parse_row("1:varlen1+63+66:1:2:slow") == (1, 130, 1, 2, [1, 63, 66], "slow")
+    for bad in ("1:130:1:2:steep", "1:130:1:2:slow:x"):
+        with pytest.raises(ValueError, match="decay one of"):
+            mod.parse_row(bad)
+
+
 @pytest.mark.parametrize("T,lens,stages,npub,BV", [(260, None, 3, 2, 32), (261, [1, 130, 64, 65, 1], 3, 2, 32),
                                                    (1, None, 3, 2, 32), (200, [70, 1, 129], 1, 1, 32),
                                                    (130, None, 2, 1, 32), (193, [1, 128, 64], 2, 2, 64)])
