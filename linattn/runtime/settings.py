@@ -104,7 +104,7 @@ LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel
                    publishes its half, forms its half of x, vnew and d * vnew; the products at N = 32 / 64), four
                    warpgroups with the output at 176 and the worker state partition at 152 registers (sm_90a: 0
                    spill, wgmmas not serialised, in all four builds); "0": one state warpgroup (round 23's kernel);
-                   "1": two. Round 24 on an H200 (benchmarks/OPT_LOG.md 24.1-24.2, RESULTS.md round 24 part A; gate
+                   "1": two. Round 24 on an H200 (benchmarks/OPT_LOG.md 24.1-24.2, RESULTS.md round 24 part B; gate
                    green with it forced on, o and final bit-equal): 1.113x B8 T4096, 1.133x B4 T16384, 1.125x
                    varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768 at H16/HV32; 1.096x / 1.069x at
                    HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.

@@ -279,7 +279,7 @@ class FusedGfConfig:
 
 def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     """The launch config. Two state partitions (STATE_WGS=2, LINATTN_GDN_GLUON_GF_STATE2 unset or "1"; "0": one) since
-    round 24: H200 (RESULTS.md round 24 part A, gate green, o and final bit-equal), CUDA graphs, against one state
+    round 24: H200 (RESULTS.md round 24 part B, gate green, o and final bit-equal), CUDA graphs, against one state
     warpgroup: 1.113x B8 T4096, 1.133x B4 T16384, 1.125x varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768
     (H16/HV32); 1.096x / 1.069x at HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096. KS_PIPE (product 1's halves pipelined, the output warpgroup at GF_KS_PIPE_OUTPUT_REGS)
     for the plain launch by default (LINATTN_GDN_GLUON_GF_KS_PIPE unset), not for the segment launch; "1" both, "0"
