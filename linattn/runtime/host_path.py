@@ -129,3 +129,74 @@ class DescriptorFactory:
         if (t.shape, t.stride()) == self.view:
             return self(t)
         return self.cls(t, t.shape, t.stride(), self.spec[2], self.spec[3])
+
+
+# Options of a JIT launch that are not kernel parameters (the rest of a launch's keyword arguments are).
+LAUNCH_OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion"))
+
+
+def arg_key(a):
+    """What a launch plan keys one runtime argument on: at least everything the JIT specialises it on (a tensor's
+    dtype and 16-byte alignment; an integer's value, finer than the JIT's == 1 / % 16; a float's type; None; a
+    TensorDescriptor's type, dtype, block and layout), so the compiled kernel kept for a key is the one the JIT
+    would pick. Raises TypeError for anything else (the caller then launches through the JIT)."""
+    import torch
+    if a is None:
+        return None
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a)
+    if isinstance(a, float):
+        return ("f",)
+    if hasattr(a, "block_shape") and hasattr(a, "base") and hasattr(a, "layout"):
+        return (type(a), a.base.dtype, tuple(a.block_shape), a.layout, getattr(a, "padding", None))
+    raise TypeError(f"no launch key for an argument of type {type(a).__name__}")
+
+
+def _default(param):
+    """A parameter's default (the JIT applies it to a parameter not given); KeyError where it has none."""
+    if not getattr(param, "has_default", False):
+        raise KeyError(param.name)
+    return param.default
+
+
+class LaunchCache:
+    """`kernel[grid](*args, **kwargs)` through the host path: per (kernel, argument keys, constexprs, options) the
+    compiled kernel of the first launch is kept and later launches go through its handle (runtime/host_path.py's
+    `launch`), skipping the JIT's binding and specialisation. kwargs are the kernel's remaining parameters (each must
+    be given: a parameter left to its default, an argument without a key or the host path's plan cache or handle off
+    launch through the JIT) and the launch options (LAUNCH_OPTIONS)."""
+
+    def __init__(self, host_path: HostPath):
+        self.plans = PlanCache(host_path)
+        self.jit_launches = 0            # launches that went through the JIT (tests count them)
+
+    def __call__(self, kernel, grid, args, kwargs) -> None:
+        hp = self.plans.host_path
+        try:
+            if not (hp.plan_cache and hp.handle):
+                raise TypeError("host path off")
+            params = kernel.params[len(args):]
+            consts = tuple(kwargs[p.name] if p.name in kwargs else _default(p) for p in params)
+            options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
+            if len(options) + sum(p.name in kwargs for p in params) != len(kwargs):
+                raise TypeError("a keyword that is neither a parameter nor a launch option")
+            key = (kernel, tuple(arg_key(a) for a in args), consts, tuple(sorted(options.items())))
+        except (AttributeError, KeyError, TypeError):
+            self.jit_launches += 1
+            kernel[grid](*args, **kwargs)
+            return
+        handles = self.plans.get(key, dict)
+        if not handles:
+            self.jit_launches += 1
+        launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + consts, options,
+               device_of=current_device)
+
+    def clear(self):
+        self.plans.clear()
+
+    def __len__(self):
+        return len(self.plans)

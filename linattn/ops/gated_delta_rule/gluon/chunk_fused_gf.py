@@ -383,6 +383,7 @@ def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, pla
     unsegmented pairs run on chunk_fused_wu_ws, whose chain is the shorter at few CTAs)."""
     if select is not None and seg is None:
         raise ValueError("the gate-free kernel takes a selection only with segment words (seg)")
+    from linattn.ops.gated_delta_rule.gluon.launcher import launches
     kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale,
                                                  select=select, seg=seg)
-    kernel[grid](*args, **kwargs)
+    launches(kernel, grid, args, kwargs)

@@ -455,6 +455,34 @@ def selection_args(select: Optional[torch.Tensor], seg: Optional[torch.Tensor], 
     return _selection(select, None if seg is not None else N * HV), _selection(seg, N * HV, "seg", "segment")
 
 
+_DESC_TEMPLATES = None   # PlanCache of DescriptorFactory per (2-D view shape, strides, box, dtype): _fused_desc
+
+
+def _fused_desc(cls, t2d: torch.Tensor, block, gdt):
+    """TensorDescriptor.from_tensor(t2d, block, NVMMASharedLayout.get_default_for(block, gdt)), with the host path's
+    descriptor templates (runtime/host_path.py, LINATTN_GLUON_HOST_CACHE, as the state pass's): the first descriptor
+    of a (shape, strides, box, dtype) is built and validated by the constructor, later ones copy its fields and take
+    this call's base (the layout, validation and dataclass construction were ~1/3 of an eager fused forward's host
+    time: RESULTS.md round 23 part C). With the cache off, built afresh every call."""
+    global _DESC_TEMPLATES
+    from linattn.ops.gated_delta_rule.gluon.launcher import host_path
+    from linattn.runtime.host_path import DescriptorFactory, PlanCache
+    if not host_path.plan_cache:
+        return cls.from_tensor(t2d, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+    if _DESC_TEMPLATES is None:
+        _DESC_TEMPLATES = PlanCache(host_path)
+    shape, strides = t2d.shape, t2d.stride()      # as from_tensor passes them (a torch.Size, a tuple)
+    factory = _DESC_TEMPLATES.get((cls, tuple(shape), strides, tuple(block), gdt), lambda: DescriptorFactory(
+        cls, shape, strides, list(block), gl.NVMMASharedLayout.get_default_for(block, gdt), host_path))
+    return factory(t2d)
+
+
+def clear_desc_templates() -> None:
+    """Forget the fused launches' descriptor templates."""
+    if _DESC_TEMPLATES is not None:
+        _DESC_TEMPLATES.clear()
+
+
 def fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float, BV: int) -> tuple:
     """The kernel arguments up to scale shared by chunk_fused_wu_ws_kernel and chunk_fused_gf_kernel: TMA descriptors
     over q, k ([BT, K] boxes), v ([BT, BV]) and Tinv ([BT, BT]), then beta, gcum, o, the states, the plan, scale."""
@@ -472,7 +500,7 @@ def fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
     gdt = _gl_dtype(dt)
 
     def desc(t2d, block):
-        return TensorDescriptor.from_tensor(_aligned(t2d), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+        return _fused_desc(TensorDescriptor, _aligned(t2d), block, gdt)
 
     return (desc(q.reshape(T_tot, H * K), [BT, K]), desc(k.reshape(T_tot, H * K), [BT, K]),
             desc(v.reshape(T_tot, HV * V), [BT, BV]), desc(tinv.reshape(T_tot, HV * BT), [BT, BT]),
@@ -507,15 +535,17 @@ def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, 
                             config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None,
                             seg: Optional[torch.Tensor] = None) -> None:
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
-    Tinv. Launched through the Gluon JIT (four TensorDescriptor.from_tensor per call, as chunk_fused_ws_gluon)."""
+    Tinv. Launched through the host path (launcher.launches: the compiled kernel's handle; descriptors from
+    templates, _fused_desc)."""
     from linattn.runtime.device import device_facts
     # BV=16 is gated on the GPU without segment words only: plain (round 21) and with the selection of the
     # segment-parallel forward's unsegmented launch (round 23, segments_round SEG_KIND=gf, H2/HV8 mixed decay)
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms,
                                     bv16=seg is None)
+    from linattn.ops.gated_delta_rule.gluon.launcher import launches
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
                                                  select, seg)
-    kernel[grid](*args, **kwargs)
+    launches(kernel, grid, args, kwargs)
 
 
 def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int):
@@ -528,11 +558,11 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     cfg = split_intra_config(K, K)
     gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
     tinv = empty(plan.T_total, HV, BT, dtype=k.dtype, device=k.device)
+    from linattn.ops.gated_delta_rule.gluon.launcher import launches
     kernel = kkt_kernel()
-    kernel[(plan.num_slots, HV)](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        num_warps=cfg.warps_kkt, **kkt_order(kernel, plan.num_slots))
+    launches(kernel, (plan.num_slots, HV), (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
+             dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
+                  num_warps=cfg.warps_kkt, **kkt_order(kernel, plan.num_slots)))
     return gcum, tinv
 
 

@@ -1,14 +1,15 @@
 """The host path of the GDN Gluon state pass on a CPU, up to the launch (linattn/runtime/hostsim.py: a stand-in
 Triton driver that says "sm_90, 132 SMs", compiles for real and records each launch instead of making it).
 
-    python -m linattn.ops.gated_delta_rule.gluon.hostsim [--calls 1000] [--forward] [--check]
+    python -m linattn.ops.gated_delta_rule.gluon.hostsim [--calls 1000] [--forward] [--check] [--check-fused]
 
 Default: per-call host microseconds of chunk_state_gluon at B=1 T=8192 and B=8 T=4096 (H=16, HV=32, K=V=128,
 bf16, initial and final state) with the host cache off (the JIT launch with four TensorDescriptor.from_tensor per
 call, as before the cache), plans only, and plans + compiled-handle launch (the default); --forward also times the
 whole gluon forward at B=1 T=8192 (its Triton stages, allocations and chunk plan on CPU tensors: those parts cost
 differently on a GPU host; only the difference between the modes carries over). --check prints
-check_launch_paths() as JSON (tests/test_gluon_state_host.py runs it in a child process). Not included: the C
+check_launch_paths() as JSON (tests/test_gluon_state_host.py runs it in a child process); --check-fused
+check_fused_launch_paths() (the fused forward's launches, tests/test_gluon_fused_gf.py). Not included: the C
 launcher and its cuTensorMapEncodeTiled per descriptor, the same in every mode.
 """
 from __future__ import annotations
@@ -134,6 +135,110 @@ def time_modes(calls: int, forward: bool = False, variant: str = "wgmma") -> dic
     return out
 
 
+# The fused forward's launches through launcher.launches (round 24): name -> (B, T, H, HV, what)
+FUSED_CASES = {
+    "gf_plain_h0_ht": (8, 300, 16, 32, "gf"),              # the gate-free kernel's plain launch (two state partitions)
+    "gf_segments": (1, 4096, 16, 32, "gf_seg"),             # its segment launch (segment words, per-sequence selection)
+    "wu_selection": (1, 300, 16, 32, "wu_sel"),             # the W/U kernel with a selection (the unsegmented pairs)
+    "kkt_solve": (1, 300, 16, 32, "kkt"),                   # stage 2a (a Triton kernel)
+}
+
+
+def _fused_call(what, B, T, H, HV):
+    """(fn, the caller's tensors: every pointer a launch passes that is not allocated inside the call) for one
+    FUSED_CASES entry on fresh (never read) buffers."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import chunk_fused_gf_gluon
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import chunk_fused_wu_ws_gluon, kkt_solve
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    K = V = 128
+    e = torch.empty
+    plan = make_chunk_plan(B, T, None, 64, "cpu")
+    T_tot, N = plan.T_total, plan.N
+    if what == "kkt":
+        k, g, beta = e(B, T, H, K, dtype=torch.bfloat16), e(B, T, HV), e(B, T, HV)
+        return (lambda: kkt_solve(k, g, beta, plan, HV)), (k, g, beta, plan.cu, plan.chunk_indices)
+    q, k, v = e(B, T, H, K, dtype=torch.bfloat16), e(B, T, H, K, dtype=torch.bfloat16), e(B, T, HV, V, dtype=torch.bfloat16)
+    beta, gcum, tinv = e(B, T, HV), e(T_tot, HV), e(T_tot, HV, 64, dtype=torch.bfloat16)
+    o, h0, ht = e(B, T, HV, V, dtype=torch.bfloat16), e(N, HV, K, V), e(N, HV, K, V)
+    bufs = (q, k, v, beta, gcum, tinv, o, h0, ht)
+    if what == "gf":
+        return (lambda: chunk_fused_gf_gluon(*bufs, plan, 128 ** -0.5)), bufs + (plan.cu, plan.chunk_offsets)
+    if what == "gf_seg":
+        splan = segment_plan(B, T, 4, -(-T // 64) // 4, "cpu")
+        sel, seg = torch.zeros(B, HV, dtype=torch.int32), torch.zeros(splan.N, HV, dtype=torch.int32)
+        return ((lambda: chunk_fused_gf_gluon(*bufs, splan, 128 ** -0.5, select=sel, seg=seg)),
+                bufs + (splan.cu, splan.chunk_offsets, sel, seg))
+    sel = torch.zeros(N, HV, dtype=torch.int32)
+    return (lambda: chunk_fused_wu_ws_gluon(*bufs, plan, 128 ** -0.5, select=sel)), bufs + (plan.cu,
+                                                                                       plan.chunk_offsets, sel)
+
+
+def _outside(launches, callers) -> list:
+    """The recorded launches with the pointer of every tensor the call allocated itself (stage 2a's gcum and Tinv)
+    replaced by "alloc": those differ from call to call whatever the host path."""
+    mine = {t.data_ptr() for t in callers}
+
+    def one(a):
+        if isinstance(a, tuple) and a and a[0] == "tensor" and a[1] not in mine:
+            return ("tensor", "alloc") + a[2:]
+        return a
+    return [(k, g, [one(a) for a in args]) for k, g, args in launches]
+
+
+def _pointer_set(launches) -> set:
+    """Every data pointer a recorded launch passes (tensors and descriptor bases)."""
+    out = set()
+    for _, _, args in launches:
+        for a in args:
+            if isinstance(a, tuple) and a and a[0] == "tensor" and a[1] != "alloc":
+                out.add(a[1])
+            elif isinstance(a, tuple) and a and a[0] == "desc":
+                out.add(a[1][1])
+    return out
+
+
+def check_fused_launch_paths() -> dict:
+    """Per FUSED_CASES entry: the launch the stand-in driver receives (kernel, grid, every argument) is the same with
+    the host cache off, plans only (descriptor templates, the JIT's launch) and plans + handle (the default); with the
+    handle the JIT's run is skipped; new tensors of the same signature hit the kept kernel (no JIT run, no launch plan
+    added) and reach the launcher with their own pointers, the same launch as the uncached path's on them."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.runtime.hostsim import count_jit_runs, fake_hopper
+    res = {}
+    with fake_hopper() as drv:
+        for name, (B, T, H, HV, what) in FUSED_CASES.items():
+            fn, callers = _fused_call(what, B, T, H, HV)
+            rec = {}
+            for mode, opts in MODES.items():
+                with L.host_path.options(**opts):
+                    fn()                                   # compiles / fills the plan and the handle
+                    del drv.launches[:]
+                    with count_jit_runs() as jit_runs:
+                        fn()
+                    rec[mode] = dict(launches=_outside(_launches(drv), callers), jit_runs=jit_runs[0])
+            ref = rec["jit"]["launches"]
+            n_plans, n_descs = len(L.launches), len(fw._DESC_TEMPLATES or ())
+            fn2, fresh = _fused_call(what, B, T, H, HV)
+            del drv.launches[:]
+            with count_jit_runs() as jit_runs:
+                fn2()
+            new = _outside(_launches(drv), fresh)
+            del drv.launches[:]
+            with L.host_path.options(**MODES["jit"]):
+                fn2()
+            uncached = _outside(_launches(drv), fresh)
+            res[name] = dict(same=all(r["launches"] == ref for r in rec.values()), n_launches=len(ref),
+                             jit_runs={m: r["jit_runs"] for m, r in rec.items()},
+                             hit=dict(plans_added=len(L.launches) - n_plans,
+                                      templates_added=len(fw._DESC_TEMPLATES or ()) - n_descs, jit_runs=jit_runs[0],
+                                      new_pointers=_pointer_set(new) <= {t.data_ptr() for t in fresh}
+                                      and len(_pointer_set(new)) > 0,
+                                      same_as_uncached=new == uncached))
+    return res
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -142,9 +247,13 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="wgmma")
     ap.add_argument("--forward", action="store_true", help="also time the whole gluon forward")
     ap.add_argument("--check", action="store_true", help="print check_launch_paths() as JSON and exit")
+    ap.add_argument("--check-fused", action="store_true", help="print check_fused_launch_paths() as JSON and exit")
     args = ap.parse_args(argv)
     if args.check:
         print(json.dumps(check_launch_paths()))
+        return 0
+    if args.check_fused:
+        print(json.dumps(check_fused_launch_paths()))
         return 0
     for key, us in time_modes(args.calls, args.forward, args.variant).items():
         print(f"{key:34s} {us:8.1f} us/call (Python host path to the launcher, {args.variant})")

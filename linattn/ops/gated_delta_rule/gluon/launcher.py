@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from linattn.runtime.host_path import DescriptorFactory, HostPath, PlanCache, launch
+from linattn.runtime.host_path import DescriptorFactory, HostPath, LaunchCache, PlanCache, launch
 from linattn.runtime.settings import settings
 
 VARIANTS = ("literal", "tma", "wgmma")
@@ -115,6 +115,10 @@ def chunk_state_gluon(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: t
 # ---------------------------------------------------------------- cached host path
 
 host_path = HostPath(plan_cache=settings.gluon_host_cache, handle=settings.gluon_host_cache)
+# The fused forward's other launches (chunk_fused_wu_ws / chunk_fused_gf, stage 2a's kkt_solve, the segment window
+# kernel) through the same host path since round 24: the compiled kernel per launch signature, launched through its
+# handle (host_path.LaunchCache); their TMA descriptors from templates (chunk_fused_wu_ws._fused_desc).
+launches = LaunchCache(host_path)
 
 
 class StatePlan:
