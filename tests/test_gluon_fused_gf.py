@@ -403,3 +403,69 @@ def test_gf_state2_builds_and_switch(monkeypatch):
         sass = get_sass(compile_kernel(kernels()[name]).asm["cubin"])
         hgmma = [line for line in sass.splitlines() if "HGMMA." in line]
         assert len(hgmma) == 84 and sum("gsb0" in line for line in hgmma) == 12, (name, len(hgmma))
+
+
+@needs_gluon
+def test_fused_descriptors_from_templates_equal_fresh():
+    """The fused launches' TMA descriptors through the host path's templates (chunk_fused_wu_ws._fused_desc, round 24):
+    field by field (type and value) those of TensorDescriptor.from_tensor, the base being this call's tensor; new
+    tensors of the same signature copy the template (no template added) and take their own bases; another T adds one
+    template per descriptor; with the host cache off (LINATTN_GLUON_HOST_CACHE=0) every descriptor is built afresh
+    and nothing is stored."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import fused_gf_launch
+    from linattn.ops.gated_delta_rule.gluon.launcher import host_path
+
+    def fields(d):
+        return {k: (type(v), v) for k, v in d.__dict__.items() if k != "base"}
+
+    fw.clear_desc_templates()
+    try:
+        with host_path.options(plan_cache=False):
+            plan, bufs = _buffers(2, 300, 16, 32)
+            fresh = fused_gf_launch(*bufs, plan, 128 ** -0.5)[2][:4]
+            assert fw._DESC_TEMPLATES is None or len(fw._DESC_TEMPLATES) == 0
+        with host_path.options(plan_cache=True):
+            first = fused_gf_launch(*bufs, plan, 128 ** -0.5)[2][:4]
+            n = len(fw._DESC_TEMPLATES)
+            assert n == 3                       # q and k share one (same view and box), v, Tinv
+            plan2, bufs2 = _buffers(2, 300, 16, 32)
+            second = fused_gf_launch(*bufs2, plan2, 128 ** -0.5)[2][:4]
+            assert len(fw._DESC_TEMPLATES) == n
+            for a, b, c, t1, t2 in zip(fresh, first, second, (bufs[0], bufs[1], bufs[2], bufs[5]),
+                                       (bufs2[0], bufs2[1], bufs2[2], bufs2[5])):
+                assert type(a) is type(b) is type(c) and fields(a) == fields(b) == fields(c)
+                assert a.base.data_ptr() == b.base.data_ptr() == t1.data_ptr() and c.base.data_ptr() == t2.data_ptr()
+            plan3, bufs3 = _buffers(2, 301, 16, 32)
+            fused_gf_launch(*bufs3, plan3, 128 ** -0.5)
+            assert len(fw._DESC_TEMPLATES) == n + 3
+    finally:
+        fw.clear_desc_templates()
+
+
+@needs_gluon
+def test_fused_launches_through_the_stand_in_driver():
+    """Child process (no TRITON_INTERPRET) under the stand-in sm_90 driver (python -m
+    linattn.ops.gated_delta_rule.gluon.hostsim --check-fused): the gate-free kernel's plain and segment launches,
+    the W/U kernel with a selection and stage 2a (launcher.launches, round 24) give the launcher the same kernel,
+    grid and arguments with the host cache off, descriptor templates only and templates + handle; the handle path
+    never enters the JIT; new tensors of the same signature reuse the kept kernel and the templates (nothing added)
+    and reach the launcher with their own pointers, as the uncached path passes them."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LINATTN_GLUON_HOST_CACHE")}
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-m", "linattn.ops.gated_delta_rule.gluon.hostsim", "--check-fused"],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    from linattn.ops.gated_delta_rule.gluon.hostsim import FUSED_CASES
+    assert set(res) == set(FUSED_CASES)
+    for name, r in res.items():
+        assert r["same"] and r["n_launches"] == 1, (name, r)
+        assert r["jit_runs"] == {"jit": 1, "plan": 1, "plan+handle": 0}, (name, r)
+        assert r["hit"] == dict(plans_added=0, templates_added=0, jit_runs=0, new_pointers=True,
+                                same_as_uncached=True), (name, r)
