@@ -6,8 +6,11 @@ LINATTN_LOG        "1" prints the backend choice and every rejection reason once
 LINATTN_GDN_GLUON_VARIANT  state-pass variant of the GDN "gluon" backend: "literal", "tma" or "wgmma"
                    (default: "" = the launcher's default, the most advanced variant).
 LINATTN_GLUON_HOST_CACHE  "0" turns off the host-path cache of the GDN Gluon state pass (launch plans per call
-                   signature, descriptors cloned from a template, compiled-handle launch; gluon/launcher.py), for
-                   A/B timing; read at import; default on.
+                   signature, descriptors cloned from a template, compiled-handle launch; gluon/launcher.py) and,
+                   since round 24, of the fused forward's launches (the gate-free and W/U fused kernels and stage
+                   2a through launcher.launches, their descriptors from templates), for A/B timing; read at import;
+                   default on. Round 24 on an H200 (RESULTS.md round 24 part F): 70-91 us less host time per eager
+                   forward (B1 T8192 271 vs 341 us, with segments 550 vs 641, B8 T4096 245 vs 323).
 LINATTN_GDN_SPLIT_STATE   "1": the Triton GDN forward runs its state pass segment-parallel
                    (triton/chunk_state_split.py) where that helps; default off (the plain pass).
 LINATTN_GDN_SPLIT_CHUNKS  segment length in chunks for the split state pass (default 0 = automatic); when set,
