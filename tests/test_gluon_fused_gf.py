@@ -351,12 +351,14 @@ def test_gf_ks_pipe_switch(monkeypatch):
 
 @needs_gluon
 def test_gf_state2_builds_and_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_GF_STATE2 unset or "1" (the default since round 24): the launch passes STATE_WGS=2 with the output at 176 and the
-    worker state partition at 152 registers, SPLIT=2, KS_PIPE as its own switch decides (plain launch yes, segment launch
-    no), and its arguments still mangle to the AOT signature; "0": STATE_WGS=1 (the round-23 kernel).
+    """LINATTN_GDN_GLUON_GF_STATE2 unset or "1" (the default since round 24): the launch passes STATE_WGS=2 with the
+    output at 176 and the worker state partition at 152 registers, SPLIT=2, KS_PIPE as its own switch decides (plain
+    launch yes, segment launch no), and its arguments still mangle to the AOT signature; "0": STATE_WGS=1 (the
+    round-23 kernel).
     The four registered state2 builds: 16 warps (two state warpgroups, output, the producer's padded warpgroup), 0 spill
     and no local memory, shared memory in budget, and each state partition's products at N = 64 (Tinv x, K^T d vnew as
-    two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T 64x64)."""
+    two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T
+    64x64)."""
     from triton.runtime.jit import mangle_type
     from triton.tools.disasm import get_sass
 
@@ -447,10 +449,11 @@ def test_fused_descriptors_from_templates_equal_fresh():
 def test_fused_launches_through_the_stand_in_driver():
     """Child process (no TRITON_INTERPRET) under the stand-in sm_90 driver (python -m
     linattn.ops.gated_delta_rule.gluon.hostsim --check-fused): the gate-free kernel's plain and segment launches,
-    the W/U kernel with a selection and stage 2a (launcher.launches, round 24) give the launcher the same kernel,
-    grid and arguments with the host cache off, descriptor templates only and templates + handle; the handle path
-    never enters the JIT; new tensors of the same signature reuse the kept kernel and the templates (nothing added)
-    and reach the launcher with their own pointers, as the uncached path passes them."""
+    the W/U kernel with a selection, stage 2a and the segment window kernel (launcher.launches, round 24) give the
+    launcher the same kernel, grid and arguments with the host cache off, descriptor templates only and templates +
+    handle; the handle path never enters the JIT; new tensors of the same signature reuse the kept kernel and the
+    templates (nothing added) and reach the launcher with their own pointers, as the uncached path passes them
+    (pointers of tensors the call allocates itself, stage 2a's outputs, compared as "alloc")."""
     import json
     import os
     import subprocess

@@ -1,15 +1,15 @@
 """A/B of one environment switch on the public forward, same inputs, same process:
 `python benchmarks/gpu/switch_ab_round.py --out DIR [--budget 150] [--dry-run]`.
 
-AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (common.ab_sides; default
-round 21's LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV[:decay]" (T "varlen<lengths
-joined by +>" for a varlen row; default round 21's H2/HV8 rows; decay "fast", make_gdn_inputs' gates, the default,
-"slow": g x 0.01 on every value head, "mixed": g x 0.01 on the odd value heads, as segments_round.py's). Per row: the two sides' o and final state compared
-(relative RMS, bit-equality; correctness against fp64 is the gates' job), then CUDA-graph medians in the order a, b,
-a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and final state). AB_MODE=fwdbwd times the
-forward and the backward together (autograd.grad of o and the final state against fixed random output gradients, as
-linattn bench's fwdbwd rows) and compares the gradients of q, k, v, g, beta and the initial state, concatenated, in
-place of the final state. Writes DIR/switch_ab.json."""
+AB_SIDES names the two sides as "label:VARIABLE=value,label:VARIABLE=value" (common.ab_sides; default round 21's
+LINATTN_GDN_GLUON_BV16 off / on); AB_ROWS the rows as space-separated "B:T:H:HV[:decay]" (T "varlen<lengths joined
+by +>" for a varlen row; default round 21's H2/HV8 rows; decay "fast", make_gdn_inputs' gates, the default, "slow":
+g x 0.01 on every value head, "mixed": g x 0.01 on the odd value heads, as segments_round.py's). Per row: the two
+sides' o and final state compared (relative RMS, bit-equality; correctness against fp64 is the gates' job), then
+CUDA-graph medians in the order a, b, a, b (backend AB_BACKEND, default "gluon"; bf16, K = V = 128, initial and
+final state). AB_MODE=fwdbwd times the forward and the backward together (autograd.grad of o and the final state
+against fixed random output gradients, as linattn bench's fwdbwd rows) and compares the gradients of q, k, v, g,
+beta and the initial state, concatenated, in place of the final state. Writes DIR/switch_ab.json."""
 import os
 import sys
 import time

@@ -22,11 +22,12 @@ Rows of a box past the sequence end hold the next sequence's tokens: x's rows th
 values that are not finite cannot leak) and Tinv's rows of valid tokens have zeros past the diagonal, so Vnew of
 valid rows is exact; the rows past the end are selected to 0 again after the product.
 
-STATE_WGS = 2 (LINATTN_GDN_GLUON_GF_STATE2; the default since round 24, 1.06-1.13x over one state partition): the state chain in two partitions, the default and worker
-0, each holding the [K, BV / 2] half of S's columns. Every product of the chain is column-separable (K S, Tinv x and
-K^T (d vnew) act on a column half independently), so each partition publishes its half of S and vnew, forms its half
-of x and d * vnew in its columns of vn_s, and the halves meet only at the ring (empty count 3) and the publication
-barriers (s_full, v_full count 2). Four warpgroups: output 176, worker state 152, default state Gluon's remainder.
+STATE_WGS = 2 (LINATTN_GDN_GLUON_GF_STATE2; the default since round 24, 1.06-1.13x over one state partition): the
+state chain in two partitions, the default and worker 0, each holding the [K, BV / 2] half of S's columns. Every
+product of the chain is column-separable (K S, Tinv x and K^T (d vnew) act on a column half independently), so each
+partition publishes its half of S and vnew, forms its half of x and d * vnew in its columns of vn_s, and the halves
+meet only at the ring (empty count 3) and the publication barriers (s_full, v_full count 2). Four warpgroups: output
+176, worker state 152, default state Gluon's remainder.
 
 Barriers as chunk_fused_ws.py with two consumers (ready[s] count 1 + tx; empty[s] count 2: the state partition after
 product 3 (v read by generic loads: fenced), the output after q k^T and q S; s_full, v_full, pub_empty per published
@@ -52,11 +53,12 @@ GF_OUTPUT_REGS = 240     # setmaxnreg of the output warpgroup (the state's is se
 #                          224 and 240 with SPLIT = 2 (without it 8 bytes at every split from 200 to 240: OPT_LOG 22.5)
 GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live in the state warpgroup): 8 bytes of
 #                                spill at 240, 0 at 232 and 224 (sm_90a AOT, plain and segment builds)
-# Two state partitions (STATE_WGS = 2, LINATTN_GDN_GLUON_GF_STATE2; the default since round 24): four warpgroups share the 64K registers (128 per
-# thread on average). sm_90a AOT, SPLIT = 2 (product 1 in two [64, 32] halves per partition): 0 spill in the plain,
-# KS_PIPE, segment and segment + KS_PIPE builds with the output at 176 and the worker state partition at 152 (the
-# default state partition gets Gluon's remainder, 160). SPLIT = 1 kept 4 bytes (the switch loop's shared-memory base)
-# in local memory at every split tried, as did the output at 192 with two of the four builds.
+# Two state partitions (STATE_WGS = 2, LINATTN_GDN_GLUON_GF_STATE2; the default since round 24): four warpgroups
+# share the 64K registers (128 per thread on average). sm_90a AOT, SPLIT = 2 (product 1 in two [64, 32] halves per
+# partition): 0 spill in the plain, KS_PIPE, segment and segment + KS_PIPE builds with the output at 176 and the
+# worker state partition at 152 (the default state partition gets Gluon's remainder, 160). SPLIT = 1 kept 4 bytes
+# (the switch loop's shared-memory base) in local memory at every split tried, as did the output at 192 with two of
+# the four builds.
 GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
 GF_STATE2_SPLIT = 2
@@ -149,7 +151,8 @@ if GLUON_OK:
                                    gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False)
                 for h in gl.static_range(SPLIT):
                     if h + 1 < SPLIT:      # the next half's product in flight under this half's x
-                        ks_n = warpgroup_mma(k_s.index(st), _gf_cols(s_pub.index(j), COL0, NCOL, BV).slice((h + 1) * HB, HB, dim=1),
+                        ks_n = warpgroup_mma(k_s.index(st),
+                                             _gf_cols(s_pub.index(j), COL0, NCOL, BV).slice((h + 1) * HB, HB, dim=1),
                                              gl.zeros([BT, HB], gl.float32, ACC_H), use_acc=False, is_async=True)
                     v = v_s.index(st).slice(COL0 + h * HB, HB, dim=1).load(ACC_H).to(gl.float32)
                     vn_c.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
@@ -281,7 +284,8 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     """The launch config. Two state partitions (STATE_WGS=2, LINATTN_GDN_GLUON_GF_STATE2 unset or "1"; "0": one) since
     round 24: H200 (RESULTS.md round 24 part B, gate green, o and final bit-equal), CUDA graphs, against one state
     warpgroup: 1.113x B8 T4096, 1.133x B4 T16384, 1.125x varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768
-    (H16/HV32); 1.096x / 1.069x at HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096. KS_PIPE (product 1's halves pipelined, the output warpgroup at GF_KS_PIPE_OUTPUT_REGS)
+    (H16/HV32); 1.096x / 1.069x at HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.
+    KS_PIPE (product 1's halves pipelined, the output warpgroup at GF_KS_PIPE_OUTPUT_REGS)
     for the plain launch by default (LINATTN_GDN_GLUON_GF_KS_PIPE unset), not for the segment launch; "1" both, "0"
     neither. H200, round 23 (OPT_LOG 23.6; gate green with it forced on, o and final bit-equal): plain launch 1.017x
     B8 T4096, 1.039x B4 T16384, 1.013x varlen24 (H16/HV32); segment launch 0.989x B1 T65536, 0.995x B1 T8192, 1.001x

@@ -653,6 +653,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     gave the rows with a slow head 1.00x, and the same order moves by ~2% there between calls (this one: 0.981x and
     1.005x with every head slow at B1 T65536 in two calls).
     Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
+    from linattn.ops.gated_delta_rule.gluon.launcher import launches
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
     from linattn.runtime.alloc import empty
     B, T, H, K = q.shape
@@ -667,7 +668,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
                 select=slow, seg=segw)
 
     if not q.is_cuda:                          # one stream (CPU tests: the interpreter, the schedule model)
-        slow, _, segw = segment_windows(k, beta, g, plan, S, L)
+        slow, _, segw = segment_windows(k, beta, g, plan, S, L, launch=launches)
         gcum, tinv = kkt_solve(k, g, beta, plan, HV)
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
         segment_launch()
@@ -676,7 +677,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     cur = torch.cuda.current_stream(q.device)
     side.wait_stream(cur)                      # the inputs are ready
     with torch.cuda.stream(side):
-        slow, _, segw = segment_windows(k, beta, g, plan, S, L)
+        slow, _, segw = segment_windows(k, beta, g, plan, S, L, launch=launches)
     window_done = torch.cuda.Event()
     window_done.record(side)
     slow.record_stream(cur)                    # allocated on the side stream, read on this one

@@ -141,6 +141,7 @@ FUSED_CASES = {
     "gf_segments": (1, 4096, 16, 32, "gf_seg"),             # its segment launch (segment words, per-sequence selection)
     "wu_selection": (1, 300, 16, 32, "wu_sel"),             # the W/U kernel with a selection (the unsegmented pairs)
     "kkt_solve": (1, 300, 16, 32, "kkt"),                   # stage 2a (a Triton kernel)
+    "segment_windows": (1, 4096, 16, 32, "win"),            # the segment window kernel (Triton)
 }
 
 
@@ -155,12 +156,19 @@ def _fused_call(what, B, T, H, HV):
     e = torch.empty
     plan = make_chunk_plan(B, T, None, 64, "cpu")
     T_tot, N = plan.T_total, plan.N
-    if what == "kkt":
+    if what in ("kkt", "win"):
         k, g, beta = e(B, T, H, K, dtype=torch.bfloat16), e(B, T, HV), e(B, T, HV)
-        return (lambda: kkt_solve(k, g, beta, plan, HV)), (k, g, beta, plan.cu, plan.chunk_indices)
-    q, k, v = e(B, T, H, K, dtype=torch.bfloat16), e(B, T, H, K, dtype=torch.bfloat16), e(B, T, HV, V, dtype=torch.bfloat16)
-    beta, gcum, tinv = e(B, T, HV), e(T_tot, HV), e(T_tot, HV, 64, dtype=torch.bfloat16)
-    o, h0, ht = e(B, T, HV, V, dtype=torch.bfloat16), e(N, HV, K, V), e(N, HV, K, V)
+        if what == "kkt":
+            return (lambda: kkt_solve(k, g, beta, plan, HV)), (k, g, beta, plan.cu, plan.chunk_indices)
+        from linattn.ops.gated_delta_rule.gluon.launcher import launches
+        from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
+        L = -(-T // 64) // 4
+        return (lambda: segment_windows(k, beta, g, plan, 4, L, launch=launches)), (k, g, beta, plan.cu,
+                                                                                    plan.chunk_offsets)
+    bf = torch.bfloat16
+    q, k, v = e(B, T, H, K, dtype=bf), e(B, T, H, K, dtype=bf), e(B, T, HV, V, dtype=bf)
+    beta, gcum, tinv = e(B, T, HV), e(T_tot, HV), e(T_tot, HV, 64, dtype=bf)
+    o, h0, ht = e(B, T, HV, V, dtype=bf), e(N, HV, K, V), e(N, HV, K, V)
     bufs = (q, k, v, beta, gcum, tinv, o, h0, ht)
     if what == "gf":
         return (lambda: chunk_fused_gf_gluon(*bufs, plan, 128 ** -0.5)), bufs + (plan.cu, plan.chunk_offsets)

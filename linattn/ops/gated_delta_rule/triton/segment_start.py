@@ -150,11 +150,13 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
 
 
 def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
-                    max_window: int = MAX_WINDOW, num_warps: int = 4):
+                    max_window: int = MAX_WINDOW, num_warps: int = 4, launch=None):
     """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs for the
     segment-parallel forward (chunk_fused_wu_ws._segments): slow[n, hv] = 1 where any segment of (n, hv) is flagged
     (that pair runs unsegmented), the flags, the segment words (SEGW_*). k [B,T,H,K], beta / g [B,T,HV] (g: the
-    per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan."""
+    per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan. launch: None (the
+    JIT) or a launcher called as launch(kernel, grid, args, kwargs) (the gluon forward's host path,
+    gluon/launcher.launches)."""
     if max_window > SEGW_WL_MASK.value:
         raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
     if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):
@@ -166,7 +168,11 @@ def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: floa
     slow = torch.zeros(N, HV, dtype=torch.int32, device=k.device)
     flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
     segw = empty(N * S, HV, dtype=torch.int32, device=k.device)
-    segment_window_kernel[(N * S * HV,)](
-        k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh),
-        H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window), num_warps=num_warps)
+    args = (k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh))
+    kwargs = dict(H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window),
+                  num_warps=num_warps)
+    if launch is None:
+        segment_window_kernel[(N * S * HV,)](*args, **kwargs)
+    else:
+        launch(segment_window_kernel, (N * S * HV,), args, kwargs)
     return slow, flag, segw
