@@ -97,11 +97,15 @@ LINATTN_GDN_GLUON_GF128 unset (default since round 22): the gluon forward's fuse
                    / 1.074x / 1.094x at H16/HV32 B8 T4096 / B4 T16384 / varlen24, 1.107x / 1.096x at H16/HV64 B8
                    T4096 / B4 T16384; slower below the rule (0.871x at B2 T32768 HV32, 0.895x at H2/HV8 B8, ~0.45x at
                    B1), where fewer CTAs than SMs run its ~4 us chunk steps.
-LINATTN_GDN_GLUON_GF_KS_PIPE unset (default since round 23): the gate-free kernel's plain launch (not its segment
-                   launch) has the state warpgroup issue product 1's second column half before forming the first
-                   half's x (chunk_fused_gf.py KS_PIPE; the output warpgroup at 232 registers: sm_90a 0 spill); "1"
-                   both launches, "0" neither. H200 round 23 (gate green forced on, o and final bit-equal): 1.017x
-                   B8 T4096, 1.039x B4 T16384, 1.013x varlen24 at H16/HV32; the segment launch 0.989-1.001x, so off.
+LINATTN_GDN_GLUON_GF_KS_PIPE unset (default since round 23): the gate-free kernel's state partition issues product
+                   1's next column part before forming the current part's x (chunk_fused_gf.py KS_PIPE): with two
+                   state partitions (the default since round 24) on both launches, with one (STATE2=0) on the plain
+                   launch only (the output warpgroup then at 232 registers: sm_90a 0 spill); "1" both launches, "0"
+                   neither. H200 round 23, one partition (gate green forced on, o and final bit-equal): 1.017x B8
+                   T4096, 1.039x B4 T16384, 1.013x varlen24 at H16/HV32; the segment launch 0.989-1.001x, so off
+                   there. Round 24, two partitions (RESULTS.md round 24 parts E and G, gate green forced on,
+                   bit-equal): the segment launch 1.009-1.014x at all six rows (B1-B2 HV32, H2/HV8), the plain launch
+                   0.996-1.006x.
 LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel runs its state chain in two state
                    partitions of 64 columns each (chunk_fused_gf.py STATE_WGS=2: each holds the [128, 64] half of S,
                    publishes its half, forms its half of x, vnew and d * vnew; the products at N = 32 / 64), four

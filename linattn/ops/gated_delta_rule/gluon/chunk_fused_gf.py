@@ -285,15 +285,17 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     round 24: H200 (RESULTS.md round 24 part B, gate green, o and final bit-equal), CUDA graphs, against one state
     warpgroup: 1.113x B8 T4096, 1.133x B4 T16384, 1.125x varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768
     (H16/HV32); 1.096x / 1.069x at HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.
-    KS_PIPE (product 1's halves pipelined, the output warpgroup at GF_KS_PIPE_OUTPUT_REGS)
-    for the plain launch by default (LINATTN_GDN_GLUON_GF_KS_PIPE unset), not for the segment launch; "1" both, "0"
-    neither. H200, round 23 (OPT_LOG 23.6; gate green with it forced on, o and final bit-equal): plain launch 1.017x
-    B8 T4096, 1.039x B4 T16384, 1.013x varlen24 (H16/HV32); segment launch 0.989x B1 T65536, 0.995x B1 T8192, 1.001x
-    H2/HV8 B1 T65536."""
+    KS_PIPE (product 1's halves pipelined; with one state partition the output warpgroup at GF_KS_PIPE_OUTPUT_REGS),
+    LINATTN_GDN_GLUON_GF_KS_PIPE unset: with two state partitions on both launches (round 24 part G, gate green with it
+    forced on, bit-equal: the segment launch 1.009-1.014x at all six rows, B1-B2 HV32 and H2/HV8; the plain launch
+    0.996-1.006x in part E), with one on the plain launch only; "1" both, "0" neither. Round 23 with one state
+    partition (OPT_LOG 23.6; gate green forced on, bit-equal): plain launch 1.017x B8 T4096, 1.039x B4 T16384, 1.013x
+    varlen24 (H16/HV32); segment launch 0.989x B1 T65536, 0.995x B1 T8192, 1.001x H2/HV8 B1 T65536."""
     from linattn.runtime.settings import settings
     mode = settings.gdn_gluon_gf_ks_pipe
-    ks_pipe = mode == "on" or (mode == "auto" and not segments)
-    if settings.gdn_gluon_gf_state2 != "off":
+    state2 = settings.gdn_gluon_gf_state2 != "off"
+    ks_pipe = mode == "on" or (mode == "auto" and (state2 or not segments))
+    if state2:
         return FusedGfConfig(output_regs=GF_STATE2_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
                              state_regs=GF_STATE2_STATE_REGS)
     if ks_pipe:
