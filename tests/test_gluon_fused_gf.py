@@ -353,8 +353,8 @@ def test_gf_ks_pipe_switch(monkeypatch):
 def test_gf_state2_builds_and_switch(monkeypatch):
     """LINATTN_GDN_GLUON_GF_STATE2 unset or "1" (the default since round 24): the launch passes STATE_WGS=2 with the
     output at 176 and the worker state partition at 152 registers, SPLIT=2, KS_PIPE as its own switch decides (plain
-    launch yes, segment launch no), and its arguments still mangle to the AOT signature; "0": STATE_WGS=1 (the
-    round-23 kernel).
+    launch and, since round 24 part G, the segment launch too), and its arguments still mangle to the AOT signature;
+    "0": STATE_WGS=1 (the round-23 kernel).
     The four registered state2 builds: 16 warps (two state warpgroups, output, the producer's padded warpgroup), 0 spill
     and no local memory, shared memory in budget, and each state partition's products at N = 64 (Tinv x, K^T d vnew as
     two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T
@@ -375,17 +375,17 @@ def test_gf_state2_builds_and_switch(monkeypatch):
             monkeypatch.delenv("LINATTN_GDN_GLUON_GF_STATE2", raising=False)
         else:
             monkeypatch.setenv("LINATTN_GDN_GLUON_GF_STATE2", switch)
-        for launch, ks_pipe in ((fused_gf_launch(*bufs, plan, 128 ** -0.5), True),
-                                (fused_gf_launch(*bufs, splan, 128 ** -0.5, **seg), False)):
+        for launch, segments in ((fused_gf_launch(*bufs, plan, 128 ** -0.5), False),
+                                 (fused_gf_launch(*bufs, splan, 128 ** -0.5, **seg), True)):
             kernel, grid, args, kwargs = launch
-            assert kwargs["KS_PIPE"] is ks_pipe, switch
+            assert kwargs["KS_PIPE"] is (on or not segments), switch      # one partition: the plain launch only
             if not on:
                 assert kwargs["STATE_WGS"] == 1 and kwargs["STATE_REGS"] == 0, switch
                 continue
             assert kwargs["STATE_WGS"] == 2 and kwargs["STATE_REGS"] == GF_STATE2_STATE_REGS == 152
             assert kwargs["OUTPUT_REGS"] == GF_STATE2_OUTPUT_REGS == 176 and kwargs["SPLIT"] == 2
-            assert kwargs["num_warps"] == 4 and grid[0] == (plan.N * 32 if ks_pipe else splan.N * 32)
-            sig = fused_gf_signature("bf16", select=not ks_pipe, warm=not ks_pipe)
+            assert kwargs["num_warps"] == 4 and grid[0] == (splan.N * 32 if segments else plan.N * 32)
+            sig = fused_gf_signature("bf16", select=segments, warm=segments)
             assert len(args) == len(sig)
             for (name, want), arg in zip(sig.items(), args):
                 assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
