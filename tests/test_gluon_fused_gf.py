@@ -454,17 +454,8 @@ def test_fused_launches_through_the_stand_in_driver():
     handle; the handle path never enters the JIT; new tensors of the same signature reuse the kept kernel and the
     templates (nothing added) and reach the launcher with their own pointers, as the uncached path passes them
     (pointers of tensors the call allocates itself, stage 2a's outputs, compared as "alloc")."""
-    import json
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LINATTN_GLUON_HOST_CACHE")}
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-m", "linattn.ops.gated_delta_rule.gluon.hostsim", "--check-fused"],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    from test_gluon_state_host import hostsim_child  # tests/ on sys.path
+    res = hostsim_child("--check-fused", 900)
     from linattn.ops.gated_delta_rule.gluon.hostsim import FUSED_CASES
     assert set(res) == set(FUSED_CASES)
     for name, r in res.items():

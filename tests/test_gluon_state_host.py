@@ -208,18 +208,24 @@ def test_environment_switch(monkeypatch):
     assert out.stdout.strip().splitlines()[-1] == "0 0", out.stdout
 
 
+def hostsim_child(flag: str, timeout: int) -> dict:
+    """python -m linattn.ops.gated_delta_rule.gluon.hostsim <flag> in a child process without TRITON_INTERPRET (and
+    with the host cache at its default): its last stdout line as JSON."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LINATTN_GLUON_HOST_CACHE")}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-m", "linattn.ops.gated_delta_rule.gluon.hostsim", flag],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_launches_through_the_stand_in_driver():
     """Child process (no TRITON_INTERPRET) under the stand-in sm_90 driver (python -m
     linattn.ops.gated_delta_rule.gluon.hostsim --check): for fixed and varlen, with and without initial/final
     state, GVA or not, each variant, the launcher receives the same kernel, grid and arguments with the cache
     off, plans only and plans + handle; the handle path never enters the JIT; new tensors of the same signature
     hit the plan and reach the launcher with their own pointers; a longer T adds a plan."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LINATTN_GLUON_HOST_CACHE")}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-m", "linattn.ops.gated_delta_rule.gluon.hostsim", "--check"],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = hostsim_child("--check", 600)
     from linattn.ops.gated_delta_rule.gluon.hostsim import CHECK_CASES
     assert set(res) == set(CHECK_CASES)
     for name, r in res.items():

@@ -51,6 +51,24 @@ def _launches(drv):
     return [(k, g, [normalise(x) for x in args]) for k, g, args in drv.launches]
 
 
+def _record_modes(drv, fn, post=lambda launches: launches, calls: int = 0) -> dict:
+    """Per host-path mode (MODES): fn once to compile and fill the plan and the handle, then the launches the driver
+    receives from one more call (through post), its JIT runs and, with calls, its per-call host us."""
+    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.runtime.hostsim import count_jit_runs, per_call_us
+    rec = {}
+    for mode, opts in MODES.items():
+        with L.host_path.options(**opts):
+            fn()
+            del drv.launches[:]
+            with count_jit_runs() as jit_runs:
+                fn()
+            rec[mode] = dict(launches=post(_launches(drv)), jit_runs=jit_runs[0])
+            if calls:
+                rec[mode]["us"] = per_call_us(fn, calls)
+    return rec
+
+
 def _pointers(launch, positions=(0, 1, 2, 4)):
     """The data pointers of the k, w, u and h arguments of a recorded launch (descriptor bases or tensors)."""
     args = launch[2]
@@ -63,7 +81,7 @@ def check_launch_paths(calls: int = 200) -> dict:
     handle; with the handle the JIT's run is skipped; a second call on new tensors of the same signature hits
     the plan and passes the new base pointers; a longer T misses it. Also per-call host us of each mode."""
     from linattn.ops.gated_delta_rule.gluon import launcher as L
-    from linattn.runtime.hostsim import count_jit_runs, fake_hopper, per_call_us
+    from linattn.runtime.hostsim import count_jit_runs, fake_hopper
     res = {}
     with fake_hopper() as drv:
         for name, (variant, B, T, H, HV, lens, h0, ht, dtype) in CHECK_CASES.items():
@@ -71,14 +89,7 @@ def check_launch_paths(calls: int = 200) -> dict:
 
             def fn():
                 L.chunk_state_gluon(*bufs, plan, variant)
-            rec = {}
-            for mode, opts in MODES.items():
-                with L.host_path.options(**opts):
-                    fn()                                   # compiles / fills the plan and the handle
-                    del drv.launches[:]
-                    with count_jit_runs() as jit_runs:
-                        fn()
-                    rec[mode] = dict(launches=_launches(drv), jit_runs=jit_runs[0], us=per_call_us(fn, calls))
+            rec = _record_modes(drv, fn, calls=calls)
             ref = rec["jit"]["launches"]
             # same signature, new tensors: a plan hit, the new base pointers in the descriptors
             n_plans = len(L._PLANS)
@@ -218,14 +229,7 @@ def check_fused_launch_paths() -> dict:
     with fake_hopper() as drv:
         for name, (B, T, H, HV, what) in FUSED_CASES.items():
             fn, callers = _fused_call(what, B, T, H, HV)
-            rec = {}
-            for mode, opts in MODES.items():
-                with L.host_path.options(**opts):
-                    fn()                                   # compiles / fills the plan and the handle
-                    del drv.launches[:]
-                    with count_jit_runs() as jit_runs:
-                        fn()
-                    rec[mode] = dict(launches=_outside(_launches(drv), callers), jit_runs=jit_runs[0])
+            rec = _record_modes(drv, fn, lambda launches: _outside(launches, callers))
             ref = rec["jit"]["launches"]
             n_plans, n_descs = len(L.launches), len(fw._DESC_TEMPLATES or ())
             fn2, fresh = _fused_call(what, B, T, H, HV)
