@@ -166,9 +166,10 @@ def _default(param):
 class LaunchCache:
     """`kernel[grid](*args, **kwargs)` through the host path: per (kernel, argument keys, constexprs, options) the
     compiled kernel of the first launch is kept and later launches go through its handle (runtime/host_path.py's
-    `launch`), skipping the JIT's binding and specialisation. kwargs are the kernel's remaining parameters (each must
-    be given: a parameter left to its default, an argument without a key or the host path's plan cache or handle off
-    launch through the JIT) and the launch options (LAUNCH_OPTIONS)."""
+    `launch`), skipping the JIT's binding and specialisation. kwargs are the kernel's remaining parameters (one not
+    given takes its default, as the JIT's binder does) and the launch options (LAUNCH_OPTIONS). A parameter without
+    a default left out, an unknown keyword, an argument without a key (arg_key), a kernel without `params` (a Triton
+    without them) or the host path's plan cache or handle off: launched through the JIT, as given."""
 
     def __init__(self, host_path: HostPath):
         self.plans = PlanCache(host_path)
