@@ -641,7 +641,8 @@ register(AotKernel(
 
 # ---- Stages 2b + 3 + 4 at BV = 128 in the gate-free form (gluon/chunk_fused_gf.py, benchmarks/GLUON_BV128.md; the
 # gluon forward's default since round 22 where chunk_fused_gf.gf_wanted holds): one CTA per (sequence, value head),
-# three partitions (state, output, TMA producer), Vnew = Tinv diag(beta) (V - diag(e^gam) K S) with no W and no U.
+# three partitions (state, output, TMA producer; the state2 builds below: two state partitions), Vnew = Tinv diag(beta)
+# (V - diag(e^gam) K S) with no W and no U.
 def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", select: bool = False,
                        warm: bool = False):
     return fused_wu_signature(dtype, 128, states=states, beta=beta, select=select, warm=warm)

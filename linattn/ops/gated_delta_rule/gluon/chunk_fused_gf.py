@@ -11,7 +11,7 @@ product 1's and the W/U accumulators). FlashQLA's gate-free form needs neither W
 
 so the W/U warpgroup goes away and the state warpgroup forms Vnew from the ring's k, v and Tinv tiles. Per chunk c,
 with dt the 16-bit operand dtype and gam / beta the chunk's gates (0 on rows past the sequence end):
-  state partition (default, 1 warpgroup):
+  state partition (default, 1 warpgroup; with STATE_WGS = 2, the default since round 24, two: below):
       s_pub     = S_c.to(dt)                                                  (published; also K S's B operand)
       x         = where(valid, beta * (v - e^gam * (K @ s_pub)), 0).to(dt)   -> vn_s, in two column halves
       vnew      = where(valid, Tinv @ vn_s, 0).to(dt)                        -> v_pub (published)
@@ -274,7 +274,8 @@ class FusedGfConfig:
     out_pipe: bool = True
     split: int = GF_SPLIT
     ks_pipe: bool = False  # KS_PIPE (fused_gf_config: the plain launch's default since round 23)
-    num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups)
+    num_warps: int = 4     # the default (state) partition; the kernel launches 12 warps (3 warpgroups), 16 with
+    #                        state_wgs == 2 (4 warpgroups)
     state_wgs: int = 1     # 2: two state partitions of BV / 2 columns (LINATTN_GDN_GLUON_GF_STATE2; 16 warps;
     #                        fused_gf_config's default since round 24)
     state_regs: int = 0    # setmaxnreg of the worker state partition where state_wgs == 2
