@@ -6,7 +6,7 @@ itself runs only on a GPU (benchmarks/gpu: the Gluon gate with the switch on).""
 import pytest
 import torch
 
-from linattn.runtime.aot import compile_kernel, inspect_kernel, kernels
+from linattn.runtime.aot import inspect_kernel, kernel_asm, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
 from test_gluon_fused_wu import SMEM_LIMIT_SM90, _buffers, _inputs, op_against_triton_forward  # tests/ on sys.path
@@ -360,7 +360,6 @@ def test_gf_state2_builds_and_switch(monkeypatch):
     two m64 halves) and N = 32 (K S in two column quarters), the output's unchanged (q S, att vnew 64x128; q k^T
     64x64)."""
     from triton.runtime.jit import mangle_type
-    from triton.tools.disasm import get_sass
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_STATE2_OUTPUT_REGS, GF_STATE2_STATE_REGS,
@@ -402,7 +401,7 @@ def test_gf_state2_builds_and_switch(monkeypatch):
         # the wgmmas are not serialised (ptxas C7514, which the output's loop-carried in-flight q k^T caused here
         # before QK_DONE): only the last HGMMA of each of the 12 wgmma groups (4 per state partition, 4 in the
         # output) waits on its scoreboard
-        sass = get_sass(compile_kernel(kernels()[name]).asm["cubin"])
+        sass = kernel_asm(name, "sass")
         hgmma = [line for line in sass.splitlines() if "HGMMA." in line]
         assert len(hgmma) == 84 and sum("gsb0" in line for line in hgmma) == 12, (name, len(hgmma))
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 # SASS opcode families `inspect` counts; a family counts every opcode that starts with it.
-SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP")
+SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP", "BAR", "LDSM")
 
 ARCHS = {"sm_90a": 90, "sm_80": 80, "sm_100a": 100}
 
@@ -57,6 +57,7 @@ class AotReport:
     sass: Dict[str, int] = field(default_factory=dict)        # opcode -> count (families above only)
     families: Dict[str, int] = field(default_factory=dict)    # family -> total count
     missing: List[str] = field(default_factory=list)          # intended prefixes absent from the SASS
+    instructions: int = 0                                     # SASS instructions in the cubin (every opcode)
 
 
 _REGISTRY: Dict[str, AotKernel] = {}
@@ -132,12 +133,16 @@ def ptxas_usage(ptx: str, arch: str) -> Tuple[int, int]:
     return int(regs[1]), int(spills[1])
 
 
-def sass_counts(cubin: bytes) -> Dict[str, int]:
-    """Opcode -> count over the cubin's SASS (predicates stripped), for opcodes in SASS_FAMILIES."""
+def sass_opcodes(cubin: bytes) -> Dict[str, int]:
+    """Opcode -> count over the cubin's SASS (predicates stripped), every opcode."""
     from triton.tools.disasm import get_sass
     sass = get_sass(cubin)
-    ops = collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M))
-    return {op: n for op, n in sorted(ops.items()) if op.startswith(SASS_FAMILIES)}
+    return dict(collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M)))
+
+
+def sass_counts(cubin: bytes) -> Dict[str, int]:
+    """Opcode -> count over the cubin's SASS (predicates stripped), for opcodes in SASS_FAMILIES."""
+    return {op: n for op, n in sorted(sass_opcodes(cubin).items()) if op.startswith(SASS_FAMILIES)}
 
 
 def inspect_kernel(spec: AotKernel, arch: Optional[str] = None) -> AotReport:
@@ -154,11 +159,12 @@ _REPORTS: Dict[Tuple[str, str], AotReport] = {}
 def _inspect_here(spec: AotKernel, arch: str) -> AotReport:
     k = compile_kernel(spec, arch)
     regs, spills = ptxas_usage(k.asm["ptx"], arch)
-    sass = sass_counts(k.asm["cubin"])
+    opcodes = sass_opcodes(k.asm["cubin"])
+    sass = {op: n for op, n in sorted(opcodes.items()) if op.startswith(SASS_FAMILIES)}
     families = {f: sum(n for op, n in sass.items() if op.startswith(f)) for f in SASS_FAMILIES}
     missing = [p for p in spec.intended if not any(op.startswith(p) for op in sass)] if arch == spec.archs[0] else []
     return AotReport(spec.name, arch, regs, spills, int(k.metadata.shared), int(k.metadata.num_warps), sass,
-                     families, missing)
+                     families, missing, sum(opcodes.values()))
 
 
 def _interpreting() -> bool:
@@ -181,10 +187,41 @@ def _inspect_in_subprocess(name: str, arch: str) -> AotReport:
     return AotReport(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
+    """The PTX ("ptx") or the SASS text ("sass") of a registered kernel. Under TRITON_INTERPRET compiled in a child
+    process, as inspect_kernel: an interpreted Triton function leaves the language builtins that Gluon shares
+    patched in this process (seen in CI: "'block_argument' object has no attribute 'get_element_ty'" from a Gluon
+    kernel's pointer arithmetic), so no test compiles in the process that runs interpreted kernels."""
+    if what not in ("ptx", "sass"):
+        raise ValueError(f"what must be 'ptx' or 'sass', not {what!r}")
+    spec = kernels()[name]
+    arch = arch or spec.archs[0]
+    if not _interpreting():
+        return _asm_here(spec, what, arch)
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "linattn.runtime.aot", name, arch, what], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT compile of {name} for {arch} failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _asm_here(spec: AotKernel, what: str, arch: str) -> str:
+    k = compile_kernel(spec, arch)
+    if what == "ptx":
+        return k.asm["ptx"]
+    from triton.tools.disasm import get_sass
+    return get_sass(k.asm["cubin"])
+
+
 if __name__ == "__main__":
     import json
     import sys
     from dataclasses import asdict
     # Run as a script this file is __main__; the registry lives in the imported module.
     from linattn.runtime import aot as _aot
-    print(json.dumps(asdict(_aot._inspect_here(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
+    if len(sys.argv) > 3:          # kernel_asm's child: the text itself
+        sys.stdout.write(_aot._asm_here(_aot.kernels()[sys.argv[1]], sys.argv[3], sys.argv[2]))
+    else:
+        print(json.dumps(asdict(_aot._inspect_here(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
