@@ -22,6 +22,8 @@
 # kkt_v3 (stage 2a v3, the default since round 17, intra_split.kkt_solve_v3_kernel, v2 without tl.gather: kkt_v2's
 # checks and timing for v1, v2 and v3 on the same rows, the forward with LINATTN_GDN_KKT=v3 vs fp64;
 # benchmarks/gpu/kkt_v3_round.py),
+# kkt_gluon (the opt-in Gluon stage 2a, gluon/kkt_solve.py, LINATTN_GDN_GLUON_KKT: each form vs the Triton kernel,
+# gcum / Tinv equality and the Tinv error vs fp64, then timed; benchmarks/gpu/kkt_gluon_round.py),
 # kkt_v4 (the opt-in stage 2a v4, intra_split.kkt_solve_v4_kernel, v3 with bf16 operands for the inverse's products
 # where Tinv is stored in bf16: kkt_v2's checks and timing for v1, v3, v4o and v4, then the forward with v3 and v4 on
 # the same inputs, CUDA graphs; benchmarks/gpu/kkt_v4_round.py),
@@ -94,6 +96,7 @@ for step in "$@"; do
     kkt_v3) timeout 150 python3 benchmarks/gpu/kkt_v3_round.py --out "$OUT" ;;   # stage 2a v1/v2/v3 on the same rows; v3 = v2 without tl.gather (intra_split.py)
     switch_ab) timeout $(( ${SWITCH_AB_BUDGET:-150} + 90 )) python3 benchmarks/gpu/switch_ab_round.py --out "$OUT" --budget ${SWITCH_AB_BUDGET:-150} ;;   # one env switch A/B on the forward (AB_SIDES, AB_ROWS)
     kkt_v4) timeout 330 python3 benchmarks/gpu/kkt_v4_round.py --out "$OUT" ;;   # stage 2a v1/v3/v4o/v4 (v4: bf16 product operands), then the forward with v3 vs v4 (A/B, KKT_V4_AB_BUDGET)
+    kkt_gluon) timeout $(( ${KKT_GLUON_BUDGET:-150} + 90 )) python3 benchmarks/gpu/kkt_gluon_round.py --out "$OUT" --budget ${KKT_GLUON_BUDGET:-150} ;;   # the Gluon stage 2a (gluon/kkt_solve.py) forms vs the Triton kernel: checks, then timing
     gluon)  timeout $(( ${GLUON_BUDGET:-170} + 60 )) python3 benchmarks/gpu/gdn_gluon_round.py --out "$OUT" --budget ${GLUON_BUDGET:-170} --variants ${GLUON_VARIANTS:-wgmma,tma,literal} ;;
     profile) timeout 200 python3 benchmarks/gpu/profile_fwd.py --out "$OUT" --fla ;;
     bench)  timeout 300 bash benchmarks/gpu/bench_production.sh ;;

@@ -152,6 +152,15 @@ LINATTN_GDN_KKT           stage 2a (K K^T and the inverse Tinv, triton/intra_spl
                    16x16 block substitution with TF32 warp-local products, cross-warp moves by broadcast and select);
                    "v2": kkt_solve_v2_kernel (round 16, with tl.gather); "v1": kkt_solve_kernel (a 64x64 block
                    inverse, before round 16).
+LINATTN_GDN_GLUON_KKT     stage 2a of the gluon forward in Gluon (gluon/kkt_solve.py: one program per (chunk slot, key
+                   head), the key tile by TMA, K K^T once per key head on warpgroup_mma, each value head's block
+                   substitution as kkt_solve_v4_kernel's): "plain", "persist" (a persistent grid loading the next
+                   item's key tile meanwhile), "shift", "split", "ftz" (plain with round 26's instruction cuts, each
+                   on top of the one before: kkt_solve.FORMS) or "0" / unset (off: the Triton kernel LINATTN_GDN_KKT
+                   picks). Opt-in
+                   until its GPU gate and A/B say otherwise (benchmarks/OPT_LOG.md round 25). Falls back to Triton
+                   where gluon/kkt_solve.kkt_gluon_supported says why (fp32 k, K != 128).
+LINATTN_GDN_GLUON_KKT_MAXNREG  a register cap for that kernel (an integer; unset: the compiler's choice).
 LINATTN_GDN_KKT_EARLY_K   "0" turns off, in kkt_solve_v4_kernel (stage 2a's default), EARLY_K: default on since round
                    21, the loads of g, beta and the k tile are issued together before gam's cumsum
                    (intra_split._chunk_a), where before k's were issued only after the cumsum had waited for g (two
@@ -249,6 +258,21 @@ class _Settings:
         unknown value is the default."""
         value = os.environ.get("LINATTN_GDN_KKT", "").strip().lower()
         return value if value in ("v1", "v2", "v3") else "v4"
+
+    @property
+    def gdn_gluon_kkt(self) -> str:
+        """A gluon/kkt_solve.FORMS name (LINATTN_GDN_GLUON_KKT; "1" is "plain"), or "off" (unset, "0", anything
+        else)."""
+        value = os.environ.get("LINATTN_GDN_GLUON_KKT", "").strip().lower()
+        from linattn.ops.gated_delta_rule.gluon.kkt_solve import FORMS
+        if value in ("1", "on"):
+            return "plain"
+        return value if value in FORMS else "off"
+
+    @property
+    def gdn_gluon_kkt_maxnreg(self):
+        value = os.environ.get("LINATTN_GDN_GLUON_KKT_MAXNREG", "").strip()
+        return int(value) if value.isdigit() and int(value) > 0 else None
 
     @property
     def gdn_kkt_early_k(self) -> bool:

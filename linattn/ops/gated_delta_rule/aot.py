@@ -708,3 +708,38 @@ for _warm, _ksp in ((False, False), (False, True), (True, False), (True, True)):
         description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with two state partitions of 64 "
                     "columns each (STATE_WGS=2)" + (", KS_PIPE" if _ksp else "") + ", H16/HV32 K=V=128 bf16"
                     + (", the segment launch" if _warm else "")))
+
+# ---- Stage 2a in Gluon (gluon/kkt_solve.py, opt-in LINATTN_GDN_GLUON_KKT=<form>): one program per (chunk slot, key
+# head), the key tile by TMA, K K^T once per key head by warpgroup_mma, then the HV / H value heads' block substitution
+# on mma.sync (kkt_solve_v4's arithmetic); "persist": a persistent grid with the next item's key tile loaded meanwhile;
+# "shift" / "split" / "ftz": round 26's instruction cuts, each on top of the one before (kkt_solve.FORMS).
+def kkt_gluon_signature(dtype: str = "bf16"):
+    return {"k_desc": desc_sig(dtype, [BT, K]), "g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32",
+            "tinv_ptr": f"*{dtype}", "cu_ptr": "*i64", "chunk_idx_ptr": "*i32", "N": "i32", "num_items": "i32"}
+
+
+def _kkt_gluon_build(dtype: str, form: str, maxnreg=None):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.kkt_solve import KKT_WARPS, kernel_switches, kkt_solve_gluon_kernel
+        const = dict(H=H, HV=HV, K=K, BT=BT, **kernel_switches(form))
+        sig = kkt_gluon_signature(dtype)
+        sig.update({name: "constexpr" for name in const})
+        return kkt_solve_gluon_kernel, sig, const, {"num_warps": KKT_WARPS, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return build
+
+
+# (form, register cap, known spill). The plain form at its launch default (kkt_solve.DEFAULT_MAXNREG: 80, chosen on the
+# H200 in round 25 for 6 CTAs per SM; ptxas keeps 16 bytes of loop-invariant values in local memory there, measured
+# faster than the 130-register build without them, OPT_LOG 25.1) and uncapped; the persistent form uncapped; round
+# 26's forms at the same cap (24 / 12 / 16 bytes of such spill) and "ftz" uncapped (0)
+for _form, _cap, _spill in (("plain", 80, 16), ("plain", None, 0), ("persist", None, 0), ("shift", 80, 24),
+                            ("split", 80, 12), ("ftz", 80, 16), ("ftz", None, 0)):
+    register(AotKernel(
+        "gdn_fwd_kkt_solve_gluon_bf16" + ("" if _form == "plain" else f"_{_form}") + (f"_r{_cap}" if _cap else ""),
+        _kkt_gluon_build("bf16", _form, _cap), ("HGMMA", "UTMALDG", "HMMA"),
+        div16=("g_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "cu_ptr", "chunk_idx_ptr"), known_spill_bytes=_spill,
+        description="GDN forward stage 2a in Gluon: K K^T once per key head (TMA, warpgroup_mma), each value head's "
+                    "Tinv by block substitution on mma.sync, H16/HV32 K=128 bf16"
+                    + {"plain": "", "persist": ", persistent with the next key tile in flight"}.get(
+                        _form, f", form {_form} (kkt_solve.FORMS)")
+                    + (f", registers capped at {_cap}" if _cap else "")))

@@ -554,6 +554,12 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     dtype, the precision wu_kernel (and this kernel) multiplies it at."""
     from linattn.ops.gated_delta_rule.triton.intra_split import kkt_kernel, kkt_order, split_intra_config
     from linattn.runtime.alloc import empty
+    from linattn.runtime.settings import settings
+    if settings.gdn_gluon_kkt != "off":       # opt-in: stage 2a in Gluon (gluon/kkt_solve.py)
+        from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
+        ok, _ = gk.kkt_gluon_supported(k, HV, plan.T_total)
+        if ok:
+            return gk.kkt_solve_gluon(k, g, beta, plan, HV, settings.gdn_gluon_kkt, settings.gdn_gluon_kkt_maxnreg)
     H, K = k.shape[-2], k.shape[-1]
     cfg = split_intra_config(K, K)
     gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)

@@ -1,0 +1,407 @@
+"""Stage 2a of the forward in Gluon (opt-in, LINATTN_GDN_KKT=gluon): gcum and Tinv = (I + A)^-1 per chunk and value
+head, the outputs of triton/intra_split.py kkt_solve_v4_kernel (its docstring and benchmarks/KKT_SOLVE.md give the
+math), with the two things the Triton form could not express (OPT_LOG 20.3, 21.4):
+
+  * one program per (chunk slot, key head) instead of per (chunk slot, value head): the chunk's key tile [64, K] comes
+    in once by TMA, straight into the WGMMA operand layout, and K K^T is one [64, K] x [K, 64] warpgroup_mma; then a
+    loop over the HV / H value heads of that key head does each head's gates, A and block substitution. Triton kept
+    both heads' work live at once (177-225 registers, OPT_LOG 20.3); the loop here is a real loop, so one head's
+    tensors are live at a time.
+  * PERSIST (step 2): a persistent grid; each program walks items lin = pid, pid + P, ... and the TMA load of its
+    next item's key tile is in flight (a 2-slot ring) while the current item's heads are computed.
+
+Per value head the arithmetic is kkt_solve_v4_kernel's at its defaults for a bf16 Tinv (LOWP and LOWP_DIAG): gam as
+_gam_of (cumsum inside each 16-row block on a [4, 16] tile plus the sum of the earlier blocks), A masked before
+the exponential, the 16x16 diagonal inverses by the nilpotent product, the block recurrence with bf16 operands on
+mma.sync ([4, 16, 16] batched tensors, row block i in warp i), the moved blocks broadcast to all warps once and
+selected in registers, the four block diagonals stored. Rows of the key tile past the sequence end hold the next
+sequence's tokens (TMA zero-fills only rows past T_tot): A's rows there are selected away (gl.where), so they cannot
+reach Tinv; its columns there only meet those rows (A is strictly lower).
+
+Only bf16 k with K = 128 and a Tinv in k's dtype (the forward's); the backward's fp32 Tinv stays on Triton.
+
+Shared memory, PERSIST=False: k_smem [64, K] written once by TMA (ready[0], phase 0), read by the wgmma, which is
+waited before any later use; nothing is reused. PERSIST=True: k_smem[2] / ready[2]; item number it (0, 1, ...) of
+this program lives in slot it % 2 and completes that slot's phase (it // 2) & 1. Before the loop the first item is
+issued. At the top of iteration it, the load of item it + 1 goes into slot (it + 1) % 2, whose last reader (the
+wgmma of item it - 1) was waited synchronously and every warp has passed the thread barrier after it (the barrier
+at the end of each iteration), so the TMA write cannot overtake a read. Loads past the last item are predicated off,
+so none is in flight when the loop ends.
+"""
+from __future__ import annotations
+
+import torch
+
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, mma_v2, tma_load,
+                                          warpgroup_mma)
+
+BT = 64
+KKT_WARPS = 4
+
+if GLUON_OK:
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _bf16_dot(a, b, acc, MMA: gl.constexpr):
+        """acc + a @ b on mma.sync with bf16 operands (kkt_solve_v4's _dot_op with LOWP)."""
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        return mma_v2(gl.convert_layout(a.to(gl.bfloat16), DA), gl.convert_layout(b.to(gl.bfloat16), DB), acc)
+
+    @gluon.jit
+    def _blocks_at(a4, s: gl.constexpr):
+        """A_{i, i-s} for the four row blocks i of A viewed as [4, 16, 4, 16] (zero where i < s): [4, 16, 16]."""
+        L: gl.constexpr = a4.type.layout
+        rb = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+        cb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+        rb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(rb, 1), 2), 3)
+        cb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(cb, 0), 1), 3)
+        return gl.sum(gl.where(cb4 == rb4 - s, a4, 0.), axis=2)
+
+    @gluon.jit
+    def _ex2_ftz(x):
+        """2^x by one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to 0), as chunk_fused_wu_ws._ex2_ftz."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _bands(a):
+        """The four block diagonals of A [64, 64] (strictly lower): b_s[i] = A_{i, i-s} as [4, 16, 16] for s = 0..3,
+        BANDS_SPLIT's replacement of _blocks_at. The column-block axis is split off into four tensors v_c (in the
+        wgmma accumulator layout every thread holds all four column blocks of its rows, so the reshape, permute and
+        splits move no data), then b_s = v_{i - s} by three selects per element; where i < s the chain ends at v_3,
+        the block (i, 3), which lies above the diagonal and is zero, as _blocks_at's zeros there."""
+        x = gl.permute(gl.reshape(a, [4, 16, 2, 2, 16]), (0, 1, 4, 2, 3))      # (i, r, c, c1, c0): cb = 2 c1 + c0
+        x0, x1 = gl.split(x)                                                    # c0 = 0, 1
+        v0, v2 = gl.split(x0)
+        v1, v3 = gl.split(x1)
+        L: gl.constexpr = v0.type.layout
+        rb = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
+        b0 = gl.where(rb == 0, v0, gl.where(rb == 1, v1, gl.where(rb == 2, v2, v3)))
+        b1 = gl.where(rb == 1, v0, gl.where(rb == 2, v1, v3))                  # rb == 3 + 1 never holds
+        b2 = gl.where(rb == 2, v0, gl.where(rb == 3, v1, v3))
+        b3 = gl.where(rb == 3, v0, v3)
+        return b0, b1, b2, b3
+
+    @gluon.jit
+    def _eye16(L: gl.constexpr):
+        """The 16x16 identity as [1, 16, 16] in the 3-D layout L (broadcast over the four blocks)."""
+        r = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, L)))
+        c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, L)))
+        return gl.where(gl.expand_dims(gl.expand_dims(r, 1), 0) == gl.expand_dims(gl.expand_dims(c, 0), 0), 1., 0.)
+
+    @gluon.jit
+    def _inv_unit_lower16(nb, MMA: gl.constexpr):
+        """(I + n)^-1 of the four strictly lower 16x16 blocks nb [4, 16, 16]: (I - n)(I + n^2)(I + n^4)(I + n^8) with
+        bf16 operands (kkt_solve_v4's LD); I - n in nb's layout, the rest in the accumulator's (MMA)."""
+        eye = _eye16(MMA)
+        NL: gl.constexpr = nb.type.layout
+        z = gl.zeros([4, 16, 16], gl.float32, MMA)
+        n2 = _bf16_dot(nb, nb, z, MMA)
+        n4 = _bf16_dot(n2, n2, z, MMA)
+        n8 = _bf16_dot(n4, n4, z, MMA)
+        x = _bf16_dot(_eye16(NL) - nb, eye + n2, z, MMA)
+        x = _bf16_dot(x, eye + n4, z, MMA)
+        return _bf16_dot(x, eye + n8, z, MMA)
+
+    @gluon.jit
+    def _to_all_warps(x, BL: gl.constexpr):
+        """x [4, 16, 16] (row block j in warp j) broadcast over a new leading axis: [4 (i), 4 (j), 16, 16] in BL,
+        one move through shared memory, after which every _select_above of it is in-thread."""
+        xs = gl.convert_layout(x.to(gl.bfloat16), gl.SliceLayout(0, BL))
+        xa, _ = gl.broadcast(gl.expand_dims(xs, 0), gl.zeros([4, 4, 16, 16], gl.bfloat16, BL))
+        return xa
+
+    @gluon.jit
+    def _select_above(xa, s: gl.constexpr, BL: gl.constexpr):
+        """y[i] = x[i - s] over the row-block axis of _to_all_warps(x), exact zeros where i < s."""
+        i = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, BL))))
+        j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, BL))))
+        i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(i, 1), 2), 3)
+        j4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3)
+        return gl.sum(gl.where(j4 == i4 - s, xa, gl.zeros([4, 4, 16, 16], gl.bfloat16, BL)), axis=1)
+
+    @gluon.jit
+    def _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: gl.constexpr, BT: gl.constexpr,
+                         SL: gl.constexpr):
+        """The four block diagonals of Tinv (d = T_ii, t1 = T_{i,i-1}, ...; [4, 16, 16], row block i): diagonal s
+        at column block (i - s) mod 4, its exact zeros (i < s) above the diagonal, so all of Tinv's rows t0 ..
+        min(t0 + 64, eos) are written."""
+        b = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL)))
+        rw = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))
+        cw = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, SL)))
+        blk4 = gl.expand_dims(gl.expand_dims(b, 1), 2)
+        rr = t0 + blk4.to(gl.int64) * 16 + gl.expand_dims(gl.expand_dims(rw, 0), 2)
+        cc = gl.expand_dims(gl.expand_dims(cw, 0), 0)
+        rowm = (rr < eos) & (cc < 16)
+        base_p = tinv_ptr + (rr * HV + hv) * BT + cc
+        ty: gl.constexpr = tinv_ptr.dtype.element_ty
+        gl.store(base_p + blk4 * 16, gl.convert_layout(d.to(ty), SL), mask=rowm)
+        gl.store(base_p + ((blk4 + 3) % 4) * 16, gl.convert_layout(t1.to(ty), SL), mask=rowm)
+        gl.store(base_p + ((blk4 + 2) % 4) * 16, gl.convert_layout(t2.to(ty), SL), mask=rowm)
+        gl.store(base_p + ((blk4 + 1) % 4) * 16, gl.convert_layout(t3.to(ty), SL), mask=rowm)
+
+    @gluon.jit
+    def _shifted(buf, x, MMA: gl.constexpr):
+        """x [4, 16, 16] (row block i in warp i) into rows 64..127 of buf [128, 16] (bf16; rows 0..63 zeros); returns
+        (x shifted by 1, 2, 3 row blocks) as mma.sync B operands: y_s[i] = x[i - s], exact zeros where i < s (rows
+        64 - 16 s .. of buf viewed [4, 16, 16]). SHIFT_SMEM's replacement of _to_all_warps and _select_above: one store and three loads
+        instead of a [4, 4, 16, 16] broadcast and its selects and sums."""
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        L: gl.constexpr = buf.type.layout
+        buf.slice(4, 4).store(x.to(gl.bfloat16))
+        y1 = buf.slice(3, 1)._reinterpret(gl.bfloat16, [4, 16, 16], L).load(DB)
+        y2 = buf.slice(2, 1)._reinterpret(gl.bfloat16, [4, 16, 16], L).load(DB)
+        y3 = buf.slice(1, 1)._reinterpret(gl.bfloat16, [4, 16, 16], L).load(DB)
+        return y1, y2, y3
+
+    @gluon.jit
+    def _head(kk, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, sd, se1, se2, HV: gl.constexpr,
+              BT: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr, BANDS_SPLIT: gl.constexpr,
+              EXP_FTZ: gl.constexpr):
+        """One value head's part of an item: gam (stored as gcum), A from K K^T (kk, the wgmma accumulator in ACC),
+        Tinv by block substitution, stored. SHIFT_SMEM: the row-block shifts through the zero-padded shared buffers
+        sd, se1, se2 (_shifted) instead of the register broadcast (_to_all_warps, _select_above); BANDS_SPLIT: A's
+        block diagonals by _bands instead of _blocks_at; EXP_FTZ: the gate factors by _ex2_ftz."""
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+        G4: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])          # [4, 16] gate tile
+        BL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0])
+        SL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 4, 1], [2, 0, 1])
+        # gam: _gam_of's order (cumsum inside each 16-row block, plus the earlier blocks' sums)
+        gb = gl.arange(0, 4, layout=gl.SliceLayout(1, G4))
+        gw = gl.arange(0, 16, layout=gl.SliceLayout(0, G4))
+        r2 = t0 + gl.expand_dims(gb, 1).to(gl.int64) * 16 + gl.expand_dims(gw, 0)
+        m2 = r2 < eos
+        g4 = gl.load(g_ptr + r2 * HV + hv, mask=m2, other=0.).to(gl.float32)
+        ri = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, ACC)).to(gl.int64)
+        beta = gl.load(beta_ptr + ri * HV + hv, mask=ri < eos, other=0.).to(gl.float32)
+        sums = gl.convert_layout(gl.sum(g4, axis=1), gl.SliceLayout(0, G4))
+        bj = gl.arange(0, 4, layout=gl.SliceLayout(0, G4))
+        base = gl.sum(gl.where(gl.expand_dims(bj, 0) < gl.expand_dims(gb, 1), gl.expand_dims(sums, 0), 0.), axis=1)
+        gam4 = gl.associative_scan(g4, 1, _add) + gl.expand_dims(base, 1)
+        gl.store(gcum_ptr + r2 * HV + hv, gam4, mask=m2)
+        gam = gl.reshape(gam4, [BT])
+        gi = gl.convert_layout(gam, gl.SliceLayout(1, ACC))
+        gj = gl.convert_layout(gam, gl.SliceLayout(0, ACC))
+        i = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC))
+        j = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))
+        lower = gl.expand_dims(i, 1) > gl.expand_dims(j, 0)
+        lower = lower & gl.expand_dims(ri < eos, 1)              # rows past the end: the next sequence's keys
+        dg = gl.where(lower, gl.expand_dims(gi, 1) - gl.expand_dims(gj, 0), 0.)
+        if EXP_FTZ:    # gl.exp's own lowering (x * log2 e, then ex2.approx) without its denormal range fix-up
+            gexp = _ex2_ftz(dg * 1.4426950408889634)
+        else:
+            gexp = gl.exp(dg)
+        a = gl.where(lower, gl.expand_dims(beta, 1) * kk * gexp, 0.)
+
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        if BANDS_SPLIT:
+            a0, a1, a2, a3 = _bands(a)
+        else:
+            a4 = gl.reshape(a, [4, 16, 4, 16])
+            a0 = _blocks_at(a4, 0)
+            a1 = _blocks_at(a4, 1)
+            a2 = _blocks_at(a4, 2)
+            a3 = _blocks_at(a4, 3)
+        a1 = gl.convert_layout(a1.to(gl.bfloat16), DA)                  # as the products' A operands at once
+        a2 = gl.convert_layout(a2.to(gl.bfloat16), DA)
+        a3 = gl.convert_layout(a3.to(gl.bfloat16), DA)
+        d = _inv_unit_lower16(a0, MMA)
+        z = gl.zeros([4, 16, 16], gl.float32, MMA)
+        if SHIFT_SMEM:
+            d1, d2, d3 = _shifted(sd, d, MMA)                           # D_{i-1}, D_{i-2}, D_{i-3}
+        else:
+            da = _to_all_warps(d, BL)             # each broadcast's selects right after it (fewer live registers)
+            d1 = _select_above(da, 1, BL)
+            d2 = _select_above(da, 2, BL)
+            d3 = _select_above(da, 3, BL)
+        e1 = _bf16_dot(a1, d1, z, MMA)                                  # E_s[i] = A_{i,i-s} D_{i-s}
+        e2 = _bf16_dot(a2, d2, z, MMA)
+        e3 = _bf16_dot(a3, d3, z, MMA)
+        t1 = -_bf16_dot(d, e1, z, MMA)
+        if SHIFT_SMEM:
+            e11, e12, _e13 = _shifted(se1, e1, MMA)                     # E_1[i-1], E_1[i-2]
+            e21, _e22, _e23 = _shifted(se2, e2, MMA)                    # E_2[i-1]
+        else:
+            e1a = _to_all_warps(e1, BL)
+            e2a = _to_all_warps(e2, BL)
+            e11 = _select_above(e1a, 1, BL)                             # E_1[i-1]
+            e12 = _select_above(e1a, 2, BL)                             # E_1[i-2]
+            e21 = _select_above(e2a, 1, BL)                             # E_2[i-1]
+        t2 = -_bf16_dot(d, e2, _bf16_dot(t1, e11, z, MMA), MMA)
+        t3 = _bf16_dot(t1, e21, z, MMA)
+        t3 = -_bf16_dot(d, e3, _bf16_dot(t2, e12, t3, MMA), MMA)
+        _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT, SL)
+
+    @gluon.jit
+    def _item(kt, bar, phase, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n, c, hk, sd, se1, se2,
+              HV: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr,
+              BANDS_SPLIT: gl.constexpr, EXP_FTZ: gl.constexpr):
+        """One (chunk, key head) item whose key tile arrives in kt (barrier bar, phase): its G value heads."""
+        bos = gl.load(cu_ptr + n)
+        eos = gl.load(cu_ptr + n + 1)
+        t0 = bos + c * BT
+        mbarrier.wait(bar, phase)
+        for j in gl.static_range(G):
+            # K K^T again per head: a tensor-core pass over shared memory is cheaper than keeping the [64, 64] fp32
+            # accumulator live across the head loop (32 registers)
+            kk = warpgroup_mma(kt, kt.permute((1, 0)), gl.zeros([BT, BT], gl.float32, ACC), use_acc=False)
+            _head(kk, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hk * G + j, sd, se1, se2, HV, BT, ACC,
+                  SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+
+    @gluon.jit
+    def kkt_solve_gluon_kernel(
+        k_desc,                                   # TMA descriptor over k viewed [T_tot, H * K], box [BT, K]
+        g_ptr, beta_ptr,                          # g / beta [T_tot, HV]
+        gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (k's dtype)
+        cu_ptr, chunk_idx_ptr, N, num_items,      # num_items = chunk slots * H
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, PERSIST: gl.constexpr,
+        SHIFT_SMEM: gl.constexpr = False, BANDS_SPLIT: gl.constexpr = False,
+        EXP_FTZ: gl.constexpr = False,
+    ):
+        """Items lin = slot * H + key head (head-fastest, as kkt_solve_v4's HEADS_FAST): one per program, or with
+        PERSIST lin = pid, pid + num_programs, ... with the next item's key tile loaded during the current one."""
+        gl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+        G: gl.constexpr = HV // H
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        dt: gl.constexpr = k_desc.dtype
+        NSLOT: gl.constexpr = 2 if PERSIST else 1
+        k_smem = gl.allocate_shared_memory(dt, [NSLOT, BT, K], k_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(NSLOT):
+            mbarrier.init(ready.index(s), count=1)
+        # SHIFT_SMEM's shift buffers [128, 16] bf16: rows 0..63 zeros (written once), 64..127 the blocks to shift
+        NSH: gl.constexpr = 8 if SHIFT_SMEM else 1
+        SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        sd = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
+        se1 = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
+        se2 = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
+        if SHIFT_SMEM:
+            ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0])
+            zero = gl.zeros([4, 16, 16], gl.bfloat16, ZL)
+            sd.slice(0, 4).store(zero)
+            se1.slice(0, 4).store(zero)
+            se2.slice(0, 4).store(zero)
+        fence_async_shared()
+        pid = gl.program_id(0)
+        # the first item's tile
+        n0 = gl.load(chunk_idx_ptr + (pid // H) * 2)
+        c0 = gl.load(chunk_idx_ptr + (pid // H) * 2 + 1)
+        ok0 = n0 < N
+        bos0 = gl.load(cu_ptr + n0, mask=ok0, other=0)
+        mbarrier.expect(ready.index(0), k_desc.block_type.nbytes, pred=ok0)
+        tma_load(k_desc, [(bos0 + c0 * BT).to(gl.int32), (pid % H) * K], ready.index(0), k_smem.index(0), pred=ok0)
+        if PERSIST:
+            step = gl.num_programs(0)
+            it = 0
+            for lin in range(pid, num_items, step):
+                slot = it % 2
+                # the next item's tile into the other slot (its last reader, the wgmma of item it - 1, was waited,
+                # and every warp passed the thread barrier at the end of that iteration)
+                nxt = lin + step
+                has_next = nxt < num_items
+                nn = gl.load(chunk_idx_ptr + (nxt // H) * 2, mask=has_next, other=N)
+                cn = gl.load(chunk_idx_ptr + (nxt // H) * 2 + 1, mask=has_next, other=0)
+                okn = nn < N
+                bosn = gl.load(cu_ptr + nn, mask=okn, other=0)
+                mbarrier.expect(ready.index(1 - slot), k_desc.block_type.nbytes, pred=okn)
+                tma_load(k_desc, [(bosn + cn * BT).to(gl.int32), (nxt % H) * K], ready.index(1 - slot),
+                         k_smem.index(1 - slot), pred=okn)
+                n = gl.load(chunk_idx_ptr + (lin // H) * 2)
+                c = gl.load(chunk_idx_ptr + (lin // H) * 2 + 1)
+                if n < N:                             # else a surplus slot (all later items of this program too)
+                    _item(k_smem.index(slot), ready.index(slot), (it // 2) & 1, g_ptr, beta_ptr, gcum_ptr, tinv_ptr,
+                          cu_ptr, n, c, lin % H, sd, se1, se2, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+                gl.thread_barrier()
+                it += 1
+        else:
+            if n0 < N:
+                _item(k_smem.index(0), ready.index(0), 0, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n0, c0,
+                      pid % H, sd, se1, se2, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+        for s in gl.static_range(NSLOT):
+            mbarrier.invalidate(ready.index(s))
+
+
+# ---------------------------------------------------------------- host side
+
+# form -> the kernel's switches (round 26, OPT_LOG 26.1-26.3: each step cuts the instructions the kernel issues, which
+# the H200's round-25 times said bound it: 2616 SASS instructions per item in "plain", 2320 with SHIFT_SMEM, 2128 with
+# BANDS_SPLIT too, 1864 with EXP_FTZ too, at the 80-register cap)
+FORMS = {
+    "plain": dict(PERSIST=False),
+    "persist": dict(PERSIST=True),
+    "shift": dict(PERSIST=False, SHIFT_SMEM=True),
+    "split": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True),
+    "ftz": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True),
+}
+# The register cap each form launches with unless LINATTN_GDN_GLUON_KKT_MAXNREG names one. H200, round 25
+# (benchmarks/OPT_LOG.md 25.1, kkt_gluon_round.py): "plain" uncapped compiles to 130 registers (3 CTAs per SM) and
+# runs 0.83x the Triton kernel; capped at 80 (16 bytes of spill, 6 CTAs per SM) 1.03-1.05x at the three large rows
+# (0.84x at B1 T8192); 72 the same as 80; "persist" is slower at every cap tried (0.77-0.94x).
+DEFAULT_MAXNREG = {"plain": 80, "persist": None, "shift": 80, "split": 80, "ftz": 80}
+# CTAs per SM of the persistent form's grid: 65536 registers / (128 threads x the build's registers, rounded up to
+# 8): 155 registers (sm_90a, the uncapped build) -> 3; a register cap gives its own
+DEFAULT_REGS = 160
+
+
+def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
+    """(ok, reason): the Gluon stage 2a takes 16-bit k with K = 128, HV a multiple of H, and token rows that TMA's
+    32-bit coordinates reach."""
+    H, K = k.shape[-2], k.shape[-1]
+    if k.dtype != torch.bfloat16:
+        return False, (f"k is {k.dtype}; the Gluon stage 2a takes bf16 (its products have bf16 operands, as "
+                       f"kkt_solve_v4_kernel's only where Tinv is bf16)")
+    if K != 128:
+        return False, f"K={K}; the Gluon stage 2a is built for K=128"
+    if HV % H:
+        return False, f"HV={HV} is not a multiple of H={H}"
+    if T_total >= 2 ** 31:
+        return False, "more than 2^31 - 1 tokens: TMA coordinates are 32-bit"
+    return True, ""
+
+
+def kernel_switches(form: str) -> dict:
+    """Every switch constexpr of kkt_solve_gluon_kernel for a form, defaults filled in (the launch passes them all,
+    so the host path's launch key and the AOT signature name the same compiled kernel)."""
+    if form not in FORMS:
+        raise ValueError(f"unknown Gluon stage-2a form {form!r}; choose one of {tuple(FORMS)}")
+    return {**dict(PERSIST=False, SHIFT_SMEM=False, BANDS_SPLIT=False, EXP_FTZ=False), **FORMS[form]}
+
+
+def persist_grid(num_items: int, num_sms: int, maxnreg) -> int:
+    regs = -(-(maxnreg or DEFAULT_REGS) // 8) * 8
+    return max(1, min(num_items, num_sms * max(1, 65536 // (128 * regs))))
+
+
+def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int, form: str = "plain",
+                    maxnreg=None, gcum=None, tinv=None):
+    """Stage 2a as kkt_solve_gluon_kernel: (gcum fp32 [T_tot, HV], Tinv [T_tot, HV, 64] in k's dtype), the outputs of
+    chunk_fused_wu_ws.kkt_solve. k [B, T, H, K] (or [T_tot, H, K]), g / beta [.., HV] fp32 contiguous; form a FORMS
+    name ("persist": a persistent grid; the others one program per (chunk slot, key head)); maxnreg caps the
+    registers (None: the form's DEFAULT_MAXNREG)."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _fused_desc
+    from linattn.ops.gated_delta_rule.gluon.launcher import _aligned, _gl_dtype, launches
+    from linattn.runtime.alloc import empty
+    from linattn.runtime.device import device_facts
+    from linattn.runtime.gluon_compat import TensorDescriptor
+    H, K = k.shape[-2], k.shape[-1]
+    T_tot = plan.T_total
+    if gcum is None:
+        gcum = empty(T_tot, HV, dtype=torch.float32, device=k.device)
+    if tinv is None:
+        tinv = empty(T_tot, HV, BT, dtype=k.dtype, device=k.device)
+    num_items = plan.num_slots * H
+    k_desc = _fused_desc(TensorDescriptor, _aligned(k.reshape(T_tot, H * K)), [BT, K], _gl_dtype(k.dtype))
+    switches = kernel_switches(form)
+    maxnreg = maxnreg or DEFAULT_MAXNREG[form]
+    persist = switches["PERSIST"]
+    grid = persist_grid(num_items, device_facts(k.device).num_sms, maxnreg) if persist else num_items
+    kwargs = dict(H=H, HV=HV, K=K, BT=BT, **switches, num_warps=KKT_WARPS)
+    if maxnreg:
+        kwargs["maxnreg"] = int(maxnreg)
+    launches(kkt_solve_gluon_kernel, (grid,), (k_desc, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+                                               num_items), kwargs)
+    return gcum, tinv

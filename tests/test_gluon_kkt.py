@@ -1,0 +1,141 @@
+"""The Gluon stage 2a (gluon/kkt_solve.py, opt-in LINATTN_GDN_GLUON_KKT) on a CPU host: its sm_90a builds per form,
+its launch arguments against the AOT signature, and the switch in chunk_fused_wu_ws.kkt_solve with its fallbacks.
+The kernel itself runs only on a GPU: benchmarks/gpu/kkt_gluon_round.py checks each form's gcum and Tinv against the
+Triton kernel and fp64, and the Gluon gate runs the whole forward with the switch on."""
+import pytest
+import torch
+
+from linattn.runtime.aot import inspect_kernel, kernels
+from linattn.runtime.gluon_compat import gluon_status
+
+_GLUON_OK, _GLUON_REASON, _ = gluon_status()
+needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+SMEM_LIMIT_SM90 = 227 * 1024
+KKT = "gdn_fwd_kkt_solve_gluon_bf16"
+
+
+def _plan_inputs(B, T, H, HV, lens=None, dtype=torch.bfloat16, K=128):
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    cu = None
+    if lens is not None:
+        T = sum(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype)     # l2-normalised, as models feed
+    g = -torch.rand(B, T, HV)
+    beta = torch.rand(B, T, HV)
+    return k, g, beta, make_chunk_plan(B, T, cu, 64, "cpu")
+
+
+FORM_STEPS = [KKT + "_r80", KKT + "_shift_r80", KKT + "_split_r80", KKT + "_ftz_r80"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("step", range(len(FORM_STEPS)))
+def test_kkt_forms_issue_fewer_instructions(step):
+    """sm_90a at the 80-register cap: each form keeps the plain form's tensor-core work (16 HGMMA 64x64x16: K K^T
+    once per value head; 60 HMMA: the block substitution), four warps, shared memory for six CTAs per SM, and issues
+    fewer instructions than the form before it (the round-25 times said the kernel is issue-bound: OPT_LOG 26.1):
+    SHIFT_SMEM moves the row-block shifts to shared memory (ldmatrix loads, half the thread barriers), BANDS_SPLIT
+    drops the selects-and-sums of A's bands, EXP_FTZ the exponential's range fix-up."""
+    name = FORM_STEPS[step]
+    rep = inspect_kernel(kernels()[name])
+    assert not rep.missing and rep.regs == 80 and rep.num_warps == 4, (rep.missing, rep.regs, rep.num_warps)
+    assert 0 < rep.smem and 6 * (rep.smem + 1024) <= 228 * 1024, rep.smem
+    assert rep.sass.get("HGMMA.64x64x16.F32.BF16") == 16 and rep.sass.get("HMMA.16816.F32.BF16") == 60, rep.sass
+    assert rep.instructions > 1000, rep.instructions
+    if step:
+        before = inspect_kernel(kernels()[FORM_STEPS[step - 1]])
+        assert rep.instructions < 0.95 * before.instructions, (name, rep.instructions, before.instructions)
+    if step == 1:
+        assert rep.families["BAR"] * 1.5 < before.families["BAR"], (rep.families, before.families)
+        assert rep.families["LDSM"] > before.families["LDSM"], (rep.families, before.families)
+
+
+@needs_gluon
+@pytest.mark.parametrize("form", ["plain", "persist", "shift", "split", "ftz"])
+@pytest.mark.parametrize("B,T,lens", [(1, 8192, None), (2, 100, None), (1, 0, [1, 63, 1, 65, 70])])
+def test_kkt_launch_matches_aot_signature(monkeypatch, form, B, T, lens):
+    """kkt_solve_gluon's launch: its arguments mangle to the AOT signature, every constexpr of the kernel is passed
+    (the form's switches with their defaults filled in, so the host path's key names the compiled kernel AOT checks),
+    the register cap is the form's default, the key tile's box is [64, 128], and the grid has one program per (chunk
+    slot, key head), or the persistent form's CTAs-per-SM bound."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import kkt_gluon_signature
+    from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
+    from linattn.ops.gated_delta_rule.gluon import launcher
+    from linattn.runtime import device as device_mod
+
+    calls = []
+    monkeypatch.setattr(launcher, "launches", lambda kernel, grid, args, kwargs: calls.append((kernel, grid, args,
+                                                                                              kwargs)))
+    monkeypatch.setattr(device_mod, "device_facts", lambda dev: type("F", (), {"num_sms": 132})())
+    H, HV = 16, 32
+    k, g, beta, plan = _plan_inputs(B, T, H, HV, lens)
+    gcum, tinv = gk.kkt_solve_gluon(k, g, beta, plan, HV, form)
+    assert gcum.shape == (plan.T_total, HV) and gcum.dtype == torch.float32
+    assert tinv.shape == (plan.T_total, HV, 64) and tinv.dtype == torch.bfloat16
+    (kernel, grid, args, kwargs), = calls
+    sig = kkt_gluon_signature("bf16")
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert args[0].block_shape == [64, 128] and args[-1] == plan.num_slots * H
+    switches = gk.kernel_switches(form)
+    assert kwargs == dict(H=H, HV=HV, K=128, BT=64, **switches, num_warps=gk.KKT_WARPS,
+                          **({"maxnreg": gk.DEFAULT_MAXNREG[form]} if gk.DEFAULT_MAXNREG[form] else {}))
+    names = list(kernel.arg_names)
+    assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(
+        n for n in kwargs if n not in ("num_warps", "maxnreg"))
+    if switches["PERSIST"]:
+        assert grid == (gk.persist_grid(plan.num_slots * H, 132, None),) and grid[0] <= 132 * 3
+    else:
+        assert grid == (plan.num_slots * H,)
+
+
+def test_kkt_forms_and_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_KKT: unset / "0" / an unknown name is off, "1" is "plain", each FORMS name itself; an
+    unknown form is refused by kkt_solve_gluon with the names it takes."""
+    from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
+    from linattn.runtime.settings import settings
+    for value, want in [(None, "off"), ("0", "off"), ("fast", "off"), ("1", "plain"), ("on", "plain")] + \
+            [(f, f) for f in gk.FORMS]:
+        if value is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_KKT", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", value)
+        assert settings.gdn_gluon_kkt == want, value
+    with pytest.raises(ValueError, match="ftz"):
+        gk.kernel_switches("fastest")
+    # each form's switches are a superset of the one before (the forms are cumulative steps)
+    steps = [gk.kernel_switches(f) for f in ("plain", "shift", "split", "ftz")]
+    for before, after in zip(steps, steps[1:]):
+        assert all(after[n] for n, on in before.items() if on) and sum(after.values()) == sum(before.values()) + 1
+
+
+@pytest.mark.parametrize("dtype,K,taken", [(torch.bfloat16, 128, True), (torch.float32, 128, False),
+                                           (torch.float16, 128, False), (torch.bfloat16, 64, False)])
+def test_kkt_switch_takes_gluon_only_where_supported(monkeypatch, dtype, K, taken):
+    """chunk_fused_wu_ws.kkt_solve with LINATTN_GDN_GLUON_KKT set hands bf16 k with K = 128 to kkt_solve_gluon in the
+    named form; anything else falls back to the Triton kernel (kkt_gluon_supported says why), which then computes
+    the same outputs as with the switch off."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
+    from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
+    seen = []
+
+    def stand_in(k, g, beta, plan, HV, form, maxnreg):
+        seen.append(form)
+        return "gcum", "tinv"
+    monkeypatch.setattr(gk, "kkt_solve_gluon", stand_in)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", "split")
+    k, g, beta, plan = _plan_inputs(1, 70, 1, 2, dtype=dtype, K=K)
+    ok, reason = gk.kkt_gluon_supported(k, 2, plan.T_total)
+    assert ok == taken and (ok or reason)
+    out = chunk_fused_wu_ws.kkt_solve(k, g, beta, plan, 2)
+    if taken:
+        assert seen == ["split"] and out == ("gcum", "tinv")
+        return
+    assert seen == []
+    monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", "0")
+    ref = chunk_fused_wu_ws.kkt_solve(k, g, beta, plan, 2)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref)) and torch.isfinite(out[1].float()).all()
