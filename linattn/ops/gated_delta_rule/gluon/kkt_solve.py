@@ -81,7 +81,7 @@ if GLUON_OK:
         L: gl.constexpr = v0.type.layout
         rb = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
         b0 = gl.where(rb == 0, v0, gl.where(rb == 1, v1, gl.where(rb == 2, v2, v3)))
-        b1 = gl.where(rb == 1, v0, gl.where(rb == 2, v1, v3))                  # rb == 3 + 1 never holds
+        b1 = gl.where(rb == 1, v0, gl.where(rb == 2, v1, gl.where(rb == 3, v2, v3)))
         b2 = gl.where(rb == 2, v0, gl.where(rb == 3, v1, v3))
         b3 = gl.where(rb == 3, v0, v3)
         return b0, b1, b2, b3
@@ -328,8 +328,8 @@ if GLUON_OK:
 # ---------------------------------------------------------------- host side
 
 # form -> the kernel's switches (round 26, OPT_LOG 26.1-26.3: each step cuts the instructions the kernel issues, which
-# the H200's round-25 times said bound it: 2616 SASS instructions per item in "plain", 2320 with SHIFT_SMEM, 2128 with
-# BANDS_SPLIT too, 1864 with EXP_FTZ too, at the 80-register cap)
+# the H200's round-25 times said bound it: 2616 SASS instructions per item in "plain", 2320 with SHIFT_SMEM, 2152 with
+# BANDS_SPLIT too, 1904 with EXP_FTZ too, at the 80-register cap)
 FORMS = {
     "plain": dict(PERSIST=False),
     "persist": dict(PERSIST=True),
