@@ -94,11 +94,12 @@ def test_kkt_launch_matches_aot_signature(monkeypatch, form, B, T, lens):
 
 
 def test_kkt_forms_and_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_KKT: unset / "0" / an unknown name is off, "1" is "plain", each FORMS name itself; an
-    unknown form is refused by kkt_solve_gluon with the names it takes."""
+    """LINATTN_GDN_GLUON_KKT: unset, "1" and "on" are the default form (round 26: "ftz"), "0" and an unknown name
+    off, each FORMS name itself; an unknown form is refused by kkt_solve_gluon with the names it takes."""
     from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
     from linattn.runtime.settings import settings
-    for value, want in [(None, "off"), ("0", "off"), ("fast", "off"), ("1", "plain"), ("on", "plain")] + \
+    assert gk.DEFAULT_FORM == "ftz"
+    for value, want in [(None, "ftz"), ("1", "ftz"), ("on", "ftz"), ("0", "off"), ("fast", "off")] + \
             [(f, f) for f in gk.FORMS]:
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_GLUON_KKT", raising=False)
@@ -113,29 +114,46 @@ def test_kkt_forms_and_switch(monkeypatch):
         assert all(after[n] for n, on in before.items() if on) and sum(after.values()) == sum(before.values()) + 1
 
 
-@pytest.mark.parametrize("dtype,K,taken", [(torch.bfloat16, 128, True), (torch.float32, 128, False),
-                                           (torch.float16, 128, False), (torch.bfloat16, 64, False)])
-def test_kkt_switch_takes_gluon_only_where_supported(monkeypatch, dtype, K, taken):
-    """chunk_fused_wu_ws.kkt_solve with LINATTN_GDN_GLUON_KKT set hands bf16 k with K = 128 to kkt_solve_gluon in the
-    named form; anything else falls back to the Triton kernel (kkt_gluon_supported says why), which then computes
-    the same outputs as with the switch off."""
+@pytest.mark.parametrize("dtype,K,why", [(torch.bfloat16, 128, "cpu"), (torch.float32, 128, "float32"),
+                                         (torch.float16, 128, "float16"), (torch.bfloat16, 64, "K=64")])
+@pytest.mark.parametrize("env", [None, "split"])
+def test_kkt_switch_falls_back_with_reason(monkeypatch, dtype, K, why, env):
+    """kkt_gluon_supported refuses, with its reason, k that is not bf16, K != 128, and k off a CUDA device (so the
+    CPU tests' forward never launches a Gluon kernel, with the switch at its default or set); chunk_fused_wu_ws.kkt_solve
+    then runs the Triton kernel and returns what it returns with the switch off."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
     from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
-    seen = []
-
-    def stand_in(k, g, beta, plan, HV, form, maxnreg):
-        seen.append(form)
-        return "gcum", "tinv"
-    monkeypatch.setattr(gk, "kkt_solve_gluon", stand_in)
-    monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", "split")
+    monkeypatch.setattr(gk, "kkt_solve_gluon", lambda *a, **kw: pytest.fail("the Gluon stage 2a was launched"))
     k, g, beta, plan = _plan_inputs(1, 70, 1, 2, dtype=dtype, K=K)
     ok, reason = gk.kkt_gluon_supported(k, 2, plan.T_total)
-    assert ok == taken and (ok or reason)
+    assert not ok and why in reason, reason
+    if env is None:
+        monkeypatch.delenv("LINATTN_GDN_GLUON_KKT", raising=False)
+    else:
+        monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", env)
     out = chunk_fused_wu_ws.kkt_solve(k, g, beta, plan, 2)
-    if taken:
-        assert seen == ["split"] and out == ("gcum", "tinv")
-        return
-    assert seen == []
     monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", "0")
     ref = chunk_fused_wu_ws.kkt_solve(k, g, beta, plan, 2)
     assert all(torch.equal(a, b) for a, b in zip(out, ref)) and torch.isfinite(out[1].float()).all()
+
+
+@pytest.mark.parametrize("env,form", [(None, "ftz"), ("split", "split"), ("0", None)])
+def test_kkt_switch_routes_supported_calls(monkeypatch, env, form):
+    """Where kkt_gluon_supported accepts the call (stood in here: a CPU host has no CUDA device), kkt_solve hands it
+    to kkt_solve_gluon in the switch's form with the register cap setting, and with the switch "0" it does not."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws
+    from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
+    seen = []
+    monkeypatch.setattr(gk, "kkt_gluon_supported", lambda k, HV, T: (True, ""))
+    monkeypatch.setattr(gk, "kkt_solve_gluon", lambda k, g, beta, plan, HV, f, cap: seen.append((f, cap)) or (1, 2))
+    if env is None:
+        monkeypatch.delenv("LINATTN_GDN_GLUON_KKT", raising=False)
+    else:
+        monkeypatch.setenv("LINATTN_GDN_GLUON_KKT", env)
+    monkeypatch.setenv("LINATTN_GDN_GLUON_KKT_MAXNREG", "72")
+    k, g, beta, plan = _plan_inputs(1, 70, 1, 2)
+    out = chunk_fused_wu_ws.kkt_solve(k, g, beta, plan, 2)
+    if form is None:
+        assert seen == [] and out[1].shape == (70, 2, 64)
+    else:
+        assert seen == [(form, 72)] and out == (1, 2)

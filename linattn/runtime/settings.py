@@ -156,10 +156,10 @@ LINATTN_GDN_GLUON_KKT     stage 2a of the gluon forward in Gluon (gluon/kkt_solv
                    head), the key tile by TMA, K K^T once per key head on warpgroup_mma, each value head's block
                    substitution as kkt_solve_v4_kernel's): "plain", "persist" (a persistent grid loading the next
                    item's key tile meanwhile), "shift", "split", "ftz" (plain with round 26's instruction cuts, each
-                   on top of the one before: kkt_solve.FORMS) or "0" / unset (off: the Triton kernel LINATTN_GDN_KKT
-                   picks). Opt-in
-                   until its GPU gate and A/B say otherwise (benchmarks/OPT_LOG.md round 25). Falls back to Triton
-                   where gluon/kkt_solve.kkt_gluon_supported says why (fp32 k, K != 128).
+                   on top of the one before: kkt_solve.FORMS), unset / "1" (the default, "ftz" since round 26: gate
+                   green with it forced on, forward 1.012-1.042x, RESULTS.md round 26) or "0" (off: the Triton
+                   kernel LINATTN_GDN_KKT picks). Falls back to Triton where gluon/kkt_solve.kkt_gluon_supported says
+                   why (k not bf16 or not on a CUDA device, K != 128).
 LINATTN_GDN_GLUON_KKT_MAXNREG  a register cap for that kernel (an integer; unset: the compiler's choice).
 LINATTN_GDN_KKT_EARLY_K   "0" turns off, in kkt_solve_v4_kernel (stage 2a's default), EARLY_K: default on since round
                    21, the loads of g, beta and the k tile are issued together before gam's cumsum
@@ -261,12 +261,12 @@ class _Settings:
 
     @property
     def gdn_gluon_kkt(self) -> str:
-        """A gluon/kkt_solve.FORMS name (LINATTN_GDN_GLUON_KKT; "1" is "plain"), or "off" (unset, "0", anything
-        else)."""
+        """A gluon/kkt_solve.FORMS name (LINATTN_GDN_GLUON_KKT; unset, "1" or "on": kkt_solve.DEFAULT_FORM), or
+        "off" ("0", anything else)."""
         value = os.environ.get("LINATTN_GDN_GLUON_KKT", "").strip().lower()
-        from linattn.ops.gated_delta_rule.gluon.kkt_solve import FORMS
-        if value in ("1", "on"):
-            return "plain"
+        from linattn.ops.gated_delta_rule.gluon.kkt_solve import DEFAULT_FORM, FORMS
+        if value in ("", "1", "on"):
+            return DEFAULT_FORM
         return value if value in FORMS else "off"
 
     @property

@@ -1,4 +1,5 @@
-"""Stage 2a of the forward in Gluon (opt-in, LINATTN_GDN_KKT=gluon): gcum and Tinv = (I + A)^-1 per chunk and value
+"""Stage 2a of the gluon forward in Gluon (LINATTN_GDN_GLUON_KKT; the default since round 26, form DEFAULT_FORM):
+gcum and Tinv = (I + A)^-1 per chunk and value
 head, the outputs of triton/intra_split.py kkt_solve_v4_kernel (its docstring and benchmarks/KKT_SOLVE.md give the
 math), with the two things the Triton form could not express (OPT_LOG 20.3, 21.4):
 
@@ -337,6 +338,11 @@ FORMS = {
     "split": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True),
     "ftz": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True),
 }
+# The form the gluon forward takes with LINATTN_GDN_GLUON_KKT unset: H200 round 26 (RESULTS.md), Gluon gate green with
+# it forced on (22/22, grad, sync-free), Tinv bit-equal to the Triton kernel's, stage 2a 1.12-1.16x the Triton kernel at
+# B1 T65536, B8 T4096 and the varlen row (0.73x at B1 T8192), the forward 1.012x (B1 T8192), 1.039x (B1 T65536),
+# 1.035x (B8 T4096), 1.042x (B4 T16384), 1.033x (varlen24), CUDA graphs, same inputs, o and final bit-equal
+DEFAULT_FORM = "ftz"
 # The register cap each form launches with unless LINATTN_GDN_GLUON_KKT_MAXNREG names one. H200, round 25
 # (benchmarks/OPT_LOG.md 25.1, kkt_gluon_round.py): "plain" uncapped compiles to 130 registers (3 CTAs per SM) and
 # runs 0.83x the Triton kernel; capped at 80 (16 bytes of spill, 6 CTAs per SM) 1.03-1.05x at the three large rows
@@ -348,8 +354,8 @@ DEFAULT_REGS = 160
 
 
 def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
-    """(ok, reason): the Gluon stage 2a takes 16-bit k with K = 128, HV a multiple of H, and token rows that TMA's
-    32-bit coordinates reach."""
+    """(ok, reason): the Gluon stage 2a takes bf16 k on a CUDA device with K = 128, HV a multiple of H, and token
+    rows that TMA's 32-bit coordinates reach."""
     H, K = k.shape[-2], k.shape[-1]
     if k.dtype != torch.bfloat16:
         return False, (f"k is {k.dtype}; the Gluon stage 2a takes bf16 (its products have bf16 operands, as "
@@ -360,6 +366,8 @@ def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
         return False, f"HV={HV} is not a multiple of H={H}"
     if T_total >= 2 ** 31:
         return False, "more than 2^31 - 1 tokens: TMA coordinates are 32-bit"
+    if not k.is_cuda:
+        return False, f"k is on {k.device}; the Gluon stage 2a runs on a CUDA (sm_90) device"
     return True, ""
 
 
