@@ -10,7 +10,6 @@ from linattn.runtime.gluon_compat import gluon_status
 
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
-SMEM_LIMIT_SM90 = 227 * 1024
 KKT = "gdn_fwd_kkt_solve_gluon_bf16"
 
 
