@@ -50,9 +50,37 @@ def test_kkt_forms_issue_fewer_instructions(step):
         assert rep.families["LDSM"] > before.families["LDSM"], (rep.families, before.families)
 
 
+def _sass_lines(name):
+    from linattn.runtime.aot import kernel_asm
+    return [ln for ln in kernel_asm(name, "sass").splitlines() if ln[:1] in "-0123456789abcdef" and ":" in ln[:3]]
+
+
+def _first(lines, op):
+    return next(i for i, ln in enumerate(lines) if op in ln)
+
+
 @needs_gluon
-@pytest.mark.parametrize("form", ["plain", "persist", "shift", "split", "ftz"])
-@pytest.mark.parametrize("B,T,lens", [(1, 8192, None), (2, 100, None), (1, 0, [1, 63, 1, 65, 70])])
+def test_kkt_early_and_direct_order_their_loads():
+    """Round 27's two forms change where loads sit, not what is computed (the same tensor-core work and, within a
+    few, the same instructions as ftz): "early" issues every value head's g and beta loads before the wait on the
+    key tile (ftz issues the first head's after it), and "direct" issues no global load before the key tile's
+    TMA (ftz loads the chunk index, then cu, first)."""
+    ftz, early, direct = (_sass_lines(KKT + f"_{f}_r80") for f in ("ftz", "early", "direct"))
+    for lines in (early, direct):
+        assert sum("HGMMA.64x64x16" in ln for ln in lines) == 16 and sum("HMMA.16816" in ln for ln in lines) == 60
+        assert abs(len(lines) - len(ftz)) < 0.02 * len(ftz), (len(lines), len(ftz))
+
+    def loads_before_wait(lines):
+        return sum("LDG" in ln for ln in lines[:_first(lines, "SYNCS.PHASECHK")])
+    # ftz: chunk index (2), cu for the TMA (1), bos / eos (2); early: + 2 heads x (g, beta: 1 + 2 per thread)
+    assert loads_before_wait(early) >= loads_before_wait(ftz) + 6, (loads_before_wait(early), loads_before_wait(ftz))
+    assert sum("LDG" in ln for ln in ftz[:_first(ftz, "UTMALDG")]) >= 2
+    assert sum("LDG" in ln for ln in direct[:_first(direct, "UTMALDG")]) == 0
+
+
+@needs_gluon
+@pytest.mark.parametrize("form", ["plain", "persist", "shift", "split", "ftz", "early", "direct"])
+@pytest.mark.parametrize("B,T,lens", [(1, 8192, None), (2, 100, None), (3, 1, None), (1, 0, [1, 63, 1, 65, 70])])
 def test_kkt_launch_matches_aot_signature(monkeypatch, form, B, T, lens):
     """kkt_solve_gluon's launch: its arguments mangle to the AOT signature, every constexpr of the kernel is passed
     (the form's switches with their defaults filled in, so the host path's key names the compiled kernel AOT checks),
@@ -79,8 +107,13 @@ def test_kkt_launch_matches_aot_signature(monkeypatch, form, B, T, lens):
     assert len(args) == len(sig)
     for (name, want), arg in zip(sig.items(), args):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
-    assert args[0].block_shape == [64, 128] and args[-1] == plan.num_slots * H
+    assert args[0].block_shape == [64, 128] and args[-2] == plan.num_slots * H
     switches = gk.kernel_switches(form)
+    # FIXED_LEN (form "direct") only where the plan says every sequence has one length of at least 2 tokens
+    fixed = switches["FIXED_LEN"] and lens is None and T >= 2
+    assert plan.seq_len == (T if lens is None else 0)
+    switches["FIXED_LEN"] = fixed
+    assert args[-1] == (T if fixed else 2)
     assert kwargs == dict(H=H, HV=HV, K=128, BT=64, **switches, num_warps=gk.KKT_WARPS,
                           **({"maxnreg": gk.DEFAULT_MAXNREG[form]} if gk.DEFAULT_MAXNREG[form] else {}))
     names = list(kernel.arg_names)
@@ -108,7 +141,7 @@ def test_kkt_forms_and_switch(monkeypatch):
     with pytest.raises(ValueError, match="ftz"):
         gk.kernel_switches("fastest")
     # each form's switches are a superset of the one before (the forms are cumulative steps)
-    steps = [gk.kernel_switches(f) for f in ("plain", "shift", "split", "ftz")]
+    steps = [gk.kernel_switches(f) for f in ("plain", "shift", "split", "ftz", "early", "direct")]
     for before, after in zip(steps, steps[1:]):
         assert all(after[n] for n, on in before.items() if on) and sum(after.values()) == sum(before.values()) + 1
 

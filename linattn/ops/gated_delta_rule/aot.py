@@ -715,7 +715,8 @@ for _warm, _ksp in ((False, False), (False, True), (True, False), (True, True)):
 # "shift" / "split" / "ftz": round 26's instruction cuts, each on top of the one before (kkt_solve.FORMS).
 def kkt_gluon_signature(dtype: str = "bf16"):
     return {"k_desc": desc_sig(dtype, [BT, K]), "g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32",
-            "tinv_ptr": f"*{dtype}", "cu_ptr": "*i64", "chunk_idx_ptr": "*i32", "N": "i32", "num_items": "i32"}
+            "tinv_ptr": f"*{dtype}", "cu_ptr": "*i64", "chunk_idx_ptr": "*i32", "N": "i32", "num_items": "i32",
+            "seq_len": "i32"}
 
 
 def _kkt_gluon_build(dtype: str, form: str, maxnreg=None):
@@ -733,7 +734,8 @@ def _kkt_gluon_build(dtype: str, form: str, maxnreg=None):
 # faster than the 130-register build without them, OPT_LOG 25.1) and uncapped; the persistent form uncapped; round
 # 26's forms at the same cap (24 / 12 / 16 bytes of such spill) and "ftz" uncapped (0)
 for _form, _cap, _spill in (("plain", 80, 16), ("plain", None, 0), ("persist", None, 0), ("shift", 80, 24),
-                            ("split", 80, 12), ("ftz", 80, 16), ("ftz", None, 0)):
+                            ("split", 80, 12), ("ftz", 80, 16), ("ftz", None, 0), ("early", 80, 20),
+                            ("direct", 80, 20)):
     register(AotKernel(
         "gdn_fwd_kkt_solve_gluon_bf16" + ("" if _form == "plain" else f"_{_form}") + (f"_r{_cap}" if _cap else ""),
         _kkt_gluon_build("bf16", _form, _cap), ("HGMMA", "UTMALDG", "HMMA"),

@@ -160,13 +160,27 @@ if GLUON_OK:
         return y1, y2, y3
 
     @gluon.jit
-    def _head(kk, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hv, sd, se1, se2, HV: gl.constexpr,
+    def _gates(g_ptr, beta_ptr, t0, eos, hv, HV: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
+        """One value head's gate inputs of the chunk at t0: g as the [4, 16] gate tile (G4) and beta [BT] in A's row
+        layout (SliceLayout(1, ACC)), zeros past eos."""
+        G4: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])          # [4, 16] gate tile
+        gb = gl.arange(0, 4, layout=gl.SliceLayout(1, G4))
+        gw = gl.arange(0, 16, layout=gl.SliceLayout(0, G4))
+        r2 = t0 + gl.expand_dims(gb, 1).to(gl.int64) * 16 + gl.expand_dims(gw, 0)
+        g4 = gl.load(g_ptr + r2 * HV + hv, mask=r2 < eos, other=0.).to(gl.float32)
+        ri = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, ACC)).to(gl.int64)
+        beta = gl.load(beta_ptr + ri * HV + hv, mask=ri < eos, other=0.).to(gl.float32)
+        return g4, beta
+
+    @gluon.jit
+    def _head(kk, g4, beta, gcum_ptr, tinv_ptr, t0, eos, hv, sd, se1, se2, HV: gl.constexpr,
               BT: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr, BANDS_SPLIT: gl.constexpr,
               EXP_FTZ: gl.constexpr):
-        """One value head's part of an item: gam (stored as gcum), A from K K^T (kk, the wgmma accumulator in ACC),
-        Tinv by block substitution, stored. SHIFT_SMEM: the row-block shifts through the zero-padded shared buffers
-        sd, se1, se2 (_shifted) instead of the register broadcast (_to_all_warps, _select_above); BANDS_SPLIT: A's
-        block diagonals by _bands instead of _blocks_at; EXP_FTZ: the gate factors by _ex2_ftz."""
+        """One value head's part of an item: gam (stored as gcum) from its gate inputs (g4, beta: _gates), A from
+        K K^T (kk, the wgmma accumulator in ACC), Tinv by block substitution, stored. SHIFT_SMEM: the row-block shifts
+        through the zero-padded shared buffers sd, se1, se2 (_shifted) instead of the register broadcast
+        (_to_all_warps, _select_above); BANDS_SPLIT: A's block diagonals by _bands instead of _blocks_at; EXP_FTZ:
+        the gate factors by _ex2_ftz."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         G4: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])          # [4, 16] gate tile
         BL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0])
@@ -176,9 +190,7 @@ if GLUON_OK:
         gw = gl.arange(0, 16, layout=gl.SliceLayout(0, G4))
         r2 = t0 + gl.expand_dims(gb, 1).to(gl.int64) * 16 + gl.expand_dims(gw, 0)
         m2 = r2 < eos
-        g4 = gl.load(g_ptr + r2 * HV + hv, mask=m2, other=0.).to(gl.float32)
         ri = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, ACC)).to(gl.int64)
-        beta = gl.load(beta_ptr + ri * HV + hv, mask=ri < eos, other=0.).to(gl.float32)
         sums = gl.convert_layout(gl.sum(g4, axis=1), gl.SliceLayout(0, G4))
         bj = gl.arange(0, 4, layout=gl.SliceLayout(0, G4))
         base = gl.sum(gl.where(gl.expand_dims(bj, 0) < gl.expand_dims(gb, 1), gl.expand_dims(sums, 0), 0.), axis=1)
@@ -238,19 +250,61 @@ if GLUON_OK:
         _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT, SL)
 
     @gluon.jit
-    def _item(kt, bar, phase, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n, c, hk, sd, se1, se2,
+    def _slot_of(chunk_idx_ptr, slot, valid, N, seq_len, BT: gl.constexpr, FIXED_LEN: gl.constexpr):
+        """(sequence n, chunk c) of a chunk slot, n = N where not valid: from the plan's chunk_indices, or with
+        FIXED_LEN (every sequence seq_len > 0 tokens, the plan's slots sequence-major) by arithmetic, no load."""
+        if FIXED_LEN:
+            nch = (seq_len + BT - 1) // BT
+            n = gl.where(valid, slot // nch, N)
+            c = slot % nch
+        else:
+            n = gl.load(chunk_idx_ptr + slot * 2, mask=valid, other=N)
+            c = gl.load(chunk_idx_ptr + slot * 2 + 1, mask=valid, other=0)
+        return n, c
+
+    @gluon.jit
+    def _seq_start(cu_ptr, n, valid, seq_len, FIXED_LEN: gl.constexpr):
+        """cu[n] (0 where not valid), or n * seq_len with FIXED_LEN."""
+        if FIXED_LEN:
+            bos = n.to(gl.int64) * seq_len
+        else:
+            bos = gl.load(cu_ptr + n, mask=valid, other=0)
+        return bos
+
+    @gluon.jit
+    def _item(kt, bar, phase, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n, c, hk, sd, se1, se2, seq_len,
               HV: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr,
-              BANDS_SPLIT: gl.constexpr, EXP_FTZ: gl.constexpr):
-        """One (chunk, key head) item whose key tile arrives in kt (barrier bar, phase): its G value heads."""
-        bos = gl.load(cu_ptr + n)
-        eos = gl.load(cu_ptr + n + 1)
+              BANDS_SPLIT: gl.constexpr, EXP_FTZ: gl.constexpr, EARLY_G: gl.constexpr, FIXED_LEN: gl.constexpr):
+        """One (chunk, key head) item whose key tile arrives in kt (barrier bar, phase): its G value heads. EARLY_G:
+        the G heads' g and beta loads are issued before the wait on the tile (else each after its K K^T);
+        FIXED_LEN: the sequence's bounds by arithmetic (_seq_start) instead of loads of cu."""
+        if FIXED_LEN:
+            bos = n.to(gl.int64) * seq_len
+            eos = bos + seq_len
+        else:
+            bos = gl.load(cu_ptr + n)
+            eos = gl.load(cu_ptr + n + 1)
         t0 = bos + c * BT
+        if EARLY_G:
+            # every head's gate loads in flight with the key tile's TMA (round 27's ncu view: the loads issued after
+            # the wait held 11% of the samples)
+            gs = ()
+            bs = ()
+            for j in gl.static_range(G):
+                g4, beta = _gates(g_ptr, beta_ptr, t0, eos, hk * G + j, HV, BT, ACC)
+                gs = gs + (g4,)
+                bs = bs + (beta,)
         mbarrier.wait(bar, phase)
         for j in gl.static_range(G):
             # K K^T again per head: a tensor-core pass over shared memory is cheaper than keeping the [64, 64] fp32
             # accumulator live across the head loop (32 registers)
             kk = warpgroup_mma(kt, kt.permute((1, 0)), gl.zeros([BT, BT], gl.float32, ACC), use_acc=False)
-            _head(kk, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, t0, eos, hk * G + j, sd, se1, se2, HV, BT, ACC,
+            if EARLY_G:
+                g4 = gs[j]
+                beta = bs[j]
+            else:
+                g4, beta = _gates(g_ptr, beta_ptr, t0, eos, hk * G + j, HV, BT, ACC)
+            _head(kk, g4, beta, gcum_ptr, tinv_ptr, t0, eos, hk * G + j, sd, se1, se2, HV, BT, ACC,
                   SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
 
     @gluon.jit
@@ -259,9 +313,10 @@ if GLUON_OK:
         g_ptr, beta_ptr,                          # g / beta [T_tot, HV]
         gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (k's dtype)
         cu_ptr, chunk_idx_ptr, N, num_items,      # num_items = chunk slots * H
+        seq_len,                                  # every sequence's length where FIXED_LEN (else unused)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, PERSIST: gl.constexpr,
         SHIFT_SMEM: gl.constexpr = False, BANDS_SPLIT: gl.constexpr = False,
-        EXP_FTZ: gl.constexpr = False,
+        EXP_FTZ: gl.constexpr = False, EARLY_G: gl.constexpr = False, FIXED_LEN: gl.constexpr = False,
     ):
         """Items lin = slot * H + key head (head-fastest, as kkt_solve_v4's HEADS_FAST): one per program, or with
         PERSIST lin = pid, pid + num_programs, ... with the next item's key tile loaded during the current one."""
@@ -289,10 +344,9 @@ if GLUON_OK:
         fence_async_shared()
         pid = gl.program_id(0)
         # the first item's tile
-        n0 = gl.load(chunk_idx_ptr + (pid // H) * 2)
-        c0 = gl.load(chunk_idx_ptr + (pid // H) * 2 + 1)
+        n0, c0 = _slot_of(chunk_idx_ptr, pid // H, pid < num_items, N, seq_len, BT, FIXED_LEN)
         ok0 = n0 < N
-        bos0 = gl.load(cu_ptr + n0, mask=ok0, other=0)
+        bos0 = _seq_start(cu_ptr, n0, ok0, seq_len, FIXED_LEN)
         mbarrier.expect(ready.index(0), k_desc.block_type.nbytes, pred=ok0)
         tma_load(k_desc, [(bos0 + c0 * BT).to(gl.int32), (pid % H) * K], ready.index(0), k_smem.index(0), pred=ok0)
         if PERSIST:
@@ -304,24 +358,24 @@ if GLUON_OK:
                 # and every warp passed the thread barrier at the end of that iteration)
                 nxt = lin + step
                 has_next = nxt < num_items
-                nn = gl.load(chunk_idx_ptr + (nxt // H) * 2, mask=has_next, other=N)
-                cn = gl.load(chunk_idx_ptr + (nxt // H) * 2 + 1, mask=has_next, other=0)
+                nn, cn = _slot_of(chunk_idx_ptr, nxt // H, has_next, N, seq_len, BT, FIXED_LEN)
                 okn = nn < N
-                bosn = gl.load(cu_ptr + nn, mask=okn, other=0)
+                bosn = _seq_start(cu_ptr, nn, okn, seq_len, FIXED_LEN)
                 mbarrier.expect(ready.index(1 - slot), k_desc.block_type.nbytes, pred=okn)
                 tma_load(k_desc, [(bosn + cn * BT).to(gl.int32), (nxt % H) * K], ready.index(1 - slot),
                          k_smem.index(1 - slot), pred=okn)
-                n = gl.load(chunk_idx_ptr + (lin // H) * 2)
-                c = gl.load(chunk_idx_ptr + (lin // H) * 2 + 1)
+                n, c = _slot_of(chunk_idx_ptr, lin // H, lin < num_items, N, seq_len, BT, FIXED_LEN)
                 if n < N:                             # else a surplus slot (all later items of this program too)
                     _item(k_smem.index(slot), ready.index(slot), (it // 2) & 1, g_ptr, beta_ptr, gcum_ptr, tinv_ptr,
-                          cu_ptr, n, c, lin % H, sd, se1, se2, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+                          cu_ptr, n, c, lin % H, sd, se1, se2, seq_len, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ,
+                          EARLY_G, FIXED_LEN)
                 gl.thread_barrier()
                 it += 1
         else:
             if n0 < N:
                 _item(k_smem.index(0), ready.index(0), 0, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n0, c0,
-                      pid % H, sd, se1, se2, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+                      pid % H, sd, se1, se2, seq_len, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ, EARLY_G,
+                      FIXED_LEN)
         for s in gl.static_range(NSLOT):
             mbarrier.invalidate(ready.index(s))
 
@@ -337,6 +391,11 @@ FORMS = {
     "shift": dict(PERSIST=False, SHIFT_SMEM=True),
     "split": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True),
     "ftz": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True),
+    # round 27: ftz with every head's gate loads issued before the wait on the key tile (OPT_LOG 27.1)
+    "early": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True),
+    # and the chunk's token range by arithmetic where every sequence has one length (FIXED_LEN; the launch keeps the
+    # loads for a varlen plan): no load before the key tile's TMA (OPT_LOG 27.2)
+    "direct": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True, FIXED_LEN=True),
 }
 # The form the gluon forward takes with LINATTN_GDN_GLUON_KKT unset: H200 round 26 (RESULTS.md), Gluon gate green with
 # it forced on (22/22, grad, sync-free), Tinv bit-equal to the Triton kernel's, stage 2a 1.12-1.16x the Triton kernel at
@@ -347,7 +406,7 @@ DEFAULT_FORM = "ftz"
 # (benchmarks/OPT_LOG.md 25.1, kkt_gluon_round.py): "plain" uncapped compiles to 130 registers (3 CTAs per SM) and
 # runs 0.83x the Triton kernel; capped at 80 (16 bytes of spill, 6 CTAs per SM) 1.03-1.05x at the three large rows
 # (0.84x at B1 T8192); 72 the same as 80; "persist" is slower at every cap tried (0.77-0.94x).
-DEFAULT_MAXNREG = {"plain": 80, "persist": None, "shift": 80, "split": 80, "ftz": 80}
+DEFAULT_MAXNREG = {"plain": 80, "persist": None, "shift": 80, "split": 80, "ftz": 80, "early": 80, "direct": 80}
 # CTAs per SM of the persistent form's grid: 65536 registers / (128 threads x the build's registers, rounded up to
 # 8): 155 registers (sm_90a, the uncapped build) -> 3; a register cap gives its own
 DEFAULT_REGS = 160
@@ -376,7 +435,8 @@ def kernel_switches(form: str) -> dict:
     so the host path's launch key and the AOT signature name the same compiled kernel)."""
     if form not in FORMS:
         raise ValueError(f"unknown Gluon stage-2a form {form!r}; choose one of {tuple(FORMS)}")
-    return {**dict(PERSIST=False, SHIFT_SMEM=False, BANDS_SPLIT=False, EXP_FTZ=False), **FORMS[form]}
+    return {**dict(PERSIST=False, SHIFT_SMEM=False, BANDS_SPLIT=False, EXP_FTZ=False, EARLY_G=False, FIXED_LEN=False),
+            **FORMS[form]}
 
 
 def persist_grid(num_items: int, num_sms: int, maxnreg) -> int:
@@ -404,6 +464,12 @@ def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, 
     num_items = plan.num_slots * H
     k_desc = _fused_desc(TensorDescriptor, _aligned(k.reshape(T_tot, H * K)), [BT, K], _gl_dtype(k.dtype))
     switches = kernel_switches(form)
+    seq_len = plan.seq_len
+    if seq_len < 2:
+        # a varlen plan (0): the bounds come from cu; so they do for 1-token sequences, as Triton would specialise
+        # an int argument of 1 into a constant (a launch key that is not the AOT signature's)
+        switches["FIXED_LEN"] = False
+    seq_arg = seq_len if switches["FIXED_LEN"] else 2        # unused then: one value, one compiled kernel
     maxnreg = maxnreg or DEFAULT_MAXNREG[form]
     persist = switches["PERSIST"]
     grid = persist_grid(num_items, device_facts(k.device).num_sms, maxnreg) if persist else num_items
@@ -411,5 +477,5 @@ def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, 
     if maxnreg:
         kwargs["maxnreg"] = int(maxnreg)
     launches(kkt_solve_gluon_kernel, (grid,), (k_desc, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-                                               num_items), kwargs)
+                                               num_items, int(seq_arg)), kwargs)
     return gcum, tinv

@@ -27,6 +27,7 @@ class ChunkPlan:
     num_slots: int               # host-side upper bound on the number of chunks (grid size)
     N: int
     T_total: int
+    seq_len: int = 0             # every sequence's length for a fixed-length batch (cu = arange * T); 0 for varlen
 
 
 MAX_CACHED_PLANS = 64
@@ -97,4 +98,5 @@ def build_chunk_plan(B: int, T: int, cu_seqlens, chunk_size: int, device) -> Chu
     seq = torch.searchsorted(chunk_offsets[1:].contiguous(), slots, right=True)       # in [0, N]; N: unused slot
     within = slots - chunk_offsets[seq.clamp_max(N - 1)]
     chunk_indices = torch.stack([seq, within], 1).to(torch.int32).contiguous()
-    return ChunkPlan(cu.contiguous(), chunk_offsets, chunk_indices, max(num_slots, 1), N, T_total)
+    return ChunkPlan(cu.contiguous(), chunk_offsets, chunk_indices, max(num_slots, 1), N, T_total,
+                     T if cu_seqlens is None else 0)
