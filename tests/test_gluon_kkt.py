@@ -126,12 +126,12 @@ def test_kkt_launch_matches_aot_signature(monkeypatch, form, B, T, lens):
 
 
 def test_kkt_forms_and_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_KKT: unset, "1" and "on" are the default form (round 26: "ftz"), "0" and an unknown name
+    """LINATTN_GDN_GLUON_KKT: unset, "1" and "on" are the default form (round 27: "direct"), "0" and an unknown name
     off, each FORMS name itself; an unknown form is refused by kkt_solve_gluon with the names it takes."""
     from linattn.ops.gated_delta_rule.gluon import kkt_solve as gk
     from linattn.runtime.settings import settings
-    assert gk.DEFAULT_FORM == "ftz"
-    for value, want in [(None, "ftz"), ("1", "ftz"), ("on", "ftz"), ("0", "off"), ("fast", "off")] + \
+    assert gk.DEFAULT_FORM == "direct"
+    for value, want in [(None, "direct"), ("1", "direct"), ("on", "direct"), ("0", "off"), ("fast", "off")] + \
             [(f, f) for f in gk.FORMS]:
         if value is None:
             monkeypatch.delenv("LINATTN_GDN_GLUON_KKT", raising=False)
@@ -169,7 +169,7 @@ def test_kkt_switch_falls_back_with_reason(monkeypatch, dtype, K, why, env):
     assert all(torch.equal(a, b) for a, b in zip(out, ref)) and torch.isfinite(out[1].float()).all()
 
 
-@pytest.mark.parametrize("env,form", [(None, "ftz"), ("split", "split"), ("0", None)])
+@pytest.mark.parametrize("env,form", [(None, "direct"), ("split", "split"), ("0", None)])
 def test_kkt_switch_routes_supported_calls(monkeypatch, env, form):
     """Where kkt_gluon_supported accepts the call (stood in here: a CPU host has no CUDA device), kkt_solve hands it
     to kkt_solve_gluon in the switch's form with the register cap setting, and with the switch "0" it does not."""

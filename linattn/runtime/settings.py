@@ -156,9 +156,11 @@ LINATTN_GDN_GLUON_KKT     stage 2a of the gluon forward in Gluon (gluon/kkt_solv
                    head), the key tile by TMA, K K^T once per key head on warpgroup_mma, each value head's block
                    substitution as kkt_solve_v4_kernel's): "plain", "persist" (a persistent grid loading the next
                    item's key tile meanwhile), "shift", "split", "ftz" (plain with round 26's instruction cuts, each
-                   on top of the one before: kkt_solve.FORMS), unset / "1" (the default, "ftz" since round 26: gate
-                   green with it forced on, forward 1.012-1.042x, RESULTS.md round 26) or "0" (off: the Triton
-                   kernel LINATTN_GDN_KKT picks). Falls back to Triton where gluon/kkt_solve.kkt_gluon_supported says
+                   on top of the one before: kkt_solve.FORMS), "early" (ftz with every value head's gate loads
+                   issued before the wait on the key tile), "direct" (early, and a fixed-length batch's chunk bounds
+                   by arithmetic instead of loads), unset / "1" (the default: "direct" since round 27, gate green
+                   with it forced on, forward 1.007-1.022x over ftz, RESULTS.md round 27; "ftz" in round 26) or "0"
+                   (off: the Triton kernel LINATTN_GDN_KKT picks). Falls back to Triton where gluon/kkt_solve.kkt_gluon_supported says
                    why (k not bf16 or not on a CUDA device, K != 128).
 LINATTN_GDN_GLUON_KKT_MAXNREG  a register cap for that kernel (an integer; unset: the compiler's choice).
 LINATTN_GDN_KKT_EARLY_K   "0" turns off, in kkt_solve_v4_kernel (stage 2a's default), EARLY_K: default on since round

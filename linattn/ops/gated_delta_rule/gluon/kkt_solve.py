@@ -397,11 +397,14 @@ FORMS = {
     # loads for a varlen plan): no load before the key tile's TMA (OPT_LOG 27.2)
     "direct": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True, FIXED_LEN=True),
 }
-# The form the gluon forward takes with LINATTN_GDN_GLUON_KKT unset: H200 round 26 (RESULTS.md), Gluon gate green with
+# The form the gluon forward took with LINATTN_GDN_GLUON_KKT unset in round 26: H200 (RESULTS.md), Gluon gate green with
 # it forced on (22/22, grad, sync-free), Tinv bit-equal to the Triton kernel's, stage 2a 1.12-1.16x the Triton kernel at
 # B1 T65536, B8 T4096 and the varlen row (0.73x at B1 T8192), the forward 1.012x (B1 T8192), 1.039x (B1 T65536),
 # 1.035x (B8 T4096), 1.042x (B4 T16384), 1.033x (varlen24), CUDA graphs, same inputs, o and final bit-equal
-DEFAULT_FORM = "ftz"
+# Round 27 (RESULTS.md "Round 27"): "direct", Gluon gate green with it forced on (22/22, grad, sync-free), Tinv bit-equal
+# to the Triton kernel's at every kkt_gluon row; stage 2a 1.25x the Triton kernel at B1 T65536 (ftz 1.14x), 1.21x at B8
+# T4096, 1.23x on varlen24; the forward 1.022x over ftz at B1 T65536 (1.138 -> 1.114 ms), 1.007-1.015x at the others
+DEFAULT_FORM = "direct"
 # The register cap each form launches with unless LINATTN_GDN_GLUON_KKT_MAXNREG names one. H200, round 25
 # (benchmarks/OPT_LOG.md 25.1, kkt_gluon_round.py): "plain" uncapped compiles to 130 registers (3 CTAs per SM) and
 # runs 0.83x the Triton kernel; capped at 80 (16 bytes of spill, 6 CTAs per SM) 1.03-1.05x at the three large rows
