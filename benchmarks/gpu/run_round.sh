@@ -59,7 +59,20 @@ if [ -f SNAP_COMMIT ]; then
   fi
   export LINATTN_COMMIT=$snap
 fi
-export LINATTN_COMMIT=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+if [ ! -f SNAP_COMMIT ]; then
+  # a checkout, not a snapshot: the device copies the working tree but can keep a stale .git (round 27 part D: a run
+  # of d3c7a8f's tree labelled 73bac74 by `git rev-parse HEAD` there), so check the label against the tree
+  want=${LINATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+  git diff --quiet "$want" -- . 2>/dev/null; rc=$?
+  if [ $rc = 1 ]; then
+    echo "run_round.sh: the tree here differs from commit $want (the device's .git may be stale): labelled $want+tree-differs" >&2
+    want="$want+tree-differs"
+  elif [ $rc != 0 ]; then
+    echo "run_round.sh: commit $want is not in this .git (a stale copy?): labelled $want+unverified" >&2
+    want="$want+unverified"
+  fi
+  export LINATTN_COMMIT=$want
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 BASE=$OUT
 for step in "$@"; do
