@@ -189,3 +189,20 @@ def test_kkt_switch_routes_supported_calls(monkeypatch, env, form):
         assert seen == [] and out[1].shape == (70, 2, 64)
     else:
         assert seen == [(form, 72)] and out == (1, 2)
+
+
+@pytest.mark.parametrize("B,T", [(1, 8192), (3, 100), (2, 64), (5, 1), (4, 65)])
+def test_fixed_len_arithmetic_matches_the_plan(B, T):
+    """FIXED_LEN (form "direct") computes a slot's (sequence, chunk) as (slot // cdiv(T, 64), slot % cdiv(T, 64)) and
+    its first token as sequence * T instead of reading chunk_indices and cu: that holds only while a fixed-length
+    plan lays its slots out sequence-major with no surplus slot, and carries seq_len = T (0 for varlen)."""
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import build_chunk_plan, make_chunk_plan
+    plan = make_chunk_plan(B, T, None, 64, "cpu")
+    nch = -(-T // 64)
+    slots = torch.arange(plan.num_slots)
+    assert plan.seq_len == T and plan.num_slots == B * nch
+    assert torch.equal(plan.chunk_indices[:, 0].long(), slots // nch)
+    assert torch.equal(plan.chunk_indices[:, 1].long(), slots % nch)
+    assert torch.equal(plan.cu[:-1], torch.arange(B) * T) and int(plan.cu[-1]) == B * T
+    cu = torch.tensor([0, 5, 70, 70, 200])
+    assert build_chunk_plan(1, 200, cu, 64, "cpu").seq_len == 0
