@@ -40,6 +40,8 @@ BT = 64
 KKT_WARPS = 4
 
 if GLUON_OK:
+    # 2^x by one MUFU.EX2 (ex2.approx.ftz), the fused kernels' gate exponential
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _ex2_ftz
 
     @gluon.jit
     def _add(a, b):
@@ -61,12 +63,6 @@ if GLUON_OK:
         rb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(rb, 1), 2), 3)
         cb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(cb, 0), 1), 3)
         return gl.sum(gl.where(cb4 == rb4 - s, a4, 0.), axis=2)
-
-    @gluon.jit
-    def _ex2_ftz(x):
-        """2^x by one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to 0), as chunk_fused_wu_ws._ex2_ftz."""
-        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=1)
 
     @gluon.jit
     def _bands(a):
