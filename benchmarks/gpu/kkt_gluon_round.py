@@ -9,7 +9,8 @@ multiple of 64, B2 T100, GVA 1 (H=HV=8) and GVA 4 (H4 HV16)):
    and Tinv buffers: every value finite, gcum equal to ref's (torch.equal), Tinv bit-equal to ref's (recorded), and
    the Tinv error of each against torch.linalg.inv(I + A) in float64 on a sample of (chunk, value head) pairs
    (kkt_v2_round.tinv_errors); ok when each form's worst error is <= 1.25 x ref's worst + 1e-5.
-2. timing of each (median of CUDA-event repeats, eager launches, the same buffers), ratio ref / form.
+2. timing of each (median of CUDA-event repeats, eager launches, the same buffers), ratio ref / form; then the
+   same as CUDA-graph replays (graph_speedup_*).
 Every row's checks run before its timing; a row that raises is recorded with its error. `--dry-run` needs a GPU too
 (Gluon does not run under the interpreter): it only checks the script's logic on the CPU by skipping every launch.
 Writes DIR/kkt_gluon.json after every row.
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))
 import torch  # noqa: E402
-from common import median_ms, run_rows, start_round, write_json  # noqa: E402
+from common import graph_ms, median_ms, run_rows, start_round, write_json  # noqa: E402
 from kkt_v2_round import chunk_list, tinv_errors  # noqa: E402
 
 START = time.time()
@@ -109,6 +110,15 @@ def run_row(B, T, H, HV, lens, dev, timed):
                 row[f"{name}_ms"] = min(ms, row.get(f"{name}_ms", ms))
         for n in FORMS:
             row[f"speedup_{n}"] = row["ref_ms"] / row[f"{n}_ms"]
+        # CUDA-graph replays too (round 27: the eager per-call times of the ~0.05-0.1 ms B1 T8192 row moved 1.7x between
+        # sessions on both sides, host launch cost inside the events); the eager ones stay for comparison with
+        # earlier rounds
+        for _ in range(2):
+            for name, fn in runs.items():
+                ms = graph_ms(fn, repeats=30)
+                row[f"{name}_graph_ms"] = min(ms, row.get(f"{name}_graph_ms", ms))
+        for n in FORMS:
+            row[f"graph_speedup_{n}"] = row["ref_graph_ms"] / row[f"{n}_graph_ms"]
     return row
 
 
@@ -125,8 +135,10 @@ def main():
 
     def line(row):
         sp = " ".join(f"{n} {row.get('speedup_' + n, 0):.3f}x" for n in FORMS)
+        gsp = " ".join(f"{n} {row.get('graph_speedup_' + n, 0):.3f}x" for n in FORMS)
         return (f"B{row.get('B')} T{row.get('T')} H{row.get('H')}/{row.get('HV')} ok={row.get('ok')} "
-                f"ref {row.get('ref_ms', 0):.4f} ms {sp} " + str({n: row.get(n) for n in FORMS}))
+                f"ref {row.get('ref_ms', 0):.4f} ms {sp}; graphs: ref {row.get('ref_graph_ms', 0):.4f} ms {gsp} "
+                + str({n: row.get(n) for n in FORMS}))
 
     run_rows(res, path, rows, lambda i, r: run_row(*r, dev, i < 4), line, args.budget, START)
     write_json(path, res)
