@@ -463,7 +463,7 @@ def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, 
     num_items = plan.num_slots * H
     k_desc = _fused_desc(TensorDescriptor, _aligned(k.reshape(T_tot, H * K)), [BT, K], _gl_dtype(k.dtype))
     switches = kernel_switches(form)
-    seq_len = plan.seq_len
+    seq_len = getattr(plan, "seq_len", 0)        # a plan without it (not a ChunkPlan): the bounds from cu
     if seq_len < 2:
         # a varlen plan (0): the bounds come from cu; so they do for 1-token sequences, as Triton would specialise
         # an int argument of 1 into a constant (a launch key that is not the AOT signature's)
