@@ -37,7 +37,7 @@ def _chunks(T: int):
 
 
 def _chunk_terms(k, g, beta, s, e, rnd):
-    """gam, gC, d, Tinv (rounded) and the strict-lower mask of the chunk [s, e), in float64."""
+    """gam, gC, d and Tinv (rounded) of the chunk [s, e), in float64."""
     kc, gc, bc = k[s:e], g[s:e], beta[s:e]
     c = e - s
     gam = gc.cumsum(0)
@@ -100,15 +100,15 @@ def chain_lookahead(q, k, v, g, beta, S0, scale: float, rnd: Callable = bf16_rou
 
 
 def make_head(T: int, K: int = 128, V: int = 128, decay: float = 1.0, seed: int = 0, h0: bool = True):
-    """One value head's float64 inputs as the benches draw them: l2-normalised q and k rounded to bf16 (the kernel's
-    inputs are bf16), v in bf16, g = decay * logsigmoid-like negative gates, beta in (0, 1), an fp32-range h0."""
-    gen = torch.Generator().manual_seed(seed)
-    q = bf16_round(torch.nn.functional.normalize(torch.randn(T, K, generator=gen, dtype=torch.float64), dim=-1))
-    k = bf16_round(torch.nn.functional.normalize(torch.randn(T, K, generator=gen, dtype=torch.float64), dim=-1))
-    v = bf16_round(torch.randn(T, V, generator=gen, dtype=torch.float64))
-    g = -decay * torch.nn.functional.softplus(torch.randn(T, generator=gen, dtype=torch.float64) - 2.0)
-    beta = torch.sigmoid(torch.randn(T, generator=gen, dtype=torch.float64))
-    S0 = (torch.randn(K, V, generator=gen, dtype=torch.float64) * 0.5) if h0 else torch.zeros(K, V, dtype=torch.float64)
+    """One value head's float64 inputs from make_gdn_inputs (q, k, v in bf16, as the kernel's inputs, then widened;
+    its gates scaled by decay; h0 zero where not h0): (q, k, v [T, *], g, beta [T], S0 [K, V])."""
+    from linattn.testing.inputs import make_gdn_inputs
+    x = make_gdn_inputs(1, T, 1, 1, K, V, dtype=torch.bfloat16, initial_state=h0,
+                        generator=torch.Generator().manual_seed(seed))
+    q, k, v = (x[n][0, :, 0].to(torch.float64) for n in ("q", "k", "v"))
+    g = x["g"][0, :, 0].to(torch.float64) * decay
+    beta = x["beta"][0, :, 0].to(torch.float64)
+    S0 = x["initial_state"][0, 0].to(torch.float64) if h0 else torch.zeros(K, V, dtype=torch.float64)
     return q, k, v, g, beta, S0
 
 
