@@ -40,8 +40,9 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_NPUB, GF_STAGES, GF_STATE2_OUTPUT_REGS,
-                                                                   GF_STATE2_STATE_REGS, PRODUCER_REGS, fused_gf_launch)
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_GATE_AT, GF_NPUB, GF_STAGES,
+                                                                   GF_STATE2_OUTPUT_REGS, GF_STATE2_STATE_REGS,
+                                                                   PRODUCER_REGS, fused_gf_launch)
     plan, bufs = _buffers(B, T, 16, 32, lens, states=states)
     kernel, grid, args, kwargs = fused_gf_launch(*bufs, plan, 128 ** -0.5)
     sig = fused_gf_signature("bf16", states)
@@ -52,7 +53,7 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
                           STORE_HT=states, OUTPUT_REGS=GF_STATE2_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
                           OUT_PIPE=True, SPLIT=2, KS_PIPE=True, STATE_WGS=2, STATE_REGS=GF_STATE2_STATE_REGS,
-                          num_warps=4)
+                          GATE_AT=GF_GATE_AT, num_warps=4)
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
@@ -462,3 +463,53 @@ def test_fused_launches_through_the_stand_in_driver():
         assert r["jit_runs"] == {"jit": 1, "plan": 1, "plan+handle": 0}, (name, r)
         assert r["hit"] == dict(plans_added=0, templates_added=0, jit_runs=0, new_pointers=True,
                                 same_as_uncached=True), (name, r)
+
+
+def _state_fence_gaps(name):
+    """Per state partition of a state2 build: the gate loads (32-bit LDG) before its first fence_async_shared
+    (MEMBAR), between the first and second, and between the second and third. The SASS is read as a sequence of
+    markers; a state partition is a run between two setmaxnreg instructions holding four MEMBARs and >= 10 LDGs (5
+    gate loads before the loop, 5 in it: gam, beta of two rows per thread and gam at the chunk's last row)."""
+    import re
+    seq = []
+    for line in kernel_asm(name, "sass").splitlines():
+        if "USETMAXREG" in line:
+            seq.append("|")
+        elif "MEMBAR" in line:
+            seq.append("M")
+        elif re.search(r"LDG\.E ", line):
+            seq.append("L")
+    gaps = []
+    for part in "".join(seq).split("|"):
+        if part.count("M") == 4 and part.count("L") >= 10:
+            pieces = part.split("M")
+            gaps.append(tuple(p.count("L") for p in pieces[:3]))
+    return gaps
+
+
+@needs_gluon
+def test_gf_gate_at_builds_and_switch(monkeypatch):
+    """GATE_AT moves only the next chunk's gate loads (round 28: each fence_async_shared waits for the loads in
+    flight, and GATE_AT = 0 issued them right before S's publication fence). Both state partitions of the default
+    build (two partitions, KS_PIPE, plain and segment launch) issue the 5 loop loads before the first fence (with the
+    prologue's 5), GATE_AT = 1 between the first (S's publication) and the second (x's), GATE_AT = 2 between the
+    second and the third; the same instruction count within 1%, 0 spill. LINATTN_GDN_GLUON_GF_GATE_AT "0" / "1" /
+    "2" sets the launch's GATE_AT, anything else leaves chunk_fused_gf.GF_GATE_AT."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import GF_GATE_AT, fused_gf_launch
+    want = {0: (10, 0, 0), 1: (5, 5, 0), 2: (5, 0, 5)}
+    for warm in ("", "_warm"):
+        base = "gdn_fwd_fused_gf_gluon_bf16_bv128_state2_kspipe"
+        n0 = inspect_kernel(kernels()[base + warm]).instructions
+        for at in (0, 1, 2):
+            name = base + (f"_gate{at}" if at else "") + warm
+            assert _state_fence_gaps(name) == [want[at]] * 2, (name, _state_fence_gaps(name))
+            rep = inspect_kernel(kernels()[name])
+            assert rep.spill_bytes == 0 and rep.families["LDL"] == 0 and not rep.missing, (name, rep.spill_bytes)
+            assert abs(rep.instructions - n0) <= 0.01 * n0, (name, rep.instructions, n0)
+    plan, bufs = _buffers(8, 512, 16, 32)
+    for value, at in (("0", 0), ("1", 1), ("2", 2), ("3", GF_GATE_AT), (None, GF_GATE_AT)):
+        if value is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_GF_GATE_AT", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_GF_GATE_AT", value)
+        assert fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]["GATE_AT"] == at, value

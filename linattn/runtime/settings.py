@@ -115,6 +115,9 @@ LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel
                    green with it forced on, o and final bit-equal): 1.113x B8 T4096, 1.133x B4 T16384, 1.125x
                    varlen24, 1.067x B1 T65536, 1.059x B1 T8192, 1.073x B2 T32768 at H16/HV32; 1.096x / 1.069x at
                    HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.
+LINATTN_GDN_GLUON_GF_GATE_AT "0", "1", "2": where the gate-free kernel's state partitions issue the next chunk's
+                   gate loads (chunk_fused_gf._gf_state GATE_AT: 0 the loop's top, 1 after S's publication, 2 after
+                   x's fence; every fence_async_shared waits for the loads in flight); unset: chunk_fused_gf.GF_GATE_AT.
 LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
                    batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
                    CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
@@ -343,6 +346,12 @@ class _Settings:
     def gdn_gluon_gf_state2(self) -> str:
         """"on", "off" (LINATTN_GDN_GLUON_GF_STATE2 set) or "auto" (unset: two state partitions, as "on")."""
         return _on_off_auto("LINATTN_GDN_GLUON_GF_STATE2")
+
+    @property
+    def gdn_gluon_gf_gate_at(self):
+        """0, 1 or 2 (LINATTN_GDN_GLUON_GF_GATE_AT), or None (unset or anything else: chunk_fused_gf.GF_GATE_AT)."""
+        value = os.environ.get("LINATTN_GDN_GLUON_GF_GATE_AT", "").strip()
+        return int(value) if value in ("0", "1", "2") else None
 
     @property
     def gdn_gluon_gf_segments(self) -> str:

@@ -649,7 +649,7 @@ def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", sele
 
 
 def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False, ks_pipe: bool = False,
-                    state2: bool = False):
+                    state2: bool = False, gate_at: int = 0):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
                                                                        GF_STAGES, GF_STATE2_OUTPUT_REGS,
@@ -657,7 +657,7 @@ def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: b
                                                                        PRODUCER_REGS, chunk_fused_gf_kernel as fn)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                     OUT_PIPE=out_pipe, SPLIT=GF_SPLIT, KS_PIPE=ks_pipe, STATE_WGS=1, STATE_REGS=0)
+                     OUT_PIPE=out_pipe, SPLIT=GF_SPLIT, KS_PIPE=ks_pipe, STATE_WGS=1, STATE_REGS=0, GATE_AT=gate_at)
         if not warm:                   # the segment launch has both, the plain launch neither
             const.update(sel_ptr=None, seg_ptr=None)
         if state2:                     # two state partitions (LINATTN_GDN_GLUON_GF_STATE2)
@@ -708,6 +708,19 @@ for _warm, _ksp in ((False, False), (False, True), (True, False), (True, True)):
         description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form with two state partitions of 64 "
                     "columns each (STATE_WGS=2)" + (", KS_PIPE" if _ksp else "") + ", H16/HV32 K=V=128 bf16"
                     + (", the segment launch" if _warm else "")))
+
+# GATE_AT (round 28, LINATTN_GDN_GLUON_GF_GATE_AT): the default builds (two state partitions, KS_PIPE, plain and
+# segment launch) with the next chunk's gate loads issued after S's publication (1) or after x's fence (2).
+for _warm in (False, True):
+    for _at in (1, 2):
+        register(AotKernel(
+            f"gdn_fwd_fused_gf_gluon_bf16_bv128_state2_kspipe_gate{_at}" + ("_warm" if _warm else ""),
+            _fused_gf_build("bf16", warm=_warm, ks_pipe=True, state2=True, gate_at=_at), FUSED_WU_INTENDED,
+            div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
+            description=f"GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form, two state partitions, "
+                        f"KS_PIPE, the next chunk's gates loaded after "
+                        + ("S's publication" if _at == 1 else "x's fence") + " (GATE_AT=%d)" % _at
+                        + (", the segment launch" if _warm else "") + ", H16/HV32 K=V=128 bf16"))
 
 # ---- Stage 2a in Gluon (gluon/kkt_solve.py, opt-in LINATTN_GDN_GLUON_KKT=<form>): one program per (chunk slot, key
 # head), the key tile by TMA, K K^T once per key head by warpgroup_mma, then the HV / H value heads' block substitution

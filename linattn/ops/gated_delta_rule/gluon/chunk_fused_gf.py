@@ -59,6 +59,9 @@ GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live i
 # worker state partition at 152 (the default state partition gets Gluon's remainder, 160). SPLIT = 1 kept 4 bytes
 # (the switch loop's shared-memory base) in local memory at every split tried, as did the output at 192 with two of
 # the four builds.
+# Where the state partitions issue the next chunk's gate loads (_gf_state GATE_AT; LINATTN_GDN_GLUON_GF_GATE_AT "0",
+# "1", "2" overrides): 0 (the loads at the loop's top) until round 28 measures the others.
+GF_GATE_AT = 0
 GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
 GF_STATE2_SPLIT = 2
@@ -92,14 +95,21 @@ if GLUON_OK:
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                   SPLIT: gl.constexpr, h0_on, ht_on, KS_PIPE: gl.constexpr = False, COL0: gl.constexpr = 0,
-                  NC: gl.constexpr = 0):
+                  NC: gl.constexpr = 0, GATE_AT: gl.constexpr = 0):
         """The state chain (module docstring). h0 is loaded only where h0_on != 0 (else the chain starts from 0), the
         final state stored only where ht_on != 0 (both 1 outside the segment launch: chunk_fused_wu_ws._segment_word),
         and n is the h0 / final row (the whole sequence's in the segment launch). KS_PIPE: product 1's column half h + 1
         is issued (asynchronously) before half h's x is formed and stored, so that its wgmma runs under that work.
         COL0, NC (NC = 0: all BV): the columns [COL0, COL0 + NC) of S, x, vnew that this partition holds (STATE_WGS = 2:
         two state partitions of BV / 2 columns each; every product of the chain is column-separable, so the halves
-        share only the ring and the publication barriers)."""
+        share only the ring and the publication barriers).
+        GATE_AT: where chunk c + 1's gate loads are issued in chunk c. Every fence_async_shared (MEMBAR.ALL.CTA +
+        FENCE.VIEW.ASYNC.S in SASS) waits for this thread's global loads in flight, so a load is free only if it lands
+        before the next fence. 0: at the loop's top, before S's publication (round 28's ncu source view: the
+        publication's fence then waited on them, long scoreboard ~8% of each state partition's samples); 1: after
+        the publication's fence and arrive (the next fence, x's, comes after product 1 and x); 2: after x's fence
+        (the next, d * vnew's, comes after product 2 and vnew's publication). The same loads and arithmetic in each:
+        bit-equal results."""
         dt: gl.constexpr = k_s.dtype
         NCOL: gl.constexpr = BV if NC == 0 else NC
         # this partition's columns of the published pair and of the x / d * vnew buffer (the whole buffers where
@@ -124,8 +134,9 @@ if GLUON_OK:
         gam, bet, gam_last = _gf_gates(gcum_ptr, beta_ptr, bos, eos, hv, r_t, HV, BT)
         for c in range(nchunks):
             t0 = bos + c * BT
-            # the gates of chunk c + 1 in flight during this chunk (masked past the end)
-            gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
+            # the gates of chunk c + 1 in flight during this chunk (masked past the end); GATE_AT: where (docstring)
+            if GATE_AT == 0:
+                gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
 
             # publish S_c once the output partition is done with chunk c - NPUB
             j = c % NPUB
@@ -134,6 +145,8 @@ if GLUON_OK:
             fence_async_shared()                               # generic store -> wgmma (async proxy)
             gl.thread_barrier()
             mbarrier.arrive(s_full.index(j))
+            if GATE_AT == 1:
+                gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
 
             st = c % STAGES
             mbarrier.wait(ready.index(st), (c // STAGES) & 1)
@@ -166,6 +179,8 @@ if GLUON_OK:
                     vn_c.slice(h * HB, HB, dim=1).store(gl.where(valid_h, bet_h * (v - eg_h * ks), 0.).to(dt))
             fence_async_shared()
             gl.thread_barrier()
+            if GATE_AT == 2:
+                gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
             # product 2: vnew = Tinv x
             vnew = warpgroup_mma(t_s.index(st), vn_c, gl.zeros([BT, NCOL], gl.float32, ACC), use_acc=False)
             vnew = gl.where(valid, vnew, 0.).to(dt)
@@ -204,9 +219,10 @@ if GLUON_OK:
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
         SPLIT: gl.constexpr = GF_SPLIT, KS_PIPE: gl.constexpr = False,
-        STATE_WGS: gl.constexpr = 1, STATE_REGS: gl.constexpr = 0,
+        STATE_WGS: gl.constexpr = 1, STATE_REGS: gl.constexpr = 0, GATE_AT: gl.constexpr = 0,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
+        gl.static_assert(GATE_AT >= 0 and GATE_AT <= 2, "GATE_AT: 0, 1 or 2 (_gf_state)")
         dt: gl.constexpr = k_desc.dtype
         nh = gl.program_id(0)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
@@ -237,7 +253,7 @@ if GLUON_OK:
             gl.warp_specialize(
                 [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, 0, GATE_AT)),
                  (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                                nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
                  (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
@@ -251,10 +267,10 @@ if GLUON_OK:
             gl.warp_specialize(
                 [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, HALF)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, HALF, GATE_AT)),
                  (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF, GATE_AT)),
                  (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                                nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM, True)),
                  (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
@@ -279,6 +295,7 @@ class FusedGfConfig:
     state_wgs: int = 1     # 2: two state partitions of BV / 2 columns (LINATTN_GDN_GLUON_GF_STATE2; 16 warps;
     #                        fused_gf_config's default since round 24)
     state_regs: int = 0    # setmaxnreg of the worker state partition where state_wgs == 2
+    gate_at: int = 0       # GATE_AT (_gf_state): where the state partitions issue the next chunk's gate loads
 
 
 def fused_gf_config(segments: bool = False) -> FusedGfConfig:
@@ -296,12 +313,15 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     mode = settings.gdn_gluon_gf_ks_pipe
     state2 = settings.gdn_gluon_gf_state2 != "off"
     ks_pipe = mode == "on" or (mode == "auto" and (state2 or not segments))
+    gate_at = settings.gdn_gluon_gf_gate_at
+    if gate_at is None:
+        gate_at = GF_GATE_AT
     if state2:
         return FusedGfConfig(output_regs=GF_STATE2_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
-                             state_regs=GF_STATE2_STATE_REGS)
+                             state_regs=GF_STATE2_STATE_REGS, gate_at=gate_at)
     if ks_pipe:
-        return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True)
-    return FusedGfConfig()
+        return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True, gate_at=gate_at)
+    return FusedGfConfig(gate_at=gate_at)
 
 
 def gf_supported(q: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -378,7 +398,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, KS_PIPE=cfg.ks_pipe,
-                  STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, num_warps=cfg.num_warps)
+                  STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, GATE_AT=cfg.gate_at, num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 
