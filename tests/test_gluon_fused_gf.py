@@ -53,7 +53,7 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=128, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=states,
                           STORE_HT=states, OUTPUT_REGS=GF_STATE2_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
                           OUT_PIPE=True, SPLIT=2, KS_PIPE=True, STATE_WGS=2, STATE_REGS=GF_STATE2_STATE_REGS,
-                          GATE_AT=GF_GATE_AT, num_warps=4)
+                          GATE_AT=GF_GATE_AT, STATE_T=False, num_warps=4)
     assert [a.block_shape for a in args[:4]] == [[64, 128]] * 3 + [[64, 64]]
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")

@@ -42,8 +42,8 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
-from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
-                                          warpgroup_mma_wait)
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load,
+                                          warpgroup_mma, warpgroup_mma_wait)
 
 GF_BV = 128
 GF_STAGES = 2
@@ -65,6 +65,12 @@ GF_GATE_AT = 0
 GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
 GF_STATE2_SPLIT = 2
+# The transposed state partitions (STATE_T, _gf_state_t; opt-in LINATTN_GDN_GLUON_GF_STATE_T=1, round 28): the output
+# at 168, the worker state partition at 160 (the default state partition gets 160 too). sm_90a AOT: 20 bytes of spill
+# (two loop values per state partition, one prologue value across the dispatch) against 32 at 176 / 152; wgmma not
+# serialised (at 176 / 144 ptxas serialised them: C7512).
+GF_STATE_T_OUTPUT_REGS = 168
+GF_STATE_T_STATE_REGS = 160
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _segment_word, _wu_output, _wu_producer
@@ -207,6 +213,149 @@ if GLUON_OK:
                 gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
 
     @gluon.jit
+    def _gf_producer_g(q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, g_s, ready, empty, gready, gcum_ptr,
+                       beta_ptr, nchunks, bos, eos, hv, hk, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                       BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
+        """chunk_fused_wu_ws._wu_producer (the TMA of q, k, v, Tinv into ring slot c % STAGES), and the chunk's gates
+        staged into g_s[slot] (row 0 gam, row 1 beta in fp32; 0 on rows >= eos, as _gf_gates' masked loads) after the
+        copies are issued, so the loads' latency runs under the copies'; gready[slot] (count 1) is arrived once they
+        are stored. The slot is free again when empty[slot] completes (the state partitions read it before they
+        arrive there)."""
+        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                + t_desc.block_type.nbytes)
+        LG: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+        r = gl.arange(0, BT, layout=LG)
+        for c in range(nchunks):
+            st = c % STAGES
+            mbarrier.wait(empty.index(st), ((c // STAGES) & 1) ^ 1)
+            row = (bos + c * BT).to(gl.int32)
+            mbarrier.expect(ready.index(st), nbytes)
+            tma_load(q_desc, [row, hk * K], ready.index(st), q_s.index(st))
+            tma_load(k_desc, [row, hk * K], ready.index(st), k_s.index(st))
+            tma_load(v_desc, [row, hv * V], ready.index(st), v_s.index(st))
+            tma_load(t_desc, [row, hv * BT], ready.index(st), t_s.index(st))
+            rows = bos + c * BT + r
+            gam = gl.load(gcum_ptr + rows * HV + hv, mask=rows < eos, other=0.)
+            bet = gl.load(beta_ptr + rows * HV + hv, mask=rows < eos, other=0.).to(gl.float32)
+            g_s.index(2 * st).store(gam)
+            g_s.index(2 * st + 1).store(bet)
+            mbarrier.arrive(gready.index(st))                 # release: the stores above before the consumers' reads
+
+    @gluon.jit
+    def _gf_state_t(k_s, v_s, t_s, g_s, ready, empty, gready, s_pub, v_pub, s_full, v_full, pub_empty,
+                    h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
+                    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                    STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                    h0_on, ht_on, COL0: gl.constexpr, NCOL: gl.constexpr):
+        """The state chain of _gf_state (STATE_WGS = 2, columns [COL0, COL0 + NCOL) of S), transposed (STATE_T): the
+        partition holds S^T [NCOL, K] and every product of the chain takes its 16-bit A operand from registers, so
+        that nothing the chain computes goes through shared memory on its way to the next product:
+            ks^T   = S_c^T K^T                            (A: S_c^T in bf16, registers; B: the k tile, K-major view)
+            x^T    = where(valid, beta (v^T - e^gam ks^T), 0)                 (v^T: the v tile read transposed)
+            vnew^T = where(valid, x^T Tinv^T, 0)          (A: x^T, registers; B: the Tinv tile, K-major view)
+            S^T    = e^gam_C S^T + (d vnew)^T K           (A: registers; B: the k tile as stored)
+        The same roundings as _gf_state (S, x, vnew, d vnew in bf16 where it rounds them). ks^T, x^T and d vnew^T
+        are formed in two halves of the chunk's BT / 2 tokens (register pressure: a token's gates are replicated
+        over a thread's 16 columns of the transposed tiles), the products over those halves accumulated. The gates
+        come from g_s, staged by the producer (_gf_producer_g): no global load in this partition's loop, so no
+        fence waits on one. S_c^T and vnew^T are still published (s_pub [BV, K], v_pub [BV, BT]: the output
+        partition reads them transposed, PUB_T), but each publication's stores and fence run while a product is in
+        flight (ks^T, then the S update), not between two products of the chain. The ring's v tile is read by
+        generic loads before v_pub's fence, which so also orders them before the slot's release."""
+        dt: gl.constexpr = k_s.dtype
+        HT: gl.constexpr = BT // 2
+        ACC_S: gl.constexpr = ws_acc_layout(K)                # S^T [NCOL, K]
+        ACC_H: gl.constexpr = ws_acc_layout(HT)               # ks^T, x^T halves [NCOL, BT / 2]
+        OPA_H: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_H, k_width=2)
+        OPA_SH: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_S, k_width=2)
+        COLS_H: gl.constexpr = gl.SliceLayout(0, ACC_H)
+        s = gl.zeros([NCOL, K], gl.float32, ACC_S)
+        if USE_H0:
+            if h0_on != 0:
+                # h0 [K, V] read transposed, straight in the accumulator layout (once per CTA)
+                sv = gl.arange(0, NCOL, layout=gl.SliceLayout(1, ACC_S)) + COL0
+                sk = gl.arange(0, K, layout=gl.SliceLayout(0, ACC_S))
+                s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 0) * V
+                            + gl.expand_dims(sv, 1))
+        r_h = gl.arange(0, HT, layout=COLS_H)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            j = c % NPUB
+            st = c % STAGES
+            # publish S_c^T once the output partition is done with chunk c - NPUB; it is also ks^T's A operand
+            # (from registers, S^T in bf16 next to S^T in fp32 left the worker partition short: wgmma serialised)
+            s_mine = s_pub.index(j).slice(COL0, NCOL, dim=0)
+            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
+            s_mine.store(s.to(dt))
+            fence_async_shared()                               # generic store -> wgmma (async proxy)
+            gl.thread_barrier()
+            mbarrier.arrive(s_full.index(j))
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)
+            k_t = k_s.index(st).permute((1, 0))                # [K, BT]
+            ks0 = warpgroup_mma(s_mine, k_t.slice(0, HT, dim=1), gl.zeros([NCOL, HT], gl.float32, ACC_H),
+                                use_acc=False, is_async=True)
+            ks1 = warpgroup_mma(s_mine, k_t.slice(HT, HT, dim=1), gl.zeros([NCOL, HT], gl.float32, ACC_H),
+                                use_acc=False, is_async=True)
+            mbarrier.wait(gready.index(st), (c // STAGES) & 1)
+            gam_s = g_s.index(2 * st)
+            bet_s = g_s.index(2 * st + 1)
+            v_t = v_s.index(st).slice(COL0, NCOL, dim=1).permute((1, 0))   # [NCOL, BT]
+            t_t = t_s.index(st).permute((1, 0))                # Tinv^T [BT, BT]
+            ks0, ks1 = warpgroup_mma_wait(0, deps=[ks0, ks1])
+            # x^T by halves of the chunk's tokens (columns), then vnew^T by halves: vnew_h = x_0 Tinv^T[0:HT, h] +
+            # x_1 Tinv^T[HT:, h], and the S update over both halves of the tokens (register pressure, docstring)
+            # the chunk's valid tokens as one int32 count (per-column 64-bit compares cost registers here: a thread
+            # holds 16 tokens of the transposed tiles)
+            lim = gl.minimum(eos - t0, BT).to(gl.int32)
+            valid0 = gl.expand_dims(r_h < lim, 0)
+            valid1 = gl.expand_dims(r_h + HT < lim, 0)
+            g0 = gam_s.slice(0, HT).load(COLS_H)
+            g1 = gam_s.slice(HT, HT).load(COLS_H)
+            v0 = v_t.slice(0, HT, dim=1).load(ACC_H).to(gl.float32)
+            x0 = gl.where(valid0, gl.expand_dims(bet_s.slice(0, HT).load(COLS_H), 0)
+                          * (v0 - gl.expand_dims(gl.exp(g0), 0) * ks0), 0.).to(dt)
+            x0 = gl.convert_layout(x0, OPA_H)
+            v1 = v_t.slice(HT, HT, dim=1).load(ACC_H).to(gl.float32)
+            x1 = gl.where(valid1, gl.expand_dims(bet_s.slice(HT, HT).load(COLS_H), 0)
+                          * (v1 - gl.expand_dims(gl.exp(g1), 0) * ks1), 0.).to(dt)
+            x1 = gl.convert_layout(x1, OPA_H)
+            zh = gl.zeros([NCOL, HT], gl.float32, ACC_H)
+            vn0 = warpgroup_mma(x0, t_t.slice(0, HT, dim=0).slice(0, HT, dim=1), zh, use_acc=False, is_async=True)
+            vn0 = warpgroup_mma(x1, t_t.slice(HT, HT, dim=0).slice(0, HT, dim=1), vn0, is_async=True)
+            vn1 = warpgroup_mma(x0, t_t.slice(0, HT, dim=0).slice(HT, HT, dim=1), zh, use_acc=False, is_async=True)
+            vn1 = warpgroup_mma(x1, t_t.slice(HT, HT, dim=0).slice(HT, HT, dim=1), vn1, is_async=True)
+            # gam at the chunk's last valid token (exactly: a sum of it and zeros)
+            last = lim - 1
+            gl_last = gl.sum(gl.where(r_h == last, g0, 0.), axis=0) + gl.sum(gl.where(r_h + HT == last, g1, 0.), axis=0)
+            vn0, vn1, x0, x1 = warpgroup_mma_wait(0, deps=[vn0, vn1, x0, x1])
+            vn0 = gl.where(valid0, vn0, 0.).to(dt)
+            vn1 = gl.where(valid1, vn1, 0.).to(dt)
+            vs0 = gl.convert_layout(gl.where(valid0, vn0.to(gl.float32) * gl.expand_dims(gl.exp(gl_last - g0), 0),
+                                             0.).to(dt), OPA_SH)
+            vs1 = gl.convert_layout(gl.where(valid1, vn1.to(gl.float32) * gl.expand_dims(gl.exp(gl_last - g1), 0),
+                                             0.).to(dt), OPA_SH)
+            k_c = k_s.index(st)
+            s = warpgroup_mma(vs0, k_c.slice(0, HT, dim=0), s * gl.exp(gl_last), is_async=True)
+            s = warpgroup_mma(vs1, k_c.slice(HT, HT, dim=0), s, is_async=True)
+            # publish vnew^T while the S update runs (the output partition's att vnew); this fence also orders the
+            # generic loads of the ring's v tile before the slot's release below
+            v_mine = v_pub.index(j).slice(COL0, NCOL, dim=0)
+            v_mine.slice(0, HT, dim=1).store(vn0)
+            v_mine.slice(HT, HT, dim=1).store(vn1)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(v_full.index(j))
+            s, vs0, vs1 = warpgroup_mma_wait(0, deps=[s, vs0, vs1])
+            gl.thread_barrier()                                # every warp's S update has read the k tile
+            mbarrier.arrive(empty.index(st))
+        if STORE_HT:
+            if ht_on != 0:
+                sv = gl.arange(0, NCOL, layout=gl.SliceLayout(1, ACC_S)) + COL0
+                sk = gl.arange(0, K, layout=gl.SliceLayout(0, ACC_S))
+                gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + gl.expand_dims(sk, 0) * V
+                         + gl.expand_dims(sv, 1), s)
+
+    @gluon.jit
     def chunk_fused_gf_kernel(
         q_desc, k_desc, v_desc, t_desc,        # TMA over q, k [T_tot, H*K], v [T_tot, HV*V], Tinv [T_tot, HV*BT]
         beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
@@ -220,6 +369,7 @@ if GLUON_OK:
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
         SPLIT: gl.constexpr = GF_SPLIT, KS_PIPE: gl.constexpr = False,
         STATE_WGS: gl.constexpr = 1, STATE_REGS: gl.constexpr = 0, GATE_AT: gl.constexpr = 0,
+        STATE_T: gl.constexpr = False,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         gl.static_assert(GATE_AT >= 0 and GATE_AT <= 2, "GATE_AT: 0, 1 or 2 (_gf_state)")
@@ -243,12 +393,42 @@ if GLUON_OK:
         k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
         v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
         t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
-        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
-        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
-        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
         # empty: the state partitions + the output; s_full / v_full: one arrival per state partition
         ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 1 + STATE_WGS, STATE_WGS)
 
+        if STATE_T:
+            # the transposed chain (_gf_state_t): S^T and vnew^T published, no x / d * vnew buffer
+            gl.static_assert(STATE_WGS == 2, "STATE_T: two state partitions")
+            HALF_T: gl.constexpr = BV // 2
+            s_pub_t = gl.allocate_shared_memory(dt, [NPUB, BV, K], ws_smem_layout(K, dt.primitive_bitwidth))
+            v_pub_t = gl.allocate_shared_memory(dt, [NPUB, BV, BT], ws_smem_layout(BT, dt.primitive_bitwidth))
+            # the gates per ring slot: [2 * slot] gam, [2 * slot + 1] beta (fp32), staged by _gf_producer_g
+            g_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BT],
+                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+            gready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(gready.index(i), count=1)
+            fence_async_shared()
+            gl.warp_specialize(
+                [(_gf_state_t, (k_s, v_s, t_s, g_s, ready, empty, gready, s_pub_t, v_pub_t, s_full, v_full,
+                                pub_empty, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
+                                NPUB, USE_H0, STORE_HT, h0_on, ht_on, 0, HALF_T)),
+                 (_gf_state_t, (k_s, v_s, t_s, g_s, ready, empty, gready, s_pub_t, v_pub_t, s_full, v_full,
+                                pub_empty, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
+                                NPUB, USE_H0, STORE_HT, h0_on, ht_on, HALF_T, HALF_T)),
+                 (_wu_output, (q_s, k_s, ready, empty, s_pub_t, v_pub_t, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
+                               scale, nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM,
+                               True, True)),
+                 (_gf_producer_g, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, g_s, ready, empty, gready,
+                                   gcum_ptr, beta_ptr, nchunks, bos, eos, hv, hk, HV, K, V, BT, BV, STAGES))],
+                worker_num_warps=[4, 4, 1], worker_num_regs=[STATE_REGS, OUTPUT_REGS, PRODUCER_REGS])
+            _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
+            for i in gl.static_range(STAGES):
+                mbarrier.invalidate(gready.index(i))
+            return
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
         if STATE_WGS == 1:
             gl.warp_specialize(
                 [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
@@ -296,6 +476,7 @@ class FusedGfConfig:
     #                        fused_gf_config's default since round 24)
     state_regs: int = 0    # setmaxnreg of the worker state partition where state_wgs == 2
     gate_at: int = 0       # GATE_AT (_gf_state): where the state partitions issue the next chunk's gate loads
+    state_t: bool = False  # STATE_T (_gf_state_t): the two state partitions hold S^T (LINATTN_GDN_GLUON_GF_STATE_T)
 
 
 def fused_gf_config(segments: bool = False) -> FusedGfConfig:
@@ -316,6 +497,9 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     gate_at = settings.gdn_gluon_gf_gate_at
     if gate_at is None:
         gate_at = GF_GATE_AT
+    if state2 and settings.gdn_gluon_gf_state_t:
+        return FusedGfConfig(output_regs=GF_STATE_T_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
+                             state_regs=GF_STATE_T_STATE_REGS, state_t=True)
     if state2:
         return FusedGfConfig(output_regs=GF_STATE2_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
                              state_regs=GF_STATE2_STATE_REGS, gate_at=gate_at)
@@ -398,7 +582,8 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, KS_PIPE=cfg.ks_pipe,
-                  STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, GATE_AT=cfg.gate_at, num_warps=cfg.num_warps)
+                  STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, GATE_AT=cfg.gate_at, STATE_T=cfg.state_t,
+                  num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 

@@ -191,7 +191,7 @@ if GLUON_OK:
                           nchunks, bos, eos, hv, vb,
                           HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                           STAGES: gl.constexpr, NPUB: gl.constexpr, o_lo=0, WARM: gl.constexpr = False,
-                          QK_DONE: gl.constexpr = False):
+                          QK_DONE: gl.constexpr = False, PUB_T: gl.constexpr = False):
         """chunk_fused_ws._ws_output with q k^T one chunk ahead (OUT_PIPE): the q k^T of chunk c + 1 is issued as soon
         as chunk c's products are waited, so it runs on the tensor cores while this warpgroup forms chunk c's gated
         attention; the gates are loaded one chunk ahead in log2 units and exponentiated by ex2.approx.ftz, without
@@ -205,7 +205,9 @@ if GLUON_OK:
         and each next one with chunk c's output product (it is complete there anyway: wait(0)), so the loop carries a
         finished [BT, BT] tile. Where another partition in the same switch loop reads its own accumulators (the
         gate-free kernel's second state partition), ptxas otherwise serialises every wgmma of the kernel (C7514:
-        non-wgmma instructions reading accumulator registers inside a pipeline stage, the loop-carried copies)."""
+        non-wgmma instructions reading accumulator registers inside a pipeline stage, the loop-carried copies).
+        PUB_T: the published pair is transposed, S^T in s_pub [BV, K] and vnew^T in v_pub [BV, BT] (the gate-free
+        kernel's STATE_T partitions hold S^T); q S and att vnew read them as transposed views (K-major B operands)."""
         dt: gl.constexpr = q_s.dtype
         LOG2E: gl.constexpr = 1.4426950408889634
         ACC_A: gl.constexpr = ws_acc_layout(BT)               # q k^T [BT, BT]
@@ -227,8 +229,12 @@ if GLUON_OK:
             t1 = t0 + BT
             gam_n = gl.load(gcum_ptr + (t1 + r_a) * HV + hv, mask=(t1 + r_a) < eos, other=0.) * LOG2E
             mbarrier.wait(s_full.index(j), (c // NPUB) & 1)
-            qs = warpgroup_mma(q_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC_O),
-                               use_acc=False, is_async=True)
+            if PUB_T:
+                s_b = s_pub.index(j).permute((1, 0))
+            else:
+                s_b = s_pub.index(j)
+            qs = warpgroup_mma(q_s.index(st), s_b, gl.zeros([BT, BV], gl.float32, ACC_O), use_acc=False,
+                               is_async=True)
             if QK_DONE:
                 qkv = qk
                 qs = warpgroup_mma_wait(0, deps=[qs])
@@ -246,7 +252,11 @@ if GLUON_OK:
             att = gl.convert_layout(gl.where(lower, qkv * gmat, 0.).to(dt), OPA)
             o = qs * gl.expand_dims(_ex2_ftz(gl.convert_layout(gam, gl.SliceLayout(1, ACC_O))), 1)
             mbarrier.wait(v_full.index(j), (c // NPUB) & 1)
-            o = warpgroup_mma(att, v_pub.index(j), o, is_async=True)
+            if PUB_T:
+                v_b = v_pub.index(j).permute((1, 0))
+            else:
+                v_b = v_pub.index(j)
+            o = warpgroup_mma(att, v_b, o, is_async=True)
             if QK_DONE:
                 o, qk_n = warpgroup_mma_wait(0, deps=[o, qk_n])
             else:
@@ -279,10 +289,11 @@ if GLUON_OK:
                    nchunks, bos, eos, hv, vb,
                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                    STAGES: gl.constexpr, NPUB: gl.constexpr, OUT_PIPE: gl.constexpr, o_lo, WARM: gl.constexpr,
-                   QK_DONE: gl.constexpr = False):
+                   QK_DONE: gl.constexpr = False, PUB_T: gl.constexpr = False):
         if OUT_PIPE:
             _output_pipelined(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
-                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM, QK_DONE)
+                              scale, nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM, QK_DONE,
+                              PUB_T)
         else:
             _ws_output(q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                        nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, o_lo, WARM)
