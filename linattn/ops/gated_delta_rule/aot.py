@@ -729,7 +729,7 @@ for _warm in (False, True):
 
 # known spill (sm_90a): two values per state partition kept in local memory in the loop, one prologue value across
 # the partitions' dispatch (chunk_fused_gf.GF_STATE_T_OUTPUT_REGS); an opt-in kernel under measurement
-_STATE_T_SPILL = {False: 20, True: 8}
+_STATE_T_SPILL = {False: 16, True: 8}
 # STATE_T (round 28, LINATTN_GDN_GLUON_GF_STATE_T): the two state partitions hold S^T and take every product's A
 # operand from registers (chunk_fused_gf._gf_state_t); plain and segment launch.
 for _warm in (False, True):

@@ -66,7 +66,7 @@ GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
 GF_STATE2_SPLIT = 2
 # The transposed state partitions (STATE_T, _gf_state_t; opt-in LINATTN_GDN_GLUON_GF_STATE_T=1, round 28): the output
-# at 168, the worker state partition at 160 (the default state partition gets 160 too). sm_90a AOT: 20 bytes of spill
+# at 168, the worker state partition at 160 (the default state partition gets 160 too). sm_90a AOT: 16 bytes of spill
 # (two loop values per state partition, one prologue value across the dispatch) against 32 at 176 / 152; wgmma not
 # serialised (at 176 / 144 ptxas serialised them: C7512).
 GF_STATE_T_OUTPUT_REGS = 168
@@ -216,10 +216,13 @@ if GLUON_OK:
     def _gf_producer_g(q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, g_s, ready, empty, gready, gcum_ptr,
                        beta_ptr, nchunks, bos, eos, hv, hk, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
-        """chunk_fused_wu_ws._wu_producer (the TMA of q, k, v, Tinv into ring slot c % STAGES), and the chunk's gates
-        staged into g_s[slot] (row 0 gam, row 1 beta in fp32; 0 on rows >= eos, as _gf_gates' masked loads) after the
-        copies are issued, so the loads' latency runs under the copies'; gready[slot] (count 1) is arrived once they
-        are stored. The slot is free again when empty[slot] completes (the state partitions read it before they
+        """chunk_fused_wu_ws._wu_producer (the TMA of q, k, v, Tinv into ring slot c % STAGES), and the chunk's gate
+        factors staged into g_s[4 slot + i] after the copies are issued, so the loads' latency runs under the copies':
+        i = 0 e^gam, 1 beta, 2 d = e^(gam_C - gam), 3 e^gam_C in every entry (gam, beta 0 on rows >= eos, as
+        _gf_gates' masked loads; the same exponentials of the same values as _gf_state's, so bit-equal). The state
+        partitions' tiles are transposed, so each of their threads would hold 16 tokens' gates (round 28: their
+        exponentials there, 8x those of the row orientation, made the transposed chain 0.86-0.91x the default).
+        gready[slot] (count 1) is arrived once they are stored. The slot is free again when empty[slot] completes (the state partitions read it before they
         arrive there)."""
         nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
                                 + t_desc.block_type.nbytes)
@@ -237,8 +240,12 @@ if GLUON_OK:
             rows = bos + c * BT + r
             gam = gl.load(gcum_ptr + rows * HV + hv, mask=rows < eos, other=0.)
             bet = gl.load(beta_ptr + rows * HV + hv, mask=rows < eos, other=0.).to(gl.float32)
-            g_s.index(2 * st).store(gam)
-            g_s.index(2 * st + 1).store(bet)
+            # gam at the chunk's last valid token (exactly: a sum of it and zeros)
+            gam_last = gl.sum(gl.where(r == gl.minimum(eos - bos - c * BT, BT).to(gl.int32) - 1, gam, 0.), axis=0)
+            g_s.index(4 * st).store(gl.exp(gam))
+            g_s.index(4 * st + 1).store(bet)
+            g_s.index(4 * st + 2).store(gl.exp(gam_last - gam))
+            g_s.index(4 * st + 3).store(gl.exp(gl.zeros([BT], gl.float32, LG) + gam_last))
             mbarrier.arrive(gready.index(st))                 # release: the stores above before the consumers' reads
 
     @gluon.jit
@@ -297,45 +304,42 @@ if GLUON_OK:
             ks1 = warpgroup_mma(s_mine, k_t.slice(HT, HT, dim=1), gl.zeros([NCOL, HT], gl.float32, ACC_H),
                                 use_acc=False, is_async=True)
             mbarrier.wait(gready.index(st), (c // STAGES) & 1)
-            gam_s = g_s.index(2 * st)
-            bet_s = g_s.index(2 * st + 1)
+            eg_s = g_s.index(4 * st)
+            bet_s = g_s.index(4 * st + 1)
+            d_s = g_s.index(4 * st + 2)
             v_t = v_s.index(st).slice(COL0, NCOL, dim=1).permute((1, 0))   # [NCOL, BT]
             t_t = t_s.index(st).permute((1, 0))                # Tinv^T [BT, BT]
             ks0, ks1 = warpgroup_mma_wait(0, deps=[ks0, ks1])
             # x^T by halves of the chunk's tokens (columns), then vnew^T by halves: vnew_h = x_0 Tinv^T[0:HT, h] +
-            # x_1 Tinv^T[HT:, h], and the S update over both halves of the tokens (register pressure, docstring)
-            # the chunk's valid tokens as one int32 count (per-column 64-bit compares cost registers here: a thread
+            # x_1 Tinv^T[HT:, h], and the S update over both halves of the tokens (register pressure, docstring).
+            # The chunk's valid tokens as one int32 count (per-column 64-bit compares cost registers here: a thread
             # holds 16 tokens of the transposed tiles)
             lim = gl.minimum(eos - t0, BT).to(gl.int32)
             valid0 = gl.expand_dims(r_h < lim, 0)
             valid1 = gl.expand_dims(r_h + HT < lim, 0)
-            g0 = gam_s.slice(0, HT).load(COLS_H)
-            g1 = gam_s.slice(HT, HT).load(COLS_H)
             v0 = v_t.slice(0, HT, dim=1).load(ACC_H).to(gl.float32)
             x0 = gl.where(valid0, gl.expand_dims(bet_s.slice(0, HT).load(COLS_H), 0)
-                          * (v0 - gl.expand_dims(gl.exp(g0), 0) * ks0), 0.).to(dt)
+                          * (v0 - gl.expand_dims(eg_s.slice(0, HT).load(COLS_H), 0) * ks0), 0.).to(dt)
             x0 = gl.convert_layout(x0, OPA_H)
             v1 = v_t.slice(HT, HT, dim=1).load(ACC_H).to(gl.float32)
             x1 = gl.where(valid1, gl.expand_dims(bet_s.slice(HT, HT).load(COLS_H), 0)
-                          * (v1 - gl.expand_dims(gl.exp(g1), 0) * ks1), 0.).to(dt)
+                          * (v1 - gl.expand_dims(eg_s.slice(HT, HT).load(COLS_H), 0) * ks1), 0.).to(dt)
             x1 = gl.convert_layout(x1, OPA_H)
             zh = gl.zeros([NCOL, HT], gl.float32, ACC_H)
             vn0 = warpgroup_mma(x0, t_t.slice(0, HT, dim=0).slice(0, HT, dim=1), zh, use_acc=False, is_async=True)
             vn0 = warpgroup_mma(x1, t_t.slice(HT, HT, dim=0).slice(0, HT, dim=1), vn0, is_async=True)
             vn1 = warpgroup_mma(x0, t_t.slice(0, HT, dim=0).slice(HT, HT, dim=1), zh, use_acc=False, is_async=True)
             vn1 = warpgroup_mma(x1, t_t.slice(HT, HT, dim=0).slice(HT, HT, dim=1), vn1, is_async=True)
-            # gam at the chunk's last valid token (exactly: a sum of it and zeros)
-            last = lim - 1
-            gl_last = gl.sum(gl.where(r_h == last, g0, 0.), axis=0) + gl.sum(gl.where(r_h + HT == last, g1, 0.), axis=0)
+            egl = gl.max(g_s.index(4 * st + 3).slice(0, HT).load(COLS_H), axis=0)    # e^gam_C (all entries equal)
             vn0, vn1, x0, x1 = warpgroup_mma_wait(0, deps=[vn0, vn1, x0, x1])
             vn0 = gl.where(valid0, vn0, 0.).to(dt)
             vn1 = gl.where(valid1, vn1, 0.).to(dt)
-            vs0 = gl.convert_layout(gl.where(valid0, vn0.to(gl.float32) * gl.expand_dims(gl.exp(gl_last - g0), 0),
-                                             0.).to(dt), OPA_SH)
-            vs1 = gl.convert_layout(gl.where(valid1, vn1.to(gl.float32) * gl.expand_dims(gl.exp(gl_last - g1), 0),
-                                             0.).to(dt), OPA_SH)
+            vs0 = gl.convert_layout(gl.where(valid0, vn0.to(gl.float32)
+                                             * gl.expand_dims(d_s.slice(0, HT).load(COLS_H), 0), 0.).to(dt), OPA_SH)
+            vs1 = gl.convert_layout(gl.where(valid1, vn1.to(gl.float32)
+                                             * gl.expand_dims(d_s.slice(HT, HT).load(COLS_H), 0), 0.).to(dt), OPA_SH)
             k_c = k_s.index(st)
-            s = warpgroup_mma(vs0, k_c.slice(0, HT, dim=0), s * gl.exp(gl_last), is_async=True)
+            s = warpgroup_mma(vs0, k_c.slice(0, HT, dim=0), s * egl, is_async=True)
             s = warpgroup_mma(vs1, k_c.slice(HT, HT, dim=0), s, is_async=True)
             # publish vnew^T while the S update runs (the output partition's att vnew); this fence also orders the
             # generic loads of the ring's v tile before the slot's release below
@@ -402,8 +406,8 @@ if GLUON_OK:
             HALF_T: gl.constexpr = BV // 2
             s_pub_t = gl.allocate_shared_memory(dt, [NPUB, BV, K], ws_smem_layout(K, dt.primitive_bitwidth))
             v_pub_t = gl.allocate_shared_memory(dt, [NPUB, BV, BT], ws_smem_layout(BT, dt.primitive_bitwidth))
-            # the gates per ring slot: [2 * slot] gam, [2 * slot + 1] beta (fp32), staged by _gf_producer_g
-            g_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BT],
+            # the gate factors per ring slot: [4 * slot + i], staged by _gf_producer_g
+            g_s = gl.allocate_shared_memory(gl.float32, [4 * STAGES, BT],
                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
             gready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
