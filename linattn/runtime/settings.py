@@ -118,6 +118,9 @@ LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel
 LINATTN_GDN_GLUON_GF_GATE_AT "0", "1", "2": where the gate-free kernel's state partitions issue the next chunk's
                    gate loads (chunk_fused_gf._gf_state GATE_AT: 0 the loop's top, 1 after S's publication, 2 after
                    x's fence; every fence_async_shared waits for the loads in flight); unset: chunk_fused_gf.GF_GATE_AT.
+LINATTN_GDN_GLUON_GF_RELEASE_FENCE "0" / "1": without / with the fence before the gate-free kernel's state partitions
+                   release their ring slot (chunk_fused_gf._gf_state RELEASE_FENCE; the fence after d * vnew's store
+                   already follows every generic access to the slot); unset: chunk_fused_gf.GF_RELEASE_FENCE.
 LINATTN_GDN_GLUON_GF_STATE_T "1" (opt-in, round 28): with two state partitions, the gate-free kernel's state chain
                    transposed (chunk_fused_gf._gf_state_t: each partition holds S^T, x^T and d * vnew^T are wgmma A
                    operands from registers instead of round trips through shared memory, the gates staged in shared
@@ -356,6 +359,11 @@ class _Settings:
         """0, 1 or 2 (LINATTN_GDN_GLUON_GF_GATE_AT), or None (unset or anything else: chunk_fused_gf.GF_GATE_AT)."""
         value = os.environ.get("LINATTN_GDN_GLUON_GF_GATE_AT", "").strip()
         return int(value) if value in ("0", "1", "2") else None
+
+    @property
+    def gdn_gluon_gf_release_fence(self) -> str:
+        """"on", "off" (LINATTN_GDN_GLUON_GF_RELEASE_FENCE set) or "auto" (unset: chunk_fused_gf.GF_RELEASE_FENCE)."""
+        return _on_off_auto("LINATTN_GDN_GLUON_GF_RELEASE_FENCE")
 
     @property
     def gdn_gluon_gf_state_t(self) -> bool:

@@ -649,7 +649,7 @@ def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", sele
 
 
 def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: bool = False, ks_pipe: bool = False,
-                    state2: bool = False, gate_at: int = 0, state_t: bool = False):
+                    state2: bool = False, gate_at: int = 0, state_t: bool = False, release_fence: bool = True):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
                                                                        GF_STAGES, GF_STATE2_OUTPUT_REGS,
@@ -658,7 +658,7 @@ def _fused_gf_build(dtype: str, output_regs=None, out_pipe: bool = True, warm: b
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=output_regs or GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS,
                      OUT_PIPE=out_pipe, SPLIT=GF_SPLIT, KS_PIPE=ks_pipe, STATE_WGS=1, STATE_REGS=0, GATE_AT=gate_at,
-                     STATE_T=state_t)
+                     STATE_T=state_t, RELEASE_FENCE=release_fence)
         if not warm:                   # the segment launch has both, the plain launch neither
             const.update(sel_ptr=None, seg_ptr=None)
         if state2:                     # two state partitions (LINATTN_GDN_GLUON_GF_STATE2)
@@ -726,6 +726,17 @@ for _warm in (False, True):
                         f"KS_PIPE, the next chunk's gates loaded after "
                         + ("S's publication" if _at == 1 else "x's fence") + " (GATE_AT=%d)" % _at
                         + (", the segment launch" if _warm else "") + ", H16/HV32 K=V=128 bf16"))
+
+# RELEASE_FENCE off (round 28, LINATTN_GDN_GLUON_GF_RELEASE_FENCE=0): the default builds without the fence before
+# the state partitions release their ring slot.
+for _warm in (False, True):
+    register(AotKernel(
+        "gdn_fwd_fused_gf_gluon_bf16_bv128_state2_kspipe_nofence" + ("_warm" if _warm else ""),
+        _fused_gf_build("bf16", warm=_warm, ks_pipe=True, state2=True, release_fence=False), FUSED_WU_INTENDED,
+        div16=FUSED_WU_DIV16 + (("sel_ptr", "seg_ptr") if _warm else ()),
+        description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form, two state partitions, KS_PIPE, "
+                    "no fence before the ring slot's release" + (", the segment launch" if _warm else "")
+                    + ", H16/HV32 K=V=128 bf16"))
 
 # known spill (sm_90a): two values per state partition kept in local memory in the loop, one prologue value across
 # the partitions' dispatch (chunk_fused_gf.GF_STATE_T_OUTPUT_REGS); an opt-in kernel under measurement

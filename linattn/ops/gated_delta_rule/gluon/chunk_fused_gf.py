@@ -62,6 +62,9 @@ GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live i
 # Where the state partitions issue the next chunk's gate loads (_gf_state GATE_AT; LINATTN_GDN_GLUON_GF_GATE_AT "0",
 # "1", "2" overrides): 0 (the loads at the loop's top) until round 28 measures the others.
 GF_GATE_AT = 0
+# The fence before a state partition releases its ring slot (_gf_state RELEASE_FENCE; LINATTN_GDN_GLUON_GF_RELEASE_FENCE
+# "0" / "1" overrides): kept until round 28 measures the kernel without it.
+GF_RELEASE_FENCE = True
 GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
 GF_STATE2_SPLIT = 2
@@ -101,7 +104,7 @@ if GLUON_OK:
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                   SPLIT: gl.constexpr, h0_on, ht_on, KS_PIPE: gl.constexpr = False, COL0: gl.constexpr = 0,
-                  NC: gl.constexpr = 0, GATE_AT: gl.constexpr = 0):
+                  NC: gl.constexpr = 0, GATE_AT: gl.constexpr = 0, RELEASE_FENCE: gl.constexpr = True):
         """The state chain (module docstring). h0 is loaded only where h0_on != 0 (else the chain starts from 0), the
         final state stored only where ht_on != 0 (both 1 outside the segment launch: chunk_fused_wu_ws._segment_word),
         and n is the h0 / final row (the whole sequence's in the segment launch). KS_PIPE: product 1's column half h + 1
@@ -200,8 +203,12 @@ if GLUON_OK:
             mbarrier.arrive(v_full.index(j))
             # product 3: S_{c+1} = e^gam_C S_c + K^T (d * vnew)
             s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_c, s * gl.exp(gam_last))
-            # this partition's share of ring slot st is done (v read by generic loads: fence before the TMA refill)
-            fence_async_shared()
+            # this partition's share of ring slot st is done (v read by generic loads: fence before the TMA refill).
+            # RELEASE_FENCE = False: no fence here, the one after d * vnew's store (above) already follows every
+            # generic access of this chunk to the slot (v's loads come before it), and product 3 is an async-proxy
+            # read; a MEMBAR-backed fence stalls on its own (round 28, OPT_LOG 28.1)
+            if RELEASE_FENCE:
+                fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(empty.index(st))
             gam = gam_n
@@ -222,8 +229,8 @@ if GLUON_OK:
         _gf_gates' masked loads; the same exponentials of the same values as _gf_state's, so bit-equal). The state
         partitions' tiles are transposed, so each of their threads would hold 16 tokens' gates (round 28: their
         exponentials there, 8x those of the row orientation, made the transposed chain 0.86-0.91x the default).
-        gready[slot] (count 1) is arrived once they are stored. The slot is free again when empty[slot] completes (the state partitions read it before they
-        arrive there)."""
+        gready[slot] (count 1) is arrived once they are stored. The slot is free again when empty[slot] completes
+        (the state partitions read it before they arrive there)."""
         nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
                                 + t_desc.block_type.nbytes)
         LG: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
@@ -373,7 +380,7 @@ if GLUON_OK:
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr = True,
         SPLIT: gl.constexpr = GF_SPLIT, KS_PIPE: gl.constexpr = False,
         STATE_WGS: gl.constexpr = 1, STATE_REGS: gl.constexpr = 0, GATE_AT: gl.constexpr = 0,
-        STATE_T: gl.constexpr = False,
+        STATE_T: gl.constexpr = False, RELEASE_FENCE: gl.constexpr = True,
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         gl.static_assert(GATE_AT >= 0 and GATE_AT <= 2, "GATE_AT: 0, 1 or 2 (_gf_state)")
@@ -437,7 +444,7 @@ if GLUON_OK:
             gl.warp_specialize(
                 [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, 0, GATE_AT)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, 0, GATE_AT, RELEASE_FENCE)),
                  (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                                nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM)),
                  (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
@@ -451,10 +458,12 @@ if GLUON_OK:
             gl.warp_specialize(
                 [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, HALF, GATE_AT)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, 0, HALF, GATE_AT,
+                              RELEASE_FENCE)),
                  (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
                               gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
-                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF, GATE_AT)),
+                              USE_H0, STORE_HT, SPLIT, h0_on, ht_on, KS_PIPE, HALF, HALF, GATE_AT,
+                              RELEASE_FENCE)),
                  (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                                nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM, True)),
                  (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
@@ -481,6 +490,7 @@ class FusedGfConfig:
     state_regs: int = 0    # setmaxnreg of the worker state partition where state_wgs == 2
     gate_at: int = 0       # GATE_AT (_gf_state): where the state partitions issue the next chunk's gate loads
     state_t: bool = False  # STATE_T (_gf_state_t): the two state partitions hold S^T (LINATTN_GDN_GLUON_GF_STATE_T)
+    release_fence: bool = True   # RELEASE_FENCE (_gf_state; LINATTN_GDN_GLUON_GF_RELEASE_FENCE=0 drops it)
 
 
 def fused_gf_config(segments: bool = False) -> FusedGfConfig:
@@ -501,15 +511,18 @@ def fused_gf_config(segments: bool = False) -> FusedGfConfig:
     gate_at = settings.gdn_gluon_gf_gate_at
     if gate_at is None:
         gate_at = GF_GATE_AT
+    fence = settings.gdn_gluon_gf_release_fence
+    release_fence = GF_RELEASE_FENCE if fence == "auto" else fence == "on"
     if state2 and settings.gdn_gluon_gf_state_t:
         return FusedGfConfig(output_regs=GF_STATE_T_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
                              state_regs=GF_STATE_T_STATE_REGS, state_t=True)
     if state2:
         return FusedGfConfig(output_regs=GF_STATE2_OUTPUT_REGS, split=GF_STATE2_SPLIT, ks_pipe=ks_pipe, state_wgs=2,
-                             state_regs=GF_STATE2_STATE_REGS, gate_at=gate_at)
+                             state_regs=GF_STATE2_STATE_REGS, gate_at=gate_at, release_fence=release_fence)
     if ks_pipe:
-        return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True, gate_at=gate_at)
-    return FusedGfConfig(gate_at=gate_at)
+        return FusedGfConfig(output_regs=GF_KS_PIPE_OUTPUT_REGS, ks_pipe=True, gate_at=gate_at,
+                             release_fence=release_fence)
+    return FusedGfConfig(gate_at=gate_at, release_fence=release_fence)
 
 
 def gf_supported(q: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -587,7 +600,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, KS_PIPE=cfg.ks_pipe,
                   STATE_WGS=cfg.state_wgs, STATE_REGS=cfg.state_regs, GATE_AT=cfg.gate_at, STATE_T=cfg.state_t,
-                  num_warps=cfg.num_warps)
+                  RELEASE_FENCE=cfg.release_fence, num_warps=cfg.num_warps)
     return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
 
 
