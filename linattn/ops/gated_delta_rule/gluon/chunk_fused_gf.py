@@ -60,10 +60,10 @@ GF_KS_PIPE_OUTPUT_REGS = 232   # with KS_PIPE (two product-1 accumulators live i
 # (the switch loop's shared-memory base) in local memory at every split tried, as did the output at 192 with two of
 # the four builds.
 # Where the state partitions issue the next chunk's gate loads (_gf_state GATE_AT; LINATTN_GDN_GLUON_GF_GATE_AT "0",
-# "1", "2" overrides): 0 (the loads at the loop's top) until round 28 measures the others.
+# "1", "2" overrides): 0, the loop's top. Round 28 (RESULTS.md part B, bit-equal): 1 0.89-0.97x, 2 0.99-1.02x.
 GF_GATE_AT = 0
 # The fence before a state partition releases its ring slot (_gf_state RELEASE_FENCE; LINATTN_GDN_GLUON_GF_RELEASE_FENCE
-# "0" / "1" overrides): kept until round 28 measures the kernel without it.
+# "0" / "1" overrides): kept. Round 28 part F without it: gate green, bit-equal, 0.97-1.01x (flat).
 GF_RELEASE_FENCE = True
 GF_STATE2_OUTPUT_REGS = 176
 GF_STATE2_STATE_REGS = 152
@@ -114,11 +114,11 @@ if GLUON_OK:
         share only the ring and the publication barriers).
         GATE_AT: where chunk c + 1's gate loads are issued in chunk c. Every fence_async_shared (MEMBAR.ALL.CTA +
         FENCE.VIEW.ASYNC.S in SASS) waits for this thread's global loads in flight, so a load is free only if it lands
-        before the next fence. 0: at the loop's top, before S's publication (round 28's ncu source view: the
-        publication's fence then waited on them, long scoreboard ~8% of each state partition's samples); 1: after
-        the publication's fence and arrive (the next fence, x's, comes after product 1 and x); 2: after x's fence
-        (the next, d * vnew's, comes after product 2 and vnew's publication). The same loads and arithmetic in each:
-        bit-equal results."""
+        before the next fence. 0: at the loop's top, before S's publication (the default); 1: after the publication's
+        fence and arrive (the next fence, x's, comes after product 1 and x); 2: after x's fence (the next, d * vnew's,
+        comes after product 2 and vnew's publication). The same loads and arithmetic in each: bit-equal results.
+        Round 28: 1 is 0.89-0.97x, 2 0.99-1.02x; the publication fence's long-scoreboard stall (~8% of a state
+        partition's samples) is mostly the MEMBAR's own (it stays with no global load in the loop: STATE_T)."""
         dt: gl.constexpr = k_s.dtype
         NCOL: gl.constexpr = BV if NC == 0 else NC
         # this partition's columns of the published pair and of the x / d * vnew buffer (the whole buffers where
@@ -275,7 +275,10 @@ if GLUON_OK:
         fence waits on one. S_c^T and vnew^T are still published (s_pub [BV, K], v_pub [BV, BT]: the output
         partition reads them transposed, PUB_T), but each publication's stores and fence run while a product is in
         flight (ks^T, then the S update), not between two products of the chain. The ring's v tile is read by
-        generic loads before v_pub's fence, which so also orders them before the slot's release."""
+        generic loads before v_pub's fence, which so also orders them before the slot's release.
+        Round 28 on an H200 (RESULTS.md parts C-E): bit-equal to _gf_state's results, 21 gate cases green, the forward
+        0.96-0.99x the default's (0.86-0.91x before the gate factors were staged): opt-in. Its partitions then wait on
+        their products 6% of the time and issue the transposed layout's elementwise work ~80%."""
         dt: gl.constexpr = k_s.dtype
         HT: gl.constexpr = BT // 2
         ACC_S: gl.constexpr = ws_acc_layout(K)                # S^T [NCOL, K]
