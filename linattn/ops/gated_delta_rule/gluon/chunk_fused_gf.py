@@ -276,7 +276,7 @@ if GLUON_OK:
         partition reads them transposed, PUB_T), but each publication's stores and fence run while a product is in
         flight (ks^T, then the S update), not between two products of the chain. The ring's v tile is read by
         generic loads before v_pub's fence, which so also orders them before the slot's release.
-        Round 28 on an H200 (RESULTS.md parts C-E): bit-equal to _gf_state's results, 21 gate cases green, the forward
+        Round 28 on an H200 (RESULTS.md parts C-H): bit-equal to _gf_state's results, the whole gate green, the forward
         0.96-0.99x the default's (0.86-0.91x before the gate factors were staged): opt-in. Its partitions then wait on
         their products 6% of the time and issue the transposed layout's elementwise work ~80%."""
         dt: gl.constexpr = k_s.dtype
