@@ -153,6 +153,8 @@ def partition_breakdown(rows: list, min_share: float = 0.01) -> list:
                   retry loop (placed after the kernel's EXIT; the warp's wait is sampled on that branch),
       wgmma_wait  WARPGROUP.DEPBAR (waiting for an asynchronous wgmma),
       bar_sync    BAR.SYNC (named barriers: thread_barrier, layout conversions through shared memory),
+      fence       MEMBAR / FENCE (fence_async_shared: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S; round 28: a stall of its
+                  own, long scoreboard, with or without global loads in flight),
       idle        NOP (the padding warps of the producer's warpgroup),
       work        everything else, with its leading stall reasons.
     A partition whose samples are nearly all work and wgmma_wait is busy the whole kernel; one with a large mbar_wait
@@ -166,7 +168,8 @@ def partition_breakdown(rows: list, min_share: float = 0.01) -> list:
         if op == "USETMAXREG" or cur is None:
             m = re.search(r"(0x[0-9a-fA-F]+)\s*$", r["sass"].strip()) if op == "USETMAXREG" else None
             cur = dict(first=idx, first_address=r["address"], setmaxnreg=int(m.group(1), 16) if m else None,
-                       samples=0.0, cats=dict(mbar_wait=0.0, wgmma_wait=0.0, bar_sync=0.0, idle=0.0, work=0.0),
+                       samples=0.0, cats=dict(mbar_wait=0.0, wgmma_wait=0.0, bar_sync=0.0, fence=0.0, idle=0.0,
+                                              work=0.0),
                        reasons={})
             segments.append(cur)
         cur["last"] = idx
@@ -178,6 +181,8 @@ def partition_breakdown(rows: list, min_share: float = 0.01) -> list:
             cat = "wgmma_wait"
         elif op == "BAR":
             cat = "bar_sync"
+        elif op in ("MEMBAR", "FENCE"):
+            cat = "fence"
         elif op == "NOP":
             cat = "idle"
         else:
@@ -249,7 +254,9 @@ _SAMPLE_WS = '''"Kernel Name","chunk_fused_wu_ws_kernel",
 "0x7f0000000030","@!P0  BRA 0x7f0000000100","190","190","0","190"
 "0x7f0000000040","HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], R24","100","50","0","0"
 "0x7f0000000050","WARPGROUP.DEPBAR.LE gsb0, 0x0","200","200","0","0"
-"0x7f0000000060","FMUL R4, R4, R5","500","300","300","0"
+"0x7f0000000060","FMUL R4, R4, R5","400","300","300","0"
+"0x7f0000000064","MEMBAR.ALL.CTA","0","0","0","0"
+"0x7f0000000068","FENCE.VIEW.ASYNC.S","100","100","0","100"
 "0x7f0000000070","USETMAXREG.DEALLOC.CTAPOOL 0x18","0","0","0","0"
 "0x7f0000000080","NOP","900","900","0","0"
 "0x7f0000000090","@!P1  BRA 0x7f0000000080","100","0","0","0"
@@ -285,8 +292,9 @@ def main():
         parts = summarize([p], os.path.join(a.out, "ws"))["sample_ws_sass.csv"]["chunk_fused_wu_ws_kernel"]["partitions"]
         # the prologue (MOV, no samples) is dropped; the branch into the retry loop past EXIT is an mbarrier wait,
         # the idle warps' own loop branch is work
-        assert [(q["first"], q["setmaxnreg"], q["share"]) for q in parts] == [(1, 160, 0.5), (7, 24, 0.5)], parts
-        assert parts[0]["categories"] == dict(mbar_wait=0.2, wgmma_wait=0.2, bar_sync=0.0, idle=0.0, work=0.6), parts
+        assert [(q["first"], q["setmaxnreg"], q["share"]) for q in parts] == [(1, 160, 0.5), (9, 24, 0.5)], parts
+        assert parts[0]["categories"] == dict(mbar_wait=0.2, wgmma_wait=0.2, bar_sync=0.0, fence=0.1, idle=0.0,
+                                              work=0.5), parts
         assert parts[0]["work_reasons"] == {"stall_short_sb": 1.0}, parts[0]
         assert parts[1]["categories"]["idle"] == 0.9 and parts[1]["categories"]["work"] == 0.1, parts[1]
         print("ncu_source dry run: ok")
