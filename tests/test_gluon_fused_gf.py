@@ -40,8 +40,7 @@ def test_gf_launch_matches_aot_signature(B, T, lens, states):
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import fused_gf_signature
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_GATE_AT, GF_NPUB, GF_RELEASE_FENCE,
-                                                                   GF_STAGES,
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_GATE_AT, GF_NPUB, GF_RELEASE_FENCE, GF_STAGES,
                                                                    GF_STATE2_OUTPUT_REGS, GF_STATE2_STATE_REGS,
                                                                    PRODUCER_REGS, fused_gf_launch)
     plan, bufs = _buffers(B, T, 16, 32, lens, states=states)

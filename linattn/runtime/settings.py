@@ -117,7 +117,7 @@ LINATTN_GDN_GLUON_GF_STATE2 unset (default since round 24): the gate-free kernel
                    HV64 B8 / B4; 1.058x / 1.061x at H2/HV8 B1 T65536 / B8 T4096.
 LINATTN_GDN_GLUON_GF_GATE_AT "0", "1", "2": where the gate-free kernel's state partitions issue the next chunk's
                    gate loads (chunk_fused_gf._gf_state GATE_AT: 0 the loop's top, 1 after S's publication, 2 after
-                   x's fence; every fence_async_shared waits for the loads in flight); unset: chunk_fused_gf.GF_GATE_AT.
+                   x's fence; round 28: 1 0.89-0.97x, 2 0.99-1.02x, bit-equal); unset: chunk_fused_gf.GF_GATE_AT (0).
 LINATTN_GDN_GLUON_GF_RELEASE_FENCE "0" / "1": without / with the fence before the gate-free kernel's state partitions
                    release their ring slot (chunk_fused_gf._gf_state RELEASE_FENCE; the fence after d * vnew's store
                    already follows every generic access to the slot); unset: chunk_fused_gf.GF_RELEASE_FENCE.

@@ -42,8 +42,8 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import BT, PRODUCER_REGS
-from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load,
-                                          warpgroup_mma, warpgroup_mma_wait)
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
+                                          warpgroup_mma_wait)
 
 GF_BV = 128
 GF_STAGES = 2
@@ -76,7 +76,8 @@ GF_STATE_T_OUTPUT_REGS = 168
 GF_STATE_T_STATE_REGS = 160
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _segment_word, _wu_output, _wu_producer
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import (_segment_word, _wu_output, _wu_producer,
+                                                                      _wu_ring_load)
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_ws import (_ws_barriers, _ws_barriers_invalidate, ws_acc_layout,
                                                                    ws_smem_layout)
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
@@ -112,11 +113,12 @@ if GLUON_OK:
         COL0, NC (NC = 0: all BV): the columns [COL0, COL0 + NC) of S, x, vnew that this partition holds (STATE_WGS = 2:
         two state partitions of BV / 2 columns each; every product of the chain is column-separable, so the halves
         share only the ring and the publication barriers).
-        GATE_AT: where chunk c + 1's gate loads are issued in chunk c. Every fence_async_shared (MEMBAR.ALL.CTA +
-        FENCE.VIEW.ASYNC.S in SASS) waits for this thread's global loads in flight, so a load is free only if it lands
-        before the next fence. 0: at the loop's top, before S's publication (the default); 1: after the publication's
-        fence and arrive (the next fence, x's, comes after product 1 and x); 2: after x's fence (the next, d * vnew's,
-        comes after product 2 and vnew's publication). The same loads and arithmetic in each: bit-equal results.
+        GATE_AT: where chunk c + 1's gate loads are issued in chunk c. A fence_async_shared (MEMBAR.ALL.CTA +
+        FENCE.VIEW.ASYNC.S in SASS) can wait for this thread's global loads in flight, so the placement decides which
+        fence, if any, waits on them. 0: at the loop's top, before S's publication (the default); 1: after the
+        publication's fence and arrive (the next fence, x's, comes after product 1 and x); 2: after x's fence (the
+        next, d * vnew's, comes after product 2 and vnew's publication). The same loads and arithmetic in each:
+        bit-equal results.
         Round 28: 1 is 0.89-0.97x, 2 0.99-1.02x; the publication fence's long-scoreboard stall (~8% of a state
         partition's samples) is mostly the MEMBAR's own (it stays with no global load in the loop: STATE_T)."""
         dt: gl.constexpr = k_s.dtype
@@ -231,19 +233,11 @@ if GLUON_OK:
         exponentials there, 8x those of the row orientation, made the transposed chain 0.86-0.91x the default).
         gready[slot] (count 1) is arrived once they are stored. The slot is free again when empty[slot] completes
         (the state partitions read it before they arrive there)."""
-        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                + t_desc.block_type.nbytes)
         LG: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
         r = gl.arange(0, BT, layout=LG)
         for c in range(nchunks):
-            st = c % STAGES
-            mbarrier.wait(empty.index(st), ((c // STAGES) & 1) ^ 1)
-            row = (bos + c * BT).to(gl.int32)
-            mbarrier.expect(ready.index(st), nbytes)
-            tma_load(q_desc, [row, hk * K], ready.index(st), q_s.index(st))
-            tma_load(k_desc, [row, hk * K], ready.index(st), k_s.index(st))
-            tma_load(v_desc, [row, hv * V], ready.index(st), v_s.index(st))
-            tma_load(t_desc, [row, hv * BT], ready.index(st), t_s.index(st))
+            st = _wu_ring_load(q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, c, bos, hv, hk, 0,
+                               K, V, BT, BV, STAGES)
             rows = bos + c * BT + r
             gam = gl.load(gcum_ptr + rows * HV + hv, mask=rows < eos, other=0.)
             bet = gl.load(beta_ptr + rows * HV + hv, mask=rows < eos, other=0.).to(gl.float32)
