@@ -537,3 +537,52 @@ def test_gf_release_fence_builds_and_switch(monkeypatch):
         else:
             monkeypatch.setenv("LINATTN_GDN_GLUON_GF_RELEASE_FENCE", value)
         assert fused_gf_launch(*bufs, plan, 128 ** -0.5)[3]["RELEASE_FENCE"] is want, value
+
+
+@needs_gluon
+def test_gf_state_t_builds_and_switch(monkeypatch):
+    """LINATTN_GDN_GLUON_GF_STATE_T=1 (opt-in, round 28): the launch passes STATE_T with the output at 168 and the
+    worker state partition at 160 registers, and its arguments mangle to the AOT signature (plain and segment
+    launch); unset: STATE_T off with the state2 registers. The two STATE_T builds: 16 warps, shared memory in budget
+    (no vn_s: less than the state2 build's), spill within the registered known bytes, the v tile read transposed by
+    ldmatrix (LDSM.16.MT88), and the wgmmas not serialised: only the last HGMMA of each of the 20 wgmma groups (8 per
+    state partition: ks^T in two halves, vnew^T as two halves of two, the S update in two; 4 in the output) waits."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import fused_gf_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_STATE2_STATE_REGS, GF_STATE_T_OUTPUT_REGS,
+                                                                   GF_STATE_T_STATE_REGS, fused_gf_launch)
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    plan, bufs = _buffers(1, 4096, 16, 32)
+    splan = segment_plan(1, 4096, 4, 16, "cpu")
+    seg = dict(select=torch.zeros(1, 32, dtype=torch.int32), seg=torch.zeros(4, 32, dtype=torch.int32))
+    for switch in (None, "1"):
+        if switch is None:
+            monkeypatch.delenv("LINATTN_GDN_GLUON_GF_STATE_T", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_GLUON_GF_STATE_T", switch)
+        for launch, segments in ((fused_gf_launch(*bufs, plan, 128 ** -0.5), False),
+                                 (fused_gf_launch(*bufs, splan, 128 ** -0.5, **seg), True)):
+            kernel, grid, args, kwargs = launch
+            if switch is None:
+                assert kwargs["STATE_T"] is False and kwargs["STATE_REGS"] == GF_STATE2_STATE_REGS
+                continue
+            assert kwargs["STATE_T"] is True and kwargs["STATE_WGS"] == 2
+            assert kwargs["OUTPUT_REGS"] == GF_STATE_T_OUTPUT_REGS == 168
+            assert kwargs["STATE_REGS"] == GF_STATE_T_STATE_REGS == 160
+            sig = fused_gf_signature("bf16", select=segments, warm=segments)
+            assert len(args) == len(sig)
+            for (name, want), arg in zip(sig.items(), args):
+                assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    base = inspect_kernel(kernels()["gdn_fwd_fused_gf_gluon_bf16_bv128_state2_kspipe"])
+    for suffix in ("", "_warm"):
+        name = "gdn_fwd_fused_gf_gluon_bf16_bv128_state2t" + suffix
+        spec = kernels()[name]
+        rep = inspect_kernel(spec)
+        assert not rep.missing and rep.num_warps == 16, (name, rep.missing)
+        assert 0 < rep.smem < base.smem <= SMEM_LIMIT_SM90, (name, rep.smem, base.smem)
+        assert rep.spill_bytes <= spec.known_spill_bytes, (name, rep.spill_bytes, spec.known_spill_bytes)
+        sass = kernel_asm(name, "sass")
+        hgmma = [line for line in sass.splitlines() if "HGMMA." in line]
+        assert len(hgmma) == 84 and sum("gsb0" in line for line in hgmma) == 20, (name, len(hgmma))
+        assert "LDSM.16.MT88" in sass, name
