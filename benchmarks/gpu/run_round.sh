@@ -147,6 +147,21 @@ for step in "$@"; do
               done
               python3 benchmarks/gpu/ncu_fwd.py summarize --out "$OUT" "$OUT"/ncu_*.csv
             fi ;;
+    decode_inplace) timeout 240 python3 benchmarks/gpu/decode_inplace_round.py --out "$OUT" ;;   # round 29: discard_l2 vs default (bit-equal), in place vs out of place vs torch's copy / in-place scale (DECODE_INPLACE.md)
+    ncu_decode) # DRAM / L2 bytes of each decode mode and of torch's 512 MiB copy and in-place scale (decode_inplace_round.py
+            # --ncu-child); a second pass with the L2 fabric metrics, which may not exist under these names
+            NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            if [ -z "$NCU" ]; then echo "ncu not found"; else
+              m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active
+              timeout 150 "$NCU" --clock-control none --profile-from-start off --csv --metrics $m \
+                python3 benchmarks/gpu/decode_inplace_round.py --ncu-child > "$OUT/ncu_decode.csv" 2> "$OUT/ncu_decode.err"
+              echo "ncu_decode exit $?"; tail -3 "$OUT/ncu_decode.err"
+              timeout 120 "$NCU" --clock-control none --profile-from-start off --csv \
+                --metrics lts__t_sectors_srcunit_ltcfabric.sum,lts__t_sectors_srcunit_tex.sum,lts__t_requests_srcunit_tex_op_write.sum \
+                python3 benchmarks/gpu/decode_inplace_round.py --ncu-child > "$OUT/ncu_decode_fabric.csv" 2> "$OUT/ncu_decode_fabric.err"
+              echo "ncu_decode fabric exit $?"; tail -3 "$OUT/ncu_decode_fabric.err"
+              "$NCU" --query-metrics --chip gh100 2>&1 | grep -E "^(lts__t_sectors_srcunit|lts__t_sectors_op|ltcfabric|dram__bytes|lts__t_requests_srcunit)" > "$OUT/ncu_metric_names.txt"
+            fi ;;
     ncu_src) # where the warps wait, per SASS instruction, in the kernels matching NCU_KERNEL (default: the fused
             # forward kernel) of one forward per case: SourceCounters + WarpStateStats into a report, exported as the
             # source page (SASS) and the raw page; benchmarks/gpu/ncu_source.py summarizes the SASS CSV. 4 files per

@@ -73,7 +73,8 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
     column offsets). With state_indices, slot = state_indices[i_n]; a negative or >= num_slots index is a padded
     row (valid False): nothing is read from or written to the pool, so the kernel never addresses outside it.
     col_keep ([BV] booleans, split_tail's half tiles): only those columns are read and, through the returned
-    masks, written; None (every other caller) adds nothing to the code."""
+    masks, written; None (every other caller) adds nothing to the code. Also returns the slot (int64; 0 for a padded
+    row)."""
     o_k = tl.arange(0, BK)
     # BV-contiguous, BV-aligned columns: lets the compiler use 16-byte vector loads and stores along V
     o_v = tl.max_contiguous(tl.multiple_of(i_v * BV + tl.arange(0, BV), BV), BV)
@@ -94,7 +95,36 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
         b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    return b_h, state_off, mask_io, mask_h, valid, o_v
+    return b_h, state_off, mask_io, mask_h, valid, o_v, slot
+
+
+@triton.jit
+def _discard_state_lines(h0, slot, live, i_hv, i_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr):
+    """discard_l2 (opt-in, GPU only): drop the [K, BV] state block's 128-byte lines from the L2 without writing them
+    back (PTX `discard.global.L2`, sm_80+) between the block's read and its write-back in place, so that the
+    write-back meets no copy of the line in the L2 (as an out-of-place final state does). Sound only because every
+    discarded line is then overwritten entirely by this program (the launcher allows the variant in place, for full
+    blocks of 128-byte-aligned rows) and nothing else reads it in this call; a discarded line reads as indeterminate
+    until written. Skipping a discard is always safe.
+
+    `live` (int32, 0 or 1) predicates the discards. The caller derives it from a value of this tile that arrives
+    in shared memory with the state (beta: the pipeliner's copies of a tile are one wait), so the discards cannot
+    issue before the block was read; and calls this before the reductions over K, whose cross-warp exchange puts
+    CTA barriers between every thread's discards and every thread's stores. Triton offers no primitive for that
+    order here (tl.debug_barrier stops the software pipeliner from pipelining the tile loop): the sm_90a AOT test
+    checks it in the SASS."""
+    ELEM: tl.constexpr = h0.dtype.element_ty.primitive_bitwidth // 8
+    LINE: tl.constexpr = 128 // ELEM                  # state elements per 128-byte line
+    LPR: tl.constexpr = BV // LINE                    # lines per row of the block
+    tl.static_assert(BV % LINE == 0, "discard_l2 needs whole 128-byte lines per block row")
+    lines = tl.arange(0, BK * LPR)
+    row = lines // LPR
+    off = (slot * HV + i_hv) * K * V + i_v * BV + row * V + (lines % LPR) * LINE
+    keep = (row < K).to(tl.int32) * live
+    tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;"
+                              "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [(h0 + off).to(tl.int64), keep],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -139,8 +169,8 @@ def fused_recurrent_gdn_fwd_kernel(
         bos = i_n * T
         seq_len = T
 
-    b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV, K, V,
-                                                              BK, BV, HAS_H0, INDEXED)
+    b_h, state_off, mask_io, mask_h, valid, o_v, _ = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV, K,
+                                                                 V, BK, BV, HAS_H0, INDEXED)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     mask_v = o_v < V
@@ -312,7 +342,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
-    SPLIT_TAIL: tl.constexpr = False,
+    SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -410,8 +440,9 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                         i_h, i_v, HV, H, K, V, BK, BV, KW_WARPS, KW_VEC, USE_G, FUSED_GATE, HAS_DT_BIAS,
                         BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT, INPLACE, INDEXED, STORE_CACHE)
         else:
-            b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots,
-                                                                      HV, K, V, BK, BV, HAS_H0, INDEXED, col_keep)
+            b_h, state_off, mask_io, mask_h, valid, o_v, slot = _state_block(h0, state_indices, i_n, i_hv, i_v,
+                                                                            num_slots, HV, K, V, BK, BV, HAS_H0,
+                                                                            INDEXED, col_keep)
             mask_v = o_v < V
             if SPLIT_TAIL:
                 mask_v = mask_v & col_keep
@@ -428,6 +459,12 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             else:
                 b_g = 0.0
             b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+            if DISCARD_L2:
+                tl.static_assert(INPLACE and HAS_H0 and STORE_HT and not SPLIT_TAIL,
+                                 "discard_l2 is for the in-place pool with full blocks")
+                # beta came with the state (one wait per tile): a NaN beta skips the discards, which is harmless
+                _discard_state_lines(h0, slot, (valid & (b_beta == b_beta)).to(tl.int32), i_hv, i_v, HV, K, V, BK,
+                                     BV)
             b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
                                      HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
             if INDEXED:
@@ -461,8 +498,11 @@ PERSISTENT_VARIANTS = {
     #                                                        in the reductions; benchmarks/DECODE_KWARP.md)
     "split_tail": dict(SPLIT_TAIL=True),                   # the n_tiles mod P tiles left after the even part as
     #                                                        2x as many half tiles (benchmarks/DECODE_TAIL.md)
+    "discard_l2": dict(DISCARD_L2=True),                   # the block's L2 lines discarded between its read and its
+    #                                                        in-place write-back (GPU only: inline PTX)
 }
-PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False)
+PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False,
+                           DISCARD_L2=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -476,11 +516,43 @@ def persistent_variant_flags(variant: Optional[str]) -> dict:
         raise ValueError("decode variant kwarp loads q and k itself (as cp.async copies); drop prefetch_qk")
     if flags["KWARP"] and flags["SPLIT_TAIL"]:
         raise ValueError("decode variant split_tail is written for the default tile, not kwarp's")
+    if flags["DISCARD_L2"] and (flags["KWARP"] or flags["SPLIT_TAIL"]):
+        raise ValueError("decode variant discard_l2 is written for the default tile, not kwarp's or split_tail's")
     return flags
+
+
+# Whether the default persistent config adds discard_l2 where it can run (LINATTN_GDN_DECODE_DISCARD_L2 overrides)
+DECODE_DISCARD_L2 = False
+
+
+def _discard_l2_default() -> bool:
+    from linattn.runtime.settings import settings
+    mode = settings.gdn_decode_discard_l2
+    return DECODE_DISCARD_L2 if mode == "auto" else mode == "on"
+
+
+def discard_l2_refusal(inplace: bool, initial_state, K: int, BK: int, V: int, BV: int) -> Optional[str]:
+    """Why the discard_l2 variant cannot run this call (None: it can). Every line it discards must then be
+    overwritten whole by the same program: the state updated in place, blocks of whole 128-byte lines (V a multiple
+    of BV, rows of whole lines, a 128-byte-aligned pool), and the GPU (inline PTX; the interpreter has no L2)."""
+    from linattn.runtime.settings import settings
+    if settings.interpret or initial_state is None or not initial_state.is_cuda:
+        return "needs a CUDA device (inline PTX discard.global.L2), not the interpreter"
+    es = initial_state.element_size()
+    if not inplace:
+        return "only for the state updated in place (inplace=True)"
+    if K > BK or V % BV or (BV * es) % 128 or (V * es) % 128 or initial_state.data_ptr() % 128:
+        return (f"needs blocks of whole 128-byte lines: V % BV == 0, BV and V rows of multiples of 128 bytes and a "
+                f"128-byte-aligned pool (K={K}, BK={BK}, V={V}, BV={BV}, {es}-byte state)")
+    if not initial_state.is_contiguous():
+        return "needs a contiguous pool"
+    return None
 
 
 # Variants whose results equal the default's to rounding but not bit for bit (they sum over K in another order)
 PERSISTENT_REORDERING = frozenset({"kwarp"})
+# Variants that run on a GPU only (inline PTX): their checks are the sm_90a AOT tests and the GPU gate
+PERSISTENT_GPU_ONLY = frozenset({"discard_l2"})
 
 
 def kwarp_flags(BK: int, BV: int, num_warps: int, state_elem_bytes: int) -> dict:
@@ -602,6 +674,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             BV, num_warps = chosen[:2]
             persistent, programs, variant = chosen[2:4], chosen[4], chosen[5]
             n_tiles = N * HV * triton.cdiv(V, BV)
+            if _discard_l2_default() and discard_l2_refusal(inplace, initial_state, K, BK, V, BV) is None:
+                variant = variant + "+discard_l2"
     num_slots = initial_state.shape[0] if state_indices is not None else 0
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
@@ -611,6 +685,10 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             stages, per_sm = persistent
             grid = (min(n_tiles, programs or per_sm * num_sms),)
             vflags = persistent_variant_flags(variant)
+            if vflags["DISCARD_L2"]:
+                why = discard_l2_refusal(inplace, initial_state, K, BK, V, BV)
+                if why:
+                    raise ValueError(f"decode variant discard_l2: {why}")
             if vflags["KWARP"]:
                 vflags.update(kwarp_flags(BK, BV, num_warps, torch.empty((), dtype=state_dtype).element_size()))
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
@@ -706,6 +784,9 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_split_tail",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+split_tail")),
+                       # discard_l2 on the serving default (round 29)
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_discard_l2",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+discard_l2")),
                        ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
                         dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),

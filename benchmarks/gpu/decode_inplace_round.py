@@ -1,0 +1,219 @@
+"""Round 29 (issue 6): where the in-place pool loses against an out-of-place final state, and the discard_l2
+variant. `python benchmarks/gpu/decode_inplace_round.py --out DIR` writes DIR/decode_inplace.json.
+
+Round 22 (OPT_LOG 22.2) measured the batch-256 fp32 decode at 281.6 / 282.0 us with the pool updated in place and
+275.7 / 276.4 us with the same pool read and a new final state written: the in-place write-back costs ~2%, the
+difference between 89.8% of the copy bandwidth and the 90% target. Here, at H = HV = 32, K = V = 128, T = 1, bf16
+q/k/v, the bench's layout (two pools of 256 slots each, the live slots in a random order):
+
+1. `equal`: the discard_l2 variant (fused_recurrent.py: each block's L2 lines discarded between its read and its
+   in-place write-back) against the default on the same inputs, H32/HV32 and H16/HV32, a pool of 2N + 3 slots with
+   every 4th row padded and one index past the pool: o and every slot bit for bit, unused slots untouched, and
+   against the fp64 reference. NaN-poisoned outputs.
+2. `timing`: CUDA-graph timing (two calls per replay on the two pools, as `linattn bench`), each row alternated
+   three times: the default in place, discard_l2, the default at exactly 256 programs (64 tiles each: no last
+   round), pool read with a new final state (out of place); and the same bytes moved by torch: a 512 MiB copy into
+   another buffer, a 512 MiB in-place scale (x.mul_), and the bench's 1 GiB eager copy (the ceiling).
+3. `--ncu-child`: one call of each decode mode and of the two torch kernels, for `ncu --metrics` (run_round.sh
+   step `ncu_decode`): DRAM and L2 bytes, so that the in-place penalty shows as extra bytes or as the same bytes
+   moved slower.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference  # noqa: E402
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd  # noqa: E402
+from linattn.runtime.alloc import poisoned_allocations  # noqa: E402
+from linattn.testing import TOL, make_gdn_inputs, rel_rms  # noqa: E402
+
+B, H, HV, K, V = 256, 32, 32, 128, 128
+DEFAULT = (64, 4, 3, 2, None, "prefetch_qk")
+CONFIGS = {"default": DEFAULT, "discard_l2": (64, 4, 3, 2, None, "prefetch_qk+discard_l2"),
+           "programs256": (64, 4, 3, 2, 256, "prefetch_qk")}
+EQUAL_HEADS = ((32, 32), (16, 32))                  # (H, HV) of the equality cases
+DEV = "cuda"                                      # a CPU dry run of the logic sets "cpu" (and small sizes) from outside
+START = time.time()
+
+
+def _inputs(n, h, hv, seed):
+    torch.manual_seed(seed)
+    x = make_gdn_inputs(n, 1, h, hv, K, V, dtype=torch.bfloat16, device=DEV, initial_state=False)
+    del x["initial_state"]
+    return x
+
+
+def _call(x, pool, idx, cfg, inplace=True, out=None, final_out=None):
+    o, ht = fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, None, None,
+                                    False, False, not inplace, inplace, config=cfg, out=out, final_out=final_out)
+    return o, ht
+
+
+def equal() -> dict:
+    cases = []
+    for h, hv in EQUAL_HEADS:
+        n = B
+        x = _inputs(n, h, hv, seed=h)
+        slots = 2 * n + 3
+        pool0 = torch.randn(slots, hv, K, V, device=DEV) * 0.5
+        idx = torch.randperm(slots, device=DEV)[:n].to(torch.int32)
+        idx[3::4] = -1
+        idx[5] = slots                                 # past the pool: a padded row (no read, no write)
+        res = {}
+        for name in ("default", "discard_l2"):
+            pool = pool0.clone()
+            with poisoned_allocations():
+                o, _ = _call(x, pool, idx, CONFIGS[name])
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+            res[name] = (o, pool)
+        live = idx[(idx >= 0) & (idx < slots)].long()
+        unused = torch.ones(slots, dtype=torch.bool, device=DEV)
+        unused[live] = False
+        f64 = {k: (t.double() if t.is_floating_point() else t) for k, t in x.items()}
+        ref_pool = pool0.double()
+        # the reference with the out-of-range row padded, as the kernel treats it
+        ridx = idx.long().clone()
+        ridx[ridx >= slots] = -1
+        ro, _ = fused_recurrent_reference(**f64, initial_state=ref_pool, state_indices=ridx, inplace=True)
+        o_d, p_d = res["discard_l2"]
+        o_0, p_0 = res["default"]
+        pad = (ridx < 0).nonzero().flatten()
+        case = dict(H=h, HV=hv, N=n, slots=slots,
+                    o_bit_equal=bool(torch.equal(o_d, o_0)), pool_bit_equal=bool(torch.equal(p_d, p_0)),
+                    unused_untouched=bool(torch.equal(p_d[unused], pool0[unused])),
+                    pad_rows_zero=bool((o_d[pad] == 0).all()),
+                    rel_rms_o=rel_rms(o_d[ridx >= 0], ro[ridx >= 0]), rel_rms_state=rel_rms(p_d[live], ref_pool[live]))
+        case["status"] = "pass" if (case["o_bit_equal"] and case["pool_bit_equal"] and case["unused_untouched"]
+                                    and case["pad_rows_zero"] and case["rel_rms_o"] <= TOL[torch.bfloat16]
+                                    and case["rel_rms_state"] <= TOL[torch.float32]) else "FAIL"
+        cases.append(case)
+    return dict(cases=cases, all_pass=all(c["status"] == "pass" for c in cases))
+
+
+def _time_graph(fns, replays=20) -> float:
+    """All fns in one CUDA graph; median ms per fn over `replays` replays (decode_gate.py's method)."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        graph.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for a, b in ev:
+        a.record()
+        graph.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) / len(fns)
+
+
+def _bench_sets(n_sets=2):
+    """The bench's layout: per set, inputs of B sequences and a pool of B slots in a random order."""
+    sets = []
+    for i in range(n_sets):
+        x = _inputs(B, H, HV, seed=100 + i)
+        pool = torch.randn(B, HV, K, V, device="cuda") * 0.5
+        idx = torch.randperm(B, device="cuda").to(torch.int32)
+        sets.append(dict(x=x, pool=pool, idx=idx, ht=torch.empty(B, HV, K, V, device="cuda")))
+    return sets
+
+
+def timing() -> dict:
+    from linattn.bench.timing import measure_ceilings
+    sets = _bench_sets()
+    state_bytes = 2 * B * HV * K * V * 4
+    fns = {name: [lambda s=s, c=cfg: _call(s["x"], s["pool"], s["idx"], c) for s in sets]
+           for name, cfg in CONFIGS.items()}
+    fns["pool_out"] = [lambda s=s: _call(s["x"], s["pool"], s["idx"], DEFAULT, inplace=False, final_out=s["ht"])
+                       for s in sets]
+    half = B * HV * K * V                              # 512 MiB of fp32: the state bytes read (and written) per call
+    src = [torch.randn(half, device="cuda") for _ in range(2)]
+    dst = [torch.empty_like(t) for t in src]
+    fns["torch_copy_512m"] = [lambda a=a, b=b: b.copy_(a) for a, b in zip(src, dst)]
+    fns["torch_mul_inplace_512m"] = [lambda a=a: a.mul_(0.9990234375) for a in src]
+    rows = []
+    for rep in range(3):
+        for name, f in fns.items():
+            if time.time() - START > 150:
+                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
+                continue
+            ms = _time_graph(f)
+            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    c = measure_ceilings("cuda")
+    copy_tb_s = c["copy_gbps"] / 1e3
+    for r in rows:
+        if "us" in r:
+            r["of_copy_bw"] = r["tb_s"] / copy_tb_s
+    med = {}
+    for name in fns:
+        us = [r["us"] for r in rows if r["mode"] == name and "us" in r]
+        if us:
+            med[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us),
+                             of_copy_bw=state_bytes / (statistics.median(us) * 1e-6) / 1e12 / copy_tb_s)
+    return dict(copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s, how=c["how"]), calls_per_replay=2, rows=rows,
+                summary=med, target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
+
+
+def ncu_child():
+    """One call of each mode (after a warm-up outside the profiled range), for ncu --profile-from-start off."""
+    sets = _bench_sets(1)
+    s = sets[0]
+    half = B * HV * K * V
+    a = torch.randn(half, device="cuda")
+    b = torch.empty_like(a)
+    work = [("default", lambda: _call(s["x"], s["pool"], s["idx"], DEFAULT)),
+            ("discard_l2", lambda: _call(s["x"], s["pool"], s["idx"], CONFIGS["discard_l2"])),
+            ("pool_out", lambda: _call(s["x"], s["pool"], s["idx"], DEFAULT, inplace=False, final_out=s["ht"])),
+            ("torch_copy_512m", lambda: b.copy_(a)), ("torch_mul_inplace_512m", lambda: a.mul_(0.9990234375))]
+    for _, f in work:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, f in work:
+        torch.cuda.nvtx.range_push(name)
+        f()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("order:", [n for n, _ in work])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="")
+    ap.add_argument("--ncu-child", action="store_true")
+    args = ap.parse_args()
+    if args.ncu_child:
+        ncu_child()
+        return
+    from common import round_result, run_sections
+    res = round_result("decode_inplace_round.py", "cuda")
+    run_sections(res, [("equal", equal), ("timing", timing)], os.path.join(args.out, "decode_inplace.json"))
+    eq = res.get("equal", {})
+    print("equal:", eq.get("all_pass"), [(c.get("H"), c.get("status"), c.get("rel_rms_o"), c.get("rel_rms_state"))
+                                         for c in eq.get("cases", [])])
+    t = res.get("timing", {})
+    print("copy:", t.get("copy"), "target us:", t.get("target_us"))
+    for name, m in t.get("summary", {}).items():
+        print(f"{name:24s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
+
+
+if __name__ == "__main__":
+    main()
