@@ -47,17 +47,21 @@ from linattn.testing import TOL, make_gdn_inputs, rel_rms  # noqa: E402
 B, H, HV, K, V = 256, 32, 32, 128, 128
 DEFAULT = (64, 4, 3, 2, None, "prefetch_qk")
 CONFIGS = {"default": DEFAULT, "discard_l2": (64, 4, 3, 2, None, "prefetch_qk+discard_l2"),
-           "programs256": (64, 4, 3, 2, 256, "prefetch_qk")}
-EQUAL_HEADS = ((32, 32), (16, 32))                  # (H, HV) of the equality cases
+           "programs256": (64, 4, 3, 2, 256, "prefetch_qk"), "store_first": (64, 4, 3, 2, None, "prefetch_qk+store_first")}
+EQUAL_HEADS = ((32, 32), (16, 32))
+PROBE_DELAYS = (16, 64)                           # the probe's dependent multiply-adds per element (module docstring, 3)
+AB = ("default", "store_first", "pool_out", "store_first_out")   # the `ab` section's decode modes                  # (H, HV) of the equality cases
 DEV = "cuda"                                      # a CPU dry run of the logic sets "cpu" (and small sizes) from outside
 START = time.time()
 
 
 @triton.jit(do_not_specialize=["n_tiles"])
 def stream_probe_kernel(src, dst, idx, n_tiles, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BV: tl.constexpr, NUM_STAGES: tl.constexpr, INPLACE: tl.constexpr):
+                        BV: tl.constexpr, NUM_STAGES: tl.constexpr, INPLACE: tl.constexpr, DELAY: tl.constexpr = 0):
     """The persistent decode kernel's walk and tile without the recurrence: block (slot idx[n], head, V-block) read
-    as a pipelined [K, BV] load, scaled, written back in place (or to row n of dst). A probe, not an op."""
+    as a pipelined [K, BV] load, scaled, written back in place (or to row n of dst). A probe, not an op. DELAY > 0
+    puts DELAY dependent multiply-adds per element between the tile's arrival and its store (compute time without
+    the decode's barriers; the scale then differs from the plain probe's, so only DELAY = 0 is checked)."""
     NV: tl.constexpr = V // BV
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, BV)
@@ -71,17 +75,19 @@ def stream_probe_kernel(src, dst, idx, n_tiles, HV: tl.constexpr, K: tl.constexp
         inner = o_k[:, None] * V + cols[None, :]
         x = tl.load(src + (slot * HV + hv) * K * V + inner)
         x = x * 0.9990234375
+        for _ in range(DELAY):
+            x = x * 0.9990234375 + 1e-30
         if INPLACE:
             tl.store(src + (slot * HV + hv) * K * V + inner, x)
         else:
             tl.store(dst + (n * HV + hv) * K * V + inner, x)
 
 
-def _probe(src, dst, idx, stages=3, per_sm=2, inplace=True, BV=64):
+def _probe(src, dst, idx, stages=3, per_sm=2, inplace=True, BV=64, delay=0):
     n_tiles = idx.shape[0] * HV * (V // BV)
     grid = (min(n_tiles, per_sm * torch.cuda.get_device_properties(0).multi_processor_count),)
     stream_probe_kernel[grid](src, dst, idx, n_tiles, HV=HV, K=K, V=V, BV=BV, NUM_STAGES=stages, INPLACE=inplace,
-                              num_warps=4, num_stages=1)
+                              DELAY=delay, num_warps=4, num_stages=1)
 
 
 def probe() -> dict:
@@ -108,6 +114,10 @@ def probe() -> dict:
                                        for s in sets],
         "torch_mul_inplace_512m": [lambda s=s: s["pool"].mul_(0.9990234375) for s in sets],
     }
+    for d in PROBE_DELAYS:
+        fns[f"probe_inplace_delay{d}"] = [lambda s=s, d=d: _probe(s["pool"], s["ht"], s["idx"], delay=d) for s in sets]
+        fns[f"probe_out_delay{d}"] = [lambda s=s, d=d: _probe(s["pool"], s["ht"], s["idx"], inplace=False, delay=d)
+                                      for s in sets]
     _warm_clocks()
     rows = []
     for rep in range(3):
@@ -119,6 +129,51 @@ def probe() -> dict:
             rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
     return dict(checks=dict(probe_out_equal=ok_out, probe_inplace_equal=ok_in), rows=rows,
                 summary=_summary(rows, fns, state_bytes))
+
+
+def ab() -> dict:
+    """store_first against the default, in place and out of place, alternated five times (round 29's third call);
+    store_first's o and pool against the default's on the bench's inputs (same math, another rounding of o) and its
+    pool against fp64."""
+    sets = _bench_sets()
+    state_bytes = 2 * B * HV * K * V * 4
+    s = sets[0]
+    p0 = s["pool"].clone()
+    o_a, _ = _call(s["x"], s["pool"], s["idx"], DEFAULT)
+    p_a = s["pool"].clone()
+    s["pool"].copy_(p0)
+    o_b, _ = _call(s["x"], s["pool"], s["idx"], CONFIGS["store_first"])
+    f64 = {k: (t.double() if t.is_floating_point() else t) for k, t in s["x"].items()}
+    ref_pool = p0.double()
+    ro, _ = fused_recurrent_reference(**f64, initial_state=ref_pool, state_indices=s["idx"].long(), inplace=True)
+    checks = dict(pool_bit_equal=bool(torch.equal(s["pool"], p_a)), o_rel_rms_vs_default=rel_rms(o_b, o_a),
+                  o_rel_rms_vs_fp64=rel_rms(o_b, ro), pool_rel_rms_vs_fp64=rel_rms(s["pool"], ref_pool),
+                  default_o_rel_rms_vs_fp64=rel_rms(o_a, ro))
+    checks["ok"] = (checks["o_rel_rms_vs_fp64"] <= TOL[torch.bfloat16] and checks["pool_rel_rms_vs_fp64"] <=
+                    TOL[torch.float32])
+    modes = {"default": lambda s: _call(s["x"], s["pool"], s["idx"], DEFAULT),
+             "store_first": lambda s: _call(s["x"], s["pool"], s["idx"], CONFIGS["store_first"]),
+             "pool_out": lambda s: _call(s["x"], s["pool"], s["idx"], DEFAULT, inplace=False, final_out=s["ht"]),
+             "store_first_out": lambda s: _call(s["x"], s["pool"], s["idx"], CONFIGS["store_first"], inplace=False,
+                                                final_out=s["ht"])}
+    fns = {m: [lambda s=s, f=modes[m]: f(s) for s in sets] for m in AB}
+    _warm_clocks()
+    rows = []
+    for rep in range(5):
+        for name, f in fns.items():
+            if time.time() - START > 220:
+                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
+                continue
+            ms = _time_graph(f)
+            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    from linattn.bench.timing import measure_ceilings
+    c = measure_ceilings("cuda")
+    copy_tb_s = c["copy_gbps"] / 1e3
+    summ = _summary(rows, fns, state_bytes)
+    for m in summ.values():
+        m["of_copy_bw"] = state_bytes / (m["median_us"] * 1e-6) / 1e12 / copy_tb_s
+    return dict(checks=checks, copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s), rows=rows, summary=summ,
+                target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
 
 
 def _warm_clocks(seconds=1.0):
@@ -302,7 +357,7 @@ def main():
         return
     from common import round_result, run_sections
     res = round_result("decode_inplace_round.py", "cuda")
-    sections = [("equal", equal), ("timing", timing), ("probe", probe)]
+    sections = [("equal", equal), ("timing", timing), ("probe", probe), ("ab", ab)]
     only = [n.strip() for n in os.environ.get("DECODE_INPLACE_SECTIONS", "").split(",") if n.strip()]
     if only:
         sections = [(n, f) for n, f in sections if n in only]
@@ -314,6 +369,10 @@ def main():
     print("copy:", t.get("copy"), "target us:", t.get("target_us"))
     for name, m in t.get("summary", {}).items():
         print(f"{name:24s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
+    a = res.get("ab", {})
+    print("ab checks:", a.get("checks"), a.get("error", ""), "target us:", a.get("target_us"))
+    for name, m in a.get("summary", {}).items():
+        print(f"{name:28s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
     pr = res.get("probe", {})
     print("probe checks:", pr.get("checks"), pr.get("error", ""))
     for name, m in pr.get("summary", {}).items():

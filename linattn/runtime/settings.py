@@ -125,10 +125,10 @@ LINATTN_GDN_GLUON_GF_STATE_T "1" (opt-in, round 28): with two state partitions, 
                    transposed (chunk_fused_gf._gf_state_t: each partition holds S^T, x^T and d * vnew^T are wgmma A
                    operands from registers instead of round trips through shared memory, the gates staged in shared
                    memory by the producer warp).
-LINATTN_GDN_DECODE_DISCARD_L2 "1" / "0": with / without the discard_l2 variant in the persistent decode kernel's
-                   default config (fused_recurrent.py: each state block's L2 lines dropped by discard.global.L2
-                   between its read and its in-place write-back; GPU only, in place, whole 128-byte lines; round 29);
-                   unset: fused_recurrent.DECODE_DISCARD_L2.
+LINATTN_GDN_DECODE_VARIANT "+"-joined opt-in variants of the persistent decode kernel (fused_recurrent.py
+                   PERSISTENT_VARIANTS) added to its default config where that config runs, e.g. "store_first" or
+                   "discard_l2" (round 29; discard_l2 only where it can run: in place, on a GPU, whole 128-byte
+                   lines); unset: fused_recurrent.DECODE_EXTRA_VARIANT ("").
 LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
                    batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
                    CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
@@ -370,9 +370,10 @@ class _Settings:
         return _on_off_auto("LINATTN_GDN_GLUON_GF_RELEASE_FENCE")
 
     @property
-    def gdn_decode_discard_l2(self) -> str:
-        """"on", "off" (LINATTN_GDN_DECODE_DISCARD_L2 set) or "auto" (unset: fused_recurrent.DECODE_DISCARD_L2)."""
-        return _on_off_auto("LINATTN_GDN_DECODE_DISCARD_L2")
+    def gdn_decode_variant(self):
+        """LINATTN_GDN_DECODE_VARIANT's "+"-joined variant names, or None when unset."""
+        value = os.environ.get("LINATTN_GDN_DECODE_VARIANT")
+        return None if value is None else value.strip()
 
     @property
     def gdn_gluon_gf_state_t(self) -> bool:

@@ -36,10 +36,11 @@ def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl
 
 
 @triton.jit
-def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
-                  USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
-    """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row)."""
+def _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale,
+                       USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+    """The token's inputs as the recurrence uses them (q, k normalised if asked, q scaled, beta and the gate
+    formed) and the decayed state exp(g) S: (state, q, k, beta)."""
     if QK_L2NORM:
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
@@ -54,6 +55,16 @@ def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
             # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
             b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
         b_h = b_h * tl.exp(b_g)                         # S <- exp(g_t) S
+    return b_h, b_q, b_k, b_beta
+
+
+@triton.jit
+def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
+                  USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+    """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row)."""
+    b_h, b_q, b_k, b_beta = _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
     # Both reductions read the decayed state, so they are independent and can overlap:
     #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
     b_kS = tl.sum(b_h * b_k[:, None], 0)
@@ -342,7 +353,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     INDEXED: tl.constexpr, NUM_STAGES: tl.constexpr,
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
-    SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False,
+    SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False, STORE_FIRST: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -465,12 +476,24 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                 # beta came with the state (one wait per tile): a NaN beta skips the discards, which is harmless
                 _discard_state_lines(h0, slot, (valid & (b_beta == b_beta)).to(tl.int32), i_hv, i_v, HV, K, V, BK,
                                      BV)
-            b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                     HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+            if STORE_FIRST:
+                # the new state first, then o = S'^T q from it (the same o as S^T q + u (k . q), rounded otherwise):
+                # the block's stores issue before the second reduction over K instead of after both
+                b_h, b_qs, b_ks, b_bs = _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale, USE_G,
+                                                           FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+                b_u = b_bs * (b_v - tl.sum(b_h * b_ks[:, None], 0))
+                b_h = b_h + b_ks[:, None] * b_u[None, :]
+                if STORE_HT:
+                    _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK,
+                                 INPLACE, INDEXED, STORE_CACHE)
+                b_o = tl.sum(b_h * b_qs[:, None], 0)
+            else:
+                b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                         HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
             if INDEXED:
                 b_o = tl.where(valid, b_o, 0.0)
             tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
-            if STORE_HT:
+            if STORE_HT and not STORE_FIRST:
                 _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
                              INDEXED, STORE_CACHE)
         if PREFETCH_QK:
@@ -500,9 +523,10 @@ PERSISTENT_VARIANTS = {
     #                                                        2x as many half tiles (benchmarks/DECODE_TAIL.md)
     "discard_l2": dict(DISCARD_L2=True),                   # the block's L2 lines discarded between its read and its
     #                                                        in-place write-back (GPU only: inline PTX)
+    "store_first": dict(STORE_FIRST=True),                 # the new state stored before o's reduction, o = S'^T q
 }
 PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False,
-                           DISCARD_L2=False)
+                           DISCARD_L2=False, STORE_FIRST=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -516,19 +540,21 @@ def persistent_variant_flags(variant: Optional[str]) -> dict:
         raise ValueError("decode variant kwarp loads q and k itself (as cp.async copies); drop prefetch_qk")
     if flags["KWARP"] and flags["SPLIT_TAIL"]:
         raise ValueError("decode variant split_tail is written for the default tile, not kwarp's")
+    if flags["STORE_FIRST"] and flags["KWARP"]:
+        raise ValueError("decode variant store_first is written for the default tile, not kwarp's")
     if flags["DISCARD_L2"] and (flags["KWARP"] or flags["SPLIT_TAIL"]):
         raise ValueError("decode variant discard_l2 is written for the default tile, not kwarp's or split_tail's")
     return flags
 
 
-# Whether the default persistent config adds discard_l2 where it can run (LINATTN_GDN_DECODE_DISCARD_L2 overrides)
-DECODE_DISCARD_L2 = False
+# Opt-in variants the default persistent config adds ("+"-joined; LINATTN_GDN_DECODE_VARIANT overrides)
+DECODE_EXTRA_VARIANT = ""
 
 
-def _discard_l2_default() -> bool:
+def _extra_variant() -> str:
     from linattn.runtime.settings import settings
-    mode = settings.gdn_decode_discard_l2
-    return DECODE_DISCARD_L2 if mode == "auto" else mode == "on"
+    value = settings.gdn_decode_variant
+    return DECODE_EXTRA_VARIANT if value is None else value
 
 
 def discard_l2_refusal(inplace: bool, initial_state, K: int, BK: int, V: int, BV: int) -> Optional[str]:
@@ -550,7 +576,7 @@ def discard_l2_refusal(inplace: bool, initial_state, K: int, BK: int, V: int, BV
 
 
 # Variants whose results equal the default's to rounding but not bit for bit (they sum over K in another order)
-PERSISTENT_REORDERING = frozenset({"kwarp"})
+PERSISTENT_REORDERING = frozenset({"kwarp", "store_first"})
 # Variants that run on a GPU only (inline PTX): their checks are the sm_90a AOT tests and the GPU gate
 PERSISTENT_GPU_ONLY = frozenset({"discard_l2"})
 
@@ -674,8 +700,10 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             BV, num_warps = chosen[:2]
             persistent, programs, variant = chosen[2:4], chosen[4], chosen[5]
             n_tiles = N * HV * triton.cdiv(V, BV)
-            if _discard_l2_default() and discard_l2_refusal(inplace, initial_state, K, BK, V, BV) is None:
-                variant = variant + "+discard_l2"
+            for extra in filter(None, _extra_variant().split("+")):
+                if extra == "discard_l2" and discard_l2_refusal(inplace, initial_state, K, BK, V, BV) is not None:
+                    continue
+                variant = variant + "+" + extra
     num_slots = initial_state.shape[0] if state_indices is not None else 0
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
@@ -784,9 +812,11 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_split_tail",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+split_tail")),
-                       # discard_l2 on the serving default (round 29)
+                       # discard_l2 and store_first on the serving default (round 29)
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_discard_l2",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+discard_l2")),
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_store_first",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+store_first")),
                        ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
                         dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
