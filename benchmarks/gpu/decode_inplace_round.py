@@ -49,7 +49,8 @@ DEFAULT = (64, 4, 3, 2, None, "prefetch_qk")
 CONFIGS = {"default": DEFAULT, "discard_l2": (64, 4, 3, 2, None, "prefetch_qk+discard_l2"),
            "programs256": (64, 4, 3, 2, 256, "prefetch_qk"), "store_first": (64, 4, 3, 2, None, "prefetch_qk+store_first")}
 EQUAL_HEADS = ((32, 32), (16, 32))
-PROBE_DELAYS = (16, 64)                           # the probe's dependent multiply-adds per element (module docstring, 3)
+# the probe's dependent multiply-adds per element between a tile's arrival and its store (module docstring, 3)
+PROBE_DELAYS = tuple(int(d) for d in os.environ.get("PROBE_DELAYS", "16,64").split(",") if d)
 AB = ("default", "store_first", "pool_out", "store_first_out")   # the `ab` section's decode modes                  # (H, HV) of the equality cases
 DEV = "cuda"                                      # a CPU dry run of the logic sets "cpu" (and small sizes) from outside
 START = time.time()
@@ -114,6 +115,11 @@ def probe() -> dict:
                                        for s in sets],
         "torch_mul_inplace_512m": [lambda s=s: s["pool"].mul_(0.9990234375) for s in sets],
     }
+    for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(";")):
+        name, cfg = spec.split("=")
+        bv, st, psm = (int(v) for v in cfg.split(":"))
+        fns[name] = [lambda s=s, bv=bv, st=st, psm=psm: _probe(s["pool"], s["ht"], s["idx"], stages=st, per_sm=psm,
+                                                               BV=bv) for s in sets]
     for d in PROBE_DELAYS:
         fns[f"probe_inplace_delay{d}"] = [lambda s=s, d=d: _probe(s["pool"], s["ht"], s["idx"], delay=d) for s in sets]
         fns[f"probe_out_delay{d}"] = [lambda s=s, d=d: _probe(s["pool"], s["ht"], s["idx"], inplace=False, delay=d)
@@ -131,6 +137,18 @@ def probe() -> dict:
                 summary=_summary(rows, fns, state_bytes))
 
 
+def _extra_configs() -> dict:
+    """DECODE_AB_CONFIGS="name=BV:warps:stages:per_sm[:programs[:variant]];...": launch configs the `ab` section
+    times in place beside its modes (variant default "prefetch_qk")."""
+    out = {}
+    for spec in filter(None, os.environ.get("DECODE_AB_CONFIGS", "").split(";")):
+        name, cfg = spec.split("=")
+        f = cfg.split(":")
+        out[name] = (int(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]) if len(f) > 4 and f[4] else None,
+                     f[5] if len(f) > 5 else "prefetch_qk")
+    return out
+
+
 def ab() -> dict:
     """store_first against the default, in place and out of place, alternated five times (round 29's third call);
     store_first's o and pool against the default's on the bench's inputs (same math, another rounding of o) and its
@@ -139,6 +157,7 @@ def ab() -> dict:
     state_bytes = 2 * B * HV * K * V * 4
     s = sets[0]
     p0 = s["pool"].clone()
+    extra = _extra_configs()
     o_a, _ = _call(s["x"], s["pool"], s["idx"], DEFAULT)
     p_a = s["pool"].clone()
     s["pool"].copy_(p0)
@@ -151,12 +170,19 @@ def ab() -> dict:
                   default_o_rel_rms_vs_fp64=rel_rms(o_a, ro))
     checks["ok"] = (checks["o_rel_rms_vs_fp64"] <= TOL[torch.bfloat16] and checks["pool_rel_rms_vs_fp64"] <=
                     TOL[torch.float32])
+    for name, c in extra.items():              # each extra config's o and pool against the default's (same math)
+        s["pool"].copy_(p0)
+        o_c, _ = _call(s["x"], s["pool"], s["idx"], c)
+        checks[name] = dict(o_rel_rms_vs_default=rel_rms(o_c, o_a), pool_rel_rms_vs_default=rel_rms(s["pool"], p_a))
     modes = {"default": lambda s: _call(s["x"], s["pool"], s["idx"], DEFAULT),
              "store_first": lambda s: _call(s["x"], s["pool"], s["idx"], CONFIGS["store_first"]),
              "pool_out": lambda s: _call(s["x"], s["pool"], s["idx"], DEFAULT, inplace=False, final_out=s["ht"]),
              "store_first_out": lambda s: _call(s["x"], s["pool"], s["idx"], CONFIGS["store_first"], inplace=False,
                                                 final_out=s["ht"])}
-    fns = {m: [lambda s=s, f=modes[m]: f(s) for s in sets] for m in AB}
+    for name, c in extra.items():
+        modes[name] = lambda s, c=c: _call(s["x"], s["pool"], s["idx"], c)
+    names = [m for m in os.environ.get("DECODE_AB_MODES", ",".join(AB)).split(",") if m in modes] + list(extra)
+    fns = {m: [lambda s=s, f=modes[m]: f(s) for s in sets] for m in names}
     _warm_clocks()
     rows = []
     for rep in range(5):
