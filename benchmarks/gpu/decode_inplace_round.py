@@ -202,6 +202,33 @@ def ab() -> dict:
                 target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
 
 
+def paired() -> dict:
+    """The ratio's noise (round 29): `linattn bench` measures the copy once at the start of a run; this section
+    alternates the bench's copy measurement (measure_ceilings: 1 GiB eager copy, median of 10) with the decode row
+    (the default in place, graph, median of 20 replays of two calls) PAIRED_REPS times and records each pair's
+    ratio, so the spread of the copy within a run, of the decode, and of their ratio are measured, not assumed."""
+    from linattn.bench.timing import measure_ceilings
+    sets = _bench_sets()
+    state_bytes = 2 * B * HV * K * V * 4
+    fns = [lambda s=s: _call(s["x"], s["pool"], s["idx"], DEFAULT) for s in sets]
+    _warm_clocks()
+    pairs = []
+    for rep in range(int(os.environ.get("PAIRED_REPS", "8"))):
+        if time.time() - START > 200:
+            break
+        c = measure_ceilings("cuda")
+        us = _time_graph(fns) * 1e3
+        copy_tb_s = c["copy_gbps"] / 1e3
+        pairs.append(dict(rep=rep, copy_ms=c["copy_ms"], copy_tb_s=copy_tb_s, decode_us=us,
+                          of_copy_bw=state_bytes / (us * 1e-6) / 1e12 / copy_tb_s))
+    r = [p["of_copy_bw"] for p in pairs]
+    cp = [p["copy_tb_s"] for p in pairs]
+    du = [p["decode_us"] for p in pairs]
+    return dict(pairs=pairs, median_of_copy_bw=statistics.median(r), min_of_copy_bw=min(r), max_of_copy_bw=max(r),
+                copy_tb_s_median=statistics.median(cp), copy_tb_s_range=[min(cp), max(cp)],
+                decode_us_median=statistics.median(du), decode_us_range=[min(du), max(du)])
+
+
 def _warm_clocks(seconds=1.0):
     """Busy the GPU for about a second before timing: round 29's first call timed its first row at 308.5 us against
     281.2-281.7 for the same row later (the SM clock ramping up from idle)."""
@@ -383,7 +410,7 @@ def main():
         return
     from common import round_result, run_sections
     res = round_result("decode_inplace_round.py", "cuda")
-    sections = [("equal", equal), ("timing", timing), ("probe", probe), ("ab", ab)]
+    sections = [("equal", equal), ("timing", timing), ("probe", probe), ("ab", ab), ("paired", paired)]
     only = [n.strip() for n in os.environ.get("DECODE_INPLACE_SECTIONS", "").split(",") if n.strip()]
     if only:
         sections = [(n, f) for n, f in sections if n in only]
@@ -399,6 +426,11 @@ def main():
     print("ab checks:", a.get("checks"), a.get("error", ""), "target us:", a.get("target_us"))
     for name, m in a.get("summary", {}).items():
         print(f"{name:28s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
+    pa = res.get("paired", {})
+    if pa:
+        print("paired:", {k: v for k, v in pa.items() if k != "pairs"})
+        for p in pa.get("pairs", []):
+            print(f"  copy {p['copy_tb_s']:.4f} TB/s  decode {p['decode_us']:.1f} us  {100 * p['of_copy_bw']:.2f}% of copy")
     pr = res.get("probe", {})
     print("probe checks:", pr.get("checks"), pr.get("error", ""))
     for name, m in pr.get("summary", {}).items():
