@@ -41,8 +41,10 @@ from linattn.testing import TOL, rel_rms  # noqa: E402
 K = V = 128
 START = time.time()
 CFG = dict(dev="cuda", backend="gluon", batches=(1, 32, 256), bench_batches=(1, 32, 256), H=32, HV=32, sweep_B=256)
-SWEEP = {torch.float32: [(64, 4, 3, 2), (64, 4, 2, 3), (32, 4, 3, 4), (64, 4, 3, 1)],
-         torch.bfloat16: [(64, 4, 3, 3), (128, 4, 3, 2), (64, 4, 2, 3), (64, 4, 3, 2)]}
+SWEEP = {torch.float32: [(64, 4, 3, 2), (64, 4, 3, 2, True), (64, 4, 2, 3, True), (64, 4, 2, 3), (32, 4, 3, 4),
+                         (64, 4, 3, 2, True)],
+         torch.bfloat16: [(64, 4, 3, 2), (64, 4, 3, 2, True), (64, 4, 2, 3, True), (64, 4, 3, 3)]}
+# a 5th element True: REG_STORE (round 29: the state stored from registers, the slot refilled before the arithmetic)
 
 
 def _sync():
@@ -216,7 +218,8 @@ def sweep() -> dict:
         want_pool = pool0.clone()
         want_o, _ = decode(**x, initial_state=want_pool, state_indices=idx0, inplace=True, backend="triton")
         for cfg in configs:
-            row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], stages=cfg[2], per_sm=cfg[3])
+            row = dict(B=B, state=str(sd)[6:], BV=cfg[0], num_warps=cfg[1], stages=cfg[2], per_sm=cfg[3],
+                       reg_store=bool(cfg[4]) if len(cfg) > 4 else False)
             try:
                 p = pool0.clone()
                 o = decode_gluon(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, p, idx0, config=cfg)
@@ -245,7 +248,8 @@ def dry_sweep() -> dict:
         for cfg in configs:
             _, grid, args, kw, _, n_tiles = decode_launch(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.1, pool, idx,
                                                           config=cfg, num_sms=132)
-            _, sig, const, _ = aot_build({torch.float32: "fp32", torch.bfloat16: "bf16"}[sd], cfg[0], cfg[1], cfg[2])
+            _, sig, const, _ = aot_build({torch.float32: "fp32", torch.bfloat16: "bf16"}[sd], cfg[0], cfg[1], cfg[2],
+                                         reg_store=bool(cfg[4]) if len(cfg) > 4 else False)
             want = [t for n, t in sig.items() if t != "constexpr" or const.get(n, 0) is None]
             got = [mangle_type(a) for a in args]
             rows.append(dict(state=str(sd)[6:], config=cfg, grid=grid, n_tiles=n_tiles, signature_ok=got == want))

@@ -129,6 +129,9 @@ LINATTN_GDN_DECODE_VARIANT "+"-joined opt-in variants of the persistent decode k
                    PERSISTENT_VARIANTS) added to its default config where that config runs, e.g. "store_first" or
                    "discard_l2" (round 29; discard_l2 only where it can run: in place, on a GPU, whole 128-byte
                    lines); unset: fused_recurrent.DECODE_EXTRA_VARIANT ("").
+LINATTN_GDN_GLUON_DECODE_REG_STORE "1" (opt-in, round 29): the Gluon decode stores the new state from registers
+                   by plain 16-byte stores instead of a TMA store from its ring slot, and refills the slot as soon as
+                   the tile is in registers (gluon/decode.py REG_STORE); default off.
 LINATTN_GDN_GLUON_GF_SEGMENTS unset (default since round 23): the gluon forward cuts each sequence of a fixed-length
                    batch whose sequence-heads leave SMs idle into as many segments as one wave of gate-free BV=128
                    CTAs holds (chunk_fused_gf.gf_segment_plan: B1 HV32 on 132 SMs, 4 segments; none shorter than 16
@@ -368,6 +371,10 @@ class _Settings:
     def gdn_gluon_gf_release_fence(self) -> str:
         """"on", "off" (LINATTN_GDN_GLUON_GF_RELEASE_FENCE set) or "auto" (unset: chunk_fused_gf.GF_RELEASE_FENCE)."""
         return _on_off_auto("LINATTN_GDN_GLUON_GF_RELEASE_FENCE")
+
+    @property
+    def gdn_gluon_decode_reg_store(self) -> bool:
+        return _flag("LINATTN_GDN_GLUON_DECODE_REG_STORE")
 
     @property
     def gdn_decode_variant(self):

@@ -76,7 +76,7 @@ for _v, _dt, _bv, _w, _s in CONFIGS:
 # Appended by the decode engineer; the configs are gluon/decode.py's AOT_CONFIGS (the launcher's defaults and
 # the GPU round's sweep), at H=32 (16 for the GVA + fused-gate case), HV=32, K=V=128, pool in place.
 DECODE_INTENDED = ("UTMALDG", "UTMASTG", "SYNCS")
-DECODE_DIV16 = ("q", "k", "v", "g", "beta", "o", "state_indices")
+DECODE_DIV16 = ("pool", "q", "k", "v", "g", "beta", "o", "state_indices")
 DECODE_CONFIGS = [  # (name, state, BV, warps, stages, H, fused); keep equal to gluon/decode.py AOT_CONFIGS
     ("fp32_bv64_w4_s3", "fp32", 64, 4, 3, 32, False),
     ("fp32_bv64_w4_s2", "fp32", 64, 4, 2, 32, False),
@@ -84,21 +84,25 @@ DECODE_CONFIGS = [  # (name, state, BV, warps, stages, H, fused); keep equal to 
     ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False),
     ("bf16_bv128_w4_s3", "bf16", 128, 4, 3, 32, False),
     ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True),
+    ("fp32_bv64_w4_s3_reg", "fp32", 64, 4, 3, 32, False),       # REG_STORE (name suffix "_reg"), round 29
 ]
 
 
-def _build_decode(state: str, BV: int, warps: int, stages: int, H: int, fused: bool):
+def _build_decode(state: str, BV: int, warps: int, stages: int, H: int, fused: bool, reg_store: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.decode import aot_build
-        return aot_build(state, BV, warps, stages, H, fused)
+        return aot_build(state, BV, warps, stages, H, fused, reg_store)
     return build
 
 
 for _n, _st, _bv, _w, _s, _h, _f in DECODE_CONFIGS:
+    _reg = _n.endswith("_reg")             # REG_STORE: plain stores from registers, no TMA store
     register(AotKernel(
-        f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f), DECODE_INTENDED, div16=DECODE_DIV16,
+        f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f, _reg),
+        ("UTMALDG", "SYNCS") if _reg else DECODE_INTENDED, div16=DECODE_DIV16,
         description=f"GDN decode step (T=1), Gluon TMA ring, {_st} pool in place, BV={_bv}, {_w} warps, "
-                    f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")))
+                    f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")
+                    + (", state stored from registers (REG_STORE)" if _reg else "")))
 
 
 # ---- The Triton forward's stage kernels (triton/forward.py) and the opt-in fused stage 3+4 (triton/chunk_fused_fwd.py),

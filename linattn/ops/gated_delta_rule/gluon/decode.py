@@ -82,13 +82,19 @@ if GLUON_OK:
     @gluon.jit(do_not_specialize=["num_slots", "n_tiles"])
     def gdn_decode_gluon_kernel(
         desc,                                   # TMA over the pool [num_slots * HV * K, V], box [K, BV]
+        pool,                                   # the pool itself (REG_STORE's plain stores)
         q, k, v, g, beta, A_log, dt_bias, o, state_indices,
         scale, num_slots, n_tiles,
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
         USE_G: gl.constexpr, FUSED_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, BETA_SIGMOID: gl.constexpr,
-        INDEXED: gl.constexpr, STAGES: gl.constexpr,
+        INDEXED: gl.constexpr, STAGES: gl.constexpr, REG_STORE: gl.constexpr = False,
     ):
+        """REG_STORE (round 29, opt-in): the new state goes back from registers by plain 16-byte stores instead of
+        through its ring slot and a TMA store, so a slot is free as soon as its tile is in registers: tile i + STAGES
+        is issued into it right after the read (fence_async_shared, thread_barrier), before tile i's arithmetic,
+        and STAGES tiles (not STAGES - 1) are in flight while a tile is computed; no TMA store, no store_wait."""
         NW: gl.constexpr = gl.num_warps()
+        FAR: gl.constexpr = STAGES if REG_STORE else STAGES - 1   # local tiles ahead of the current one in flight
         NV: gl.constexpr = V // BV
         dt: gl.constexpr = desc.dtype
         L: gl.constexpr = state_reg_layout(BV, dt.primitive_bitwidth, NW)
@@ -106,13 +112,13 @@ if GLUON_OK:
             mbarrier.init(ready.index(s0), count=1)
         fence_async_shared()
 
-        # prologue: local tiles 0 .. STAGES-2
-        for j0 in gl.static_range(STAGES - 1):
+        # prologue: local tiles 0 .. FAR-1
+        for j0 in gl.static_range(FAR):
             t0 = (pid + j0 * G).to(gl.int64)
             idx0 = _tile_slot(state_indices, gl.minimum(t0, n_tiles - 1), num_slots, HV, NV, INDEXED)
             _issue(desc, ring, ready, j0, n_my, idx0, t0, num_slots, HV, K, BV, NV, STAGES)
-        # slot index of the first refill (local tile STAGES - 1), loaded ahead
-        t_far = (pid + (STAGES - 1) * G).to(gl.int64)
+        # slot index of the first refill (local tile FAR), loaded ahead
+        t_far = (pid + FAR * G).to(gl.int64)
         idx_far = _tile_slot(state_indices, gl.minimum(t_far, n_tiles - 1), num_slots, HV, NV, INDEXED)
 
         ok = gl.arange(0, K, layout=LK)
@@ -150,8 +156,8 @@ if GLUON_OK:
             if USE_G:
                 ng = gl.load(g + n_n * HV + hv_n, mask=mn, other=0.)
             idx_n = _tile_slot(state_indices, tn_c, num_slots, HV, NV, INDEXED)
-            # slot index of local tile i + STAGES, used by the next iteration's refill
-            t_far_n = (pid + (i + STAGES) * G).to(gl.int64)
+            # slot index of local tile i + 1 + FAR, used by the next iteration's refill
+            t_far_n = (pid + (i + 1 + FAR) * G).to(gl.int64)
             idx_far_n = _tile_slot(state_indices, gl.minimum(t_far_n, n_tiles - 1), num_slots, HV, NV, INDEXED)
 
             # ---- the current tile
@@ -160,6 +166,13 @@ if GLUON_OK:
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             b_h = ring.index(s).load(L).to(gl.float32)
             b_h = gl.where(live, b_h, 0.0)               # padded row: nothing was loaded; keep garbage out
+            if REG_STORE:
+                # the tile is in registers: every warp's read of slot s before the async-proxy write to come, then
+                # refill slot s with local tile i + STAGES, ahead of this tile's arithmetic
+                fence_async_shared()
+                gl.thread_barrier()
+                _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
+                       num_slots, HV, K, BV, NV, STAGES)
             # _decode_token (QK_L2NORM=False)
             bq = b_q * scale
             bb = b_beta
@@ -180,19 +193,24 @@ if GLUON_OK:
             b_h = b_h + gl.expand_dims(b_k, 1) * gl.expand_dims(u, 0)
             b_o = gl.where(live, b_o, 0.0)
             gl.store(o + (n_c * HV + hv_c) * V + vb_c * BV + ov, b_o.to(o.dtype.element_ty))
-            if live:
-                ring.index(s).store(b_h.to(dt))
-                fence_async_shared()
-                row = ((idx_c * HV + hv_c) * K).to(gl.int32)
-                tma_store(desc, [row, (vb_c * BV).to(gl.int32)], ring.index(s))
-                tma_store_wait(1)                        # tile i-1's store has read its buffer
+            if REG_STORE:
+                if live:
+                    base = pool + (idx_c * HV + hv_c) * (K * V) + vb_c * BV       # int64 scalar offset
+                    gl.store(base + (gl.expand_dims(ok, 1) * V + gl.expand_dims(ov, 0)), b_h.to(dt))
             else:
-                tma_store_wait(0)
-            fence_async_shared()                         # this thread's generic reads/writes of the ring
-            gl.thread_barrier()                          # ... and everybody's, before the refill is issued
-            # ---- refill slot (i - 1) % STAGES with local tile i + STAGES - 1
-            _issue(desc, ring, ready, i + STAGES - 1, n_my, idx_far, (pid + (i + STAGES - 1) * G).to(gl.int64),
-                   num_slots, HV, K, BV, NV, STAGES)
+                if live:
+                    ring.index(s).store(b_h.to(dt))
+                    fence_async_shared()
+                    row = ((idx_c * HV + hv_c) * K).to(gl.int32)
+                    tma_store(desc, [row, (vb_c * BV).to(gl.int32)], ring.index(s))
+                    tma_store_wait(1)                        # tile i-1's store has read its buffer
+                else:
+                    tma_store_wait(0)
+                fence_async_shared()                         # this thread's generic reads/writes of the ring
+                gl.thread_barrier()                          # ... and everybody's, before the refill is issued
+                # ---- refill slot (i - 1) % STAGES with local tile i + STAGES - 1
+                _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
+                       num_slots, HV, K, BV, NV, STAGES)
 
             # ---- rotate the prefetched values
             idx_far = idx_far_n
@@ -250,7 +268,13 @@ def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indi
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = state_indices.shape[0] if state_indices is not None else B
-    BV, warps, stages, per_sm = config or DEFAULT_CONFIGS[pool.dtype]
+    cfg = tuple(config or DEFAULT_CONFIGS[pool.dtype])
+    BV, warps, stages, per_sm = cfg[:4]
+    if len(cfg) > 4:                                         # a 5th element: REG_STORE (round 29, opt-in)
+        reg_store = bool(cfg[4])
+    else:
+        from linattn.runtime.settings import settings
+        reg_store = settings.gdn_gluon_decode_reg_store
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = None if g is None else g.contiguous()
     if out is None:
@@ -261,11 +285,11 @@ def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indi
         num_sms = device_facts(q.device).num_sms
     n_tiles = N * HV * (V // BV)
     grid = (max(1, min(n_tiles, per_sm * num_sms)),)
-    args = (make_descriptor(pool, BV), q, k, v, g, beta, A_log, dt_bias, out, state_indices, float(scale),
+    args = (make_descriptor(pool, BV), pool, q, k, v, g, beta, A_log, dt_bias, out, state_indices, float(scale),
             pool.shape[0], n_tiles)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BV=BV, USE_G=g is not None, FUSED_GATE=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None, BETA_SIGMOID=bool(beta_sigmoid),
-                  INDEXED=state_indices is not None, STAGES=stages, num_warps=warps)
+                  INDEXED=state_indices is not None, STAGES=stages, REG_STORE=reg_store, num_warps=warps)
     return gdn_decode_gluon_kernel, grid, args, kwargs, out, n_tiles
 
 
@@ -359,6 +383,7 @@ AOT_CONFIGS = [  # (name, state, BV, warps, stages, H, fused)
     ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False),
     ("bf16_bv128_w4_s3", "bf16", 128, 4, 3, 32, False),
     ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True),
+    ("fp32_bv64_w4_s3_reg", "fp32", 64, 4, 3, 32, False),       # REG_STORE (name suffix "_reg"), round 29
 ]
 
 
@@ -368,18 +393,19 @@ def desc_sig(state: str, BV: int, K: int = 128) -> str:
     return f"tensordesc<{state}[{K}, {BV}],{layout!r}>"
 
 
-def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False):
+def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False,
+              reg_store: bool = False):
     """(fn, signature, constexprs, options) of one config, as the JIT sees decode_launch's call (bf16 q/k/v/o,
     fp32 g/beta, int32 indices)."""
-    sig = dict(desc=desc_sig(state, BV), q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
+    sig = dict(desc=desc_sig(state, BV), pool=f"*{state}", q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
                A_log="*fp32" if fused else "constexpr", dt_bias="*fp32" if fused else "constexpr", o="*bf16",
                state_indices="*i32", scale="fp32", num_slots="i32", n_tiles="i32")
     const = dict(H=H, HV=32, K=128, V=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
-                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages)
+                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages, REG_STORE=reg_store)
     constexprs = {n: None for n, t in sig.items() if t == "constexpr"}
     constexprs.update(const)
     sig.update({n: "constexpr" for n in const})
     return gdn_decode_gluon_kernel, sig, constexprs, dict(num_warps=warps)
 
 
-AOT_DIV16 = ("q", "k", "v", "g", "beta", "o", "state_indices")
+AOT_DIV16 = ("pool", "q", "k", "v", "g", "beta", "o", "state_indices")
