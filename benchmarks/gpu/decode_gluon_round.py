@@ -45,6 +45,8 @@ SWEEP = {torch.float32: [(64, 4, 3, 2), (64, 4, 3, 2, True), (64, 4, 2, 3, True)
                          (64, 4, 3, 2, True)],
          torch.bfloat16: [(64, 4, 3, 2), (64, 4, 3, 2, True), (64, 4, 2, 3, True), (64, 4, 3, 3)]}
 # a 5th element True: REG_STORE (round 29: the state stored from registers, the slot refilled before the arithmetic)
+if os.environ.get("DECODE_GLUON_AB_REG") == "1":   # round 29's A/B: the default config with and without it, 4x each
+    SWEEP = {sd: [(64, 4, 3, 2), (64, 4, 3, 2, True)] * 4 for sd in (torch.bfloat16, torch.float32)}
 
 
 def _sync():
@@ -270,6 +272,9 @@ def main():
     res = dict(environment=dg.environment(False), dry_run=args.dry_run)
     sections = [("gate", gate), ("sweep_launch_args", dry_sweep)] if args.dry_run else \
         [("gate", gate), ("bench", bench), ("sweep", sweep)]
+    only = [n.strip() for n in os.environ.get("DECODE_GLUON_SECTIONS", "").split(",") if n.strip()]
+    if only:                                   # e.g. DECODE_GLUON_SECTIONS=sweep with DECODE_GLUON_AB_REG=1
+        sections = [(n, f) for n, f in sections if n in only]
     from common import run_sections
     run_sections(res, sections, os.path.join(args.out, "decode_gluon.json"))
     _print(res)
