@@ -93,3 +93,31 @@ def test_aot_state_stores_before_the_second_reduction():
         assert r.regs <= 255 and r.spill_bytes == 0
     sf, base = counts.values()
     assert sf >= base + 3, counts
+
+
+@interpreter
+def test_environment_switch_adds_variants_to_the_default_config(monkeypatch):
+    """LINATTN_GDN_DECODE_VARIANT adds opt-in variants to the default persistent config (here store_first: state
+    bit-equal, o within rounding, not bit-equal); discard_l2, which cannot run off a GPU, is left out silently, so
+    the call equals the default's bit for bit; an unknown name fails with the known ones listed."""
+    from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_persistent_config
+    N, H, HV, K, V = 4, 2, 8, 32, 128                  # N * HV * V/64 = 64 tiles >= 32 per "SM" of this host (2)
+    assert decode_persistent_config(N, HV, K, V, 1, False, torch.float32, 2) is not None
+    x = make_gdn_inputs(N, 1, H, HV, K, V, dtype=torch.float32, initial_state=False)
+    del x["initial_state"]
+    pool0 = torch.randn(N + 2, HV, K, V)
+    idx = torch.tensor([5, 0, -1, 2])
+    res = {}
+    for name, env in (("default", None), ("store_first", "store_first"), ("discard", "discard_l2")):
+        if env is None:
+            monkeypatch.delenv("LINATTN_GDN_DECODE_VARIANT", raising=False)
+        else:
+            monkeypatch.setenv("LINATTN_GDN_DECODE_VARIANT", env)
+        pool = pool0.clone()
+        res[name] = (_call(x, pool, idx, None, True), pool)
+    (o0, p0), (o1, p1), (o2, p2) = res["default"], res["store_first"], res["discard"]
+    assert torch.equal(p1, p0) and not torch.equal(o1, o0) and rel_rms(o1, o0) < 1e-5
+    assert torch.equal(o2, o0) and torch.equal(p2, p0)
+    monkeypatch.setenv("LINATTN_GDN_DECODE_VARIANT", "nope")
+    with pytest.raises(ValueError, match="unknown persistent decode variant"):
+        _call(x, pool0.clone(), idx, None, True)
