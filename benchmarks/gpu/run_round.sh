@@ -162,6 +162,22 @@ for step in "$@"; do
               echo "ncu_decode fabric exit $?"; tail -3 "$OUT/ncu_decode_fabric.err"
               "$NCU" --query-metrics --chip gh100 2>&1 | grep -E "^(lts__t_sectors_srcunit|lts__t_sectors_op|ltcfabric|dram__bytes|lts__t_requests_srcunit)" > "$OUT/ncu_metric_names.txt"
             fi ;;
+    ncu_src_decode) # where the warps of the persistent decode kernel wait, per SASS instruction: the first matching
+            # launch of decode_inplace_round.py --ncu-child (the default, pool in place, batch 256); ncu_source.py
+            # summarizes it (PACK=1: 3 files)
+            NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            if [ -z "$NCU" ]; then echo "ncu not found"; else
+              rep="$OUT/ncusrc_decode_default"
+              timeout 200 "$NCU" --clock-control none --profile-from-start off -k "regex:fused_recurrent_gdn_fwd_persistent" \
+                --launch-count 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$rep" -f \
+                python3 benchmarks/gpu/decode_inplace_round.py --ncu-child > "$rep.log" 2>&1
+              echo "ncu_src_decode profile exit $?"; tail -3 "$rep.log"
+              "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_sass.csv" 2> "${rep}_sass.err"
+              echo "ncu_src_decode source page exit $? ($(wc -c < "${rep}_sass.csv") bytes)"
+              "$NCU" -i "$rep.ncu-rep" --page details --csv > "${rep}_details.csv" 2> /dev/null
+              [ "$(wc -c < "${rep}_sass.csv")" -gt 1000 ] && rm -f "$rep.ncu-rep" "$rep.log"
+              python3 benchmarks/gpu/ncu_source.py --out "$OUT" "${rep}_sass.csv"
+            fi ;;
     ncu_src) # where the warps wait, per SASS instruction, in the kernels matching NCU_KERNEL (default: the fused
             # forward kernel) of one forward per case: SourceCounters + WarpStateStats into a report, exported as the
             # source page (SASS) and the raw page; benchmarks/gpu/ncu_source.py summarizes the SASS CSV. 4 files per
