@@ -429,7 +429,7 @@ def _register_decode_persistent():
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs
     for spec in decode_specs() + decode_specs(variants=True):
         if spec.name in ("gdn_decode_persistent_fp32_bv64_w4_s2", "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk") \
-                or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first")):
+                or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first", "_prefetch_qk_early")):
             register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
 
 

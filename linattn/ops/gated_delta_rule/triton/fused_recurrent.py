@@ -354,6 +354,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
     SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False, STORE_FIRST: tl.constexpr = False,
+    QK_EARLY: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -460,6 +461,20 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             if PREFETCH_QK:
                 b_q = nxt_q.to(tl.float32)
                 b_k = nxt_k.to(tl.float32)
+                if QK_EARLY:
+                    # prefetch_qk_early: the next tile's q, k issued here, before this tile's arithmetic and
+                    # stores, instead of after them (round 29's ncu source view: 24.5% of the samples waited on
+                    # those loads at the next tile's start)
+                    t1e = t + step
+                    j1e = t1e
+                    if SPLIT_TAIL:
+                        j1e = j + step
+                        t1e, _, _ = _split_tail_item(j1e, main_end, tail_base, tail_mul, n_main)
+                    i_h1e = ((t1e // NV) % HV) // (HV // H)
+                    i_n1e = (t1e // NV) // HV
+                    mask_1e = mask_k & (j1e < last)
+                    nxt_q = tl.load(q + (i_n1e * H + i_h1e) * K + o_k, mask=mask_1e, other=0.0)
+                    nxt_k = tl.load(k + (i_n1e * H + i_h1e) * K + o_k, mask=mask_1e, other=0.0)
             else:
                 b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
                 b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -496,7 +511,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             if STORE_HT and not STORE_FIRST:
                 _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
                              INDEXED, STORE_CACHE)
-        if PREFETCH_QK:
+        if PREFETCH_QK and not QK_EARLY:
             # the next tile's q, k rows (masked past the last tile): their latency overlaps the wait for its state
             t1 = t + step
             j1 = t1
@@ -524,11 +539,13 @@ PERSISTENT_VARIANTS = {
     "discard_l2": dict(DISCARD_L2=True),                   # the block's L2 lines discarded between its read and its
     #                                                        in-place write-back (GPU only: inline PTX); round 29 on an
     #                                                        H200: 290.5 us against 281.7 for the default (OPT_LOG 29.1)
+    "prefetch_qk_early": dict(PREFETCH_QK=True, QK_EARLY=True),  # the next tile's q, k issued at the current tile's
+    #                                                        start, not after its stores (round 29's ncu source view)
     "store_first": dict(STORE_FIRST=True),                 # the new state stored before o's reduction, o = S'^T q;
     #                                                        round 29: 283.2 against 282.7 us (OPT_LOG 29.3)
 }
 PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False,
-                           DISCARD_L2=False, STORE_FIRST=False)
+                           DISCARD_L2=False, STORE_FIRST=False, QK_EARLY=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -819,6 +836,8 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+discard_l2")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_store_first",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+store_first")),
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_early",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk_early")),
                        ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
                         dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
