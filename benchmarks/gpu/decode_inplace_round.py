@@ -221,6 +221,8 @@ def paired() -> dict:
         copy_tb_s = c["copy_gbps"] / 1e3
         pairs.append(dict(rep=rep, copy_ms=c["copy_ms"], copy_tb_s=copy_tb_s, decode_us=us,
                           of_copy_bw=state_bytes / (us * 1e-6) / 1e12 / copy_tb_s))
+    if not pairs:
+        return dict(pairs=[], skipped="PAIRED_REPS=0 or no time left")
     r = [p["of_copy_bw"] for p in pairs]
     cp = [p["copy_tb_s"] for p in pairs]
     du = [p["decode_us"] for p in pairs]

@@ -540,7 +540,8 @@ PERSISTENT_VARIANTS = {
     #                                                        in-place write-back (GPU only: inline PTX); round 29 on an
     #                                                        H200: 290.5 us against 281.7 for the default (OPT_LOG 29.1)
     "prefetch_qk_early": dict(PREFETCH_QK=True, QK_EARLY=True),  # the next tile's q, k issued at the current tile's
-    #                                                        start, not after its stores (round 29's ncu source view)
+    #                                                        start, not after its stores (round 29's ncu source view);
+    #                                                        round 29: 281.7 against 280.7 us (OPT_LOG 29.8)
     "store_first": dict(STORE_FIRST=True),                 # the new state stored before o's reduction, o = S'^T q;
     #                                                        round 29: 283.2 against 282.7 us (OPT_LOG 29.3)
 }
