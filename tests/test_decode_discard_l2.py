@@ -11,6 +11,7 @@ import torch
 
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_GPU_ONLY, discard_l2_refusal,
                                                                  fused_recurrent_gdn_fwd, persistent_variant_flags)
+from decode_aot import tile_loop_lines                                   # tests/ is on sys.path
 from linattn.runtime.aot import kernel_asm
 from linattn.testing import make_gdn_inputs
 
@@ -41,16 +42,6 @@ def test_launcher_refuses_it_off_the_gpu():
                                 False, False, True, config=(32, 1, 2, 1, None, "prefetch_qk+discard_l2"))
 
 
-def _loop(sass: str):
-    """The tile loop's lines: from the label of the longest backward branch to that branch."""
-    lines = sass.splitlines()
-    labels = {l.strip().rstrip(":"): i for i, l in enumerate(lines) if re.match(r"^\.?L\w+:$", l.strip())}
-    back = [(labels[m[1]], i) for i, l in enumerate(lines) for m in [re.search(r"BRA (\.?L\w+)", l)]
-            if m and m[1] in labels and labels[m[1]] < i]
-    s, e = max(back, key=lambda b: b[1] - b[0])
-    return lines[s:e + 1]
-
-
 @pytest.fixture(scope="module")
 def sass():
     return {n: kernel_asm(n, "sass") for n in (BUILD, DEFAULT)}
@@ -62,7 +53,7 @@ def test_aot_discards_sit_between_the_wait_and_a_barrier_before_the_stores(sass)
     it, and after the read of beta from shared memory, whose value predicates them; a CTA barrier separates the last
     discard from the first state store, so no thread's discard can land after another thread's store to the same
     line. The pipeliner still pipelines the loop (16-byte cp.async state copies, LDGSTS.E.BYPASS.128)."""
-    loop = _loop(sass[BUILD])
+    loop = tile_loop_lines(sass[BUILD])
     idx = lambda pat: [i for i, l in enumerate(loop) if re.search(pat, l)]  # noqa: E731
     cctl, wait, bars = idx(r"CCTL\.E\.RML2"), idx(r"DEPBAR\.LE"), idx(r"BAR\.SYNC")
     stores = idx(r"STG\.E\.128")

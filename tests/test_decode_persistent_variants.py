@@ -18,7 +18,8 @@ from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_GPU_
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_
 
 # bit-exact variants only; kwarp (another summation order) has its own tests in test_decode_kwarp.py; discard_l2
-# (inline PTX, GPU only) is checked below ahead of time and by the GPU gate (benchmarks/gpu/decode_inplace_round.py)
+# (inline PTX, GPU only) is checked ahead of time in test_decode_discard_l2.py and by the GPU gate
+# (benchmarks/gpu/decode_inplace_round.py)
 EXACT = sorted(set(PERSISTENT_VARIANTS) - PERSISTENT_REORDERING - PERSISTENT_GPU_ONLY)
 VARIANTS = EXACT + ["+".join(EXACT)]
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

@@ -4,7 +4,6 @@ rounded otherwise). On the CPU under TRITON_INTERPRET=1: the state equal to the 
 the same arithmetic), o within fp32 rounding of the default's, both against fp64, in place and out of place, padded
 and out-of-range rows; ahead of time for sm_90a: the state stores before the second reduction's CTA barriers."""
 import os
-import re
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_REORDERING, fused_recurrent_gdn_fwd,
                                                                  persistent_variant_flags)
+from decode_aot import tile_loop_lines                                   # tests/ is on sys.path
 from linattn.runtime.aot import kernel_asm
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, rel_rms
 
@@ -69,15 +69,6 @@ def test_store_first_matches_default_and_fp64(inplace, gate, programs):
         assert_close("pool", p_b.double(), ref_pool, TOL[torch.float32])
 
 
-def _loop(sass: str):
-    lines = sass.splitlines()
-    labels = {l.strip().rstrip(":"): i for i, l in enumerate(lines) if re.match(r"^\.?L\w+:$", l.strip())}
-    back = [(labels[m[1]], i) for i, l in enumerate(lines) for m in [re.search(r"BRA (\.?L\w+)", l)]
-            if m and m[1] in labels and labels[m[1]] < i]
-    s, e = max(back, key=lambda b: b[1] - b[0])
-    return lines[s:e + 1]
-
-
 def test_aot_state_stores_before_the_second_reduction():
     """sm_90a: in the tile loop the 16 state stores (STG.E.128) come before more of the CTA barriers than in the
     default (the second reduction over K now follows them), and the build keeps 2 programs per SM, no spill."""
@@ -85,7 +76,7 @@ def test_aot_state_stores_before_the_second_reduction():
     counts = {}
     for n in ("gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk_store_first",
               "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk"):
-        loop = _loop(kernel_asm(n, "sass"))
+        loop = tile_loop_lines(kernel_asm(n, "sass"))
         st = [i for i, l in enumerate(loop) if "STG.E.128" in l]
         assert len(st) == 16
         counts[n] = sum(1 for i, l in enumerate(loop) if "BAR.SYNC" in l and i > max(st))

@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from decode_gate import _time_graph  # noqa: E402  (all fns in one CUDA graph, median ms per fn: the bench's method)
 from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference  # noqa: E402
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd  # noqa: E402
 from linattn.runtime.alloc import poisoned_allocations  # noqa: E402
@@ -125,14 +126,7 @@ def probe() -> dict:
         fns[f"probe_out_delay{d}"] = [lambda s=s, d=d: _probe(s["pool"], s["ht"], s["idx"], inplace=False, delay=d)
                                       for s in sets]
     _warm_clocks()
-    rows = []
-    for rep in range(3):
-        for name, f in fns.items():
-            if time.time() - START > 200:
-                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
-                continue
-            ms = _time_graph(f)
-            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    rows = _alternate(fns, 3, state_bytes, 200)
     return dict(checks=dict(probe_out_equal=ok_out, probe_inplace_equal=ok_in), rows=rows,
                 summary=_summary(rows, fns, state_bytes))
 
@@ -184,20 +178,11 @@ def ab() -> dict:
     names = [m for m in os.environ.get("DECODE_AB_MODES", ",".join(AB)).split(",") if m in modes] + list(extra)
     fns = {m: [lambda s=s, f=modes[m]: f(s) for s in sets] for m in names}
     _warm_clocks()
-    rows = []
-    for rep in range(5):
-        for name, f in fns.items():
-            if time.time() - START > 220:
-                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
-                continue
-            ms = _time_graph(f)
-            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    rows = _alternate(fns, 5, state_bytes, 220)
     from linattn.bench.timing import measure_ceilings
     c = measure_ceilings("cuda")
     copy_tb_s = c["copy_gbps"] / 1e3
-    summ = _summary(rows, fns, state_bytes)
-    for m in summ.values():
-        m["of_copy_bw"] = state_bytes / (m["median_us"] * 1e-6) / 1e12 / copy_tb_s
+    summ = _summary(rows, fns, state_bytes, copy_tb_s)
     return dict(checks=checks, copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s), rows=rows, summary=summ,
                 target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
 
@@ -243,12 +228,29 @@ def _warm_clocks(seconds=1.0):
         torch.cuda.synchronize()
 
 
-def _summary(rows, fns, state_bytes):
+def _alternate(fns: dict, reps: int, state_bytes: int, budget_s: float) -> list:
+    """Each fns entry timed in turn (graph, _time_graph), the whole round repeated `reps` times so that drift shows;
+    rows past `budget_s` since the script's start are recorded as skipped."""
+    rows = []
+    for rep in range(reps):
+        for name, f in fns.items():
+            if time.time() - START > budget_s:
+                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
+                continue
+            ms = _time_graph(f)
+            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    return rows
+
+
+def _summary(rows, fns, state_bytes, copy_tb_s=None):
+    """Median / min / max us per mode; with the copy bandwidth, the median's share of it."""
     med = {}
     for name in fns:
         us = [r["us"] for r in rows if r["mode"] == name and "us" in r]
         if us:
             med[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
+            if copy_tb_s:
+                med[name]["of_copy_bw"] = state_bytes / (med[name]["median_us"] * 1e-6) / 1e12 / copy_tb_s
     return med
 
 
@@ -307,29 +309,6 @@ def equal() -> dict:
     return dict(cases=cases, all_pass=all(c["status"] == "pass" for c in cases))
 
 
-def _time_graph(fns, replays=20) -> float:
-    """All fns in one CUDA graph; median ms per fn over `replays` replays (decode_gate.py's method)."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s), torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(3):
-        graph.replay()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-    for a, b in ev:
-        a.record()
-        graph.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) / len(fns)
-
-
 def _bench_sets(n_sets=2):
     """The bench's layout: per set, inputs of B sequences and a pool of B slots in a random order."""
     sets = []
@@ -355,25 +334,13 @@ def timing() -> dict:
     fns["torch_copy_512m"] = [lambda a=a, b=b: b.copy_(a) for a, b in zip(src, dst)]
     fns["torch_mul_inplace_512m"] = [lambda a=a: a.mul_(0.9990234375) for a in src]
     _warm_clocks()
-    rows = []
-    for rep in range(3):
-        for name, f in fns.items():
-            if time.time() - START > 150:
-                rows.append(dict(mode=name, rep=rep, skipped="time budget"))
-                continue
-            ms = _time_graph(f)
-            rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=state_bytes / ms / 1e9))
+    rows = _alternate(fns, 3, state_bytes, 150)
     c = measure_ceilings("cuda")
     copy_tb_s = c["copy_gbps"] / 1e3
     for r in rows:
         if "us" in r:
             r["of_copy_bw"] = r["tb_s"] / copy_tb_s
-    med = {}
-    for name in fns:
-        us = [r["us"] for r in rows if r["mode"] == name and "us" in r]
-        if us:
-            med[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us),
-                             of_copy_bw=state_bytes / (statistics.median(us) * 1e-6) / 1e12 / copy_tb_s)
+    med = _summary(rows, fns, state_bytes, copy_tb_s)
     return dict(copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s, how=c["how"]), calls_per_replay=2, rows=rows,
                 summary=med, target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
 

@@ -419,11 +419,12 @@ for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
 
 # ---- GDN decode, Triton persistent kernel (triton/fused_recurrent.py): the batch-256 fp32 serving default (3 stages
 # since round 15; the 2-stage build of rounds 12-14 beside it) and its
-# opt-in `kwarp` variant (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md), `split_tail`
-# variant (the last round's tiles as half tiles; benchmarks/DECODE_TAIL.md) and `discard_l2` variant (round 29: the
-# block's L2 lines discarded before its in-place write-back), so that `linattn inspect` reports them side by side. Appended by the decode engineer; the specs are fused_recurrent's own
-# aot_specs, with the intended SASS narrowed to the 16-byte cp.async state copies (LDGSTS.E.BYPASS.128): the
-# registry counts only the SASS_FAMILIES opcodes, so STG.E.128 is checked by tests/test_decode_kwarp.py instead.
+# opt-in variants: `kwarp` (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md), `split_tail` (the
+# last round's tiles as half tiles; benchmarks/DECODE_TAIL.md), and round 29's `discard_l2`, `store_first` and
+# `prefetch_qk_early` (OPT_LOG 29.1, 29.3, 29.8), so that `linattn inspect` reports them side by side. Appended by the
+# decode engineer; the specs are fused_recurrent's own aot_specs, with the intended SASS narrowed to the 16-byte
+# cp.async state copies (LDGSTS.E.BYPASS.128): the registry counts only the SASS_FAMILIES opcodes, so STG.E.128 is
+# checked by tests/test_decode_kwarp.py instead.
 def _register_decode_persistent():
     import dataclasses
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs

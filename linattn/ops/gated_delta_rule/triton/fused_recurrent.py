@@ -342,6 +342,16 @@ def _split_tail_item(j, main_end, tail_base, tail_mul, n_main):
     return t, (h % 2) == 1, is_tail
 
 
+@triton.jit
+def _qk_rows(q, k, t, j, last, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, NV: tl.constexpr):
+    """prefetch_qk: the q and k rows of tile t (work item j; both masked off when j is past the program's last)."""
+    i_h = ((t // NV) % HV) // (HV // H)
+    i_n = (t // NV) // HV
+    m = mask_k & (j < last)
+    return (tl.load(q + (i_n * H + i_h) * K + o_k, mask=m, other=0.0),
+            tl.load(k + (i_n * H + i_h) * K + o_k, mask=m, other=0.0))
+
+
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
 def fused_recurrent_gdn_fwd_persistent_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
@@ -426,11 +436,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         if SPLIT_TAIL:
             t0, _, _ = _split_tail_item(first, main_end, tail_base, tail_mul, n_main)
             t0 = tl.full([], 0, tl.int64) + t0
-        i_h0 = ((t0 // NV) % HV) // (HV // H)
-        i_n0 = (t0 // NV) // HV
-        mask_0 = mask_k & (j0 < last)
-        nxt_q = tl.load(q + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
-        nxt_k = tl.load(k + (i_n0 * H + i_h0) * K + o_k, mask=mask_0, other=0.0)
+        nxt_q, nxt_k = _qk_rows(q, k, t0, j0, last, o_k, mask_k, H, HV, K, NV)
     for tile in tl.range(first, last, step, num_stages=NUM_STAGES):
         if SPLIT_TAIL:
             j = tile
@@ -470,11 +476,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                     if SPLIT_TAIL:
                         j1e = j + step
                         t1e, _, _ = _split_tail_item(j1e, main_end, tail_base, tail_mul, n_main)
-                    i_h1e = ((t1e // NV) % HV) // (HV // H)
-                    i_n1e = (t1e // NV) // HV
-                    mask_1e = mask_k & (j1e < last)
-                    nxt_q = tl.load(q + (i_n1e * H + i_h1e) * K + o_k, mask=mask_1e, other=0.0)
-                    nxt_k = tl.load(k + (i_n1e * H + i_h1e) * K + o_k, mask=mask_1e, other=0.0)
+                    nxt_q, nxt_k = _qk_rows(q, k, t1e, j1e, last, o_k, mask_k, H, HV, K, NV)
             else:
                 b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
                 b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -518,11 +520,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             if SPLIT_TAIL:
                 j1 = j + step
                 t1, _, _ = _split_tail_item(j1, main_end, tail_base, tail_mul, n_main)
-            i_h1 = ((t1 // NV) % HV) // (HV // H)
-            i_n1 = (t1 // NV) // HV
-            mask_1 = mask_k & (j1 < last)
-            nxt_q = tl.load(q + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
-            nxt_k = tl.load(k + (i_n1 * H + i_h1) * K + o_k, mask=mask_1, other=0.0)
+            nxt_q, nxt_k = _qk_rows(q, k, t1, j1, last, o_k, mask_k, H, HV, K, NV)
 
 
 # Opt-in variants of the persistent kernel (round 13 sweep candidates, not chosen by any heuristic): name ->
