@@ -76,6 +76,28 @@ def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
 
 
 @triton.jit
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _decode_token_fused_reduce(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
+                               USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                               BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+    """_decode_token with its three reductions over K (S^T k, S^T q and k . q) as one three-operand reduction:
+    one cross-warp exchange through shared memory instead of three (fused_reduce, opt-in). k . q enters as a
+    [BK, BV] broadcast whose columns are all equal; the state update is the same arithmetic as _decode_token's."""
+    b_h, b_q, b_k, b_beta = _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
+                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+    b_kS, b_qS, b_qk = tl.reduce((b_h * b_k[:, None], b_h * b_q[:, None],
+                                  tl.broadcast_to((b_q * b_k)[:, None], b_h.shape)), 0, _add3)
+    b_u = b_beta * (b_v - b_kS)
+    b_o = b_qS + b_qk * b_u
+    b_h = b_h + b_k[:, None] * b_u[None, :]
+    return b_h, b_o
+
+
+@triton.jit
 def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr,
                  col_keep=None):
@@ -136,6 +158,25 @@ def _discard_state_lines(h0, slot, live, i_hv, i_v, HV: tl.constexpr, K: tl.cons
     tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p discard.global.L2 [$1], 128;"
                               "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [(h0 + off).to(tl.int64), keep],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_o_asm(ptr, val, keep):
+    """o_asm (opt-in, GPU only): the output row stored by inline PTX, one st.global per element in whatever layout
+    `val` has (the reduction's: no layout conversion, so no shared-memory round trip and no CTA barriers for it).
+    Threads holding a replica of an element store the same value to the same address. keep: the store mask."""
+    BITS: tl.constexpr = val.dtype.primitive_bitwidth
+    if BITS == 16:
+        tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\t@p st.global.b16 [$1], $2;"
+                                  "\n\tmov.u32 $0, 0;\n\t}", "=r,l,h,r",
+                                  [ptr.to(tl.int64), val.to(tl.int16, bitcast=True), keep.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.static_assert(BITS == 32, "o_asm stores 16- or 32-bit outputs")
+        tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\t@p st.global.b32 [$1], $2;"
+                                  "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r,r",
+                                  [ptr.to(tl.int64), val.to(tl.int32, bitcast=True), keep.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -343,13 +384,22 @@ def _split_tail_item(j, main_end, tail_base, tail_mul, n_main):
 
 
 @triton.jit
-def _qk_rows(q, k, t, j, last, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, NV: tl.constexpr):
+def _qk_rows(q, k, t, j, last, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, NV: tl.constexpr,
+             QK_JOIN: tl.constexpr = False):
     """prefetch_qk: the q and k rows of tile t (work item j; both masked off when j is past the program's last)."""
     i_h = ((t // NV) % HV) // (HV // H)
     i_n = (t // NV) // HV
     m = mask_k & (j < last)
-    return (tl.load(q + (i_n * H + i_h) * K + o_k, mask=m, other=0.0),
-            tl.load(k + (i_n * H + i_h) * K + o_k, mask=m, other=0.0))
+    if QK_JOIN:
+        off = (i_n * H + i_h) * K + o_k
+        sel = (tl.arange(0, 2) == 0)[None, :]
+        ptr = tl.where(sel, (q + off)[:, None], (k + off)[:, None])
+        r_q = tl.load(ptr, mask=m[:, None] & (tl.arange(0, 2) < 2)[None, :], other=0.0)
+        r_k = r_q
+    else:
+        r_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=m, other=0.0)
+        r_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=m, other=0.0)
+    return r_q, r_k
 
 
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
@@ -364,7 +414,8 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     STORE_CACHE: tl.constexpr = "", PREFETCH_QK: tl.constexpr = False, CONTIGUOUS_TILES: tl.constexpr = False,
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
     SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False, STORE_FIRST: tl.constexpr = False,
-    QK_EARLY: tl.constexpr = False,
+    QK_EARLY: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, QK_JOIN: tl.constexpr = False,
+    O_ASM: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -436,7 +487,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         if SPLIT_TAIL:
             t0, _, _ = _split_tail_item(first, main_end, tail_base, tail_mul, n_main)
             t0 = tl.full([], 0, tl.int64) + t0
-        nxt_q, nxt_k = _qk_rows(q, k, t0, j0, last, o_k, mask_k, H, HV, K, NV)
+        nxt_q, nxt_k = _qk_rows(q, k, t0, j0, last, o_k, mask_k, H, HV, K, NV, QK_JOIN)
     for tile in tl.range(first, last, step, num_stages=NUM_STAGES):
         if SPLIT_TAIL:
             j = tile
@@ -465,8 +516,11 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             if SPLIT_TAIL:
                 mask_v = mask_v & col_keep
             if PREFETCH_QK:
-                b_q = nxt_q.to(tl.float32)
-                b_k = nxt_k.to(tl.float32)
+                if QK_JOIN:
+                    b_q, b_k = tl.split(nxt_q.to(tl.float32))
+                else:
+                    b_q = nxt_q.to(tl.float32)
+                    b_k = nxt_k.to(tl.float32)
                 if QK_EARLY:
                     # prefetch_qk_early: the next tile's q, k issued here, before this tile's arithmetic and
                     # stores, instead of after them (round 29's ncu source view: 24.5% of the samples waited on
@@ -476,7 +530,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                     if SPLIT_TAIL:
                         j1e = j + step
                         t1e, _, _ = _split_tail_item(j1e, main_end, tail_base, tail_mul, n_main)
-                    nxt_q, nxt_k = _qk_rows(q, k, t1e, j1e, last, o_k, mask_k, H, HV, K, NV)
+                    nxt_q, nxt_k = _qk_rows(q, k, t1e, j1e, last, o_k, mask_k, H, HV, K, NV, QK_JOIN)
             else:
                 b_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
                 b_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -504,12 +558,18 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
                     _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK,
                                  INPLACE, INDEXED, STORE_CACHE)
                 b_o = tl.sum(b_h * b_qs[:, None], 0)
+            elif FUSED_REDUCE:
+                b_h, b_o = _decode_token_fused_reduce(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G,
+                                                      FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
             else:
                 b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
                                          HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
             if INDEXED:
                 b_o = tl.where(valid, b_o, 0.0)
-            tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+            if O_ASM:
+                _store_o_asm(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask_v)
+            else:
+                tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
             if STORE_HT and not STORE_FIRST:
                 _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
                              INDEXED, STORE_CACHE)
@@ -520,7 +580,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
             if SPLIT_TAIL:
                 j1 = j + step
                 t1, _, _ = _split_tail_item(j1, main_end, tail_base, tail_mul, n_main)
-            nxt_q, nxt_k = _qk_rows(q, k, t1, j1, last, o_k, mask_k, H, HV, K, NV)
+            nxt_q, nxt_k = _qk_rows(q, k, t1, j1, last, o_k, mask_k, H, HV, K, NV, QK_JOIN)
 
 
 # Opt-in variants of the persistent kernel (round 13 sweep candidates, not chosen by any heuristic): name ->
@@ -542,9 +602,14 @@ PERSISTENT_VARIANTS = {
     #                                                        round 29: 281.7 against 280.7 us (OPT_LOG 29.8)
     "store_first": dict(STORE_FIRST=True),                 # the new state stored before o's reduction, o = S'^T q;
     #                                                        round 29: 283.2 against 282.7 us (OPT_LOG 29.3)
+    "qk_join": dict(PREFETCH_QK=True, QK_JOIN=True),
+    "o_asm": dict(O_ASM=True),
+    "fused_reduce": dict(FUSED_REDUCE=True),               # S^T k, S^T q and k . q as one three-operand reduction
+    #                                                        over K (one cross-warp exchange instead of three)
 }
 PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False,
-                           DISCARD_L2=False, STORE_FIRST=False, QK_EARLY=False)
+                           DISCARD_L2=False, STORE_FIRST=False, QK_EARLY=False,
+                           FUSED_REDUCE=False, QK_JOIN=False, O_ASM=False)
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -593,10 +658,18 @@ def discard_l2_refusal(inplace: bool, initial_state, K: int, BK: int, V: int, BV
     return None
 
 
+def o_asm_refusal(q) -> Optional[str]:
+    """Why the o_asm variant cannot run this call (None: it can): its store is inline PTX."""
+    from linattn.runtime.settings import settings
+    if settings.interpret or not q.is_cuda:
+        return "needs a CUDA device (inline PTX st.global), not the interpreter"
+    return None
+
+
 # Variants whose results equal the default's to rounding but not bit for bit (they sum over K in another order)
-PERSISTENT_REORDERING = frozenset({"kwarp", "store_first"})
+PERSISTENT_REORDERING = frozenset({"kwarp", "store_first", "fused_reduce"})
 # Variants that run on a GPU only (inline PTX): their checks are the sm_90a AOT tests and the GPU gate
-PERSISTENT_GPU_ONLY = frozenset({"discard_l2"})
+PERSISTENT_GPU_ONLY = frozenset({"discard_l2", "o_asm"})
 
 
 def kwarp_flags(BK: int, BV: int, num_warps: int, state_elem_bytes: int) -> dict:
@@ -721,6 +794,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             for extra in filter(None, _extra_variant().split("+")):
                 if extra == "discard_l2" and discard_l2_refusal(inplace, initial_state, K, BK, V, BV) is not None:
                     continue
+                if extra == "o_asm" and o_asm_refusal(q) is not None:
+                    continue
                 variant = variant + "+" + extra
     num_slots = initial_state.shape[0] if state_indices is not None else 0
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
@@ -735,6 +810,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                 why = discard_l2_refusal(inplace, initial_state, K, BK, V, BV)
                 if why:
                     raise ValueError(f"decode variant discard_l2: {why}")
+            if vflags["O_ASM"] and o_asm_refusal(q):
+                raise ValueError(f"decode variant o_asm: {o_asm_refusal(q)}")
             if vflags["KWARP"]:
                 vflags.update(kwarp_flags(BK, BV, num_warps, torch.empty((), dtype=state_dtype).element_size()))
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
@@ -837,6 +914,14 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+store_first")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_early",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk_early")),
+                       # fused_reduce on the serving default (round 30)
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce")),
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join",
+                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce+qk_join")),
+                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join_o_asm",
+                        dict(state="fp32", BV=64, warps=4, stages=3,
+                             variant="prefetch_qk+fused_reduce+qk_join+o_asm")),
                        ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
                         dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
