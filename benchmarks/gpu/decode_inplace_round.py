@@ -309,6 +309,64 @@ def equal() -> dict:
     return dict(cases=cases, all_pass=all(c["status"] == "pass" for c in cases))
 
 
+def _with_pdl(on: bool, f):
+    """f with LINATTN_GDN_DECODE_PDL set first (read by the launcher at each call, so also at graph capture)."""
+    def g():
+        os.environ["LINATTN_GDN_DECODE_PDL"] = "1" if on else "0"
+        return f()
+    return g
+
+
+def pdl() -> dict:
+    """Round 30: the decode kernels launched with programmatic dependent launch (the default where it exists) against
+    the same launches without it (LINATTN_GDN_DECODE_PDL=0), in place at batch 256 (the bench's layout, default
+    config), alternated five times: graphs of two calls per replay (the bench's method) and of eight (four per set),
+    whose difference separates the per-replay cost from the per-call one. o and pool with PDL bit-equal to those
+    without (same kernel code but the wait), and against fp64."""
+    from linattn.bench.timing import measure_ceilings
+    sets = _bench_sets()
+    state_bytes = 2 * B * HV * K * V * 4
+    s = sets[0]
+    p0 = s["pool"].clone()
+    saved = os.environ.get("LINATTN_GDN_DECODE_PDL")
+    try:
+        res = {}
+        for on in (False, True):
+            s["pool"].copy_(p0)
+            o, _ = _with_pdl(on, lambda: _call(s["x"], s["pool"], s["idx"], None))()
+            torch.cuda.synchronize()
+            res[on] = (o.clone(), s["pool"].clone())
+        from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_pdl
+        f64 = {k: (t.double() if t.is_floating_point() else t) for k, t in s["x"].items()}
+        ref_pool = p0.double()
+        ro, _ = fused_recurrent_reference(**f64, initial_state=ref_pool, state_indices=s["idx"].long(), inplace=True)
+        checks = dict(pdl_used=bool(decode_pdl(s["x"]["q"])),
+                      o_bit_equal=bool(torch.equal(res[True][0], res[False][0])),
+                      pool_bit_equal=bool(torch.equal(res[True][1], res[False][1])),
+                      o_rel_rms_vs_fp64=rel_rms(res[True][0], ro), pool_rel_rms_vs_fp64=rel_rms(res[True][1], ref_pool))
+        checks["ok"] = (checks["pdl_used"] and checks["o_bit_equal"] and checks["pool_bit_equal"]
+                        and checks["o_rel_rms_vs_fp64"] <= TOL[torch.bfloat16]
+                        and checks["pool_rel_rms_vs_fp64"] <= TOL[torch.float32])
+        fns = {}
+        for on in (True, False):
+            tag = "pdl" if on else "nopdl"
+            one = [_with_pdl(on, lambda s=s: _call(s["x"], s["pool"], s["idx"], None)) for s in sets]
+            fns[f"{tag}_2calls"] = one
+            fns[f"{tag}_8calls"] = one * 4
+        _warm_clocks()
+        rows = _alternate(fns, 5, state_bytes, 200)
+    finally:
+        if saved is None:
+            os.environ.pop("LINATTN_GDN_DECODE_PDL", None)
+        else:
+            os.environ["LINATTN_GDN_DECODE_PDL"] = saved
+    c = measure_ceilings("cuda")
+    copy_tb_s = c["copy_gbps"] / 1e3
+    summ = _summary(rows, fns, state_bytes, copy_tb_s)
+    return dict(checks=checks, copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s), rows=rows, summary=summ,
+                target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
+
+
 def _bench_sets(n_sets=2):
     """The bench's layout: per set, inputs of B sequences and a pool of B slots in a random order."""
     sets = []
@@ -379,7 +437,7 @@ def main():
         return
     from common import round_result, run_sections
     res = round_result("decode_inplace_round.py", "cuda")
-    sections = [("equal", equal), ("timing", timing), ("probe", probe), ("ab", ab), ("paired", paired)]
+    sections = [("equal", equal), ("timing", timing), ("probe", probe), ("ab", ab), ("paired", paired), ("pdl", pdl)]
     only = [n.strip() for n in os.environ.get("DECODE_INPLACE_SECTIONS", "").split(",") if n.strip()]
     if only:
         sections = [(n, f) for n, f in sections if n in only]
@@ -400,6 +458,11 @@ def main():
         print("paired:", {k: v for k, v in pa.items() if k != "pairs"})
         for p in pa.get("pairs", []):
             print(f"  copy {p['copy_tb_s']:.4f} TB/s  decode {p['decode_us']:.1f} us  {100 * p['of_copy_bw']:.2f}% of copy")
+    pd = res.get("pdl", {})
+    if pd:
+        print("pdl checks:", pd.get("checks"), pd.get("error", ""), "target us:", pd.get("target_us"))
+        for name, m in pd.get("summary", {}).items():
+            print(f"{name:28s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
     pr = res.get("probe", {})
     print("probe checks:", pr.get("checks"), pr.get("error", ""))
     for name, m in pr.get("summary", {}).items():

@@ -129,6 +129,10 @@ LINATTN_GDN_DECODE_VARIANT "+"-joined opt-in variants of the persistent decode k
                    PERSISTENT_VARIANTS) added to its default config where that config runs, e.g. "store_first" or
                    "discard_l2" (round 29; discard_l2 only where it can run: in place, on a GPU, whole 128-byte
                    lines); unset: fused_recurrent.DECODE_EXTRA_VARIANT ("").
+LINATTN_GDN_DECODE_PDL "0" launches the Triton decode kernels without programmatic dependent launch; default on
+                   where it exists (CUDA sm_90+, a Triton with gdc_wait and launch_pdl; fused_recurrent.pdl_refusal):
+                   each kernel waits (griddepcontrol.wait) for the stream's previous kernel before its first global
+                   access, so its launch overlaps that kernel's end (round 30).
 LINATTN_GDN_GLUON_DECODE_REG_STORE "1" (opt-in, round 29): the Gluon decode stores the new state from registers
                    by plain 16-byte stores instead of a TMA store from its ring slot, and refills the slot as soon as
                    the tile is in registers (gluon/decode.py REG_STORE); default off.
@@ -375,6 +379,11 @@ class _Settings:
     @property
     def gdn_gluon_decode_reg_store(self) -> bool:
         return _flag("LINATTN_GDN_GLUON_DECODE_REG_STORE")
+
+    @property
+    def gdn_decode_pdl(self) -> bool:
+        """LINATTN_GDN_DECODE_PDL: "0" launches the decode kernels without programmatic dependent launch."""
+        return os.environ.get("LINATTN_GDN_DECODE_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
 
     @property
     def gdn_decode_variant(self):

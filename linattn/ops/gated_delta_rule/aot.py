@@ -421,7 +421,7 @@ for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
 # since round 15; the 2-stage build of rounds 12-14 beside it) and its
 # opt-in variants: `kwarp` (K rows inside one warp, warps along V; benchmarks/DECODE_KWARP.md), `split_tail` (the
 # last round's tiles as half tiles; benchmarks/DECODE_TAIL.md), and round 29's `discard_l2`, `store_first` and
-# `prefetch_qk_early` (OPT_LOG 29.1, 29.3, 29.8), so that `linattn inspect` reports them side by side. Appended by the
+# `prefetch_qk_early` (OPT_LOG 29.1, 29.3, 29.8), round 30's `fused_reduce`, `qk_join`, `o_asm` and the PDL builds, so that `linattn inspect` reports them side by side. Appended by the
 # decode engineer; the specs are fused_recurrent's own aot_specs, with the intended SASS narrowed to the 16-byte
 # cp.async state copies (LDGSTS.E.BYPASS.128): the registry counts only the SASS_FAMILIES opcodes, so STG.E.128 is
 # checked by tests/test_decode_kwarp.py instead.
@@ -430,8 +430,12 @@ def _register_decode_persistent():
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs
     for spec in decode_specs() + decode_specs(variants=True):
         if spec.name in ("gdn_decode_persistent_fp32_bv64_w4_s2", "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk") \
-                or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first", "_prefetch_qk_early")):
+                or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first", "_prefetch_qk_early",
+                                       "_fused_reduce", "_qk_join", "_o_asm", "_s3_prefetch_qk_pdl")):
             register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
+        elif spec.name in ("gdn_decode_bf16_bv32_w4", "gdn_decode_bf16_bv32_w4_pdl"):
+            # round 30: the one-tile kernel (batch 1 / 32, bf16 pools) with and without PDL (tests/test_decode_pdl.py)
+            register(dataclasses.replace(spec, intended=()))
 
 
 _register_decode_persistent()

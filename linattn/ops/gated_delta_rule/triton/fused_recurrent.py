@@ -23,6 +23,35 @@ import triton.language as tl
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 
+# Programmatic dependent launch (PDL, sm_90+): Triton 3.6 has griddepcontrol as triton.language.extra.cuda's
+# gdc_wait / gdc_launch_dependents and the `launch_pdl` launch option. Detected, not assumed: a Triton without them
+# runs the kernels without PDL (pdl_refusal says why).
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_wait as _gdc_wait
+except ImportError:                                    # pragma: no cover - a Triton without GDC
+    _gdc_wait = _gdc_launch_dependents = None
+
+
+def _triton_has_launch_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:                                # pragma: no cover
+        return False
+    import dataclasses
+    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)}
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """PDL: wait until the grids this launch depends on (the stream's previous kernel) have completed and their
+    writes are visible, before the first global access; then let the stream's next kernel be scheduled as soon as
+    every program has passed this point (its programs take an SM only where one of ours has exited, and wait in
+    their own _pdl_enter). Without PDL (constexpr False) nothing is emitted."""
+    if PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
+
 @triton.jit
 def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     """-exp(A_log) and dt_bias of value head i_hv for the fused Qwen3-Next gate (zeros when unused)."""
@@ -203,8 +232,9 @@ def fused_recurrent_gdn_fwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _pdl_enter(PDL)
     # int64 from the start: (slot * HV + head) * K * V overflows int32 for pools above 2^31 elements (8 GiB fp32)
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
@@ -415,7 +445,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
     SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False, STORE_FIRST: tl.constexpr = False,
     QK_EARLY: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, QK_JOIN: tl.constexpr = False,
-    O_ASM: tl.constexpr = False,
+    O_ASM: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -442,6 +472,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     summation order and bit-identical results), and its state copy is issued during the program's previous tile
     like any other. The slowest program then does floor(n_tiles / P) tiles and ceil(2R / P) halves instead of one
     more whole tile."""
+    _pdl_enter(PDL)
     NV: tl.constexpr = (V + BV - 1) // BV
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -658,6 +689,25 @@ def discard_l2_refusal(inplace: bool, initial_state, K: int, BK: int, V: int, BV
     return None
 
 
+def pdl_refusal(q) -> Optional[str]:
+    """Why the decode kernels launch without PDL here (None: they launch with it, unless LINATTN_GDN_DECODE_PDL=0)."""
+    from linattn.runtime.settings import settings
+    if settings.interpret or not q.is_cuda:
+        return "needs a CUDA device, not the interpreter"
+    if device_facts(q.device).capability[0] < 9:
+        return f"needs sm_90 or newer (griddepcontrol), this GPU is sm_{''.join(map(str, device_facts(q.device).capability))}"
+    if _gdc_wait is None or not _triton_has_launch_pdl():
+        return f"this Triton ({triton.__version__}) has no gdc_wait / launch_pdl"
+    return None
+
+
+def decode_pdl(q) -> bool:
+    """Whether this call's decode kernel is launched with PDL: where pdl_refusal allows and LINATTN_GDN_DECODE_PDL is
+    not "0"."""
+    from linattn.runtime.settings import settings
+    return settings.gdn_decode_pdl and pdl_refusal(q) is None
+
+
 def o_asm_refusal(q) -> Optional[str]:
     """Why the o_asm variant cannot run this call (None: it can): its store is inline PTX."""
     from linattn.runtime.settings import settings
@@ -801,6 +851,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
+    # PDL: the constexpr that emits griddepcontrol and the launch option that sets the attribute, together or not at all
+    pdl = dict(PDL=True, launch_pdl=True) if decode_pdl(q) else {}
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if persistent is not None:
             stages, per_sm = persistent
@@ -817,7 +869,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             fused_recurrent_gdn_fwd_persistent_kernel[grid](
                 q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
                 float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NUM_STAGES=stages,
-                **flags, **vflags, num_warps=num_warps, num_stages=1,
+                **flags, **vflags, **pdl, num_warps=num_warps, num_stages=1,
             )
             return o, ht
         grid = (n_tiles,)
@@ -825,13 +877,13 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
             float(scale), T, num_slots,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
-            **flags, num_warps=num_warps, num_stages=1,
+            **flags, **pdl, num_warps=num_warps, num_stages=1,
         )
     return o, ht
 
 
 
-def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, stages=0, variant=""):
+def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, stages=0, variant="", pdl=False):
     """(jit function, signature, constexprs, options) of one decode config at K = V = 128, HV = 32; stages >= 1:
     the persistent kernel, with the "+"-joined opt-in `variant` (PERSISTENT_VARIANTS)."""
     sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
@@ -864,6 +916,10 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
             flags.update(kwarp_flags(128, BV, warps, 4 if state == "fp32" else 2))
         signature.update({n: "constexpr" for n in flags})
         constexprs.update(flags)
+    if pdl:                       # PDL: griddepcontrol in the kernel, the launch attribute in its metadata
+        signature["PDL"] = "constexpr"
+        constexprs["PDL"] = True
+        return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1, launch_pdl=True)
     return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
 
 
@@ -888,7 +944,12 @@ def aot_specs(variants: bool = False):
                   ("persistent_fp32_bv32_w4_s2", dict(state="fp32", BV=32, warps=4, stages=2)),
                   ("persistent_bf16_bv64_w4_s2", dict(state="bf16", BV=64, warps=4, stages=2)),
                   ("persistent_gva_gate_outofplace_s2", dict(state="fp32", BV=32, warps=4, H=16, fused=True,
-                                                              inplace=False, stages=2))]
+                                                              inplace=False, stages=2)),
+                  # with PDL, as the launcher runs them on sm_90+ (round 30): the batch-256 default, the one-tile
+                  # kernel at the bf16 pool's block
+                  ("persistent_fp32_bv64_w4_s3_prefetch_qk_pdl", dict(state="fp32", BV=64, warps=4, stages=3,
+                                                                       variant="prefetch_qk", pdl=True))]
+    cases = cases + [("bf16_bv32_w4_pdl", dict(state="bf16", BV=32, warps=4, pdl=True))] if not variants else cases
     if variants:
         cases = []
         persistent = [(f"persistent_fp32_bv64_w4_s2_{v}", dict(state="fp32", BV=64, warps=4, stages=2, variant=v))
