@@ -353,8 +353,20 @@ def pdl() -> dict:
             one = [_with_pdl(on, lambda s=s: _call(s["x"], s["pool"], s["idx"], None)) for s in sets]
             fns[f"{tag}_2calls"] = one
             fns[f"{tag}_8calls"] = one * 4
+        # PDL_BATCHES: smaller batches (the one-tile kernel at batch 1 and 32), two calls per replay as the bench
+        small = {}
+        for nb in (int(b) for b in os.environ.get("PDL_BATCHES", "").split(",") if b.strip()):
+            sb = _bench_sets(batch=nb)
+            for on in (True, False):
+                small[f"{'pdl' if on else 'nopdl'}_b{nb}"] = (
+                    [_with_pdl(on, lambda s=s: _call(s["x"], s["pool"], s["idx"], None)) for s in sb],
+                    2 * nb * HV * K * V * 4)
         _warm_clocks()
         rows = _alternate(fns, 5, state_bytes, 200)
+        for rep in range(5):
+            for name, (f, nbytes) in small.items():
+                ms = _time_graph(f)
+                rows.append(dict(mode=name, rep=rep, us=ms * 1e3, tb_s=nbytes / ms / 1e9))
     finally:
         if saved is None:
             os.environ.pop("LINATTN_GDN_DECODE_PDL", None)
@@ -363,18 +375,19 @@ def pdl() -> dict:
     c = measure_ceilings("cuda")
     copy_tb_s = c["copy_gbps"] / 1e3
     summ = _summary(rows, fns, state_bytes, copy_tb_s)
+    summ.update(_summary(rows, small, state_bytes))
     return dict(checks=checks, copy=dict(ms=c["copy_ms"], tb_s=copy_tb_s), rows=rows, summary=summ,
                 target_us=state_bytes / (0.9 * copy_tb_s * 1e12) * 1e6)
 
 
-def _bench_sets(n_sets=2):
-    """The bench's layout: per set, inputs of B sequences and a pool of B slots in a random order."""
+def _bench_sets(n_sets=2, batch=B):
+    """The bench's layout: per set, inputs of `batch` sequences and a pool of `batch` slots in a random order."""
     sets = []
     for i in range(n_sets):
-        x = _inputs(B, H, HV, seed=100 + i)
-        pool = torch.randn(B, HV, K, V, device="cuda") * 0.5
-        idx = torch.randperm(B, device="cuda").to(torch.int32)
-        sets.append(dict(x=x, pool=pool, idx=idx, ht=torch.empty(B, HV, K, V, device="cuda")))
+        x = _inputs(batch, H, HV, seed=100 + i)
+        pool = torch.randn(batch, HV, K, V, device="cuda") * 0.5
+        idx = torch.randperm(batch, device="cuda").to(torch.int32)
+        sets.append(dict(x=x, pool=pool, idx=idx, ht=torch.empty(batch, HV, K, V, device="cuda")))
     return sets
 
 
@@ -462,7 +475,8 @@ def main():
     if pd:
         print("pdl checks:", pd.get("checks"), pd.get("error", ""), "target us:", pd.get("target_us"))
         for name, m in pd.get("summary", {}).items():
-            print(f"{name:28s} {m['median_us']:8.1f} us  [{m['min_us']:.1f}, {m['max_us']:.1f}]  {100 * m['of_copy_bw']:.2f}% of copy")
+            print(f"{name:28s} {m['median_us']:8.2f} us  [{m['min_us']:.2f}, {m['max_us']:.2f}]  "
+                  f"{100 * m.get('of_copy_bw', 0):.2f}% of copy")
     pr = res.get("probe", {})
     print("probe checks:", pr.get("checks"), pr.get("error", ""))
     for name, m in pr.get("summary", {}).items():
