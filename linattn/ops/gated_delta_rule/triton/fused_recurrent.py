@@ -129,7 +129,7 @@ def _decode_token_fused_reduce(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, s
 @triton.jit
 def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr,
-                 col_keep=None):
+                 col_keep, EVICT: tl.constexpr, slot_in):
     """The [BK, BV] state block of (sequence i_n, value head i_hv, V-block i_v), loaded as fp32 (zeros without an
     initial state), with what storing it back needs: (block, offsets in the pool, pool mask, full mask, valid,
     column offsets). With state_indices, slot = state_indices[i_n]; a negative or >= num_slots index is a padded
@@ -144,7 +144,10 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
     if col_keep is not None:
         mask_h = mask_h & col_keep[None, :]
     if INDEXED:
-        idx = tl.load(state_indices + i_n).to(tl.int64)
+        if slot_in is None:
+            idx = tl.load(state_indices + i_n).to(tl.int64)
+        else:
+            idx = slot_in                       # reg_prefetch: the index was loaded a tile ahead
         valid = (idx >= 0) & (idx < num_slots)
         slot = tl.where(valid, idx, 0)
         mask_io = mask_h & valid
@@ -154,7 +157,7 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
         mask_io = mask_h
     state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     if HAS_H0:
-        b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0).to(tl.float32)
+        b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0, eviction_policy=EVICT).to(tl.float32)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     return b_h, state_off, mask_io, mask_h, valid, o_v, slot
@@ -252,7 +255,7 @@ def fused_recurrent_gdn_fwd_kernel(
         seq_len = T
 
     b_h, state_off, mask_io, mask_h, valid, o_v, _ = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV, K,
-                                                                 V, BK, BV, HAS_H0, INDEXED)
+                                                                 V, BK, BV, HAS_H0, INDEXED, None, "", None)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     mask_v = o_v < V
@@ -320,7 +323,10 @@ def _kwarp_tile(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scal
     vv = tl.arange(0, NW)[:, None] * KJ + tl.arange(0, KJ)[None, :]         # [NW, KJ] column within the block
     col = tl.max_contiguous(tl.multiple_of(i_v * BV + vv, [1, KJ]), [1, KJ])
     if INDEXED:
-        idx = tl.load(state_indices + i_n).to(tl.int64)
+        if slot_in is None:
+            idx = tl.load(state_indices + i_n).to(tl.int64)
+        else:
+            idx = slot_in                       # reg_prefetch: the index was loaded a tile ahead
         valid = (idx >= 0) & (idx < num_slots)
         slot = tl.where(valid, idx, 0)
     else:
@@ -432,6 +438,91 @@ def _qk_rows(q, k, t, j, last, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K
     return r_q, r_k
 
 
+@triton.jit
+def _tile_inputs(q, k, v, g, beta, t, live, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, USE_G: tl.constexpr):
+    """reg_prefetch: tile t's q, k rows (bf16 as stored), v columns, beta and g, all masked off unless `live`."""
+    i_v = t % NV
+    i_hv = (t // NV) % HV
+    i_n = (t // NV) // HV
+    i_h = i_hv // (HV // H)
+    o_v = i_v * BV + tl.arange(0, BV)
+    r_q = tl.load(q + (i_n * H + i_h) * K + o_k, mask=mask_k & live, other=0.0)
+    r_k = tl.load(k + (i_n * H + i_h) * K + o_k, mask=mask_k & live, other=0.0)
+    r_v = tl.load(v + (i_n * HV + i_hv) * V + o_v, mask=(o_v < V) & live, other=0.0)
+    r_beta = tl.load(beta + i_n * HV + i_hv, mask=live, other=0.0)
+    if USE_G:
+        r_g = tl.load(g + i_n * HV + i_hv, mask=live, other=0.0)
+    else:
+        r_g = 0.0
+    return r_q, r_k, r_v, r_beta, r_g
+
+
+@triton.jit
+def _reg_prefetch_loop(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles,
+                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr,
+                       STORE_HT: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr,
+                       STORE_CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """reg_prefetch (round 30, opt-in): the persistent walk without Triton's software pipeliner (no cp.async, no
+    shared-memory ring): the next tile's state block is loaded into registers by plain 16-byte loads at the top of
+    each iteration, before the current tile's arithmetic and stores, with the load's L2 eviction policy EVICT
+    (which the pipeliner's cp.async copies drop); its slot index one tile further ahead and its small inputs one
+    tile ahead, so no dependent load waits inside an iteration. Same arithmetic as the default (_decode_token)."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    cols = tl.arange(0, BV)
+    step = tl.num_programs(0)
+    t = tl.full([], 0, tl.int64) + tl.program_id(0)
+    live = t < n_tiles
+    tc = tl.minimum(t, n_tiles - 1)
+    b_h, state_off, mask_io, mask_h, valid, o_v, slot = _state_block(
+        h0, state_indices, (tc // NV) // HV, (tc // NV) % HV, tc % NV, num_slots, HV, K, V, BK, BV, HAS_H0, INDEXED,
+        (cols < BV) & live, EVICT, None)
+    c_q, c_k, c_v, c_beta, c_g = _tile_inputs(q, k, v, g, beta, tc, live, o_k, mask_k, H, HV, K, V, BV, NV, USE_G)
+    t1 = tl.minimum(t + step, n_tiles - 1)
+    if INDEXED:
+        nxt_slot = tl.load(state_indices + (t1 // NV) // HV).to(tl.int64)
+    else:
+        nxt_slot = (t1 // NV) // HV
+    for tile in tl.range(tl.program_id(0), n_tiles, step, num_stages=1):
+        t = tl.full([], 0, tl.int64) + tile
+        # ---- the next tile: its state block (slot loaded last iteration), the slot after it, its small inputs
+        tn = t + step
+        live_n = tn < n_tiles
+        tnc = tl.minimum(tn, n_tiles - 1)
+        n_h, n_state_off, n_mask_io, n_mask_h, n_valid, n_o_v, _ = _state_block(
+            h0, state_indices, (tnc // NV) // HV, (tnc // NV) % HV, tnc % NV, num_slots, HV, K, V, BK, BV, HAS_H0,
+            INDEXED, (cols < BV) & live_n, EVICT, nxt_slot)
+        t2 = tl.minimum(t + 2 * step, n_tiles - 1)
+        if INDEXED:
+            nxt_slot = tl.load(state_indices + (t2 // NV) // HV).to(tl.int64)
+        else:
+            nxt_slot = (t2 // NV) // HV
+        n_q, n_k, n_v, n_beta, n_g = _tile_inputs(q, k, v, g, beta, tnc, live_n, o_k, mask_k, H, HV, K, V, BV, NV,
+                                                  USE_G)
+        # ---- the current tile
+        i_v = t % NV
+        i_nh = t // NV
+        i_n = i_nh // HV
+        i_hv = i_nh % HV
+        b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+        b_h, b_o = _decode_token(b_h, c_q.to(tl.float32), c_k.to(tl.float32), c_v.to(tl.float32),
+                                 c_beta.to(tl.float32), c_g.to(tl.float32) if USE_G else 0.0, b_neg_a, b_dt, scale,
+                                 USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+        if INDEXED:
+            b_o = tl.where(valid, b_o, 0.0)
+        tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=o_v < V)
+        if STORE_HT:
+            _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
+                         INDEXED, STORE_CACHE)
+        # ---- rotate
+        b_h, state_off, mask_io, mask_h, valid, o_v = n_h, n_state_off, n_mask_io, n_mask_h, n_valid, n_o_v
+        c_q, c_k, c_v, c_beta, c_g = n_q, n_k, n_v, n_beta, n_g
+
+
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
 def fused_recurrent_gdn_fwd_persistent_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
@@ -445,7 +536,8 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     KWARP: tl.constexpr = False, KW_WARPS: tl.constexpr = 4, KW_VEC: tl.constexpr = 4,
     SPLIT_TAIL: tl.constexpr = False, DISCARD_L2: tl.constexpr = False, STORE_FIRST: tl.constexpr = False,
     QK_EARLY: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, QK_JOIN: tl.constexpr = False,
-    O_ASM: tl.constexpr = False, PDL: tl.constexpr = False,
+    O_ASM: tl.constexpr = False, PDL: tl.constexpr = False, REG_PREFETCH: tl.constexpr = False,
+    LOAD_EVICT: tl.constexpr = "",
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) with a stride of the grid size, and Triton's software pipeliner turns the loop's loads into
@@ -473,6 +565,13 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     like any other. The slowest program then does floor(n_tiles / P) tiles and ceil(2R / P) halves instead of one
     more whole tile."""
     _pdl_enter(PDL)
+    if REG_PREFETCH:
+        tl.static_assert(not (SPLIT_TAIL or KWARP or CONTIGUOUS_TILES or DISCARD_L2 or STORE_FIRST or FUSED_REDUCE
+                              or O_ASM), "reg_prefetch is written for the plain strided walk")
+        _reg_prefetch_loop(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles, H,
+                           HV, K, V, BK, BV, USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, HAS_H0,
+                           STORE_HT, INPLACE, INDEXED, STORE_CACHE, LOAD_EVICT)
+        return
     NV: tl.constexpr = (V + BV - 1) // BV
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -542,7 +641,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
         else:
             b_h, state_off, mask_io, mask_h, valid, o_v, slot = _state_block(h0, state_indices, i_n, i_hv, i_v,
                                                                             num_slots, HV, K, V, BK, BV, HAS_H0,
-                                                                            INDEXED, col_keep)
+                                                                            INDEXED, col_keep, "", None)
             mask_v = o_v < V
             if SPLIT_TAIL:
                 mask_v = mask_v & col_keep
@@ -635,12 +734,16 @@ PERSISTENT_VARIANTS = {
     #                                                        round 29: 283.2 against 282.7 us (OPT_LOG 29.3)
     "qk_join": dict(PREFETCH_QK=True, QK_JOIN=True),
     "o_asm": dict(O_ASM=True),
+    "reg_prefetch": dict(REG_PREFETCH=True),              # no pipeliner: the next tile loaded into registers
+    "evict_first": dict(LOAD_EVICT="evict_first"),        # reg_prefetch's state load with L2::evict_first
+    "evict_last": dict(LOAD_EVICT="evict_last"),
     "fused_reduce": dict(FUSED_REDUCE=True),               # S^T k, S^T q and k . q as one three-operand reduction
     #                                                        over K (one cross-warp exchange instead of three)
 }
 PERSISTENT_DEFAULTS = dict(STORE_CACHE="", PREFETCH_QK=False, CONTIGUOUS_TILES=False, KWARP=False, SPLIT_TAIL=False,
                            DISCARD_L2=False, STORE_FIRST=False, QK_EARLY=False,
-                           FUSED_REDUCE=False, QK_JOIN=False, O_ASM=False)
+                           FUSED_REDUCE=False, QK_JOIN=False, O_ASM=False, REG_PREFETCH=False,
+                           LOAD_EVICT="")
 
 
 def persistent_variant_flags(variant: Optional[str]) -> dict:
@@ -656,6 +759,12 @@ def persistent_variant_flags(variant: Optional[str]) -> dict:
         raise ValueError("decode variant split_tail is written for the default tile, not kwarp's")
     if flags["STORE_FIRST"] and flags["KWARP"]:
         raise ValueError("decode variant store_first is written for the default tile, not kwarp's")
+    if flags["LOAD_EVICT"] and not flags["REG_PREFETCH"]:
+        raise ValueError("decode variants evict_first / evict_last set reg_prefetch's load; add reg_prefetch")
+    if flags["REG_PREFETCH"] and any(flags[n] for n in ("PREFETCH_QK", "SPLIT_TAIL", "KWARP", "CONTIGUOUS_TILES",
+                                                         "DISCARD_L2", "STORE_FIRST", "FUSED_REDUCE", "O_ASM")):
+        raise ValueError("decode variant reg_prefetch is the plain strided walk with its own prefetch: it combines "
+                         "with store_cs and evict_first / evict_last only")
     if flags["DISCARD_L2"] and (flags["KWARP"] or flags["SPLIT_TAIL"]):
         raise ValueError("decode variant discard_l2 is written for the default tile, not kwarp's or split_tail's")
     return flags
@@ -980,6 +1089,10 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce+qk_join")),
+                       ("persistent_fp32_bv64_w4_s1_reg_prefetch",
+                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch")),
+                       ("persistent_fp32_bv64_w4_s1_reg_prefetch_evict_first",
+                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch+evict_first")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join_o_asm",
                         dict(state="fp32", BV=64, warps=4, stages=3,
                              variant="prefetch_qk+fused_reduce+qk_join+o_asm")),
