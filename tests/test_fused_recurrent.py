@@ -409,15 +409,18 @@ def test_persistent_kernel_refuses_multi_token_and_varlen():
 
 def test_persistent_heuristic():
     """The round-9 H200 sweep's choice: persistent only for fp32 pools at large batch, one token, no varlen; with
-    round 12's prefetch_qk variant; 3 stages and 2 programs per SM since round 15 (faster in three sweeps)."""
+    round 12's prefetch_qk variant; 3 stages and 2 programs per SM since round 15 (faster in three sweeps); since
+    round 30 the reg_prefetch walk with evict_last (NUM_STAGES 1: no pipeliner), 2 programs per SM."""
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_persistent_config
     sms = 132
-    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == (64, 4, 3, 2, None, "prefetch_qk")
+    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == \
+        (64, 4, 1, 2, None, "reg_prefetch+evict_last")
     assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.bfloat16, sms) is None           # bf16 pool
     assert decode_persistent_config(32, 32, 128, 128, 1, False, torch.float32, sms) is None             # batch 32
     assert decode_persistent_config(256, 32, 128, 128, 2, False, torch.float32, sms) is None            # speculative
     assert decode_persistent_config(256, 32, 128, 128, 1, True, torch.float32, sms) is None             # varlen
-    assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == (16, 4, 3, 2, None, "prefetch_qk")
+    assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == \
+        (16, 4, 1, 2, None, "reg_prefetch+evict_last")
     assert decode_persistent_config(256, 32, 256, 128, 1, False, torch.float32, sms) is None           # K = 256
 
 
