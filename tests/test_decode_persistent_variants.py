@@ -12,15 +12,17 @@ import pytest
 import torch
 
 from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
-from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_GPU_ONLY, PERSISTENT_REORDERING,
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import (PERSISTENT_GPU_ONLY, PERSISTENT_OWN_WALK,
+                                                                 PERSISTENT_REORDERING,
                                                                  PERSISTENT_VARIANTS, fused_recurrent_gdn_fwd,
                                                                  persistent_variant_flags)
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_
 
 # bit-exact variants only; kwarp (another summation order) has its own tests in test_decode_kwarp.py; discard_l2
 # (inline PTX, GPU only) is checked ahead of time in test_decode_discard_l2.py and by the GPU gate
-# (benchmarks/gpu/decode_inplace_round.py)
-EXACT = sorted(set(PERSISTENT_VARIANTS) - PERSISTENT_REORDERING - PERSISTENT_GPU_ONLY)
+# (benchmarks/gpu/decode_inplace_round.py); the reg_prefetch walk combines with store_cs only and has its own tests
+# (test_decode_reg_prefetch.py)
+EXACT = sorted(set(PERSISTENT_VARIANTS) - PERSISTENT_REORDERING - PERSISTENT_GPU_ONLY - PERSISTENT_OWN_WALK)
 VARIANTS = EXACT + ["+".join(EXACT)]
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                  reason="the Triton kernel needs TRITON_INTERPRET=1 on a CPU")

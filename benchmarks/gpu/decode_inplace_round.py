@@ -175,7 +175,14 @@ def ab() -> dict:
                                                 final_out=s["ht"])}
     for name, c in extra.items():
         modes[name] = lambda s, c=c: _call(s["x"], s["pool"], s["idx"], c)
-    names = [m for m in os.environ.get("DECODE_AB_MODES", ",".join(AB)).split(",") if m in modes] + list(extra)
+    out_names = []
+    if os.environ.get("DECODE_AB_OUT") == "1":    # each extra config also out of place (pool read, new final state)
+        for name, c in extra.items():
+            modes[name + "_out"] = lambda s, c=c: _call(s["x"], s["pool"], s["idx"], c, inplace=False,
+                                                        final_out=s["ht"])
+            out_names.append(name + "_out")
+    names = [m for m in os.environ.get("DECODE_AB_MODES", ",".join(AB)).split(",") if m in modes] + list(extra) \
+        + out_names
     fns = {m: [lambda s=s, f=modes[m]: f(s) for s in sets] for m in names}
     _warm_clocks()
     rows = _alternate(fns, 5, state_bytes, 220)

@@ -126,13 +126,16 @@ LINATTN_GDN_GLUON_GF_STATE_T "1" (opt-in, round 28): with two state partitions, 
                    operands from registers instead of round trips through shared memory, the gates staged in shared
                    memory by the producer warp).
 LINATTN_GDN_DECODE_VARIANT "+"-joined opt-in variants of the persistent decode kernel (fused_recurrent.py
-                   PERSISTENT_VARIANTS) added to its default config where that config runs, e.g. "store_first" or
-                   "discard_l2" (round 29; discard_l2 only where it can run: in place, on a GPU, whole 128-byte
-                   lines); unset: fused_recurrent.DECODE_EXTRA_VARIANT ("").
-LINATTN_GDN_DECODE_PDL "0" launches the Triton decode kernels without programmatic dependent launch; default on
-                   where it exists (CUDA sm_90+, a Triton with gdc_wait and launch_pdl; fused_recurrent.pdl_refusal):
-                   each kernel waits (griddepcontrol.wait) for the stream's previous kernel before its first global
-                   access, so its launch overlaps that kernel's end (round 30).
+                   PERSISTENT_VARIANTS) added to its default config where that config runs, e.g. "store_cs", or
+                   "store_first" / "discard_l2" (round 29; discard_l2 only where it can run: in place, on a GPU, whole
+                   128-byte lines); unset: fused_recurrent.DECODE_EXTRA_VARIANT (""). Since round 30 the default is
+                   the reg_prefetch walk; a variant of the pipelined walk (fused_recurrent.PIPELINED_ONLY, e.g.
+                   "prefetch_qk" alone) runs on the round-15 pipelined default instead.
+LINATTN_GDN_DECODE_PDL "1" (opt-in, round 30) launches the Triton decode kernels with programmatic dependent
+                   launch where it exists (CUDA sm_90+, a Triton with gdc_wait and launch_pdl;
+                   fused_recurrent.pdl_refusal): each kernel waits (griddepcontrol.wait) for the stream's previous
+                   kernel before its first global access, so its launch overlaps that kernel's end. Default off: on an
+                   H200 it was flat at batch 1 and 32 and 0.3-0.8% slower at batch 256 (RESULTS.md round 30).
 LINATTN_GDN_GLUON_DECODE_REG_STORE "1" (opt-in, round 29): the Gluon decode stores the new state from registers
                    by plain 16-byte stores instead of a TMA store from its ring slot, and refills the slot as soon as
                    the tile is in registers (gluon/decode.py REG_STORE); default off.
@@ -382,8 +385,8 @@ class _Settings:
 
     @property
     def gdn_decode_pdl(self) -> bool:
-        """LINATTN_GDN_DECODE_PDL: "0" launches the decode kernels without programmatic dependent launch."""
-        return os.environ.get("LINATTN_GDN_DECODE_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
+        """LINATTN_GDN_DECODE_PDL: "1" launches the decode kernels with programmatic dependent launch (opt-in)."""
+        return _flag("LINATTN_GDN_DECODE_PDL")
 
     @property
     def gdn_decode_variant(self):

@@ -433,6 +433,9 @@ def _register_decode_persistent():
                 or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first", "_prefetch_qk_early",
                                        "_fused_reduce", "_qk_join", "_o_asm", "_s3_prefetch_qk_pdl")):
             register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
+        elif "_reg_prefetch" in spec.name:
+            # round 30's reg_prefetch walk (the batch-256 fp32 default with evict_last): plain 16-byte loads
+            register(dataclasses.replace(spec, intended=()))
         elif spec.name in ("gdn_decode_bf16_bv32_w4", "gdn_decode_bf16_bv32_w4_pdl"):
             # round 30: the one-tile kernel (batch 1 / 32, bf16 pools) with and without PDL (tests/test_decode_pdl.py)
             register(dataclasses.replace(spec, intended=()))

@@ -323,10 +323,7 @@ def _kwarp_tile(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scal
     vv = tl.arange(0, NW)[:, None] * KJ + tl.arange(0, KJ)[None, :]         # [NW, KJ] column within the block
     col = tl.max_contiguous(tl.multiple_of(i_v * BV + vv, [1, KJ]), [1, KJ])
     if INDEXED:
-        if slot_in is None:
-            idx = tl.load(state_indices + i_n).to(tl.int64)
-        else:
-            idx = slot_in                       # reg_prefetch: the index was loaded a tile ahead
+        idx = tl.load(state_indices + i_n).to(tl.int64)
         valid = (idx >= 0) & (idx < num_slots)
         slot = tl.where(valid, idx, 0)
     else:
@@ -811,8 +808,8 @@ def pdl_refusal(q) -> Optional[str]:
 
 
 def decode_pdl(q) -> bool:
-    """Whether this call's decode kernel is launched with PDL: where pdl_refusal allows and LINATTN_GDN_DECODE_PDL is
-    not "0"."""
+    """Whether this call's decode kernel is launched with PDL: with LINATTN_GDN_DECODE_PDL=1 (opt-in since round 30's
+    measurement) where pdl_refusal allows."""
     from linattn.runtime.settings import settings
     return settings.gdn_decode_pdl and pdl_refusal(q) is None
 
@@ -827,6 +824,9 @@ def o_asm_refusal(q) -> Optional[str]:
 
 # Variants whose results equal the default's to rounding but not bit for bit (they sum over K in another order)
 PERSISTENT_REORDERING = frozenset({"kwarp", "store_first", "fused_reduce"})
+# The reg_prefetch walk and its load hints: a walk of its own (no pipeliner), combined only with store_cs; bit-equal to
+# the pipelined default (tests/test_decode_reg_prefetch.py)
+PERSISTENT_OWN_WALK = frozenset({"reg_prefetch", "evict_first", "evict_last"})
 # Variants that run on a GPU only (inline PTX): their checks are the sm_90a AOT tests and the GPU gate
 PERSISTENT_GPU_ONLY = frozenset({"discard_l2", "o_asm"})
 
@@ -868,7 +868,7 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
 
 
 def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bool, state_dtype: torch.dtype,
-                             num_sms: int):
+                             num_sms: int, inplace: bool = True):
     """(BV, num_warps, NUM_STAGES, programs per SM, programs, variant) for the persistent one-token kernel (the
     launcher's `config` form; programs None = programs per SM x SMs), or None for the one-tile kernel.
 
@@ -890,7 +890,22 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     BV = min(64, triton.next_power_of_2(V))
     if N * HV * triton.cdiv(V, BV) < 32 * num_sms:
         return None
-    return BV, 4, 3, 2, None, "prefetch_qk"
+    # Round 30 (results/2026-12-02_r30*, OPT_LOG 30.4): the reg_prefetch walk (no software pipeliner: the next
+    # tile's block loaded into registers ahead of the current tile's arithmetic) with the L2::evict_last hint on that
+    # load, which the pipeliner's cp.async copies cannot carry, ran the batch-256 fp32 pool in place at 271.2 us
+    # against 282.0 for the round-15 default (prefetch_qk, 3 stages) and 277.4 without the hint, alternated in one
+    # run (L2::evict_first: 284.6). `inplace` is kept for the out-of-place choice (PIPELINED_BASE stays reachable
+    # through LINATTN_GDN_DECODE_VARIANT, below).
+    return BV, 4, 1, 2, None, REG_PREFETCH_BASE
+
+
+# The default persistent variant since round 30, and the one before it (round 15: prefetch_qk on the pipelined walk,
+# 3 stages). LINATTN_GDN_DECODE_VARIANT naming a variant of the pipelined walk (PIPELINED_ONLY) runs it on
+# PIPELINED_BASE instead.
+REG_PREFETCH_BASE = "reg_prefetch+evict_last"
+PIPELINED_BASE = (3, "prefetch_qk")
+PIPELINED_ONLY = frozenset({"prefetch_qk", "contiguous_tiles", "kwarp", "split_tail", "discard_l2", "prefetch_qk_early",
+                            "store_first", "qk_join", "fused_reduce", "o_asm"})
 
 
 def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -944,13 +959,17 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         if persistent is not None and (T != 1 or cu_seqlens is not None):
             raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
     else:
-        chosen = decode_persistent_config(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
+        chosen = decode_persistent_config(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms, inplace)
         persistent = None
         if chosen is not None:
             BV, num_warps = chosen[:2]
             persistent, programs, variant = chosen[2:4], chosen[4], chosen[5]
             n_tiles = N * HV * triton.cdiv(V, BV)
-            for extra in filter(None, _extra_variant().split("+")):
+            extras = [e for e in _extra_variant().split("+") if e]
+            if any(e in PIPELINED_ONLY for e in extras):
+                # a variant of the pipelined walk: on the round-15 default (prefetch_qk, 3 stages)
+                persistent, variant = (PIPELINED_BASE[0], persistent[1]), PIPELINED_BASE[1]
+            for extra in extras:
                 if extra == "discard_l2" and discard_l2_refusal(inplace, initial_state, K, BK, V, BV) is not None:
                     continue
                 if extra == "o_asm" and o_asm_refusal(q) is not None:
@@ -1062,7 +1081,7 @@ def aot_specs(variants: bool = False):
     if variants:
         cases = []
         persistent = [(f"persistent_fp32_bv64_w4_s2_{v}", dict(state="fp32", BV=64, warps=4, stages=2, variant=v))
-                      for v in PERSISTENT_VARIANTS]
+                      for v in PERSISTENT_VARIANTS if v not in PERSISTENT_OWN_WALK]   # (own builds below, s1)
         persistent += [("persistent_fp32_bv64_w4_s2_novariant", dict(state="fp32", BV=64, warps=4, stages=2)),
                        ("persistent_fp32_bv128_w4_s2", dict(state="fp32", BV=128, warps=4, stages=2)),
                        ("persistent_fp32_bv64_w4_s3", dict(state="fp32", BV=64, warps=4, stages=3)),
@@ -1093,6 +1112,8 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch")),
                        ("persistent_fp32_bv64_w4_s1_reg_prefetch_evict_first",
                         dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch+evict_first")),
+                       ("persistent_fp32_bv64_w4_s1_reg_prefetch_evict_last",
+                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch+evict_last")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join_o_asm",
                         dict(state="fp32", BV=64, warps=4, stages=3,
                              variant="prefetch_qk+fused_reduce+qk_join+o_asm")),
