@@ -84,6 +84,8 @@ def test_launcher_default_and_the_pipelined_escape(monkeypatch):
     sms = 132
     assert fr.decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == \
         (64, 4, 1, 2, None, "reg_prefetch+evict_last")
+    assert fr.decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms, inplace=False) == \
+        (64, 4, 1, 2, None, "reg_prefetch+evict_last+store_cs")
     seen = []
     real = fr.fused_recurrent_gdn_fwd_persistent_kernel
 

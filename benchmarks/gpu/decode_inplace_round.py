@@ -53,6 +53,8 @@ EQUAL_HEADS = ((32, 32), (16, 32))
 # the probe's dependent multiply-adds per element between a tile's arrival and its store (module docstring, 3)
 PROBE_DELAYS = tuple(int(d) for d in os.environ.get("PROBE_DELAYS", "16,64").split(",") if d)
 AB = ("default", "store_first", "pool_out", "store_first_out")   # the `ab` section's decode modes                  # (H, HV) of the equality cases
+# DECODE_AB_DTYPE=bf16: the `ab` section on bf16 pools (round 30), with the Gluon decode (bf16's auto) as mode "gluon"
+POOL_DTYPE = {"bf16": torch.bfloat16}.get(os.environ.get("DECODE_AB_DTYPE", ""), torch.float32)
 DEV = "cuda"                                      # a CPU dry run of the logic sets "cpu" (and small sizes) from outside
 START = time.time()
 
@@ -148,7 +150,7 @@ def ab() -> dict:
     store_first's o and pool against the default's on the bench's inputs (same math, another rounding of o) and its
     pool against fp64."""
     sets = _bench_sets()
-    state_bytes = 2 * B * HV * K * V * 4
+    state_bytes = 2 * B * HV * K * V * sets[0]["pool"].element_size()
     s = sets[0]
     p0 = s["pool"].clone()
     extra = _extra_configs()
@@ -175,6 +177,13 @@ def ab() -> dict:
                                                 final_out=s["ht"])}
     for name, c in extra.items():
         modes[name] = lambda s, c=c: _call(s["x"], s["pool"], s["idx"], c)
+    if POOL_DTYPE == torch.bfloat16:
+        from linattn.ops.gated_delta_rule.gluon.decode import decode_gluon
+        modes["gluon"] = lambda s: decode_gluon(s["x"]["q"], s["x"]["k"], s["x"]["v"], s["x"]["g"], s["x"]["beta"],
+                                                K ** -0.5, s["pool"], s["idx"])
+        s["pool"].copy_(p0)
+        o_g = modes["gluon"](s)
+        checks["gluon"] = dict(o_rel_rms_vs_default=rel_rms(o_g, o_a), pool_rel_rms_vs_default=rel_rms(s["pool"], p_a))
     out_names = []
     if os.environ.get("DECODE_AB_OUT") == "1":    # each extra config also out of place (pool read, new final state)
         for name, c in extra.items():
@@ -392,7 +401,7 @@ def _bench_sets(n_sets=2, batch=B):
     sets = []
     for i in range(n_sets):
         x = _inputs(batch, H, HV, seed=100 + i)
-        pool = torch.randn(batch, HV, K, V, device="cuda") * 0.5
+        pool = (torch.randn(batch, HV, K, V, device="cuda") * 0.5).to(POOL_DTYPE)
         idx = torch.randperm(batch, device="cuda").to(torch.int32)
         sets.append(dict(x=x, pool=pool, idx=idx, ht=torch.empty(batch, HV, K, V, device="cuda")))
     return sets

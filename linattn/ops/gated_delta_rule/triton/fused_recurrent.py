@@ -894,9 +894,11 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     # tile's block loaded into registers ahead of the current tile's arithmetic) with the L2::evict_last hint on that
     # load, which the pipeliner's cp.async copies cannot carry, ran the batch-256 fp32 pool in place at 271.2 us
     # against 282.0 for the round-15 default (prefetch_qk, 3 stages) and 277.4 without the hint, alternated in one
-    # run (L2::evict_first: 284.6). `inplace` is kept for the out-of-place choice (PIPELINED_BASE stays reachable
-    # through LINATTN_GDN_DECODE_VARIANT, below).
-    return BV, 4, 1, 2, None, REG_PREFETCH_BASE
+    # run (L2::evict_first: 284.6). Out of place (the pool read, a new final state written) the written lines are
+    # not read again: with store_cs (streaming stores) 270.6 us against 277.0 without it and 275.8 for the pipelined
+    # walk; in place store_cs cost 2 us (272.6 against 270.5), so it is the out-of-place default only.
+    # PIPELINED_BASE stays reachable through LINATTN_GDN_DECODE_VARIANT (below).
+    return BV, 4, 1, 2, None, REG_PREFETCH_BASE if inplace else REG_PREFETCH_BASE + "+store_cs"
 
 
 # The default persistent variant since round 30, and the one before it (round 15: prefetch_qk on the pipelined walk,
