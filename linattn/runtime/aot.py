@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 # SASS opcode families `inspect` counts; a family counts every opcode that starts with it.
-SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP", "BAR", "LDSM")
+# "LDG.E" (plain global loads, with their width and L2 hint: LDG.E.128, LDG.E.EL.128) and "ACQBULK"
+# (griddepcontrol.wait) since round 30, for the decode's reg_prefetch walk and its PDL builds.
+SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP", "BAR", "LDSM",
+                 "LDG.E", "ACQBULK")
 
 ARCHS = {"sm_90a": 90, "sm_80": 80, "sm_100a": 100}
 

@@ -428,17 +428,21 @@ for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
 def _register_decode_persistent():
     import dataclasses
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs as decode_specs
+    pdl = ("ACQBULK",)                          # griddepcontrol.wait: the PDL builds (round 30)
     for spec in decode_specs() + decode_specs(variants=True):
         if spec.name in ("gdn_decode_persistent_fp32_bv64_w4_s2", "gdn_decode_persistent_fp32_bv64_w4_s3_prefetch_qk") \
                 or spec.name.endswith(("_kwarp", "_split_tail", "_discard_l2", "_store_first", "_prefetch_qk_early",
                                        "_fused_reduce", "_qk_join", "_o_asm", "_s3_prefetch_qk_pdl")):
-            register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",)))
+            register(dataclasses.replace(spec, intended=("LDGSTS.E.BYPASS.128",) + (pdl if "_pdl" in spec.name else ())))
         elif "_reg_prefetch" in spec.name:
-            # round 30's reg_prefetch walk (the batch-256 fp32 default with evict_last): plain 16-byte loads
-            register(dataclasses.replace(spec, intended=()))
+            # round 30's reg_prefetch walk (the batch-256 fp32 default with evict_last): plain 16-byte state loads,
+            # with the named L2 hint
+            load = {"evict_last": "LDG.E.EL.128", "evict_first": "LDG.E.EF.128"}.get(spec.name.split("_reg_prefetch")[-1]
+                                                                                   .strip("_"), "LDG.E.128")
+            register(dataclasses.replace(spec, intended=(load,)))
         elif spec.name in ("gdn_decode_bf16_bv32_w4", "gdn_decode_bf16_bv32_w4_pdl"):
             # round 30: the one-tile kernel (batch 1 / 32, bf16 pools) with and without PDL (tests/test_decode_pdl.py)
-            register(dataclasses.replace(spec, intended=()))
+            register(dataclasses.replace(spec, intended=("LDG.E.128",) + (pdl if "_pdl" in spec.name else ())))
 
 
 _register_decode_persistent()
