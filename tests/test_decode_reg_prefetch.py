@@ -80,12 +80,17 @@ def test_matches_the_pipelined_default_bit_for_bit(inplace, programs, variant):
     assert_close("state", got.double(), want, TOL[torch.float32])
 
 
-def test_launcher_default_and_the_pipelined_escape(monkeypatch):
+def test_default_config():
     sms = 132
     assert fr.decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == \
         (64, 4, 1, 2, None, "reg_prefetch+evict_last")
     assert fr.decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms, inplace=False) == \
         (64, 4, 1, 2, None, "reg_prefetch+evict_last+store_cs")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="launches the kernel on CPU tensors: needs "
+                                                                       "TRITON_INTERPRET=1")
+def test_launcher_default_and_the_pipelined_escape(monkeypatch):
     seen = []
     real = fr.fused_recurrent_gdn_fwd_persistent_kernel
 
@@ -101,8 +106,6 @@ def test_launcher_default_and_the_pipelined_escape(monkeypatch):
     x = make_gdn_inputs(N, 1, H, HV, K, V, dtype=torch.float32, initial_state=False)
     pool = torch.randn(N, HV, K, V)
     idx = torch.randperm(N)
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("launches the kernel: needs the interpreter on a CPU")
     for env, want in ((None, (True, "evict_last", False, 1)), ("store_cs", (True, "evict_last", False, 1)),
                       ("prefetch_qk", (False, "", True, 3)), ("store_first", (False, "", True, 3))):
         if env is None:

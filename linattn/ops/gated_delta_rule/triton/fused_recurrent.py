@@ -1105,22 +1105,15 @@ def aot_specs(variants: bool = False):
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+store_first")),
                        ("persistent_fp32_bv64_w4_s3_prefetch_qk_early",
                         dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk_early")),
-                       # fused_reduce on the serving default (round 30)
-                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce",
-                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce")),
-                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join",
-                        dict(state="fp32", BV=64, warps=4, stages=3, variant="prefetch_qk+fused_reduce+qk_join")),
-                       ("persistent_fp32_bv64_w4_s1_reg_prefetch",
-                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch")),
-                       ("persistent_fp32_bv64_w4_s1_reg_prefetch_evict_first",
-                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch+evict_first")),
-                       ("persistent_fp32_bv64_w4_s1_reg_prefetch_evict_last",
-                        dict(state="fp32", BV=64, warps=4, stages=1, variant="reg_prefetch+evict_last")),
-                       ("persistent_fp32_bv64_w4_s3_prefetch_qk_fused_reduce_qk_join_o_asm",
-                        dict(state="fp32", BV=64, warps=4, stages=3,
-                             variant="prefetch_qk+fused_reduce+qk_join+o_asm")),
                        ("persistent_bf16_bv64_w4_s2_prefetch_qk_split_tail",
                         dict(state="bf16", BV=64, warps=4, stages=2, variant="prefetch_qk+split_tail"))]
+        # round 30: the barrier-cutting variants on the pipelined default (3 stages) and the reg_prefetch walk with
+        # its load hints (1 stage: no pipeliner); name = stages + the variant with "+" as "_"
+        persistent += [(f"persistent_fp32_bv64_w4_s{st}_{v.replace('+', '_')}",
+                        dict(state="fp32", BV=64, warps=4, stages=st, variant=v))
+                       for st, v in ((3, "prefetch_qk+fused_reduce"), (3, "prefetch_qk+fused_reduce+qk_join"),
+                                     (3, "prefetch_qk+fused_reduce+qk_join+o_asm"), (1, "reg_prefetch"),
+                                     (1, "reg_prefetch+evict_first"), (1, "reg_prefetch+evict_last"))]
     return [AotKernel(f"gdn_decode_{name}", (lambda kw=kw: build(**kw)),
                       intended=("LDGSTS.E.BYPASS.128", "STG.E.128") if kw.get("stages") else ("LDG.E.128", "STG.E.128"),
                       language="triton", div16=div16 + (("ht",) if kw.get("inplace", True) is False else ()),
