@@ -1,0 +1,230 @@
+"""Same-run A/B of two linattn source trees on one GPU: the production rows (forward, forward+backward, decode)
+timed in fresh processes, the trees alternated, so that a refactor can be shown to leave speed unchanged.
+
+    python benchmarks/gpu/ab_trees.py --tree old=/path/to/old/tree --tree new=. --rounds 2 --json $OUT/ab.json
+
+Each (round, tree) runs in its own child process with PYTHONPATH set to that tree (the child checks that it
+imported linattn from there). Inside a child every row is checked once against the tree's own reference-free
+sanity (finite outputs), then timed as a CUDA-graph replay (median of `--repeats` replays of a graph of `--calls`
+calls, per input set, two input sets alternated) and, for the forward, eagerly as well. The summary gives, per
+row, each tree's median over its processes, the spread between its processes, and new/old.
+Only the public API is used (linattn.chunk_gated_delta_rule, linattn.fused_recurrent_gated_delta_rule with
+backend="auto"), so any two trees with that API can be compared.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+FWD_ROWS = [  # (name, B, T, H, HV, varlen)
+    ("B1 T8192", 1, 8192, 16, 32, False),
+    ("B1 T32768", 1, 32768, 16, 32, False),
+    ("B1 T65536", 1, 65536, 16, 32, False),
+    ("B8 T4096", 8, 4096, 16, 32, False),
+    ("B4 T16384", 4, 16384, 16, 32, False),
+    ("varlen24", 1, 0, 16, 32, True),
+]
+DECODE_ROWS = [  # (name, batch, state dtype, pool in place)
+    ("decode B1 fp32", 1, "fp32", True),
+    ("decode B32 fp32", 32, "fp32", True),
+    ("decode B256 fp32", 256, "fp32", True),
+    ("decode B256 fp32 FLA-mode", 256, "fp32", False),
+    ("decode B256 bf16", 256, "bf16", True),
+]
+VARLEN_LENS = [256, 4096, 512, 3072, 1024, 2048, 768, 3584, 1536, 2560, 384, 4000,
+               640, 3200, 1280, 2304, 896, 3840, 1792, 2816, 448, 3456, 1152, 2680]
+
+
+def _child(args) -> dict:
+    import torch
+    import linattn
+    here = os.path.realpath(os.path.dirname(linattn.__file__))
+    want = os.path.realpath(os.path.join(args.child, "linattn"))
+    assert here == want, f"imported linattn from {here}, expected {want}"
+    dev = "cuda"
+    K = V = 128
+    torch.manual_seed(0)
+
+    def graph_time(fn, sets):
+        """Median ms per call of CUDA-graph replays (each graph holds args.calls calls on one input set)."""
+        graphs = []
+        for s in sets:
+            for _ in range(3):
+                fn(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(args.calls):
+                    fn(s)
+            graphs.append(g)
+        for g in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(args.repeats):
+            for g in graphs:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / args.calls)
+        return statistics.median(times)
+
+    def eager_time(fn, sets):
+        for s in sets:
+            for _ in range(3):
+                fn(s)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(args.repeats):
+            for s in sets:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(args.calls):
+                    fn(s)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / args.calls)
+        return statistics.median(times)
+
+    out = {"linattn": here, "rows": {}}
+    for name, B, T, H, HV, varlen in FWD_ROWS:
+        cu = None
+        if varlen:
+            T = sum(VARLEN_LENS)
+            cu = torch.tensor([0] + VARLEN_LENS, device=dev).cumsum(0).to(torch.int32)
+        N = B if cu is None else cu.numel() - 1
+
+        def make():
+            q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+            k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
+            v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16)
+            g = -torch.rand(B, T, HV, device=dev) * 0.1 - 0.01
+            beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
+            h0 = torch.randn(N, HV, K, V, device=dev) * 0.1
+            return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+
+        sets = [make(), make()]
+
+        def fwd(s):
+            return linattn.chunk_gated_delta_rule(**s, output_final_state=True, cu_seqlens=cu)
+
+        o, ht = fwd(sets[0])
+        assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), name
+        row = {"fwd_graph_ms": graph_time(fwd, sets), "fwd_eager_ms": eager_time(fwd, sets)}
+        gsets = []
+        for s in sets:
+            gs = {n: (t.detach().clone().requires_grad_(True) if n in ("q", "k", "v", "g", "beta", "initial_state")
+                      else t) for n, t in s.items()}
+            gs["do"] = torch.randn_like(s["v"])
+            gs["dht"] = torch.randn_like(s["initial_state"])
+            gsets.append(gs)
+
+        def fwdbwd(s):
+            ins = {n: t for n, t in s.items() if n not in ("do", "dht")}
+            o, ht = linattn.chunk_gated_delta_rule(**ins, output_final_state=True, cu_seqlens=cu)
+            torch.autograd.backward((o, ht), (s["do"], s["dht"]))
+            for n in ("q", "k", "v", "g", "beta", "initial_state"):
+                s[n].grad = None
+
+        row["fwdbwd_eager_ms"] = eager_time(fwdbwd, gsets)
+        out["rows"][name] = row
+        del sets, gsets
+        torch.cuda.empty_cache()
+        print(f"[{args.label}] {name}: {row}", flush=True)
+
+    H = HV = 32
+    for name, B, sdt, pool in DECODE_ROWS:
+        dt = torch.float32 if sdt == "fp32" else torch.bfloat16
+
+        def make():
+            q = torch.randn(B, 1, H, K, device=dev, dtype=torch.bfloat16)
+            k = torch.nn.functional.normalize(torch.randn(B, 1, H, K, device=dev), dim=-1).to(torch.bfloat16)
+            v = torch.randn(B, 1, HV, V, device=dev, dtype=torch.bfloat16)
+            g = -torch.rand(B, 1, HV, device=dev) * 0.1 - 0.01
+            beta = torch.rand(B, 1, HV, device=dev) * 0.9 + 0.05
+            s = dict(q=q, k=k, v=v, g=g, beta=beta)
+            if pool:
+                slots = 2 * B + 3
+                s["initial_state"] = (torch.randn(slots, HV, K, V, device=dev) * 0.1).to(dt)
+                s["state_indices"] = torch.randperm(slots, device=dev)[:B].to(torch.int32)
+                s["inplace"] = True
+            else:
+                s["initial_state"] = (torch.randn(B, HV, K, V, device=dev) * 0.1).to(dt)
+                s["output_final_state"] = True
+            return s
+
+        sets = [make(), make()]
+
+        def dec(s):
+            return linattn.fused_recurrent_gated_delta_rule(**s)
+
+        o, _ = dec(sets[0])
+        assert torch.isfinite(o.float()).all(), name
+        row = {"graph_ms": graph_time(dec, sets)}
+        out["rows"][name] = row
+        print(f"[{args.label}] {name}: {row}", flush=True)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tree", action="append", default=[], help="LABEL=PATH (a source tree holding linattn/)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--label", default="", help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        res = _child(args)
+        with open(args.result, "w") as f:
+            json.dump(res, f)
+        return 0
+    trees = [t.split("=", 1) for t in args.tree]
+    if len(trees) < 2:
+        p.error("give two or more --tree LABEL=PATH")
+    runs = {label: [] for label, _ in trees}
+    for r in range(args.rounds):
+        order = trees if r % 2 == 0 else trees[::-1]
+        for label, path in order:
+            res_file = f"/tmp/ab_{label}_{r}.json"
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
+            t0 = time.time()
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", os.path.abspath(path), "--label", label,
+                   "--result", res_file, "--repeats", str(args.repeats), "--calls", str(args.calls)]
+            subprocess.run(cmd, env=env, check=True)
+            with open(res_file) as f:
+                runs[label].append(json.load(f))
+            print(f"round {r} {label}: {time.time() - t0:.0f} s", flush=True)
+    labels = [label for label, _ in trees]
+    base = labels[0]
+    summary = {}
+    print(f"\n{'row':<28}{'metric':<16}" + "".join(f"{lb + ' ms':>12}{lb + ' spread':>12}" for lb in labels)
+          + "".join(f"{lb + '/' + base:>12}" for lb in labels[1:]))
+    for row in runs[base][0]["rows"]:
+        for metric in runs[base][0]["rows"][row]:
+            vals = {lb: [run["rows"][row][metric] for run in runs[lb]] for lb in labels}
+            med = {lb: statistics.median(v) for lb, v in vals.items()}
+            spread = {lb: max(v) / min(v) - 1 for lb, v in vals.items()}
+            ratios = {lb: med[base] / med[lb] for lb in labels[1:]}    # > 1: faster than the base
+            summary[f"{row} | {metric}"] = dict(per_process=vals, median=med, spread=spread, speedup_vs_base=ratios)
+            print(f"{row:<28}{metric:<16}" + "".join(f"{med[lb]:>12.4f}{spread[lb] * 100:>11.1f}%" for lb in labels)
+                  + "".join(f"{ratios[lb]:>12.3f}" for lb in labels[1:]))
+    if args.json:
+        import torch
+        envline = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
+                       triton=__import__("triton").__version__, trees=dict(trees))
+        with open(args.json, "w") as f:
+            json.dump(dict(env=envline, summary=summary, runs=runs), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
