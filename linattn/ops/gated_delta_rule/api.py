@@ -140,6 +140,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         q, k: [B, T, H, K] (bf16, fp16 or fp32; one dtype with v).
         v: [B, T, HV, V], HV a multiple of H (GVA: value head j reads q/k head j // (HV // H)).
         g: [B, T, HV] log decay (<= 0), any float dtype.  beta: [B, T, HV] any float dtype.
+            Values are checked for CPU tensors (g finite and <= 0, no NaN in beta: ValueError); on a GPU they are
+            the caller's contract (no host sync), checked only with LINATTN_CHECK_INPUTS=1 (validation.py).
         scale: query scale, default K ** -0.5.
         initial_state: [N, HV, K, V], any float dtype (the math is fp32); N = B, or the number of sequences.
         output_final_state: also return the fp32 state after the last token, [N, HV, K, V].
