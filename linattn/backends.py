@@ -2,8 +2,13 @@
 
 Each op owns an `OpBackends` table. A backend registers an implementation and a `supports(**call)` function
 that answers `(ok, reason)`. `backend="auto"` takes the first backend, in priority order, that accepts the call
-and remembers each rejection reason (printed once with LINATTN_LOG=1, always listed by `linattn doctor`); an
-explicitly requested backend that rejects the call raises with its reason.
+and remembers each rejection reason (printed once with LINATTN_LOG=1, with the choice, and always listed by
+`linattn doctor`); an explicitly requested backend that rejects the call raises with its reason. LINATTN_BACKEND
+replaces "auto" by a backend name for every call.
+
+The backend named "reference" (plain PyTorch) is registered by name only (auto=False), with one exception: for
+CPU tensors in a process where Triton does not interpret (TRITON_INTERPRET was not set before `import linattn`),
+no kernel can run, so `auto` falls back to it last. Under the interpreter and on a GPU `auto` never picks it.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from linattn.runtime.settings import settings
 
+REFERENCE = "reference"
 SupportsFn = Callable[..., Tuple[bool, str]]
 
 
@@ -32,9 +38,26 @@ class Backend:
     # what they accept by name: auto_filter(**call) -> (ok, reason), asked only after supports() said yes
     auto_filter: Optional[SupportsFn] = None
 
-    def auto_accepts(self, **call) -> Tuple[bool, str]:
+    def accepts(self, **call) -> Tuple[bool, str]:
+        """supports(), plus the one process-wide refusal: a Triton kernel on CPU tensors where TRITON_INTERPRET=1
+        was set after triton was imported (it would fail inside Triton with a bare error)."""
         ok, reason = self.supports(**call)
+        if ok and self.name != REFERENCE and settings.interpret and _on_cpu(call):
+            from linattn.runtime.device import interpreter_mismatch
+            late = interpreter_mismatch()
+            if late:
+                return False, late
+        return ok, reason
+
+    def auto_accepts(self, **call) -> Tuple[bool, str]:
+        ok, reason = self.accepts(**call)
         if ok and not self.auto:
+            if self.name == REFERENCE and _on_cpu(call):
+                from linattn.runtime.device import triton_interprets
+                if not triton_interprets():
+                    return True, ("CPU tensors and no Triton interpreter in this process: the plain-PyTorch "
+                                  "reference runs (set TRITON_INTERPRET=1 before importing linattn to run the "
+                                  "Triton kernels on the CPU)")
             return False, self.not_auto_reason
         if ok and self.auto_filter is not None:
             ok, reason = self.auto_filter(**call)
@@ -73,21 +96,22 @@ class OpBackends:
             if backend not in self.backends:
                 raise BackendError(f"{self.op}: unknown backend {backend!r}; known: {self.names()}")
             b = self.backends[backend]
-            ok, reason = b.supports(**call)
+            ok, reason = b.accepts(**call)
             if not ok:
                 raise BackendError(f"{self.op}: backend {backend!r} cannot run this call: {reason}")
             return b
         for b in sorted(self.backends.values(), key=lambda b: b.priority):
-            if not b.auto:
+            if not b.auto and b.name != REFERENCE:
                 continue
             ok, reason = b.auto_accepts(**call)
+            if not ok:
+                self.last_rejections[b.name] = reason
+            if settings.log_choices and (b.name, ok, reason) not in self._logged:
+                self._logged.add((b.name, ok, reason))
+                what = f"auto picks backend {b.name!r}" if ok else f"skipping backend {b.name!r}"
+                print(f"[linattn] {self.op}: {what}" + (f": {reason}" if reason else ""), file=sys.stderr)
             if ok:
                 return b
-            self.last_rejections[b.name] = reason
-            key = (b.name, reason)
-            if settings.log_choices and key not in self._logged:
-                self._logged.add(key)
-                print(f"[linattn] {self.op}: skipping backend {b.name!r}: {reason}", file=sys.stderr)
         raise BackendError(f"{self.op}: no backend accepts this call: {self.last_rejections}")
 
 
@@ -102,3 +126,10 @@ def op_backends(op: str) -> OpBackends:
 
 def all_ops() -> Dict[str, OpBackends]:
     return dict(_REGISTRY)
+
+
+def _on_cpu(call) -> bool:
+    """Whether the call's first tensor argument (q, or a for matmul) lives on the CPU."""
+    import torch
+    t = next((v for v in call.values() if isinstance(v, torch.Tensor)), None)
+    return t is not None and t.device.type == "cpu"

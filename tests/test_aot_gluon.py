@@ -89,7 +89,7 @@ def test_gluon_matmul_split_k_writes_fp32_partials(name):
 
 def test_gluon_status_traces_under_torch_compile():
     """Backends ask gluon_status() (through runtime.device.hopper_gluon_ready) while `auto` picks a backend, which
-    happens inside a model compiled with torch.compile(fullgraph=True). Round 12's decode gate on the H200 failed
+    happens inside a model compiled with torch.compile(fullgraph=True). A decode gate on the H200 once failed
     both torch.compile cases: Dynamo traced through the lru_cache'd probe into globals(). Here the same call,
     compiled on the CPU."""
     import torch

@@ -44,7 +44,7 @@ def package_version(module: str) -> str:
 
 def git_commit() -> str:
     # The device machine receives a copy of the work tree whose .git, when there is one, is not the commit
-    # being run (seen in round 8: it named the session's first commit): the runner passes the commit in, and
+    # being run (it has named the session's first commit): the runner passes the commit in, and
     # that wins.
     given = os.environ.get("LINATTN_COMMIT", "").strip()
     if given:

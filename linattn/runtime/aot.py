@@ -19,9 +19,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-# SASS opcode families `inspect` counts; a family counts every opcode that starts with it.
-# "LDG.E" (plain global loads, with their width and L2 hint: LDG.E.128, LDG.E.EL.128) and "ACQBULK"
-# (griddepcontrol.wait) since round 30, for the decode's reg_prefetch walk and its PDL builds.
+# SASS opcode families `inspect` counts; a family counts every opcode that starts with it. "LDG.E" counts plain
+# global loads with their width and L2 hint (LDG.E.128, LDG.E.EL.128: the decode's reg_prefetch walk), "ACQBULK"
+# griddepcontrol.wait.
 SASS_FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "LDGSTS", "HMMA", "LDL", "STL", "WARPGROUP", "BAR", "LDSM",
                  "LDG.E", "ACQBULK")
 

@@ -68,6 +68,26 @@ def _cpu_facts() -> DeviceFacts:
     return DeviceFacts("cpu", "cpu", (0, 0), os.cpu_count() or 1, 0, 0)
 
 
+def triton_interprets() -> bool:
+    """Whether @triton.jit functions in this process run in Triton's interpreter. Triton decides when a function
+    is decorated (its own library at `import triton`, linattn's kernels at `import linattn`), not when it runs:
+    TRITON_INTERPRET set later changes nothing, so this asks a library function what it became."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.cdiv, InterpretedFunction)
+
+
+LATE_INTERPRETER = ("TRITON_INTERPRET=1 was set after triton was imported (by `import linattn` or earlier), so "
+                    "Triton compiles for a GPU in this process: set TRITON_INTERPRET=1 before importing linattn "
+                    "(or triton) to run the Triton kernels on the CPU")
+
+
+def interpreter_mismatch() -> str:
+    """LATE_INTERPRETER when TRITON_INTERPRET=1 is set now but Triton was imported without it, else ""."""
+    from linattn.runtime.settings import settings
+    return LATE_INTERPRETER if settings.interpret and not triton_interprets() else ""
+
+
 def hopper_gluon_ready(t: torch.Tensor, what: str, needs: str = "TMA, WGMMA"):
     """(ok, reason): whether `what` (a Gluon Hopper kernel, e.g. "the Gluon decode") can run on t's device: not
     under the interpreter, a CUDA tensor, an sm_90 GPU, and a Triton that has the Gluon names we use. The one

@@ -3,6 +3,9 @@
 TRITON_INTERPRET   Triton's own switch: run @triton.jit kernels on the CPU through the interpreter.
 LINATTN_BACKEND    default backend for ops called with backend="auto" ("auto", "triton", "gluon", "reference").
 LINATTN_LOG        "1" prints the backend choice and every rejection reason once per op and reason.
+LINATTN_CHECK_INPUTS  "1" also checks the values of g and beta of GPU tensors (finite, g <= 0), at the cost of a
+                   host synchronisation per call; CPU tensors are always checked. Read at import
+                   (ops/gated_delta_rule/validation.py).
 LINATTN_GDN_GLUON_VARIANT  state-pass variant of the GDN "gluon" backend: "literal", "tma" or "wgmma"
                    (default: "" = the launcher's default, the most advanced variant).
 LINATTN_GLUON_HOST_CACHE  "0" turns off the host-path cache of the GDN Gluon state pass (launch plans per call
@@ -255,6 +258,10 @@ class _Settings:
     @property
     def log_choices(self) -> bool:
         return _flag("LINATTN_LOG")
+
+    @property
+    def check_inputs(self) -> bool:
+        return _flag("LINATTN_CHECK_INPUTS")
 
     @property
     def gdn_gluon_variant(self) -> str:

@@ -1,14 +1,22 @@
 """Argument checks shared by the Gated DeltaNet ops: every bad input gets a clear ValueError, never a crash or
-silent garbage. No check reads device data (no host synchronisation): cu_seqlens is checked on the host only
-when it already lives there; on a GPU it is checked by `check_cu_seqlens_values` only when asked
-(`validate_cu_seqlens=True`), since that needs a sync."""
+silent garbage.
+
+Shapes, dtypes and devices are always checked. Values are checked only where that costs no host
+synchronisation: for CPU tensors, the gates (`check_gate_values`: g finite and <= 0, beta not NaN) and cu_seqlens
+(`check_cu_seqlens_values`). On a GPU the values are the caller's contract (documented on the ops), unless
+LINATTN_CHECK_INPUTS=1 (read at import) asks for the gate checks there too, at one host synchronisation per call.
+No value is read while torch.compile traces."""
 from typing import Optional
 
 import torch
 
+from linattn.runtime.settings import settings
+
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+# LINATTN_CHECK_INPUTS=1: check the gate values of GPU tensors too (a host synchronisation per call)
+CHECK_GPU_VALUES = settings.check_inputs
 
 
 def _fail(msg: str):
@@ -53,6 +61,8 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     for name, t in named:
         if t is not None and t.device != dev:
             _fail(f"{op}: {name} is on {t.device} but q is on {dev}")
+    if (dev.type == "cpu" or CHECK_GPU_VALUES) and not torch.compiler.is_compiling():
+        check_gate_values(g, beta, op, log_decay=not gate_optional)
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             _fail(f"{op}: cu_seqlens must be a 1-D tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
@@ -74,6 +84,22 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
         if tuple(initial_state.shape) != (N, HV, K, V):
             _fail(f"{op}: initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}")
     return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
+
+
+def check_gate_values(g, beta, op: str = "chunk_gated_delta_rule", log_decay: bool = True):
+    """Values check of the gates (reads them: a host sync on a GPU). g is a log decay: finite and <= 0 (a positive
+    g grows the state without bound, -inf or NaN turns the chunk form's exp differences into NaN). With
+    log_decay=False (the decode op, whose g may be a raw gate input for A_log) only NaN is refused. beta: no NaN."""
+    if g is not None:
+        bad = ~(g <= 0) | torch.isneginf(g) if log_decay else torch.isnan(g)
+        if bool(bad.any()):
+            n_nan, n_pos = int(torch.isnan(g).sum()), int((g > 0).sum())
+            n_ninf = int(torch.isneginf(g).sum())
+            what = ", ".join(f"{n} {w}" for n, w in ((n_nan, "NaN"), (n_pos, "> 0"), (n_ninf, "-inf")) if n)
+            need = "finite and <= 0 (a log decay)" if log_decay else "free of NaN"
+            _fail(f"{op}: g must be {need}; it has {what} of {g.numel()} values")
+    if bool(torch.isnan(beta).any()):
+        _fail(f"{op}: beta has {int(torch.isnan(beta).sum())} NaN of {beta.numel()} values")
 
 
 # CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state

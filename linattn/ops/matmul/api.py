@@ -33,7 +33,8 @@ def _triton_supports(a, b, **_) -> Tuple[bool, str]:
     from linattn.runtime.settings import settings
     if a.device.type == "cuda" or settings.interpret:
         return True, "ok"
-    return False, f"tensors on {a.device} need a CUDA GPU, or TRITON_INTERPRET=1 to run Triton on the CPU"
+    return False, (f"tensors on {a.device} need a CUDA GPU, or TRITON_INTERPRET=1 set before importing linattn to "
+                   "run Triton on the CPU")
 
 
 def _gluon_supports(a, b, **_) -> Tuple[bool, str]:
@@ -72,6 +73,7 @@ def _reference_impl(a, b):
 _backends = op_backends("matmul")
 _backends.register("gluon", _gluon_impl, _gluon_supports, priority=0)
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
+# by name; `auto` falls back to it for CPU tensors where Triton does not interpret (linattn/backends.py)
 _backends.register("reference", _reference_impl, _reference_supports, priority=100, auto=False)
 
 
@@ -81,7 +83,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, backend: str = "auto") -> torch.Ten
     a: [M, K], b: [K, N], both torch.bfloat16 or both torch.float16, on the same device. Either may be a
     transposed view (e.g. ``w.T`` of a contiguous [N, K] weight): kernels read strides, no copy is made.
     Returns a new contiguous [M, N] tensor in the operands' dtype.
-    backend: "auto" (Gluon on sm_90 when TMA alignment allows, else Triton), "gluon", "triton" or "reference";
+    backend: "auto" (Gluon on sm_90 when TMA alignment allows, else Triton; on CPU tensors Triton under
+    TRITON_INTERPRET=1, else the torch reference), "gluon", "triton" or "reference";
     an explicitly requested backend that cannot run the call raises linattn.backends.BackendError with the reason.
     """
     chosen = _select(backend, a, b)

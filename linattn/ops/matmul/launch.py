@@ -3,7 +3,7 @@ optional launch through the compiled-kernel handle. The machinery is generic and
 linattn/runtime/host_path.py (the GDN Gluon state pass uses it too); this module holds matmul's switches and
 binds them to it, under the names the matmul code and its tests use.
 
-Why: on the H200 (round 6) a 25 us GEMM (2000x3000x1000) took ~190 us per call on both paths; everything in
+Why: on the H200 a 25 us GEMM (2000x3000x1000) took ~190 us per call on both paths; everything in
 front of the kernel is host Python. A *plan* holds what depends only on the call's signature (shapes, strides,
 dtype, device, explicit config): the launch config (heuristic or tuned-cache lookup), transposition flags,
 TMA block shapes and layouts, grid, workspace shape. Computing it once per signature leaves, per call, the
@@ -16,18 +16,16 @@ JIT ends in, with the same argument list, constexprs included). The plan key fix
 specialises on (integer values, strides, dtypes, pointer alignment), so the kernel is the one the JIT would
 pick. Feature-detected: a Triton whose JIT returns no usable handle keeps using the JIT.
 
-The handle launch is on by default since round 9 (results/2026-11-29_r9_matmul.json): every gate case of both
-paths ran through it on the H200 with the same error as the JIT launch (54 Triton, 99 + 132 Gluon cases), and it
-took the Gluon call on 2000x3000x1000 from 43 to 34 us eager (the kernel: 33 us graph-replayed).
+The handle launch is always on: every gate case of both paths runs through it on the H200 with the same error as
+the JIT launch, and it takes the Gluon call on 2000x3000x1000 from 43 to 34 us eager (the kernel: 33 us
+graph-replayed; results/2026-11-29_r9_matmul.json).
 
-Switches (for measuring one against the other in one process; the defaults are what the gate validated):
+For measuring one against the other in one process, the tests switch both off for a block:
     from linattn.ops.matmul.launch import host_path_options
     with host_path_options(plan_cache=False, handle=False): ...
-or, for a whole process, LINATTN_MATMUL_HANDLE=0 in the environment (read at import) turns the handle launch off.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Hashable, Optional
 
 from linattn.runtime import host_path as _hp
@@ -36,11 +34,7 @@ from linattn.runtime.host_path import KNOWN_DESCRIPTOR_FIELDS as _KNOWN_DESCRIPT
 from linattn.runtime.host_path import usable_handle as _usable_handle  # noqa: F401
 
 
-def _handle_default() -> bool:
-    return os.environ.get("LINATTN_MATMUL_HANDLE", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-host_path = HostPath(handle=_handle_default())
+host_path = HostPath(handle=True)
 
 
 def host_path_options(plan_cache: Optional[bool] = None, handle: Optional[bool] = None):
