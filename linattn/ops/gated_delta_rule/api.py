@@ -34,9 +34,7 @@ def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                    ) -> Tuple[torch.Tensor, torch.Tensor]:
     # keys_normalised: k was L2-normalised (use_qk_l2norm_in_kernel); lets LINATTN_GDN_SEGMENT_WARMUP=1 apply
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                     need_intermediates=False,     # o and the final state only
-                                     keys_normalised=keys_normalised)
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 

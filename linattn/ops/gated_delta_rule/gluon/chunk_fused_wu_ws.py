@@ -572,7 +572,7 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     """Stage 2a alone (triton/intra_split.py kkt_kernel(): kkt_solve_v4_kernel by default, LINATTN_GDN_KKT picks
     another; the frozen config; kkt_order's program order): gcum fp32 [T_tot, HV] and Tinv [T_tot, HV, 64] in k's
     dtype, the precision wu_kernel (and this kernel) multiplies it at."""
-    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_kernel, kkt_order, split_intra_config
+    from linattn.ops.gated_delta_rule.triton.intra_split import kkt_order, kkt_solve_kernel, split_intra_config
     from linattn.runtime.alloc import empty
     from linattn.runtime.settings import settings
     if settings.gdn_gluon_kkt != "off":       # opt-in: stage 2a in Gluon (gluon/kkt_solve.py)
@@ -585,10 +585,9 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
     tinv = empty(plan.T_total, HV, BT, dtype=k.dtype, device=k.device)
     from linattn.ops.gated_delta_rule.gluon.launcher import launches
-    kernel = kkt_kernel()
-    launches(kernel, (plan.num_slots, HV), (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
+    launches(kkt_solve_kernel, (plan.num_slots, HV), (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
              dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
-                  num_warps=cfg.warps_kkt, **kkt_order(kernel, plan.num_slots)))
+                  num_warps=cfg.warps_kkt, **kkt_order(plan.num_slots)))
     return gcum, tinv
 
 

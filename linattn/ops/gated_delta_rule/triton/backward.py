@@ -23,16 +23,13 @@ import torch
 import triton
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
-from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
-from linattn.ops.gated_delta_rule.triton import backward_wy_v2 as wy_v2
-from linattn.ops.gated_delta_rule.triton import backward_local_v2 as local_v2
+from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
-from linattn.runtime.settings import settings
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -48,16 +45,13 @@ class BwdConfig:
     warps_state: int
     stages_state: int
     warps_dv_local: int
-    warps_local: int
-    warps_wy: int
 
 
 def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
-    """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K and V from 16 to 256), not from timings yet.
-    Reverse state pass, 8 warps: no spills at BV = 64 when K is a power of two up to 128, else at BV = 32 (one stage
-    at K = 256). As in the forward (OPT_LOG iterations 0-1), V is split no finer than 32: every V-block program
-    re-reads the chunk's Q, K and W tiles. Local and WY stages: five to seven [64, 64] fp32 accumulators spill
-    1.4-2.5 KB with 4 warps, under 1 KB with 8."""
+    """Chosen from ptxas register/spill reports of sm_90a builds (bf16, K and V from 16 to 256). Reverse state pass,
+    8 warps: no spills at BV = 64 when K is a power of two up to 128, else at BV = 32 (one stage at K = 256). As in
+    the forward, V is split no finer than 32: every V-block program re-reads the chunk's Q, K and W tiles. Local and
+    WY stages in [64, 64] blocks at their own frozen warps and stages (backward_local.py, backward_wy.py)."""
     facts = device_facts(device)
     BK = _pow2(K)
     BV = _pow2(V)
@@ -66,8 +60,7 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
     while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
         bv_state //= 2
     return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
-                     warps_state=8, stages_state=2 if BK <= 128 else 1,
-                     warps_dv_local=4, warps_local=8, warps_wy=8)
+                     warps_state=8, stages_state=2 if BK <= 128 else 1, warps_dv_local=4)
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -77,10 +70,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None.
     state_pass: replaces the recompute's Triton state pass (chunk_gated_delta_rule_fwd's hook; the gluon backend
-    plugs its Gluon state pass in here under LINATTN_GDN_GLUON_BWD_STATE=1).
+    plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
-    state backward, gluon/chunk_state_bwd.py, in here under LINATTN_GDN_GLUON_BWD_DH=1)."""
+    state backward, gluon/chunk_state_bwd.py, in here)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -117,33 +110,22 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
     dw = empty(T_tot, HV, K, dtype=dt, device=dev)
     dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
-    local_args = (q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
-                  plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale)
-    if settings.gdn_bwd_local == "v2":         # opt-in restructured local stage (backward_local_v2.py), same I/O
-        local_v2.chunk_local_bwd_v2_kernel[(NK, slots, H)](
-            *local_args, H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-            num_warps=local_v2.WARPS_LOCAL_V2, num_stages=local_v2.STAGES_LOCAL_V2)
-    else:
-        chunk_local_bwd_kernel[(NK, slots, H)](
-            *local_args, H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-            num_warps=cfg.warps_local, num_stages=2)
+    chunk_local_bwd_kernel[(NK, slots, H)](
+        q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
+        plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+        num_warps=WARPS_LOCAL, num_stages=STAGES_LOCAL)
 
     dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     dg = empty(B, T, HV, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
-    if settings.gdn_bwd_wy == "v2":            # opt-in restructured WY stage (backward_wy_v2.py); dk_part is consumed
-        m_in_dk = K >= CHUNK                   # M^T goes through dk's own rows, else through a [slots, H, 64, 64] scratch
-        scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
-        wy_v2.chunk_wy_bwd_v2_kernel[(slots, H)](
-            k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
-            plan.cu, plan.chunk_indices, N, T_tot,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk, DOT_PREC=dot_prec,
-            num_warps=wy_v2.WARPS_V2, num_stages=wy_v2.STAGES_V2)
-        return dq, dk, dv, dg, dbeta, dh0
+    # dk_part is consumed. M^T goes through dk's own rows, else through a [slots, H, 64, 64] scratch
+    m_in_dk = K >= CHUNK
+    scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
     chunk_wy_bwd_kernel[(slots, H)](
-        k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta,
+        k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
         plan.cu, plan.chunk_indices, N, T_tot,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_wy, num_stages=2)
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk, DOT_PREC=dot_prec,
+        num_warps=WARPS_WY, num_stages=STAGES_WY)
     return dq, dk, dv, dg, dbeta, dh0

@@ -1,26 +1,49 @@
-"""Backward stage 2 (gdn-math.md, "Backward"): the chunk-parallel local terms, per chunk,
+"""Backward stage 2: the chunk-parallel local terms (dQ, the first part of dK, dW, the gate terms of O and S_next),
+organised in three phases that each keep at most three [64, 64] fp32 tiles live, so that it runs as one warpgroup
+(4 warps, 1 stage) with full-width 64x64 WGMMAs and nothing spilled (sm_90a, H16/HV32 K=V=128 bf16: 255 registers,
+0 B).
 
-    dQ  = scale ( diag(exp(gam)) dO S^T + (dP * Gam * lower_incl) K ),           dP = dO Vnew^T
-    dK' = scale (dP * Gam * lower_incl)^T Q + diag(exp(gam_C - gam)) Vnew dS^T   (the WY stage adds the rest)
-    dW  = -dVnew S^T
-and the gate terms of O and S_next (d gam_i, before the in-chunk reverse cumsum):
-    O's inter-chunk part    exp(gam_i) scale (dO S^T)_i . q_i
-    P = scale QK^T * Gam    rowsum_i(dP * P) - colsum_i(dP * P)
-    S_next                  -x_i, and x_sum + exp(gam_C) sum(dS * S) on the chunk's last row,
-                            x_i = exp(gam_C - gam_i) k_i . (Vnew dS^T)_i
-S is the chunk-start state h, dS the gradient into S_next (dh, from backward_state.py).
+Per (K block, chunk, query/key head), walking the HV // H value heads of the group in each phase:
 
-One program per (K block, chunk slot, query/key head). GVA: the program walks the HV // H value heads that read
-its q/k head and sums their dQ, dK' in registers, so no [T, HV, K] intermediate is needed for them. Every gate
-term is a sum over K, so each K block writes its own partial row of dgam ([NK, T_tot, HV], summed later).
+  phase A  (live: dq, dp, dos)   one V loop: dP = dO Vnew^T, dOS = dO S^T
+           Pm = (dP * Gam) masked i >= j;  dQ_h = scale (diag(exp gam) dOS + Pm K);  dQ += dQ_h
+           dgam := rowsum(Q * dQ_h)        (= O's inter-chunk gate term + rowsum(dP * P)); dQ stored after the loop
+  phase W  (live: dk, dw, dks)   one V loop: dW = -dVnew S^T (stored), Vnew dS^T, sum(dS * S)
+           D = diag(exp(gam_C - gam)) Vnew dS^T;  dK += D;  x = rowsum(K * D)
+           dgam -= x;  on the last row dgam += sum(x) + exp(gam_C) sum(dS * S)
+  phase B  (live: dk, dpt, dk_h) one V loop: dP^T = Vnew dO^T
+           dK_h = scale (dP^T * Gam^T masked i <= j) Q;  dK += dK_h;  dgam -= rowsum(K * dK_h) (= colsum(dP * P))
+           dK stored after the loop (fp32, the WY stage adds the rest)
 
-Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): (dP * Gam)^T is needed for dK'. Instead of tl.trans of
-the dot result dP, dP^T = Vnew dO^T is accumulated directly from loaded tiles.
+Why the gate terms are the same: with P = scale (Q K^T) * Gam masked, rowsum(dP * P)_i = sum_j Pm_ij scale q_i.k_j =
+q_i . (scale Pm K)_i and colsum(dP * P)_j = k_j . (scale Pm^T Q)_j, so both come from the dQ and dK contributions
+themselves and no Q K^T tile is needed. Exact rewrites; in 16-bit Pm enters them rounded to the operand dtype, as it
+enters dQ and dK.
+
+The dgam row of each (K block, head) is the program's own: phase A writes it, W and B read-modify-write it; a CTA
+barrier between the phases makes the writes of other threads visible (L2-resident, 3 x 256 B per head).
+
+Costs of the phase split: dO is loaded in two phases, Vnew in all three, S in two, q and k once per
+head and phase (issued bytes, L1/L2 hits right after the first read: DRAM bytes unchanged). dP is still computed
+by each of the NK K-block programs.
+
+Register notes (ptxas, sm_90a): q and k are reloaded inside each head loop, and the row count is reloaded from
+cu_seqlens per head (`ntj`) for the masks and block-pointer bounds: otherwise Triton hoists the loop-invariant
+[64, 64] masks, the fp32 copies of q and k and the bounds masks out of the head loops and holds them across phases
+(the spill went 152 -> 0 B through these and the phase split). Padded rows of a partial chunk take the last valid
+row's gam (clamped index), so only the i >= j / i <= j masks are needed: every padded row and column of dP, dP^T
+and Vnew dS^T is zero (their loads are boundary-checked).
+
+Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): no tl.trans of a dot result; dP^T is accumulated from loaded
+tiles.
 """
 import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+
+WARPS_LOCAL = 4
+STAGES_LOCAL = 1     # 2 stages: 255 registers and 4 B spilled, 56 KB; 1 stage: 0 B, 32 KB
 
 
 @triton.jit
@@ -44,63 +67,99 @@ def chunk_local_bwd_kernel(
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos
     last = tl.minimum(eos - t0, BT) - 1
+    nt = eos - t0
 
-    p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1))
-    b_k = tl.load(p_k, boundary_check=(0, 1))
-    qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)       # this K block's share of Q K^T
-    lower = (rows[:, None] >= rows[None, :]) & valid[:, None] & valid[None, :]
-    upper = (rows[:, None] <= rows[None, :]) & valid[:, None] & valid[None, :]
-
+    # ---- phases A and W: dQ (group sum in registers), the dQ side of the gate terms, dW
     dq = tl.zeros([BT, BK], dtype=tl.float32)
+    for j in range(0, G):
+        hv = hk * G + j
+        ntj = tl.load(cu_ptr + n + 1) - t0     # reloaded per head: the masks below stay loop-variant
+        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1))    # q, k reloaded per head and phase (L1/L2): never held across loops
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        rc = tl.minimum(rows, tl.minimum(ntj, BT) - 1)
+        lower = rc[:, None] >= rows[None, :]
+        gam = tl.load(gcum_ptr + (t0 + rc) * HV + hv)
+        dp = tl.zeros([BT, BT], dtype=tl.float32)
+        dos = tl.zeros([BT, BK], dtype=tl.float32)
+        for vb in range(0, tl.cdiv(V, BV)):
+            p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_h = tl.make_block_ptr(h_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
+            b_do = tl.load(p_do, boundary_check=(0, 1))
+            b_vn = tl.load(p_vn, boundary_check=(0, 1))
+            b_h = tl.load(p_h, boundary_check=(0, 1))
+            dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
+            dos += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
+        pm = tl.where(lower, dp * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
+        dqh = dos * (tl.exp(gam) * scale)[:, None] + tl.dot(pm.to(b_k.dtype), b_k, input_precision=DOT_PREC) * scale
+        a = tl.sum(dqh * b_q.to(tl.float32), axis=1)
+        tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
+        dq += dqh
+
+    p_dq = tl.make_block_ptr(dq_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+    tl.store(p_dq, dq.to(dq_ptr.dtype.element_ty), boundary_check=(0, 1))
+    tl.debug_barrier()                         # phase A's dgam rows, read back below by other threads
+
+    # ---- phase W: dW and the state part of dK' (group sum in registers), the gate term x
     dk = tl.zeros([BT, BK], dtype=tl.float32)
     for j in range(0, G):
         hv = hk * G + j
-        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        ntj = tl.load(cu_ptr + n + 1) - t0     # reloaded per head: the masks below stay loop-variant
+        rc = tl.minimum(rows, tl.minimum(ntj, BT) - 1)
+        gam = tl.load(gcum_ptr + (t0 + rc) * HV + hv)
         gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
-        dp = tl.zeros([BT, BT], dtype=tl.float32)
-        dpt = tl.zeros([BT, BT], dtype=tl.float32)
-        dos = tl.zeros([BT, BK], dtype=tl.float32)
-        dks = tl.zeros([BT, BK], dtype=tl.float32)
         dw = tl.zeros([BT, BK], dtype=tl.float32)
+        dks = tl.zeros([BT, BK], dtype=tl.float32)
         sds = tl.zeros([BK], dtype=tl.float32)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
             p_h = tl.make_block_ptr(h_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
             p_dh = tl.make_block_ptr(dh_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
-            b_do = tl.load(p_do, boundary_check=(0, 1))
-            b_vn = tl.load(p_vn, boundary_check=(0, 1))
             b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
+            b_vn = tl.load(p_vn, boundary_check=(0, 1))
             b_h = tl.load(p_h, boundary_check=(0, 1))
             b_dh = tl.load(p_dh, boundary_check=(0, 1))
-            dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
-            dpt += tl.dot(b_vn, tl.trans(b_do), input_precision=DOT_PREC)
-            dos += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
-            dks += tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
             dw += tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
+            dks += tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
             sds += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), axis=1)
-        # Gam and its transpose, masked before exp (gam is 0 on rows past the end; see intra_chunk.py)
-        gl = tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.))
-        gu = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
-        pm = tl.where(lower, dp * gl, 0.)
-        pmt = tl.where(upper, dpt * gu, 0.)
-        dq_inter = dos * (tl.exp(gam) * scale)[:, None]
-        dq += dq_inter + tl.dot(pm.to(b_k.dtype), b_k, input_precision=DOT_PREC) * scale
-        dks = dks * tl.exp(gam_last - gam)[:, None]
-        dk += tl.dot(pmt.to(b_q.dtype), b_q, input_precision=DOT_PREC) * scale + dks
-
-        dpp = pm * qk * scale                                       # dP * P (this K block's share)
-        x = tl.sum(dks * b_k.to(tl.float32), axis=1)
-        dgam = tl.sum(dq_inter * b_q.to(tl.float32), axis=1) + tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0) - x
-        dgam += tl.where(rows == last, tl.sum(x, axis=0) + tl.exp(gam_last) * tl.sum(sds, axis=0), 0.)
-        tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, dgam, mask=valid)
-        p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (ntj, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
         tl.store(p_dw, (-dw).to(dw_ptr.dtype.element_ty), boundary_check=(0, 1))
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        dks = dks * tl.exp(gam_last - gam)[:, None]
+        x = tl.sum(dks * b_k.to(tl.float32), axis=1)
+        a = tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
+        a = a - x + tl.where(rows == last, tl.sum(x, axis=0) + tl.exp(gam_last) * tl.sum(sds, axis=0), 0.)
+        tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
+        dk += dks
+    tl.debug_barrier()                         # phase W's dgam rows, read back below by other threads
 
-    p_dq = tl.make_block_ptr(dq_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    tl.store(p_dq, dq.to(dq_ptr.dtype.element_ty), boundary_check=(0, 1))
-    p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+    # ---- phase B: the intra-chunk part of dK' and its gate term colsum(dP * P)
+    for j in range(0, G):
+        hv = hk * G + j
+        ntj = tl.load(cu_ptr + n + 1) - t0     # reloaded per head: the masks below stay loop-variant
+        rc = tl.minimum(rows, tl.minimum(ntj, BT) - 1)
+        upper = rows[:, None] <= rc[None, :]
+        gam = tl.load(gcum_ptr + (t0 + rc) * HV + hv)
+        dpt = tl.zeros([BT, BT], dtype=tl.float32)
+        for vb in range(0, tl.cdiv(V, BV)):
+            p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            b_do = tl.load(p_do, boundary_check=(0, 1))
+            b_vn = tl.load(p_vn, boundary_check=(0, 1))
+            dpt += tl.dot(b_vn, tl.trans(b_do), input_precision=DOT_PREC)
+        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1))
+        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        pmt = tl.where(upper, dpt * tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.)), 0.)
+        dkh = tl.dot(pmt.to(b_q.dtype), b_q, input_precision=DOT_PREC) * scale
+        a = tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
+        a -= tl.sum(dkh * b_k.to(tl.float32), axis=1)
+        tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
+        dk += dkh
+    p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
     tl.store(p_dk, dk, boundary_check=(0, 1))

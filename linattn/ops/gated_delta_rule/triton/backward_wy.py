@@ -1,41 +1,54 @@
-"""Backward stage 3 (gdn-math.md, "Backward", last paragraph): back through the WY representation, per chunk,
+"""Backward stage 3: back through the WY representation (dV, the rest of dK, dbeta, dg), organised so that few
+[64, 64] fp32 tiles are live at a time and the kernel runs as one warpgroup (4 warps) with full-width 64x64 WGMMAs.
+sm_90a, H16/HV32 K=V=128 bf16: 255 registers, no spill at HV = 2H (218 registers at HV = H). Two devices keep it
+from spilling: the gate vectors are loaded one element per thread (common.load_vec_compact), and the tile addresses
+are made per phase through an opaque zero z0.
 
-    W = Tinv diag(beta exp(gam)) K,   U = Tinv diag(beta) V,   Tinv = (I + A)^-1,
-    A = strict_lower(diag(beta) K K^T * Gam)
-with dU = dVnew (backward_state.py) and dW = -dVnew S^T (backward_local.py):
-    dV     = diag(beta) Tinv^T dU                      dbeta += rowsum(V * Tinv^T dU)
-    dK    += diag(beta exp(gam)) Tinv^T dW             dbeta, d gam += (1, beta) * exp(gam) rowsum(K * Tinv^T dW)
-    dTinv  = dW (diag(beta exp gam) K)^T + dU (diag(beta) V)^T
-    dA     = -Tinv^T dTinv Tinv^T, strictly lower      M = dA * Gam * beta_i
-    dK    += M K + M^T K                               dbeta_i += rowsum(dA * KK^T * Gam)
-    d gam += rowsum(dA * A) - colsum(dA * A)
-then dg = the reverse cumulative sum of d gam inside the chunk (d gam also holds the local stage's partials).
+Per chunk and value head (gdn-math.md, "Backward"; dU = dVnew, dW from the local stage):
 
-rowsum(K * Tinv^T dW)_i = sum_m Tinv_mi (dW K^T)_mi, so dW K^T (needed for dTinv anyway) gives it without a
-second pass over K.
+  phase 1  X = dW K^T (one accumulator over K blocks);  rs_w = colsum(Tinv * X) = rowsum(K * Tinv^T dW)
+           X = X diag(exp gam) + dU V^T (the same accumulator over V blocks);  dV = diag(beta) Tinv^T dU
+           dbeta = colsum(Tinv * X) = exp(gam) rs_w + rowsum(V * Tinv^T dU);  dTinv = strict_lower(X diag(beta))
+  phase 2  D = strict_lower( -(Tinv^T (dTinv Tinv^T)) * Gam )     two [64, 64] products on the fp32 Tinv (DOT_PREC)
+           K K^T (one accumulator over K blocks);  rs_d = rowsum(D * K K^T);  M = diag(beta) D;  rs_m = colsum(M * K K^T)
+           M stored to a [64, 64] scratch tile and read back transposed: S = M + M^T, rounded to k's dtype
+           dbeta += rs_d;  d gam = beta (exp(gam) rs_w + rs_d) - rs_m + the local stage's partials;
+           dg = the in-chunk reverse cumsum of d gam; dg and dbeta stored here, before phase 3
+  phase 3  per K block, one accumulator: dK = dk_part + S K + diag(beta exp gam) Tinv^T dW
 
-One program per (chunk slot, query/key head), walking the HV // H value heads of the group: M + M^T of the group
-is summed as a [C, C] matrix (K is shared), so dK leaves the program once, summed over the group, without a
-[T, HV, K] intermediate.
+Masking dTinv to its strictly lower part before the chain changes nothing in exact arithmetic (the upper part only
+reaches the upper part of Tinv^T X Tinv^T, which the mask of D drops).
 
-Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): M^T must not be tl.trans(M) (M comes from dot results
-in registers). dTinv^T = (diag(beta exp gam) K) dW^T + (diag(beta) V) dU^T is accumulated directly from loaded
-tiles and dA^T = -Tinv dTinv^T Tinv computed with Tinv loaded from memory; every tl.trans is of a loaded tile.
+Precision: 16-bit products take Tinv and S = M + M^T rounded to k's dtype (S per value head), the dA chain runs on
+the fp32 Tinv at DOT_PREC (TF32 for 16-bit inputs), and the gate terms use the fp32 K K^T; exp(gam) and beta scale
+the fp32 dTinv accumulator, and the V part of dbeta uses the fp32 Tinv (colsum(Tinv * dU V^T)).
+
+Grid (chunk slot, query/key head): the program walks the HV // H value heads of its group, one at a time, nothing
+live from one head to the next. The group's dK is summed in dk_part (fp32, the local stage's partial dK, updated IN
+PLACE for every head but the last, whose phase 3 writes dk in k's dtype): deterministic, no [T, HV, K] buffer.
+
+Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): no tl.trans of a dot result anywhere. M^T goes through
+memory: M is stored to the scratch tile, a barrier, then loaded with transposed addresses. The scratch is dk's own
+[64, K] rows of this chunk and head when K >= 64 (dk is written last, by the last head's phase 3, after the last
+read of the scratch; only valid rows are touched), else a [slots, H, 64, 64] buffer (M_IN_DK=False).
 """
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_vec_compact, slot_chunk
+
 
 
 @triton.jit
 def chunk_wy_bwd_kernel(
     k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,      # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv fp32 [T_tot, HV, BT]
-    dvnew_ptr, dw_ptr, dk_part_ptr, dgam_ptr,        # dvnew [T_tot, HV, V], dw [T_tot, HV, K], dk fp32 [T_tot, H, K], dgam fp32 [NK, T_tot, HV]
+    dvnew_ptr, dw_ptr, dk_part_ptr, dgam_ptr,        # dvnew [T_tot, HV, V], dw [T_tot, HV, K], dk fp32 [T_tot, H, K] (updated in place when HV > H), dgam fp32 [NK, T_tot, HV]
     dk_ptr, dv_ptr, dg_ptr, dbeta_ptr,               # outputs in k's, v's, g's and beta's dtypes
+    m_ptr,                                           # scratch [slots, H, BT, BT] in k's dtype (unused when M_IN_DK)
     cu_ptr, chunk_idx_ptr, N, T_tot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, DOT_PREC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, NKP: tl.constexpr,
+    M_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     p = tl.program_id(0)
     hk = tl.program_id(1)
@@ -43,93 +56,117 @@ def chunk_wy_bwd_kernel(
     if n >= N:                                 # surplus slot of the varlen bound
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    nt = (eos - t0).to(tl.int32)               # valid rows of this chunk
     G: tl.constexpr = HV // H
     rows = tl.arange(0, BT)
-    valid = (t0 + rows) < eos
-    both = valid[:, None] & valid[None, :]
-    slower = (rows[:, None] > rows[None, :]) & both
-    supper = (rows[:, None] < rows[None, :]) & both
     dt_op = k_ptr.dtype.element_ty
+    if M_IN_DK:
+        m_base = dk_ptr + t0 * H * K + hk * K      # dk's rows of this chunk and head: [BT, K >= BT], row stride H*K
+        m_row = H * K
+    else:
+        m_base = m_ptr + (p.to(tl.int64) * H + hk) * BT * BT
+        m_row = BT
 
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, NK):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-
-    msum = tl.zeros([BT, BT], dtype=tl.float32)
     for j in range(0, G):
         hv = hk * G + j
-        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-        beta = tl.load(beta_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.).to(tl.float32)
-        tinv = tl.load(tinv_ptr + ((t0 + rows) * HV + hv)[:, None] * BT + rows[None, :], mask=valid[:, None], other=0.)
-        tinv_op = tinv.to(dt_op)
-        bg = beta * tl.exp(gam)
+        # nt reloaded per head, so that no mask or tile address below is hoisted out of the head loop and kept live
+        nt = (tl.load(cu_ptr + n + 1) - t0).to(tl.int32)
+        valid = rows < nt
+        # rows past the chunk's end read the last valid row's gate (finite exp(gam_i - gam_j)); no [BT, BT] validity
+        # mask is needed: every tile loads zeros there, so dTinv, dA and D are exactly zero in those rows and columns
+        r_gate = (t0 + tl.minimum(rows, nt - 1)) * HV
 
-        # dTinv = dW (diag(bg) K)^T + dU (diag(beta) V)^T and its transpose, both accumulated from loaded tiles
+        # ---- phase 1: dTinv in one accumulator; the K part's colsum(Tinv * dW K^T) first; dV
+        # z0 == 0 (cu[n + 1] is eos), reloaded per phase: the compiler cannot prove it, so every tile's [64, 64]
+        # addresses and masks offset by it are computed in their phase, not hoisted out of the head loop or shared
+        # between phases and kept live (the loop-invariant addresses were the rest of the spill)
+        z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
         dtinv = tl.zeros([BT, BT], dtype=tl.float32)
-        dtinvt = tl.zeros([BT, BT], dtype=tl.float32)
-        tcol = tl.zeros([BT], dtype=tl.float32)           # sum_m Tinv_mi (dW K^T)_mi
         for kb in range(0, NK):
-            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (nt, K), (HV * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
             b_k = tl.load(p_k, boundary_check=(0, 1))
             b_dw = tl.load(p_dw, boundary_check=(0, 1))
-            dwk = tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
-            tcol += tl.sum(tinv * dwk, axis=0)
-            dtinv += dwk * bg[None, :]
-            dtinvt += tl.dot(b_k, tl.trans(b_dw), input_precision=DOT_PREC) * bg[:, None]
-        dbeta = tl.zeros([BT], dtype=tl.float32)
+            dtinv += tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
+        rs_w = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)       # rowsum(K * Tinv^T dW)
+        dtinv = dtinv * tl.exp(load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))[None, :]
+        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+            p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
+            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
             b_v = tl.load(p_v, boundary_check=(0, 1))
             b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
-            vbeta = (b_v.to(tl.float32) * beta[:, None]).to(b_v.dtype)
-            dtinv += tl.dot(b_dvn, tl.trans(vbeta), input_precision=DOT_PREC)
-            dtinvt += tl.dot(vbeta, tl.trans(b_dvn), input_precision=DOT_PREC)
-            tdu = tl.dot(tl.trans(tinv_op), b_dvn.to(dt_op), input_precision=DOT_PREC)     # Tinv^T dU
-            dbeta += tl.sum(b_v.to(tl.float32) * tdu, axis=1)
-            p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            tl.store(p_dv, (tdu * beta[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
+            dtinv += tl.dot(b_dvn, tl.trans(b_v), input_precision=DOT_PREC)
+            tdu = tl.dot(tl.trans(tinv_op), b_dvn.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dU
+            beta_r = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+            p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
+            tl.store(p_dv, (tdu * beta_r[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
+        # colsum(Tinv * (dW K^T diag(exp gam) + dU V^T)) = exp(gam) rowsum(K * Tinv^T dW) + rowsum(V * Tinv^T dU)
+        dbeta = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)
+        beta_c = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+        dtinv = tl.where(rows[:, None] > (rows + z0)[None, :], dtinv * beta_c[None, :], 0.)
 
-        t = tl.exp(gam) * tcol                             # exp(gam_i) rowsum(K * Tinv^T dW)_i
-        dbeta += t
-        dgam = beta * t
-        # dA = -Tinv^T dTinv Tinv^T and dA^T = -Tinv dTinv^T Tinv, each from Tinv as loaded (fp32 chain)
-        da = -tl.dot(tl.dot(tl.trans(tinv), dtinv, input_precision=DOT_PREC), tl.trans(tinv), input_precision=DOT_PREC)
-        dat = -tl.dot(tl.dot(tinv, dtinvt, input_precision=DOT_PREC), tinv, input_precision=DOT_PREC)
-        # Gam masked before exp, strictly lower / strictly upper
-        gl = tl.exp(tl.where(slower, gam[:, None] - gam[None, :], 0.))
-        gu = tl.exp(tl.where(supper, gam[None, :] - gam[:, None], 0.))
-        da = tl.where(slower, da * gl, 0.)                 # dA * Gam
-        dat = tl.where(supper, dat * gu, 0.)               # (dA * Gam)^T
-        m = da * beta[:, None]
-        msum += m + dat * beta[None, :]
-        dbeta += tl.sum(da * kk, axis=1)
-        daa = m * kk                                       # dA * A
-        dgam += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
+        z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
+        # ---- phase 2: D = -(Tinv^T dTinv Tinv^T) * Gam (fp32 Tinv, DOT_PREC); K K^T; M = diag(beta) D; S = M + M^T
+        tinv = tl.load(p_tinv, boundary_check=(0,))
+        z = tl.dot(dtinv, tl.trans(tinv), input_precision=DOT_PREC)                # dTinv Tinv^T
+        da = tl.dot(tl.trans(tinv), z, input_precision=DOT_PREC)                   # Tinv^T dTinv Tinv^T
+        gam_r = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
+        gam_c = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
+        d = tl.where(rows[:, None] > (rows + z0)[None, :], -da * tl.exp(gam_r[:, None] - gam_c[None, :]), 0.)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
+            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+            b_k = tl.load(p_k, boundary_check=(0, 1))
+            kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+        rs_d = tl.sum(d * kk, axis=1)                   # rowsum(D * K K^T)
+        m = d * load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)[:, None]
+        rs_m = tl.sum(m * kk, axis=0)                   # colsum(M * K K^T)
+        p_m = tl.make_block_ptr(m_base, (nt if M_IN_DK else BT, BT), (m_row, 1), (z0, 0), (BT, BT), (1, 0))
+        tl.store(p_m, m.to(dt_op), boundary_check=(0,))
+        tl.debug_barrier()
+        # M^T: element (i, j) is M_ji, read back with transposed addresses (a loaded tile, not a transposed dot result)
+        p_mt = tl.make_block_ptr(m_base, (BT, nt if M_IN_DK else BT), (1, m_row), (0, z0), (BT, BT), (0, 1))
+        s_op = (m + tl.load(p_mt, boundary_check=(1,)).to(tl.float32)).to(dt_op)
+        tl.debug_barrier()           # every read of the scratch precedes phase 3's dk stores (M_IN_DK)
+
+        # dg and dbeta are complete here: stored before phase 3, so no gate vector lives through it
+        beta = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+        dbeta += rs_d
+        dgam = beta * (tl.exp(load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)) * rs_w + rs_d) - rs_m
+        for kb in range(0, NKP):
             dgam += tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
         # dg_i = sum_{j >= i in the chunk} d gam_j (gam is the in-chunk cumsum of g)
-        dg = tl.sum(tl.where(rows[None, :] >= rows[:, None], dgam[None, :], 0.), axis=1)
-        tl.store(dg_ptr + (t0 + rows) * HV + hv, dg.to(dg_ptr.dtype.element_ty), mask=valid)
-        tl.store(dbeta_ptr + (t0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
+        dg = tl.sum(tl.where(rows[None, :] >= (rows + z0)[:, None], dgam[None, :], 0.), axis=1)
+        tl.store(dg_ptr + (t0 + z0 + rows) * HV + hv, dg.to(dg_ptr.dtype.element_ty), mask=valid)
+        tl.store(dbeta_ptr + (t0 + z0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
 
-    msum_op = msum.to(dt_op)
-    for kb in range(0, NK):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        p_dkp = tl.make_block_ptr(dk_part_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        acc = tl.load(p_dkp, boundary_check=(0, 1)) + tl.dot(msum_op, b_k, input_precision=DOT_PREC)
-        for j in range(0, G):
-            hv = hk * G + j
-            gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-            beta = tl.load(beta_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.).to(tl.float32)
-            tinv = tl.load(tinv_ptr + ((t0 + rows) * HV + hv)[:, None] * BT + rows[None, :], mask=valid[:, None], other=0.)
-            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
+        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
+        # ---- phase 3: dK = dk_part + S K + diag(beta exp gam) Tinv^T dW (group sum in dk_part)
+        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
+        for kb in range(0, NK):
+            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (nt, K), (HV * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+            p_dkp = tl.make_block_ptr(dk_part_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+            b_k = tl.load(p_k, boundary_check=(0, 1))
             b_dw = tl.load(p_dw, boundary_check=(0, 1))
-            tdw = tl.dot(tl.trans(tinv.to(dt_op)), b_dw.to(dt_op), input_precision=DOT_PREC)     # Tinv^T dW
-            acc += tdw * (beta * tl.exp(gam))[:, None]
-        p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        tl.store(p_dk, acc.to(dk_ptr.dtype.element_ty), boundary_check=(0, 1))
+            acc = tl.dot(s_op, b_k.to(dt_op), tl.load(p_dkp, boundary_check=(0, 1)), input_precision=DOT_PREC)
+            tdw = tl.dot(tl.trans(tinv_op), b_dw.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dW
+            bg = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32) * tl.exp(
+                load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))
+            acc += tdw * bg[:, None]
+            if j == G - 1:
+                p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
+                tl.store(p_dk, acc.to(dk_ptr.dtype.element_ty), boundary_check=(0, 1))
+            else:
+                tl.store(p_dkp, acc, boundary_check=(0, 1))
+
+        tl.debug_barrier()           # dk_part of this head is visible to the next head's loads
+
+
+WARPS_WY = 4          # one warpgroup: full-width 64x64 WGMMAs
+STAGES_WY = 1         # sm_90a, H16/HV32 K=V=128 bf16: 1 stage no spill, 2 stages 236 B
+

@@ -3,7 +3,7 @@
 Per chunk, with S the state at the chunk's start (fp32, in registers):
     h[chunk] = S                                   (stored in the operand dtype for the output stage)
     Vnew     = U - W S
-    S        = exp(gam_C) S + (diag(exp(gam_C - gam)) K)^T Vnew
+    S        = exp(gam_C) S + K^T (diag(exp(gam_C - gam)) Vnew)
 One program per (V block, sequence * value head); the [K, BV] state never leaves registers. Splitting V across
 programs is exact (columns of S are independent) and fills more SMs when N * HV is small.
 """
@@ -18,7 +18,7 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """W [BT, BK], U [BT, BV] (fp32), K [BT, BK] of the chunk starting at token t0 (rows past eos zero), its gam [BT]
-    (0 past eos) and gam_C (the last valid row's). Shared with the fused state+output kernel (chunk_fused_fwd.py)."""
+    (0 past eos) and gam_C (the last valid row's)."""
     rows = tl.arange(0, BT)
     p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
     p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
@@ -34,20 +34,12 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
 
 
 @triton.jit
-def state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC: tl.constexpr):
-    """S_next = exp(gam_C) S + (diag(exp(gam_C - gam)) K)^T Vnew, with Vnew already in the operand dtype."""
-    # rows past the sequence end: k was zero-filled, so they add nothing to the state
-    kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
-    return s * tl.exp(gam_last) + tl.dot(tl.trans(kdec), vnew_op, input_precision=DOT_PREC)
-
-
-@triton.jit
-def state_update_vdecay(s, b_k, vnew, gam, gam_last, DOT_PREC: tl.constexpr):
-    """state_update with the decay on Vnew's rows instead of K's: S_next = exp(gam_C) S + K^T (diag(exp(gam_C - gam))
-    Vnew), Vnew fp32 [BT, BV] rounded once to K's dtype after the scaling (FLA's and chunk_fused_wu_ws's form). K^T
-    then comes straight from the loaded tile (a transposed operand of the product), where state_update scales K in
-    registers ([BT, BK] elementwise, then a [BK, BT] operand written to shared memory) on every chunk. Rows past the
-    sequence end: Vnew is 0 there (U and W zero-filled) and so is K."""
+def state_update(s, b_k, vnew, gam, gam_last, DOT_PREC: tl.constexpr):
+    """S_next = exp(gam_C) S + K^T (diag(exp(gam_C - gam)) Vnew), Vnew fp32 [BT, BV] rounded once to K's dtype after
+    the scaling (FLA's and chunk_fused_wu_ws's form). The decay goes on Vnew's rows, not on K's: K^T then comes
+    straight from the loaded tile (a transposed operand of the product) instead of a scaled [BK, BT] copy written to
+    shared memory on every chunk (forward 1.03-1.14x, benchmarks/HISTORY.md). Rows past the sequence end: Vnew is 0
+    there (U and W zero-filled) and so is K."""
     vdec = (vnew * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
     return s * tl.exp(gam_last) + tl.dot(tl.trans(b_k), vdec, input_precision=DOT_PREC)
 
@@ -60,10 +52,8 @@ def chunk_state_fwd_kernel(
     cu_ptr, chunk_off_ptr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, DECAY_V: tl.constexpr = False,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """DECAY_V (the forward's default since round 21; LINATTN_GDN_STATE_DECAY_V=0 off; never the backward's recompute):
-    the state update by state_update_vdecay (the decay on Vnew, not on K)."""
     vb = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // HV
@@ -88,10 +78,7 @@ def chunk_state_fwd_kernel(
         p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         vnew_op = vnew.to(vnew_ptr.dtype.element_ty)
         tl.store(p_vn, vnew_op, boundary_check=(0, 1))
-        if DECAY_V:
-            s = state_update_vdecay(s, b_k, vnew, gam, gam_last, DOT_PREC)
-        else:
-            s = state_update(s, b_k, vnew_op, gam, gam_last, DOT_PREC)
+        s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC)
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, s, mask=mkv)

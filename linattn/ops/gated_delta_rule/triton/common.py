@@ -45,7 +45,7 @@ def load_vec_compact(ptrs, mask, BT: tl.constexpr):
     """A [BT] vector (gate or beta of one value head) loaded as a [BT, 2] tile whose two columns read the same
     address, then split. A load of >= 32 * num_warps elements counts as expensive to Triton's layout pass, so it is
     not rematerialised in the [64, 64] WGMMA tile's column slice (16 elements and 16 64-bit pointers per thread, kept
-    live across phases: most of backward_wy_v2.py's former 380 B spill); it stays one element per thread and is
+    live across phases: most of a 380 B spill in backward_wy.py); it stays one element per thread and is
     converted (through shared memory) where it is used."""
     two = tl.arange(0, 2)
     x = tl.load(ptrs[:, None] + two[None, :] * 0, mask=mask[:, None], other=0.)

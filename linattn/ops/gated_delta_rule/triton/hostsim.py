@@ -5,8 +5,7 @@ custom op, chunk plan, launch configs, allocations, the JIT's binding and cache 
 tensors, to be timed, profiled and counted without a GPU.
 
     python -m linattn.ops.gated_delta_rule.triton.hostsim [--calls 300] [--shape 1,8192] [--backward]
-                                                           [--split-intra 0|1|both] [--no-plan-cache] [--profile]
-                                                           [--json]
+                                                           [--no-plan-cache] [--profile] [--json]
 
 Prints per call: host us (best of 3 means), torch ops (aten ops the Python path dispatches, the custom op's
 inside included; `device` = those that launch a device kernel on a GPU: not views, not allocations) and Triton
@@ -32,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # modules that import device_facts by name (the launchers ask them for SMs and the device kind)
-_FACTS_USERS = ("forward", "backward", "chunk_fused_fwd", "chunk_state_split")
+_FACTS_USERS = ("forward", "backward")
 _PLAN_USERS = ("forward", "backward")
 _NO_KERNEL = {"empty.memory_format", "empty_strided.default", "empty.default"}
 
@@ -228,9 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--shape", default="1,8192", help="B,T (H=16, HV=32, K=V=128, bf16)")
     ap.add_argument("--backward", action="store_true", help="forward + backward through autograd")
-    ap.add_argument("--split-intra", default="both", choices=("0", "1", "both"),
-                    help="LINATTN_GDN_SPLIT_INTRA for the measured calls")
-    ap.add_argument("--no-plan-cache", action="store_true", help="build every chunk plan afresh (as before)")
+    ap.add_argument("--no-plan-cache", action="store_true", help="build every chunk plan afresh")
     ap.add_argument("--no-pool", action="store_true",
                     help="fresh CPU allocations (mmap for big buffers); always so with --backward")
     ap.add_argument("--profile", action="store_true", help="also print cProfile's top 30 by own time")
@@ -239,31 +236,19 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("run without TRITON_INTERPRET=1 (the stand-in driver compiles and records real launches)")
     B, T = (int(s) for s in args.shape.split(","))
-    res = {}
-    for split in (("0", "1") if args.split_intra == "both" else (args.split_intra,)):
-        saved = os.environ.get("LINATTN_GDN_SPLIT_INTRA")
-        os.environ["LINATTN_GDN_SPLIT_INTRA"] = split
-        try:
-            r = measure(B, T, args.calls, args.backward, pool=not args.no_pool, plan_cache=not args.no_plan_cache,
-                        profile=args.profile)
-        finally:
-            if saved is None:
-                os.environ.pop("LINATTN_GDN_SPLIT_INTRA")
-            else:
-                os.environ["LINATTN_GDN_SPLIT_INTRA"] = saved
-        res[f"split_intra={split}"] = r
+    r = measure(B, T, args.calls, args.backward, pool=not args.no_pool, plan_cache=not args.no_plan_cache,
+                profile=args.profile)
     if args.json:
-        print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "profile"} for k, v in res.items()}))
+        print(json.dumps({k: v for k, v in r.items() if k != "profile"}))
         return 0
     what = "fwd+bwd" if args.backward else "fwd"
-    for key, r in res.items():
-        o = r["ops"]
-        print(f"B{B} T{T} {what} {key}: {r['us']:.1f} us/call, torch ops {o['aten']} (device kernels "
-              f"{o['device']}), Triton launches {len(r['launches'])}: {', '.join(r['launches'])}")
-        if o["device_ops"]:
-            print("  device ops: " + ", ".join(o["device_ops"]))
-        if r["profile"]:
-            print(r["profile"])
+    o = r["ops"]
+    print(f"B{B} T{T} {what}: {r['us']:.1f} us/call, torch ops {o['aten']} (device kernels "
+          f"{o['device']}), Triton launches {len(r['launches'])}: {', '.join(r['launches'])}")
+    if o["device_ops"]:
+        print("  device ops: " + ", ".join(o["device_ops"]))
+    if r["profile"]:
+        print(r["profile"])
     return 0
 
 

@@ -1,31 +1,26 @@
-"""Segment windows for the segment-parallel fused forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1).
+"""Segment windows for the segment-parallel Gluon forward (gluon/chunk_fused_gf.py's segments, and
+chunk_fused_wu_ws.py's seg_ptr).
 
-Why (round 17, benchmarks/OPT_LOG.md 17.5): at B1 H16/HV32 the fused-wu kernel walks 1024 chunks per (value head,
-V block of 32) on 128 CTAs, one per SM, ~1.64 us per chunk. Cut each sequence into S segments and give each its
-own start state, and the kernel sees N*S independent "sequences": enough CTAs to fill the GPU at BV = 64, i.e. the
-same work in fewer, wider steps. FlashQLA does this at B1 (its get_warmup_chunks / prepare_h / correct_h0 kernels).
+Why: at B1 H16/HV32 the fused kernel walks every chunk of the sequence per (value head, V block) on fewer CTAs than
+SMs. Cut each sequence into S segments, give each its own start state, and the kernel sees N*S independent
+"sequences": enough CTAs to fill the GPU, the same work in fewer, wider steps (FlashQLA's B1 scheme).
 
 A segment's start state comes from a gate-truncated warm-up: the chain of segment s starts cw <= c0 = s * L chunks
 into its sequence, from 0 (from the sequence's initial state when cw = 0: then nothing is dropped), and its o rows
 before c0 are not stored. segment_window_kernel finds cw for each (segment, head) -- walking back from c0 over whole
 chunks, summing each chunk's log decay (the sum of its tokens' g), until the sum is <= -thresh or chunk 0 is reached
--- and writes it into a segment word (SEGW_*) for the fused kernel (chunk_fused_wu_ws.py, seg_ptr), which runs the
-warm-up chunks itself (OPT_LOG 18.5, 19.1). Round 18's separate Triton start-state kernel cost ~0.12-0.16 ms at B1
-T65536 (520 bytes of spill) and was slower at every measured row (rounds 18-19); it was removed after round 19.
+-- and writes it into a segment word (SEGW_*) for the fused kernel, which runs the warm-up chunks itself.
 
 The window may span at most MAX_WINDOW chunks (and the previous segment). Where the decay is too slow for that, the
 (segment, head) is flagged (flag[n * S + s, hv] = 1, slow[n, hv] = 1), and the caller runs that head of that
-sequence unsegmented (chunk_fused_wu_ws._segments). Round 18 measured the alternative, FlashQLA's exact join (the
-previous segment's affine map S -> M S + h, M [K, K] from the identity's columns, then a walk h_s = M h_{s-1} + h
-along the segments): B1 T65536 at g x 0.01 took 5.61 ms against 2.15 unsegmented. M costs as much as the chain
-itself over the segment (K = V), so at slow decay the join doubles the work and cannot beat the unsegmented chain
-(OPT_LOG 18.2).
+sequence unsegmented. FlashQLA's exact join (the previous segment's affine map S -> M S + h, M [K, K]) costs as much
+as the chain itself over the segment (K = V), so at slow decay it cannot beat the unsegmented chain.
 
-What is dropped is chunk_state_warmup.py's bound: with 0 <= beta_t ||k_t||^2 <= 2 every token's transition
-I - beta_t k_t k_t^T is a contraction, each chunk's a contraction times exp(gam_C), so the start state is off by at
-most exp(-thresh) ||S(cw)||_F (thresh = 20: e^-20 = 2.1e-9). The kernel checks that condition on every token of a
-truncated window and flags the (segment, head) where it fails, so no promise about the keys is needed (normalised
-keys and beta in [0, 1], as in Qwen3-Next's layers, always pass).
+The bound: with 0 <= beta_t ||k_t||^2 <= 2 every token's transition I - beta_t k_t k_t^T is a contraction, each
+chunk's a contraction times exp(gam_C), so the start state is off by at most exp(-thresh) ||S(cw)||_F (thresh = 20:
+e^-20 = 2.1e-9). The kernel checks that condition on every token of a truncated window and flags the (segment, head)
+where it fails, so no promise about the keys is needed (normalised keys and beta in [0, 1], as in Qwen3-Next's
+layers, always pass).
 No host synchronisation: the window is found in the kernel; the grid comes from shapes only.
 """
 import torch
@@ -33,12 +28,12 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
-from linattn.ops.gated_delta_rule.triton.chunk_state_warmup import THRESH
 from linattn.ops.gated_delta_rule.triton.common import sequence_span
 
 CHUNK = 64
+THRESH = 20.0              # a window ends once its summed log decay is <= -THRESH (e^-20 = 2.1e-9)
 SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
-MIN_SEGMENTS = 4           # fewer do not pay: 2 segments at B1 T8192 were 0.320 vs 0.299 ms unsegmented (round 18)
+MIN_SEGMENTS = 4           # fewer do not pay: 2 segments at B1 T8192 were 0.320 vs 0.299 ms unsegmented
 MAX_WINDOW = 16            # warm-up windows of at most 16 chunks (a quarter of a segment); longer ones are flagged
 
 # The segment word: one int32 per (segment, head), written by segment_window_kernel, read by the fused kernel's seg_ptr
@@ -52,7 +47,8 @@ SEGW_SEQ_SHIFT = tl.constexpr(10)  # bits 10-30: the sequence index n (the h0 / 
 
 @triton.jit
 def _segment_window(g_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr, MAXW: tl.constexpr):
-    """chunk_state_warmup._warmup_window, walking back no further than chunk lim (c0 - lim <= MAXW): (cw, whether
+    """The warm-up window of the segment starting at chunk c0, walking back no further than chunk lim (c0 - lim <=
+    MAXW): (cw, whether
     the window is usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is
     dropped). Each chunk's decay is the sum of its tokens' g (the inputs, not kkt_solve's gcum: so that the window
     kernel can run next to kkt_solve), the MAXW chunks before c0 in one [MAXW, BT] load and a cumulative sum (a loop
@@ -119,8 +115,8 @@ def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int
                   min_segments: int = MIN_SEGMENTS):
     """(S, L) for a fixed-length batch of B sequences of T tokens, from shapes only: L = seg_chunks chunks per
     segment, S = cdiv(chunks, L) segments; S = 1 (do not split) when the batch already gives the fused kernel enough
-    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result (round 18:
-    2 segments at B1 T8192 lost, 8 and 16 at T32768 / T65536 won; 4 is not measured)."""
+    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result (2
+    segments at B1 T8192 lost, 8 and 16 at T32768 / T65536 won; 4 is not measured)."""
     nch = triton.cdiv(max(T, 0), CHUNK)
     if B * HV * max(1, V // 64) >= num_sms:
         return 1, nch
