@@ -208,9 +208,9 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
     """(name, jit fn, signature, constexprs, options) of each backward kernel as the launcher configures it, bf16."""
     from linattn.ops.gated_delta_rule.triton import backward as bw
     from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
-    from linattn.ops.gated_delta_rule.triton.backward_local import chunk_local_bwd_kernel
+    from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
     from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-    from linattn.ops.gated_delta_rule.triton.backward_wy import chunk_wy_bwd_kernel
+    from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
     cfg = bw._configs(K, V, 1, HV, "cpu")            # on a GPU the V split may only get narrower (fewer registers)
     x, f, i64, i32 = "*bf16", "*fp32", "*i64", "*i32"
     common = dict(H=H, HV=HV, K=K, V=V, BT=64, DOT_PREC="tf32")
@@ -227,11 +227,12 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
          dict(q_ptr=x, k_ptr=x, vnew_ptr=x, h_ptr=x, gcum_ptr=f, do_ptr=x, dvnew_ptr=x, dh_ptr=x, dq_ptr=x, dk_ptr=f,
               dw_ptr=x, dgam_ptr=f, cu_ptr=i64, chunk_idx_ptr=i32, chunk_off_ptr=i64, N="i32", T_tot="i32",
               scale="fp32"),
-         dict(common, BK=cfg.BK, BV=cfg.BV), dict(num_warps=cfg.warps_local, num_stages=2)),
+         dict(common, BK=cfg.BK, BV=cfg.BV), dict(num_warps=WARPS_LOCAL, num_stages=STAGES_LOCAL)),
         ("wy_bwd", chunk_wy_bwd_kernel,
          dict(k_ptr=x, v_ptr=x, beta_ptr=f, gcum_ptr=f, tinv_ptr=f, dvnew_ptr=x, dw_ptr=x, dk_part_ptr=f, dgam_ptr=f,
-              dk_ptr=x, dv_ptr=x, dg_ptr=f, dbeta_ptr=f, cu_ptr=i64, chunk_idx_ptr=i32, N="i32", T_tot="i32"),
-         dict(common, BK=cfg.BK, BV=cfg.BV, NK=triton_cdiv(K, cfg.BK)), dict(num_warps=cfg.warps_wy, num_stages=2)),
+              dk_ptr=x, dv_ptr=x, dg_ptr=f, dbeta_ptr=f, m_ptr=x, cu_ptr=i64, chunk_idx_ptr=i32, N="i32", T_tot="i32"),
+         dict(common, BK=cfg.BK, BV=cfg.BV, NK=triton_cdiv(K, cfg.BK), NKP=triton_cdiv(K, cfg.BK), M_IN_DK=K >= 64),
+         dict(num_warps=WARPS_WY, num_stages=STAGES_WY)),
     ]
 
 
@@ -245,8 +246,8 @@ def _aot_main(K: int, V: int):
     print_reports(_aot_specs(K, V), K, V)
 
 
-# spill bounds measured with ptxas (Triton 3.6.0, sm_90a, bf16): the sequential reverse state pass must not spill
-# (it is the critical path); the chunk-parallel local and WY stages spilled 0.3-0.5 KB at the time of writing
+# spill bounds (ptxas, Triton 3.6.0, sm_90a, bf16): the sequential reverse state pass must not spill (it is the
+# critical path); the chunk-parallel local and WY stages stay under 1 KB
 SPILL_LIMIT = {"dv_local": 0, "state_bwd": 0, "local_bwd": 1024, "wy_bwd": 1024}
 
 

@@ -83,6 +83,14 @@ def test_l2norm_and_scale(device):
     _check(x, torch.float32, use_l2=True, scale=0.3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_steep_gates(device, dtype):
+    # g x 30: a chunk's decay underflows exp; gam_i - gam_j overflows above the diagonal without the mask
+    x = make_gdn_inputs(1, 200, 1, 2, 64, 32, dtype=dtype, device=device)
+    x["g"] = x["g"] * 30.0
+    _check(x, dtype)
+
+
 def test_reference_backend_matches(device):
     x = make_gdn_inputs(1, 40, 1, 1, 16, 16, dtype=torch.float32, device=device)
     o1, h1 = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend="reference")

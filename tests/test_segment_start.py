@@ -1,16 +1,14 @@
-"""The segment-parallel fused-wu forward (opt-in LINATTN_GDN_GLUON_SEGMENTS=1), on a CPU under TRITON_INTERPRET=1:
+"""The segment windows of the gluon forward's gate-free segments (triton/segment_start.py), on a CPU under
+TRITON_INTERPRET=1:
 
-1. triton/segment_start.py's window kernel against a Python rendering of its rule (windows, flags, segment words),
-   and the windows it picks against the exact state at each segment start (the Triton forward's final state on the
-   sequence prefix ending there): a chain started at the window equals it to rounding where the window reaches the
-   sequence start, and is within the e^-thresh bound on steep gates (short windows); flagged where the decay is too
-   slow for a window of at most max_window chunks within the previous segment, or where a transition is not a
-   contraction;
-2. the whole forward with segments (kkt_solve, the window kernel, the fused kernel's schedule model on the segment
-   plan for the heads never flagged, each segment's chain started at its window, on the sequence plan for the
-   others) against the fp64 recurrence and against the same forward without segments (bit-equal on the unsegmented
-   heads);
-3. when the switch takes segments (fixed-length, a batch too small to fill the GPU at BV = 64) and when it does not.
+1. the window kernel against a Python rendering of its rule (windows, flags, segment words), and the windows it picks
+   against the exact state at each segment start (the Triton forward's final state on the sequence prefix ending
+   there): a chain started at the window equals it to rounding where the window reaches the sequence start, and is
+   within the e^-thresh bound on steep gates (short windows); flagged where the decay is too slow for a window of at
+   most max_window chunks within the previous segment, or where a transition is not a contraction;
+2. the whole forward with the gate-free kernel's segment launch (kkt_solve, the window kernel, the fused kernel's
+   schedule model on the segment plan for the heads never flagged, each segment's chain started at its window, the
+   W/U kernel's model for the others) against the fp64 recurrence and against the same forward without segments.
 """
 import pytest
 import torch
@@ -132,50 +130,12 @@ def test_flags_where_the_decay_is_slow(decay):
     assert _windows(x, 4, 3, max_window=2)[1].tolist() == want
 
 
-def _forward(x, segments, seed):
-    def fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
-        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=64, stages=2,
-                               seed=seed, areg=True, select=select, seg=seg)
-    with poisoned_allocations():
-        return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,
-                                                      x["initial_state"], True, None, fused_pass=fused,
-                                                      segments=segments)
-
-
-def _segmented_and_plain(x, S, L, seed):
-    """The forward with S segments of L chunks and without (the schedule model, same seed): both results, the
-    segmented one checked finite and within TOL of the fp64 recurrence (o and the final state)."""
-    res = _forward(x, (S, L), seed)
-    ref = _forward(x, None, seed)
-    o64, f64 = naive_recurrent(*(x[k].double() for k in ("q", "k", "v", "g", "beta")), scale=128 ** -0.5,
-                               initial_state=None if x["initial_state"] is None else x["initial_state"].double(),
-                               output_final_state=True)
-    assert torch.isfinite(res.o).all() and torch.isfinite(res.final_state).all()
-    assert rel_rms(res.o, o64) < TOL[torch.bfloat16] and rel_rms(res.final_state, f64) < TOL[torch.bfloat16]
-    return res, ref
-
-
-def test_switch(monkeypatch):
-    """LINATTN_GDN_GLUON_SEGMENTS=1 takes segments for a fixed-length batch whose sequence-heads leave the GPU short
-    at BV = 64 (B1 HV32 T65536 on 132 SMs: 16 segments of 64 chunks); not without the switch, not for varlen, not at
-    B8 (512 CTAs at BV = 64), not for a sequence of < 4 segments. Nothing about the inputs: the window kernel checks
-    its bound itself (test_flags_where_a_transition_is_not_a_contraction)."""
-    monkeypatch.delenv("LINATTN_GDN_GLUON_SEGMENTS", raising=False)
-    assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (1, 1024)
-    monkeypatch.setenv("LINATTN_GDN_GLUON_SEGMENTS", "1")
-    assert fw.segments_wanted(1, 65536, 32, 128, None, "cpu") == (16, 64)
-    assert fw.segments_wanted(1, 65536, 32, 128, torch.tensor([0, 65536]), "cpu")[0] == 1
-    assert fw.segments_wanted(8, 4096, 32, 128, None, "cpu")[0] == 1
-    assert fw.segments_wanted(1, 64 * 64, 32, 128, None, "cpu")[0] == 1
-    assert fw.segments_wanted(1, 8192, 32, 128, None, "cpu")[0] == 1          # 2 segments lost (round 18)
-    assert fw.segments_wanted(1, 16384, 32, 128, None, "cpu") == (4, 64)
-
-
 def test_flags_where_a_transition_is_not_a_contraction():
     """Steep gates (windows of one chunk, truncated), keys of norm 1.5, beta in [0, 1) with 1 on each chunk's last
     token: there beta ||k||^2 = 2.25 > 2, so the truncation bound does not hold and every truncated segment is
     flagged; segment 0 (the initial state) is not. With the keys back at norm 1 nothing is flagged. The forward then
-    runs every head unsegmented: o and the final state equal to the forward without segments."""
+    runs every head unsegmented (on the W/U kernel's model): o and the final state equal to the forward without
+    segments on that model."""
     seed = int(torch.randint(0, 2 ** 31 - 1, ()))
     x = _inputs(1, 64 * 9, 1, 2, seed=seed, steep=True)
     x["k"] = (x["k"].float() * 1.5).to(torch.bfloat16)
@@ -185,7 +145,7 @@ def test_flags_where_a_transition_is_not_a_contraction():
     assert flag.tolist() == [[0, 0], [1, 1], [1, 1]] and slow.tolist() == [[1, 1]]
     x_ok = dict(x, k=(x["k"].float() / 1.5).to(torch.bfloat16))       # norm 1 again: nothing flagged
     assert not _windows(x_ok, 3, 3)[1].any()
-    res, ref = _forward(x, (3, 3), seed), _forward(x, None, seed)
+    res, ref = _forward_gf(x, (3, 3), seed), _forward_gf(x, None, seed, plain="wu")
     assert torch.equal(res.o, ref.o) and torch.equal(res.final_state, ref.final_state)
 
 
@@ -262,35 +222,6 @@ def test_windows_follow_the_rule(decay):
         assert slow.all()
 
 
-@pytest.mark.parametrize("B,T,S,L,h0,decay", [(1, 700, 4, 3, True, "fast"), (2, 390, 2, 4, False, "fast"),
-                                               (1, 700, 4, 3, True, "steep"), (1, 700, 4, 3, True, "slow"),
-                                               (2, 700, 4, 3, True, "mixed")])
-def test_forward_with_segments(B, T, S, L, h0, decay):
-    """The schedule model runs each segment's chain from its window's first chunk (its segment word), storing o only
-    from the segment's first row, with the chain's own roundings (T not a multiple of 64: a short last segment; B2;
-    with and without h0; steep gates: windows of one chunk; slow decay, where every head runs unsegmented; mixed, head
-    0 segmented and head 1 not): o and the final state within TOL of the fp64 recurrence and next to equal to the
-    forward without segments (over 6 seeds per case: o <= 9.8e-6 apart, the final state bit-equal; 3e-4 and 1e-5
-    allowed: a truncation of e^-20 can flip a 16-bit rounding of the published state); unsegmented heads bit-equal
-    to it."""
-    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
-    x = _inputs(B, T, 1, 2, seed=seed, h0=h0, steep=decay == "steep")
-    if decay == "slow":                         # g x 0.01: segments 2 and 3 flagged on both heads
-        x["g"] = x["g"] * 0.01
-    elif decay == "mixed":                      # head 1 without decay: flagged; head 0 as generated
-        x["g"][..., 1] = 0.
-    res, ref = _segmented_and_plain(x, S, L, seed)
-    unseg = {"fast": [], "steep": [], "slow": [0, 1], "mixed": [1]}[decay]
-    for hv in range(2):
-        if hv in unseg:
-            assert torch.equal(res.o[:, :, hv], ref.o[:, :, hv]) and torch.equal(res.final_state[:, hv],
-                                                                                 ref.final_state[:, hv])
-        else:
-            assert rel_rms(res.o[:, :, hv], ref.o[:, :, hv]) < 3e-4, hv
-            assert rel_rms(res.final_state[:, hv], ref.final_state[:, hv]) < 1e-5, hv
-    assert res.final_state.shape == (B, 2, 128, 128)
-
-
 def _forward_gf(x, segments, seed, plain="gf"):
     """The forward with the gate-free kernel's segment launch (the schedule model with gate_free at BV = 128, a
     2-stage ring and one published buffer, seg and select) and the unsegmented pairs on the W/U kernel's model at the
@@ -316,10 +247,10 @@ def _forward_gf(x, segments, seed, plain="gf"):
                                                (1, 700, 4, 3, True, "steep"), (1, 700, 4, 3, True, "slow"),
                                                (2, 700, 4, 3, True, "mixed")])
 def test_forward_with_gf_segments(B, T, S, L, h0, decay):
-    """The gate-free kernel's segment launch (LINATTN_GDN_GLUON_GF_SEGMENTS): each segment's chain from its window's
+    """The gate-free kernel's segment launch: each segment's chain from its window's
     first chunk in the gate-free form, o stored from the segment's first row, the flagged pairs on the W/U kernel's
     model. o and the final state within TOL of the fp64 recurrence; segmented heads next to equal to the plain
-    gate-free forward (the bounds of test_forward_with_segments: a truncation of e^-20 can flip a 16-bit rounding of
+    gate-free forward (o within 3e-4, the final state within 1e-5: a truncation of e^-20 can flip a 16-bit rounding of
     the published state), unsegmented heads bit-equal to the plain W/U forward (the same model and roundings). Which
     heads run unsegmented is the window kernel's slow[n, hv]: where no window of at most L = 3 chunks reaches a log
     decay of -20, which production-like gates (about -7.4 per chunk) miss at random, so at "fast" decay a head may be

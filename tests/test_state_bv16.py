@@ -1,8 +1,7 @@
-"""The Triton forward's state pass at BV=16 (the default since round 21; LINATTN_GDN_STATE_BV16=0 off): where it is
-taken, and that the forward computes the same thing with it.
+"""The Triton forward's state pass at BV=16: where it is taken, and that the forward computes the same thing with it.
 
-1. forward._configs_for: BV_state 16 only with the switch, only where 32-column blocks leave SMs idle and 16-column
-   ones still fit one wave (B1-B2 at H2/HV8 K=V=128 on 132 SMs), never on a CPU (one "SM").
+1. forward._configs_for: BV_state 16 only where 32-column blocks leave SMs idle and 16-column ones still fit one wave
+   (B1-B2 at H2/HV8 K=V=128 on 132 SMs), never on a CPU (one "SM").
 2. The Triton forward with the 16-column config forced (the launcher's _configs patched: on a CPU the rule never
    takes it) under the interpreter: o and the final state against the fp64 recurrence within linattn.testing.TOL,
    and against the default config's forward on the same inputs, with every buffer it allocates NaN-poisoned;
@@ -21,24 +20,13 @@ from linattn.testing import TOL, assert_close, make_gdn_inputs, random_cu_seqlen
 
 def test_config_rule():
     cfg = fwd_mod._configs_for
-    assert cfg(128, 128, 1, 8, "cuda", 132, True).BV_state == 16            # 32 programs at BV=32, 64 at 16
-    assert cfg(128, 128, 2, 8, "cuda", 132, True).BV_state == 16            # 64 / 128
-    assert cfg(128, 128, 3, 8, "cuda", 132, True).BV_state == 32            # 96 / 192: 16 would need two waves
-    assert cfg(128, 128, 1, 32, "cuda", 132, True).BV_state == 32           # 128 / 256
-    assert cfg(128, 128, 8, 32, "cuda", 132, True).BV_state == 64
-    assert cfg(128, 128, 1, 8, "cuda", 132, False).BV_state == 32           # the switch off
-    assert cfg(128, 128, 1, 8, "cpu", 132, True).BV_state == 64             # a CPU counts as one SM: no split
-    assert cfg(256, 256, 1, 2, "cuda", 132, True).BV_state == 16            # K = 256 starts at 32: then 16
-
-
-def test_switch_default(monkeypatch):
-    """LINATTN_GDN_STATE_BV16: on unless "0" (the default since round 21: H200 gate green, bit-equal to BV=32,
-    forward 1.05-1.10x at B1-B2 H2/HV8); the launcher passes it to _configs_for."""
-    from linattn.runtime.settings import settings
-    monkeypatch.delenv("LINATTN_GDN_STATE_BV16", raising=False)
-    assert settings.gdn_state_bv16
-    monkeypatch.setenv("LINATTN_GDN_STATE_BV16", "0")
-    assert not settings.gdn_state_bv16
+    assert cfg(128, 128, 1, 8, "cuda", 132).BV_state == 16            # 32 programs at BV=32, 64 at 16
+    assert cfg(128, 128, 2, 8, "cuda", 132).BV_state == 16            # 64 / 128
+    assert cfg(128, 128, 3, 8, "cuda", 132).BV_state == 32            # 96 / 192: 16 would need two waves
+    assert cfg(128, 128, 1, 32, "cuda", 132).BV_state == 32           # 128 / 256
+    assert cfg(128, 128, 8, 32, "cuda", 132).BV_state == 64
+    assert cfg(128, 128, 1, 8, "cpu", 132).BV_state == 64             # a CPU counts as one SM: no split
+    assert cfg(256, 256, 1, 2, "cuda", 132).BV_state == 16            # K = 256 starts at 32: then 16
 
 
 def _forced_bv16(monkeypatch):

@@ -308,9 +308,9 @@ class SplitIntraConfig:
 @lru_cache(maxsize=None)
 def split_intra_config(K: int, V: int) -> SplitIntraConfig:
     """Frozen launch config (no autotuning), one warpgroup each (WGMMA). At K = V = 128, bf16, sm_90a (ptxas):
-    kkt_solve with K K^T in one K block of 128: 122 registers (64: 130, 32: 122 with twice the WGMMA waits), 48 KB
-    shared, so 4 CTAs per SM; wu with W and U in 64-column blocks: 92 registers (BK = BV = 128: 126, fp32 Tinv 162),
-    so memory traffic from up to 5 CTAs per SM."""
+    kkt_solve_kernel with K K^T in one K block of 128 (one k tile: its loads issued with the gates', EARLY_K); wu
+    with W and U in 64-column blocks: 92 registers (BK = BV = 128: 126, fp32 Tinv 162), so memory traffic from up to
+    5 CTAs per SM."""
     return SplitIntraConfig(BK_kkt=max(16, min(128, triton.next_power_of_2(K))),
                             BK=max(16, min(64, triton.next_power_of_2(K))),
                             BV=max(16, min(64, triton.next_power_of_2(V))), warps_kkt=4, warps_wu=4)
