@@ -1,7 +1,10 @@
-"""GDN decode (`fused_recurrent_gated_delta_rule`): the Triton kernel under TRITON_INTERPRET=1 against the fp64
+"""GDN decode (`fused_recurrent_gated_delta_rule`): the Triton kernels under TRITON_INTERPRET=1 against the fp64
 step-by-step reference, the chunk reference, the serving pool contract, fused gating, bf16 states, input
-validation and torch.compile. Fresh random inputs every run; fp32 q/k/v so that the fp32 tolerance applies."""
+validation (inputs that require grad refused) and torch.compile; the persistent kernel against the one-tile kernel
+bit for bit; sm_90a AOT builds of the launch configs. Fresh random inputs every run; fp32 q/k/v so that the fp32
+tolerance applies."""
 import os
+import re
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from linattn.ops.gated_delta_rule.fused_recurrent import (
 from linattn.ops.gated_delta_rule.reference import chunk_reference, naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_launch_config, fused_recurrent_gdn_fwd
 from linattn.runtime.alloc import poisoned_allocations
+from linattn.runtime.aot import kernel_asm
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, random_cu_seqlens
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -229,11 +233,29 @@ def test_bad_inputs_raise_clear_errors():
     for extra, msg in cases:
         with pytest.raises(ValueError, match=msg):
             decode(**x, **extra)
+    with pytest.raises(ValueError, match=r"decode config \(16, 1, 2, 1\)"):
+        fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.25, None, None, None, None, None, False,
+                                False, True, False, config=(16, 1, 2, 1))
     # the failing call must not have touched the pool
     with pytest.raises(ValueError):
         before = pool.clone()
         decode(**x, initial_state=pool, state_indices=torch.tensor([0, 9]), inplace=True)
     assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"])
+def test_inputs_that_require_grad_are_refused(name):
+    """No backward: with grad mode on, an input that requires grad is refused by name (instead of outputs whose
+    backward fails later with autograd's "no autograd formula"); under torch.no_grad() the same call runs."""
+    HV = 2
+    x = _inputs(2, 1, 2, HV, 16, 16)
+    x.update(A_log=torch.zeros(HV), dt_bias=torch.zeros(HV))
+    x[name] = x[name].clone().requires_grad_(True)
+    with pytest.raises(ValueError, match=f"{name} requires grad.*no backward.*chunk_gated_delta_rule"):
+        decode(**x, output_final_state=True)
+    with torch.no_grad():
+        o, ht = decode(**x, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
 
 
 def test_backends_and_launch_config():
@@ -304,8 +326,8 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 5 one-tile configs, 5 persistent ones (the 3-stage default of round 15), and round 30's two PDL builds
-    assert len(reports) == 12
+    # 5 one-tile configs, 2 persistent ones (in place; GVA + fused gate out of place, streaming stores)
+    assert len(reports) == 7
     for r in reports:
         assert all(r["ops"].get(op, 0) > 0 for op in r["intended"]), f"{r['name']}: {r['ops']}"
         assert r["spills"] == 0 and not any(o.startswith(("LDL", "STL")) for o in r["ops"]), r
@@ -366,7 +388,7 @@ def test_persistent_one_token_kernel(state_dtype, inplace):
     grid = min(n_tiles, 1 * device_facts(x["q"].device).num_sms)      # config: 1 program per SM
     assert n_tiles >= 4 * grid, "every program must walk several tiles"
     fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, A_log, dt_bias,
-                            False, True, True, inplace, config=(16, 1, 2, 1), out=o, final_out=ht)
+                            False, True, True, inplace, config=(16, 1, 1, 1), out=o, final_out=ht)
     live, padded = [0, 2, 3, 5], [1, 4]
     assert_close("o", o[live], ro[live], F32)
     assert torch.equal(o[padded], torch.zeros_like(o[padded]))
@@ -381,46 +403,61 @@ def test_persistent_one_token_kernel(state_dtype, inplace):
         assert torch.equal(ht[padded], torch.zeros_like(ht[padded]))
 
 
-def test_persistent_exact_program_count():
-    """A 5th config element sets the persistent grid's program count: 3 programs over 24 tiles (8 each) and 5
-    (uneven) give the one-tile kernel's result."""
-    N, H, HV, K, V = 3, 2, 4, 32, 32
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize("num_sms", [2, 5, 7, 48])
+def test_persistent_matches_one_tile_kernel_bit_for_bit(monkeypatch, inplace, num_sms):
+    """48 tiles of BV=16 (6 sequences x 4 value heads x 2 V-blocks) walked by 2, 5, 7 or 48 programs (1 per
+    "SM": uneven runs, one tile each): o and the pool (or the out-of-place final state) equal the one-tile
+    kernel's bit for bit (the same tile, the same _decode_token arithmetic); an in-place tile done twice or
+    skipped would change the pool. Slots 7, 0, 3, 5 live, -1 and 11 padded; GVA with the fused gate."""
+    from linattn.ops.gated_delta_rule.triton import fused_recurrent as fr
+    N, H, HV, K, V, slots = 6, 2, 4, 32, 32, 9
     x = _inputs(N, 1, H, HV, K, V, initial_state=False)
-    pool = torch.randn(N + 2, HV, K, V)
-    idx = torch.tensor([4, 0, 2])
-    want_pool = pool.clone()
-    want = fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, want_pool, None, idx, None,
-                                   None, False, False, False, True, config=(16, 1, 0, 0))[0]
-    for programs in (3, 5):
-        got_pool = pool.clone()
+    A_log, dt_bias = torch.randn(HV) * 0.5, torch.randn(HV)
+    x["beta"] = torch.randn_like(x["beta"])               # logits: beta_sigmoid=True
+    pool0 = torch.randn(slots, HV, K, V)
+    idx = torch.tensor([7, -1, 0, 3, 11, 5])
+    monkeypatch.setattr(fr, "device_facts", lambda dev: type("F", (), {"num_sms": num_sms})())
+    res = {}
+    for name, cfg in (("one_tile", (16, 1)), ("persistent", (16, 1, 1, 1))):
+        pool = pool0.clone()
         o = poison_(torch.empty_like(x["v"]))
-        fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, got_pool, None, idx, None,
-                                None, False, False, False, True, config=(16, 1, 2, 1, programs), out=o)
-        assert_close("o", o.double(), want.double(), F32)
-        assert_close("pool", got_pool.double(), want_pool.double(), F32)
+        ht = None if inplace else poison_(torch.empty(N, HV, K, V))
+        fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, pool, None, idx, A_log,
+                                dt_bias, False, True, not inplace, inplace, config=cfg, out=o, final_out=ht)
+        res[name] = (o, pool if inplace else ht, pool)
+    (o_a, s_a, _), (o_b, s_b, p_b) = res["one_tile"], res["persistent"]
+    assert not torch.isnan(o_b).any() and not torch.isnan(s_b).any()
+    assert torch.equal(o_b, o_a) and torch.equal(s_b, s_a)
+    if not inplace:
+        assert torch.equal(p_b, pool0)                     # out of place: the pool is only read
+        assert torch.equal(s_b[[1, 4]], torch.zeros_like(s_b[[1, 4]]))
+    assert torch.equal(o_b[[1, 4]], torch.zeros_like(o_b[[1, 4]]))
+    ref_pool = pool0.double()
+    ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True,
+                                      A_log=A_log.double(), dt_bias=dt_bias.double(), beta_sigmoid=True)
+    live = [0, 2, 3, 5]
+    assert_close("o", o_b[live].double(), ro[live], F32)
 
 
 def test_persistent_kernel_refuses_multi_token_and_varlen():
     x = _inputs(2, 3, 2, 2, 16, 16)
     with pytest.raises(ValueError, match="one token per sequence"):
         fused_recurrent_gdn_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.25, x["initial_state"], None, None,
-                                None, None, False, False, True, False, config=(16, 1, 2, 1))
+                                None, None, False, False, True, False, config=(16, 1, 1, 1))
 
 
 def test_persistent_heuristic():
-    """The round-9 H200 sweep's choice: persistent only for fp32 pools at large batch, one token, no varlen; with
-    round 12's prefetch_qk variant; 3 stages and 2 programs per SM since round 15 (faster in three sweeps); since
-    round 30 the reg_prefetch walk with evict_last (NUM_STAGES 1: no pipeliner), 2 programs per SM."""
+    """The H200's choice: the persistent kernel (BV 64, 4 warps, 2 programs per SM) only for fp32 pools at large
+    batch, one token, no varlen, K <= 128."""
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import decode_persistent_config
     sms = 132
-    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == \
-        (64, 4, 1, 2, None, "reg_prefetch+evict_last")
+    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms) == (64, 4, 1, 2)
     assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.bfloat16, sms) is None           # bf16 pool
     assert decode_persistent_config(32, 32, 128, 128, 1, False, torch.float32, sms) is None             # batch 32
     assert decode_persistent_config(256, 32, 128, 128, 2, False, torch.float32, sms) is None            # speculative
     assert decode_persistent_config(256, 32, 128, 128, 1, True, torch.float32, sms) is None             # varlen
-    assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == \
-        (16, 4, 1, 2, None, "reg_prefetch+evict_last")
+    assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == (16, 4, 1, 2)
     assert decode_persistent_config(256, 32, 256, 128, 1, False, torch.float32, sms) is None           # K = 256
 
 
@@ -446,7 +483,30 @@ def test_public_decode_takes_the_persistent_kernel_at_large_batch(monkeypatch):
     ref_pool = pool.double()
     ro, _ = fused_recurrent_reference(**_f64(x), initial_state=ref_pool, state_indices=idx, inplace=True)
     o, ret = decode(**x, initial_state=pool, state_indices=idx, inplace=True)
-    assert launched == [(2 * 2,)]           # 2 programs per SM on 2 SMs (round 15), each walking 64 / 4 tiles
+    assert launched == [(2 * 2,)]           # 2 programs per SM on 2 SMs, each walking 64 / 4 tiles
     assert ret is pool
     assert_close("o", o, ro, F32)
     assert_close("pool", pool, ref_pool, F32)
+
+
+def _tile_loop_lines(sass: str) -> list:
+    """The SASS lines of a kernel's tile loop: from the label of its longest backward branch to that branch."""
+    lines = sass.splitlines()
+    labels = {l.strip().rstrip(":"): i for i, l in enumerate(lines) if re.match(r"^\.?L\w+:$", l.strip())}
+    back = [(labels[m[1]], i) for i, l in enumerate(lines) for m in [re.search(r"BRA (\.?L\w+)", l)]
+            if m and m[1] in labels and labels[m[1]] < i]
+    s, e = max(back, key=lambda b: b[1] - b[0])
+    return lines[s:e + 1]
+
+
+def test_aot_persistent_loads_the_next_tile_with_the_hint_before_the_arithmetic():
+    """sm_90a: the persistent walk has no cp.async and no shared-memory ring; in its tile loop the next tile's 16
+    state loads (16 bytes each, L2::evict_last) issue before the tile's first CTA barrier and its 16 state stores."""
+    sass = kernel_asm("gdn_decode_persistent_fp32_bv64_w4", "sass")
+    loop = _tile_loop_lines(sass)
+    assert "LDGSTS" not in sass and "LDGDEPBAR" not in sass
+    loads = [i for i, l in enumerate(loop) if re.search(r"\bLDG\.E\.EL\.128\b", l)]
+    stores = [i for i, l in enumerate(loop) if re.search(r"\bSTG\.E\.128\b", l)]
+    bars = [i for i, l in enumerate(loop) if "BAR.SYNC" in l]
+    assert len(loads) == 16 and len(stores) == 16, (len(loads), len(stores))
+    assert max(loads) < min(bars) and max(loads) < min(stores)

@@ -23,7 +23,7 @@ needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
 def _per_sm(name):
-    """CTAs per SM the launcher uses for this config (the defaults), else what the round's sweep uses (2)."""
+    """CTAs per SM the launcher uses for this config (the defaults; 2 for the GVA + fused-gate build)."""
     import linattn.ops.gated_delta_rule.gluon.decode as d
     for dt, cfg in d.DEFAULT_CONFIGS.items():
         tag = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dt]
@@ -35,9 +35,8 @@ def _per_sm(name):
 @needs_gluon
 def test_registered_configs_match_module():
     from linattn.ops.gated_delta_rule.aot import DECODE_CONFIGS
-    from linattn.ops.gated_delta_rule.gluon.decode import AOT_CONFIGS, DEFAULT_CONFIGS
-    assert DECODE_CONFIGS == AOT_CONFIGS
-    names = {c[0] for c in AOT_CONFIGS}
+    from linattn.ops.gated_delta_rule.gluon.decode import DEFAULT_CONFIGS
+    names = {c[0] for c in DECODE_CONFIGS}
     for dt, (bv, w, s, _) in DEFAULT_CONFIGS.items():
         tag = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dt]
         assert f"{tag}_bv{bv}_w{w}_s{s}" in names, "the launcher's default config has no AOT registration"
@@ -51,14 +50,9 @@ def test_compiles_with_tma_ring_no_spills(name):
     assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
     stages = int(name.split("_s")[-1].split("_")[0])
-    if name.endswith("_reg"):
-        # REG_STORE: STAGES prologue loads and one refill site; the state leaves by plain stores, no TMA store
-        assert rep.families["UTMALDG"] == stages + 1, rep.sass
-        assert rep.families["UTMASTG"] == 0, rep.sass
-    else:
-        # a load per prologue stage and one refill site in the loop; one TMA store site; waits on the ring
-        assert rep.families["UTMALDG"] == stages, rep.sass
-        assert rep.families["UTMASTG"] == 1, rep.sass
+    # a load per prologue stage and one refill site in the loop; one TMA store site; waits on the ring
+    assert rep.families["UTMALDG"] == stages, rep.sass
+    assert rep.families["UTMASTG"] == 1, rep.sass
     assert rep.sass.get("SYNCS.PHASECHK.TRANS64.TRYWAIT", 0) >= 1
     assert rep.sass.get("SYNCS.ARRIVE.TRANS64.A1T0", 0) >= 1          # the padded-row arrive
     per_sm = _per_sm(name)
@@ -116,11 +110,6 @@ def test_launch_matches_aot_signature(state, A_log):
         assert kw[n] == const[n], n
     assert kw["num_warps"] == opt["num_warps"]
     assert n_tiles == 4 * 32 * (128 // BV) and grid == (min(n_tiles, per_sm * 132),)
-    assert kw["REG_STORE"] is False
-    # REG_STORE (round 29, opt-in) by a 5th config element; the same runtime signature
-    _, _, args_r, kw_r, _, _ = decode_launch(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.1, pool, idx, num_sms=132,
-                                             config=(BV, w, s, per_sm, True), **extra)
-    assert kw_r["REG_STORE"] is True and [mangle_type(a) for a in args_r] == [mangle_type(a) for a in args]
 
 
 def test_gluon_backend_refuses_cpu_and_auto_runs_triton(device, monkeypatch):
@@ -219,14 +208,12 @@ def test_supports_reasons_on_a_pretend_gpu(monkeypatch):
 
 # ------------------------------------------------------------------------------ torch model of the schedule
 def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=None, dt_bias=None,
-                  beta_sigmoid=False, reg_store=False):
+                  beta_sigmoid=False):
     """The kernel's algorithm in torch (fp64 math): each CTA walks local tiles j (global t = pid + j * grid),
     with the ring protocol as bookkeeping: a slot's barrier completes exactly one phase per issued tile (TMA
     load for a live row, plain arrive for a padded one), every wait must find exactly its phase complete, a
     slot is refilled only after the tile in it was consumed and its store waited, and nothing is left in flight
-    at the end. The state moves through the same 2-D view and coordinates as the TMA descriptor. reg_store: the
-    REG_STORE schedule (STAGES tiles ahead; a slot is refilled as soon as its tile is read into registers, before
-    the tile's arithmetic and its plain stores)."""
+    at the end. The state moves through the same 2-D view and coordinates as the TMA descriptor."""
     B, _, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NV = V // BV
@@ -253,7 +240,7 @@ def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=No
             holder[s_] = j
             phases[s_] += 1                # TMA complete_tx or the padded-row arrive: one phase either way
 
-        far = stages if reg_store else stages - 1
+        far = stages - 1
         for j in range(far):
             issue(j)
         for i in range(n_my):
@@ -268,9 +255,6 @@ def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=No
             rows = slice((slot * HV + hv) * K, (slot * HV + hv + 1) * K)
             cols = slice(vb * BV, (vb + 1) * BV)
             Sb = flat[rows, cols].double() if live else torch.zeros(K, BV, dtype=torch.float64)
-            if reg_store:
-                consumed.add(i)            # in registers: the slot is free before the arithmetic
-                issue(i + far)
             bq = q[n, 0, h].double() * scale
             bk = k[n, 0, h].double()
             bb = beta[n, 0, hv].double()
@@ -287,22 +271,19 @@ def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=No
             o[n, 0, hv, cols] = (qS + (bq @ bk) * u) if live else 0.0
             if live:
                 flat[rows, cols] = (Sb + torch.outer(bk, u)).to(pool.dtype)
-            if not reg_store:
-                consumed.add(i)            # stored (or nothing to store) and store-waited before the refill
-                issue(i + far)
+            consumed.add(i)                # stored (or nothing to store) and store-waited before the refill
+            issue(i + far)
         assert all(p == (n_my - s_ + stages - 1) // stages for s_, p in enumerate(phases)), "load left in flight"
     assert sorted(visited) == list(range(n_tiles))
     return o.to(v.dtype)
 
 
-@pytest.mark.parametrize("B,H,state,BV,stages,grid,fused,reg_store", [
-    (5, 4, torch.float32, 64, 3, 7, False, False),
-    (3, 2, torch.bfloat16, 64, 2, 4, True, False),
-    (4, 4, torch.float32, 32, 3, 64, False, False),  # more CTAs than tiles for some: n_my 0 or 1
-    (5, 4, torch.float32, 64, 3, 7, False, True),    # REG_STORE's schedule
-    (4, 4, torch.float32, 32, 2, 64, True, True),
+@pytest.mark.parametrize("B,H,state,BV,stages,grid,fused", [
+    (5, 4, torch.float32, 64, 3, 7, False),
+    (3, 2, torch.bfloat16, 64, 2, 4, True),
+    (4, 4, torch.float32, 32, 3, 64, False),  # more CTAs than tiles for some: n_my 0 or 1
 ])
-def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid, fused, reg_store):
+def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid, fused):
     from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
     from linattn.testing import make_gdn_inputs, rel_rms
     HV = 4
@@ -326,7 +307,7 @@ def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid
     ref_idx[ref_idx >= slots] = -1                    # the reference raises on out-of-range CPU indices
     ro, _ = fused_recurrent_reference(**x64, **e64, initial_state=ref_pool, state_indices=ref_idx, inplace=True)
     got = _model_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, pool, idx, BV, stages, grid,
-                        reg_store=reg_store, **extra)
+                        **extra)
     live = idx[(idx >= 0) & (idx < slots)]
     unused = torch.ones(slots, dtype=torch.bool)
     unused[live] = False

@@ -1,11 +1,11 @@
 """Gated DeltaNet decode for serving: `fused_recurrent_gated_delta_rule`.
 
-Stack (DESIGN.md, "One op, one stack"): Triton kernel (triton/fused_recurrent.py) -> launcher -> two torch custom
-ops (`linattn::fused_recurrent_gdn`, out of place, and `linattn::fused_recurrent_gdn_inplace`, which declares
+Stack (DESIGN.md, "One op, one stack"): Triton kernels (triton/decode_kernels.py) -> launcher
+(triton/fused_recurrent.py) -> two torch custom ops (`linattn::fused_recurrent_gdn`, out of place, and `linattn::fused_recurrent_gdn_inplace`, which declares
 that it mutates the state pool; `mutates_args` is static, hence two ops) with fake implementations, so the op
 works under torch.compile(fullgraph=True) and inside CUDA graphs -> backends in the registry -> the public
 function below. `fused_recurrent_reference` is the same function in plain PyTorch (the "reference" backend).
-Forward only: decode needs no autograd.
+Forward only: decode needs no autograd, and inputs that require grad are refused (check_no_grad).
 """
 from typing import Optional, Tuple
 
@@ -23,6 +23,17 @@ STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------- validation
+def check_no_grad(**tensors):
+    """The decode op has no backward: with grad mode on, an input that requires grad would give outputs whose
+    backward fails later with autograd's "no autograd formula" error. Refuse it here, by name."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            _fail(f"{OP}: {name} requires grad, but the decode op has no backward (forward only, for inference); "
+                  f"use chunk_gated_delta_rule for training, or call it under torch.no_grad() / with {name}.detach()")
+
+
 def _num_sequences(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
@@ -234,20 +245,21 @@ _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", fused_recurrent_reference, _reference_supports, priority=100, auto=False)
 
 
-# Where `auto` hands a call to the Gluon decode: where round 11 (H200, benchmarks/results/2026-11-29_r11_decode_gluon.json,
-# GPU gate 11/11 green) measured it faster than the Triton kernel, on identical inputs: a bf16 state pool at batch
-# 32 (23.0 vs 33.0 us) and 256 (162.9 vs 241.4 us). With an fp32 pool the Triton persistent kernel was faster (41.9
-# vs 45.5 us at batch 32, 287.8 vs 298.7 at 256), and batch < 32 was not timed: those stay on Triton.
+# Where `auto` hands a call to the Gluon decode: where it measured faster than the Triton kernels on an H200, on
+# identical inputs (benchmarks/OPT_LOG.md, "Decode, iteration 3"): a bf16 state pool at batch 32 (23.0 vs 33.0 us)
+# and 256 (162.9 vs 241.4 us; 158 against the Triton walk's 205-220 us later, "the decode pool's tile"). With an fp32
+# pool the Triton kernels are faster (41.9 vs 45.5 us at batch 32; at batch 256 the persistent walk runs 93% of copy
+# against the Gluon decode's 85%), and batch < 32 was not timed: those stay on Triton.
 GLUON_AUTO_MIN_BATCH = 32
 
 
 def _gluon_auto_filter(q=None, initial_state=None, **_) -> Tuple[bool, str]:
     if initial_state.dtype != torch.bfloat16:
-        return False, (f"{initial_state.dtype} state pool: the Triton kernel measured faster (round 11: 287.8 vs "
-                       f"298.7 us at batch 256); backend='gluon' by name")
+        return False, (f"{initial_state.dtype} state pool: the Triton kernel measured faster (batch 256 on an "
+                       f"H200: 271.2 vs 295-298 us); backend='gluon' by name")
     if q.shape[0] < GLUON_AUTO_MIN_BATCH:
         return False, (f"batch {q.shape[0]} < {GLUON_AUTO_MIN_BATCH}: the Gluon decode is timed only at batch 32 "
-                       f"and 256 (round 11); backend='gluon' by name")
+                       f"and 256; backend='gluon' by name")
     return True, ""
 
 
@@ -315,9 +327,13 @@ def fused_recurrent_gated_delta_rule(
     Fused gating (Qwen3-Next): with A_log [HV] (and optionally dt_bias [HV]) the decay used is
     g_eff = -exp(A_log) * softplus(g + dt_bias); with beta_sigmoid=True beta is a logit and sigmoid(beta) is used.
 
-    Returns (o [B, T, HV, V] in v's dtype, final_state). backend: "auto" (Triton), "triton" or "reference".
+    Returns (o [B, T, HV, V] in v's dtype, final_state). backend: "auto" (the Gluon decode for a bf16 pool at
+    batch >= 32 on a Hopper GPU, else Triton), "triton", "gluon" or "reference".
     Works under torch.compile and in CUDA graphs (the Triton path is a torch custom op, host-sync free).
+    Forward only: with grad mode on, an input that requires grad raises ValueError (there is no backward; train with
+    chunk_gated_delta_rule).
     """
+    check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias)
     call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,

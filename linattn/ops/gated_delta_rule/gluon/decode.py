@@ -1,15 +1,16 @@
 """Gluon (sm_90a) kernel for the plain GDN decode step (issue 6): T = 1, no cu_seqlens, a state pool indexed by
 `state_indices`, updated in place; fp32 or bf16 states; K = V = 128; GVA; optional fused gate (A_log, dt_bias)
-and beta_sigmoid. Backend "gluon" of `fused_recurrent_gated_delta_rule`, by name only (auto=False).
+and beta_sigmoid. Backend "gluon" of `fused_recurrent_gated_delta_rule`: `auto` takes it for bf16 pools at
+batch >= 32 (fused_recurrent.py, _gluon_auto_filter); by name it takes every call supports() accepts.
 
 Persistent grid (PER_SM CTAs per SM); CTA p walks tiles t = p, p + G, p + 2G, ... (G = grid size), a tile being
 (sequence n, value head hv, V-block vb) with t = (n * HV + hv) * NV + vb. The state tile S[:, vb*BV:(vb+1)*BV]
 ([K, BV]) moves by TMA over the pool viewed as 2-D [num_slots * HV * K, V]: box [K, BV] at
-(slot * HV * K + hv * K, vb * BV). Math per tile is exactly `_decode_token` of triton/fused_recurrent.py.
+(slot * HV * K + hv * K, vb * BV). Math per tile is exactly `_decode_token` of triton/decode_kernels.py.
 
-Register layout (benchmarks/DECODE_GLUON.md): warps split along V only (warps_per_cta [1, NW]), 8 lanes along K
-and 4 along V, so both reductions over K (S^T k, S^T q) stay inside a warp (in-thread sums + 3 shuffles), no
-shared-memory round trip, no CTA barrier. Rows per thread SPT_K chosen so that gl.bank_conflicts of the smem
+Register layout: warps split along V only (warps_per_cta [1, NW]), 8 lanes along K and 4 along V, so both
+reductions over K (S^T k, S^T q) stay inside a warp (in-thread sums + 3 shuffles), no shared-memory round trip, no
+CTA barrier. Rows per thread SPT_K chosen so that gl.bank_conflicts of the smem
 reads/writes against the 128B-swizzled NVMMA tile is 0 (checked at compile time, static_assert).
 
 Shared-memory ring (STAGES buffers `ring[s]` of [K, BV] in the pool dtype, barriers `ready[s]`). Local tile j
@@ -48,7 +49,7 @@ if GLUON_OK:
     def state_reg_layout(BV, elem_bits, num_warps):
         """[K, BV] register layout: 4 lanes x VEC columns along V per warp, warps along V, 8 lanes along K.
         SPT_K (consecutive rows per thread) from the gl.bank_conflicts sweep against the 128B-swizzled tile:
-        conflict-free with 128-byte rows at 2 rows per thread, with 256-byte rows at 4 (benchmarks/DECODE_GLUON.md)."""
+        conflict-free with 128-byte rows at 2 rows per thread, with 256-byte rows at 4."""
         vec = BV // (4 * num_warps)
         row_bytes = BV * elem_bits // 8
         spt_k = 4 if row_bytes >= 256 else 2
@@ -82,19 +83,14 @@ if GLUON_OK:
     @gluon.jit(do_not_specialize=["num_slots", "n_tiles"])
     def gdn_decode_gluon_kernel(
         desc,                                   # TMA over the pool [num_slots * HV * K, V], box [K, BV]
-        pool,                                   # the pool itself (REG_STORE's plain stores)
         q, k, v, g, beta, A_log, dt_bias, o, state_indices,
         scale, num_slots, n_tiles,
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
         USE_G: gl.constexpr, FUSED_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, BETA_SIGMOID: gl.constexpr,
-        INDEXED: gl.constexpr, STAGES: gl.constexpr, REG_STORE: gl.constexpr = False,
+        INDEXED: gl.constexpr, STAGES: gl.constexpr,
     ):
-        """REG_STORE (round 29, opt-in): the new state goes back from registers by plain 16-byte stores instead of
-        through its ring slot and a TMA store, so a slot is free as soon as its tile is in registers: tile i + STAGES
-        is issued into it right after the read (fence_async_shared, thread_barrier), before tile i's arithmetic,
-        and STAGES tiles (not STAGES - 1) are in flight while a tile is computed; no TMA store, no store_wait."""
         NW: gl.constexpr = gl.num_warps()
-        FAR: gl.constexpr = STAGES if REG_STORE else STAGES - 1   # local tiles ahead of the current one in flight
+        FAR: gl.constexpr = STAGES - 1                 # local tiles ahead of the current one in flight
         NV: gl.constexpr = V // BV
         dt: gl.constexpr = desc.dtype
         L: gl.constexpr = state_reg_layout(BV, dt.primitive_bitwidth, NW)
@@ -166,13 +162,6 @@ if GLUON_OK:
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             b_h = ring.index(s).load(L).to(gl.float32)
             b_h = gl.where(live, b_h, 0.0)               # padded row: nothing was loaded; keep garbage out
-            if REG_STORE:
-                # the tile is in registers: every warp's read of slot s before the async-proxy write to come, then
-                # refill slot s with local tile i + STAGES, ahead of this tile's arithmetic
-                fence_async_shared()
-                gl.thread_barrier()
-                _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
-                       num_slots, HV, K, BV, NV, STAGES)
             # _decode_token (QK_L2NORM=False)
             bq = b_q * scale
             bb = b_beta
@@ -193,24 +182,19 @@ if GLUON_OK:
             b_h = b_h + gl.expand_dims(b_k, 1) * gl.expand_dims(u, 0)
             b_o = gl.where(live, b_o, 0.0)
             gl.store(o + (n_c * HV + hv_c) * V + vb_c * BV + ov, b_o.to(o.dtype.element_ty))
-            if REG_STORE:
-                if live:
-                    base = pool + (idx_c * HV + hv_c) * (K * V) + vb_c * BV       # int64 scalar offset
-                    gl.store(base + (gl.expand_dims(ok, 1) * V + gl.expand_dims(ov, 0)), b_h.to(dt))
+            if live:
+                ring.index(s).store(b_h.to(dt))
+                fence_async_shared()
+                row = ((idx_c * HV + hv_c) * K).to(gl.int32)
+                tma_store(desc, [row, (vb_c * BV).to(gl.int32)], ring.index(s))
+                tma_store_wait(1)                        # tile i-1's store has read its buffer
             else:
-                if live:
-                    ring.index(s).store(b_h.to(dt))
-                    fence_async_shared()
-                    row = ((idx_c * HV + hv_c) * K).to(gl.int32)
-                    tma_store(desc, [row, (vb_c * BV).to(gl.int32)], ring.index(s))
-                    tma_store_wait(1)                        # tile i-1's store has read its buffer
-                else:
-                    tma_store_wait(0)
-                fence_async_shared()                         # this thread's generic reads/writes of the ring
-                gl.thread_barrier()                          # ... and everybody's, before the refill is issued
-                # ---- refill slot (i - 1) % STAGES with local tile i + STAGES - 1
-                _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
-                       num_slots, HV, K, BV, NV, STAGES)
+                tma_store_wait(0)
+            fence_async_shared()                         # this thread's generic reads/writes of the ring
+            gl.thread_barrier()                          # ... and everybody's, before the refill is issued
+            # ---- refill slot (i - 1) % STAGES with local tile i + STAGES - 1
+            _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
+                   num_slots, HV, K, BV, NV, STAGES)
 
             # ---- rotate the prefetched values
             idx_far = idx_far_n
@@ -234,8 +218,7 @@ if GLUON_OK:
 # ---------------------------------------------------------------------------------------------------- configs
 # (BV, num_warps, STAGES, CTAs per SM) per pool dtype. Ring bytes per CTA = STAGES * K * BV * elem; the CTAs of
 # one SM must fit 228 KB (233472 B incl. 1 KB reserved per CTA): fp32 BV=64 is 32 KB a stage, bf16 BV=64 16 KB.
-# AOT (sm_90a, benchmarks/DECODE_GLUON.md) gives the register counts that bound CTAs per SM at 4 warps.
-# bf16: 2 CTAs per SM (round 11 sweep at batch 256: 157.2 us vs 175.6 with 3 per SM, same binary; to re-bench)
+# bf16: 2 CTAs per SM, faster than 3 at batch 256 (157.2 against 175.6 us on an H200, same binary).
 DEFAULT_CONFIGS = {torch.float32: (64, 4, 3, 2), torch.bfloat16: (64, 4, 3, 2)}
 SMEM_PER_SM = 233472
 
@@ -268,13 +251,7 @@ def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indi
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = state_indices.shape[0] if state_indices is not None else B
-    cfg = tuple(config or DEFAULT_CONFIGS[pool.dtype])
-    BV, warps, stages, per_sm = cfg[:4]
-    if len(cfg) > 4:                                         # a 5th element: REG_STORE (round 29, opt-in)
-        reg_store = bool(cfg[4])
-    else:
-        from linattn.runtime.settings import settings
-        reg_store = settings.gdn_gluon_decode_reg_store
+    BV, warps, stages, per_sm = config or DEFAULT_CONFIGS[pool.dtype]
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = None if g is None else g.contiguous()
     if out is None:
@@ -285,11 +262,11 @@ def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indi
         num_sms = device_facts(q.device).num_sms
     n_tiles = N * HV * (V // BV)
     grid = (max(1, min(n_tiles, per_sm * num_sms)),)
-    args = (make_descriptor(pool, BV), pool, q, k, v, g, beta, A_log, dt_bias, out, state_indices, float(scale),
+    args = (make_descriptor(pool, BV), q, k, v, g, beta, A_log, dt_bias, out, state_indices, float(scale),
             pool.shape[0], n_tiles)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BV=BV, USE_G=g is not None, FUSED_GATE=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None, BETA_SIGMOID=bool(beta_sigmoid),
-                  INDEXED=state_indices is not None, STAGES=stages, REG_STORE=reg_store, num_warps=warps)
+                  INDEXED=state_indices is not None, STAGES=stages, num_warps=warps)
     return gdn_decode_gluon_kernel, grid, args, kwargs, out, n_tiles
 
 
@@ -376,36 +353,22 @@ def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_s
 
 
 # ---------------------------------------------------------------------------------------------------- AOT
-AOT_CONFIGS = [  # (name, state, BV, warps, stages, H, fused)
-    ("fp32_bv64_w4_s3", "fp32", 64, 4, 3, 32, False),
-    ("fp32_bv64_w4_s2", "fp32", 64, 4, 2, 32, False),
-    ("fp32_bv32_w4_s3", "fp32", 32, 4, 3, 32, False),
-    ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False),
-    ("bf16_bv128_w4_s3", "bf16", 128, 4, 3, 32, False),
-    ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True),
-    ("fp32_bv64_w4_s3_reg", "fp32", 64, 4, 3, 32, False),       # REG_STORE (name suffix "_reg"), round 29
-]
-
-
 def desc_sig(state: str, BV: int, K: int = 128) -> str:
     gdt = {"fp32": gl.float32, "bf16": gl.bfloat16}[state]
     layout = gl.NVMMASharedLayout.get_default_for([K, BV], gdt)
     return f"tensordesc<{state}[{K}, {BV}],{layout!r}>"
 
 
-def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False,
-              reg_store: bool = False):
+def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False):
     """(fn, signature, constexprs, options) of one config, as the JIT sees decode_launch's call (bf16 q/k/v/o,
     fp32 g/beta, int32 indices)."""
-    sig = dict(desc=desc_sig(state, BV), pool=f"*{state}", q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
+    sig = dict(desc=desc_sig(state, BV), q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
                A_log="*fp32" if fused else "constexpr", dt_bias="*fp32" if fused else "constexpr", o="*bf16",
                state_indices="*i32", scale="fp32", num_slots="i32", n_tiles="i32")
     const = dict(H=H, HV=32, K=128, V=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
-                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages, REG_STORE=reg_store)
+                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages)
     constexprs = {n: None for n, t in sig.items() if t == "constexpr"}
     constexprs.update(const)
     sig.update({n: "constexpr" for n in const})
     return gdn_decode_gluon_kernel, sig, constexprs, dict(num_warps=warps)
 
-
-AOT_DIV16 = ("pool", "q", "k", "v", "g", "beta", "o", "state_indices")
