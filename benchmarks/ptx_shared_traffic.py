@@ -1,6 +1,6 @@
 """Shared-memory, shuffle and global traffic per source line of a straight-line Triton kernel, from its PTX (CPU only):
 `python3 benchmarks/ptx_shared_traffic.py AOT_NAME [AOT_NAME ...] [--ptx FILE ...]` (AOT names from
-linattn/ops/gated_delta_rule/aot.py, compiled for sm_90a here, without TRITON_INTERPRET).
+linattn.runtime.aot.kernels(), compiled for sm_90a here, without TRITON_INTERPRET).
 
 For every ld/st.shared, ldmatrix/stmatrix, shfl.sync and ld/st.global the script evaluates the PTX's integer
 arithmetic for the program's threads (%tid.x = 0 .. threads-1, other special registers, parameters and the shared base
@@ -12,7 +12,8 @@ inlined), summed over the program's warps:
   the ideal), so bank conflicts are the difference; warp shuffles (one wavefront each on the same unit); global
   bytes (every thread counted: masks depend on parameters, which are not simulated).
 Not counted: WGMMA's shared-memory operand reads (descriptors), and anything in loops (the script refuses PTX with
-backward branches). benchmarks/KKT_SOLVE.md, "v2 after round 16", is its output for stage 2a.
+backward branches). It was written for stage 2a's inverse (docs/architecture.md), whose layout conversions it
+counts.
 """
 import argparse
 import collections

@@ -1,4 +1,5 @@
-"""The GPU round scripts' CPU dry runs: what can be checked without a GPU is checked before device time is spent."""
+"""The GPU scripts on the CPU: what can be checked without a GPU is checked before device time is spent (the gate's
+logic at tiny sizes, its case lists and arguments, the ncu summarizers on CSVs in ncu's layout, the host profiler)."""
 import json
 import os
 import subprocess
@@ -8,12 +9,74 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = os.path.join(REPO, "benchmarks", "gpu")
 
 
-def _run(args, tmp_path, timeout=600, **extra_env):
+def _run(args, tmp_path, timeout=600, expect=0, **extra_env):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO, **extra_env)
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    assert proc.returncode == expect, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_gpu_folder_holds_the_gate_the_bench_and_the_profilers():
+    """At most 8 files, each compiles (Python) or parses (bash)."""
+    files = sorted(f for f in os.listdir(GPU) if not f.startswith((".", "__")))
+    assert len(files) <= 8, files
+    assert {"gate.py", "common.py", "bench_production.sh"} <= set(files)
+    for f in files:
+        path = os.path.join(GPU, f)
+        if f.endswith(".py"):
+            compile(open(path).read(), path, "exec")
+        else:
+            assert subprocess.run(["bash", "-n", path]).returncode == 0, f
+    ptx = os.path.join(REPO, "benchmarks", "ptx_shared_traffic.py")
+    compile(open(ptx).read(), ptx, "exec")
+
+
+def test_gate_dry_run(tmp_path):
+    """The gate's forward (Triton), backward and decode sections at tiny sizes under the interpreter, each in its
+    child process: every case passes against its fp64 reference and gate.json records them."""
+    out = _run([os.path.join(GPU, "gate.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
+    assert "ALL PASSED" in out
+    res = json.loads((tmp_path / "gate.json").read_text())
+    assert res["passed"] and list(res["sections"]) == ["fwd_triton", "bwd", "decode"]
+    for name, sec in res["sections"].items():
+        assert sec["passed"] and sec["cases"] and all(c["passed"] for c in sec["cases"]), (name, sec)
+    bwd = {c["case"]: c for c in res["sections"]["bwd"]["cases"]}
+    assert set(bwd["varlen triton"]["errors"]) == {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state"}
+
+
+def test_gate_case_lists_and_arguments(tmp_path):
+    """--list names every section's cases (the GPU ones too: they are built without a GPU); unknown sections and
+    GPU-only sections in a dry run are refused with exit 2."""
+    out = _run([os.path.join(GPU, "gate.py"), "--list"], tmp_path)
+    lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
+    assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon"]
+    assert "varlen_T65536_gva" in lines["fwd_triton"] and "sync_free" in lines["fwd_triton"]
+    assert "gluon_hv8_B4_T8192_segments" in lines["fwd_gluon"] and "T65536_gva" in lines["fwd_gluon"]
+    assert "long-T65536 gluon" in lines["bwd"] and "batch-fp16-mixed-K100-V60 gluon" not in lines["bwd"]
+    assert "pool H=16 HV=32 B=256 state=bfloat16" in lines["decode"] and "CUDA graph" in lines["decode"]
+    assert "x 1 configs" in lines["matmul_triton"]
+    assert "nosuch" in _run([os.path.join(GPU, "gate.py"), "--only", "nosuch", "--out", str(tmp_path)], tmp_path,
+                            expect=2)
+    _run([os.path.join(GPU, "gate.py"), "--dry-run", "--only", "matmul_gluon", "--out", str(tmp_path)], tmp_path,
+         expect=2)
+
+
+def test_gate_exits_non_zero_on_a_failed_case(tmp_path, monkeypatch):
+    """A section with one failed case turns the whole gate red: gate.json's passed is false and main returns 1."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.syspath_prepend(GPU)
+    import gate
+    monkeypatch.setattr(gate, "run_section", lambda s, out, dry: dict(
+        cases=[dict(case="a", passed=True), dict(case="b", passed=False, error="x")], passed=False, section_s=0.0))
+    assert gate.main(["--dry-run", "--only", "decode", "--out", str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "gate.json").read_text())["passed"] is False
+
+
+def test_bench_production_refuses_an_unknown_part(tmp_path):
+    proc = subprocess.run(["bash", os.path.join(GPU, "bench_production.sh"), "nosuch"], capture_output=True,
+                          text=True, env=dict(os.environ, OUT=str(tmp_path)), timeout=60)
+    assert proc.returncode == 2 and "usage" in proc.stderr
 
 
 def test_ncu_summarizer_reads_ncu_csv(tmp_path):
@@ -36,18 +99,10 @@ def test_ncu_bwd_run_dry_run(tmp_path):
     assert "ncu_bwd run dry run: ok (triton, 6 gradients" in out
 
 
-def test_decode_gluon_round_dry_run(tmp_path):
-    """The Gluon decode round's logic on the CPU: its gate with the Triton backend standing in (must pass), and
-    every sweep config's launch arguments built and mangled as the AOT signature."""
-    _run([os.path.join(GPU, "decode_gluon_round.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
-    res = json.loads((tmp_path / "decode_gluon.json").read_text())
-    assert res["gate"]["passed"] is True and len(res["gate"]["cases"]) >= 7
-
-
 def test_ncu_summarizer_keeps_dram_apart_from_memory_throughput():
     """ncu lists the Speed-of-Light "Memory Throughput" (the busiest memory unit) BEFORE "DRAM Throughput", and the
     Memory Workload section repeats "Memory Throughput" in byte/s: each lands in its own key, whatever the row order
-    (rows as the H200's ncu wrote them for kkt_solve_kernel in round 15, r15b_ncu_fused_wu_B1_T65536.csv)."""
+    (rows as the H200's ncu writes them for a stage-2a kernel)."""
     sys.path.insert(0, GPU)
     from ncu_fwd import summarize_csv
     head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -65,7 +120,7 @@ def test_ncu_summarizer_keeps_dram_apart_from_memory_throughput():
 
 
 def test_ncu_source_reader_dry_run(tmp_path):
-    """ncu_source.py (run_round.sh ncu_src) on a SASS source-page CSV in ncu's layout: samples per instruction,
+    """ncu_source.py on a SASS source-page CSV in ncu's layout: samples per instruction,
     per opcode, the hot region and the per-reason columns."""
     out = _run([os.path.join(GPU, "ncu_source.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
     assert "ncu_source dry run: ok" in out
@@ -76,8 +131,7 @@ def test_ncu_source_reader_dry_run(tmp_path):
 
 
 def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
-    """The H200's ncu writes "Dynamic Shared Memory Per Block" in "byte/block"; until round 16 the summary kept the
-    bytes under smem_per_block_kb (16384.0 for kkt_solve_v2_kernel's 16 KB). Rows as in r16c_ncu_gluon_kkt_v2."""
+    """The H200's ncu writes "Dynamic Shared Memory Per Block" in "byte/block": the summary converts it to KB."""
     sys.path.insert(0, GPU)
     from ncu_fwd import summarize_csv
     head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -86,73 +140,6 @@ def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
     (k,) = summarize_csv(head + row.format("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block",
                                            "200,860"))
     assert abs(k["smem_per_block_kb"] - 200860 / 1024) < 1e-9
-
-
-def test_segments_round_dry_run(tmp_path):
-    """The segments round's logic on the CPU (the fused kernel's schedule model, 4 segments of 3 chunks): every row
-    runs; slow decay sends both heads unsegmented (o and final equal to the unsegmented forward's), mixed one of two,
-    fast none; at fast decay o within 3e-4 of the unsegmented forward (the warm-up in the fused kernel rounds as the
-    chain does: next to equal, 0 where the truncation stays below bf16's rounding)."""
-    _run([os.path.join(GPU, "segments_round.py"), "--dry", "--out", str(tmp_path)], tmp_path)
-    rows = {r["decay"]: r for r in json.loads((tmp_path / "segments_round.json").read_text())["rows"]}
-    assert all("error" not in r and r["finite"] for r in rows.values()), rows
-    assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
-    assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
-    assert rows["fast"]["o_vs_unsegmented"] < 3e-4
-
-
-def test_segments_round_gf_dry_run(tmp_path):
-    """SEG_KIND=gf: the gate-free kernel's segment launch (its schedule model) next to the W/U kernel's model for the
-    unsegmented pairs: every row runs and passes its fp64 check; slow decay sends both heads to the W/U launch (o and
-    final equal to the unsegmented forward's, which runs the W/U model too), mixed one of two, fast none."""
-    _run([os.path.join(GPU, "segments_round.py"), "--dry", "--out", str(tmp_path)], tmp_path, SEG_KIND="gf")
-    rows = {r["decay"]: r for r in json.loads((tmp_path / "segments_gf_round.json").read_text())["rows"]}
-    assert all("error" not in r and r["finite"] and r["passed"] and r["kind"] == "gf" for r in rows.values()), rows
-    assert [rows[d]["unsegmented_pairs"] for d in ("fast", "mixed", "slow")] == [0, 1, 2]
-    assert rows["slow"]["o_vs_unsegmented"] == 0 and rows["slow"]["final_vs_unsegmented"] == 0
-    assert all(rows[d]["err_o_vs_fp64"] < rows[d]["tol"] for d in rows)
-
-
-def test_segments_timeline_summary():
-    """segments_round.calls_timeline on a chrome trace of three calls (kkt, a memset, two kernels on two streams; one
-    call cut short, one host event): the short call and non-GPU events are dropped, offsets and durations are the
-    medians over the complete calls, the span runs from the call's first start to its last end."""
-    sys.path.insert(0, GPU)
-    try:
-        from segments_round import calls_timeline
-    finally:
-        sys.path.remove(GPU)
-    ev = []
-    for i, (t0, d) in enumerate(((0, 10), (1000, 12), (2000, 14))):
-        ev += [dict(cat="kernel", name="kkt_solve_v3_kernel", ts=t0, dur=100, tid=7),
-               dict(cat="gpu_memset", name="Memset", ts=t0 + 101, dur=2, tid=7),
-               dict(cat="kernel", name="segment_window_kernel", ts=t0 + 105, dur=d, tid=7),
-               dict(cat="kernel", name="chunk_fused_wu_ws_kernel", ts=t0 + 120 + i, dur=500, tid=9),
-               dict(cat="cpu_op", name="aten::empty", ts=t0 + 50, dur=1, tid=1)]
-    ev += [dict(cat="kernel", name="kkt_solve_v3_kernel", ts=3000, dur=100, tid=7)]
-    r = calls_timeline(ev)
-    assert r["calls"] == 3 and [k["name"] for k in r["kernels"]] == [
-        "kkt_solve_v3_kernel", "Memset", "segment_window_kernel", "chunk_fused_wu_ws_kernel"]
-    assert [k["start_us"] for k in r["kernels"]] == [0, 101, 105, 121]
-    assert [k["dur_us"] for k in r["kernels"]] == [100, 2, 12, 500] and r["kernels"][3]["stream"] == 9
-    assert r["span_us"] == 621
-    assert "error" in calls_timeline([dict(cat="kernel", name="other", ts=0, dur=1)])
-
-
-def test_run_round_refuses_a_snapshot_of_another_commit(tmp_path):
-    """A snapshot made by snap.sh carries SNAP_COMMIT: run_round.sh takes it as LINATTN_COMMIT, and refuses (exit 2,
-    no step run) a LINATTN_COMMIT that names another commit (round 18 lost a device call to a stale snapshot)."""
-    script = os.path.join(GPU, "run_round.sh")
-    (tmp_path / "SNAP_COMMIT").write_text("abc1234\n")
-    env = dict(os.environ, OUT=str(tmp_path / "out"), LINATTN_COMMIT="def5678", LINATTN_BENCH_CACHE=str(tmp_path / "c"))
-    proc = subprocess.run(["bash", script, "nosuchstep"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
-                          timeout=120)
-    assert proc.returncode == 2 and "this snapshot is of abc1234" in proc.stderr
-    assert "=== nosuchstep" not in proc.stdout
-    env["LINATTN_COMMIT"] = "abc1234"
-    proc = subprocess.run(["bash", script, "nosuchstep"], capture_output=True, text=True, cwd=str(tmp_path), env=env,
-                          timeout=120)
-    assert "=== nosuchstep" in proc.stdout and "snapshot is of" not in proc.stderr
 
 
 def test_host_profile_dry_run(tmp_path):
@@ -164,3 +151,4 @@ def test_host_profile_dry_run(tmp_path):
     for key in ("by_own_time", "by_cumulative"):
         assert r[key] and all(e["us"] >= 0 and ":" in e["fn"] for e in r[key]), r[key]
     assert r["by_cumulative"][0]["us"] >= r["by_cumulative"][-1]["us"]
+

@@ -12,28 +12,18 @@
 #
 # Run one part per lease call and fetch $OUT after each (the next call empties it). COLD=1 adds the cold-start
 # measurement (fresh processes with empty Triton/Inductor/TileLang caches) for the part's first row; the `cold`
-# part does only that. The JIT caches of this script (Triton, Inductor, TileLang) live in $LINATTN_BENCH_CACHE
+# part does only that. The JIT caches of this script (Triton, Inductor, TileLang) live in $BENCH_CACHE
 # (default /tmp/linattn-bench-cache), which the parts share on a machine kept warm between calls: what a cold
 # child compiled and tuned (FLA's autotuning results included) is merged there, so the timed parts that follow do
 # not compile it again. The cold children themselves always start from new empty folders.
 #
-# Time estimate per part (anchors.md timings, 10 repeats; each repeat cycles >= 2 input sets, so a row costs
-# about 31 executed calls: 1 check + (3 warm-up + side-stream warm + graph upload + 10 timed) x 2 sets):
-#   timed work, sum over rows of per-call ms x 31: hv32 ~ (FLA 80 + triton ~80 + SDPA 450 [+ FlashQLA 30]) ms
-#     x 31 ~ 20 s; hv64 ~ 40 s (twice the heads); hv8 ~ 6 s.
-#   one-time costs dominate: FLA autotunes per head configuration (its keys include H, HV; the anchors' first
-#     calls: 41 s fwd + 87 s fwd+bwd), plus a re-tune for varlen (IS_VARLEN key) in hv32: ~130-170 s per part;
-#     linattn triton compiles without autotuning (~10-20 s); torch import, inputs, ceilings ~20 s.
-#   => about 3.8 min (hv32), 3.5 min (hv64), 3 min (hv8) without FlashQLA; FlashQLA's TileLang JIT adds about
-#      60 s + 100 s per part (anchors), about 6.5 min then. COLD=1 pays every backend's compile again in fresh
-#      processes: add about 2.5 min (about 5 with FlashQLA). Each part stays under the 10-minute call limit.
-# Measured in round 8 (H200, with FlashQLA, before gluon rows were added): the cold part took 467 s with both
-# modes (fwd alone about 113 s of it), the timed hv32 part 439 s after it (per-row wall times are now in the JSON).
-# Round 11 (same, with gluon rows; COLD_MODES=fwd): cold 159 s, hv8 478 s, hv64 473 s, and hv32 did not finish in
-# the 385 s left (38 of 60 rows). Per part, FlashQLA's TileLang JIT took 180-280 s of row wall time and FLA's
-# autotuning 130-145 s; our backends 10-35 s. The whole table on one H200 is about 27 device minutes with machine
-# start and wheels, so one session (30 min) cannot hold it plus anything else: on nvidia-h200-x2 run_round.sh's
-# prod_par step runs two parts side by side, one per GPU (about 17 minutes for the table).
+# Time per part (H200, 10 repeats; each repeat cycles >= 2 input sets, so a row costs about 31 executed calls):
+# one-time costs dominate. FLA autotunes per head configuration (its keys include H, HV, and IS_VARLEN for the varlen
+# row): 130-170 s per part; FlashQLA's TileLang JIT 180-280 s of row wall time per part; our backends compile in
+# 10-35 s. Measured with every backend: cold (COLD_MODES=fwd) 159 s, hv8 478 s, hv64 473 s; hv32 with FlashQLA needs
+# a call of its own, or PROD_MODES=fwd and PROD_MODES=fwdbwd in two calls. The whole table with every peer is about
+# 27 device minutes on one H200 with machine start and wheels: on a two-GPU machine run two parts side by side, one
+# per GPU (CUDA_VISIBLE_DEVICES=0 / 1, each part's OUT apart), then merge.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/bench_out}"
@@ -46,7 +36,7 @@ if [ "$PART" = "merge" ]; then
     exit 0
 fi
 case "$PART" in hv32|hv64|hv8|cold) ;; *) echo "usage: $0 hv32|hv64|hv8|cold|merge FILES..." >&2; exit 2 ;; esac
-CACHE_ROOT="${LINATTN_BENCH_CACHE:-/tmp/linattn-bench-cache}"
+CACHE_ROOT="${BENCH_CACHE:-/tmp/linattn-bench-cache}"
 export TRITON_CACHE_DIR="$CACHE_ROOT/triton_cache_dir" TORCHINDUCTOR_CACHE_DIR="$CACHE_ROOT/torchinductor_cache_dir" \
        TILELANG_CACHE_DIR="$CACHE_ROOT/tilelang_cache_dir"
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR" "$TILELANG_CACHE_DIR"
@@ -62,7 +52,7 @@ MODES="${PROD_MODES:-fwd fwdbwd}"
 # forward against FlashQLA inside one 10-minute call; the fwd+bwd rows in another call)
 BACKENDS="${PROD_BACKENDS:-$BACKENDS}"
 # COLD_MODES="fwd": only the first call of each backend (the fwd+bwd cold runs of FLA and FlashQLA cost about 150 s
-# each; round 8 measured both modes in 467 s, fwd alone took about 113 s of that)
+# each: both modes take about 467 s, fwd alone about 113 s of that)
 if [ "$PART" = "cold" ]; then COLD_FLAG="--cold-only"; PRESET="production_hv32"; MODES="${COLD_MODES:-fwd fwdbwd}"; fi
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia_smi_$PART.txt"

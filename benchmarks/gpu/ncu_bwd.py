@@ -1,4 +1,4 @@
-"""Hardware counters of one GDN forward+backward (benchmarks/BWD_PROFILE.md: which backward kernel holds the time).
+"""Hardware counters of one GDN forward+backward (which backward kernel holds the time).
 
 Two roles, as benchmarks/gpu/ncu_fwd.py:
 
@@ -11,7 +11,7 @@ backward outside the profiled range (compiles, FLA's autotuning), then one forwa
 backward between cudaProfilerStart/Stop. The marker is torch.cuda._sleep's `spin_kernel` (a few cycles): in ncu's
 launch-ordered output it separates the forward's kernels from the backward's, which share names (our backward
 recomputes the forward's stage 2 and state pass). `--backend fla` profiles FLA's Triton path (FLA_FLASH_QLA=0) with
-its Hopper guard on the gated backward bypassed (chunk_o.TRITON_ABOVE_3_7_1 forced True, as gdn_bwd_gate.py does:
+its Hopper guard on the gated backward bypassed (chunk_o.TRITON_ABOVE_3_7_1 forced True:
 timing only, its gradients are not checked here). `--phase bwd` leaves the forward out of the profiled range.
 
 `summarize` reads ncu's `--csv --page details` files with ncu_fwd.summarize_csv (per kernel: duration, DRAM and SM

@@ -2,14 +2,16 @@
 
 Two roles:
 
-    ncu --clock-control none --profile-from-start off --section ... --csv --page details \\
-        python benchmarks/gpu/ncu_fwd.py run --backend triton --B 1 --T 65536     # the profiled program
-    python benchmarks/gpu/ncu_fwd.py summarize --out DIR CSV...                      # CSVs -> ncu_summary.json
+    ncu --clock-control none --profile-from-start off --csv --page details \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \\
+        python3 benchmarks/gpu/ncu_fwd.py run --backend gluon --B 1 --T 65536 > $OUT/ncu_gluon_B1_T65536.csv
+    python3 benchmarks/gpu/ncu_fwd.py summarize --out $OUT $OUT/ncu_*.csv      # CSVs -> ncu_summary.json
 
 `run` makes the inputs (bf16, H16/HV32, K=V=128, initial and final state), calls the forward once outside the
 profiled range (compiles, tunes), then once between cudaProfilerStart/Stop, so ncu (with --profile-from-start
 off) measures exactly one forward's kernels. `--backend fla` profiles FLA's Triton forward (FLA_FLASH_QLA=0).
-`run_round.sh ncu` drives both roles on the device. ncu replays each kernel once per counter pass and restores
+ncu lives in /usr/local/cuda*/bin or /opt/nvidia/nsight-compute/*/ on the device. ncu replays each kernel once per counter pass and restores
 memory between passes, so the in-place state writes do not accumulate.
 
 `summarize` turns ncu's `--csv --page details` output (one row per kernel, section and metric) into one record
@@ -27,10 +29,8 @@ import os
 import sys
 
 # what the summary keeps of each kernel: our key -> the ncu metric names that may carry it, in order of preference
-# (an earlier name wins over a later one wherever the rows come). Until round 15 the first ROW found won, and since
-# ncu lists the Speed-of-Light "Memory Throughput" (the busiest memory unit: L1, L2 or DRAM) before "DRAM Throughput",
-# the summaries of rounds 12-15 reported Memory Throughput under "dram" (kkt_solve: 81% "dram" was L1/TEX; its DRAM
-# throughput was 32%). benchmarks/results/2026-11-30_r15_ncu_resummarized.json re-reads the committed CSVs.
+# (an earlier name wins over a later one wherever the rows come): ncu lists the Speed-of-Light "Memory Throughput"
+# (the busiest memory unit: L1, L2 or DRAM) before "DRAM Throughput", and each must land in its own key.
 METRICS = {
     "duration_us": ("Duration",),
     "dram_throughput_pct": ("DRAM Throughput",),
@@ -50,12 +50,12 @@ METRICS = {
 }
 # keys whose metric name is shared by rows of different units: the unit a row must carry for this key
 METRIC_UNITS = {"memory_throughput_pct": "%", "dram_bytes_per_s": "byte/s"}
-# the H200's ncu (round 12) writes "ns"/"us"/"ms"/"s" for durations, older versions "nsecond" etc.
+# the H200's ncu writes "ns"/"us"/"ms"/"s" for durations, older versions "nsecond" etc.
 UNIT_SCALE = {("duration_us", "msecond"): 1e3, ("duration_us", "nsecond"): 1e-3, ("duration_us", "usecond"): 1.0,
               ("duration_us", "second"): 1e6, ("duration_us", "ms"): 1e3, ("duration_us", "ns"): 1e-3,
               ("duration_us", "us"): 1.0, ("duration_us", "s"): 1e6, ("smem_per_block_kb", "byte"): 1 / 1024,
               ("smem_per_block_kb", "Kbyte"): 1.0, ("smem_per_block_kb", "Mbyte"): 1024.0,
-              # the H200's ncu writes the launch statistics' shared memory per block as "byte/block" (round 16:
+              # the H200's ncu writes the launch statistics' shared memory per block as "byte/block" (
               # until then smem_per_block_kb held bytes, e.g. 16384.0 for 16 KB)
               ("smem_per_block_kb", "byte/block"): 1 / 1024, ("smem_per_block_kb", "Kbyte/block"): 1.0,
               ("smem_per_block_kb", "Mbyte/block"): 1024.0}
@@ -91,7 +91,7 @@ def summarize_csv(text: str) -> list:
                     k["_rank"][key] = rank
         # WarpStateStats lists stall reasons as "Stall <Reason>" style metrics in some versions and as
         # smsp__average_warp_latency_issue_stalled_* / smsp__pcsamp_warps_issue_stalled_* raw names in others; the
-        # H200's ncu prints none of them on the details page (rounds 12-16: "stalls" stayed empty), so the ncu steps
+        # H200's ncu prints none of them on the details page ("stalls" stays empty), so the ncu steps
         # also request smsp__average_warps_issue_stalled_*_per_issue_active.ratio by name, which ncu lists under
         # its own section ("Command line profiler metrics"): those rows are taken from any section
         low = name.lower()

@@ -2,8 +2,14 @@
 
 The per-kernel stall breakdown mixes the partitions of a warp-specialised kernel (chunk_fused_wu_ws_kernel runs a
 state, an output, a W/U and a producer partition): each waits at its own mbarrier. ncu's SourceCounters section
-samples warp stalls per SASS instruction, which separates them. `run_round.sh ncu_src` profiles one forward with
-that section for the kernels matching NCU_KERNEL (default: the fused kernel), then exports
+samples warp stalls per SASS instruction, which separates them. Profile one forward with that section for the
+kernels matching a name:
+
+    ncu --clock-control none --profile-from-start off -k "regex:fused" --section SourceCounters \\
+        --section WarpStateStats --section SpeedOfLight --section LaunchStats -o REPORT -f \\
+        python3 benchmarks/gpu/ncu_fwd.py run --backend gluon --B 1 --T 65536
+
+then export
 
     ncu -i REPORT --page source --csv --print-source sass   ->  ncusrc_<case>_sass.csv
     ncu -i REPORT --page raw --csv                           ->  ncusrc_<case>_raw.csv
@@ -58,7 +64,7 @@ def read_sass_csv(text: str) -> dict:
     for rec in csv.reader(io.StringIO(text)):
         if not rec:
             continue
-        # the H200's ncu (round 16) starts each kernel with '"Kernel Name","<name>",'; others with a one-field line
+        # the H200's ncu starts each kernel with '"Kernel Name","<name>",'; others with a one-field line
         is_label = rec[0].strip() == "Kernel Name" or len(rec) == 1
         if is_label or (header is None and not any("address" in c.lower() for c in rec)):
             if header is not None and rows:
@@ -153,12 +159,12 @@ def partition_breakdown(rows: list, min_share: float = 0.01) -> list:
                   retry loop (placed after the kernel's EXIT; the warp's wait is sampled on that branch),
       wgmma_wait  WARPGROUP.DEPBAR (waiting for an asynchronous wgmma),
       bar_sync    BAR.SYNC (named barriers: thread_barrier, layout conversions through shared memory),
-      fence       MEMBAR / FENCE (fence_async_shared: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S; round 28: a stall of its
-                  own, long scoreboard, with or without global loads in flight),
+      fence       MEMBAR / FENCE (fence_async_shared: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: a stall of its own, long
+                  scoreboard, with or without global loads in flight),
       idle        NOP (the padding warps of the producer's warpgroup),
       work        everything else, with its leading stall reasons.
     A partition whose samples are nearly all work and wgmma_wait is busy the whole kernel; one with a large mbar_wait
-    waits for another (round 17: the output warpgroup 97% busy at B1 with the state waiting 32% of its samples)."""
+    waits for another (e.g. an output warpgroup 97% busy with the state partition waiting 32% of its samples)."""
     total = sum(r["samples"] for r in rows) or 1.0
     exits = [_address(r["address"]) for r in rows if _opcode(r["sass"]) == "EXIT"]
     exit_at = min(a for a in exits if a is not None) if any(a is not None for a in exits) else None
@@ -228,7 +234,7 @@ def summarize(paths, out_dir) -> dict:
     return res
 
 
-# A CSV in the layout the H200's ncu wrote in round 16 for `--page source --csv --print-source sass` (a kernel line,
+# A CSV in the layout the H200's ncu writes for `--page source --csv --print-source sass` (a kernel line,
 # a header, one row per instruction, then the next kernel; columns cut to a few); values made up.
 _SAMPLE = '''"Kernel Name","kkt_solve_v2_kernel",
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_long_sb","stall_barrier"
