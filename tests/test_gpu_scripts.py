@@ -125,7 +125,7 @@ def test_ncu_source_reader_dry_run(tmp_path):
     out = _run([os.path.join(GPU, "ncu_source.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
     assert "ncu_source dry run: ok" in out
     summary = json.loads((tmp_path / "ncu_source_summary.json").read_text())["sample_sass.csv"]
-    assert list(summary) == ["kkt_solve_v2_kernel", "chunk_fused_wu_ws_kernel"]     # two kernels, one file
+    assert list(summary) == ["kkt_solve_kernel", "chunk_fused_wu_ws_kernel"]     # two kernels, one file
     k = summary["chunk_fused_wu_ws_kernel"]
     assert k["top"][0]["sass"].startswith("@P0 SYNCS") and k["by_opcode"]["SYNCS"] == 0.45
 
@@ -136,7 +136,7 @@ def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
     from ncu_fwd import summarize_csv
     head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
             '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
-    row = '"0","1","python3","h","kkt_solve_v2_kernel","1","7","(128, 1, 1)","(1024, 32, 1)","0","9.0","{}","{}","{}","{}"\n'
+    row = '"0","1","python3","h","kkt_solve_kernel","1","7","(128, 1, 1)","(1024, 32, 1)","0","9.0","{}","{}","{}","{}"\n'
     (k,) = summarize_csv(head + row.format("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block",
                                            "200,860"))
     assert abs(k["smem_per_block_kb"] - 200860 / 1024) < 1e-9

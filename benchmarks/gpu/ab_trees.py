@@ -1,9 +1,9 @@
 """Same-run A/B of two linattn source trees on one GPU: the production rows (forward, forward+backward, decode)
 timed in fresh processes, the trees alternated, so that a refactor can be shown to leave speed unchanged.
 
-    python benchmarks/gpu/ab_trees.py --tree old=/path/to/old/tree --tree new=. --rounds 2 --json $OUT/ab.json
+    python benchmarks/gpu/ab_trees.py --tree old=/path/to/old/tree --tree new=. --passes 2 --json $OUT/ab.json
 
-Each (round, tree) runs in its own child process with PYTHONPATH set to that tree (the child checks that it
+Each (pass, tree) runs in its own child process with PYTHONPATH set to that tree (the child checks that it
 imported linattn from there). Inside a child every row is checked once against the tree's own reference-free
 sanity (finite outputs), then timed as a CUDA-graph replay (median of `--repeats` replays of a graph of `--calls`
 calls, per input set, two input sets alternated) and, for the forward, eagerly as well. The summary gives, per
@@ -174,7 +174,7 @@ def _child(args) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", default=[], help="LABEL=PATH (a source tree holding linattn/)")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--passes", type=int, default=2, help="how many times each tree runs, alternated")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--json", default=None)
@@ -191,7 +191,7 @@ def main():
     if len(trees) < 2:
         p.error("give two or more --tree LABEL=PATH")
     runs = {label: [] for label, _ in trees}
-    for r in range(args.rounds):
+    for r in range(args.passes):
         order = trees if r % 2 == 0 else trees[::-1]
         for label, path in order:
             res_file = f"/tmp/ab_{label}_{r}.json"
@@ -202,7 +202,7 @@ def main():
             subprocess.run(cmd, env=env, check=True)
             with open(res_file) as f:
                 runs[label].append(json.load(f))
-            print(f"round {r} {label}: {time.time() - t0:.0f} s", flush=True)
+            print(f"pass {r} {label}: {time.time() - t0:.0f} s", flush=True)
     labels = [label for label, _ in trees]
     base = labels[0]
     summary = {}

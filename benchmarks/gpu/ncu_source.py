@@ -236,7 +236,7 @@ def summarize(paths, out_dir) -> dict:
 
 # A CSV in the layout the H200's ncu writes for `--page source --csv --print-source sass` (a kernel line,
 # a header, one row per instruction, then the next kernel; columns cut to a few); values made up.
-_SAMPLE = '''"Kernel Name","kkt_solve_v2_kernel",
+_SAMPLE = '''"Kernel Name","kkt_solve_kernel",
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_long_sb","stall_barrier"
 "0x7f0000001000","MOV R1, c[0x0][0x28]","7","0","0","0"
 "Kernel Name","chunk_fused_wu_ws_kernel",
@@ -283,8 +283,8 @@ def main():
         with open(p, "w") as f:
             f.write(_SAMPLE)
         res = summarize([p], a.out)["sample_sass.csv"]
-        assert list(res) == ["kkt_solve_v2_kernel", "chunk_fused_wu_ws_kernel"], list(res)
-        assert res["kkt_solve_v2_kernel"]["samples"] == 7.0, res["kkt_solve_v2_kernel"]
+        assert list(res) == ["kkt_solve_kernel", "chunk_fused_wu_ws_kernel"], list(res)
+        assert res["kkt_solve_kernel"]["samples"] == 7.0, res["kkt_solve_kernel"]
         s = res["chunk_fused_wu_ws_kernel"]
         assert s["instructions"] == 6 and s["samples"] == 2000.0, s
         assert list(s["by_opcode"])[:3] == ["SYNCS", "WARPGROUP", "HGMMA"], s["by_opcode"]
