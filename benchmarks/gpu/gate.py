@@ -24,9 +24,10 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
 Every output is NaN-poisoned first (poisoned_allocations or a NaN-filled out=), every error a relative RMS against
 linattn.testing.TOL of the dtype.
 
-Budget: the sections take about 1.5-4 minutes each; one device call (10 minutes) holds about half of them, e.g.
-`--only fwd_triton,fwd_gluon,decode` and `--only bwd,matmul_triton,matmul_gluon`. Writes DIR/gate.json (the
-environment line first, then each section's cases) and exits 1 when any case failed, errored or timed out.
+Budget: on an H200 the whole gate takes about 5.5 minutes (fwd_triton 76 s, fwd_gluon 81 s, bwd 71 s, decode 33 s,
+matmul_triton 17 s, matmul_gluon 36 s, compiles included), so one device call (10 minutes) holds it; a hang costs its
+section's timeout (TIMEOUT_S), so after one, run the rest with --only. Writes DIR/gate.json (the environment line
+first, then each section's cases) and exits 1 when any case failed, errored or timed out.
 `--dry-run` runs fwd_triton, bwd and decode at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
 that need a GPU (sync-free, CUDA graphs, torch.compile, out-of-range indices): it checks the script itself.
 `--list` prints every section's case names.
