@@ -52,6 +52,8 @@ def test_inspect_command_runs(capsys):
     assert main(["inspect", "--list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in REGISTRY)
+    assert "default" in listed.splitlines()[0]                        # the column marking default-path builds
+    assert max(len(line) for line in listed.splitlines()) <= 120
     if _GLUON_OK:
         assert main(["inspect", "matmul_gluon_128x128x64_s4_w4"]) == 0
         out = capsys.readouterr().out

@@ -151,3 +151,49 @@ def test_reference_backend_has_no_grid_limit():
     cu = torch.arange(N + 1, dtype=torch.int64)
     o, _ = _empty_call(1, N, 1, 32, 2, cu, backend="reference")
     assert o.shape == (1, N, 32, 2)
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("g", 0.5, r"g must be finite and <= 0 .* 1 > 0"),
+    ("g", float("nan"), r"g must be finite and <= 0 .* 1 NaN"),
+    ("g", float("-inf"), r"g must be finite and <= 0 .* 1 -inf"),
+    ("beta", float("nan"), r"beta has 1 NaN"),
+])
+def test_invalid_gate_values_on_cpu(name, value, match):
+    """CPU tensors: the gate values are read (no sync to avoid) and a bad one is refused by name before any kernel;
+    g = 0 (no decay) is valid."""
+    x = _x()
+    x[name][0, 3, 1] = value
+    with pytest.raises(ValueError, match=match):
+        _call(x)
+    x = _x()
+    x["g"].zero_()
+    from linattn.ops.gated_delta_rule.validation import check_gate_values
+    check_gate_values(x["g"], x["beta"])
+
+
+def test_decode_gate_may_be_a_raw_input():
+    """The decode op's g may be the raw gate input of A_log: only NaN is refused there."""
+    from linattn.ops.gated_delta_rule.validation import check_gdn_inputs
+    x = _x()
+    x["g"].fill_(2.0)
+    check_gdn_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], gate_optional=True)
+    x["g"][0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="g must be free of NaN"):
+        check_gdn_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], gate_optional=True)
+
+
+def test_check_inputs_switch_reads_gpu_values(monkeypatch):
+    """Off a CPU the gate values are read only with LINATTN_CHECK_INPUTS=1 (CHECK_GPU_VALUES, read at import):
+    meta tensors stand in for GPU ones, a spy for the check."""
+    from linattn.ops.gated_delta_rule import validation
+    seen = []
+    monkeypatch.setattr(validation, "check_gate_values", lambda g, beta, op, log_decay: seen.append(op))
+    x = {k: (t.to("meta") if t is not None else None) for k, t in _x().items()}
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
+    monkeypatch.setattr(validation, "CHECK_GPU_VALUES", False)
+    validation.check_gdn_inputs(*args)
+    assert seen == []
+    monkeypatch.setattr(validation, "CHECK_GPU_VALUES", True)
+    validation.check_gdn_inputs(*args)
+    assert seen == ["chunk_gated_delta_rule"]

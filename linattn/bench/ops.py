@@ -163,7 +163,7 @@ def linattn_gdn_callable(name: str, call: Optional[Dict] = None) -> Tuple[Callab
     reg = op_backends("chunk_gated_delta_rule")
     if name in reg.backends:
         if call is not None:
-            ok, reason = reg.backends[name].supports(**call)
+            ok, reason = reg.backends[name].accepts(**call)
             if not ok:
                 raise Unavailable(f"supports() rejects: {reason}")
         public = _gdn_public()
@@ -303,3 +303,14 @@ def get_bench_op(name: str) -> BenchOp:
 
 def bench_op_for_registry(op: str) -> Optional[BenchOp]:
     return next((b for b in BENCH_OPS.values() if b.registry_op == op), None)
+
+
+def no_kernel_here(device) -> str:
+    """Why none of linattn's kernels can run on `device`, or "": CPU tensors in a process where Triton does not
+    interpret (the registry then runs only the PyTorch reference)."""
+    from linattn.runtime.device import interpreter_mismatch, triton_interprets
+    if torch.device(device).type == "cuda" or triton_interprets():
+        return ""
+    return interpreter_mismatch() or ("no CUDA GPU here and Triton does not interpret in this process, so none of "
+                                      "linattn's kernels can run: set TRITON_INTERPRET=1 before Python starts "
+                                      "(e.g. `TRITON_INTERPRET=1 linattn ...`) to run the Triton kernels on the CPU")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from typing import Dict, List, Optional
 
 from linattn.bench.presets import shape_label
 
 SCHEMA = "linattn-bench/1"
+WIDTH = 120                  # the terminal table fits 120 columns
 
 
 def _f(x, fmt="{:.3f}", none="-"):
@@ -43,10 +45,22 @@ def format_table(result: Dict) -> str:
                       f"{_f(r['min_ms'])}..{_f(r['max_ms'])}", _f(r["tflops"], "{:.3g}"), _f(r["gbps"], "{:.0f}"),
                       _f(r["pct_of_floor"], "{:.0f}%"), _f(r.get("speedup"), "{:.2f}x"), timing, _err_text(r)]
                      + ([str(r.get("part", ""))] if len(parts) > 1 else []))
+    if len(parts) > 1:                       # the part number goes before the last (free-text) column
+        hdr = hdr[:-2] + hdr[-1:] + hdr[-2:-1]
+        lines = [ln[:-2] + ln[-1:] + ln[-2:-1] for ln in lines]
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    out = [fmt.format(*hdr), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*map(str, ln)) for ln in lines]
+    if sum(widths) + 2 * (len(widths) - 1) <= WIDTH:
+        fmt = "  ".join("{:<%d}" % w for w in widths)
+        out = [fmt.format(*hdr).rstrip(), fmt.format(*("-" * w for w in widths))]
+        out += [fmt.format(*map(str, ln)).rstrip() for ln in lines]
+    else:                                    # the last column (errors, or why a row did not run) under its row
+        fmt = "  ".join("{:<%d}" % w for w in widths[:-1])
+        out = [fmt.format(*hdr[:-1]) + f"  ({hdr[-1]} / reason below)",
+               fmt.format(*("-" * w for w in widths[:-1]))]
+        for ln in lines:
+            out.append(fmt.format(*map(str, ln[:-1])).rstrip())
+            if ln[-1]:
+                out += textwrap.wrap(str(ln[-1]), WIDTH, initial_indent="    ", subsequent_indent="    ")
     c = result.get("ceilings", {})
     out.append(f"floor = max(FLOPs / {_f(c.get('matmul_tflops'), '{:.3g}')} TFLOP/s, bytes / "
                f"{_f(c.get('copy_gbps'), '{:.0f}')} GB/s) [{c.get('how', '')}]; speedup vs {result.get('baseline')}")
@@ -69,7 +83,11 @@ def format_table(result: Dict) -> str:
                        f"{p.get('env_line')}")
     else:
         out.append("env: " + result.get("env_line", ""))
-    return "\n".join(out)
+    return "\n".join(fit(line) for line in out)
+
+
+def fit(line: str) -> str:
+    return line if len(line) <= WIDTH else "\n".join(textwrap.wrap(line, WIDTH, subsequent_indent="    "))
 
 
 def write_json(result: Dict, path: str):

@@ -18,7 +18,7 @@ import torch
 from linattn.bench.env import collect_env, env_line
 from linattn.bench.ops import Unavailable, get_bench_op
 from linattn.bench.presets import get_preset, shape_label
-from linattn.bench.report import SCHEMA, apply_baseline
+from linattn.bench.report import SCHEMA, apply_baseline, fit
 from linattn.testing import TOL
 from linattn.bench.timing import cold_start, floor_ms, measure_ceilings, num_input_sets, step, time_calls
 
@@ -112,9 +112,10 @@ def _order(op, backends: List[str]) -> List[str]:
 
 def run_bench(op_name: str, preset: str, backends: List[str], modes: List[str], repeats: int, warmup: int = 3,
               device: Optional[str] = None, baseline: Optional[str] = None, cold: bool = False,
-              cold_only: bool = False, log=print, on_progress=None) -> Dict:
+              cold_only: bool = False, log=None, on_progress=None) -> Dict:
     """on_progress(result): called after every cold start and every row (the CLI writes a partial JSON there,
     so a run cut short by a time limit still leaves its measurements)."""
+    log = log or (lambda line: print(fit(line)))
     op = get_bench_op(op_name)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = get_preset(preset)

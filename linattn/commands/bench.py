@@ -82,6 +82,12 @@ def run(args) -> int:
     if preset not in PRESETS:
         print(f"linattn bench: unknown preset {preset!r}; known: {sorted(PRESETS)}", file=sys.stderr)
         return 2
+    from linattn.bench.ops import no_kernel_here
+    why = no_kernel_here(device)
+    if why and "reference" not in backends:
+        print(f"linattn bench: nothing to time: {why}; or time the PyTorch reference with --backends reference",
+              file=sys.stderr)
+        return 2
     from linattn.bench.runner import run_bench
     on_progress = None
     if args.json:
@@ -102,4 +108,10 @@ def run(args) -> int:
         result["targets"] = decode_targets(result["rows"])
     if on_progress and os.path.exists(args.json + ".partial"):
         os.remove(args.json + ".partial")
-    return emit(result, args)
+    status = emit(result, args)
+    mine = [r for r in result["rows"] if r["backend"] not in BENCH_OPS[op_name].peers]
+    if not args.cold_only and not any(r["status"] == "ok" for r in mine):
+        print("linattn bench: no linattn backend ran (every row of theirs was skipped or failed: reasons in the "
+              "table)", file=sys.stderr)
+        return 1
+    return status

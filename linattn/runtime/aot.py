@@ -38,6 +38,8 @@ class AotKernel:
     div16: argument names the JIT would mark 16-divisible (aligned pointers, strides); AOT must say so.
     known_spill_bytes: the spill a kernel is registered with while it is a known defect (say why where it is
     registered); the CI test fails when a build spills more, so it can only go down. 0 for every sound kernel.
+    default: the build is a configuration some call runs with no environment variable set (`inspect --list`
+    marks it); False for a build kept for comparison or reached only by naming a backend or a config.
     """
     name: str
     build: Callable[[], Tuple[Callable, Dict[str, str], Dict[str, object], Dict[str, object]]]
@@ -47,6 +49,7 @@ class AotKernel:
     div16: Tuple[str, ...] = ()
     description: str = ""
     known_spill_bytes: int = 0
+    default: bool = True
 
 
 @dataclass
