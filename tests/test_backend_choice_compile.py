@@ -1,7 +1,6 @@
 """Backend choice inside torch.compile(fullgraph=True): `auto` runs each backend's supports() (and auto filter)
-while Dynamo traces the model, so everything they read must be traceable. Round 12 on the H200: the decode gate's
-two torch.compile cases failed once the Gluon decode joined `auto` (first on the probe's globals(), then on the
-pool's data_ptr() % 16). Here, on the CPU, the Gluon backends' device check is faked to say "Hopper" so that the
+while Dynamo traces the model, so everything they read must be traceable (the Gluon probe's globals() and a pool's
+data_ptr() % 16 broke the trace once). Here, on the CPU, the Gluon backends' device check is faked to say "Hopper" so that the
 whole of their supports() runs under the trace, as it does on an H200."""
 import pytest
 import torch
@@ -81,6 +80,6 @@ def test_chunk_choice_traces(hopper):
 
     assert _traced_choice("chunk_gated_delta_rule", call(T, 32)) == ("gluon", "gluon")
     assert _traced_choice("chunk_gated_delta_rule", call(T // 4, 32)) == ("triton", "triton")
-    # more sequence-heads than GLUON_AUTO_MAX_SEQ_HEADS (768 since round 14): 32 sequences x 32 heads
+    # more sequence-heads than GLUON_AUTO_MAX_SEQ_HEADS (768): 32 sequences x 32 heads
     assert 32 * 32 > backend.GLUON_AUTO_MAX_SEQ_HEADS
     assert _traced_choice("chunk_gated_delta_rule", call(T // 32, 32, B=32)) == ("triton", "triton")

@@ -1,5 +1,5 @@
-"""The gate-free chain's models (linattn/testing/gf_chain.py): the present order and the lookahead order (round 28's
-candidate, benchmarks/NEXT_ROUND.md) are the chunk form of gdn-math.md exactly (float64, no rounding), and with the
+"""The gate-free chain's models (linattn/testing/gf_chain.py): the present order and the lookahead order (a candidate
+reformulation) are the chunk form of gdn-math.md exactly (float64, no rounding), and with the
 kernel's bf16 roundings the lookahead order's error against float64 stays within 10% of the present order's. Fresh
 random inputs each run."""
 import time

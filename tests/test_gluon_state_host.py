@@ -1,7 +1,7 @@
 """The host path of the GDN Gluon state pass (gluon/launcher.py, linattn/runtime/host_path.py): the cached launch
 (a plan per call signature, descriptors copied from a template, the compiled-handle launch) gives the kernel
-exactly the arguments of the uncached `state_launch`, hits its plan for new tensors of the same signature and
-misses it when the signature changes. In-process checks build the arguments on CPU tensors (descriptors need no
+exactly the arguments of the same launch with the cache off (every descriptor built by its constructor), hits its
+plan for new tensors of the same signature and misses it when the signature changes. In-process checks build the arguments on CPU tensors (descriptors need no
 GPU); the launch itself runs in a child process under linattn/runtime/hostsim.py's stand-in sm_90 driver
 (TRITON_INTERPRET=1 would turn the kernels into interpreted functions). Works with TRITON_INTERPRET=1 set."""
 import json
@@ -19,21 +19,19 @@ pytestmark = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BF, FP16 = torch.bfloat16, torch.float16
 
-# (variant, B, T, H, HV, lens, initial state, final state, dtype)
+# (B, T, H, HV, lens, initial state, final state, dtype)
 SIGNATURES = [
-    ("wgmma", 1, 8192, 16, 32, None, True, True, BF),             # the production row: BV=32, 3 stages
-    ("wgmma", 8, 300, 16, 32, None, False, True, BF),             # BV=64, 2 stages; no initial state
-    ("wgmma", 1, 3000, 16, 32, [1, 63, 65, 1000, 1871], True, False, BF),   # varlen, no final state
-    ("tma", 2, 130, 4, 4, None, False, False, FP16),              # not GVA, fp16, neither state
-    ("tma", 1, 300, 8, 32, [1, 1, 63, 235], True, True, BF),      # GVA 4:1, varlen with 1-token sequences
-    ("literal", 2, 200, 16, 32, None, True, True, BF),
-    ("literal", 1, 300, 16, 32, [1, 63, 65, 171], False, True, FP16),
+    (1, 8192, 16, 32, None, True, True, BF),             # the production row: BV=32, 3 stages
+    (8, 300, 16, 32, None, False, True, BF),             # BV=64, 2 stages; no initial state
+    (1, 3000, 16, 32, [1, 63, 65, 1000, 1871], True, False, BF),   # varlen, no final state
+    (2, 130, 4, 4, None, False, False, FP16),            # not GVA, fp16, neither state
+    (1, 300, 8, 32, [1, 1, 63, 235], True, True, BF),    # GVA 4:1, varlen with 1-token sequences
 ]
 
 
 def _ids(sig):
-    variant, B, T, H, HV, lens, h0, ht, dtype = sig
-    return (f"{variant}-B{B}T{T}-H{H}HV{HV}" + ("-varlen" if lens else "") + ("-h0" if h0 else "")
+    B, T, H, HV, lens, h0, ht, dtype = sig
+    return (f"B{B}T{T}-H{H}HV{HV}" + ("-varlen" if lens else "") + ("-h0" if h0 else "")
             + ("-ht" if ht else "") + ("-fp16" if dtype == FP16 else ""))
 
 
@@ -46,7 +44,7 @@ def L():
     launcher.clear_plans()
 
 
-def _buffers(variant, B, T, H, HV, lens, h0, ht, dtype):
+def _buffers(B, T, H, HV, lens, h0, ht, dtype):
     from linattn.ops.gated_delta_rule.gluon.hostsim import state_buffers
     return state_buffers(B, T, H, HV, lens, h0, ht, dtype)
 
@@ -68,39 +66,46 @@ def _same_arg(a, b, same_base=True):
         assert a == b and type(a) is type(b)
 
 
-def _compare(L, bufs, plan, variant, same_base=True):
-    """The cached plan and arguments against state_launch's (kernel, grid, args, kwargs)."""
+def _compare(L, bufs, plan, same_base=True):
+    """The cached plan and arguments against the same call's with the cache off (descriptors built by their
+    constructor, as TensorDescriptor.from_tensor) and against the config and constexprs state_config gives."""
     from linattn.runtime.device import device_facts
-    cfg = L.state_config(variant, plan.N, bufs[2].shape[1], bufs[2].shape[2], device_facts(bufs[0].device).num_sms)
-    kernel, grid, args, kwargs = L.state_launch(*bufs, plan, variant, cfg)
-    sp, full = L.cached_state_args(*bufs, plan, variant)
-    assert sp.kernel is kernel and sp.cfg == cfg
-    assert sp.grid == tuple(grid) + (1,) * (3 - len(grid))
-    assert sp.options == {"num_warps": kwargs["num_warps"]}
-    assert len(full) == len(kernel.arg_names)
-    for a, b in zip(full[:len(args)], args):
+    k, u = bufs[0], bufs[2]
+    cfg = L.state_config(plan.N, u.shape[1], u.shape[2], device_facts(k.device).num_sms)
+    n_plans = len(L._PLANS)
+    with L.host_path.options(plan_cache=False):
+        sp_ref, ref = L.cached_state_args(*bufs, plan)
+    assert len(L._PLANS) == n_plans
+    sp, full = L.cached_state_args(*bufs, plan)
+    kernel = sp.kernel
+    assert sp_ref.kernel is kernel and sp.cfg == cfg == sp_ref.cfg
+    assert sp.grid == (u.shape[2] // cfg.BV, plan.N * u.shape[1], 1)
+    assert sp.options == {"num_warps": 4}
+    assert len(full) == len(ref) == len(kernel.arg_names)
+    nrt = kernel.arg_names.index("H")
+    for a, b in zip(full[:nrt], ref[:nrt]):
         _same_arg(a, b, same_base)
-    consts = dict(zip(kernel.arg_names[len(args):], full[len(args):]))
-    assert consts == {k: v for k, v in kwargs.items() if k != "num_warps"}
-    assert all(type(consts[k]) is type(kwargs[k]) for k in consts)
+    consts = dict(zip(kernel.arg_names[nrt:], full[nrt:]))
+    assert consts == dict(H=k.shape[-2], HV=u.shape[1], K=128, V=128, BT=64, BV=cfg.BV, USE_H0=bufs[6] is not None,
+                          STORE_HT=bufs[7] is not None, STAGES=cfg.stages)
+    assert full[nrt:] == ref[nrt:]
     return sp, full
 
 
 @pytest.mark.parametrize("sig", SIGNATURES, ids=_ids)
-def test_cached_arguments_equal_state_launch(L, sig):
+def test_cached_arguments_equal_uncached(L, sig):
     plan, bufs = _buffers(*sig)
-    _compare(L, bufs, plan, sig[0])
-    _compare(L, bufs, plan, sig[0])          # the second call copies the templates: still the same arguments
+    _compare(L, bufs, plan)
+    _compare(L, bufs, plan)          # the second call copies the templates: still the same arguments
     assert len(L._PLANS) == 1
 
 
-@pytest.mark.parametrize("sig", [SIGNATURES[1], SIGNATURES[4], SIGNATURES[6]], ids=_ids)
+@pytest.mark.parametrize("sig", [SIGNATURES[1], SIGNATURES[4]], ids=_ids)
 def test_same_signature_hits_with_new_pointers_and_a_new_shape_misses(L, sig):
-    variant = sig[0]
     plan, bufs = _buffers(*sig)
-    sp1, args1 = L.cached_state_args(*bufs, plan, variant)
+    sp1, args1 = L.cached_state_args(*bufs, plan)
     plan2, bufs2 = _buffers(*sig)
-    sp2, args2 = _compare(L, bufs2, plan2, variant)
+    sp2, args2 = _compare(L, bufs2, plan2)
     assert sp2 is sp1 and len(L._PLANS) == 1
     ptr = lambda a: a.base.data_ptr() if hasattr(a, "base") else a.data_ptr()
     for i in (0, 1, 2, 4):                    # k, w, u, h: this call's tensors, not the first call's
@@ -109,109 +114,89 @@ def test_same_signature_hits_with_new_pointers_and_a_new_shape_misses(L, sig):
     for i in (3, 5, 6, 7):
         assert args2[i] is (bufs2[i] if bufs2[i] is not None else bufs2[3])
     assert args2[8] is plan2.cu and args2[9] is plan2.chunk_offsets
-    variant, B, T, H, HV, lens, h0, ht, dtype = sig
+    B, T, H, HV, lens, h0, ht, dtype = sig
     longer = None if lens is None else lens[:-1] + [lens[-1] + 64]
-    plan3, bufs3 = _buffers(variant, B, T + 64, H, HV, longer, h0, ht, dtype)
-    sp3, _ = _compare(L, bufs3, plan3, variant)
+    plan3, bufs3 = _buffers(B, T + 64, H, HV, longer, h0, ht, dtype)
+    sp3, _ = _compare(L, bufs3, plan3)
     assert sp3 is not sp1 and len(L._PLANS) == 2
-    plan4, bufs4 = _buffers(variant, B, T, H, HV, lens, not h0, ht, dtype)       # a constexpr flag changes
-    assert L.cached_state_args(*bufs4, plan4, variant)[0] is not sp1 and len(L._PLANS) == 3
+    plan4, bufs4 = _buffers(B, T, H, HV, lens, not h0, ht, dtype)       # a constexpr flag changes
+    assert L.cached_state_args(*bufs4, plan4)[0] is not sp1 and len(L._PLANS) == 3
 
 
 def test_key_follows_dtype_alignment_and_config(L):
     plan, bufs = _buffers(*SIGNATURES[1])
-    sp = L.cached_state_args(*bufs, plan, "wgmma")[0]
-    plan16, bufs16 = _buffers("wgmma", 8, 300, 16, 32, None, False, True, FP16)
-    assert L.cached_state_args(*bufs16, plan16, "wgmma")[0] is not sp
+    sp = L.cached_state_args(*bufs, plan)[0]
+    plan16, bufs16 = _buffers(8, 300, 16, 32, None, False, True, FP16)
+    assert L.cached_state_args(*bufs16, plan16)[0] is not sp
     # a vnew at a 2-byte offset: the JIT would compile a kernel without the 16-byte divisibility of vnew_ptr
     k, w, u, gcum, h, vnew, h0, ht = bufs
     odd = torch.zeros(vnew.numel() + 1, dtype=vnew.dtype)[1:].view(vnew.shape)
-    sp_odd, args = L.cached_state_args(k, w, u, gcum, h, odd, h0, ht, plan, "wgmma")
+    sp_odd, args = L.cached_state_args(k, w, u, gcum, h, odd, h0, ht, plan)
     assert sp_odd is not sp and args[5] is odd
     cfg = L.StateConfig(32, 4, 3)
-    sp_cfg = L.cached_state_args(*bufs, plan, "wgmma", cfg)[0]
+    sp_cfg = L.cached_state_args(*bufs, plan, cfg)[0]
     assert sp_cfg is not sp and sp_cfg.cfg == cfg and sp_cfg.grid == (4, 8 * 32, 1)
-    assert L.cached_state_args(*bufs, plan, "tma")[0] is not sp
-    assert len(L._PLANS) == 5
+    assert len(L._PLANS) == 4
 
 
 def test_strided_and_misaligned_k_get_their_own_descriptors(L):
     """k from a fused projection (row stride wider than H*K) keys its own plan with its strides; a k at an odd
-    offset is copied (as state_launch does) and the copy's contiguous strides do not match that plan's template
+    offset is copied (as the uncached path does) and the copy's contiguous strides do not match that plan's template
     (taken on an aligned call), so its descriptor is built afresh."""
-    plan, bufs = _buffers("wgmma", 1, 300, 16, 32, None, True, True, BF)
+    plan, bufs = _buffers(1, 300, 16, 32, None, True, True, BF)
     k = bufs[0]
     wide = torch.zeros(1, 300, 3 * 16 * 128, dtype=BF)[:, :, 16 * 128:2 * 16 * 128].view(1, 300, 16, 128)
-    sp, args = _compare(L, (wide,) + bufs[1:], plan, "wgmma")
+    sp, args = _compare(L, (wide,) + bufs[1:], plan)
     assert list(args[0].strides) == [3 * 16 * 128, 1] and args[0].base.data_ptr() == wide.data_ptr()
-    sp_k = L.cached_state_args(*bufs, plan, "wgmma")[0]
+    sp_k = L.cached_state_args(*bufs, plan)[0]
     assert sp_k is not sp and list(sp_k.descs[0].spec[1]) == [16 * 128, 1]
     # odd offset, wide rows: the key's alignment bit differs; the first call's copy sets the template
     flat = torch.zeros(300 * 3 * 16 * 128 + 8, dtype=BF)
     odd = flat[1:1 + 300 * 3 * 16 * 128].view(1, 300, 3 * 16 * 128)[:, :, :16 * 128].view(1, 300, 16, 128)
     assert odd.data_ptr() % 16
-    _compare(L, (odd,) + bufs[1:], plan, "wgmma", same_base=False)
-    sp_odd, args = _compare(L, (odd,) + bufs[1:], plan, "wgmma", same_base=False)
+    _compare(L, (odd,) + bufs[1:], plan, same_base=False)
+    sp_odd, args = _compare(L, (odd,) + bufs[1:], plan, same_base=False)
     assert args[0].base.data_ptr() % 16 == 0 and list(args[0].strides) == [16 * 128, 1]
     assert len(L._PLANS) == 3 and k.shape == odd.shape
     # w's strides are not in the key (the forward allocates it contiguous): a strided w of the same signature
     # hits the plan, and its view's strides differ from the template's, so its descriptor is built, not copied
     w = bufs[1]
     w_wide = torch.empty(w.shape[0], 2 * w.shape[1], w.shape[2], dtype=BF)[:, :w.shape[1]]
-    sp_w, args = _compare(L, (k, w_wide) + bufs[2:], plan, "wgmma")
+    sp_w, args = _compare(L, (k, w_wide) + bufs[2:], plan)
     assert sp_w is sp_k and list(args[1].strides) == [2 * 32 * 128, 1] and args[1].base.data_ptr() == w_wide.data_ptr()
     assert list(sp_w.descs[1].spec[1]) == [32 * 128, 1]          # the template is left as it was
 
 
 def test_cached_arguments_mangle_to_the_aot_signature(L):
-    """As tests/test_aot_gluon_gdn.py checks for state_launch: the cached arguments' types are exactly what aot.py
-    compiles, and the production configs are registered ones."""
+    """The cached arguments' types are exactly what aot.py compiles, and the production configs are registered
+    ones."""
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.aot import CONFIGS, kernel_name, signature
     registered = {kernel_name(*c) for c in CONFIGS}
-    for variant in ("literal", "tma", "wgmma"):
-        for B, T, lens in ((1, 8192, None), (8, 4096, None), (1, 3000, [1, 63, 65, 1000, 1871])):
-            plan, bufs = _buffers(variant, B, T, 16, 32, lens, True, True, BF)
-            sp, full = L.cached_state_args(*bufs, plan, variant)
-            sig = signature(variant, "bf16", sp.cfg.BV)
-            for (name, want), arg in zip(sig.items(), full):
-                assert mangle_type(arg) == want, (variant, name, mangle_type(arg), want)
-            if lens is None:
-                stages = sp.cfg.stages if variant != "literal" else 0
-                assert kernel_name(variant, "bf16", sp.cfg.BV, sp.cfg.num_warps, stages) in registered
+    for B, T, lens in ((1, 8192, None), (8, 4096, None), (1, 3000, [1, 63, 65, 1000, 1871])):
+        plan, bufs = _buffers(B, T, 16, 32, lens, True, True, BF)
+        sp, full = L.cached_state_args(*bufs, plan)
+        sig = signature("bf16", sp.cfg.BV)
+        for (name, want), arg in zip(sig.items(), full):
+            assert mangle_type(arg) == want, (name, mangle_type(arg), want)
+        if lens is None:
+            assert kernel_name("bf16", sp.cfg.BV, sp.cfg.num_warps, sp.cfg.stages) in registered
 
 
 def test_cache_off_stores_nothing_and_builds_every_descriptor(L):
     plan, bufs = _buffers(*SIGNATURES[1])
     with L.host_path.options(plan_cache=False):
-        sp1, a1 = L.cached_state_args(*bufs, plan, "wgmma")
-        sp2, a2 = L.cached_state_args(*bufs, plan, "wgmma")
+        sp1, a1 = L.cached_state_args(*bufs, plan)
+        sp2, a2 = L.cached_state_args(*bufs, plan)
         assert sp1 is not sp2 and len(L._PLANS) == 0
         _same_arg(a1[1], a2[1])
 
 
-def test_environment_switch(monkeypatch):
-    """LINATTN_GLUON_HOST_CACHE=0 (read at import) turns the plan cache and the handle launch off; unset: on."""
-    from linattn.runtime.settings import settings
-    for value, expected in (("0", False), ("off", False), ("false", False), ("1", True), ("", True)):
-        monkeypatch.setenv("LINATTN_GLUON_HOST_CACHE", value)
-        assert settings.gluon_host_cache is expected, value
-    monkeypatch.delenv("LINATTN_GLUON_HOST_CACHE")
-    assert settings.gluon_host_cache is True
-    code = ("from linattn.ops.gated_delta_rule.gluon.launcher import host_path as h; "
-            "print(int(h.plan_cache), int(h.handle))")
-    env = dict(os.environ, LINATTN_GLUON_HOST_CACHE="0")
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "0 0", out.stdout
-
-
 def hostsim_child(flag: str, timeout: int) -> dict:
-    """python -m linattn.ops.gated_delta_rule.gluon.hostsim <flag> in a child process without TRITON_INTERPRET (and
-    with the host cache at its default): its last stdout line as JSON."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LINATTN_GLUON_HOST_CACHE")}
+    """python -m linattn.ops.gated_delta_rule.gluon.hostsim <flag> in a child process without TRITON_INTERPRET: its
+    last stdout line as JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, "-m", "linattn.ops.gated_delta_rule.gluon.hostsim", flag],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
@@ -222,7 +207,7 @@ def hostsim_child(flag: str, timeout: int) -> dict:
 def test_launches_through_the_stand_in_driver():
     """Child process (no TRITON_INTERPRET) under the stand-in sm_90 driver (python -m
     linattn.ops.gated_delta_rule.gluon.hostsim --check): for fixed and varlen, with and without initial/final
-    state, GVA or not, each variant, the launcher receives the same kernel, grid and arguments with the cache
+    state, GVA or not, bf16 and fp16, the launcher receives the same kernel, grid and arguments with the cache
     off, plans only and plans + handle; the handle path never enters the JIT; new tensors of the same signature
     hit the plan and reach the launcher with their own pointers; a longer T adds a plan."""
     res = hostsim_child("--check", 600)

@@ -1,4 +1,4 @@
-"""host_path.LaunchCache and arg_key (round 24: the fused forward's launches, stage 2a and the fused kernels, through
+"""host_path.LaunchCache and arg_key (the fused forward's launches, stage 2a and the fused kernels, through
 compiled-kernel handles): the plan key separates what the JIT specialises on, the first launch of a key goes through
 the JIT with every parameter positional (defaults filled in as the JIT's binder does) and the launch options as
 keywords, later ones through the kept handle with the same argument list; what the cache cannot key launches through

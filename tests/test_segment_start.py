@@ -13,7 +13,8 @@ TRITON_INTERPRET=1:
 import pytest
 import torch
 
-from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
+from linattn.ops.gated_delta_rule.gluon import fused_forward as fw
+from linattn.testing.fused_model import emulate_fused
 from linattn.ops.gated_delta_rule.triton import segment_start as ss
 from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
@@ -228,12 +229,12 @@ def _forward_gf(x, segments, seed, plain="gf"):
     BV = 32 default (WU_AREG, OUT_PIPE, select); segments None: the plain forward on `plain` ("gf" or "wu")."""
     def wu(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
         assert seg is None
-        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=32, stages=3,
+        emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=32, stages=3,
                                seed=seed, areg=True, out_pipe=True, select=select)
 
     def gf(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=None, seg=None):
         assert (seg is None) == (segments is None)
-        fw.emulate_fused_wu_ws(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=128, stages=2,
+        emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, BV=128, stages=2,
                                npub=1, seed=seed, out_pipe=True, gate_free=True, select=select, seg=seg)
     with poisoned_allocations():
         return fw.chunk_gated_delta_rule_fwd_fused_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5,

@@ -133,8 +133,8 @@ def gluon_status() -> Tuple[bool, str, Dict[str, Any]]:
     `details` holds the Triton version, which spelling of each renamed name was found, the warp_specialize
     form and any missing names. It says nothing about the GPU: backends check the device separately."""
     # The probe ran once at import (below); read its results rather than call the lru_cache'd _probe: torch.compile
-    # traces through lru_cache into _load(), whose globals() it cannot trace (round 12: the decode gate's
-    # torch.compile cases failed so once `auto` asked the Gluon decode's supports() inside a compiled model).
+    # traces through lru_cache into _load(), whose globals() it cannot trace (a compiled model whose `auto` asks the
+    # Gluon decode's supports() fails so).
     return GLUON_OK, GLUON_REASON, dict(_DETAILS)
 
 

@@ -1,8 +1,8 @@
 """The per-call host path of a kernel launch, shared by the matmul launchers (ops/matmul/launch.py) and the GDN
-Gluon state pass (ops/gated_delta_rule/gluon/launcher.py): launch plans cached per call signature, per-call
+Gluon launches (ops/gated_delta_rule/gluon/host.py): launch plans cached per call signature, per-call
 TensorDescriptors cloned from a validated template, and a launch through the compiled-kernel handle.
 
-Why (benchmarks/MATMUL.md "Direction 1"): everything in front of a kernel is host Python. A *plan* holds what
+Why: everything in front of a kernel is host Python. A *plan* holds what
 depends only on the call's signature (launch config, grid, constexprs, descriptor shapes, strides, blocks and
 layouts); computing it once per signature leaves, per call, the tensors, the descriptors (they hold the data
 pointers) and the launch. `jit_fn[grid](...)` re-binds and re-specialises every argument and hashes a cache key
@@ -12,8 +12,8 @@ the same argument list, constexprs included). A plan key must fix everything the
 integer values, 16-byte alignment of pointers, constexprs, num_warps), so the kernel is the one the JIT would
 pick. Feature-detected: a Triton whose JIT returns no usable handle (the interpreter) keeps using the JIT.
 
-Each user owns a HostPath (its switches, read from its own environment variable) and passes it to PlanCache,
-launch and DescriptorFactory. Nothing here allocates on the device or synchronises, so a launch through it is
+Each user owns a HostPath (its options: on by default, switched off for a block by tests and host-time tools) and
+passes it to PlanCache, launch and DescriptorFactory. Nothing here allocates on the device or synchronises, so a launch through it is
 as valid inside CUDA-graph capture as the JIT's.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Models of the gate-free fused forward's state chain (gluon/chunk_fused_gf.py) in PyTorch, with the kernel's bf16
-roundings, for choosing a reformulation on the CPU before any kernel is written (benchmarks/NEXT_ROUND.md, round 28).
+roundings, for choosing a reformulation on the CPU before any kernel is written.
 
 Both models compute one value head of one sequence in float64 and round to bf16 exactly where the kernel stores a
 16-bit operand (rnd); fp32 accumulation is modelled as float64 (its error is far below bf16's). Per chunk c, with

@@ -1,20 +1,21 @@
-"""Public entry of the chunked Gated DeltaNet op: argument checks, backend choice, dtype plumbing, autograd.
+"""Public entry of the chunked Gated DeltaNet op: argument checks, backend choice, dtype plumbing.
 
-Backends registered here: "triton" (portable; every device Triton runs on, and the CPU under TRITON_INTERPRET=1),
-"reference" (plain PyTorch, by name only; differentiable by plain autograd) and "gluon" (gluon/backend.py: the
-Triton stages with a Gluon state pass on sm_90a; by name only for now).
+Backends: "triton" (portable; every device Triton runs on, and the CPU under TRITON_INTERPRET=1) and "reference"
+(plain PyTorch, by name only; differentiable by plain autograd), registered here; "gluon" (gluon/backend.py: the
+fused Gluon forward on sm_90a), which registers itself when imported below.
 
-The Triton path is two torch custom ops, "linattn::chunk_gdn_fwd" and "linattn::chunk_gdn_bwd", with fake
-(meta) implementations and autograd registered, so torch.compile(fullgraph=True) traces a model through them
-without graph breaks. Neither reads device data on the host (no .item(), .cpu(), .tolist()): the forward and the
-backward can be captured in a CUDA graph. Everything differentiable outside the kernels (the in-kernel L2 norm of
-q and k, dtype casts of initial_state, contiguity) stays in plain torch ops, so autograd carries it.
+The Triton path is the torch custom op "linattn::chunk_gdn_fwd", with a fake (meta) implementation and autograd
+(autograd.py: the backward op "linattn::chunk_gdn_bwd"), so torch.compile(fullgraph=True) traces a model through it
+without graph breaks. Neither op reads device data on the host (no .item(), .cpu(), .tolist()): the forward and
+the backward can be captured in a CUDA graph. Everything differentiable outside the kernels (the L2 norm of q and
+k, dtype casts of initial_state, contiguity) stays in plain torch ops, so autograd carries it.
 """
 from typing import Optional, Tuple
 
 import torch
 
 from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.validation import check_chunk_grid, check_gdn_inputs
 from linattn.runtime.settings import settings
@@ -23,16 +24,14 @@ OP = "chunk_gated_delta_rule"
 _backends = op_backends(OP)
 
 
-# ---- Triton path as torch custom ops --------------------------------------------------------------------------
+# ---- Triton path as a torch custom op
 # Optional outputs are not allowed in custom-op schemas: a state that does not exist is returned as an empty
 # [0] tensor and mapped back to None by the caller.
 
 @torch.library.custom_op("linattn::chunk_gdn_fwd", mutates_args=())
 def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                   cu_seqlens: Optional[torch.Tensor], keys_normalised: bool = False
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    # keys_normalised: k was L2-normalised (use_qk_l2norm_in_kernel); lets LINATTN_GDN_SEGMENT_WARMUP=1 apply
+                   cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
@@ -40,7 +39,7 @@ def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 
 
 @_chunk_gdn_fwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, keys_normalised=False):
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -49,49 +48,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ke
     return o, final
 
 
-@torch.library.custom_op("linattn::chunk_gdn_bwd", mutates_args=())
-def _chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                   do: torch.Tensor, dht: Optional[torch.Tensor]
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
-    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
-        q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
-        None if dht is None else dht.contiguous())
-    if dh0 is None:
-        dh0 = q.new_empty(0, dtype=torch.float32)
-    return dq, dk, dv, dg, dbeta, dh0
-
-
-@_chunk_gdn_bwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
-    dh0 = (q.new_empty(0, dtype=torch.float32) if initial_state is None
-           else initial_state.new_empty(initial_state.shape, dtype=torch.float32))
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), dh0)
-
-
-def _fwd_setup_context(ctx, inputs, output):
-    # inputs[9:] (the Triton op's keys_normalised, the Gluon op's variant) do not change what the backward needs
-    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens = inputs[:9]
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
-    ctx.scale = scale
-    ctx.output_final_state = output_final_state
-
-
-def _fwd_backward(ctx, do, dfinal):
-    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
-    # the gradient of final_state flows in only when the state was returned (and used)
-    dht = dfinal if (ctx.output_final_state and dfinal is not None) else None
-    dq, dk, dv, dg, dbeta, dh0 = _chunk_gdn_bwd(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do, dht)
-    return dq, dk, dv, dg, dbeta, None, (dh0 if initial_state is not None else None), None, None
-
-
-def _fwd_backward_triton(ctx, do, dfinal):
-    return (*_fwd_backward(ctx, do, dfinal), None)     # no gradient for keys_normalised
-
-
-_chunk_gdn_fwd.register_autograd(_fwd_backward_triton, setup_context=_fwd_setup_context)
+_chunk_gdn_fwd.register_autograd(autograd.backward, setup_context=autograd.setup_context)
 
 
 def _triton_supports(q=None, **_) -> Tuple[bool, str]:
@@ -104,9 +61,8 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
-def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, keys_normalised=False):
-    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                              keys_normalised)
+def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)
 
 
@@ -117,14 +73,8 @@ def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
 
-
-def _register_gluon():
-    # Gluon state pass on sm_90a (gluon/backend.py); by name only (auto=False) until its GPU gate is green.
-    from linattn.ops.gated_delta_rule.gluon import backend as gluon_backend
-    gluon_backend.register(_backends)
-
-
-_register_gluon()
+# the "gluon" backend registers itself with op_backends(OP) (gluon/backend.py)
+from linattn.ops.gated_delta_rule.gluon import backend as _gluon_backend  # noqa: E402,F401
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -168,7 +118,4 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    # the Triton forward may use that k is normalised (LINATTN_GDN_SEGMENT_WARMUP=1, triton/chunk_state_warmup.py;
-    # the gluon backend's state pass too: gluon/chunk_state_warmup_tma.py)
-    extra = dict(keys_normalised=True) if (use_qk_l2norm_in_kernel and b.name in ("triton", "gluon")) else {}
-    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **extra)
+    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens)

@@ -1,8 +1,8 @@
 """Backward stage 1 in Gluon (sm_90a): the reverse state pass of triton/backward_state.py (chunk_state_bwd_kernel)
 with the chunk tiles of q, k, w, dO and dVnew brought in by TMA into a STAGES-deep mbarrier ring, prefetching
 STAGES-1 chunks ahead (in reverse chunk order) of the one being computed, and every product on warpgroup_mma.
-The "gluon" backend's backward takes it by default since round 14 (LINATTN_GDN_GLUON_BWD_DH=0 turns it off;
-gluon/backend.py; H200: 1.46x the Triton kernel at B1 T65536, benchmarks/GLUON_BWD_DH.md).
+The "gluon" backend's backward runs it (gluon/backend.py; H200: 1.46x the Triton kernel at B1 T65536,
+benchmarks/RESULTS.md).
 
 Per chunk, walked last to first, with dS [K, BV] the fp32 gradient flowing into this chunk's S_next (it starts
 at d final_state, or zero), exactly as the Triton kernel (same rounding points):
@@ -230,7 +230,7 @@ def state_bwd_config(N: int, HV: int, V: int, num_sms: int) -> BwdStateConfig:
     """V split as the Triton backward's state pass (backward._configs): BV=64 unless N*HV*V/64 programs would
     leave SMs idle, then 32. One warpgroup (4 warps: wgmma's unit, the forward's Gluon state pass's choice).
     Ring depth: 3 at BV=32 (217 KB of smem, one CTA per SM: there are <= 2 x num_sms programs there), 2 at BV=64
-    (188 KB; 3 would not fit in 227 KB). AOT numbers in benchmarks/GLUON_BWD_DH.md."""
+    (188 KB; 3 would not fit in 227 KB). AOT: gluon/aot.py."""
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2

@@ -1,58 +1,51 @@
-"""Stage 3 of the forward in Gluon, variants "tma" and "wgmma": the state pass with the chunk tiles of w, k and u
-brought in by TMA into a STAGES-deep mbarrier ring, prefetching STAGES-1 chunks ahead of the one being computed.
+"""Stage 3 of the forward in Gluon: the state pass with the chunk tiles of w, k and u brought in by TMA into a
+STAGES-deep mbarrier ring, prefetching STAGES-1 chunks ahead of the one being computed; products on warpgroup_mma.
 
-Math per chunk as in chunk_state_literal.py (gdn-math.md, chunk form). One program per (V block, sequence *
-value head). The decay of product 2 is applied to Vnew's rows instead of K's rows, which is the same product:
+Math per chunk (gdn-math.md, chunk form): Vnew = U - W S; S <- exp(gam_C) S + K^T (d * Vnew). One program per
+(V block, sequence * value head). The decay of product 2 is applied to Vnew's rows instead of K's rows, which is
+the same product:
     (diag(d) K)^T Vnew = K^T (diag(d) Vnew),   d = exp(gam_C - gam), 0 on rows past the sequence end
-so K^T is read straight from its TMA buffer as a transposed shared-memory view, never rewritten.
-
-USE_WGMMA=False ("tma"): products on mma.sync (mma_v2), operands from the ring by ldmatrix (K^T: ldmatrix.trans
-of the permuted view), the fp32 state in an mma.sync accumulator layout.
-USE_WGMMA=True ("wgmma"): products on warpgroup_mma, both operands in shared memory: W (ring) @ S (s_smem, bf16,
-MN-major B); K^T (ring, permuted view, MN-major A) @ (d * Vnew) (vn_smem, bf16); the fp32 state is the wgmma
-accumulator in registers; 4 warps (one warpgroup).
+so K^T is read straight from its TMA buffer as a transposed shared-memory view, never rewritten. Both operands of
+each product are in shared memory: W (ring) @ S (s_smem, 16-bit, MN-major B); K^T (ring, permuted view, MN-major A)
+@ (d * Vnew) (vn_smem, 16-bit); the fp32 state is the wgmma accumulator in registers; 4 warps (one warpgroup).
 
 Varlen: the descriptors cover the whole packed [T_tot, heads * dim] views and a chunk's box starts at its first
 token, so the box's rows past the sequence end hold the NEXT sequence's tokens (TMA zero-fills only rows past
 T_tot). Those rows are neutralised in registers: their Vnew rows are not stored and get d = 0 (selected with
-gl.where, so even non-finite values there cannot reach the state); in the "tma" variant K^T's columns past the
-end are also zeroed in registers.
+gl.where, so even non-finite values there cannot reach the state).
 
 Shared-memory buffers, who owns them and when they are reused:
   ring slot i (w_smem[i], k_smem[i], u_smem[i], ready[i]), for chunks c = i, i + STAGES, ...:
     prologue   chunks 0 .. STAGES-2 are issued into slots 0 .. STAGES-2 (predicated off past the last chunk).
     steady     iteration c first refills slot (c - 1) % STAGES with chunk c + STAGES - 1: that slot's last
-               readers (ldmatrix / local loads / wgmma of iteration c - 1) have all finished, because every warp
-               passed the thread barrier before the refill and wgmma is waited synchronously; a proxy fence
-               orders those generic-proxy reads before the async-proxy TMA write. Then it waits on ready[c %
-               STAGES] with parity (c // STAGES) & 1 (the k-th use of a slot completes its phase k), and reads.
+               readers (local loads / wgmma of iteration c - 1) have all finished, because every warp passed the
+               thread barrier before the refill and wgmma is waited synchronously; a proxy fence orders those
+               generic-proxy reads before the async-proxy TMA write. Then it waits on ready[c % STAGES] with parity
+               (c // STAGES) & 1 (the k-th use of a slot completes its phase k), and reads.
     drain      refills for chunks >= nchunks are predicated off (no expect, no copy), so when the loop ends no
                TMA load is in flight and nobody waits on a phase that never completes; barriers are invalidated.
     expect     counts the full boxes (TMA counts zero-filled bytes too).
   s_smem [K, BV] (operand dtype): the chunk-start state S. Written by the generic proxy at the start of each
-    iteration, then fenced; read by the TMA store of h[chunk] (async) and by product 1 (ldmatrix or wgmma).
-    Before it is rewritten, tma.store_wait(0) (issuing thread) + the thread barrier make sure the previous
-    iteration's h store has finished reading it; product 1 of the previous iteration has completed (mma_v2 is
-    synchronous, wgmma waited).
-  vn_smem [BT, BV] (wgmma only): d * Vnew in the operand dtype, B of product 2. Written (generic) after product
-    1, fenced, read by wgmma, which is waited before the next iteration rewrites it.
+    iteration, then fenced; read by the TMA store of h[chunk] (async) and by product 1 (wgmma). Before it is
+    rewritten, tma.store_wait(0) (issuing thread) + the thread barrier make sure the previous iteration's h store
+    has finished reading it; product 1 of the previous iteration has completed (wgmma waited).
+  vn_smem [BT, BV]: d * Vnew in the operand dtype, B of product 2. Written (generic) after product 1, fenced, read
+    by wgmma, which is waited before the next iteration rewrites it.
 The Vnew rows go out with plain masked stores (a chunk may end inside the box; the rows past its end belong to
 the next sequence and must not be written).
 """
 from __future__ import annotations
 
-from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, mma_v2, tma_load,
-                                          tma_store, tma_store_wait, warpgroup_mma)
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load, tma_store,
+                                          tma_store_wait, warpgroup_mma)
 
 if GLUON_OK:
 
     @gluon.constexpr_function
-    def state_acc_layout(BV, num_warps, use_wgmma):
-        """Accumulator layout shared by Vnew [BT, BV] and the state [K, BV]."""
-        if use_wgmma:
-            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
-                                             instr_shape=[16, BV // (num_warps // 4), 16])
-        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, num_warps // 4], instr_shape=[16, 8])
+    def state_acc_layout(BV, num_warps):
+        """wgmma accumulator layout shared by Vnew [BT, BV] and the state [K, BV]."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                         instr_shape=[16, BV // (num_warps // 4), 16])
 
     @gluon.constexpr_function
     def rows_layout(ncols, elem_bits, num_warps):
@@ -65,7 +58,7 @@ if GLUON_OK:
     def _sequence_span(nh, cu_ptr, chunk_off_ptr, H: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr):
         """Sequence n and value head hv of program row nh = n * HV + hv, its key head, its token span [bos, eos),
         its first chunk slot and its chunk count (the chunk plan of triton/chunk_indices.py). Shared by the Gluon
-        state passes (forward, warm-up, backward) and the fused forward."""
+        state passes (forward, backward) and the fused forward."""
         n = nh // HV
         hv = nh % HV
         hk = hv // (HV // H)
@@ -91,43 +84,27 @@ if GLUON_OK:
 
     @gluon.jit
     def _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, it, s, gam, gam_last, t0, eos, r_t, c_v,
-                        kt_cols, hv, vnew_ptr, own, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                        BV: gl.constexpr, STAGES: gl.constexpr, USE_WGMMA: gl.constexpr, ACC: gl.constexpr,
-                        MASK_OWN: gl.constexpr):
+                        hv, vnew_ptr, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                        STAGES: gl.constexpr, ACC: gl.constexpr):
         """One chunk of the state pass on ring slot it % STAGES, S already in s_smem: waits for the slot's loads,
-        then product 1 (Vnew = U - W S, stored on the valid rows, and only where `own` with MASK_OWN) and product 2
-        (S = exp(gam_C) S + K^T (d * Vnew)); returns the next S. vn_smem (with USE_WGMMA) and kt_cols (without)
-        are the callers' per-kernel buffers; the other is unused. Shared by chunk_state_fwd_tma_kernel and the
-        warm-up kernel (chunk_state_warmup_tma.py)."""
+        then product 1 (Vnew = U - W S, stored on the valid rows) and product 2 (S = exp(gam_C) S + K^T (d * Vnew));
+        returns the next S."""
         dt: gl.constexpr = s_smem.dtype
         slot = it % STAGES
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
         rows = t0 + r_t
         valid = rows < eos
         # product 1: Vnew = U - W S
-        if USE_WGMMA:
-            ws = warpgroup_mma(w_smem.index(slot), s_smem, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-        else:
-            OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
-            ws = mma_v2(w_smem.index(slot).load(OPA), s_smem.load(OPB), gl.zeros([BT, BV], gl.float32, ACC))
+        ws = warpgroup_mma(w_smem.index(slot), s_smem, gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
         vnew = u_smem.index(slot).load(ACC).to(gl.float32) - ws
         uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
-        if MASK_OWN:
-            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid & own, 1))
-        else:
-            gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid, 1))
+        gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid, 1))
         # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
         d = gl.exp(gam_last - gam)
         vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-        if USE_WGMMA:
-            vn_smem.store(vs)
-            fence_async_shared()
-            s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
-        else:
-            kt = k_smem.index(slot).permute((1, 0)).load(OPA)
-            kt = gl.where(gl.expand_dims(t0 + kt_cols < eos, 0), kt, gl.zeros_like(kt))
-            s = mma_v2(kt, gl.convert_layout(vs, OPB), s * gl.exp(gam_last))
+        vn_smem.store(vs)
+        fence_async_shared()
+        s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
         return s
 
     @gluon.jit
@@ -139,11 +116,11 @@ if GLUON_OK:
         cu_ptr, chunk_off_ptr,                 # the chunk plan (triton/chunk_indices.py)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, BV: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-        STAGES: gl.constexpr, USE_WGMMA: gl.constexpr,
+        STAGES: gl.constexpr,
     ):
         NW: gl.constexpr = gl.num_warps()
         dt: gl.constexpr = w_desc.dtype
-        ACC: gl.constexpr = state_acc_layout(BV, NW, USE_WGMMA)
+        ACC: gl.constexpr = state_acc_layout(BV, NW)
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
         COLS: gl.constexpr = gl.SliceLayout(0, ACC)
         LS: gl.constexpr = rows_layout(BV, 32, NW)             # fp32 states [K, BV] in global memory
@@ -174,13 +151,7 @@ if GLUON_OK:
 
         r_t = gl.arange(0, BT, layout=ROWS)
         c_v = vb * BV + gl.arange(0, BV, layout=COLS)
-        if USE_WGMMA:
-            vn_smem = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
-            kt_cols = r_t                                        # unused with WGMMA
-        else:
-            vn_smem = s_smem                                     # unused without WGMMA
-            OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            kt_cols = gl.arange(0, BT, layout=gl.SliceLayout(0, OPA))
+        vn_smem = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
 
         # gates of chunk 0, then each iteration loads the next chunk's while this one computes
         gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
@@ -206,7 +177,7 @@ if GLUON_OK:
             tma_store(h_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], s_smem)
 
             s = _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, c, s, gam, gam_last, t0, eos, r_t,
-                                c_v, kt_cols, hv, vnew_ptr, True, HV, V, BT, BV, STAGES, USE_WGMMA, ACC, False)
+                                c_v, hv, vnew_ptr, HV, V, BT, BV, STAGES, ACC)
             gam = gam_n
             gam_last = gam_last_n
 

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import torch
 
-# name: (variant, B, T, H, HV, lens, initial state, final state, dtype): fixed and varlen, with and without
-# initial/final state, GVA and not, each variant; small, so that each compiles in about a second
+# name: (B, T, H, HV, lens, initial state, final state, dtype): fixed and varlen, with and without initial/final
+# state, GVA and not, bf16 and fp16; small, so that each compiles in about a second
 CHECK_CASES = {
-    "wgmma_fixed_gva_h0_ht": ("wgmma", 2, 200, 16, 32, None, True, True, torch.bfloat16),
-    "wgmma_varlen_gva_ht": ("wgmma", 1, 300, 16, 32, [1, 63, 65, 171], False, True, torch.bfloat16),
-    "tma_fixed_h0_fp16": ("tma", 1, 130, 4, 4, None, True, False, torch.float16),
-    "literal_varlen_gva_h0_ht": ("literal", 1, 300, 16, 32, [1, 63, 65, 171], True, True, torch.bfloat16),
+    "fixed_gva_h0_ht": (2, 200, 16, 32, None, True, True, torch.bfloat16),
+    "varlen_gva_ht": (1, 300, 16, 32, [1, 63, 65, 171], False, True, torch.bfloat16),
+    "fixed_h0_fp16": (1, 130, 4, 4, None, True, False, torch.float16),
 }
-MODES = {"jit": dict(plan_cache=False, handle=False),          # the path before the cache (state_launch + JIT)
+MODES = {"jit": dict(plan_cache=False, handle=False),          # descriptors built afresh, the JIT's launch
          "plan": dict(plan_cache=True, handle=False),
          "plan+handle": dict(plan_cache=True, handle=True)}     # the default
 TIMING_SHAPES = ((1, 8192), (8, 4096))
@@ -54,7 +53,7 @@ def _launches(drv):
 def _record_modes(drv, fn, post=lambda launches: launches, calls: int = 0) -> dict:
     """Per host-path mode (MODES): fn once to compile and fill the plan and the handle, then the launches the driver
     receives from one more call (through post), its JIT runs and, with calls, its per-call host us."""
-    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.ops.gated_delta_rule.gluon import host as L
     from linattn.runtime.hostsim import count_jit_runs, per_call_us
     rec = {}
     for mode, opts in MODES.items():
@@ -84,11 +83,11 @@ def check_launch_paths(calls: int = 200) -> dict:
     from linattn.runtime.hostsim import count_jit_runs, fake_hopper
     res = {}
     with fake_hopper() as drv:
-        for name, (variant, B, T, H, HV, lens, h0, ht, dtype) in CHECK_CASES.items():
+        for name, (B, T, H, HV, lens, h0, ht, dtype) in CHECK_CASES.items():
             plan, bufs = state_buffers(B, T, H, HV, lens, h0, ht, dtype)
 
             def fn():
-                L.chunk_state_gluon(*bufs, plan, variant)
+                L.chunk_state_gluon(*bufs, plan)
             rec = _record_modes(drv, fn, calls=calls)
             ref = rec["jit"]["launches"]
             # same signature, new tensors: a plan hit, the new base pointers in the descriptors
@@ -96,16 +95,16 @@ def check_launch_paths(calls: int = 200) -> dict:
             plan2, bufs2 = state_buffers(B, T, H, HV, lens, h0, ht, dtype)
             del drv.launches[:]
             with count_jit_runs() as jit_runs:
-                L.chunk_state_gluon(*bufs2, plan2, variant)
+                L.chunk_state_gluon(*bufs2, plan2)
             new = _launches(drv)
             want = [bufs2[i].data_ptr() for i in (0, 1, 2, 4)]
             hit = dict(plans_added=len(L._PLANS) - n_plans, jit_runs=jit_runs[0],
                        new_pointers=_pointers(new[0]) == want, first_pointers=_pointers(ref[0]) == want,
-                       same_as_uncached=new == _uncached(L, drv, bufs2, plan2, variant))
+                       same_as_uncached=new == _uncached(L, drv, bufs2, plan2))
             # a changed shape: a new plan
             plan3, bufs3 = state_buffers(B, T + 64, H, HV, None if lens is None else lens[:-1] + [lens[-1] + 64],
                                          h0, ht, dtype)
-            L.chunk_state_gluon(*bufs3, plan3, variant)
+            L.chunk_state_gluon(*bufs3, plan3)
             res[name] = dict(same=all(r["launches"] == ref for r in rec.values()), n_launches=len(ref),
                              kernels=[k for k, _, _ in ref], grid=list(ref[0][1]),
                              jit_runs={m: r["jit_runs"] for m, r in rec.items()},
@@ -114,14 +113,14 @@ def check_launch_paths(calls: int = 200) -> dict:
     return res
 
 
-def _uncached(L, drv, bufs, plan, variant):
+def _uncached(L, drv, bufs, plan):
     del drv.launches[:]
     with L.host_path.options(**MODES["jit"]):
-        L.chunk_state_gluon(*bufs, plan, variant)
+        L.chunk_state_gluon(*bufs, plan)
     return _launches(drv)
 
 
-def time_modes(calls: int, forward: bool = False, variant: str = "wgmma") -> dict:
+def time_modes(calls: int, forward: bool = False) -> dict:
     """us per call of each mode at TIMING_SHAPES (best of 3 means), the state pass alone and optionally the
     whole gluon forward."""
     from linattn.ops.gated_delta_rule.gluon import launcher as L
@@ -130,12 +129,12 @@ def time_modes(calls: int, forward: bool = False, variant: str = "wgmma") -> dic
     with fake_hopper() as drv:
         for B, T in TIMING_SHAPES:
             plan, bufs = state_buffers(B, T, 16, 32)
-            fns = {"state": lambda: L.chunk_state_gluon(*bufs, plan, variant)}
+            fns = {"state": lambda: L.chunk_state_gluon(*bufs, plan)}
             if forward and B * T <= 8192:         # larger: the CPU's allocation of the forward's buffers dominates
                 from linattn.testing import make_gdn_inputs
                 x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, device="cpu")
                 fns["forward"] = lambda: L.chunk_gated_delta_rule_fwd_gluon(
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, None, variant)
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, x["initial_state"], True, None)
             for what, fn in fns.items():
                 for mode, opts in MODES.items():
                     with L.host_path.options(**opts):
@@ -146,7 +145,7 @@ def time_modes(calls: int, forward: bool = False, variant: str = "wgmma") -> dic
     return out
 
 
-# The fused forward's launches through launcher.launches (round 24): name -> (B, T, H, HV, what)
+# The fused forward's launches through host.launches: name -> (B, T, H, HV, what)
 FUSED_CASES = {
     "gf_plain_h0_ht": (8, 300, 16, 32, "gf"),              # the gate-free kernel's plain launch (two state partitions)
     "gf_segments": (1, 4096, 16, 32, "gf_seg"),             # its segment launch (segment words, per-sequence selection)
@@ -160,7 +159,7 @@ def _fused_call(what, B, T, H, HV):
     """(fn, the caller's tensors: every pointer a launch passes that is not allocated inside the call) for one
     FUSED_CASES entry on fresh (never read) buffers."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import chunk_fused_gf_gluon
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import chunk_fused_wu_ws_gluon, kkt_solve
+    from linattn.ops.gated_delta_rule.gluon.fused_forward import chunk_fused_wu_ws_gluon, kkt_solve
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
     K = V = 128
@@ -171,7 +170,7 @@ def _fused_call(what, B, T, H, HV):
         k, g, beta = e(B, T, H, K, dtype=torch.bfloat16), e(B, T, HV), e(B, T, HV)
         if what == "kkt":
             return (lambda: kkt_solve(k, g, beta, plan, HV)), (k, g, beta, plan.cu, plan.chunk_indices)
-        from linattn.ops.gated_delta_rule.gluon.launcher import launches
+        from linattn.ops.gated_delta_rule.gluon.host import launches
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
         L = -(-T // 64) // 4
         return (lambda: segment_windows(k, beta, g, plan, 4, L, launch=launches)), (k, g, beta, plan.cu,
@@ -222,8 +221,8 @@ def check_fused_launch_paths() -> dict:
     the host cache off, plans only (descriptor templates, the JIT's launch) and plans + handle (the default); with the
     handle the JIT's run is skipped; new tensors of the same signature hit the kept kernel (no JIT run, no launch plan
     added) and reach the launcher with their own pointers, the same launch as the uncached path's on them."""
-    from linattn.ops.gated_delta_rule.gluon import chunk_fused_wu_ws as fw
-    from linattn.ops.gated_delta_rule.gluon import launcher as L
+    from linattn.ops.gated_delta_rule.gluon import host as L
+    from linattn.ops.gated_delta_rule.gluon import host as fw
     from linattn.runtime.hostsim import count_jit_runs, fake_hopper
     res = {}
     with fake_hopper() as drv:
@@ -231,7 +230,7 @@ def check_fused_launch_paths() -> dict:
             fn, callers = _fused_call(what, B, T, H, HV)
             rec = _record_modes(drv, fn, lambda launches: _outside(launches, callers))
             ref = rec["jit"]["launches"]
-            n_plans, n_descs = len(L.launches), len(fw._DESC_TEMPLATES or ())
+            n_plans, n_descs = len(L.launches), len(fw._DESC_TEMPLATES)
             fn2, fresh = _fused_call(what, B, T, H, HV)
             del drv.launches[:]
             with count_jit_runs() as jit_runs:
@@ -244,7 +243,7 @@ def check_fused_launch_paths() -> dict:
             res[name] = dict(same=all(r["launches"] == ref for r in rec.values()), n_launches=len(ref),
                              jit_runs={m: r["jit_runs"] for m, r in rec.items()},
                              hit=dict(plans_added=len(L.launches) - n_plans,
-                                      templates_added=len(fw._DESC_TEMPLATES or ()) - n_descs, jit_runs=jit_runs[0],
+                                      templates_added=len(fw._DESC_TEMPLATES) - n_descs, jit_runs=jit_runs[0],
                                       new_pointers=_pointer_set(new) <= {t.data_ptr() for t in fresh}
                                       and len(_pointer_set(new)) > 0,
                                       same_as_uncached=new == uncached))
@@ -256,7 +255,6 @@ def main(argv=None) -> int:
     import json
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--variant", default="wgmma")
     ap.add_argument("--forward", action="store_true", help="also time the whole gluon forward")
     ap.add_argument("--check", action="store_true", help="print check_launch_paths() as JSON and exit")
     ap.add_argument("--check-fused", action="store_true", help="print check_fused_launch_paths() as JSON and exit")
@@ -267,8 +265,8 @@ def main(argv=None) -> int:
     if args.check_fused:
         print(json.dumps(check_fused_launch_paths()))
         return 0
-    for key, us in time_modes(args.calls, args.forward, args.variant).items():
-        print(f"{key:34s} {us:8.1f} us/call (Python host path to the launcher, {args.variant})")
+    for key, us in time_modes(args.calls, args.forward).items():
+        print(f"{key:34s} {us:8.1f} us/call (Python host path to the launcher)")
     return 0
 
 

@@ -1,17 +1,15 @@
-"""Stage 2a of the gluon forward in Gluon (LINATTN_GDN_GLUON_KKT; the default since round 26, form DEFAULT_FORM):
-gcum and Tinv = (I + A)^-1 per chunk and value
-head, the outputs of triton/intra_split.py kkt_solve_v4_kernel (its docstring and benchmarks/KKT_SOLVE.md give the
-math), with the two things the Triton form could not express (OPT_LOG 20.3, 21.4):
+"""Stage 2a of the gluon forward in Gluon: gcum and Tinv = (I + A)^-1 per chunk and value head, the outputs of
+triton/intra_split.py kkt_solve_kernel (its docstring gives the math), with what the Triton form cannot express:
 
   * one program per (chunk slot, key head) instead of per (chunk slot, value head): the chunk's key tile [64, K] comes
     in once by TMA, straight into the WGMMA operand layout, and K K^T is one [64, K] x [K, 64] warpgroup_mma; then a
     loop over the HV / H value heads of that key head does each head's gates, A and block substitution. Triton kept
-    both heads' work live at once (177-225 registers, OPT_LOG 20.3); the loop here is a real loop, so one head's
+    both heads' work live at once (177-225 registers); the loop here is a real loop, so one head's
     tensors are live at a time.
   * PERSIST (step 2): a persistent grid; each program walks items lin = pid, pid + P, ... and the TMA load of its
     next item's key tile is in flight (a 2-slot ring) while the current item's heads are computed.
 
-Per value head the arithmetic is kkt_solve_v4_kernel's at its defaults for a bf16 Tinv (LOWP and LOWP_DIAG): gam as
+Per value head the arithmetic is kkt_solve_kernel's at its defaults for a bf16 Tinv (LOWP and LOWP_DIAG): gam as
 _gam_of (cumsum inside each 16-row block on a [4, 16] tile plus the sum of the earlier blocks), A masked before
 the exponential, the 16x16 diagonal inverses by the nilpotent product, the block recurrence with bf16 operands on
 mma.sync ([4, 16, 16] batched tensors, row block i in warp i), the moved blocks broadcast to all warps once and
@@ -49,7 +47,7 @@ if GLUON_OK:
 
     @gluon.jit
     def _bf16_dot(a, b, acc, MMA: gl.constexpr):
-        """acc + a @ b on mma.sync with bf16 operands (kkt_solve_v4's _dot_op with LOWP)."""
+        """acc + a @ b on mma.sync with bf16 operands (kkt_solve_kernel's _dot_op with LOWP)."""
         DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         return mma_v2(gl.convert_layout(a.to(gl.bfloat16), DA), gl.convert_layout(b.to(gl.bfloat16), DB), acc)
@@ -93,7 +91,7 @@ if GLUON_OK:
     @gluon.jit
     def _inv_unit_lower16(nb, MMA: gl.constexpr):
         """(I + n)^-1 of the four strictly lower 16x16 blocks nb [4, 16, 16]: (I - n)(I + n^2)(I + n^4)(I + n^8) with
-        bf16 operands (kkt_solve_v4's LD); I - n in nb's layout, the rest in the accumulator's (MMA)."""
+        bf16 operands (kkt_solve_kernel's LD); I - n in nb's layout, the rest in the accumulator's (MMA)."""
         eye = _eye16(MMA)
         NL: gl.constexpr = nb.type.layout
         z = gl.zeros([4, 16, 16], gl.float32, MMA)
@@ -282,8 +280,8 @@ if GLUON_OK:
             eos = gl.load(cu_ptr + n + 1)
         t0 = bos + c * BT
         if EARLY_G:
-            # every head's gate loads in flight with the key tile's TMA (round 27's ncu view: the loads issued after
-            # the wait held 11% of the samples)
+            # every head's gate loads in flight with the key tile's TMA (issued after the wait, they held 11% of
+            # the samples)
             gs = ()
             bs = ()
             for j in gl.static_range(G):
@@ -314,7 +312,7 @@ if GLUON_OK:
         SHIFT_SMEM: gl.constexpr = False, BANDS_SPLIT: gl.constexpr = False,
         EXP_FTZ: gl.constexpr = False, EARLY_G: gl.constexpr = False, FIXED_LEN: gl.constexpr = False,
     ):
-        """Items lin = slot * H + key head (head-fastest, as kkt_solve_v4's HEADS_FAST): one per program, or with
+        """Items lin = slot * H + key head (head-fastest, as kkt_solve_kernel's head-fastest order): one per program, or with
         PERSIST lin = pid, pid + num_programs, ... with the next item's key tile loaded during the current one."""
         gl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
         G: gl.constexpr = HV // H
@@ -378,37 +376,15 @@ if GLUON_OK:
 
 # ---------------------------------------------------------------- host side
 
-# form -> the kernel's switches (round 26, OPT_LOG 26.1-26.3: each step cuts the instructions the kernel issues, which
-# the H200's round-25 times said bound it: 2616 SASS instructions per item in "plain", 2320 with SHIFT_SMEM, 2152 with
-# BANDS_SPLIT too, 1904 with EXP_FTZ too, at the 80-register cap)
-FORMS = {
-    "plain": dict(PERSIST=False),
-    "persist": dict(PERSIST=True),
-    "shift": dict(PERSIST=False, SHIFT_SMEM=True),
-    "split": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True),
-    "ftz": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True),
-    # round 27: ftz with every head's gate loads issued before the wait on the key tile (OPT_LOG 27.1)
-    "early": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True),
-    # and the chunk's token range by arithmetic where every sequence has one length (FIXED_LEN; the launch keeps the
-    # loads for a varlen plan): no load before the key tile's TMA (OPT_LOG 27.2)
-    "direct": dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True, FIXED_LEN=True),
-}
-# The form the gluon forward took with LINATTN_GDN_GLUON_KKT unset in round 26: H200 (RESULTS.md), Gluon gate green with
-# it forced on (22/22, grad, sync-free), Tinv bit-equal to the Triton kernel's, stage 2a 1.12-1.16x the Triton kernel at
-# B1 T65536, B8 T4096 and the varlen row (0.73x at B1 T8192), the forward 1.012x (B1 T8192), 1.039x (B1 T65536),
-# 1.035x (B8 T4096), 1.042x (B4 T16384), 1.033x (varlen24), CUDA graphs, same inputs, o and final bit-equal
-# Round 27 (RESULTS.md "Round 27"): "direct", Gluon gate green with it forced on (22/22, grad, sync-free), Tinv bit-equal
-# to the Triton kernel's at every kkt_gluon row; stage 2a 1.25x the Triton kernel at B1 T65536 (ftz 1.14x), 1.21x at B8
-# T4096, 1.23x on varlen24; the forward 1.022x over ftz at B1 T65536 (1.138 -> 1.114 ms), 1.007-1.015x at the others
-DEFAULT_FORM = "direct"
-# The register cap each form launches with unless LINATTN_GDN_GLUON_KKT_MAXNREG names one. H200, round 25
-# (benchmarks/OPT_LOG.md 25.1, kkt_gluon_round.py): "plain" uncapped compiles to 130 registers (3 CTAs per SM) and
-# runs 0.83x the Triton kernel; capped at 80 (16 bytes of spill, 6 CTAs per SM) 1.03-1.05x at the three large rows
-# (0.84x at B1 T8192); 72 the same as 80; "persist" is slower at every cap tried (0.77-0.94x).
-DEFAULT_MAXNREG = {"plain": 80, "persist": None, "shift": 80, "split": 80, "ftz": 80, "early": 80, "direct": 80}
-# CTAs per SM of the persistent form's grid: 65536 registers / (128 threads x the build's registers, rounded up to
-# 8): 155 registers (sm_90a, the uncapped build) -> 3; a register cap gives its own
-DEFAULT_REGS = 160
+# The kernel's switches as the forward launches it: the shift buffers in shared memory, the band split, the
+# flush-to-zero exponential, every value head's gate loads issued before the wait on the key tile, and a fixed-length
+# batch's chunk bounds by arithmetic instead of loads (FIXED_LEN; a varlen plan keeps the loads). Each cuts the
+# instructions the kernel issues, which bound it: stage 2a 1.21-1.25x the Triton kernel at the production rows with
+# Tinv bit-equal to it (benchmarks/RESULTS.md).
+SWITCHES = dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True, FIXED_LEN=True)
+# The register cap: at 80, 6 CTAs per SM (ptxas keeps 20 bytes of loop-invariant values in local memory there),
+# faster than the uncapped ~130-register build at 3 CTAs per SM (benchmarks/OPT_LOG.md).
+MAXNREG = 80
 
 
 def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
@@ -417,7 +393,7 @@ def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
     H, K = k.shape[-2], k.shape[-1]
     if k.dtype != torch.bfloat16:
         return False, (f"k is {k.dtype}; the Gluon stage 2a takes bf16 (its products have bf16 operands, as "
-                       f"kkt_solve_v4_kernel's only where Tinv is bf16)")
+                       f"kkt_solve_kernel's only where Tinv is bf16)")
     if K != 128:
         return False, f"K={K}; the Gluon stage 2a is built for K=128"
     if HV % H:
@@ -429,30 +405,12 @@ def kkt_gluon_supported(k: torch.Tensor, HV: int, T_total: int):
     return True, ""
 
 
-def kernel_switches(form: str) -> dict:
-    """Every switch constexpr of kkt_solve_gluon_kernel for a form, defaults filled in (the launch passes them all,
-    so the host path's launch key and the AOT signature name the same compiled kernel)."""
-    if form not in FORMS:
-        raise ValueError(f"unknown Gluon stage-2a form {form!r}; choose one of {tuple(FORMS)}")
-    return {**dict(PERSIST=False, SHIFT_SMEM=False, BANDS_SPLIT=False, EXP_FTZ=False, EARLY_G=False, FIXED_LEN=False),
-            **FORMS[form]}
-
-
-def persist_grid(num_items: int, num_sms: int, maxnreg) -> int:
-    regs = -(-(maxnreg or DEFAULT_REGS) // 8) * 8
-    return max(1, min(num_items, num_sms * max(1, 65536 // (128 * regs))))
-
-
-def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int, form: str = "plain",
-                    maxnreg=None, gcum=None, tinv=None):
+def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int, gcum=None, tinv=None):
     """Stage 2a as kkt_solve_gluon_kernel: (gcum fp32 [T_tot, HV], Tinv [T_tot, HV, 64] in k's dtype), the outputs of
-    chunk_fused_wu_ws.kkt_solve. k [B, T, H, K] (or [T_tot, H, K]), g / beta [.., HV] fp32 contiguous; form a FORMS
-    name ("persist": a persistent grid; the others one program per (chunk slot, key head)); maxnreg caps the
-    registers (None: the form's DEFAULT_MAXNREG)."""
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _fused_desc
-    from linattn.ops.gated_delta_rule.gluon.launcher import _aligned, _gl_dtype, launches
+    fused_forward.kkt_solve. k [B, T, H, K] (or [T_tot, H, K]), g / beta [.., HV] fp32 contiguous; one program per
+    (chunk slot, key head)."""
+    from linattn.ops.gated_delta_rule.gluon.host import aligned, fused_desc, gl_dtype, launches
     from linattn.runtime.alloc import empty
-    from linattn.runtime.device import device_facts
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = k.shape[-2], k.shape[-1]
     T_tot = plan.T_total
@@ -461,20 +419,15 @@ def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, 
     if tinv is None:
         tinv = empty(T_tot, HV, BT, dtype=k.dtype, device=k.device)
     num_items = plan.num_slots * H
-    k_desc = _fused_desc(TensorDescriptor, _aligned(k.reshape(T_tot, H * K)), [BT, K], _gl_dtype(k.dtype))
-    switches = kernel_switches(form)
+    k_desc = fused_desc(TensorDescriptor, aligned(k.reshape(T_tot, H * K)), [BT, K], gl_dtype(k.dtype))
+    switches = dict(SWITCHES)
     seq_len = getattr(plan, "seq_len", 0)        # a plan without it (not a ChunkPlan): the bounds from cu
     if seq_len < 2:
         # a varlen plan (0): the bounds come from cu; so they do for 1-token sequences, as Triton would specialise
         # an int argument of 1 into a constant (a launch key that is not the AOT signature's)
         switches["FIXED_LEN"] = False
     seq_arg = seq_len if switches["FIXED_LEN"] else 2        # unused then: one value, one compiled kernel
-    maxnreg = maxnreg or DEFAULT_MAXNREG[form]
-    persist = switches["PERSIST"]
-    grid = persist_grid(num_items, device_facts(k.device).num_sms, maxnreg) if persist else num_items
-    kwargs = dict(H=H, HV=HV, K=K, BT=BT, **switches, num_warps=KKT_WARPS)
-    if maxnreg:
-        kwargs["maxnreg"] = int(maxnreg)
-    launches(kkt_solve_gluon_kernel, (grid,), (k_desc, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-                                               num_items, int(seq_arg)), kwargs)
+    kwargs = dict(H=H, HV=HV, K=K, BT=BT, **switches, num_warps=KKT_WARPS, maxnreg=MAXNREG)
+    launches(kkt_solve_gluon_kernel, (num_items,), (k_desc, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
+                                                    num_items, int(seq_arg)), kwargs)
     return gcum, tinv
