@@ -5,7 +5,7 @@ registers; the launcher's arguments mangle to exactly the compiled signature; th
 calls with a reason while backend="auto" still runs Triton; and a torch model of the kernel's tile walk and ring
 protocol (same schedule, same 2-D pool coordinates, same padded-row rule) matches the fp64 reference.
 Works with TRITON_INTERPRET=1 set (compiles run in a child process, linattn.runtime.aot). The kernel itself has
-not run here: benchmarks/gpu/decode_gluon_round.py gates and times it on an H200."""
+not run here: benchmarks/gpu/gate.py (section decode, through backend="auto") gates it on an H200."""
 import math
 
 import pytest

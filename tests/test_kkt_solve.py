@@ -153,7 +153,7 @@ def test_heads_fast_from_the_slot_threshold(monkeypatch):
     gluon forward's stage-2a launches pass it (threshold lowered to the test's 5 slots)."""
     assert sm.kkt_order(sm.KKT_HEADS_FAST_SLOTS) == {"HEADS_FAST": True}
     assert sm.kkt_order(sm.KKT_HEADS_FAST_SLOTS - 1) == {}
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import kkt_solve
+    from linattn.ops.gated_delta_rule.gluon.fused_forward import kkt_solve
     real, seen = sm.kkt_solve_kernel, []
 
     class Spy:

@@ -21,7 +21,7 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from linattn.bench.ops import BenchOp, Runner, Unavailable
+from linattn.bench.base import BenchOp, Runner, Unavailable
 
 OP = "fused_recurrent_gated_delta_rule"
 

@@ -7,52 +7,17 @@ so a missing package or a rejecting `supports()` is visible, never silently drop
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from linattn.bench.base import BenchOp, Runner, Unavailable  # noqa: F401  (re-exported: the bench's types)
+from linattn.bench.decode import GATED_DELTA_RULE_DECODE
+
 CHUNK = 64                      # C in gdn-math.md's FLOP formula
 GDN_GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 GDN_LEAVES = ("q", "k", "v", "g", "beta", "initial_state")
-
-
-class Unavailable(Exception):
-    """This backend cannot be timed here; str(exc) says why."""
-
-
-@dataclass
-class Runner:
-    """One timeable implementation. `args(inputs, mode)` gives (call kwargs, leaves to differentiate,
-    gradients of the outputs); `fn(**kwargs)` returns a tuple of outputs named by `out_names`."""
-    name: str
-    fn: Callable
-    args: Callable
-    out_names: Tuple[str, ...]
-    grad_names: Tuple[str, ...]
-    compare: bool = True                 # False when the runner computes another function (SDPA)
-    grads_verified: bool = True
-    notes: List[str] = field(default_factory=list)
-    family: str = "linattn"              # "linattn" or "peer"
-
-
-@dataclass
-class BenchOp:
-    name: str
-    registry_op: str                     # name in linattn.backends
-    linattn_backends: Tuple[str, ...]
-    peers: Tuple[str, ...]
-    make_inputs: Callable                # (shape, device, seed, mode) -> dict
-    flops: Callable                      # (shape, mode, runner_name) -> float
-    bytes: Callable                      # (shape, mode, runner_name) -> float
-    bytes_model: str
-    prepare: Callable                    # (backend, shape, inputs, mode) -> Runner
-    typical_call: Callable               # (device) -> kwargs for supports()/explain(), or None (doctor has its own)
-    reference: str = "reference"
-    api_module: str = ""                 # the module that registers the op's backends (default linattn.ops.<name>.api)
-    max_sets: int = 8                    # input sets cycled through at most (timing.num_input_sets)
-    modes: Tuple[str, ...] = ("fwd", "fwdbwd")
 
 
 # ---------------------------------------------------------------------------------------- Gated DeltaNet
@@ -290,7 +255,6 @@ GATED_DELTA_RULE = BenchOp(
 BENCH_OPS: Dict[str, BenchOp] = {"gated_delta_rule": GATED_DELTA_RULE}
 # the names users may also type: the registry op name
 BENCH_OPS["chunk_gated_delta_rule"] = GATED_DELTA_RULE
-from linattn.bench.decode import GATED_DELTA_RULE_DECODE  # noqa: E402  (decode.py builds on the classes above)
 BENCH_OPS["gated_delta_rule_decode"] = GATED_DELTA_RULE_DECODE
 BENCH_OPS["fused_recurrent_gated_delta_rule"] = GATED_DELTA_RULE_DECODE
 

@@ -31,7 +31,7 @@ PRODUCTION_VARLEN = varlen_shape(varlen_lengths(24, 256, 4096, seed=2024), 16, 3
 
 
 # The default gates decay fast (mean log decay -0.116 per token, -7.4 per 64-token chunk): a kernel that drops history
-# once its summed decay is negligible (FlashQLA's segment warm-up, benchmarks/FLASHQLA_NOTES.md) looks back only ~2
+# once its summed decay is negligible (FlashQLA's segment warm-up) looks back only ~2
 # chunks there. Long-memory heads decay far slower: this row scales g by 0.01 (-0.074 per chunk).
 SLOW_DECAY = dict(_dense(1, 65536, 16, 32), g_scale=0.01)
 

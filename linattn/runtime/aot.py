@@ -146,11 +146,6 @@ def sass_opcodes(cubin: bytes) -> Dict[str, int]:
     return dict(collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M)))
 
 
-def sass_counts(cubin: bytes) -> Dict[str, int]:
-    """Opcode -> count over the cubin's SASS (predicates stripped), for opcodes in SASS_FAMILIES."""
-    return {op: n for op, n in sorted(sass_opcodes(cubin).items()) if op.startswith(SASS_FAMILIES)}
-
-
 def inspect_kernel(spec: AotKernel, arch: Optional[str] = None) -> AotReport:
     arch = arch or spec.archs[0]
     key = (spec.name, arch)

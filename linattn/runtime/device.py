@@ -36,10 +36,6 @@ class DeviceFacts:
             return "cpu"
         return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
-    @property
-    def is_hopper(self) -> bool:
-        return self.kind == "cuda" and self.capability[0] == 9
-
 
 @lru_cache(maxsize=None)
 def _cuda_facts(index: int) -> DeviceFacts:

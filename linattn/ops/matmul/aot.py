@@ -20,14 +20,13 @@ def _gluon_build(cfg_name: str, a_t: bool, b_t: bool, dtype: str):
         c = CONFIGS[cfg_name]
         a_block = [c.BK, c.BM] if a_t else [c.BM, c.BK]
         b_block = [c.BN, c.BK] if b_t else [c.BK, c.BN]
-        # split-K writes fp32 partials; a subtiled epilogue stores [BM, BN / epi_split] blocks
+        # split-K writes fp32 partials
         c_dtype = "fp32" if c.split_k > 1 else dtype
         sig = {"a_desc": _desc_sig(dtype, a_block), "b_desc": _desc_sig(dtype, b_block),
-               "c_desc": _desc_sig(c_dtype, [c.BM, c.BN // c.epi_split]), "M": "i32", "N": "i32", "K": "i32",
+               "c_desc": _desc_sig(c_dtype, [c.BM, c.BN]), "M": "i32", "N": "i32", "K": "i32",
                "A_T": "constexpr", "B_T": "constexpr", "STAGES": "constexpr", "GROUP_M": "constexpr",
-               "SPLIT_K": "constexpr", "EPI_SPLIT": "constexpr"}
-        constexprs = {"A_T": a_t, "B_T": b_t, "STAGES": c.stages, "GROUP_M": c.group_m, "SPLIT_K": c.split_k,
-                      "EPI_SPLIT": c.epi_split}
+               "SPLIT_K": "constexpr"}
+        constexprs = {"A_T": a_t, "B_T": b_t, "STAGES": c.stages, "GROUP_M": c.group_m, "SPLIT_K": c.split_k}
         return matmul_ws_persistent, sig, constexprs, {"num_warps": c.num_warps}
     return build
 
@@ -48,8 +47,7 @@ def _triton_build(cfg_name: str, dtype: str):
     return build
 
 
-for _cfg in ("128x256x64_s3_w8", "128x128x64_s5_w8", "128x128x64_s4_w4", "128x256x64_s4_w8_e2",
-             "128x128x64_s5_w8_k2", "128x128x64_s5_w8_k4"):
+for _cfg in ("128x256x64_s3_w8", "128x128x64_s5_w8", "128x128x64_s5_w8_k2", "128x128x64_s5_w8_k4"):
     register(AotKernel(f"matmul_gluon_{_cfg}", _gluon_build(_cfg, False, False, "bf16"), _GLUON_INTENDED,
                        description=f"persistent warp-specialised TMA+WGMMA GEMM, {_cfg}, A and B row-major, bf16"))
 register(AotKernel("matmul_gluon_128x256x64_s3_w8_tt_fp16", _gluon_build("128x256x64_s3_w8", True, True, "fp16"),

@@ -223,10 +223,6 @@ DEFAULT_CONFIGS = {torch.float32: (64, 4, 3, 2), torch.bfloat16: (64, 4, 3, 2)}
 SMEM_PER_SM = 233472
 
 
-def ring_bytes(BV: int, stages: int, elem: int, K: int = 128) -> int:
-    return stages * K * BV * elem
-
-
 def _gl_dtype(dtype: torch.dtype):
     return {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16}[dtype]
 

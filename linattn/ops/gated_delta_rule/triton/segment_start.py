@@ -32,8 +32,6 @@ from linattn.ops.gated_delta_rule.triton.common import sequence_span
 
 CHUNK = 64
 THRESH = 20.0              # a window ends once its summed log decay is <= -THRESH (e^-20 = 2.1e-9)
-SEG_CHUNKS = 64            # segment length in chunks (4096 tokens): FlashQLA's choice at B1 T65536 HV32 on 132 SMs
-MIN_SEGMENTS = 4           # fewer do not pay: 2 segments at B1 T8192 were 0.320 vs 0.299 ms unsegmented
 MAX_WINDOW = 16            # warm-up windows of at most 16 chunks (a quarter of a segment); longer ones are flagged
 
 # The segment word: one int32 per (segment, head), written by segment_window_kernel, read by the fused kernel's seg_ptr
@@ -111,20 +109,6 @@ def segment_window_kernel(
     tl.store(slow_ptr + n * HV + hv, 1, mask=flagged)   # every writer stores 1: no atomic needed
 
 
-def plan_segments(B: int, T: int, HV: int, V: int, num_sms: int, seg_chunks: int = SEG_CHUNKS,
-                  min_segments: int = MIN_SEGMENTS):
-    """(S, L) for a fixed-length batch of B sequences of T tokens, from shapes only: L = seg_chunks chunks per
-    segment, S = cdiv(chunks, L) segments; S = 1 (do not split) when the batch already gives the fused kernel enough
-    CTAs at BV = 64 (B * HV * V / 64 >= num_sms), or when fewer than min_segments segments would result (2
-    segments at B1 T8192 lost, 8 and 16 at T32768 / T65536 won; 4 is not measured)."""
-    nch = triton.cdiv(max(T, 0), CHUNK)
-    if B * HV * max(1, V // 64) >= num_sms:
-        return 1, nch
-    L = max(1, int(seg_chunks))
-    S = triton.cdiv(max(nch, 1), L)
-    return (S, L) if S >= min_segments else (1, nch)
-
-
 _SEG_PLANS: dict = {}
 
 
@@ -152,7 +136,7 @@ def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: floa
     (that pair runs unsegmented), the flags, the segment words (SEGW_*). k [B,T,H,K], beta / g [B,T,HV] (g: the
     per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan. launch: None (the
     JIT) or a launcher called as launch(kernel, grid, args, kwargs) (the gluon forward's host path,
-    gluon/launcher.launches)."""
+    gluon/host.launches)."""
     if max_window > SEGW_WL_MASK.value:
         raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
     if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):

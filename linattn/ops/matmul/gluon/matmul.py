@@ -16,10 +16,9 @@ Operand layouts are constexpr flags: A_T means A is stored as A^T (a [K,M] row-m
 nn.Linear weight; the [BN,BK] tile permuted is K-major). TMA zero-fills out-of-bounds loads and clips
 out-of-bounds stores, so ragged M, N and K need no masks.
 
-Two constexpr variants (benchmarks/MATMUL.md, directions 2 and 3):
-  * SPLIT_K > 1: a work unit is a tile times one of SPLIT_K contiguous K slices; each unit stores its fp32
-    partial tile into a [SPLIT_K * M_pad, N] workspace and triton/splitk_reduce.py sums the slices into C.
-  * EPI_SPLIT = 2: the epilogue stores C in two N-halves through a [BM, BN/2] buffer, freeing smem for a stage.
+Split-K (SPLIT_K > 1, for problems whose tiles leave SMs idle and whose K is long): a work unit is a tile times
+one of SPLIT_K contiguous K slices; each unit stores its fp32 partial tile into a [SPLIT_K * M_pad, N] workspace
+and triton/splitk_reduce.py sums the slices into C.
 """
 from __future__ import annotations
 
@@ -105,7 +104,7 @@ if GLUON_OK:
     def _mma_partition(a_s, b_s, c_s, ready, empty, c_desc, M, N, K,
                        BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                        A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr,
-                       SPLIT_K: gl.constexpr, EPI_SPLIT: gl.constexpr):
+                       SPLIT_K: gl.constexpr):
         STAGES: gl.constexpr = a_s.shape[0]
         acc_layout: gl.constexpr = wgmma_acc_layout(BM, BN, gl.num_warps())
         num_pid_m = gl.cdiv(M, BM)
@@ -138,23 +137,14 @@ if GLUON_OK:
             # number of tiles, so a ragged last row-tile clips into padding rows, never into the next slice.
             off_m = split * (num_pid_m * BM) + pid_m * BM
             off_n = pid_n * BN
-            if EPI_SPLIT == 1:
-                _store_tile(c_desc, c_s, acc, off_m, off_n)
-            else:
-                # Subtiled epilogue: C leaves in two [BM, BN/2] halves through a half-size buffer (the smem saved
-                # pays for one more ring stage). The N-halves of the wgmma accumulator are whole registers, so
-                # reshape/permute/split move no data between threads.
-                halves = gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1])
-                lo, hi = gl.split(halves)
-                _store_tile(c_desc, c_s, lo, off_m, off_n)
-                _store_tile(c_desc, c_s, hi, off_m, off_n + BN // 2)
+            _store_tile(c_desc, c_s, acc, off_m, off_n)
         tma_store_wait(0)
 
     @gluon.jit
     def matmul_ws_persistent(a_desc, b_desc, c_desc, M, N, K,
                              A_T: gl.constexpr, B_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                             SPLIT_K: gl.constexpr, EPI_SPLIT: gl.constexpr):
-        # c_desc's block is [BM, BN // EPI_SPLIT]; with SPLIT_K > 1 it describes the fp32 partial-sum workspace
+                             SPLIT_K: gl.constexpr):
+        # c_desc's block is [BM, BN]; with SPLIT_K > 1 it describes the fp32 partial-sum workspace
         # [SPLIT_K * M_pad, N] that matmul_splitk_reduce sums into C.
         BM: gl.constexpr = c_desc.block_type.shape[0]
         if A_T:
@@ -176,7 +166,7 @@ if GLUON_OK:
         fence_async_shared()                                # barrier inits visible to the async proxy
         gl.warp_specialize(
             [(_mma_partition, (a_s, b_s, c_s, ready, empty, c_desc, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M,
-                               SPLIT_K, EPI_SPLIT)),
+                               SPLIT_K)),
              (_load_partition, (a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, BM, BN, BK, A_T, B_T, GROUP_M,
                                 SPLIT_K))],
             worker_num_warps=[1], worker_num_regs=[24])
@@ -207,24 +197,19 @@ class GluonMatmulConfig:
     num_warps: int                 # 4: one consumer warpgroup; 8: two, splitting BM
     group_m: int = 8
     split_k: int = 1               # > 1: K split over that many work units per tile, fp32 partials + a reduction
-    epi_split: int = 1             # 2: the epilogue stores C in two N-halves through a half-size buffer
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         ring = self.stages * (self.BM * self.BK + self.BK * self.BN) * elem_bytes
         c_bytes = 4 if self.split_k > 1 else elem_bytes
-        return ring + self.BM * self.BN // self.epi_split * c_bytes + 2 * self.stages * 8
+        return ring + self.BM * self.BN * c_bytes + 2 * self.stages * 8
 
 
 # 128x256 is the fastest tile per CTA (gluon-3.6.md section 8 table); 128x128 with two consumer warpgroups
 # wastes less of the last wave on small or skinny problems. Stages fill the 227 KB budget with C's buffer.
-# Experimental (chosen by the heuristic only where noted; benchmarks/MATMUL.md has the predictions):
-#   _s4_w8_e2: 128x256 with the epilogue subtiled in N-halves; the 32 KB it frees buys a 4th stage.
-#   _k2/_k4:  split-K over 2/4 slices (fp32 partials); picked when the tiles leave SMs idle and K is long.
+# _k2/_k4: split-K over 2/4 slices (fp32 partials); picked when the tiles leave SMs idle and K is long.
 CONFIGS = {
     "128x256x64_s3_w8": GluonMatmulConfig(128, 256, 64, 3, 8),
     "128x128x64_s5_w8": GluonMatmulConfig(128, 128, 64, 5, 8),
-    "128x128x64_s4_w4": GluonMatmulConfig(128, 128, 64, 4, 4),
-    "128x256x64_s4_w8_e2": GluonMatmulConfig(128, 256, 64, 4, 8, epi_split=2),
     "128x128x64_s5_w8_k2": GluonMatmulConfig(128, 128, 64, 5, 8, split_k=2),
     "128x128x64_s5_w8_k4": GluonMatmulConfig(128, 128, 64, 5, 8, split_k=4),
 }
@@ -312,7 +297,7 @@ def _make_plan(M, N, K, a_shape, a_strides, b_strides, c_strides, dtype, device,
                 else desc_spec((M, K), (a_strides[0], 1), [cfg.BM, cfg.BK], gdt))
     p.b_desc = (desc_spec((N, K), (b_strides[1], 1), [cfg.BN, cfg.BK], gdt) if p.B_T
                 else desc_spec((K, N), (b_strides[0], 1), [cfg.BK, cfg.BN], gdt))
-    c_block = [cfg.BM, cfg.BN // cfg.epi_split]
+    c_block = [cfg.BM, cfg.BN]
     num_pid_m = -(-M // cfg.BM)
     if cfg.split_k > 1:
         p.ws_rows = cfg.split_k * num_pid_m * cfg.BM
@@ -349,7 +334,7 @@ def matmul_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor = None,
     cfg = plan.cfg
     c_base = out if cfg.split_k == 1 else torch.empty(plan.ws_rows, N, device=a.device, dtype=torch.float32)
     args = (plan.a_desc(a), plan.b_desc(b), plan.c_desc(c_base), M, N, K,
-            plan.A_T, plan.B_T, cfg.stages, cfg.group_m, cfg.split_k, cfg.epi_split)
+            plan.A_T, plan.B_T, cfg.stages, cfg.group_m, cfg.split_k)
     launch(matmul_ws_persistent, plan.handles, "gemm", plan.grid, args, {"num_warps": plan.num_warps})
     if plan.reduce is not None:
         plan.reduce.run(c_base, out, plan.handles)

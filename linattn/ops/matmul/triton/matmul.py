@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -72,9 +72,6 @@ class TritonMatmulConfig:
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         # Triton's pipeliner keeps num_stages copies of both operand tiles in shared memory.
         return self.num_stages * (self.BM * self.BK + self.BK * self.BN) * elem_bytes
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 # The frozen table. The big tiles are what the plain-Triton column of gluon-3.6.md section 8 measured on an H200;
