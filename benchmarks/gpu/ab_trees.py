@@ -7,7 +7,7 @@ Each (pass, tree) runs in its own child process with PYTHONPATH set to that tree
 imported linattn from there). Inside a child every row is checked once against the tree's own reference-free
 sanity (finite outputs), then timed as a CUDA-graph replay (median of `--repeats` replays of a graph of `--calls`
 calls, per input set, two input sets alternated) and, for the forward, eagerly as well. The summary gives, per
-row, each tree's median over its processes, the spread between its processes, and new/old.
+row, each tree's median over its processes, the spread between its processes, and old/new (the first tree's median over each other tree's: > 1, that tree is faster).
 Only the public API is used (linattn.chunk_gated_delta_rule, linattn.fused_recurrent_gated_delta_rule with
 backend="auto"), so any two trees with that API can be compared.
 """
@@ -207,7 +207,7 @@ def main():
     base = labels[0]
     summary = {}
     print(f"\n{'row':<28}{'metric':<16}" + "".join(f"{lb + ' ms':>12}{lb + ' spread':>12}" for lb in labels)
-          + "".join(f"{lb + '/' + base:>12}" for lb in labels[1:]))
+          + "".join(f"{base + '/' + lb:>12}" for lb in labels[1:]))       # > 1: that tree is faster
     for row in runs[base][0]["rows"]:
         for metric in runs[base][0]["rows"][row]:
             vals = {lb: [run["rows"][row][metric] for run in runs[lb]] for lb in labels}
@@ -218,11 +218,10 @@ def main():
             print(f"{row:<28}{metric:<16}" + "".join(f"{med[lb]:>12.4f}{spread[lb] * 100:>11.1f}%" for lb in labels)
                   + "".join(f"{ratios[lb]:>12.3f}" for lb in labels[1:]))
     if args.json:
-        import torch
-        envline = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
-                       triton=__import__("triton").__version__, trees=dict(trees))
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from common import env_line                      # GPU, clocks, torch, triton, commit (LINATTN_COMMIT)
         with open(args.json, "w") as f:
-            json.dump(dict(env=envline, summary=summary, runs=runs), f, indent=1)
+            json.dump(dict(env=env_line()["line"], trees=dict(trees), summary=summary, runs=runs), f, indent=1)
     return 0
 
 
