@@ -1,0 +1,243 @@
+"""Speed as a user gets it: each shape timed eagerly in several fresh processes, with what explains a difference
+between them.
+
+    python3 benchmarks/gpu/eager_probe.py --out DIR [--shapes fwd_b1_t8192,decode_b1] [--procs 4] [--json NAME]
+
+A process per (shape, pass), in the order cold caches (first pass: Triton's cache emptied into a private folder),
+warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allocator holds it), warm. In each:
+- eager_ms: median over 3 loops of 100 back-to-back calls (one synchronisation per loop), as a user's loop runs;
+- graph_ms: the same call replayed from a CUDA graph (the kernels alone), where capture works;
+- host_us: host-clock time for one call to return with the GPU idle (synchronised before each), median of 20;
+- allocator: cudaMalloc / cudaFree calls, allocation retries and sync-all-streams during the eager loops
+  (torch.cuda.memory_stats deltas);
+- runtime_api: CUDA runtime / driver calls of 10 eager calls by torch.profiler (count and host us per call), and the
+  GPU kernel time per call;
+- sm_clock: the SM clock (nvidia-smi) sampled during the eager loops;
+- python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes.
+The summary gives, per shape, each process's eager ms and the spread (slowest / fastest - 1); --max-spread makes the
+exit status 1 when a shape's spread exceeds it (the gate's regression check).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+SHAPES = {  # name: (kind, B, T, H, HV)
+    "fwd_b1_t8192": ("fwd", 1, 8192, 16, 32),
+    "fwd_b1_t32768": ("fwd", 1, 32768, 16, 32),
+    "decode_b1": ("decode", 1, 1, 32, 32),
+    "decode_b256": ("decode", 256, 1, 32, 32),
+}
+PASSES = ("cold", "warm", "after4g", "warm")
+
+
+def _inputs(kind, B, T, H, HV, torch):
+    K = V = 128
+    dev = "cuda"
+    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev) + 4.0) * 4.0
+    beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
+    h0 = torch.randn(B, HV, K, V, device=dev) * 0.1
+    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+
+
+def _clock_sampler(samples, stop):
+    """The SM clock every 50 ms through NVML in this process (no subprocess: forking would disturb the timing);
+    nothing where pynvml is missing (the snapshot after the loops still says the clock)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001
+        return
+    while not stop.is_set():
+        samples.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        stop.wait(0.05)
+
+
+def _clock_now():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception as e:  # noqa: BLE001
+        return repr(e)
+
+
+def child(shape: str, cond: str) -> dict:
+    import torch
+
+    import linattn
+    kind, B, T, H, HV = SHAPES[shape]
+    if cond == "after4g":
+        torch.empty(4 << 30, dtype=torch.uint8, device="cuda").zero_()     # freed at once, kept by the allocator
+    x = _inputs(kind, B, T, H, HV, torch)
+    if kind == "fwd":
+        def call():
+            return linattn.chunk_gated_delta_rule(**x, output_final_state=True)
+    else:
+        def call():
+            return linattn.fused_recurrent_gated_delta_rule(**x, output_final_state=True)
+    res = dict(shape=shape, cond=cond, pid=os.getpid())
+    t0 = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    res["first_call_s"] = round(time.perf_counter() - t0, 3)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+
+    stats0 = torch.cuda.memory_stats()
+    samples, stop = [], threading.Event()
+    th = threading.Thread(target=_clock_sampler, args=(samples, stop), daemon=True)
+    th.start()
+    loops = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(100):
+            call()
+        torch.cuda.synchronize()
+        loops.append((time.perf_counter() - t) * 1e3 / 100)
+    stop.set()
+    th.join()
+    stats1 = torch.cuda.memory_stats()
+    res["eager_ms_loops"] = loops
+    res["eager_ms"] = statistics.median(loops)
+    res["sm_clock_mhz"] = samples
+    res["clocks_after_loops"] = _clock_now()
+    res["allocator"] = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in
+                        ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")}
+
+    host = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    res["host_us"] = statistics.median(host)
+
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = sorted(((f"{os.path.basename(f)}:{ln}:{fn}", tt * 1e6 / 20, nc) for (f, ln, fn), (_, nc, tt, _, _)
+                   in st.stats.items()), key=lambda r: -r[1])[:30]
+    res["python_us"] = dict(total=round(st.total_tt * 1e6 / 20, 1),
+                            top=[dict(fn=f, us=round(us, 2), ncalls=nc) for f, us, nc in rows])
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+    api, kernels_us = {}, 0.0
+    for ev in prof.key_averages():
+        if ev.key.startswith(("cuda", "cu")) and not ev.key.startswith("cudaDeviceSynchronize_") and ev.count:
+            api[ev.key] = dict(count_per_call=ev.count / 10, host_us_per_call=round(ev.cpu_time_total / 10, 1))
+        dev_us = getattr(ev, "device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(ev, "cuda_time_total", 0)
+        if getattr(ev, "device_type", None) is not None and "CUDA" in str(ev.device_type):
+            kernels_us += dev_us
+    res["runtime_api"] = api
+    res["kernel_us_per_call"] = round(kernels_us / 10, 1)
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(10):
+                call()
+        graph.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 10)
+        res["graph_ms"] = statistics.median(ts)
+    except Exception as e:  # noqa: BLE001
+        res["graph_ms"] = None
+        res["graph_error"] = repr(e)[:300]
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--json", default="eager_probe.json")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--procs", type=int, default=len(PASSES), help="processes per shape (passes in PASSES order)")
+    ap.add_argument("--max-spread", type=float, default=None, help="exit 1 when a shape's spread exceeds this")
+    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print("RESULT " + json.dumps(child(*a.child)), flush=True)
+        return 0
+    from common import env_line, write_json
+    res = dict(env=env_line()["line"], shapes={}, summary={})
+    path = os.path.join(a.out, a.json)
+    failed = False
+    for shape in a.shapes.split(","):
+        runs = []
+        for i in range(a.procs):
+            cond = PASSES[i % len(PASSES)]
+            env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            tmp = None
+            if cond == "cold":
+                tmp = tempfile.mkdtemp(prefix="probe_cache_")
+                env["TRITON_CACHE_DIR"] = tmp
+            try:
+                p = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", a.out, "--child", shape, cond],
+                                   env=env, capture_output=True, text=True, timeout=240)
+                line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+                r = json.loads(line[-1][7:]) if line else dict(cond=cond, error=(p.stderr or p.stdout)[-1500:])
+            except subprocess.TimeoutExpired:
+                r = dict(cond=cond, error="timeout")
+            finally:
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            runs.append(r)
+            print(shape, {k: r.get(k) for k in ("cond", "eager_ms", "graph_ms", "host_us", "allocator",
+                                                 "kernel_us_per_call", "error")}, flush=True)
+            res["shapes"][shape] = runs
+            write_json(path, res)
+        eager = [r["eager_ms"] for r in runs if "eager_ms" in r]
+        spread = max(eager) / min(eager) - 1 if len(eager) == len(runs) and eager else None
+        res["summary"][shape] = dict(eager_ms=eager, spread=spread,
+                                     graph_ms=[r.get("graph_ms") for r in runs], host_us=[r.get("host_us") for r in runs])
+        failed |= spread is None or (a.max_spread is not None and spread > a.max_spread)
+        write_json(path, res)
+    for shape, s in res["summary"].items():
+        spread = "-" if s["spread"] is None else f"{s['spread'] * 100:.1f}%"
+        print(f"{shape:16s} eager ms {[round(e, 4) for e in s['eager_ms']]} spread {spread}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
