@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(1, ROOT)                  # linattn from this checkout
 
 SHAPES = {  # name: (kind, B, T, H, HV)
     "fwd_b1_t8192": ("fwd", 1, 8192, 16, 32),
