@@ -1,5 +1,5 @@
 """The GPU scripts on the CPU: what can be checked without a GPU is checked before device time is spent (the gate's
-logic at tiny sizes, its case lists and arguments, the ncu summarizers on CSVs in ncu's layout, the host profiler)."""
+logic at tiny sizes, its case lists and arguments, the ncu summarizers on CSVs in ncu's layout, the eager probe's verdict)."""
 import json
 import os
 import subprocess
@@ -142,13 +142,15 @@ def test_ncu_summarizer_reads_shared_memory_per_block_in_kb():
     assert abs(k["smem_per_block_kb"] - 200860 / 1024) < 1e-9
 
 
-def test_host_profile_dry_run(tmp_path):
-    """host_profile.py on the CPU (one tiny Triton-backend row): host us per call, the profile's total, and both
-    top lists, each entry a function name with a positive time per call."""
-    _run([os.path.join(GPU, "host_profile.py"), "--dry", "--out", str(tmp_path)], tmp_path)
-    (r,) = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
-    assert "error" not in r and r["host_us"] > 0 and r["profiled_us"] > 0, r
-    for key in ("by_own_time", "by_cumulative"):
-        assert r[key] and all(e["us"] >= 0 and ":" in e["fn"] for e in r[key]), r[key]
-    assert r["by_cumulative"][0]["us"] >= r["by_cumulative"][-1]["us"]
-
+def test_eager_probe_summary():
+    """eager_probe's per-shape verdict: the spread is slowest / fastest - 1 over the processes; a missing process
+    time fails the shape, and so does a spread above --max-spread."""
+    sys.path.insert(0, GPU)
+    from eager_probe import summarise
+    runs = [dict(eager_ms=0.26, graph_ms=0.2, host_us=270.0), dict(eager_ms=0.273, graph_ms=0.2, host_us=280.0)]
+    s, failed = summarise(runs, max_spread=0.051)
+    assert abs(s["spread"] - 0.05) < 1e-9 and not failed and s["host_us"] == [270.0, 280.0]
+    assert summarise(runs, max_spread=0.04)[1]
+    s, failed = summarise(runs + [dict(error="timeout")], max_spread=0.5)
+    assert failed and s["spread"] is None
+    assert summarise([], None)[1]

@@ -13,7 +13,9 @@ warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allo
 - runtime_api: CUDA runtime / driver calls of 10 eager calls by torch.profiler (count and host us per call), and the
   GPU kernel time per call;
 - sm_clock: the SM clock (nvidia-smi) sampled during the eager loops;
-- python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes.
+- python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes;
+- host_us_layers (decode): host us per call through each layer of the eager path (public function, custom op,
+  launcher, a trivial custom op).
 The summary gives, per shape, each process's eager ms and the spread (slowest / fastest - 1); --max-spread makes the
 exit status 1 when a shape's spread exceeds it (the gate's regression check).
 """
@@ -76,6 +78,46 @@ def _clock_now():
         return repr(e)
 
 
+def _idle_us(fn, torch, n=50):
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def _decode_layers(x, torch) -> dict:
+    """Host us per decode call (GPU idle) through each layer of the eager path: the public function (checks, backend
+    choice, custom op), the torch custom op alone, the launcher alone (fused_recurrent_gdn_fwd), and a trivial
+    custom op (the dispatcher's own cost on this host)."""
+    import linattn
+    from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gdn_fwd
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    scale = q.shape[-1] ** -0.5
+
+    @torch.library.custom_op("eager_probe::trivial", mutates_args=())
+    def trivial(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(a)
+    calls = {
+        "public": lambda: linattn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                                   output_final_state=True),
+        "custom_op": lambda: torch.ops.linattn.fused_recurrent_gdn(q, k, v, g, beta, scale, h0, None, None, None,
+                                                                   None, False, False, True),
+        "launcher": lambda: fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, h0, None, None, None, None, False,
+                                                    False, True, inplace=False),
+        "trivial_custom_op": lambda: trivial(q),
+        "empty_like": lambda: torch.empty_like(q),
+    }
+    out = {}
+    for name, fn in calls.items():
+        fn()
+        out[name] = round(_idle_us(fn, torch), 1)
+    return out
+
+
 def child(shape: str, cond: str) -> dict:
     import torch
 
@@ -128,6 +170,8 @@ def child(shape: str, cond: str) -> dict:
         host.append((time.perf_counter() - t) * 1e6)
     torch.cuda.synchronize()
     res["host_us"] = statistics.median(host)
+    if kind == "decode":
+        res["host_us_layers"] = _decode_layers(x, torch)
 
     import cProfile
     import pstats
@@ -188,6 +232,17 @@ def child(shape: str, cond: str) -> dict:
     return res
 
 
+def summarise(runs, max_spread=None):
+    """(summary, failed) of one shape's processes: each process's eager ms, graph ms and host us, and the spread
+    slowest / fastest - 1 of the eager times; failed when a process gave no time, or the spread exceeds max_spread."""
+    eager = [r["eager_ms"] for r in runs if "eager_ms" in r]
+    complete = bool(runs) and len(eager) == len(runs)
+    spread = max(eager) / min(eager) - 1 if complete else None
+    failed = not complete or (max_spread is not None and spread > max_spread)
+    return dict(eager_ms=eager, spread=spread, graph_ms=[r.get("graph_ms") for r in runs],
+                host_us=[r.get("host_us") for r in runs]), failed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -228,11 +283,8 @@ def main(argv=None) -> int:
                                                  "kernel_us_per_call", "error")}, flush=True)
             res["shapes"][shape] = runs
             write_json(path, res)
-        eager = [r["eager_ms"] for r in runs if "eager_ms" in r]
-        spread = max(eager) / min(eager) - 1 if len(eager) == len(runs) and eager else None
-        res["summary"][shape] = dict(eager_ms=eager, spread=spread,
-                                     graph_ms=[r.get("graph_ms") for r in runs], host_us=[r.get("host_us") for r in runs])
-        failed |= spread is None or (a.max_spread is not None and spread > a.max_spread)
+        res["summary"][shape], bad = summarise(runs, a.max_spread)
+        failed |= bad
         write_json(path, res)
     for shape, s in res["summary"].items():
         spread = "-" if s["spread"] is None else f"{s['spread'] * 100:.1f}%"
