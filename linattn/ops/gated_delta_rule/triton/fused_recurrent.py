@@ -15,6 +15,15 @@ from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_
                                                                 fused_recurrent_gdn_fwd_persistent_kernel)
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import MAX_PLANS, HostPath, launch
+
+# Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
+# launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
+# been seen (runtime/host_path.py), skipping the JIT's argument binding and specialisation. `host_path.options`
+# turns both off for a block (tests compare the two paths' launches).
+host_path = HostPath(plan_cache=True, handle=True)
+_CONFIGS: dict = {}
+_PLANS: dict = {}
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
@@ -92,9 +101,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     if output_final_state and not inplace:
         ht = empty(N, HV, K, V, dtype=state_dtype, device=q.device) if final_out is None else final_out
     num_sms = device_facts(q.device).num_sms
-    BK, BV, num_warps = decode_launch_config(N, HV, K, V, state_dtype, num_sms)
+    (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
     if config is None:
-        config = decode_persistent_config(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
+        config = auto_config
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
     if config is not None:
         if len(config) not in (2, 4) or (len(config) == 4 and config[2] not in (0, 1)):
@@ -114,21 +123,59 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if per_sm is not None:
-            grid = (min(n_tiles, per_sm * num_sms),)
-            fused_recurrent_gdn_fwd_persistent_kernel[grid](
-                q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices,
-                float(scale), num_slots, n_tiles, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-                **flags, num_warps=num_warps, num_stages=1,
-            )
+            _launch(fused_recurrent_gdn_fwd_persistent_kernel, (min(n_tiles, per_sm * num_sms), 1, 1),
+                    (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices), (num_slots, n_tiles),
+                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags), num_warps)
             return o, ht
-        grid = (n_tiles,)
-        fused_recurrent_gdn_fwd_kernel[grid](
-            q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
-            float(scale), T, num_slots,
-            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
-            **flags, num_warps=num_warps, num_stages=1,
-        )
+        _launch(fused_recurrent_gdn_fwd_kernel, (n_tiles, 1, 1),
+                (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices), (T, num_slots),
+                float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, **flags),
+                num_warps)
     return o, ht
+
+
+def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps):
+    """kernel[grid](*tensors, scale, *ints, **constexprs), through the compiled kernel's handle once the call's
+    signature has been seen. The plan key fixes everything the JIT specialises on: each tensor's dtype (None for an
+    absent one) and 16-byte alignment (a misaligned pointer goes through the JIT every time), the integers' values,
+    the constexprs and num_warps."""
+    options = dict(num_warps=num_warps, num_stages=1)
+    if host_path.plan_cache and host_path.handle:
+        ptrs = 0
+        for t in tensors:
+            if t is not None:
+                ptrs |= t.data_ptr()
+        if ptrs & 15 == 0:
+            key = (kernel, tuple(None if t is None else t.dtype for t in tensors), ints,
+                   tuple(constexprs.values()), num_warps)
+            plan = _PLANS.get(key)
+            if plan is None:
+                try:          # the constexprs in the kernel's parameter order (absent on a stand-in kernel object)
+                    consts = tuple(constexprs[p.name] for p in kernel.params[len(tensors) + 1 + len(ints):])
+                except (AttributeError, KeyError):
+                    consts = None
+                if len(_PLANS) >= MAX_PLANS:
+                    _PLANS.clear()
+                plan = _PLANS[key] = (consts, {})
+            consts, handles = plan
+            if consts is not None:
+                launch(host_path, kernel, handles, "decode", grid, tensors + (scale,) + ints + consts, options)
+                return
+    kernel[grid[:1]](*tensors, scale, *ints, **constexprs, **options)
+
+
+def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms):
+    """(the one-tile kernel's (BK, BV, num_warps), the persistent kernel's config or None), computed once per call
+    shape and SM count."""
+    key = (N, HV, K, V, T, varlen, state_dtype, num_sms)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = (decode_launch_config(N, HV, K, V, state_dtype, num_sms),
+               decode_persistent_config(N, HV, K, V, T, varlen, state_dtype, num_sms))
+        if len(_CONFIGS) >= 4096:
+            _CONFIGS.clear()
+        _CONFIGS[key] = cfg
+    return cfg
 
 
 # ------------------------------------------------------------------------------------------------------- AOT
