@@ -68,3 +68,43 @@ def test_decode_handle_path_launches_as_the_jit():
         assert handle["jit_runs"] == 0, (name, handle)
         kernels.add(jit["launches"][0][0])
     assert kernels == {"fused_recurrent_gdn_fwd_kernel", "fused_recurrent_gdn_fwd_persistent_kernel"}, kernels
+
+
+def _decode_inputs(N=3, H=2, HV=4, K=32, V=32, slots=7):
+    import torch
+    x = dict(q=torch.randn(N, 1, H, K, dtype=torch.bfloat16),
+             k=torch.nn.functional.normalize(torch.randn(N, 1, H, K), dim=-1).to(torch.bfloat16),
+             v=torch.randn(N, 1, HV, V, dtype=torch.bfloat16), g=-torch.rand(N, 1, HV), beta=torch.rand(N, 1, HV))
+    pool = torch.randn(slots, HV, K, V)
+    idx = torch.randperm(slots)[:N]
+    return x, pool, idx
+
+
+def test_eager_in_place_call_bumps_the_pools_version_and_equals_the_custom_op():
+    """An eager call runs the launcher without the custom op: in place it bumps the pool's version counter as the
+    mutating custom op does, and o and the pool equal the custom op's bit for bit (same kernel, same inputs);
+    under inference_mode (no version counter) it runs too."""
+    import pytest
+    import torch
+
+    import linattn
+    from linattn.ops.gated_delta_rule import fused_recurrent as F
+    from linattn.runtime.settings import settings
+    if not settings.interpret:
+        pytest.skip("CPU tensors run the Triton decode under TRITON_INTERPRET=1")
+    x, pool, idx = _decode_inputs()
+    p_eager, p_op = pool.clone(), pool.clone()
+    v0 = p_eager._version
+    o_eager, ret = linattn.fused_recurrent_gated_delta_rule(**x, initial_state=p_eager, state_indices=idx,
+                                                            inplace=True, backend="triton")
+    assert ret is p_eager and p_eager._version > v0
+    o_op = torch.ops.linattn.fused_recurrent_gdn_inplace(x["q"], x["k"], x["v"], x["g"], x["beta"], 32 ** -0.5, p_op,
+                                                         None, idx, None, None, False, False)
+    assert torch.equal(o_eager, o_op) and torch.equal(p_eager, p_op)
+    assert not torch.equal(p_eager, pool)
+    with torch.inference_mode():
+        p_inf = pool.clone()
+        o_inf, _ = linattn.fused_recurrent_gated_delta_rule(**x, initial_state=p_inf, state_indices=idx, inplace=True,
+                                                            backend="triton")
+    assert torch.equal(o_inf, o_eager) and torch.equal(p_inf, p_eager)
+    assert F._eager(x["q"]) and not F._eager(torch.nn.Parameter(x["q"].float()))
