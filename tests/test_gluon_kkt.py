@@ -73,13 +73,11 @@ def test_kkt_launch_matches_aot_signature(monkeypatch, B, T, lens):
     for (name, want), arg in zip(sig.items(), args):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert args[0].block_shape == [64, 128] and args[-2] == plan.num_slots * H
-    switches = dict(gk.SWITCHES)
     # FIXED_LEN only where the plan says every sequence has one length of at least 2 tokens
-    fixed = switches["FIXED_LEN"] and lens is None and T >= 2
+    fixed = lens is None and T >= 2
     assert plan.seq_len == (T if lens is None else 0)
-    switches["FIXED_LEN"] = fixed
     assert args[-1] == (T if fixed else 2)
-    assert kwargs == dict(H=H, HV=HV, K=128, BT=64, **switches, num_warps=gk.KKT_WARPS, maxnreg=80)
+    assert kwargs == dict(H=H, HV=HV, K=128, BT=64, FIXED_LEN=fixed, num_warps=gk.KKT_WARPS, maxnreg=80)
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(
         n for n in kwargs if n not in ("num_warps", "maxnreg"))

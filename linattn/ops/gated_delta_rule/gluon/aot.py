@@ -191,8 +191,8 @@ for _warm in (False, True):
 
 
 # ---- Stage 2a in Gluon (gluon/kkt_solve.py): one program per (chunk slot, key head), the key tile by TMA, K K^T once
-# per key head by warpgroup_mma, then the HV / H value heads' block substitution on mma.sync; the launch's switches
-# (kkt_solve.SWITCHES) and register cap (80: ptxas keeps 20 bytes of loop-invariant values in local memory there).
+# per key head by warpgroup_mma, then the HV / H value heads' block substitution on mma.sync; a fixed-length batch's
+# launch (FIXED_LEN) and the register cap (80: ptxas keeps 20 bytes of loop-invariant values in local memory there).
 def kkt_gluon_signature(dtype: str = "bf16"):
     return {"k_desc": desc_sig(dtype, [BT, K]), "g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32",
             "tinv_ptr": f"*{dtype}", "cu_ptr": "*i64", "chunk_idx_ptr": "*i32", "N": "i32", "num_items": "i32",
@@ -201,8 +201,8 @@ def kkt_gluon_signature(dtype: str = "bf16"):
 
 def _kkt_gluon_build(dtype: str):
     def build():
-        from linattn.ops.gated_delta_rule.gluon.kkt_solve import KKT_WARPS, MAXNREG, SWITCHES, kkt_solve_gluon_kernel
-        const = dict(H=H, HV=HV, K=K, BT=BT, **SWITCHES)
+        from linattn.ops.gated_delta_rule.gluon.kkt_solve import KKT_WARPS, MAXNREG, kkt_solve_gluon_kernel
+        const = dict(H=H, HV=HV, K=K, BT=BT, FIXED_LEN=True)
         sig = kkt_gluon_signature(dtype)
         sig.update({name: "constexpr" for name in const})
         return kkt_solve_gluon_kernel, sig, const, {"num_warps": KKT_WARPS, "maxnreg": MAXNREG}

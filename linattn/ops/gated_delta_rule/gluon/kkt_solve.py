@@ -6,26 +6,23 @@ triton/intra_split.py kkt_solve_kernel (its docstring gives the math), with what
     loop over the HV / H value heads of that key head does each head's gates, A and block substitution. Triton kept
     both heads' work live at once (177-225 registers); the loop here is a real loop, so one head's
     tensors are live at a time.
-  * PERSIST (step 2): a persistent grid; each program walks items lin = pid, pid + P, ... and the TMA load of its
-    next item's key tile is in flight (a 2-slot ring) while the current item's heads are computed.
+  * every value head's g and beta loads are issued before the wait on the key tile, so they are in flight with its
+    TMA; a fixed-length batch's chunk bounds are computed (FIXED_LEN) instead of loaded from the plan.
 
 Per value head the arithmetic is kkt_solve_kernel's at its defaults for a bf16 Tinv (LOWP and LOWP_DIAG): gam as
 _gam_of (cumsum inside each 16-row block on a [4, 16] tile plus the sum of the earlier blocks), A masked before
 the exponential, the 16x16 diagonal inverses by the nilpotent product, the block recurrence with bf16 operands on
-mma.sync ([4, 16, 16] batched tensors, row block i in warp i), the moved blocks broadcast to all warps once and
-selected in registers, the four block diagonals stored. Rows of the key tile past the sequence end hold the next
+mma.sync ([4, 16, 16] batched tensors, row block i in warp i), A's block diagonals split off in registers (_bands),
+the row-block shifts of the recurrence through zero-padded shared buffers (_shifted), the gate factors by
+ex2.approx.ftz, the four block diagonals stored. Rows of the key tile past the sequence end hold the next
 sequence's tokens (TMA zero-fills only rows past T_tot): A's rows there are selected away (gl.where), so they cannot
 reach Tinv; its columns there only meet those rows (A is strictly lower).
 
 Only bf16 k with K = 128 and a Tinv in k's dtype (the forward's); the backward's fp32 Tinv stays on Triton.
 
-Shared memory, PERSIST=False: k_smem [64, K] written once by TMA (ready[0], phase 0), read by the wgmma, which is
-waited before any later use; nothing is reused. PERSIST=True: k_smem[2] / ready[2]; item number it (0, 1, ...) of
-this program lives in slot it % 2 and completes that slot's phase (it // 2) & 1. Before the loop the first item is
-issued. At the top of iteration it, the load of item it + 1 goes into slot (it + 1) % 2, whose last reader (the
-wgmma of item it - 1) was waited synchronously and every warp has passed the thread barrier after it (the barrier
-at the end of each iteration), so the TMA write cannot overtake a read. Loads past the last item are predicated off,
-so none is in flight when the loop ends.
+Shared memory: k_smem [64, K] written once by TMA (ready[0], phase 0), read by the wgmma, which is waited before any
+later use; nothing is reused. The shift buffers sd, se1, se2 [128, 16] bf16 hold zeros in rows 0..63 (written once)
+and the blocks to shift in rows 64..127.
 """
 from __future__ import annotations
 
@@ -53,22 +50,12 @@ if GLUON_OK:
         return mma_v2(gl.convert_layout(a.to(gl.bfloat16), DA), gl.convert_layout(b.to(gl.bfloat16), DB), acc)
 
     @gluon.jit
-    def _blocks_at(a4, s: gl.constexpr):
-        """A_{i, i-s} for the four row blocks i of A viewed as [4, 16, 4, 16] (zero where i < s): [4, 16, 16]."""
-        L: gl.constexpr = a4.type.layout
-        rb = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-        cb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
-        rb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(rb, 1), 2), 3)
-        cb4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(cb, 0), 1), 3)
-        return gl.sum(gl.where(cb4 == rb4 - s, a4, 0.), axis=2)
-
-    @gluon.jit
     def _bands(a):
-        """The four block diagonals of A [64, 64] (strictly lower): b_s[i] = A_{i, i-s} as [4, 16, 16] for s = 0..3,
-        BANDS_SPLIT's replacement of _blocks_at. The column-block axis is split off into four tensors v_c (in the
+        """The four block diagonals of A [64, 64] (strictly lower): b_s[i] = A_{i, i-s} as [4, 16, 16] for s = 0..3
+        (zero where i < s). The column-block axis is split off into four tensors v_c (in the
         wgmma accumulator layout every thread holds all four column blocks of its rows, so the reshape, permute and
         splits move no data), then b_s = v_{i - s} by three selects per element; where i < s the chain ends at v_3,
-        the block (i, 3), which lies above the diagonal and is zero, as _blocks_at's zeros there."""
+        the block (i, 3), which lies above the diagonal and is zero."""
         x = gl.permute(gl.reshape(a, [4, 16, 2, 2, 16]), (0, 1, 4, 2, 3))      # (i, r, c, c1, c0): cb = 2 c1 + c0
         x0, x1 = gl.split(x)                                                    # c0 = 0, 1
         v0, v2 = gl.split(x0)
@@ -103,23 +90,6 @@ if GLUON_OK:
         return _bf16_dot(x, eye + n8, z, MMA)
 
     @gluon.jit
-    def _to_all_warps(x, BL: gl.constexpr):
-        """x [4, 16, 16] (row block j in warp j) broadcast over a new leading axis: [4 (i), 4 (j), 16, 16] in BL,
-        one move through shared memory, after which every _select_above of it is in-thread."""
-        xs = gl.convert_layout(x.to(gl.bfloat16), gl.SliceLayout(0, BL))
-        xa, _ = gl.broadcast(gl.expand_dims(xs, 0), gl.zeros([4, 4, 16, 16], gl.bfloat16, BL))
-        return xa
-
-    @gluon.jit
-    def _select_above(xa, s: gl.constexpr, BL: gl.constexpr):
-        """y[i] = x[i - s] over the row-block axis of _to_all_warps(x), exact zeros where i < s."""
-        i = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, BL))))
-        j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, BL))))
-        i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(i, 1), 2), 3)
-        j4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3)
-        return gl.sum(gl.where(j4 == i4 - s, xa, gl.zeros([4, 4, 16, 16], gl.bfloat16, BL)), axis=1)
-
-    @gluon.jit
     def _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: gl.constexpr, BT: gl.constexpr,
                          SL: gl.constexpr):
         """The four block diagonals of Tinv (d = T_ii, t1 = T_{i,i-1}, ...; [4, 16, 16], row block i): diagonal s
@@ -143,8 +113,8 @@ if GLUON_OK:
     def _shifted(buf, x, MMA: gl.constexpr):
         """x [4, 16, 16] (row block i in warp i) into rows 64..127 of buf [128, 16] (bf16; rows 0..63 zeros); returns
         (x shifted by 1, 2, 3 row blocks) as mma.sync B operands: y_s[i] = x[i - s], exact zeros where i < s (rows
-        64 - 16 s .. of buf viewed [4, 16, 16]). SHIFT_SMEM's replacement of _to_all_warps and _select_above: one store and three loads
-        instead of a [4, 4, 16, 16] broadcast and its selects and sums."""
+        64 - 16 s .. of buf viewed [4, 16, 16]): one store and three loads, where a broadcast to every warp would take a
+        [4, 4, 16, 16] tensor and its selects and sums."""
         DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         L: gl.constexpr = buf.type.layout
         buf.slice(4, 4).store(x.to(gl.bfloat16))
@@ -168,16 +138,12 @@ if GLUON_OK:
 
     @gluon.jit
     def _head(kk, g4, beta, gcum_ptr, tinv_ptr, t0, eos, hv, sd, se1, se2, HV: gl.constexpr,
-              BT: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr, BANDS_SPLIT: gl.constexpr,
-              EXP_FTZ: gl.constexpr):
+              BT: gl.constexpr, ACC: gl.constexpr):
         """One value head's part of an item: gam (stored as gcum) from its gate inputs (g4, beta: _gates), A from
-        K K^T (kk, the wgmma accumulator in ACC), Tinv by block substitution, stored. SHIFT_SMEM: the row-block shifts
-        through the zero-padded shared buffers sd, se1, se2 (_shifted) instead of the register broadcast
-        (_to_all_warps, _select_above); BANDS_SPLIT: A's block diagonals by _bands instead of _blocks_at; EXP_FTZ:
-        the gate factors by _ex2_ftz."""
+        K K^T (kk, the wgmma accumulator in ACC), Tinv by block substitution, stored; the row-block shifts through
+        the zero-padded shared buffers sd, se1, se2 (_shifted)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         G4: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])          # [4, 16] gate tile
-        BL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0])
         SL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 4, 1], [2, 0, 1])
         # gam: _gam_of's order (cumsum inside each 16-row block, plus the earlier blocks' sums)
         gb = gl.arange(0, 4, layout=gl.SliceLayout(1, G4))
@@ -198,46 +164,23 @@ if GLUON_OK:
         lower = gl.expand_dims(i, 1) > gl.expand_dims(j, 0)
         lower = lower & gl.expand_dims(ri < eos, 1)              # rows past the end: the next sequence's keys
         dg = gl.where(lower, gl.expand_dims(gi, 1) - gl.expand_dims(gj, 0), 0.)
-        if EXP_FTZ:    # gl.exp's own lowering (x * log2 e, then ex2.approx) without its denormal range fix-up
-            gexp = _ex2_ftz(dg * 1.4426950408889634)
-        else:
-            gexp = gl.exp(dg)
+        gexp = _ex2_ftz(dg * 1.4426950408889634)     # gl.exp's lowering without its denormal range fix-up
         a = gl.where(lower, gl.expand_dims(beta, 1) * kk * gexp, 0.)
 
         DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        if BANDS_SPLIT:
-            a0, a1, a2, a3 = _bands(a)
-        else:
-            a4 = gl.reshape(a, [4, 16, 4, 16])
-            a0 = _blocks_at(a4, 0)
-            a1 = _blocks_at(a4, 1)
-            a2 = _blocks_at(a4, 2)
-            a3 = _blocks_at(a4, 3)
+        a0, a1, a2, a3 = _bands(a)
         a1 = gl.convert_layout(a1.to(gl.bfloat16), DA)                  # as the products' A operands at once
         a2 = gl.convert_layout(a2.to(gl.bfloat16), DA)
         a3 = gl.convert_layout(a3.to(gl.bfloat16), DA)
         d = _inv_unit_lower16(a0, MMA)
         z = gl.zeros([4, 16, 16], gl.float32, MMA)
-        if SHIFT_SMEM:
-            d1, d2, d3 = _shifted(sd, d, MMA)                           # D_{i-1}, D_{i-2}, D_{i-3}
-        else:
-            da = _to_all_warps(d, BL)             # each broadcast's selects right after it (fewer live registers)
-            d1 = _select_above(da, 1, BL)
-            d2 = _select_above(da, 2, BL)
-            d3 = _select_above(da, 3, BL)
+        d1, d2, d3 = _shifted(sd, d, MMA)                               # D_{i-1}, D_{i-2}, D_{i-3}
         e1 = _bf16_dot(a1, d1, z, MMA)                                  # E_s[i] = A_{i,i-s} D_{i-s}
         e2 = _bf16_dot(a2, d2, z, MMA)
         e3 = _bf16_dot(a3, d3, z, MMA)
         t1 = -_bf16_dot(d, e1, z, MMA)
-        if SHIFT_SMEM:
-            e11, e12, _e13 = _shifted(se1, e1, MMA)                     # E_1[i-1], E_1[i-2]
-            e21, _e22, _e23 = _shifted(se2, e2, MMA)                    # E_2[i-1]
-        else:
-            e1a = _to_all_warps(e1, BL)
-            e2a = _to_all_warps(e2, BL)
-            e11 = _select_above(e1a, 1, BL)                             # E_1[i-1]
-            e12 = _select_above(e1a, 2, BL)                             # E_1[i-2]
-            e21 = _select_above(e2a, 1, BL)                             # E_2[i-1]
+        e11, e12, _e13 = _shifted(se1, e1, MMA)                         # E_1[i-1], E_1[i-2]
+        e21, _e22, _e23 = _shifted(se2, e2, MMA)                        # E_2[i-1]
         t2 = -_bf16_dot(d, e2, _bf16_dot(t1, e11, z, MMA), MMA)
         t3 = _bf16_dot(t1, e21, z, MMA)
         t3 = -_bf16_dot(d, e3, _bf16_dot(t2, e12, t3, MMA), MMA)
@@ -267,11 +210,10 @@ if GLUON_OK:
 
     @gluon.jit
     def _item(kt, bar, phase, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n, c, hk, sd, se1, se2, seq_len,
-              HV: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ACC: gl.constexpr, SHIFT_SMEM: gl.constexpr,
-              BANDS_SPLIT: gl.constexpr, EXP_FTZ: gl.constexpr, EARLY_G: gl.constexpr, FIXED_LEN: gl.constexpr):
-        """One (chunk, key head) item whose key tile arrives in kt (barrier bar, phase): its G value heads. EARLY_G:
-        the G heads' g and beta loads are issued before the wait on the tile (else each after its K K^T);
-        FIXED_LEN: the sequence's bounds by arithmetic (_seq_start) instead of loads of cu."""
+              HV: gl.constexpr, BT: gl.constexpr, G: gl.constexpr, ACC: gl.constexpr, FIXED_LEN: gl.constexpr):
+        """One (chunk, key head) item whose key tile arrives in kt (barrier bar, phase): its G value heads, their g
+        and beta loads issued before the wait on the tile; FIXED_LEN: the sequence's bounds by arithmetic instead of
+        loads of cu."""
         if FIXED_LEN:
             bos = n.to(gl.int64) * seq_len
             eos = bos + seq_len
@@ -279,27 +221,19 @@ if GLUON_OK:
             bos = gl.load(cu_ptr + n)
             eos = gl.load(cu_ptr + n + 1)
         t0 = bos + c * BT
-        if EARLY_G:
-            # every head's gate loads in flight with the key tile's TMA (issued after the wait, they held 11% of
-            # the samples)
-            gs = ()
-            bs = ()
-            for j in gl.static_range(G):
-                g4, beta = _gates(g_ptr, beta_ptr, t0, eos, hk * G + j, HV, BT, ACC)
-                gs = gs + (g4,)
-                bs = bs + (beta,)
+        # every head's gate loads in flight with the key tile's TMA
+        gs = ()
+        bs = ()
+        for j in gl.static_range(G):
+            g4, beta = _gates(g_ptr, beta_ptr, t0, eos, hk * G + j, HV, BT, ACC)
+            gs = gs + (g4,)
+            bs = bs + (beta,)
         mbarrier.wait(bar, phase)
         for j in gl.static_range(G):
             # K K^T again per head: a tensor-core pass over shared memory is cheaper than keeping the [64, 64] fp32
             # accumulator live across the head loop (32 registers)
             kk = warpgroup_mma(kt, kt.permute((1, 0)), gl.zeros([BT, BT], gl.float32, ACC), use_acc=False)
-            if EARLY_G:
-                g4 = gs[j]
-                beta = bs[j]
-            else:
-                g4, beta = _gates(g_ptr, beta_ptr, t0, eos, hk * G + j, HV, BT, ACC)
-            _head(kk, g4, beta, gcum_ptr, tinv_ptr, t0, eos, hk * G + j, sd, se1, se2, HV, BT, ACC,
-                  SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ)
+            _head(kk, gs[j], bs[j], gcum_ptr, tinv_ptr, t0, eos, hk * G + j, sd, se1, se2, HV, BT, ACC)
 
     @gluon.jit
     def kkt_solve_gluon_kernel(
@@ -308,80 +242,42 @@ if GLUON_OK:
         gcum_ptr, tinv_ptr,                       # gcum fp32 [T_tot, HV], tinv [T_tot, HV, BT] (k's dtype)
         cu_ptr, chunk_idx_ptr, N, num_items,      # num_items = chunk slots * H
         seq_len,                                  # every sequence's length where FIXED_LEN (else unused)
-        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, PERSIST: gl.constexpr,
-        SHIFT_SMEM: gl.constexpr = False, BANDS_SPLIT: gl.constexpr = False,
-        EXP_FTZ: gl.constexpr = False, EARLY_G: gl.constexpr = False, FIXED_LEN: gl.constexpr = False,
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, FIXED_LEN: gl.constexpr = False,
     ):
-        """Items lin = slot * H + key head (head-fastest, as kkt_solve_kernel's head-fastest order): one per program, or with
-        PERSIST lin = pid, pid + num_programs, ... with the next item's key tile loaded during the current one."""
+        """One item per program: lin = slot * H + key head (head-fastest, as kkt_solve_kernel's head-fastest
+        order)."""
         gl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
         G: gl.constexpr = HV // H
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         dt: gl.constexpr = k_desc.dtype
-        NSLOT: gl.constexpr = 2 if PERSIST else 1
-        k_smem = gl.allocate_shared_memory(dt, [NSLOT, BT, K], k_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(NSLOT):
-            mbarrier.init(ready.index(s), count=1)
-        # SHIFT_SMEM's shift buffers [128, 16] bf16: rows 0..63 zeros (written once), 64..127 the blocks to shift
-        NSH: gl.constexpr = 8 if SHIFT_SMEM else 1
+        k_smem = gl.allocate_shared_memory(dt, [1, BT, K], k_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(ready.index(0), count=1)
+        # the shift buffers [128, 16] bf16: rows 0..63 zeros (written once), 64..127 the blocks to shift
         SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        sd = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
-        se1 = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
-        se2 = gl.allocate_shared_memory(gl.bfloat16, [NSH, 16, 16], SH)
-        if SHIFT_SMEM:
-            ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0])
-            zero = gl.zeros([4, 16, 16], gl.bfloat16, ZL)
-            sd.slice(0, 4).store(zero)
-            se1.slice(0, 4).store(zero)
-            se2.slice(0, 4).store(zero)
+        sd = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        se1 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        se2 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0])
+        zero = gl.zeros([4, 16, 16], gl.bfloat16, ZL)
+        sd.slice(0, 4).store(zero)
+        se1.slice(0, 4).store(zero)
+        se2.slice(0, 4).store(zero)
         fence_async_shared()
         pid = gl.program_id(0)
-        # the first item's tile
         n0, c0 = _slot_of(chunk_idx_ptr, pid // H, pid < num_items, N, seq_len, BT, FIXED_LEN)
         ok0 = n0 < N
         bos0 = _seq_start(cu_ptr, n0, ok0, seq_len, FIXED_LEN)
         mbarrier.expect(ready.index(0), k_desc.block_type.nbytes, pred=ok0)
         tma_load(k_desc, [(bos0 + c0 * BT).to(gl.int32), (pid % H) * K], ready.index(0), k_smem.index(0), pred=ok0)
-        if PERSIST:
-            step = gl.num_programs(0)
-            it = 0
-            for lin in range(pid, num_items, step):
-                slot = it % 2
-                # the next item's tile into the other slot (its last reader, the wgmma of item it - 1, was waited,
-                # and every warp passed the thread barrier at the end of that iteration)
-                nxt = lin + step
-                has_next = nxt < num_items
-                nn, cn = _slot_of(chunk_idx_ptr, nxt // H, has_next, N, seq_len, BT, FIXED_LEN)
-                okn = nn < N
-                bosn = _seq_start(cu_ptr, nn, okn, seq_len, FIXED_LEN)
-                mbarrier.expect(ready.index(1 - slot), k_desc.block_type.nbytes, pred=okn)
-                tma_load(k_desc, [(bosn + cn * BT).to(gl.int32), (nxt % H) * K], ready.index(1 - slot),
-                         k_smem.index(1 - slot), pred=okn)
-                n, c = _slot_of(chunk_idx_ptr, lin // H, lin < num_items, N, seq_len, BT, FIXED_LEN)
-                if n < N:                             # else a surplus slot (all later items of this program too)
-                    _item(k_smem.index(slot), ready.index(slot), (it // 2) & 1, g_ptr, beta_ptr, gcum_ptr, tinv_ptr,
-                          cu_ptr, n, c, lin % H, sd, se1, se2, seq_len, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ,
-                          EARLY_G, FIXED_LEN)
-                gl.thread_barrier()
-                it += 1
-        else:
-            if n0 < N:
-                _item(k_smem.index(0), ready.index(0), 0, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n0, c0,
-                      pid % H, sd, se1, se2, seq_len, HV, BT, G, ACC, SHIFT_SMEM, BANDS_SPLIT, EXP_FTZ, EARLY_G,
-                      FIXED_LEN)
-        for s in gl.static_range(NSLOT):
-            mbarrier.invalidate(ready.index(s))
+        if n0 < N:
+            _item(k_smem.index(0), ready.index(0), 0, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, n0, c0,
+                  pid % H, sd, se1, se2, seq_len, HV, BT, G, ACC, FIXED_LEN)
+        mbarrier.invalidate(ready.index(0))
 
 
 # ---------------------------------------------------------------- host side
 
-# The kernel's switches as the forward launches it: the shift buffers in shared memory, the band split, the
-# flush-to-zero exponential, every value head's gate loads issued before the wait on the key tile, and a fixed-length
-# batch's chunk bounds by arithmetic instead of loads (FIXED_LEN; a varlen plan keeps the loads). Each cuts the
-# instructions the kernel issues, which bound it: stage 2a 1.21-1.25x the Triton kernel at the production rows with
-# Tinv bit-equal to it (benchmarks/RESULTS.md).
-SWITCHES = dict(PERSIST=False, SHIFT_SMEM=True, BANDS_SPLIT=True, EXP_FTZ=True, EARLY_G=True, FIXED_LEN=True)
 # The register cap: at 80, 6 CTAs per SM (ptxas keeps 20 bytes of loop-invariant values in local memory there),
 # faster than the uncapped ~130-register build at 3 CTAs per SM (benchmarks/OPT_LOG.md).
 MAXNREG = 80
@@ -420,14 +316,12 @@ def kkt_solve_gluon(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, 
         tinv = empty(T_tot, HV, BT, dtype=k.dtype, device=k.device)
     num_items = plan.num_slots * H
     k_desc = fused_desc(TensorDescriptor, aligned(k.reshape(T_tot, H * K)), [BT, K], gl_dtype(k.dtype))
-    switches = dict(SWITCHES)
     seq_len = getattr(plan, "seq_len", 0)        # a plan without it (not a ChunkPlan): the bounds from cu
-    if seq_len < 2:
-        # a varlen plan (0): the bounds come from cu; so they do for 1-token sequences, as Triton would specialise
-        # an int argument of 1 into a constant (a launch key that is not the AOT signature's)
-        switches["FIXED_LEN"] = False
-    seq_arg = seq_len if switches["FIXED_LEN"] else 2        # unused then: one value, one compiled kernel
-    kwargs = dict(H=H, HV=HV, K=K, BT=BT, **switches, num_warps=KKT_WARPS, maxnreg=MAXNREG)
+    # a varlen plan (0): the bounds come from cu; so they do for 1-token sequences, as Triton would specialise an int
+    # argument of 1 into a constant (a launch key that is not the AOT signature's)
+    fixed_len = seq_len >= 2
+    seq_arg = seq_len if fixed_len else 2        # unused then: one value, one compiled kernel
+    kwargs = dict(H=H, HV=HV, K=K, BT=BT, FIXED_LEN=fixed_len, num_warps=KKT_WARPS, maxnreg=MAXNREG)
     launches(kkt_solve_gluon_kernel, (num_items,), (k_desc, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
                                                     num_items, int(seq_arg)), kwargs)
     return gcum, tinv
