@@ -50,7 +50,8 @@ def test_gate_case_lists_and_arguments(tmp_path):
     GPU-only sections in a dry run are refused with exit 2."""
     out = _run([os.path.join(GPU, "gate.py"), "--list"], tmp_path)
     lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
-    assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon"]
+    assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "eager"]
+    assert "decode_b1 process spread <= 5%" in lines["eager"] and "fwd_b1_t32768" in lines["eager"]
     assert "varlen_T65536_gva" in lines["fwd_triton"] and "sync_free" in lines["fwd_triton"]
     assert "gluon_hv8_B4_T8192_segments" in lines["fwd_gluon"] and "T65536_gva" in lines["fwd_gluon"]
     assert "long-T65536 gluon" in lines["bwd"] and "batch-fp16-mixed-K100-V60 gluon" not in lines["bwd"]

@@ -42,6 +42,7 @@ SHAPES = {  # name: (kind, B, T, H, HV)
     "decode_b256": ("decode", 256, 1, 32, 32),
 }
 PASSES = ("cold", "warm", "after4g", "warm")
+GATE_SPREAD = 0.05           # the gate's bound on slowest / fastest - 1 between fresh processes
 
 
 def _inputs(kind, B, T, H, HV, torch):
@@ -250,13 +251,17 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--procs", type=int, default=len(PASSES), help="processes per shape (passes in PASSES order)")
     ap.add_argument("--max-spread", type=float, default=None, help="exit 1 when a shape's spread exceeds this")
+    ap.add_argument("--gate", action="store_true", help="gate.py's section: --max-spread 0.05, and the JSON "
+                                                        "holds one case per shape")
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(*a.child)), flush=True)
         return 0
     from common import env_line, write_json
-    res = dict(env=env_line()["line"], shapes={}, summary={})
+    if a.gate:
+        a.max_spread = GATE_SPREAD
+    res = dict(env=env_line()["line"], shapes={}, summary={}, cases=[])
     path = os.path.join(a.out, a.json)
     failed = False
     for shape in a.shapes.split(","):
@@ -285,6 +290,8 @@ def main(argv=None) -> int:
             write_json(path, res)
         res["summary"][shape], bad = summarise(runs, a.max_spread)
         failed |= bad
+        res["cases"].append(dict(case=f"{shape} process spread <= {GATE_SPREAD:.0%}", passed=not bad,
+                                 **res["summary"][shape]))
         write_json(path, res)
     for shape, s in res["summary"].items():
         spread = "-" if s["spread"] is None else f"{s['spread'] * 100:.1f}%"

@@ -21,11 +21,15 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
                  graph replay = eager, torch.compile(fullgraph=True) = eager (fp32 pool B8, bf16 pool B32).
   matmul_triton  linattn matmul's Triton path against an fp32 product on ragged shapes, four operand layouts,
   matmul_gluon   the Gluon path on every config of its table and its heuristic (split-K on two shapes).
+  eager          speed as users get it (eager_probe.py): forward B1 T8192 / T32768 and decode B1 / B256 eagerly in
+                 three fresh processes each (cold caches, warm, after 4 GiB); a shape fails when its slowest process
+                 takes more than 5% longer than its fastest.
 Every output is NaN-poisoned first (poisoned_allocations or a NaN-filled out=), every error a relative RMS against
 linattn.testing.TOL of the dtype.
 
-Budget: on an H200 the whole gate takes about 5.5 minutes (fwd_triton 76 s, fwd_gluon 81 s, bwd 71 s, decode 33 s,
-matmul_triton 17 s, matmul_gluon 36 s, compiles included), so one device call (10 minutes) holds it; a hang costs its
+Budget: on an H200 the correctness sections take about 5.5 minutes (fwd_triton 76 s, fwd_gluon 81 s, bwd 71 s, decode
+33 s, matmul_triton 17 s, matmul_gluon 36 s, compiles included) and eager about 2.5 more (12 fresh processes, by the
+probe's 16 in 208 s), so one device call (10 minutes) holds the gate; a hang costs its
 section's timeout (TIMEOUT_S), so after one, run the rest with --only. Writes DIR/gate.json (the environment line
 first, then each section's cases) and exits 1 when any case failed, errored or timed out.
 `--dry-run` runs fwd_triton, bwd and decode at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
@@ -47,9 +51,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))          # linattn from this checkout (children too)
 from common import case_runner, env_line, write_json  # noqa: E402
 
-SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon")
+SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "eager")
 DRY_SECTIONS = ("fwd_triton", "bwd", "decode")
-TIMEOUT_S = {"fwd_triton": 240, "fwd_gluon": 240, "bwd": 300, "decode": 180, "matmul_triton": 90,
+TIMEOUT_S = {"fwd_triton": 240, "fwd_gluon": 240, "bwd": 300, "decode": 180, "matmul_triton": 90, "eager": 300,
              "matmul_gluon": 180}
 DRY = False
 DEV = "cuda"
@@ -713,6 +717,9 @@ def run_section(section, out_dir, dry):
     timeout = TIMEOUT_S[section] * (4 if dry else 1)
     cmd = [sys.executable, os.path.abspath(__file__), "--section", section, "--out", out_dir]
     cmd += ["--dry-run"] if dry else []
+    if section == "eager":
+        cmd = [sys.executable, os.path.join(HERE, "eager_probe.py"), "--out", out_dir, "--procs", "3",
+               "--json", f"part_{section}.json", "--gate"]
     t0 = time.time()
     extra = {}
     try:
@@ -748,6 +755,9 @@ def case_names(section):
         return names + ([] if DRY else ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])
     if section == "decode":
         return decode_case_names()
+    if section == "eager":
+        from eager_probe import SHAPES
+        return [f"{shape} process spread <= 5%" for shape in SHAPES]
     return matmul_case_names(section[7:])
 
 
