@@ -1,11 +1,10 @@
 """The Gluon stage 2a (gluon/kkt_solve.py, the gluon forward's stage 2a where kkt_gluon_supported takes the call) on a
-CPU host: its sm_90a build (the load order of its switches), its launch arguments against the AOT signature, and
-fused_forward.kkt_solve's routing with its fallback to the Triton kernel. The kernel itself runs only on a GPU
-(benchmarks/gpu/gate.py runs the whole forward)."""
+CPU host: its sm_90a build (its tensor-core instruction counts and load order), its launch arguments against the AOT
+signature, and fused_forward.kkt_solve's routing with its fallback to the Triton kernel. The kernel itself runs only
+on a GPU (benchmarks/gpu/gate.py runs the whole forward)."""
 import pytest
 import torch
 
-from linattn.runtime.aot import inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()

@@ -146,8 +146,8 @@ for _dt, _bv, _s, _regs, _op, _sel in FUSED_WU_CONFIGS:
         fused_wu_kernel_name(_dt, _bv, _s, _regs, out_pipe=_op, select=_sel),
         _fused_wu_build(_dt, _bv, _s, _regs, out_pipe=_op, select=_sel),
         FUSED_WU_INTENDED, div16=FUSED_WU_DIV16 + (("sel_ptr",) if _sel else ()),
-        description=f"GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
-                    f"warpgroup, output warpgroup" + (" with q k^T one chunk ahead" if _op else "") + ")"
+        description="GDN forward stages 2b+3+4 fused, warp-specialised Gluon (TMA producer warp, W/U warpgroup, state "
+                    "warpgroup, output warpgroup" + (" with q k^T one chunk ahead" if _op else "") + ")"
                     + (", with a per-(sequence, head) selection" if _sel else "")
                     + f", H16/HV32 K=V=128 {_dt}, BV={_bv}, {_s}-stage ring, output / wu warpgroups at "
                     f"{_regs[0]} / {_regs[1]} registers"))
