@@ -17,7 +17,7 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
-from linattn.ops.gated_delta_rule.validation import check_chunk_grid, check_gdn_inputs
+from linattn.ops.gated_delta_rule.validation import check_chunk_grid, check_fla_options, check_gdn_inputs
 from linattn.runtime.settings import settings
 
 OP = "chunk_gated_delta_rule"
@@ -79,8 +79,12 @@ from linattn.ops.gated_delta_rule.gluon import backend as _gluon_backend  # noqa
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                            scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                           output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-                           use_qk_l2norm_in_kernel: bool = False, backend: str = "auto"
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                           state_v_first: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                           cu_seqlens_cpu: Optional[torch.Tensor] = None, chunk_indices: Optional[torch.Tensor] = None,
+                           cp_context=None, *, use_gate_in_kernel: bool = False, A_log: Optional[torch.Tensor] = None,
+                           dt_bias: Optional[torch.Tensor] = None, chunk_size: int = 64, backend: str = "auto"
                            ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Gated DeltaNet, chunked (shared/gdn-math.md).
 
@@ -97,12 +101,22 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             Checked on the host when it lives on the CPU; on a GPU it is not read back (no sync) and malformed
             offsets are clamped so that they can never cause out-of-bounds accesses.
         use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
-        backend: "auto", "triton", "reference" (or "gluon" where registered).
+        backend: "auto", "triton", "reference" (or "gluon" where registered); keyword only.
+    FLA 0.6's parameters, in FLA's order (a call written for FLA runs unchanged where linattn supports it):
+        cu_seqlens_cpu, chunk_indices: FLA's precomputed metadata; accepted and not needed (linattn's chunk plan is
+            built on the device from cu_seqlens, without a host sync).
+        chunk_size: 64, the kernels' chunk (FLA also takes 16 and 32: the same function, other rounding).
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, use_gate_in_kernel (with A_log, dt_bias) and
+            cp_context: not supported by the chunked kernels yet; a non-default value raises NotImplementedError
+            naming the argument (the default is accepted).
     Returns:
         o [B, T, HV, V] in v's dtype, and the final state (fp32) or None.
     Differentiable in q, k, v, g, beta and initial_state (the gradient of the final state flows in); each
     gradient comes back in its input's dtype.
     """
+    check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                      state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                      dt_bias=dt_bias, cp_context=cp_context, chunk_size=chunk_size)
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP)
     if scale is None:
         scale = dims["K"] ** -0.5

@@ -102,6 +102,29 @@ def check_gate_values(g, beta, op: str = "chunk_gated_delta_rule", log_decay: bo
         _fail(f"{op}: beta has {int(torch.isnan(beta).sum())} NaN of {beta.numel()} values")
 
 
+def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
+                      use_gate_in_kernel=False, A_log=None, dt_bias=None, cp_context=None, chunk_size=64):
+    """FLA 0.6's options of the chunked op that linattn's kernels do not run yet: a non-default value raises
+    NotImplementedError naming the argument (never a silent approximation); FLA's own argument errors as FLA raises
+    them (ValueError). chunk_size: 64 is the kernels' chunk."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
+    if use_gate_in_kernel and A_log is None:
+        raise ValueError(f"{op}: use_gate_in_kernel=True needs A_log [HV] (as in FLA)")
+    if not use_gate_in_kernel and (A_log is not None or dt_bias is not None):
+        raise ValueError(f"{op}: A_log / dt_bias are used only with use_gate_in_kernel=True")
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"{op}: chunk_size must be 16, 32 or 64 (as in FLA), got {chunk_size}")
+    if chunk_size != 64:
+        raise NotImplementedError(f"{op}: chunk_size={chunk_size}: linattn's chunked kernels use chunk_size=64 (the "
+                                  f"same function; pass 64 or leave it out)")
+    for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+                        ("allow_neg_eigval", allow_neg_eigval), ("state_v_first", state_v_first),
+                        ("use_gate_in_kernel", use_gate_in_kernel), ("cp_context", cp_context is not None)):
+        if value:
+            raise NotImplementedError(f"{op}: {name} is not supported by linattn's chunked kernels yet")
+
+
 # CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state
 # passes, forward and backward, Triton and Gluon) or the chunk slots (output stage, local backward) on axis 1, so a
 # call past either bound would fail at launch with a bare CUDA error; it is refused here with the reason instead.
