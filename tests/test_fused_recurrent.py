@@ -287,8 +287,8 @@ def test_torch_compile_fullgraph():
     wo, _ = decode(**x, initial_state=want, state_indices=idx, inplace=True)
 
     def step(q, k, v, g, beta, pool, idx):
-        o, _ = decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)
-        o2, ht = decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, output_final_state=True)
+        o, _ = decode(q, k, v, g, beta=beta, initial_state=pool, state_indices=idx, inplace=True)
+        o2, ht = decode(q, k, v, g, beta=beta, initial_state=pool, state_indices=idx, output_final_state=True)
         return o, o2, ht
 
     torch._dynamo.reset()

@@ -17,7 +17,8 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
-from linattn.ops.gated_delta_rule.validation import check_chunk_grid, check_fla_options, check_gdn_inputs
+from linattn.ops.gated_delta_rule.validation import (check_chunk_grid, check_fla_options, check_gdn_inputs,
+                                                     fla_state_v_first)
 from linattn.runtime.settings import settings
 
 OP = "chunk_gated_delta_rule"
@@ -84,36 +85,51 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            state_v_first: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                            cu_seqlens_cpu: Optional[torch.Tensor] = None, chunk_indices: Optional[torch.Tensor] = None,
                            cp_context=None, *, use_gate_in_kernel: bool = False, A_log: Optional[torch.Tensor] = None,
-                           dt_bias: Optional[torch.Tensor] = None, chunk_size: int = 64, backend: str = "auto"
+                           dt_bias: Optional[torch.Tensor] = None, chunk_size: int = 64,
+                           transpose_state_layout: Optional[bool] = None, backend: str = "auto"
                            ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gated DeltaNet, chunked (shared/gdn-math.md).
+    """Gated DeltaNet, chunked (shared/gdn-math.md), with FLA 0.6's signature: FLA's parameters in FLA's order and
+    with FLA's defaults (a call written for fla.ops.gated_delta_rule.chunk_gated_delta_rule runs unchanged where
+    linattn supports its options), FLA's **kwargs as keywords, then linattn's `backend`, keyword-only.
 
     Args:
         q, k: [B, T, H, K] (bf16, fp16 or fp32; one dtype with v).
         v: [B, T, HV, V], HV a multiple of H (GVA: value head j reads q/k head j // (HV // H)).
-        g: [B, T, HV] log decay (<= 0), any float dtype.  beta: [B, T, HV] any float dtype.
+        g: [B, T, HV] log decay (<= 0), any float dtype.  beta: [B, T, HV] any float dtype, post-sigmoid.
             Values are checked for CPU tensors (g finite and <= 0, no NaN in beta: ValueError); on a GPU they are
             the caller's contract (no host sync), checked only with LINATTN_CHECK_INPUTS=1 (validation.py).
         scale: query scale, default K ** -0.5.
         initial_state: [N, HV, K, V], any float dtype (the math is fp32); N = B, or the number of sequences.
         output_final_state: also return the fp32 state after the last token, [N, HV, K, V].
+        use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
+        use_beta_sigmoid_in_kernel, allow_neg_eigval (FLA: beta is a logit, sigmoid(beta), or 2 * sigmoid(beta)
+            with allow_neg_eigval): not supported yet (they are to run inside the kernels, not as an extra pass):
+            True raises NotImplementedError naming the argument; allow_neg_eigval=True without
+            use_beta_sigmoid_in_kernel raises ValueError, as in FLA.
+        state_v_first (FLA: states stored [N, HV, V, K]): not supported yet; True raises NotImplementedError.
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1); starts at 0, sorted, ends at T.
             Checked on the host when it lives on the CPU; on a GPU it is not read back (no sync) and malformed
             offsets are clamped so that they can never cause out-of-bounds accesses.
-        use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
-        backend: "auto", "triton", "reference" (or "gluon" where registered); keyword only.
-    FLA 0.6's parameters, in FLA's order (a call written for FLA runs unchanged where linattn supports it):
-        cu_seqlens_cpu, chunk_indices: FLA's precomputed metadata; accepted and not needed (linattn's chunk plan is
-            built on the device from cu_seqlens, without a host sync).
-        chunk_size: 64, the kernels' chunk (FLA also takes 16 and 32: the same function, other rounding).
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, use_gate_in_kernel (with A_log, dt_bias) and
-            cp_context: not supported by the chunked kernels yet; a non-default value raises NotImplementedError
-            naming the argument (the default is accepted).
+        cu_seqlens_cpu, chunk_indices: FLA's precomputed varlen metadata (a host copy of cu_seqlens, from which FLA
+            builds its chunk table without a device-to-host copy; FLA's [num_chunks, 2] table of (sequence, chunk)
+            pairs). Accepted and ignored: linattn builds its own chunk plan on the device from cu_seqlens (no host
+            sync), so neither changes the result.
+        cp_context (FLA's context parallelism): not supported; anything but None raises NotImplementedError.
+    Keyword-only (FLA reads these from **kwargs):
+        use_gate_in_kernel, A_log, dt_bias (FLA: g is the raw gate input, g_eff = -exp(A_log) * softplus(g +
+            dt_bias) fused with the chunk cumsum): not supported yet by the chunked kernels; use_gate_in_kernel=True
+            raises NotImplementedError (ValueError without A_log, as in FLA); A_log / dt_bias without it raise
+            ValueError (FLA ignores them there).
+        chunk_size: 64, the kernels' chunk; any other value (FLA also takes 16 and 32) raises ValueError.
+        transpose_state_layout: FLA's deprecated name of state_v_first (a DeprecationWarning, as in FLA).
+        backend: "auto", "triton", "reference" (or "gluon" where registered).
     Returns:
-        o [B, T, HV, V] in v's dtype, and the final state (fp32) or None.
+        o [B, T, HV, V] in q's dtype (as FLA; q, k and v share one dtype here), and the final state (fp32, as FLA)
+        or None.
     Differentiable in q, k, v, g, beta and initial_state (the gradient of the final state flows in); each
     gradient comes back in its input's dtype.
     """
+    state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                       state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
                       dt_bias=dt_bias, cp_context=cp_context, chunk_size=chunk_size)

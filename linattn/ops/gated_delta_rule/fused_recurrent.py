@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
-from linattn.ops.gated_delta_rule.validation import check_gdn_inputs, _fail
+from linattn.ops.gated_delta_rule.validation import (_fail, check_fla_decode_options, check_gdn_inputs,
+                                                     fla_state_v_first)
 from linattn.runtime.settings import settings
 
 OP = "fused_recurrent_gated_delta_rule"
@@ -316,39 +317,64 @@ _register_gluon()
 
 # --------------------------------------------------------------------------------------------- public function
 def fused_recurrent_gated_delta_rule(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
+        gk: Optional[torch.Tensor] = None, gv: Optional[torch.Tensor] = None, beta: Optional[torch.Tensor] = None,
         scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-        output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-        use_qk_l2norm_in_kernel: bool = False, state_indices: Optional[torch.Tensor] = None,
-        inplace: bool = False, A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
-        beta_sigmoid: bool = False, backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gated DeltaNet over T >= 1 new tokens per sequence from a carried state (decode, speculative decode).
+        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+        A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, state_v_first: bool = False,
+        cu_seqlens: Optional[torch.Tensor] = None, *, transpose_state_layout: Optional[bool] = None,
+        state_indices: Optional[torch.Tensor] = None, inplace: bool = False, beta_sigmoid: bool = False,
+        backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Gated DeltaNet over T >= 1 new tokens per sequence from a carried state (decode, speculative decode), with
+    FLA 0.6's signature: FLA's parameters in FLA's order and with FLA's defaults (a call written for
+    fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule runs unchanged where linattn supports its options;
+    note that FLA's order puts gk, gv before beta: pass beta by keyword), then linattn's extras, keyword-only.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V] with HV a multiple of H (value head j reads q/k head j // (HV // H));
-    g, beta: [B, T, HV] (g is the log decay; or, with A_log, the raw gate input; g may be None: no decay);
+    g: [B, T, HV], the log decay (or, with the fused gate, the raw gate input); None: no decay.
+    beta: [B, T, HV]; None means all ones, as in FLA (an all-ones fp32 [B, T, HV] tensor is made on the device: fp32
+    is the beta dtype the AOT-built kernels take; the value 1 is exact in every dtype).
     cu_seqlens: [N + 1] int, packed sequences with B = 1; otherwise N = B sequences of T tokens.
     scale: defaults to K ** -0.5. use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
+    gk [B, T, HV, K], gv [B, T, HV, V] (FLA's per-key / per-value decays): not supported yet; a tensor raises
+    NotImplementedError naming it (a 3-D gk, a beta passed fifth in linattn's old order, raises ValueError saying so).
+
+    Fused gating (Qwen3-Next): use_gate_in_kernel=True with A_log [HV] (and optionally dt_bias [HV]): g is the raw
+    gate input and the decay used is g_eff = -exp(A_log) * softplus(g + dt_bias), computed in the kernel (as FLA;
+    without A_log or g: ValueError, as FLA). linattn's older spelling, A_log without use_gate_in_kernel, still
+    selects the fused gate (FLA would ignore A_log / dt_bias there). use_beta_sigmoid_in_kernel=True (or linattn's
+    beta_sigmoid=True, the same): beta is a logit and sigmoid(beta) is used, in the kernel.
+    allow_neg_eigval (FLA: 2 * sigmoid(beta)) and state_v_first (FLA: states stored [N, HV, V, K]), or
+    transpose_state_layout, FLA's deprecated name of state_v_first: not supported yet; True raises
+    NotImplementedError naming the argument (allow_neg_eigval without the beta sigmoid: ValueError, as FLA).
 
     States, fp32 or bf16 (read, computed in fp32, written back in the same dtype):
     - without state_indices: initial_state is [N, HV, K, V] (or None: zeros). final_state is a new
-      [N, HV, K, V] tensor of initial_state's dtype (fp32 without one) if output_final_state, else None;
+      [N, HV, K, V] tensor of initial_state's dtype (fp32 without one, as FLA; FLA returns fp32 for a bf16
+      initial_state too) if output_final_state, else None;
       with inplace=True the final states overwrite initial_state and final_state is initial_state.
-    - serving mode: initial_state is a pool [num_slots, HV, K, V] and state_indices [N] (int32/int64, on q's
-      device) gives each sequence's slot. A negative index is a padded row: nothing is read or written for it
-      and its output rows are 0 (its rows of an out-of-place final_state too). With inplace=True the updated
-      states go back into their slots, no extra copy, and final_state is the pool. Indices >= num_slots raise
-      on the CPU; on a GPU (where checking would need a host sync) the kernel treats them as padded. Two live
-      sequences must not share a slot when inplace=True.
+    - serving mode (state_indices, keyword-only): initial_state is a pool [num_slots, HV, K, V] and state_indices
+      [N] (int32/int64, on q's device) gives each sequence's slot. A negative index is a padded row: nothing is
+      read or written for it and its output rows are 0 (its rows of an out-of-place final_state too). With
+      inplace=True the updated states go back into their slots, no extra copy, and final_state is the pool.
+      Indices >= num_slots raise on the CPU; on a GPU (where checking would need a host sync) the kernel treats
+      them as padded. Two live sequences must not share a slot when inplace=True.
 
-    Fused gating (Qwen3-Next): with A_log [HV] (and optionally dt_bias [HV]) the decay used is
-    g_eff = -exp(A_log) * softplus(g + dt_bias); with beta_sigmoid=True beta is a logit and sigmoid(beta) is used.
-
-    Returns (o [B, T, HV, V] in v's dtype, final_state). backend: "auto" (the Gluon decode for a bf16 pool at
-    batch >= 32 on a Hopper GPU, else Triton), "triton", "gluon" or "reference".
+    Returns (o [B, T, HV, V] in v's dtype, as FLA (q, k and v share one dtype), final_state).
+    backend (keyword-only): "auto" (the Gluon decode for a bf16 pool at batch >= 32 on a Hopper GPU, else Triton),
+    "triton", "gluon" or "reference".
     Works under torch.compile and in CUDA graphs (the Triton path is a torch custom op, host-sync free).
     Forward only: with grad mode on, an input that requires grad raises ValueError (there is no backward; train with
     chunk_gated_delta_rule).
     """
+    state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
+    beta_sigmoid = bool(beta_sigmoid or use_beta_sigmoid_in_kernel)
+    check_fla_decode_options(OP, g=g, gk=gk, gv=gv, beta=beta, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                             beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
+                             state_v_first=state_v_first)
+    if beta is None and isinstance(v, torch.Tensor) and v.dim() == 4:
+        beta = torch.ones(v.shape[:3], dtype=torch.float32, device=v.device)
     check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias)
     call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,

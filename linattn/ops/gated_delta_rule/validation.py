@@ -6,6 +6,7 @@ synchronisation: for CPU tensors, the gates (`check_gate_values`: g finite and <
 (`check_cu_seqlens_values`). On a GPU the values are the caller's contract (documented on the ops), unless
 LINATTN_CHECK_INPUTS=1 (read at import) asks for the gate checks there too, at one host synchronisation per call.
 No value is read while torch.compile traces."""
+import warnings
 from typing import Optional
 
 import torch
@@ -102,27 +103,61 @@ def check_gate_values(g, beta, op: str = "chunk_gated_delta_rule", log_decay: bo
         _fail(f"{op}: beta has {int(torch.isnan(beta).sum())} NaN of {beta.numel()} values")
 
 
+def fla_state_v_first(op: str, state_v_first: bool, transpose_state_layout) -> bool:
+    """FLA 0.6 still reads `transpose_state_layout`, the deprecated name of `state_v_first`, from its **kwargs: the
+    same here (a DeprecationWarning, and both at once refused, as FLA does)."""
+    if transpose_state_layout is None:
+        return state_v_first
+    if state_v_first:
+        raise ValueError(f"{op}: pass either state_v_first or the deprecated transpose_state_layout, not both")
+    warnings.warn("transpose_state_layout is deprecated (as in FLA): it is state_v_first", DeprecationWarning,
+                  stacklevel=3)
+    return bool(transpose_state_layout)
+
+
+def _not_yet(op: str, name: str, kernels: str):
+    raise NotImplementedError(f"{op}: {name} is not supported yet by linattn's {kernels} (only its default)")
+
+
 def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
                       use_gate_in_kernel=False, A_log=None, dt_bias=None, cp_context=None, chunk_size=64):
     """FLA 0.6's options of the chunked op that linattn's kernels do not run yet: a non-default value raises
-    NotImplementedError naming the argument (never a silent approximation); FLA's own argument errors as FLA raises
-    them (ValueError). chunk_size: 64 is the kernels' chunk."""
+    NotImplementedError naming the argument (never a silent approximation, nor an extra PyTorch pass); FLA's own
+    argument errors as FLA raises them (ValueError). chunk_size: 64, the kernels' chunk, else ValueError."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
     if use_gate_in_kernel and A_log is None:
         raise ValueError(f"{op}: use_gate_in_kernel=True needs A_log [HV] (as in FLA)")
     if not use_gate_in_kernel and (A_log is not None or dt_bias is not None):
         raise ValueError(f"{op}: A_log / dt_bias are used only with use_gate_in_kernel=True")
-    if chunk_size not in (16, 32, 64):
-        raise ValueError(f"{op}: chunk_size must be 16, 32 or 64 (as in FLA), got {chunk_size}")
     if chunk_size != 64:
-        raise NotImplementedError(f"{op}: chunk_size={chunk_size}: linattn's chunked kernels use chunk_size=64 (the "
-                                  f"same function; pass 64 or leave it out)")
+        raise ValueError(f"{op}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
+                         f"chunk_size=64 only (FLA also takes 16 and 32); pass 64 or leave it out")
     for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                         ("allow_neg_eigval", allow_neg_eigval), ("state_v_first", state_v_first),
                         ("use_gate_in_kernel", use_gate_in_kernel), ("cp_context", cp_context is not None)):
         if value:
-            raise NotImplementedError(f"{op}: {name} is not supported by linattn's chunked kernels yet")
+            _not_yet(op, name, "chunked kernels")
+
+
+def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, use_gate_in_kernel=False, A_log=None,
+                             beta_sigmoid=False, allow_neg_eigval=False, state_v_first=False):
+    """FLA 0.6's options of the decode op: FLA's argument errors as FLA raises them (ValueError); gk, gv,
+    allow_neg_eigval and state_v_first need kernel work, so a non-default value raises NotImplementedError naming
+    the argument. beta_sigmoid: use_beta_sigmoid_in_kernel or linattn's beta_sigmoid."""
+    if isinstance(gk, torch.Tensor) and gk.dim() == 3 and beta is None:
+        raise ValueError(f"{op}: gk must be [B, T, HV, K], got a 3-D tensor {tuple(gk.shape)}: a beta passed "
+                         f"fifth? FLA's order (kept here) is q, k, v, g, gk, gv, beta, ...: pass beta=... by keyword")
+    if use_gate_in_kernel and A_log is None:
+        raise ValueError(f"{op}: use_gate_in_kernel=True needs A_log [HV] (as in FLA)")
+    if use_gate_in_kernel and g is None:
+        raise ValueError(f"{op}: use_gate_in_kernel=True needs g, the raw gate input (as in FLA)")
+    if allow_neg_eigval and not beta_sigmoid:
+        raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
+    for name, value in (("gk", gk is not None), ("gv", gv is not None), ("allow_neg_eigval", allow_neg_eigval),
+                        ("state_v_first", state_v_first)):
+        if value:
+            _not_yet(op, name, "decode kernels")
 
 
 # CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state
