@@ -103,7 +103,7 @@ def _decode_layers(x, torch) -> dict:
     def trivial(a: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(a)
     calls = {
-        "public": lambda: linattn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+        "public": lambda: linattn.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=h0,
                                                                    output_final_state=True),
         "custom_op": lambda: torch.ops.linattn.fused_recurrent_gdn(q, k, v, g, beta, scale, h0, None, None, None,
                                                                    None, False, False, True),

@@ -539,7 +539,7 @@ def decode_compile_case(B, state_dtype):
     wo, _ = decode(**x, initial_state=want, state_indices=idx, inplace=True)
 
     def step(q, k, v, g, beta, pool, idx):
-        return decode(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)[0]
+        return decode(q, k, v, g, beta=beta, initial_state=pool, state_indices=idx, inplace=True)[0]
 
     t0 = time.time()
     o = torch.compile(step, fullgraph=True)(**x, pool=pool, idx=idx)
