@@ -8,6 +8,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from linattn.runtime.settings import settings
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
@@ -72,26 +76,22 @@ def test_decode_handle_path_launches_as_the_jit():
 
 def _decode_inputs(N=3, H=2, HV=4, K=32, V=32, slots=7):
     import torch
-    x = dict(q=torch.randn(N, 1, H, K, dtype=torch.bfloat16),
-             k=torch.nn.functional.normalize(torch.randn(N, 1, H, K), dim=-1).to(torch.bfloat16),
-             v=torch.randn(N, 1, HV, V, dtype=torch.bfloat16), g=-torch.rand(N, 1, HV), beta=torch.rand(N, 1, HV))
-    pool = torch.randn(slots, HV, K, V)
-    idx = torch.randperm(slots)[:N]
-    return x, pool, idx
+
+    from linattn.testing import make_gdn_inputs
+    x = make_gdn_inputs(N, 1, H, HV, K, V, dtype=torch.bfloat16, initial_state=False)
+    x.pop("initial_state", None)                       # the pool goes in as initial_state
+    return x, torch.randn(slots, HV, K, V), torch.randperm(slots)[:N]
 
 
+@pytest.mark.skipif(not settings.interpret, reason="CPU tensors run the Triton decode under TRITON_INTERPRET=1")
 def test_eager_in_place_call_bumps_the_pools_version_and_equals_the_custom_op():
     """An eager call runs the launcher without the custom op: in place it bumps the pool's version counter as the
     mutating custom op does, and o and the pool equal the custom op's bit for bit (same kernel, same inputs);
     under inference_mode (no version counter) it runs too."""
-    import pytest
     import torch
 
     import linattn
     from linattn.ops.gated_delta_rule import fused_recurrent as F
-    from linattn.runtime.settings import settings
-    if not settings.interpret:
-        pytest.skip("CPU tensors run the Triton decode under TRITON_INTERPRET=1")
     x, pool, idx = _decode_inputs()
     p_eager, p_op = pool.clone(), pool.clone()
     v0 = p_eager._version

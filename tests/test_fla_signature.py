@@ -128,15 +128,6 @@ def test_transpose_state_layout_is_state_v_first(fn):
     assert torch.equal(o0, o1)
 
 
-@pytest.mark.parametrize("backend", ["triton", "reference"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_chunk_output_dtypes_are_flas(backend, dtype):
-    """FLA: o in q's dtype, the final state fp32."""
-    x = make_gdn_inputs(1, 20, 1, 2, 16, 16, dtype=dtype, state_dtype=dtype)
-    o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
-    assert o.dtype == x["q"].dtype == dtype and ht.dtype == torch.float32
-
-
 # ------------------------------------------------------------------------------------------------------ decode
 def test_decode_fla_keywords_at_their_defaults_change_nothing():
     x = make_gdn_inputs(3, 2, 1, 2, 16, 16, dtype=torch.float32)
@@ -176,16 +167,12 @@ def test_decode_beta_none_is_ones():
 
 
 @pytest.mark.parametrize("kw,name", [
-    (dict(gk="gk"), "gk"), (dict(gv="gv"), "gv"),
+    (dict(gk=torch.zeros(2, 1, 2, 16)), "gk"), (dict(gv=torch.zeros(2, 1, 2, 16)), "gv"),
     (dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True), "allow_neg_eigval"),
     (dict(state_v_first=True), "state_v_first"),
 ])
 def test_decode_options_not_run_yet_are_refused_by_name(kw, name):
     x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=torch.float32)
-    if "gk" in kw:
-        kw = dict(gk=torch.zeros(2, 1, 2, 16))
-    if "gv" in kw:
-        kw = dict(gv=torch.zeros(2, 1, 2, 16))
     with pytest.raises(NotImplementedError, match=f"{name} is not supported yet"):
         linattn.fused_recurrent_gated_delta_rule(**x, **kw)
 
@@ -210,8 +197,14 @@ def test_decode_argument_errors(case, match):
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_decode_output_dtypes_are_flas(backend, dtype):
-    """FLA: o in v's dtype; the final state fp32 when there is no initial state."""
-    x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=dtype, initial_state=False)
-    o, ht = linattn.fused_recurrent_gated_delta_rule(**x, output_final_state=True, backend=backend)
-    assert o.dtype == x["v"].dtype == dtype and ht.dtype == torch.float32
+@pytest.mark.parametrize("op", ["chunk", "decode"])
+def test_output_dtypes_are_flas(op, backend, dtype):
+    """FLA: o in q's (= v's) dtype; the final state fp32 (chunk: always; decode: without an initial state)."""
+    if op == "chunk":
+        x = make_gdn_inputs(1, 20, 1, 2, 16, 16, dtype=dtype, state_dtype=dtype)
+        fn = linattn.chunk_gated_delta_rule
+    else:
+        x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=dtype, initial_state=False)
+        fn = linattn.fused_recurrent_gated_delta_rule
+    o, ht = fn(**x, output_final_state=True, backend=backend)
+    assert o.dtype == x["q"].dtype == x["v"].dtype == dtype and ht.dtype == torch.float32
