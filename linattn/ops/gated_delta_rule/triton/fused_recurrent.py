@@ -138,7 +138,8 @@ def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps):
     """kernel[grid](*tensors, scale, *ints, **constexprs), through the compiled kernel's handle once the call's
     signature has been seen. The plan key fixes everything the JIT specialises on: each tensor's dtype (None for an
     absent one) and 16-byte alignment (a misaligned pointer goes through the JIT every time), the integers' values,
-    the constexprs and num_warps."""
+    the constexprs and num_warps. Narrower than runtime/host_path.LaunchCache, which keys every argument generically:
+    that key cost more host time than the batch-1 kernel takes (the reason for this path)."""
     options = dict(num_warps=num_warps, num_stages=1)
     if host_path.plan_cache and host_path.handle:
         ptrs = 0
