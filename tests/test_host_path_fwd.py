@@ -41,10 +41,11 @@ def _same_plan(a, b):
             assert va == vb, f.name
 
 
-def test_forward_torch_ops_per_call(monkeypatch):
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_forward_torch_ops_per_call(monkeypatch, requires_grad):
     from linattn.ops.gated_delta_rule import validation
     monkeypatch.setattr(validation, "check_gate_values", lambda *a, **k: None)
-    x = make_gdn_inputs(2, 200, 2, 4, 32, 32, dtype=torch.bfloat16)
+    x = make_gdn_inputs(2, 200, 2, 4, 32, 32, dtype=torch.bfloat16, requires_grad=requires_grad)
     fn = _public(x)
     ci.clear_chunk_plans()
     with stub_interpreted_launches() as launches:
@@ -55,7 +56,8 @@ def test_forward_torch_ops_per_call(monkeypatch):
     assert first["device"] > 0                       # the plan's own ops, once
     assert steady["device"] == 0, steady["device_ops"]
     assert steady["aten"] <= MAX_OPS, steady
-    assert steady["custom"] == ["linattn.chunk_gdn_fwd.default"]
+    # an eager call that records no autograd graph runs the launcher without the custom op's dispatch
+    assert steady["custom"] == (["linattn.chunk_gdn_fwd.default"] if requires_grad else [])
 
 
 def test_varlen_plans_are_built_per_call():

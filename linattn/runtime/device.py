@@ -20,6 +20,21 @@ def under_torch_compile() -> bool:
     return bool(fn()) if fn is not None else False
 
 
+def eager_without_autograd(*tensors) -> bool:
+    """Whether a call may run its launcher directly instead of through its torch custom op: plain eager tensors (the
+    first one not a fake, functional or other subclass tensor, no torch.func transform active, not traced by
+    torch.compile) and no autograd graph to record (grad mode off, or no input requiring grad). The custom op's
+    dispatch costs more host time than a small kernel; traced and differentiable calls keep it."""
+    if type(tensors[0]) is not torch.Tensor or under_torch_compile():
+        return False
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if active is None or active():
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t is not None and t.requires_grad for t in tensors)
+
+
 @dataclass(frozen=True)
 class DeviceFacts:
     kind: str                 # "cuda" or "cpu"

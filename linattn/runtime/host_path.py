@@ -74,25 +74,49 @@ def usable_handle(k) -> bool:
     return k is not None and not hasattr(k, "result") and hasattr(type(k), "__getitem__") and hasattr(k, "run")
 
 
+def takes_stream(k) -> bool:
+    """Whether a CompiledKernel's launcher takes the stream as a keyword (triton 3.6: k[grid](*args, stream=s)),
+    asked once per handle: a launch on a stream other than the current one then needs no stream switch."""
+    import inspect
+    try:
+        return "stream" in inspect.signature(k[(1, 1, 1)]).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def current_device():
     from triton.runtime.driver import driver
     return driver.active.get_current_device()
 
 
 def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hashable, grid, args, options: dict,
-           device_of: Callable[[], Any] = current_device) -> None:
-    """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included).
-    `handles` (a plan's dict) keeps the CompiledKernel per `slot` and device for the handle path."""
+           device_of: Callable[[], Any] = current_device, stream=None) -> None:
+    """Launch `jit_fn` on a 3-tuple grid with all its arguments positional (constexprs included), on `stream` (a
+    torch.cuda.Stream; None: the current stream). `handles` (a plan's dict) keeps the CompiledKernel per `slot` and
+    device for the handle path, with whether its launcher takes the stream (else the launch switches streams)."""
     # Per current device, as the JIT's own caches: a handle holds a function loaded in one context. The device is
     # asked only once a handle exists: the interpreter returns none, and there may be no GPU driver to ask.
     if host_path.handle and handles:
-        k = handles.get((slot, device_of()))
-        if k is not None:
-            k[grid](*args)
+        kept = handles.get((slot, device_of()))
+        if kept is not None:
+            k, with_stream = kept
+            if stream is None:
+                k[grid](*args)
+            elif with_stream:
+                k[grid](*args, stream=stream.cuda_stream)
+            else:
+                import torch
+                with torch.cuda.stream(stream):
+                    k[grid](*args)
             return
-    k = jit_fn[grid](*args, **options)
+    if stream is None:
+        k = jit_fn[grid](*args, **options)
+    else:
+        import torch
+        with torch.cuda.stream(stream):
+            k = jit_fn[grid](*args, **options)
     if host_path.handle and usable_handle(k):
-        handles[(slot, device_of())] = k
+        handles[(slot, device_of())] = (k, takes_stream(k))
 
 
 # The fields of triton 3.6's Gluon TensorDescriptor, none derived from the base. A descriptor class with any
@@ -175,7 +199,7 @@ class LaunchCache:
         self.plans = PlanCache(host_path)
         self.jit_launches = 0            # launches that went through the JIT (tests count them)
 
-    def __call__(self, kernel, grid, args, kwargs) -> None:
+    def __call__(self, kernel, grid, args, kwargs, stream=None) -> None:
         hp = self.plans.host_path
         try:
             if not (hp.plan_cache and hp.handle):
@@ -188,13 +212,18 @@ class LaunchCache:
             key = (kernel, tuple(arg_key(a) for a in args), consts, tuple(sorted(options.items())))
         except (AttributeError, KeyError, TypeError):
             self.jit_launches += 1
-            kernel[grid](*args, **kwargs)
+            if stream is None:
+                kernel[grid](*args, **kwargs)
+            else:
+                import torch
+                with torch.cuda.stream(stream):
+                    kernel[grid](*args, **kwargs)
             return
         handles = self.plans.get(key, dict)
         if not handles:
             self.jit_launches += 1
         launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + consts, options,
-               device_of=current_device)
+               device_of=current_device, stream=stream)
 
     def clear(self):
         self.plans.clear()

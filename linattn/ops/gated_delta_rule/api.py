@@ -6,7 +6,8 @@ fused Gluon forward on sm_90a), which registers itself when imported below.
 
 The Triton path is the torch custom op "linattn::chunk_gdn_fwd", with a fake (meta) implementation and autograd
 (autograd.py: the backward op "linattn::chunk_gdn_bwd"), so torch.compile(fullgraph=True) traces a model through it
-without graph breaks. Neither op reads device data on the host (no .item(), .cpu(), .tolist()): the forward and
+without graph breaks. A plain eager call that records no autograd graph runs the launcher directly
+(runtime/device.eager_without_autograd): the custom op's dispatch is host time an eager user pays on every call. Neither op reads device data on the host (no .item(), .cpu(), .tolist()): the forward and
 the backward can be captured in a CUDA graph. Everything differentiable outside the kernels (the L2 norm of q and
 k, dtype casts of initial_state, contiguity) stays in plain torch ops, so autograd carries it.
 """
@@ -19,6 +20,7 @@ from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.validation import (check_chunk_grid, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
+from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
 OP = "chunk_gated_delta_rule"
@@ -63,6 +65,10 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 
 
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    if eager_without_autograd(q, k, v, g, beta, initial_state):
+        from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return res.o, (res.final_state if output_final_state else None)
     o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)
 

@@ -118,6 +118,11 @@ def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
 
 
 def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    from linattn.runtime.device import eager_without_autograd
+    if eager_without_autograd(q, k, v, g, beta, initial_state):     # no custom-op dispatch (api.py says why)
+        from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
+        res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return res.o, (res.final_state if output_final_state else None)
     o, final = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)
 

@@ -305,7 +305,8 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
 
 def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
-                         select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
+                         select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None,
+                         stream=None) -> None:
     """Stages 2b + 3 + 4 at BV = 128 in the gate-free form (a fused_pass for fused_forward's whole forward): writes o
     (and final when given). With seg (segment words over the plan's segments), the segment launch of the
     segment-parallel forward, select [sequences, HV] as chunk_fused_wu_ws_gluon's; select alone is refused (the
@@ -315,4 +316,4 @@ def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, pla
     from linattn.ops.gated_delta_rule.gluon.host import launches
     kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale,
                                                  select=select, seg=seg)
-    launches(kernel, grid, args, kwargs)
+    launches(kernel, grid, args, kwargs, stream=stream)

@@ -123,15 +123,17 @@ def fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
 
 
 def chunk_fused_wu_ws_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,
-                            config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None) -> None:
+                            config: Optional[FusedWuConfig] = None, select: Optional[torch.Tensor] = None,
+                            stream=None) -> None:
     """Stages 2b + 3 + 4 on sm_90a: writes o (and final when given) from q, k, v, beta and kkt_solve's gcum and
-    Tinv. Launched through the host path (host.launches: the compiled kernel's handle; descriptors from templates)."""
+    Tinv. Launched through the host path (host.launches: the compiled kernel's handle; descriptors from templates),
+    on `stream` (None: the current one)."""
     from linattn.ops.gated_delta_rule.gluon.host import launches
     from linattn.runtime.device import device_facts
     cfg = config or fused_wu_config(plan.N, v.shape[-2], v.shape[-1], device_facts(q.device).num_sms)
     kernel, grid, args, kwargs = fused_wu_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg,
                                                  select)
-    launches(kernel, grid, args, kwargs)
+    launches(kernel, grid, args, kwargs, stream=stream)
 
 
 def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: int):
@@ -158,16 +160,19 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(device) -> "torch.cuda.Stream":
-    """One side stream per device for the segment-parallel forward, at the highest priority (-100, mapped to the
-    highest valid): the unsegmented heads' launch (their chains are the critical path) and, with the warm-up in the
-    kernel, the window kernel before it (_segments). The two launches overlap cleanly (both = the longer + 13 us at
-    mixed decay); their order and priority move the time by ~10-20 us (benchmarks/OPT_LOG.md)."""
+def _side_stream(device) -> tuple:
+    """(side stream, four events) per device for the segment-parallel forward. The stream has the highest priority
+    (-100, mapped to the highest valid): the unsegmented heads' launch (their chains are the critical path) and, with
+    the warm-up in the kernel, the window kernel before it (_segments). The two launches overlap cleanly (both = the
+    longer + 13 us at mixed decay); their order and priority move the time by ~10-20 us (benchmarks/OPT_LOG.md).
+    The events are reused by every call: a wait orders against the event's latest record, made by the same call
+    just before (the host path is one thread per device), and that holds inside a CUDA-graph capture too."""
     key = torch.device(device).index
     if key is None:
         key = torch.cuda.current_device()
     if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key, priority=-100)
+        _SIDE_STREAMS[key] = (torch.cuda.Stream(device=key, priority=-100),) + tuple(
+            torch.cuda.Event() for _ in range(4))
     return _SIDE_STREAMS[key]
 
 
@@ -214,7 +219,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum); `run` launches
     the unsegmented pairs (sequence plan, select), `seg_run` the segments (segment plan, select and seg). Order on the
     GPU (no host synchronisation; two streams joined at the end):
-      side stream (highest priority): slow := 0, segment_window_kernel (segment words, slow) from the inputs k,
+      side stream (highest priority): segment_window_kernel (segment words, slow; slow zeroed on the main stream) from the inputs k,
                     beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
                     kkt_solve is done, the unsegmented launch of the pairs with slow != 0 (sequence plan): their
                     chains are the critical path wherever a pair is slow, so they take the SMs first
@@ -224,7 +229,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     segment launch on a default-priority side stream); neither was faster (benchmarks/OPT_LOG.md).
     Both launches read h0 and store the final state straight from / into the caller's [B, HV, K, V] tensors."""
     from linattn.ops.gated_delta_rule.gluon.host import launches
-    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_window_buffers, segment_windows
     from linattn.runtime.alloc import empty
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -243,20 +248,22 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
         segment_launch()
         return o, final, gcum
-    side = _side_stream(q.device)
+    # Every buffer is allocated on the current stream, which waits for the side stream before returning: a buffer
+    # freed after the call is reused only after the side stream's work. Launches name their stream (no switch of the
+    # current stream, no per-call event or stream objects: they cost more host time than the launches).
+    side, inputs_ready, window_done, kkt_done, side_done = _side_stream(q.device)
     cur = torch.cuda.current_stream(q.device)
-    side.wait_stream(cur)                      # the inputs are ready
-    with torch.cuda.stream(side):
-        slow, _, segw = segment_windows(k, beta, g, plan, S, L, launch=launches)
-    window_done = torch.cuda.Event()
+    slow, flag, segw = segment_window_buffers(plan.N, S, HV, q.device)
+    inputs_ready.record(cur)
+    side.wait_event(inputs_ready)
+    segment_windows(k, beta, g, plan, S, L, launch=launches, out=(slow, flag, segw), stream=side)
     window_done.record(side)
-    slow.record_stream(cur)                    # allocated on the side stream, read on this one
-    segw.record_stream(cur)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
-    side.wait_stream(cur)                      # kkt_solve
-    with torch.cuda.stream(side):
-        run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
+    kkt_done.record(cur)
+    side.wait_event(kkt_done)
+    run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow, stream=side)
+    side_done.record(side)
     cur.wait_event(window_done)
     segment_launch()
-    cur.wait_stream(side)                      # before any tensor used on the side stream can be freed or reused
+    cur.wait_event(side_done)
     return o, final, gcum

@@ -129,30 +129,37 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
     return plan
 
 
+def segment_window_buffers(N: int, S: int, HV: int, device) -> tuple:
+    """(slow [N, HV] zeroed, flag [N * S, HV], segw [N * S, HV]), int32: segment_window_kernel's outputs."""
+    from linattn.runtime.alloc import empty
+    return (torch.zeros(N, HV, dtype=torch.int32, device=device), empty(N * S, HV, dtype=torch.int32, device=device),
+            empty(N * S, HV, dtype=torch.int32, device=device))
+
+
 def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
-                    max_window: int = MAX_WINDOW, num_warps: int = 4, launch=None):
+                    max_window: int = MAX_WINDOW, num_warps: int = 4, launch=None, out=None, stream=None):
     """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs for the
     segment-parallel forward (chunk_fused_wu_ws._segments): slow[n, hv] = 1 where any segment of (n, hv) is flagged
     (that pair runs unsegmented), the flags, the segment words (SEGW_*). k [B,T,H,K], beta / g [B,T,HV] (g: the
     per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan. launch: None (the
-    JIT) or a launcher called as launch(kernel, grid, args, kwargs) (the gluon forward's host path,
-    gluon/host.launches)."""
+    JIT) or a launcher called as launch(kernel, grid, args, kwargs[, stream=stream]) (the gluon forward's host
+    path, gluon/host.launches). out: the buffers (segment_window_buffers), allocated here when None. stream: where
+    `launch` runs the kernel (None: the current stream)."""
     if max_window > SEGW_WL_MASK.value:
         raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
     if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):
         raise ValueError(f"{plan.N} sequences: the segment word holds fewer than {1 << (31 - SEGW_SEQ_SHIFT.value)}")
-    from linattn.runtime.alloc import empty
     H, K = k.shape[-2], k.shape[-1]
     HV = g.shape[-1]
     N = plan.N
-    slow = torch.zeros(N, HV, dtype=torch.int32, device=k.device)
-    flag = empty(N * S, HV, dtype=torch.int32, device=k.device)
-    segw = empty(N * S, HV, dtype=torch.int32, device=k.device)
+    slow, flag, segw = out if out is not None else segment_window_buffers(N, S, HV, k.device)
     args = (k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh))
     kwargs = dict(H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window),
                   num_warps=num_warps)
     if launch is None:
         segment_window_kernel[(N * S * HV,)](*args, **kwargs)
-    else:
+    elif stream is None:
         launch(segment_window_kernel, (N * S * HV,), args, kwargs)
+    else:
+        launch(segment_window_kernel, (N * S * HV,), args, kwargs, stream=stream)
     return slow, flag, segw
