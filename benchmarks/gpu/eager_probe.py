@@ -14,6 +14,7 @@ warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allo
   GPU kernel time per call;
 - sm_clock: the SM clock (nvidia-smi) sampled during the eager loops;
 - python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes;
+- python_speed_us: a plain-Python control timed before and after the loops (_python_speed_us): the host's own speed;
 - host_us_layers (decode): host us per call through each layer of the eager path (public function, custom op,
   launcher, a trivial custom op).
 The summary gives, per shape, each process's eager ms and the spread (slowest / fastest - 1); --max-spread makes the
@@ -119,6 +120,23 @@ def _decode_layers(x, torch) -> dict:
     return out
 
 
+def _python_speed_us() -> float:
+    """The host's plain-Python speed: the best of 5 timings of a fixed dict loop (us), with no torch or GPU in it.
+    The device host is a KVM guest whose vCPU speed varies ~2x over seconds, in one process and between processes;
+    a host-bound eager row varies with it, and this control says by how much the host itself did."""
+    def work():
+        d = {}
+        for i in range(20000):
+            d[i & 255] = d.get(i & 255, 0) + i
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(5):
+            work()
+        best = min(best, (time.perf_counter() - t) * 1e6 / 5)
+    return round(best, 1)
+
+
 def child(shape: str, cond: str) -> dict:
     import torch
 
@@ -133,7 +151,7 @@ def child(shape: str, cond: str) -> dict:
     else:
         def call():
             return linattn.fused_recurrent_gated_delta_rule(**x, output_final_state=True)
-    res = dict(shape=shape, cond=cond, pid=os.getpid())
+    res = dict(shape=shape, cond=cond, pid=os.getpid(), python_speed_us=[_python_speed_us()])
     t0 = time.perf_counter()
     call()
     torch.cuda.synchronize()
@@ -156,6 +174,7 @@ def child(shape: str, cond: str) -> dict:
     stop.set()
     th.join()
     stats1 = torch.cuda.memory_stats()
+    res["python_speed_us"].append(_python_speed_us())
     res["eager_ms_loops"] = loops
     res["eager_ms"] = statistics.median(loops)
     res["sm_clock_mhz"] = samples
@@ -241,7 +260,8 @@ def summarise(runs, max_spread=None):
     spread = max(eager) / min(eager) - 1 if complete else None
     failed = not complete or (max_spread is not None and spread > max_spread)
     return dict(eager_ms=eager, spread=spread, graph_ms=[r.get("graph_ms") for r in runs],
-                host_us=[r.get("host_us") for r in runs]), failed
+                host_us=[r.get("host_us") for r in runs],
+                python_speed_us=[r.get("python_speed_us") for r in runs]), failed
 
 
 def main(argv=None) -> int:
