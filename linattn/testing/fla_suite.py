@@ -1,0 +1,111 @@
+"""Run FLA's own Gated DeltaNet test file against linattn: FLA's tests, references and tolerances unchanged, with
+FLA's two public GDN functions renamed to linattn's (the shim below is the only change).
+
+    python -m linattn.testing.fla_suite --tests PATH/test_gdn.py --out DIR [-- extra pytest args]
+
+PATH is a copy of FLA's tests/ops/test_gdn.py kept outside the repository (peers' code is run, never committed:
+e.g. a git-ignored .peer/ folder); FLA itself (fla-core, for its references and test utilities) must be installed.
+The run is a pytest child process with this module as a plugin (`-p linattn.testing.fla_suite`): before FLA's test
+module is imported, `fla.ops.gated_delta_rule.chunk_gated_delta_rule` and `fused_recurrent_gated_delta_rule` (the
+package's names and their defining modules') are replaced by linattn's. Tests of FLA's internals (its kernels,
+its FlashQLA dispatch) still run FLA's code and are reported as such. DIR gets fla_suite.json: the outcome per test
+id, the counts, FLA's version and the test file's sha256.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+SHIMMED = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
+# where FLA defines them (the package re-exports them); each replaced where it exists
+FLA_MODULES = ("fla.ops.gated_delta_rule", "fla.ops.gated_delta_rule.chunk", "fla.ops.gated_delta_rule.fused_recurrent")
+
+
+def install_shim() -> dict:
+    """Replace FLA's GDN functions by linattn's in FLA's modules; returns {module: [names replaced]}."""
+    import importlib
+
+    import linattn
+    done = {}
+    for mod_name in FLA_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        names = [n for n in SHIMMED if hasattr(mod, n)]
+        for n in names:
+            setattr(mod, n, getattr(linattn, n))
+        done[mod_name] = names
+    if not done.get(FLA_MODULES[0]):
+        raise RuntimeError(f"{FLA_MODULES[0]} has none of {SHIMMED}: is FLA installed?")
+    return done
+
+
+def pytest_configure(config):
+    """Pytest hook (this module loaded with -p): the shim goes in before any test module is imported."""
+    config._linattn_fla_shim = install_shim()
+
+
+def pytest_report_header(config):
+    return f"linattn FLA shim: {getattr(config, '_linattn_fla_shim', {})}"
+
+
+def summarise(junit_xml: str) -> dict:
+    """{'tests': {id: outcome}, 'counts': {...}} from pytest's junit XML (outcome: passed, failed, error, skipped)."""
+    tests = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        tid = f"{case.get('classname', '')}::{case.get('name')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                break
+        tests[tid] = outcome
+    counts = {}
+    for o in tests.values():
+        counts[o] = counts.get(o, 0) + 1
+    return {"tests": tests, "counts": counts}
+
+
+def run(tests_path: str, out_dir: str, extra=()) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    xml = os.path.join(out_dir, "fla_suite_junit.xml")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "linattn.testing.fla_suite",
+           f"--junitxml={xml}", "--rootdir", os.path.dirname(os.path.abspath(tests_path)), tests_path, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    res = summarise(xml) if os.path.exists(xml) else {"tests": {}, "counts": {}}
+    try:
+        from importlib.metadata import version
+        fla_version = version("fla-core")
+    except Exception:  # noqa: BLE001 - reported, not fatal
+        fla_version = None
+    with open(tests_path, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    res.update(fla_version=fla_version, tests_file_sha256=sha, returncode=proc.returncode,
+               output_tail=(proc.stdout + proc.stderr)[-4000:])
+    with open(os.path.join(out_dir, "fla_suite.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tests", required=True, help="a copy of FLA's tests/ops/test_gdn.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("extra", nargs="*", help="further pytest arguments (after --)")
+    a = ap.parse_args(argv)
+    res = run(a.tests, a.out, a.extra)
+    print(json.dumps(res["counts"]), "fla", res["fla_version"])
+    for tid, o in res["tests"].items():
+        if o != "passed":
+            print(o, tid)
+    return 0 if res["counts"] and not res["counts"].get("failed") and not res["counts"].get("error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
