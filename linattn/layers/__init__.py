@@ -1,0 +1,1 @@
+from linattn.layers.norm import FusedRMSNormGated  # noqa: F401
