@@ -56,8 +56,8 @@ def _conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from linattn.ops.conv1d.triton.conv1d import conv1d_bwd
     dx, dw, db, dh0 = conv1d_bwd(x, weight, bias, initial_state, activation == "silu", cu_seqlens, dy, dfinal)
-    empty = x.new_empty(0)
-    return dx, dw, (db if db is not None else empty), (dh0 if dh0 is not None else empty)
+    # a custom op's outputs may not alias each other: each missing gradient gets its own empty tensor
+    return dx, dw, (db if db is not None else x.new_empty(0)), (dh0 if dh0 is not None else x.new_empty(0))
 
 
 @_conv_bwd.register_fake
