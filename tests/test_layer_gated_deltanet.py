@@ -27,7 +27,7 @@ def fla_state_dict_shapes(H, h, d, hv, dv, w, use_gate=True, conv_bias=False):
     return shapes
 
 
-CFG = dict(hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=2, conv_size=4, layer_idx=0)
+CFG = dict(hidden_size=32, head_dim=16, num_heads=1, num_v_heads=2, expand_v=2, conv_size=4, layer_idx=0)
 
 
 def make_layer(**kw):
@@ -108,7 +108,7 @@ def fla_reference(layer, x, cu_seqlens=None, state=None, conv=None):
 def test_state_dict_names_are_flas():
     for kw in [dict(), dict(use_gate=False, conv_bias=True, num_v_heads=None, expand_v=1.5)]:
         layer = GatedDeltaNet(**{**CFG, **kw})
-        shapes = fla_state_dict_shapes(32, 2, 16, layer.num_v_heads, layer.head_v_dim, 4,
+        shapes = fla_state_dict_shapes(32, 1, 16, layer.num_v_heads, layer.head_v_dim, 4,
                                        use_gate=kw.get("use_gate", True), conv_bias=kw.get("conv_bias", False))
         got = {n: tuple(t.shape) for n, t in layer.state_dict().items()}
         assert got == shapes
@@ -144,7 +144,7 @@ def test_state_dict_round_trip():
 
 
 @pytest.mark.parametrize("kw,T", [
-    (dict(conv_bias=True), 70),                                            # GVA, T past one chunk
+    (dict(conv_bias=True), 66),                                            # GVA, T past one chunk
     (dict(use_gate=False, allow_neg_eigval=True, num_v_heads=None), 33),
     (dict(use_short_conv=False, output_gate_activation="sigmoid"), 1),
 ])
@@ -214,7 +214,7 @@ def test_prefill_then_decode(kw):
 
 def test_padding_mask_equals_varlen():
     """A left- and right-padded batch with a 0/1 mask gives each sequence's own output (zeros at padding), the same
-    as the packed varlen call; forward and gradients; then a decode step continues the padded batch."""
+    as the packed varlen call, and FLA's output; forward and gradients."""
     torch.manual_seed(3)
     layer = make_layer(conv_bias=True)
     lens, T = [7, 1, 5], 7
@@ -243,15 +243,25 @@ def test_padding_mask_equals_varlen():
     ref = fla_reference(layer, packed.detach(), cu_seqlens=cu)[0]
     assert_close("o vs FLA", o_packed.detach(), ref, TOL32)
 
-    # decode after a padded prefill: the mask grows by one column of ones
+
+def test_decode_after_padded_prefill():
+    """A left- and right-padded prefill with a cache, then a decode step whose mask grows by a column of ones,
+    continues each sequence from its own states."""
+    torch.manual_seed(4)
+    layer = make_layer(conv_bias=True).eval()
+    T = 7
+    mask = torch.zeros(3, T, dtype=torch.long)
+    mask[0, :7] = 1
+    mask[1, -1:] = 1
+    mask[2, :5] = 1
+    x = torch.randn(3, T, 32)
     cache = RecurrentCache()
     nxt = torch.randn(3, 1, 32)
     with torch.no_grad():
-        layer.eval()
-        layer(x.detach(), attention_mask=mask, past_key_values=cache, use_cache=True)
+        layer(x, attention_mask=mask, past_key_values=cache, use_cache=True)
         o1, _, _ = layer(nxt, attention_mask=torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1),
                          past_key_values=cache, use_cache=True)
-    seqs = [x.detach()[b][mask[b].bool()] for b in range(3)]
+    seqs = [x[b][mask[b].bool()] for b in range(3)]
     full = torch.cat([torch.cat([s, nxt[b]]) for b, s in enumerate(seqs)]).unsqueeze(0)
     cu2 = torch.tensor([0, 8, 10, 16], dtype=torch.int32)
     ref2 = fla_reference(layer, full, cu_seqlens=cu2)[0][0, cu2[1:] - 1]
@@ -271,7 +281,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="mode"):
         GatedDeltaNet(**CFG, mode="parallel")
     with pytest.raises(ValueError, match="num_v_heads"):
-        GatedDeltaNet(**{**CFG, "num_v_heads": 3})
+        GatedDeltaNet(**{**CFG, "num_heads": 2, "num_v_heads": 3})
     with pytest.raises(ValueError, match="expand_v"):
         GatedDeltaNet(**{**CFG, "expand_v": 0.3})
     with pytest.raises(ValueError, match="output_gate_activation"):
