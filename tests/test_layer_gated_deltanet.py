@@ -217,7 +217,7 @@ def test_padding_mask_equals_varlen():
     as the packed varlen call, and FLA's output; forward and gradients."""
     torch.manual_seed(3)
     layer = make_layer(conv_bias=True)
-    lens, T = [7, 1, 5], 7
+    T = 7                        # sequences of 7, 1 and 5 tokens
     mask = torch.zeros(3, T, dtype=torch.long)
     mask[0, :7] = 1
     mask[1, -1:] = 1             # left padding
