@@ -56,15 +56,14 @@ def _conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from linattn.ops.conv1d.triton.conv1d import conv1d_bwd
     dx, dw, db, dh0 = conv1d_bwd(x, weight, bias, initial_state, activation == "silu", cu_seqlens, dy, dfinal)
-    # a custom op's outputs may not alias each other: each missing gradient gets its own empty tensor
     return dx, dw, (db if db is not None else x.new_empty(0)), (dh0 if dh0 is not None else x.new_empty(0))
 
 
 @_conv_bwd.register_fake
 def _(x, weight, bias, initial_state, activation, cu_seqlens, dy, dfinal):
-    empty = x.new_empty(0)
-    return (x.new_empty(x.shape), torch.empty_like(weight), torch.empty_like(bias) if bias is not None else empty,
-            torch.empty_like(initial_state) if initial_state is not None else empty)
+    return (x.new_empty(x.shape), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0),
+            torch.empty_like(initial_state) if initial_state is not None else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):

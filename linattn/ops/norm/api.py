@@ -82,16 +82,14 @@ def _norm_bwd(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor], 
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from linattn.ops.norm.triton.rms_norm_gated import rms_norm_gated_bwd
     dx, dg, dw, db = rms_norm_gated_bwd(x, g, weight, bias, eps, group_size, activation, norm_before_gate, dy)
-    empty = x.new_empty(0)
-    return dx, dg, (dw if dw is not None else empty), (db if db is not None else empty)
+    return dx, dg, (dw if dw is not None else x.new_empty(0)), (db if db is not None else x.new_empty(0))
 
 
 @_norm_bwd.register_fake
 def _(x, g, weight, bias, eps, group_size, activation, norm_before_gate, dy):
-    empty = x.new_empty(0)
     return (x.new_empty(x.shape), g.new_empty(g.shape),
-            torch.empty_like(weight) if weight is not None else empty,
-            torch.empty_like(bias) if bias is not None else empty)
+            torch.empty_like(weight) if weight is not None else x.new_empty(0),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
