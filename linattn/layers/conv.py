@@ -1,0 +1,53 @@
+"""`ShortConvolution`: FLA's depthwise causal short convolution module (an nn.Conv1d: weight [D, 1, W], optional
+bias [D]; FLA's state-dict names) on linattn.causal_conv1d / causal_conv1d_update."""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from linattn.ops.conv1d import causal_conv1d, causal_conv1d_update
+
+
+class ShortConvolution(nn.Conv1d):
+    """Depthwise causal convolution over [B, T, D] (or packed [1, T, D] with cu_seqlens), with an optional SiLU and
+    a carried window: the cache is [N, D, W], the last W inputs of each sequence, oldest first (FLA's layout)."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, bias: bool = False, activation: Optional[str] = "silu",
+                 device=None, dtype=None, **kwargs):
+        super().__init__(hidden_size, hidden_size, kernel_size, padding=kernel_size - 1, groups=hidden_size,
+                         bias=bias, device=device, dtype=dtype)
+        if activation not in (None, "silu", "swish"):
+            raise ValueError(f"ShortConvolution: activation must be None, 'silu' or 'swish', got {activation!r}")
+        self.hidden_size = hidden_size
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None,
+                cache: Optional[torch.Tensor] = None, output_final_state: bool = False,
+                cu_seqlens: Optional[torch.Tensor] = None, **kwargs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x [B, T, D]; mask [B, T] zeroes padded inputs (not with cu_seqlens); cache [N, D, W] the windows
+        before x (None: zeros); residual [B, T, D] added to the output. A one-token-per-sequence call without
+        autograd updates `cache` in place (the decode step). Returns (y [B, T, D], the new windows [N, D, W] if
+        output_final_state else None)."""
+        B, T, D = x.shape
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        if mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("ShortConvolution: pass either mask or cu_seqlens, not both")
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        weight = self.weight.squeeze(1)
+        step = not torch.is_grad_enabled() and B * T == N
+        if step and cu_seqlens is not None:
+            # one token per sequence only if no sequence is empty (a host read of the offsets, as FLA does)
+            step = bool((cu_seqlens.diff() == 1).all())
+        if step:
+            if cache is None:
+                cache = x.new_zeros(N, D, self.kernel_size[0])
+            y = causal_conv1d_update(x.reshape(N, D), cache, weight, self.bias, activation=self.activation)
+            y = y.reshape(B, T, D)
+            final = cache if output_final_state else None
+        else:
+            y, final = causal_conv1d(x, weight, self.bias, activation=self.activation, initial_state=cache,
+                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        if residual is not None:
+            y = y + residual
+        return y, final

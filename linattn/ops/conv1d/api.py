@@ -1,0 +1,149 @@
+"""`causal_conv1d`: the depthwise causal 1-D convolution of FLA 0.6's short convolution (ShortConvolution), forward
+and backward, with packed sequences and per-sequence states.
+
+Layouts (FLA's): x [B, T, D], weight [D, W] (nn.Conv1d's [D, 1, W] weight squeezed), bias [D], states [N, D, W]
+holding a sequence's last W inputs, oldest first (state[..., W - 1] is the newest token). causal-conv1d and
+transformers' Qwen3-Next keep x as [B, D, T] and the same [B, D, W] state: pass x.transpose(1, 2) (and transpose y
+back); their states are ours unchanged.
+
+Backends: "triton" (the torch custom op "linattn::causal_conv1d_fwd" with a fake implementation and registered
+autograd, whose backward is the custom op "linattn::causal_conv1d_bwd"; no host synchronisation, so it works under
+torch.compile(fullgraph=True) and in CUDA graphs) and "reference" (plain PyTorch, by name only, except on the CPU
+without the Triton interpreter)."""
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.backends import op_backends
+from linattn.ops.conv1d.reference import causal_conv1d_reference
+from linattn.ops.conv1d.validation import check_conv_inputs, fail
+from linattn.runtime.settings import settings
+
+OP = "causal_conv1d"
+_backends = op_backends(OP)
+
+
+def _act(activation: Optional[str]) -> str:
+    """The custom ops take the activation as a string: "" for none."""
+    return "" if activation is None else "silu"
+
+
+# ---- the Triton path as torch custom ops. Optional outputs are not allowed in custom-op schemas: a state or a
+# gradient that does not exist is returned as an empty [0] tensor and mapped back to None by the caller.
+
+@torch.library.custom_op("linattn::causal_conv1d_fwd", mutates_args=())
+def _conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+              initial_state: Optional[torch.Tensor], output_final_state: bool, activation: str,
+              cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    from linattn.ops.conv1d.triton.conv1d import conv1d_fwd
+    y, final = conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, activation == "silu",
+                          cu_seqlens)
+    return y, (final if final is not None else x.new_empty(0))
+
+
+@_conv_fwd.register_fake
+def _(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens):
+    N = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    y = x.new_empty(x.shape)
+    final = x.new_empty((N, weight.shape[0], weight.shape[1]) if output_final_state else (0,))
+    return y, final
+
+
+@torch.library.custom_op("linattn::causal_conv1d_bwd", mutates_args=())
+def _conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+              initial_state: Optional[torch.Tensor], activation: str, cu_seqlens: Optional[torch.Tensor],
+              dy: torch.Tensor, dfinal: Optional[torch.Tensor]
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from linattn.ops.conv1d.triton.conv1d import conv1d_bwd
+    dx, dw, db, dh0 = conv1d_bwd(x, weight, bias, initial_state, activation == "silu", cu_seqlens, dy, dfinal)
+    return dx, dw, (db if db is not None else x.new_empty(0)), (dh0 if dh0 is not None else x.new_empty(0))
+
+
+@_conv_bwd.register_fake
+def _(x, weight, bias, initial_state, activation, cu_seqlens, dy, dfinal):
+    return (x.new_empty(x.shape), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0),
+            torch.empty_like(initial_state) if initial_state is not None else x.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens = inputs
+    ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens)
+    ctx.activation = activation
+    ctx.output_final_state = output_final_state
+    ctx.residual_dtype = None if residual is None else residual.dtype
+
+
+def _backward(ctx, dy, dfinal):
+    x, weight, bias, initial_state, cu_seqlens = ctx.saved_tensors
+    dfinal = dfinal if ctx.output_final_state else None
+    dx, dw, db, dh0 = _conv_bwd(x, weight, bias, initial_state, ctx.activation, cu_seqlens, dy, dfinal)
+    dres = None if ctx.residual_dtype is None else dy.to(ctx.residual_dtype)
+    return (dx, dw, db if bias is not None else None, dres, dh0 if initial_state is not None else None,
+            None, None, None)
+
+
+_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _triton_supports(x=None, weight=None, bias=None, residual=None, initial_state=None, **_) -> Tuple[bool, str]:
+    if x.device.type == "cpu" and not settings.interpret:
+        return False, "CPU tensors need TRITON_INTERPRET=1 for the Triton path"
+    if x.device.type not in ("cpu", "cuda"):
+        return False, f"device {x.device.type} is not supported by the Triton path"
+    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual),
+                    ("initial_state", initial_state)):
+        if t is not None and t.dtype == torch.float64:
+            return False, f"fp64 {name}: use the reference backend"
+    return True, ""
+
+
+def _triton_impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens):
+    y, final = _conv_fwd(x, weight, bias, residual, initial_state, output_final_state, _act(activation), cu_seqlens)
+    return y, (final if output_final_state else None)
+
+
+_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("reference", causal_conv1d_reference, lambda **_: (True, ""), priority=100, auto=False)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                  residual: Optional[torch.Tensor] = None, initial_state: Optional[torch.Tensor] = None,
+                  output_final_state: bool = False, activation: Optional[str] = None, backend: str = "auto",
+                  cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                  chunk_indices: Optional[torch.Tensor] = None, cp_context=None
+                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Depthwise causal convolution with FLA 0.6's signature (fla.modules.causal_conv1d.causal_conv1d: its
+    parameters in its order with its defaults):
+
+        y[t, d] = act(sum_j weight[d, j] * x[t - (W - 1) + j, d] + bias[d]) + residual[t, d]
+
+    where positions before a sequence's start read its initial state (zeros without one).
+
+    Args:
+        x: [B, T, D] bf16 / fp16 / fp32 (fp64 on the reference backend); any strides.
+        weight: [D, W], any float dtype (nn.Conv1d's depthwise weight [D, 1, W] squeezed).  bias: [D] or None.
+        residual: [B, T, D] or None, added after the activation (FLA's Canon option).
+        initial_state: [N, D, W] or None: per sequence its last W inputs before this call, oldest first; the
+            convolution reads columns 1 .. W - 1 (column 0 would only matter to a longer kernel). Any float dtype.
+        output_final_state: also return the state after the last token, [N, D, W] in x's dtype (as FLA): the
+            sequence's last W inputs, the initial state's newest columns where the sequence is shorter than W.
+        activation: None, "silu" or "swish" (the same).
+        backend: "auto", "triton" or "reference" (FLA's "cuda" and "mix" name its other implementations and are
+            refused as unknown backends).
+        cu_seqlens: [N + 1] int32 / int64 offsets of packed sequences (x is [1, T, D]): no sequence reads another's
+            tokens, each has its own initial and final state. Zero-length sequences are allowed (their final
+            state is their initial state). Checked on the host for CPU tensors only.
+        cu_seqlens_cpu, chunk_indices: FLA's precomputed varlen metadata, accepted and ignored (the kernels find
+            each token's sequence on the device).
+        cp_context (FLA's context parallelism): not supported; anything but None raises NotImplementedError.
+    Returns:
+        (y [B, T, D] in x's dtype, final state or None).
+    Differentiable in x, weight, bias, residual and initial_state (the final state's gradient flows in).
+    """
+    if cp_context is not None:
+        fail(OP, "cp_context (context parallelism) is not supported", NotImplementedError)
+    check_conv_inputs(OP, x, weight, bias, residual, initial_state, cu_seqlens, activation)
+    b = _backends.select(backend, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
+                         cu_seqlens=cu_seqlens)
+    return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)

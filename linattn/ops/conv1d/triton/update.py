@@ -1,0 +1,69 @@
+"""Triton kernel and launcher of `causal_conv1d_update`: T new tokens per row against a pool of states.
+
+One program per (D block, row). A row's window is its slot's W state columns followed by its T tokens; token t
+reads window positions t + 1 .. t + W and the new state is the window's last W positions. Every read of the slot
+happens before the barrier that precedes the in-place write. A padded row (negative slot, or one >= slots) writes
+zeros to y and leaves the pool alone."""
+import triton
+import triton.language as tl
+
+from linattn.runtime.alloc import empty
+
+
+@triton.jit
+def _window(state, x_row, pos, o_d, m, D, stride_t, stride_d, W: tl.constexpr):
+    """[BD, BW] fp32: window positions pos (per column) of a row: state columns below W, tokens from W on."""
+    in_s = m & (pos < W)
+    in_x = m & (pos >= W)
+    v = tl.load(state + o_d[:, None] * W + pos[None, :], mask=in_s, other=0.).to(tl.float32)
+    v += tl.load(x_row + (pos - W)[None, :] * stride_t + o_d[:, None] * stride_d, mask=in_x, other=0.).to(tl.float32)
+    return v
+
+
+@triton.jit
+def conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, T, D, num_slots, stride_n, stride_t,
+                         stride_d, W: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_INDICES: tl.constexpr):
+    i_d, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    o_w = tl.arange(0, BW)
+    m_w = o_w < W
+    m = m_d[:, None] & m_w[None, :]
+    if HAS_INDICES:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+    else:
+        slot = i_n
+    live = (slot >= 0) & (slot < num_slots)
+    slot = tl.where(live, slot, 0)
+    state = conv_state + slot * D * W
+    x_row = x + i_n * stride_n
+    y_row = y + i_n * T * D
+    w = tl.load(weight + o_d[:, None] * W + o_w[None, :], mask=m, other=0.).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(bias + o_d, mask=m_d, other=0.).to(tl.float32)
+    for t in range(T):
+        a = tl.sum(w * _window(state, x_row, t + 1 + o_w, o_d, m & live, D, stride_t, stride_d, W), 1)
+        if HAS_BIAS:
+            a += b
+        if SILU:
+            a = a * tl.sigmoid(a)
+        a = tl.where(live, a, 0.)
+        tl.store(y_row + t * D + o_d, a.to(y.dtype.element_ty), mask=m_d)
+    new = _window(state, x_row, T + o_w, o_d, m & live, D, stride_t, stride_d, W)
+    tl.debug_barrier()
+    tl.store(state + o_d[:, None] * W + o_w[None, :], new.to(conv_state.dtype.element_ty), mask=m & live)
+
+
+def conv1d_update(x, conv_state, weight, bias, silu, state_indices):
+    x3 = x[:, None] if x.dim() == 2 else x
+    N, T, D = x3.shape
+    W = weight.shape[1]
+    y = empty(N, T, D, dtype=x.dtype, device=x.device)
+    BD = min(128, triton.next_power_of_2(D))
+    if N > 0 and T > 0:
+        conv1d_update_kernel[(triton.cdiv(D, BD), N)](
+            x3, conv_state, weight.contiguous(), bias, state_indices, y, T, D, conv_state.shape[0], *x3.stride(),
+            W=W, BW=triton.next_power_of_2(W), BD=BD, SILU=silu, HAS_BIAS=bias is not None,
+            HAS_INDICES=state_indices is not None)
+    return y.view(x.shape)

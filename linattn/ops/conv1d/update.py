@@ -1,0 +1,71 @@
+"""`causal_conv1d_update`: the decode step of the causal convolution, its states in a pool updated in place.
+
+The Triton path is the torch custom op "linattn::causal_conv1d_update", which declares that it mutates conv_state
+(so torch.compile orders it and CUDA graphs capture it); forward only. The reference backend runs by name."""
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.backends import op_backends
+from linattn.ops.conv1d.reference import causal_conv1d_update_reference
+from linattn.ops.conv1d.validation import check_update_inputs
+from linattn.runtime.settings import settings
+
+OP = "causal_conv1d_update"
+_backends = op_backends(OP)
+
+
+@torch.library.custom_op("linattn::causal_conv1d_update", mutates_args=("conv_state",))
+def _update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+               activation: str, state_indices: Optional[torch.Tensor]) -> torch.Tensor:
+    from linattn.ops.conv1d.triton.update import conv1d_update
+    return conv1d_update(x, conv_state, weight, bias, activation == "silu", state_indices)
+
+
+@_update_op.register_fake
+def _(x, conv_state, weight, bias, activation, state_indices):
+    return x.new_empty(x.shape)
+
+
+def _triton_supports(x=None, conv_state=None, weight=None, bias=None, **_) -> Tuple[bool, str]:
+    if x.device.type == "cpu" and not settings.interpret:
+        return False, "CPU tensors need TRITON_INTERPRET=1 for the Triton path"
+    if x.device.type not in ("cpu", "cuda"):
+        return False, f"device {x.device.type} is not supported by the Triton path"
+    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype == torch.float64:
+            return False, f"fp64 {name}: use the reference backend"
+    return True, ""
+
+
+def _triton_impl(x, conv_state, weight, bias, activation, state_indices):
+    return _update_op(x, conv_state, weight, bias, "" if activation is None else "silu", state_indices)
+
+
+_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("reference", causal_conv1d_update_reference, lambda **_: (True, ""), priority=100, auto=False)
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,
+                         state_indices: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
+    """One or a few new tokens per row against carried convolution states (decode, speculative decode), in
+    causal-conv1d's argument order with FLA's layouts.
+
+    Args:
+        x: [N, D] (one token per row) or [N, T, D] (T tokens per row, in order); bf16 / fp16 / fp32.
+        conv_state: [slots, D, W], contiguous, any float dtype: each row's last W inputs, oldest first, as
+            causal_conv1d's states. Updated IN PLACE: after the call a row's slot holds its last W inputs.
+        weight: [D, W]; bias: [D] or None; activation: None, "silu" or "swish".
+        state_indices: [N] int32 / int64 pool slots, or None (row n uses slot n; then slots must equal N). A
+            negative index is a padded row: its state is neither read nor written and its output is zeros. Indices
+            >= slots raise on the CPU; on a GPU (no host sync) the kernel treats them as padded rows. Two live rows
+            must not name one slot.
+        backend (keyword-only): "auto", "triton" or "reference".
+    Returns:
+        y with x's shape and dtype: for every token the convolution of the full sequence at that position.
+    Forward only (inference): an input that requires grad with grad mode on raises ValueError.
+    """
+    check_update_inputs(OP, x, conv_state, weight, bias, activation, state_indices)
+    b = _backends.select(backend, x=x, conv_state=conv_state, weight=weight, bias=bias, state_indices=state_indices)
+    return b.impl(x, conv_state, weight, bias, activation, state_indices)
