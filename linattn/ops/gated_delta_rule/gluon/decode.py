@@ -383,14 +383,14 @@ def desc_sig(state: str, BV: int, K: int = 128) -> str:
     return f"tensordesc<{state}[{K}, {BV}],{layout!r}>"
 
 
-def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False):
+def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False, pad_slot: int = -1):
     """(fn, signature, constexprs, options) of one config, as the JIT sees decode_launch's call (bf16 q/k/v/o,
-    fp32 g/beta, int32 indices)."""
+    fp32 g/beta, int32 indices; pad_slot: the padding index the call names, -1 for none)."""
     sig = dict(desc=desc_sig(state, BV), q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
                A_log="*fp32" if fused else "constexpr", dt_bias="*fp32" if fused else "constexpr", o="*bf16",
                state_indices="*i32", scale="fp32", num_slots="i32", n_tiles="i32")
     const = dict(H=H, HV=32, K=128, V=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
-                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages, PAD_SLOT=-1)
+                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages, PAD_SLOT=pad_slot)
     constexprs = {n: None for n, t in sig.items() if t == "constexpr"}
     constexprs.update(const)
     sig.update({n: "constexpr" for n in const})
