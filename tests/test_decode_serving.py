@@ -185,7 +185,8 @@ def test_padding_conventions(kernel, pad_slot_id):
     ro, _ = fused_recurrent_reference(**_f64(x), initial_state=before.double(), state_indices=idx, inplace=True,
                                       pad_slot_id=pad_slot_id)
     assert_close("o (public)", o2[live], ro[live], F32)
-    assert torch.equal(o2[padded], torch.zeros_like(o2[padded])) and torch.equal(ro[padded], torch.zeros_like(ro[padded]))
+    assert torch.equal(o2[padded], torch.zeros_like(o2[padded]))
+    assert torch.equal(ro[padded], torch.zeros_like(ro[padded]))
     assert torch.equal(_bits(pool2[untouched]), _bits(before[untouched]))
 
 
@@ -206,8 +207,8 @@ def test_state_v_first_pool(kernel, state_dtype):
                             False, False, False, True, config=config, out=o, state_v_first=True)
     tol_s = F32 if state_dtype == torch.float32 else BF16_STATE
     for n, s in ((0, 5), (1, 0), (3, 2)):
-        ro, rht = naive_recurrent(**_f64(_sequence(x, n, None, 1)), initial_state=_stored(before[s].double(), True)[None],
-                                  output_final_state=True)
+        h0 = _stored(before[s].double(), True)[None]
+        ro, rht = naive_recurrent(**_f64(_sequence(x, n, None, 1)), initial_state=h0, output_final_state=True)
         assert_close(f"o {n}", o[n:n + 1], ro, F32)
         assert_close(f"slot {s}", _stored(pool[s].double(), True), rht[0], tol_s)
     assert torch.equal(o[2], torch.zeros_like(o[2]))
@@ -334,7 +335,8 @@ def test_bad_serving_inputs_name_the_argument():
          r"num_accepted_tokens must be in \[1, T_max"),
         (dict(state_indices=i2, num_accepted_tokens=torch.tensor([1, 3])), ValueError,
          r"num_accepted_tokens must be in \[1, T_max"),
-        (dict(state_indices=torch.tensor([[0, 1], [2, 6]]), inplace=True), ValueError, r"state_indices \[6\] out of range"),
+        (dict(state_indices=torch.tensor([[0, 1], [2, 6]]), inplace=True), ValueError,
+         r"state_indices \[6\] out of range"),
         (dict(state_indices=torch.tensor([[0, 1], [2, 1]]), inplace=True), ValueError, "twice"),
         (dict(state_indices=torch.tensor([0, 1]), pad_slot_id=1.0), TypeError, "pad_slot_id must be an int"),
         (dict(state_indices=torch.tensor([0, 7]), pad_slot_id=0), ValueError, "out of range.*pad_slot_id"),

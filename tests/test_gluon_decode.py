@@ -192,12 +192,19 @@ def test_supports_reasons_on_a_pretend_gpu(monkeypatch):
     base = dict(q=q, k=q, v=v, g=None, beta=torch.zeros(2, 1, 4), initial_state=pool, inplace=True,
                 state_indices=torch.zeros(2, dtype=torch.int32))
     assert d.supports(**base) == (True, "")
+    assert d.supports(**base, pad_slot_id=0) == (True, "")          # vLLM's padding slot: a constexpr of the kernel
     cases = [
         (dict(q=Meta(torch.zeros(2, 2, 4, 128))), "T=2"),
         (dict(cu_seqlens=torch.tensor([0, 1, 2])), "cu_seqlens"),
         (dict(q=Meta(torch.zeros(2, 1, 4, 64))), "K=64"),
         (dict(use_qk_l2norm_in_kernel=True), "l2norm"),
         (dict(inplace=False), "in place"),
+        (dict(state_indices=torch.zeros(2, 2, dtype=torch.int32)), "2-D state_indices"),
+        (dict(state_indices=torch.zeros(2, 2, dtype=torch.int32), num_accepted_tokens=torch.ones(2, dtype=torch.int32)),
+         "state_indices"),
+        (dict(state_v_first=True), "state_v_first"),
+        (dict(allow_neg_eigval=True), "allow_neg_eigval"),
+        (dict(k=Meta(torch.zeros(2, 1, 4, 128, dtype=torch.bfloat16))), "different dtypes"),
         (dict(initial_state=Meta(torch.zeros(3, 4, 128, 128, dtype=torch.float16), ptr=256)), "fp32 or bf16"),
         (dict(initial_state=Meta(torch.zeros(3, 4, 128, 128), ptr=8)), "16-byte"),
     ]

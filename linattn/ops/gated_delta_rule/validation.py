@@ -25,7 +25,8 @@ def _fail(msg: str):
 
 
 def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, op: str = "chunk_gated_delta_rule",
-                     num_states: Optional[int] = None, gate_optional: bool = False, mixed_qkv: bool = False) -> dict:
+                     num_states: Optional[int] = None, gate_optional: bool = False,
+                     mixed_qkv: bool = False) -> dict:
     """Validate the shared arguments and return the problem's sizes:
     dict(B, T, H, HV, K, V, N) where N is the number of sequences (states). mixed_qkv: q, k and v may differ in
     dtype (the decode op, as FLA's: each read and computed in fp32)."""

@@ -339,7 +339,7 @@ def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_s
         return False, "state_v_first: the Gluon decode's TMA boxes and register layout are built for [K, V] states"
     if allow_neg_eigval:
         return False, "allow_neg_eigval: not in the Gluon decode (Triton runs it)"
-    if not (q.dtype == k.dtype == v.dtype):
+    if k is not None and not (q.dtype == k.dtype == v.dtype):
         return False, "q, k and v of different dtypes: not in the Gluon decode (Triton runs it)"
     from linattn.runtime.device import hopper_gluon_ready
     ok, reason = hopper_gluon_ready(q, "the Gluon decode", needs="TMA")

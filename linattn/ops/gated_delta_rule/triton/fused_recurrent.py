@@ -75,7 +75,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                             use_qk_l2norm: bool, beta_sigmoid: bool, output_final_state: bool, inplace: bool,
                             config: Optional[tuple] = None, out: Optional[torch.Tensor] = None,
-                            final_out: Optional[torch.Tensor] = None, num_accepted_tokens: Optional[torch.Tensor] = None,
+                            final_out: Optional[torch.Tensor] = None,
+                            num_accepted_tokens: Optional[torch.Tensor] = None,
                             pad_slot_id: int = -1, state_v_first: bool = False, allow_neg_eigval: bool = False):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
     requested, else a new fp32 tensor (FLA's rule), [N, HV, K, V] ([N, HV, V, K] with state_v_first). The
