@@ -36,7 +36,8 @@ FLA_DECODE = [("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED), ("g", None), ("
               ("use_beta_sigmoid_in_kernel", False), ("allow_neg_eigval", False), ("state_v_first", False),
               ("cu_seqlens", None)]
 FLA_DECODE_KWARGS = {"transpose_state_layout": None}
-DECODE_EXTRAS = {"state_indices": None, "inplace": False, "beta_sigmoid": False, "backend": "auto"}
+DECODE_EXTRAS = {"state_indices": None, "inplace": False, "num_accepted_tokens": None, "pad_slot_id": None,
+                 "beta_sigmoid": False, "backend": "auto"}
 
 
 def _check_signature(fn, fla, fla_kwargs, extras):
@@ -107,16 +108,18 @@ def test_chunk_argument_errors(kw, match):
 
 @pytest.mark.parametrize("fn", ["chunk", "decode"])
 def test_transpose_state_layout_is_state_v_first(fn):
-    """FLA's deprecated name: warns as FLA, refused by the name state_v_first when True, accepted when False."""
+    """FLA's deprecated name: warns as FLA; True is state_v_first (the chunk op refuses it by that name, the decode
+    runs it: tests/test_decode_serving.py); both at once are refused; False changes nothing."""
     if fn == "chunk":
         x, cu = _chunk_inputs()
         op = lambda **kw: linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, **kw)   # noqa: E731
     else:
         x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=torch.float32)
         op = lambda **kw: linattn.fused_recurrent_gated_delta_rule(**x, **kw)        # noqa: E731
-    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
-        with pytest.raises(NotImplementedError, match="state_v_first is not supported yet"):
-            op(transpose_state_layout=True)
+    if fn == "chunk":
+        with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+            with pytest.raises(NotImplementedError, match="state_v_first is not supported yet"):
+                op(transpose_state_layout=True)
     with pytest.raises(ValueError, match="transpose_state_layout"):
         op(transpose_state_layout=True, state_v_first=True)
     with pytest.warns(DeprecationWarning):
@@ -168,8 +171,6 @@ def test_decode_beta_none_is_ones():
 
 @pytest.mark.parametrize("kw,name", [
     (dict(gk=torch.zeros(2, 1, 2, 16)), "gk"), (dict(gv=torch.zeros(2, 1, 2, 16)), "gv"),
-    (dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True), "allow_neg_eigval"),
-    (dict(state_v_first=True), "state_v_first"),
 ])
 def test_decode_options_not_run_yet_are_refused_by_name(kw, name):
     x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=torch.float32)
@@ -199,7 +200,7 @@ def test_decode_argument_errors(case, match):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("op", ["chunk", "decode"])
 def test_output_dtypes_are_flas(op, backend, dtype):
-    """FLA: o in q's (= v's) dtype; the final state fp32 (chunk: always; decode: without an initial state)."""
+    """FLA: o in q's (= v's) dtype; the final state fp32, whatever the initial state's dtype."""
     if op == "chunk":
         x = make_gdn_inputs(1, 20, 1, 2, 16, 16, dtype=dtype, state_dtype=dtype)
         fn = linattn.chunk_gated_delta_rule
@@ -208,3 +209,7 @@ def test_output_dtypes_are_flas(op, backend, dtype):
         fn = linattn.fused_recurrent_gated_delta_rule
     o, ht = fn(**x, output_final_state=True, backend=backend)
     assert o.dtype == x["q"].dtype == x["v"].dtype == dtype and ht.dtype == torch.float32
+    if op == "decode":          # FLA's decode returns an fp32 final state for a bf16 initial state too
+        h0 = torch.randn(2, 2, 16, 16).to(torch.bfloat16)
+        _, ht = fn(**dict(x, initial_state=h0), output_final_state=True, backend=backend)
+        assert ht.dtype == torch.float32

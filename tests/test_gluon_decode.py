@@ -106,7 +106,7 @@ def test_launch_matches_aot_signature(state, A_log):
     assert len(args) == len(runtime)
     for name, arg in zip(runtime, args):
         assert mangle_type(arg) == sig[name], f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {sig[name]}"
-    for n in ("H", "HV", "K", "V", "BV", "STAGES", "FUSED_GATE", "INDEXED"):
+    for n in ("H", "HV", "K", "V", "BV", "STAGES", "FUSED_GATE", "INDEXED", "PAD_SLOT"):
         assert kw[n] == const[n], n
     assert kw["num_warps"] == opt["num_warps"]
     assert n_tiles == 4 * 32 * (128 // BV) and grid == (min(n_tiles, per_sm * 132),)
@@ -192,12 +192,19 @@ def test_supports_reasons_on_a_pretend_gpu(monkeypatch):
     base = dict(q=q, k=q, v=v, g=None, beta=torch.zeros(2, 1, 4), initial_state=pool, inplace=True,
                 state_indices=torch.zeros(2, dtype=torch.int32))
     assert d.supports(**base) == (True, "")
+    assert d.supports(**base, pad_slot_id=0) == (True, "")          # vLLM's padding slot: a constexpr of the kernel
     cases = [
         (dict(q=Meta(torch.zeros(2, 2, 4, 128))), "T=2"),
         (dict(cu_seqlens=torch.tensor([0, 1, 2])), "cu_seqlens"),
         (dict(q=Meta(torch.zeros(2, 1, 4, 64))), "K=64"),
         (dict(use_qk_l2norm_in_kernel=True), "l2norm"),
         (dict(inplace=False), "in place"),
+        (dict(state_indices=torch.zeros(2, 2, dtype=torch.int32)), "2-D state_indices"),
+        (dict(state_indices=torch.zeros(2, 2, dtype=torch.int32), num_accepted_tokens=torch.ones(2, dtype=torch.int32)),
+         "state_indices"),
+        (dict(state_v_first=True), "state_v_first"),
+        (dict(allow_neg_eigval=True), "allow_neg_eigval"),
+        (dict(k=Meta(torch.zeros(2, 1, 4, 128, dtype=torch.bfloat16))), "different dtypes"),
         (dict(initial_state=Meta(torch.zeros(3, 4, 128, 128, dtype=torch.float16), ptr=256)), "fp32 or bf16"),
         (dict(initial_state=Meta(torch.zeros(3, 4, 128, 128), ptr=8)), "16-byte"),
     ]
@@ -208,7 +215,7 @@ def test_supports_reasons_on_a_pretend_gpu(monkeypatch):
 
 # ------------------------------------------------------------------------------ torch model of the schedule
 def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=None, dt_bias=None,
-                  beta_sigmoid=False):
+                  beta_sigmoid=False, pad_slot=-1):
     """The kernel's algorithm in torch (fp64 math): each CTA walks local tiles j (global t = pid + j * grid),
     with the ring protocol as bookkeeping: a slot's barrier completes exactly one phase per issued tile (TMA
     load for a live row, plain arrive for a padded one), every wait must find exactly its phase complete, a
@@ -230,7 +237,7 @@ def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=No
 
         def slot_of(t):
             s_ = int(idx[t // (HV * NV)])
-            return s_, 0 <= s_ < S
+            return s_, 0 <= s_ < S and s_ != pad_slot
 
         def issue(j):
             if j >= n_my:
@@ -278,12 +285,13 @@ def _model_decode(q, k, v, g, beta, scale, pool, idx, BV, stages, grid, A_log=No
     return o.to(v.dtype)
 
 
-@pytest.mark.parametrize("B,H,state,BV,stages,grid,fused", [
-    (5, 4, torch.float32, 64, 3, 7, False),
-    (3, 2, torch.bfloat16, 64, 2, 4, True),
-    (4, 4, torch.float32, 32, 3, 64, False),  # more CTAs than tiles for some: n_my 0 or 1
+@pytest.mark.parametrize("B,H,state,BV,stages,grid,fused,pad_slot", [
+    (5, 4, torch.float32, 64, 3, 7, False, -1),
+    (3, 2, torch.bfloat16, 64, 2, 4, True, -1),
+    (4, 4, torch.float32, 32, 3, 64, False, -1),  # more CTAs than tiles for some: n_my 0 or 1
+    (5, 4, torch.bfloat16, 64, 3, 7, False, 0),   # vLLM's padding slot 0 (pad_slot_id=0)
 ])
-def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid, fused):
+def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid, fused, pad_slot):
     from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
     from linattn.testing import make_gdn_inputs, rel_rms
     HV = 4
@@ -295,24 +303,30 @@ def test_torch_model_of_schedule_matches_reference(B, H, state, BV, stages, grid
         x["g"] = torch.randn_like(x["g"])
     slots = 2 * B + 3
     pool = (torch.randn(slots, HV, 128, 128) * 0.5).to(state)
-    idx = torch.randperm(slots)[:B]
+    idx = torch.randperm(slots - 1)[:B] + 1
     idx[1] = -1
     if B > 3:
         idx[3] = slots + 5                           # out of range: padded, nothing read or written
+    if pad_slot == 0:
+        idx[2] = 0                                   # the padding slot: padded, slot 0 neither read nor written
+        pool[0] = float("nan")
     before = pool.clone()
     ref_pool = pool.double()
     x64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
     e64 = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in extra.items()}
     ref_idx = idx.clone()
     ref_idx[ref_idx >= slots] = -1                    # the reference raises on out-of-range CPU indices
-    ro, _ = fused_recurrent_reference(**x64, **e64, initial_state=ref_pool, state_indices=ref_idx, inplace=True)
+    ro, _ = fused_recurrent_reference(**x64, **e64, initial_state=ref_pool, state_indices=ref_idx, inplace=True,
+                                      pad_slot_id=pad_slot)
     got = _model_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, pool, idx, BV, stages, grid,
-                        **extra)
-    live = idx[(idx >= 0) & (idx < slots)]
+                        **extra, pad_slot=pad_slot)
+    is_pad = (idx < 0) | (idx >= slots) | (idx == pad_slot)
+    live = idx[~is_pad]
     unused = torch.ones(slots, dtype=torch.bool)
     unused[live] = False
     assert rel_rms(got, ro) < 1e-6
     assert rel_rms(pool[live], ref_pool[live]) < (1e-6 if state == torch.float32 else 4e-3)
-    assert torch.equal(pool[unused], before[unused])
-    pad = ((idx < 0) | (idx >= slots)).nonzero().flatten()
+    assert torch.equal(pool[unused].view(torch.int16 if state == torch.bfloat16 else torch.int32),
+                       before[unused].view(torch.int16 if state == torch.bfloat16 else torch.int32))
+    pad = is_pad.nonzero().flatten()
     assert bool((got[pad] == 0).all())

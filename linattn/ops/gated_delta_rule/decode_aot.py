@@ -7,29 +7,31 @@ import dataclasses
 from linattn.runtime.aot import AotKernel, register
 
 # ---- Gluon decode step (gluon/decode.py): TMA ring in, TMA store out, mbarrier phases. The launcher's default
-# config per pool dtype (DEFAULT_CONFIGS), and the fp32 one with GVA (H=16) and the fused gate; HV=32, K=V=128,
-# pool in place.
+# config per pool dtype (DEFAULT_CONFIGS), the fp32 one with GVA (H=16) and the fused gate, and the bf16 one with
+# vLLM's padding slot (pad_slot_id=0: PAD_SLOT=0); HV=32, K=V=128, pool in place.
 DECODE_INTENDED = ("UTMALDG", "UTMASTG", "SYNCS")
 DECODE_DIV16 = ("q", "k", "v", "g", "beta", "o", "state_indices")
-DECODE_CONFIGS = [  # (name, state, BV, warps, stages, H, fused)
-    ("fp32_bv64_w4_s3", "fp32", 64, 4, 3, 32, False),
-    ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False),
-    ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True),
+DECODE_CONFIGS = [  # (name, state, BV, warps, stages, H, fused, pad_slot)
+    ("fp32_bv64_w4_s3", "fp32", 64, 4, 3, 32, False, -1),
+    ("bf16_bv64_w4_s3", "bf16", 64, 4, 3, 32, False, -1),
+    ("fp32_bv64_w4_s3_gva_gate", "fp32", 64, 4, 3, 16, True, -1),
+    ("bf16_bv64_w4_s3_pad0", "bf16", 64, 4, 3, 32, False, 0),
 ]
 
 
-def _build_decode(state: str, BV: int, warps: int, stages: int, H: int, fused: bool):
+def _build_decode(state: str, BV: int, warps: int, stages: int, H: int, fused: bool, pad_slot: int):
     def build():
         from linattn.ops.gated_delta_rule.gluon.decode import aot_build
-        return aot_build(state, BV, warps, stages, H, fused)
+        return aot_build(state, BV, warps, stages, H, fused, pad_slot)
     return build
 
 
-for _n, _st, _bv, _w, _s, _h, _f in DECODE_CONFIGS:
+for _n, _st, _bv, _w, _s, _h, _f, _p in DECODE_CONFIGS:
     register(AotKernel(
-        f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f), DECODE_INTENDED, div16=DECODE_DIV16,
+        f"gdn_decode_gluon_{_n}", _build_decode(_st, _bv, _w, _s, _h, _f, _p), DECODE_INTENDED, div16=DECODE_DIV16,
         description=f"GDN decode step (T=1), Gluon TMA ring, {_st} pool in place, BV={_bv}, {_w} warps, "
-                    f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")))
+                    f"{_s} stages, H={_h} HV=32 K=V=128" + (", fused gate" if _f else "")
+                    + (f", pad_slot_id={_p}" if _p >= 0 else "")))
 
 
 # ---- Triton decode kernels (triton/fused_recurrent.py): the batch-256 fp32 default (persistent, in place) and the

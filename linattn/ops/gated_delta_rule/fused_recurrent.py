@@ -39,37 +39,74 @@ def _num_sequences(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
-def check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias):
+def _pad_id(pad_slot_id) -> int:
+    """The kernels' PAD_SLOT: pad_slot_id when it is >= 0, else -1 (negative indices are padding in any case)."""
+    return -1 if pad_slot_id is None or pad_slot_id < 0 else int(pad_slot_id)
+
+
+def _check_state(name, t, lead, dims, state_v_first, q):
+    """A state tensor [lead..., HV, K, V] ([.., HV, V, K] with state_v_first) on q's device, float."""
+    HV, K, V = dims["HV"], dims["K"], dims["V"]
+    tail = (HV, V, K) if state_v_first else (HV, K, V)
+    form = "[.., HV, V, K] (state_v_first)" if state_v_first else "[.., HV, K, V]"
+    if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape[1:]) != tail or \
+            (lead is not None and t.shape[0] != lead) or t.shape[0] < 1:
+        _fail(f"{OP}: {name} must be {form} with (HV, K, V) = {(HV, K, V)} and "
+              f"{'N = ' + str(lead) if lead is not None else 'num_slots >= 1'} rows, "
+              f"got {tuple(getattr(t, 'shape', ()))}")
+    if t.device != q.device:
+        _fail(f"{OP}: {name} is on {t.device} but q is on {q.device}")
+    if not t.is_floating_point():
+        _fail(f"{OP}: {name} must be a float tensor, got {t.dtype}")
+
+
+def _check_int_tensor(name, t, q):
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        _fail(f"{OP}: {name} must be int32 or int64, got {t.dtype}")
+    if t.device != q.device:
+        _fail(f"{OP}: {name} is on {t.device} but q is on {q.device}")
+
+
+def check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
+                        num_accepted_tokens=None, pad_slot_id=None, state_v_first=False):
     """The shared checks plus the decode-only ones. Reads index values only when they live on the CPU (no
     host synchronisation on a GPU; there the kernel treats out-of-range slots as padded rows)."""
+    dims = check_gdn_inputs(q, k, v, g, beta, None, cu_seqlens, op=OP, gate_optional=True, mixed_qkv=True)
+    N = dims["N"]
+    if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
+        raise TypeError(f"{OP}: pad_slot_id must be an int or None, got {type(pad_slot_id).__name__}")
     if state_indices is None:
-        dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, gate_optional=True)
+        if num_accepted_tokens is not None:
+            _fail(f"{OP}: num_accepted_tokens needs a 2-D state_indices [N, T_max] (speculative decoding)")
+        if pad_slot_id is not None:
+            _fail(f"{OP}: pad_slot_id names a padding index of state_indices; pass state_indices too")
+        if initial_state is not None:
+            _check_state("initial_state", initial_state, N, dims, state_v_first, q)
     else:
-        dims = check_gdn_inputs(q, k, v, g, beta, None, cu_seqlens, op=OP, gate_optional=True)
-        if not isinstance(state_indices, torch.Tensor):
-            _fail(f"{OP}: state_indices must be a torch.Tensor, got {type(state_indices).__name__}")
-        N = _num_sequences(q, cu_seqlens)
-        if state_indices.dim() != 1 or state_indices.shape[0] != N:
-            _fail(f"{OP}: state_indices must be [N] = [{N}] (one pool slot per sequence), "
-                  f"got shape {tuple(state_indices.shape)}")
-        if state_indices.dtype not in (torch.int32, torch.int64):
-            _fail(f"{OP}: state_indices must be int32 or int64, got {state_indices.dtype}")
-        if state_indices.device != q.device:
-            _fail(f"{OP}: state_indices is on {state_indices.device} but q is on {q.device}")
+        _check_int_tensor("state_indices", state_indices, q)
+        if state_indices.dim() not in (1, 2) or state_indices.shape[0] != N:
+            _fail(f"{OP}: state_indices must be [N] = [{N}] (one pool slot per sequence) or [N, T_max] "
+                  f"(speculative decoding), got shape {tuple(state_indices.shape)}")
+        if state_indices.dim() == 2:
+            cols = state_indices.shape[1]
+            if cols < 1 or (cu_seqlens is None and cols < dims["T"]):
+                _fail(f"{OP}: a 2-D state_indices must be [N, T_max] with T_max >= T = {dims['T']} (a slot for "
+                      f"the state after each token), got shape {tuple(state_indices.shape)}")
+        if num_accepted_tokens is not None:
+            if state_indices.dim() != 2:
+                _fail(f"{OP}: num_accepted_tokens needs a 2-D state_indices [N, T_max] (speculative decoding), "
+                      f"got state_indices of shape {tuple(state_indices.shape)}")
+            _check_int_tensor("num_accepted_tokens", num_accepted_tokens, q)
+            if tuple(num_accepted_tokens.shape) != (N,):
+                _fail(f"{OP}: num_accepted_tokens must be [N] = [{N}], got {tuple(num_accepted_tokens.shape)}")
         if initial_state is None:
             _fail(f"{OP}: state_indices needs the state pool as initial_state [num_slots, HV, K, V]")
-        if not isinstance(initial_state, torch.Tensor) or initial_state.dim() != 4 \
-                or tuple(initial_state.shape[1:]) != (dims["HV"], dims["K"], dims["V"]) \
-                or initial_state.shape[0] < 1:
-            _fail(f"{OP}: the state pool (initial_state) must be [num_slots >= 1, HV, K, V] with "
-                  f"(HV, K, V) = {(dims['HV'], dims['K'], dims['V'])}, got {tuple(getattr(initial_state, 'shape', ()))}")
-        if initial_state.device != q.device:
-            _fail(f"{OP}: the state pool is on {initial_state.device} but q is on {q.device}")
-        if not initial_state.is_floating_point():
-            _fail(f"{OP}: the state pool must be a float tensor, got {initial_state.dtype}")
-        dims["N"] = N
+        _check_state("the state pool (initial_state)", initial_state, None, dims, state_v_first, q)
         if state_indices.device.type == "cpu" and not torch.compiler.is_compiling():
-            _check_index_values(state_indices, initial_state.shape[0], inplace)
+            _check_index_values(state_indices, initial_state.shape[0], inplace, _pad_id(pad_slot_id),
+                                num_accepted_tokens, cu_seqlens, dims["T"])
     if inplace:
         if initial_state is None:
             _fail(f"{OP}: inplace=True needs initial_state (the state pool to update)")
@@ -91,14 +128,42 @@ def check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indic
     return dims
 
 
-def _check_index_values(state_indices, num_slots, inplace):
+def _check_index_values(state_indices, num_slots, inplace, pad, num_accepted_tokens, cu_seqlens, T):
+    """CPU tensors only. The entries the kernel reads (every row's read slot) and writes (a live row's slot per
+    token, 2-D) must be padding or in [0, num_slots); num_accepted_tokens in [1, T_max]; each sequence at most
+    T_max tokens; with inplace=True no slot touched by two live rows."""
     idx = state_indices.to(torch.int64)
-    bad = idx >= num_slots
-    if bool(bad.any()):
-        _fail(f"{OP}: state_indices {idx[bad].tolist()[:8]} out of range for a pool of {num_slots} slots "
-              f"(use a negative index for a padded row)")
+    is_pad = (idx < 0) | (idx == pad) if pad >= 0 else idx < 0
+    if idx.dim() == 1:
+        read, read_pad, used = idx, is_pad, ~is_pad
+    else:
+        n, cols = idx.shape
+        lengths = (cu_seqlens.to("cpu", torch.int64).diff() if cu_seqlens is not None
+                   else torch.full((n,), T, dtype=torch.int64))
+        if bool((lengths > cols).any()):
+            _fail(f"{OP}: cu_seqlens has a sequence of {int(lengths.max())} tokens, more than the {cols} columns "
+                  f"of state_indices (one slot per token)")
+        col = torch.zeros(n, dtype=torch.int64)
+        if num_accepted_tokens is not None:
+            col = num_accepted_tokens.to(torch.int64) - 1
+            if bool(((col < 0) | (col >= cols)).any()):
+                _fail(f"{OP}: num_accepted_tokens must be in [1, T_max = {cols}] (the state is read from column "
+                      f"num_accepted_tokens - 1 of state_indices), got {(col + 1).tolist()[:8]}")
+        read = idx.gather(1, col[:, None])[:, 0]
+        read_pad = is_pad.gather(1, col[:, None])[:, 0]
+        pos = torch.arange(cols)[None, :]
+        written = (pos < lengths[:, None]) if inplace else torch.zeros_like(is_pad)
+        used = ((pos == col[:, None]) | written) & ~is_pad & ~read_pad[:, None]
+    bad_read, bad_used = ~read_pad & (read >= num_slots), used & (idx >= num_slots)
+    if bool(bad_read.any()) or bool(bad_used.any()):
+        vals = torch.cat([read[bad_read], idx[bad_used]]).unique()
+        _fail(f"{OP}: state_indices {vals.tolist()[:8]} out of range for a pool of {num_slots} slots "
+              f"(use a negative index{'' if pad < 0 else ' or pad_slot_id'} for a padded row)")
     if inplace:
-        live = idx[idx >= 0]
+        if idx.dim() == 1:
+            live = idx[used]
+        else:                               # each live row's distinct slots; no slot may appear in two rows
+            live = torch.cat([idx[r][used[r]].unique() for r in range(idx.shape[0])])
         if live.unique().numel() != live.numel():
             _fail(f"{OP}: state_indices name a slot twice; with inplace=True two sequences would write one slot")
 
@@ -106,10 +171,12 @@ def _check_index_values(state_indices, num_slots, inplace):
 # ------------------------------------------------------------------------------------------------ reference
 def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False,
-                              A_log=None, dt_bias=None, beta_sigmoid=False):
-    """The op in plain PyTorch: gating formulas, pool gather/scatter and padding done explicitly, then
-    `naive_recurrent`. Computes in fp32 (fp64 when q is fp64); the state is kept in that precision over the T
-    tokens of the call and rounded to the pool's dtype only when written back, as the kernel does."""
+                              A_log=None, dt_bias=None, beta_sigmoid=False, num_accepted_tokens=None,
+                              pad_slot_id=None, state_v_first=False, allow_neg_eigval=False):
+    """The op in plain PyTorch: gating formulas, pool gather/scatter, padding and the speculative-decoding slots
+    done explicitly, then `naive_recurrent`. Computes in fp32 (fp64 when q is fp64); the state is kept in that
+    precision over the T tokens of the call and rounded to the pool's dtype only when written back, as the kernel
+    does. An out-of-place final state comes back in the compute dtype (fp32, as FLA)."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     if g is None:
@@ -119,20 +186,31 @@ def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, 
         g_eff = -torch.exp(A_log.to(dt)) * F.softplus(x)
     else:
         g_eff = g.to(dt)
-    beta_eff = torch.sigmoid(beta.to(dt)) if beta_sigmoid else beta.to(dt)
+    beta_eff = beta.to(dt)
+    if beta_sigmoid:
+        beta_eff = torch.sigmoid(beta_eff) * (2 if allow_neg_eigval else 1)
+    layout = (lambda s: s.transpose(-1, -2)) if state_v_first else (lambda s: s)     # stored <-> [K, V]
+    pad = _pad_id(pad_slot_id)
     N = state_indices.shape[0] if state_indices is not None else _num_sequences(q, cu_seqlens)
     valid = [True] * N
     h0 = None
+    spec = state_indices is not None and state_indices.dim() == 2
     if state_indices is not None:
         pool = initial_state
-        slots = [int(i) for i in state_indices.tolist()]
-        valid = [0 <= s < pool.shape[0] for s in slots]
-        h0 = torch.stack([pool[s].to(dt) if ok else torch.zeros_like(pool[0], dtype=dt)
+        rows = state_indices.tolist()
+        is_slot = lambda s: 0 <= s < pool.shape[0] and s != pad        # noqa: E731
+        if spec:
+            cols = [0] * N if num_accepted_tokens is None else [int(a) - 1 for a in num_accepted_tokens.tolist()]
+            slots = [r[c] if 0 <= c < len(r) else -1 for r, c in zip(rows, cols)]
+        else:
+            slots = [int(i) for i in rows]
+        valid = [is_slot(s) for s in slots]
+        h0 = torch.stack([layout(pool[s]).to(dt) if ok else torch.zeros_like(layout(pool[0]), dtype=dt)
                           for s, ok in zip(slots, valid)])
     elif initial_state is not None:
-        h0 = initial_state.to(dt)
-    o, ht = naive_recurrent(q.to(dt), k.to(dt), v.to(dt), g_eff, beta_eff, scale, h0, True, cu_seqlens,
-                            use_qk_l2norm_in_kernel)
+        h0 = layout(initial_state).to(dt)
+    o, ht, states = naive_recurrent(q.to(dt), k.to(dt), v.to(dt), g_eff, beta_eff, scale, h0, True, cu_seqlens,
+                                    use_qk_l2norm_in_kernel, output_token_states=True)
     o = o.clone()
     if cu_seqlens is None:
         spans = [(n, 0, T) for n in range(N)]
@@ -147,26 +225,30 @@ def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, 
     o = o.to(v.dtype)
     if inplace:
         if state_indices is None:
-            initial_state.copy_(ht.to(initial_state.dtype))
+            initial_state.copy_(layout(ht).to(initial_state.dtype))
+        elif spec:                           # the state after token t into slot state_indices[n, t]
+            for n, ok in enumerate(valid):
+                for t in range(states[n].shape[0] if ok else 0):
+                    if t < len(rows[n]) and is_slot(rows[n][t]):
+                        initial_state[rows[n][t]] = layout(states[n][t]).to(initial_state.dtype)
         else:
             for n, (s, ok) in enumerate(zip(slots, valid)):
                 if ok:
-                    initial_state[s] = ht[n].to(initial_state.dtype)
+                    initial_state[s] = layout(ht[n]).to(initial_state.dtype)
         return o, initial_state
     if not output_final_state:
         return o, None
-    state_dtype = initial_state.dtype if initial_state is not None else dt
-    return o, ht.to(state_dtype)
+    return o, layout(ht).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------- custom ops
-def _fake_outputs(q, v, cu_seqlens, state_indices, initial_state, output_final_state):
+def _fake_outputs(q, v, cu_seqlens, state_indices, output_final_state, state_v_first):
     B, _, HV, V = v.shape
     K = q.shape[-1]
     N = state_indices.shape[0] if state_indices is not None else (
         B if cu_seqlens is None else cu_seqlens.shape[0] - 1)
-    dtype = initial_state.dtype if initial_state is not None else torch.float32
-    ht = q.new_empty(N, HV, K, V, dtype=dtype) if output_final_state else q.new_empty(0, dtype=dtype)
+    shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    ht = q.new_empty(*shape, dtype=torch.float32) if output_final_state else q.new_empty(0, dtype=torch.float32)
     return torch.empty_like(v), ht
 
 
@@ -175,18 +257,23 @@ def _gdn_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
                    beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
                    cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                    A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
-                   beta_sigmoid: bool, output_final_state: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                   beta_sigmoid: bool, output_final_state: bool, num_accepted_tokens: Optional[torch.Tensor] = None,
+                   pad_slot_id: int = -1, state_v_first: bool = False,
+                   allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     o, ht = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
-                                    dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state, inplace=False)
+                                    dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state, inplace=False,
+                                    num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad_slot_id,
+                                    state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
     if ht is None:     # a custom op returns tensors only: an empty one stands for "no final state"
-        ht = q.new_empty(0, dtype=initial_state.dtype if initial_state is not None else torch.float32)
+        ht = q.new_empty(0, dtype=torch.float32)
     return o, ht
 
 
 @_gdn_decode_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
-      beta_sigmoid, output_final_state):
-    return _fake_outputs(q, v, cu_seqlens, state_indices, initial_state, output_final_state)
+      beta_sigmoid, output_final_state, num_accepted_tokens=None, pad_slot_id=-1, state_v_first=False,
+      allow_neg_eigval=False):
+    return _fake_outputs(q, v, cu_seqlens, state_indices, output_final_state, state_v_first)
 
 
 @torch.library.custom_op("linattn::fused_recurrent_gdn_inplace", mutates_args=("initial_state",))
@@ -194,15 +281,19 @@ def _gdn_decode_inplace_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            beta: torch.Tensor, scale: float, initial_state: torch.Tensor,
                            cu_seqlens: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                            A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
-                           beta_sigmoid: bool) -> torch.Tensor:
+                           beta_sigmoid: bool, num_accepted_tokens: Optional[torch.Tensor] = None,
+                           pad_slot_id: int = -1, state_v_first: bool = False,
+                           allow_neg_eigval: bool = False) -> torch.Tensor:
     o, _ = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
-                                   dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state=False, inplace=True)
+                                   dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state=False, inplace=True,
+                                   num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad_slot_id,
+                                   state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
     return o
 
 
 @_gdn_decode_inplace_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
-      beta_sigmoid):
+      beta_sigmoid, num_accepted_tokens=None, pad_slot_id=-1, state_v_first=False, allow_neg_eigval=False):
     return torch.empty_like(v)
 
 
@@ -215,13 +306,17 @@ def _eager(q) -> bool:
 
 def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                  use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
-                 beta_sigmoid=False):
+                 beta_sigmoid=False, num_accepted_tokens=None, pad_slot_id=None, state_v_first=False,
+                 allow_neg_eigval=False):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    pad = _pad_id(pad_slot_id)
     if _eager(q):
         # An eager call on plain tensors runs the launcher directly: the custom op's dispatch costs more host time
         # than the batch-1 kernel (~30 us against ~3.5 us on an H200). Traced calls keep the custom ops.
         o, ht = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
-                                        dt_bias, use_qk_l2norm_in_kernel, beta_sigmoid, output_final_state, inplace)
+                                        dt_bias, use_qk_l2norm_in_kernel, beta_sigmoid, output_final_state, inplace,
+                                        num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad,
+                                        state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
         if inplace:
             if not initial_state.is_inference():              # inference tensors carry no version counter
                 torch.autograd.graph.increment_version(initial_state)     # as the mutating custom op would
@@ -230,11 +325,13 @@ def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_
     if inplace:
         o = torch.ops.linattn.fused_recurrent_gdn_inplace(q, k, v, g, beta, scale, initial_state, cu_seqlens,
                                                           state_indices, A_log, dt_bias,
-                                                          use_qk_l2norm_in_kernel, beta_sigmoid)
+                                                          use_qk_l2norm_in_kernel, beta_sigmoid, num_accepted_tokens,
+                                                          pad, state_v_first, allow_neg_eigval)
         return o, initial_state
     o, ht = torch.ops.linattn.fused_recurrent_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens,
                                                   state_indices, A_log, dt_bias, use_qk_l2norm_in_kernel,
-                                                  beta_sigmoid, output_final_state)
+                                                  beta_sigmoid, output_final_state, num_accepted_tokens, pad,
+                                                  state_v_first, allow_neg_eigval)
     return o, ht if output_final_state else None
 
 
@@ -324,8 +421,9 @@ def fused_recurrent_gated_delta_rule(
         A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
         use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, state_v_first: bool = False,
         cu_seqlens: Optional[torch.Tensor] = None, *, transpose_state_layout: Optional[bool] = None,
-        state_indices: Optional[torch.Tensor] = None, inplace: bool = False, beta_sigmoid: bool = False,
-        backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        state_indices: Optional[torch.Tensor] = None, inplace: bool = False,
+        num_accepted_tokens: Optional[torch.Tensor] = None, pad_slot_id: Optional[int] = None,
+        beta_sigmoid: bool = False, backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Gated DeltaNet over T >= 1 new tokens per sequence from a carried state (decode, speculative decode), with
     FLA 0.6's signature: FLA's parameters in FLA's order and with FLA's defaults (a call written for
     fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule runs unchanged where linattn supports its options;
@@ -345,23 +443,34 @@ def fused_recurrent_gated_delta_rule(
     without A_log or g: ValueError, as FLA). linattn's older spelling, A_log without use_gate_in_kernel, still
     selects the fused gate (FLA would ignore A_log / dt_bias there). use_beta_sigmoid_in_kernel=True (or linattn's
     beta_sigmoid=True, the same): beta is a logit and sigmoid(beta) is used, in the kernel.
-    allow_neg_eigval (FLA: 2 * sigmoid(beta)) and state_v_first (FLA: states stored [N, HV, V, K]), or
-    transpose_state_layout, FLA's deprecated name of state_v_first: not supported yet; True raises
-    NotImplementedError naming the argument (allow_neg_eigval without the beta sigmoid: ValueError, as FLA).
+    allow_neg_eigval=True (needs the beta sigmoid, else ValueError, as FLA): beta = 2 * sigmoid(beta), in (0, 2).
+    q, k and v may differ in dtype (bf16, fp16, fp32 each, as FLA accepts, e.g. fp32 q/k with fp16 v): everything
+    is read and computed in fp32, and o comes back in v's dtype (FLA's rule).
 
-    States, fp32 or bf16 (read, computed in fp32, written back in the same dtype):
-    - without state_indices: initial_state is [N, HV, K, V] (or None: zeros). final_state is a new
-      [N, HV, K, V] tensor of initial_state's dtype (fp32 without one, as FLA; FLA returns fp32 for a bf16
-      initial_state too) if output_final_state, else None;
+    States, fp32 or bf16 (read, computed in fp32, written back in the pool's dtype), laid out [.., HV, K, V], or
+    [.., HV, V, K] with state_v_first=True (FLA's and vLLM's layout; transpose_state_layout is FLA's deprecated
+    name of it) for initial_state, the pool and final_state alike:
+    - without state_indices: initial_state is [N, HV, K, V] (or None: zeros). final_state, if output_final_state,
+      is a new fp32 [N, HV, K, V] tensor whatever initial_state's dtype (FLA's rule), else None;
       with inplace=True the final states overwrite initial_state and final_state is initial_state.
     - serving mode (state_indices, keyword-only): initial_state is a pool [num_slots, HV, K, V] and state_indices
-      [N] (int32/int64, on q's device) gives each sequence's slot. A negative index is a padded row: nothing is
-      read or written for it and its output rows are 0 (its rows of an out-of-place final_state too). With
-      inplace=True the updated states go back into their slots, no extra copy, and final_state is the pool.
-      Indices >= num_slots raise on the CPU; on a GPU (where checking would need a host sync) the kernel treats
-      them as padded. Two live sequences must not share a slot when inplace=True.
+      [N] (int32/int64, on q's device) gives each sequence's slot. With inplace=True the updated states go back
+      into their slots, no extra copy, and final_state is the pool; otherwise the pool is only read and
+      final_state (if output_final_state) is a new fp32 [N, HV, K, V] tensor.
+    - speculative decoding (vLLM's / SGLang's convention): state_indices [N, T_max] (T_max >= T; with cu_seqlens
+      T_max >= each sequence's length) and num_accepted_tokens [N] (int32/int64, keyword-only, optional): sequence
+      n starts from slot state_indices[n, num_accepted_tokens[n] - 1] (column 0 without num_accepted_tokens) and,
+      with inplace=True, the state after its token t is written to slot state_indices[n, t] (every intermediate
+      state, in place; the read slot may be among them). Out of place, final_state holds the state after each
+      sequence's last token. num_accepted_tokens must be in [1, T_max].
+    - padding: a negative index is a padded row, and so is pad_slot_id when given (keyword-only; vLLM passes 0,
+      its null block): nothing is read or written for a padded row, its output rows are 0 and its rows of an
+      out-of-place final_state are 0. With a 2-D state_indices the row is padded when the slot it reads from is;
+      a padded entry among a live row's write slots skips that token's write. Indices >= num_slots and
+      num_accepted_tokens outside [1, T_max] raise on the CPU; on a GPU (where checking would need a host sync)
+      the kernel treats them as padding. With inplace=True no slot may be used by two live sequences.
 
-    Returns (o [B, T, HV, V] in v's dtype, as FLA (q, k and v share one dtype), final_state).
+    Returns (o [B, T, HV, V] in v's dtype, final_state).
     backend (keyword-only): "auto" (the Gluon decode for a bf16 pool at batch >= 32 on a Hopper GPU, else Triton),
     "triton", "gluon" or "reference".
     Works under torch.compile and in CUDA graphs (the Triton path is a torch custom op, host-sync free).
@@ -371,14 +480,15 @@ def fused_recurrent_gated_delta_rule(
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     beta_sigmoid = bool(beta_sigmoid or use_beta_sigmoid_in_kernel)
     check_fla_decode_options(OP, g=g, gk=gk, gv=gv, beta=beta, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                             beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
-                             state_v_first=state_v_first)
+                             beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval)
     if beta is None and isinstance(v, torch.Tensor) and v.dim() == 4:
         beta = torch.ones(v.shape[:3], dtype=torch.float32, device=v.device)
     check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias)
+    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
+                        num_accepted_tokens, pad_slot_id, state_v_first)
     call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
-                A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid)
+                A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, num_accepted_tokens=num_accepted_tokens,
+                pad_slot_id=pad_slot_id, state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
     return _backends.select(backend, **call).impl(**call)

@@ -41,25 +41,31 @@ def _prepare(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel):
 
 def naive_recurrent(q, k, v, g, beta, scale: Optional[float] = None, initial_state=None,
                     output_final_state: bool = False, cu_seqlens=None,
-                    use_qk_l2norm_in_kernel: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    use_qk_l2norm_in_kernel: bool = False, output_token_states: bool = False):
+    """(o, final_state); with output_token_states, (o, final_state, token_states) where token_states[n] is
+    [len_n, HV, K, V]: sequence n's state after each of its tokens (what speculative decoding keeps)."""
     B, T = q.shape[:2]
     out_dtype = v.dtype
     q, k, v, g, beta, scale, dt = _prepare(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
     o = torch.zeros(B, T, HV, V, dtype=dt, device=q.device)
-    finals = []
+    finals, token_states = [], []
+    state_dtype = torch.float64 if dt == torch.float64 else torch.float32
     for n, (b, s, e) in enumerate(_split(cu_seqlens, B, T)):
         S = (initial_state[n].to(dt).clone() if initial_state is not None
              else torch.zeros(HV, K, V, dtype=dt, device=q.device))
+        seq_states = []
         for t in range(s, e):
             S = S * torch.exp(g[b, t])[:, None, None]
             u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t]))
             S = S + torch.einsum("hk,hv->hkv", k[b, t], u)
             o[b, t] = torch.einsum("hkv,hk->hv", S, q[b, t] * scale)
+            seq_states.append(S.to(state_dtype))
         finals.append(S)
+        token_states.append(torch.stack(seq_states) if seq_states else S.new_zeros(0, HV, K, V, dtype=state_dtype))
     final = torch.stack(finals) if output_final_state else None
-    state_dtype = torch.float64 if dt == torch.float64 else torch.float32
-    return o.to(out_dtype), None if final is None else final.to(state_dtype)
+    out = (o.to(out_dtype), None if final is None else final.to(state_dtype))
+    return out + (token_states,) if output_token_states else out
 
 
 def _chunk_one(q, k, v, g, beta, scale, S, C):

@@ -25,9 +25,11 @@ def _fail(msg: str):
 
 
 def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, op: str = "chunk_gated_delta_rule",
-                     num_states: Optional[int] = None, gate_optional: bool = False) -> dict:
+                     num_states: Optional[int] = None, gate_optional: bool = False,
+                     mixed_qkv: bool = False) -> dict:
     """Validate the shared arguments and return the problem's sizes:
-    dict(B, T, H, HV, K, V, N) where N is the number of sequences (states)."""
+    dict(B, T, H, HV, K, V, N) where N is the number of sequences (states). mixed_qkv: q, k and v may differ in
+    dtype (the decode op, as FLA's: each read and computed in fp32)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)) + (() if gate_optional and g is None else (("g", g),)):
         if not isinstance(t, torch.Tensor):
             _fail(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -53,7 +55,7 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in QKV_DTYPES:
             _fail(f"{op}: {name} must be bf16, fp16 or fp32, got {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
+    if not mixed_qkv and not (q.dtype == k.dtype == v.dtype):
         _fail(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     dev = q.device
     named = [("k", k), ("v", v), ("beta", beta), ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)]
@@ -141,10 +143,10 @@ def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_ei
 
 
 def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, use_gate_in_kernel=False, A_log=None,
-                             beta_sigmoid=False, allow_neg_eigval=False, state_v_first=False):
-    """FLA 0.6's options of the decode op: FLA's argument errors as FLA raises them (ValueError); gk, gv,
-    allow_neg_eigval and state_v_first need kernel work, so a non-default value raises NotImplementedError naming
-    the argument. beta_sigmoid: use_beta_sigmoid_in_kernel or linattn's beta_sigmoid."""
+                             beta_sigmoid=False, allow_neg_eigval=False):
+    """FLA 0.6's options of the decode op: FLA's argument errors as FLA raises them (ValueError); gk and gv need
+    kernel work, so a tensor raises NotImplementedError naming the argument. beta_sigmoid:
+    use_beta_sigmoid_in_kernel or linattn's beta_sigmoid. allow_neg_eigval and state_v_first run."""
     if isinstance(gk, torch.Tensor) and gk.dim() == 3 and beta is None:
         raise ValueError(f"{op}: gk must be [B, T, HV, K], got a 3-D tensor {tuple(gk.shape)}: a beta passed "
                          f"fifth? FLA's order (kept here) is q, k, v, g, gk, gv, beta, ...: pass beta=... by keyword")
@@ -154,8 +156,7 @@ def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, us
         raise ValueError(f"{op}: use_gate_in_kernel=True needs g, the raw gate input (as in FLA)")
     if allow_neg_eigval and not beta_sigmoid:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
-    for name, value in (("gk", gk is not None), ("gv", gv is not None), ("allow_neg_eigval", allow_neg_eigval),
-                        ("state_v_first", state_v_first)):
+    for name, value in (("gk", gk is not None), ("gv", gv is not None)):
         if value:
             _not_yet(op, name, "decode kernels")
 

@@ -16,8 +16,9 @@ reads/writes against the 128B-swizzled NVMMA tile is 0 (checked at compile time,
 Shared-memory ring (STAGES buffers `ring[s]` of [K, BV] in the pool dtype, barriers `ready[s]`). Local tile j
 (the CTA's j-th) lives in slot j % STAGES and its load completes phase j // STAGES of ready[j % STAGES]:
   prologue  local tiles 0 .. STAGES-2 are issued: for a live row, expect(ready, box bytes) + TMA load; for a
-            padded row (index < 0 or >= num_slots) a plain arrive on ready instead (nothing is read, the phase
-            still completes, so the parity bookkeeping stays uniform); for j >= the CTA's tile count nothing.
+            padded row (index < 0, >= num_slots, or == PAD_SLOT when that is >= 0) a plain arrive on ready instead
+            (nothing is read, the phase still completes, so the parity bookkeeping stays uniform); for j >= the
+            CTA's tile count nothing.
   steady    iteration i: wait ready[i % S] with parity (i // S) & 1; read the tile into registers (generic
             proxy) and compute; for a live row write the new tile into the SAME buffer, fence_async_shared
             (generic writes -> async proxy), TMA store. Then tma.store_wait(1) if this tile stored, else
@@ -65,14 +66,23 @@ if GLUON_OK:
         return idx
 
     @gluon.jit
+    def _slot_live(idx, num_slots, PAD_SLOT: gl.constexpr):
+        """Whether pool index idx names a slot: in [0, num_slots) and not PAD_SLOT (when >= 0, e.g. vLLM's 0)."""
+        ok = (idx >= 0) & (idx < num_slots)
+        if PAD_SLOT >= 0:
+            ok = ok & (idx != PAD_SLOT)
+        return ok
+
+    @gluon.jit
     def _issue(desc, ring, ready, j, n_my, idx, t, num_slots, HV: gl.constexpr, K: gl.constexpr,
-               BV: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr):
+               BV: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr, PAD_SLOT: gl.constexpr):
         """Local tile j (global tile t, pool slot idx) into ring slot j % STAGES: TMA load for a live row, a
         plain arrive for a padded row, nothing past the CTA's last tile."""
         s = j % STAGES
         inb = j < n_my
-        live = inb & (idx >= 0) & (idx < num_slots)
-        pad = inb & ((idx < 0) | (idx >= num_slots))
+        ok = _slot_live(idx, num_slots, PAD_SLOT)
+        live = inb & ok
+        pad = inb & (ok == 0)
         hv = (t // NV) % HV
         vb = t % NV
         row = ((gl.where(live, idx, 0) * HV + hv) * K).to(gl.int32)
@@ -87,7 +97,7 @@ if GLUON_OK:
         scale, num_slots, n_tiles,
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
         USE_G: gl.constexpr, FUSED_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, BETA_SIGMOID: gl.constexpr,
-        INDEXED: gl.constexpr, STAGES: gl.constexpr,
+        INDEXED: gl.constexpr, STAGES: gl.constexpr, PAD_SLOT: gl.constexpr,
     ):
         NW: gl.constexpr = gl.num_warps()
         FAR: gl.constexpr = STAGES - 1                 # local tiles ahead of the current one in flight
@@ -112,7 +122,7 @@ if GLUON_OK:
         for j0 in gl.static_range(FAR):
             t0 = (pid + j0 * G).to(gl.int64)
             idx0 = _tile_slot(state_indices, gl.minimum(t0, n_tiles - 1), num_slots, HV, NV, INDEXED)
-            _issue(desc, ring, ready, j0, n_my, idx0, t0, num_slots, HV, K, BV, NV, STAGES)
+            _issue(desc, ring, ready, j0, n_my, idx0, t0, num_slots, HV, K, BV, NV, STAGES, PAD_SLOT)
         # slot index of the first refill (local tile FAR), loaded ahead
         t_far = (pid + FAR * G).to(gl.int64)
         idx_far = _tile_slot(state_indices, gl.minimum(t_far, n_tiles - 1), num_slots, HV, NV, INDEXED)
@@ -158,7 +168,7 @@ if GLUON_OK:
 
             # ---- the current tile
             s = i % STAGES
-            live = (idx_c >= 0) & (idx_c < num_slots)
+            live = _slot_live(idx_c, num_slots, PAD_SLOT)
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             b_h = ring.index(s).load(L).to(gl.float32)
             b_h = gl.where(live, b_h, 0.0)               # padded row: nothing was loaded; keep garbage out
@@ -194,7 +204,7 @@ if GLUON_OK:
             gl.thread_barrier()                          # ... and everybody's, before the refill is issued
             # ---- refill slot (i - 1) % STAGES with local tile i + STAGES - 1
             _issue(desc, ring, ready, i + FAR, n_my, idx_far, (pid + (i + FAR) * G).to(gl.int64),
-                   num_slots, HV, K, BV, NV, STAGES)
+                   num_slots, HV, K, BV, NV, STAGES, PAD_SLOT)
 
             # ---- rotate the prefetched values
             idx_far = idx_far_n
@@ -241,7 +251,7 @@ def make_descriptor(pool: torch.Tensor, BV: int):
 
 def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indices: Optional[torch.Tensor],
                   A_log=None, dt_bias=None, beta_sigmoid: bool = False, config: Optional[tuple] = None,
-                  out: Optional[torch.Tensor] = None, num_sms: Optional[int] = None):
+                  out: Optional[torch.Tensor] = None, num_sms: Optional[int] = None, pad_slot_id: int = -1):
     """(kernel, grid, args, kwargs) of one launch; separate from the launch so that a CPU test can check the
     arguments against the AOT signature. Inputs assumed checked (supports())."""
     B, T, H, K = q.shape
@@ -262,15 +272,16 @@ def decode_launch(q, k, v, g, beta, scale: float, pool: torch.Tensor, state_indi
             pool.shape[0], n_tiles)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BV=BV, USE_G=g is not None, FUSED_GATE=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None, BETA_SIGMOID=bool(beta_sigmoid),
-                  INDEXED=state_indices is not None, STAGES=stages, num_warps=warps)
+                  INDEXED=state_indices is not None, STAGES=stages, PAD_SLOT=pad_slot_id, num_warps=warps)
     return gdn_decode_gluon_kernel, grid, args, kwargs, out, n_tiles
 
 
 def decode_gluon(q, k, v, g, beta, scale, pool, state_indices, A_log=None, dt_bias=None, beta_sigmoid=False,
-                 config=None, out=None):
-    """Run the kernel; returns o. The pool is updated in place."""
+                 config=None, out=None, pad_slot_id: int = -1):
+    """Run the kernel; returns o. The pool is updated in place. pad_slot_id >= 0: that index is a padded row too."""
     kernel, grid, args, kwargs, out, n_tiles = decode_launch(q, k, v, g, beta, scale, pool, state_indices, A_log,
-                                                             dt_bias, beta_sigmoid, config, out)
+                                                             dt_bias, beta_sigmoid, config, out,
+                                                             pad_slot_id=pad_slot_id)
     if n_tiles == 0:
         return out
     with torch.cuda.device(q.device):
@@ -283,36 +294,53 @@ def decode_gluon(q, k, v, g, beta, scale, pool, state_indices, A_log=None, dt_bi
 def _gluon_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                      beta: torch.Tensor, scale: float, initial_state: torch.Tensor,
                      state_indices: Optional[torch.Tensor], A_log: Optional[torch.Tensor],
-                     dt_bias: Optional[torch.Tensor], beta_sigmoid: bool) -> torch.Tensor:
+                     dt_bias: Optional[torch.Tensor], beta_sigmoid: bool, pad_slot_id: int = -1) -> torch.Tensor:
     if initial_state.data_ptr() % 16 != 0:
         # only reachable from a torch.compile'd call (eager calls are checked by supports()): a pool whose base
         # TMA cannot address runs through the Triton kernel, same semantics (pool updated in place)
         from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
         return fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, None, state_indices, A_log, dt_bias,
                                        use_qk_l2norm=False, beta_sigmoid=beta_sigmoid, output_final_state=False,
-                                       inplace=True)[0]
-    return decode_gluon(q, k, v, g, beta, scale, initial_state, state_indices, A_log, dt_bias, beta_sigmoid)
+                                       inplace=True, pad_slot_id=pad_slot_id)[0]
+    return decode_gluon(q, k, v, g, beta, scale, initial_state, state_indices, A_log, dt_bias, beta_sigmoid,
+                        pad_slot_id=pad_slot_id)
 
 
 @_gluon_decode_op.register_fake
-def _(q, k, v, g, beta, scale, initial_state, state_indices, A_log, dt_bias, beta_sigmoid):
+def _(q, k, v, g, beta, scale, initial_state, state_indices, A_log, dt_bias, beta_sigmoid, pad_slot_id=-1):
     return torch.empty_like(v)
 
 
 def impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
          use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
-         beta_sigmoid=False):
+         beta_sigmoid=False, pad_slot_id=None, **_):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    pad = -1 if pad_slot_id is None or pad_slot_id < 0 else int(pad_slot_id)
     o = torch.ops.linattn.fused_recurrent_gdn_gluon_inplace(q, k, v, g, beta, scale, initial_state, state_indices,
-                                                            A_log, dt_bias, beta_sigmoid)
+                                                            A_log, dt_bias, beta_sigmoid, pad)
     return o, initial_state
 
 
 def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_seqlens=None,
              use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
+             num_accepted_tokens=None, pad_slot_id=None, state_v_first=False, allow_neg_eigval=False,
              **_) -> Tuple[bool, str]:
     if q is None or v is None:
         return False, "the Gluon decode needs the call's tensors to decide"
+    # The serving options below run on the Triton kernels. A 2-D state_indices reads one slot and writes another
+    # per token; state_v_first needs [BV, K] TMA boxes and a register layout whose K reductions stay in-warp on the
+    # transposed tile (not a load/store-site change); allow_neg_eigval and mixed q/k/v dtypes are not in the
+    # kernel's AOT-checked builds.
+    if state_indices is not None and state_indices.dim() != 1:
+        return False, "a 2-D state_indices (speculative decoding): Triton runs it"
+    if num_accepted_tokens is not None:
+        return False, "num_accepted_tokens (speculative decoding): Triton runs it"
+    if state_v_first:
+        return False, "state_v_first: the Gluon decode's TMA boxes and register layout are built for [K, V] states"
+    if allow_neg_eigval:
+        return False, "allow_neg_eigval: not in the Gluon decode (Triton runs it)"
+    if k is not None and not (q.dtype == k.dtype == v.dtype):
+        return False, "q, k and v of different dtypes: not in the Gluon decode (Triton runs it)"
     from linattn.runtime.device import hopper_gluon_ready
     ok, reason = hopper_gluon_ready(q, "the Gluon decode", needs="TMA")
     if not ok:
@@ -355,14 +383,14 @@ def desc_sig(state: str, BV: int, K: int = 128) -> str:
     return f"tensordesc<{state}[{K}, {BV}],{layout!r}>"
 
 
-def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False):
+def aot_build(state: str, BV: int, warps: int, stages: int, H: int = 32, fused: bool = False, pad_slot: int = -1):
     """(fn, signature, constexprs, options) of one config, as the JIT sees decode_launch's call (bf16 q/k/v/o,
-    fp32 g/beta, int32 indices)."""
+    fp32 g/beta, int32 indices; pad_slot: the padding index the call names, -1 for none)."""
     sig = dict(desc=desc_sig(state, BV), q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32",
                A_log="*fp32" if fused else "constexpr", dt_bias="*fp32" if fused else "constexpr", o="*bf16",
                state_indices="*i32", scale="fp32", num_slots="i32", n_tiles="i32")
     const = dict(H=H, HV=32, K=128, V=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
-                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages)
+                 BETA_SIGMOID=fused, INDEXED=True, STAGES=stages, PAD_SLOT=pad_slot)
     constexprs = {n: None for n, t in sig.items() if t == "constexpr"}
     constexprs.update(const)
     sig.update({n: "constexpr" for n in const})

@@ -12,10 +12,15 @@ per thread.
 - fused_recurrent_gdn_fwd_persistent_kernel: T = 1, no cu_seqlens; each program walks tiles with a stride of the
   grid size and loads the next tile's state into registers while it updates the current one.
 
-Serving mode: `state_indices[n]` names the pool slot of sequence n. A negative index, or one >= num_slots, is
-a padded row: the program computes nothing that reaches memory except zeros in its output rows (and in its rows
-of an out-of-place final state); it never touches the pool. The check is done here, in the kernel, so the host
-never reads the indices (no synchronisation, CUDA-graph safe).
+Serving mode: `state_indices[n]` names the pool slot of sequence n. A negative index, one >= num_slots, or one
+equal to PAD_SLOT (when PAD_SLOT >= 0: vLLM's null block 0) is a padded row: the program computes nothing that
+reaches memory except zeros in its output rows (and in its rows of an out-of-place final state); it never touches
+the pool. The check is done here, in the kernel, so the host never reads the indices (no synchronisation,
+CUDA-graph safe). Speculative decoding (SPEC, one-tile kernel only): state_indices is [N, idx_cols]; the state is
+read from slot state_indices[n, num_accepted[n] - 1] (column 0 without num_accepted), a column outside
+[0, idx_cols) making the row padded, and in place the state after token t is written to slot state_indices[n, t]
+(a padded entry, or t >= idx_cols, skips that write). V_FIRST: states stored [.., V, K] (FLA's state_v_first); the
+register block stays [BK, BV], only the addressing changes.
 """
 import triton
 import triton.language as tl
@@ -36,15 +41,18 @@ def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl
 @triton.jit
 def _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale,
                        USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr):
     """The token's inputs as the recurrence uses them (q, k normalised if asked, q scaled, beta and the gate
-    formed) and the decayed state exp(g) S: (state, q, k, beta)."""
+    formed) and the decayed state exp(g) S: (state, q, k, beta). NEG_EIGVAL (FLA's allow_neg_eigval, with
+    BETA_SIGMOID): beta = 2 sigmoid(logit), in (0, 2), so I - beta k k^T may have a negative eigenvalue."""
     if QK_L2NORM:
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
     b_q = b_q * scale
     if BETA_SIGMOID:
         b_beta = tl.sigmoid(b_beta)
+        if NEG_EIGVAL:
+            b_beta = b_beta * 2.0
     if USE_G:
         if FUSED_GATE:
             if HAS_DT_BIAS:
@@ -59,10 +67,10 @@ def _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale,
 @triton.jit
 def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
                   USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr):
+                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr):
     """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row)."""
     b_h, b_q, b_k, b_beta = _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
     # Both reductions read the decayed state, so they are independent and can overlap:
     #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
     b_kS = tl.sum(b_h * b_k[:, None], 0)
@@ -74,13 +82,31 @@ def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
 
 
 @triton.jit
+def _slot_ok(idx, num_slots, PAD_SLOT: tl.constexpr):
+    """Whether pool index idx names a slot: in [0, num_slots) and not the padding slot PAD_SLOT (when >= 0)."""
+    ok = (idx >= 0) & (idx < num_slots)
+    if PAD_SLOT >= 0:
+        ok = ok & (idx != PAD_SLOT)
+    return ok
+
+
+@triton.jit
+def _tile_offsets(o_k, o_v, K: tl.constexpr, V: tl.constexpr, V_FIRST: tl.constexpr):
+    """Offsets of the [BK, BV] block's elements inside one [K, V] state ([V, K] when V_FIRST)."""
+    if V_FIRST:
+        return o_v[None, :] * K + o_k[:, None]
+    else:
+        return o_k[:, None] * V + o_v[None, :]
+
+
+@triton.jit
 def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INDEXED: tl.constexpr,
-                 col_keep, EVICT: tl.constexpr, slot_in):
+                 col_keep, EVICT: tl.constexpr, slot_in, PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr):
     """The [BK, BV] state block of (sequence i_n, value head i_hv, V-block i_v), loaded as fp32 (zeros without an
     initial state), with what storing it back needs: (block, offsets in the pool, pool mask, full mask, valid,
     column offsets). With state_indices, slot = state_indices[i_n] (or `slot_in` when the caller loaded it ahead);
-    a negative or >= num_slots index is a padded row (valid False): nothing is read from or written to the pool,
+    a slot that _slot_ok refuses is a padded row (valid False): nothing is read from or written to the pool,
     so the kernel never addresses outside it. col_keep ([BV] booleans) is ANDed into both masks: the persistent
     walk masks off a prefetch past the program's last tile; None adds nothing to the code. EVICT: the load's L2
     eviction policy."""
@@ -95,14 +121,14 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
             idx = tl.load(state_indices + i_n).to(tl.int64)
         else:
             idx = slot_in
-        valid = (idx >= 0) & (idx < num_slots)
+        valid = _slot_ok(idx, num_slots, PAD_SLOT)
         slot = tl.where(valid, idx, 0)
         mask_io = mask_h & valid
     else:
         valid = i_n >= 0
         slot = i_n
         mask_io = mask_h
-    state_off = (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    state_off = (slot * HV + i_hv) * K * V + _tile_offsets(o_k, o_v, K, V, V_FIRST)
     if HAS_H0:
         b_h = tl.load(h0 + state_off, mask=mask_io, other=0.0, eviction_policy=EVICT).to(tl.float32)
     else:
@@ -113,7 +139,7 @@ def _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV: tl.constexpr,
 @triton.jit
 def _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr,
-                 STORE_CACHE: tl.constexpr):
+                 STORE_CACHE: tl.constexpr, V_FIRST: tl.constexpr):
     """The updated block back into its pool slot (in place; padded rows write nothing), or into row i_n of the
     out-of-place final state (padded rows get zeros). STORE_CACHE: the stores' cache modifier."""
     if INPLACE:
@@ -122,21 +148,23 @@ def _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v,
         if INDEXED:
             b_h = tl.where(valid, b_h, 0.0)
         o_k = tl.arange(0, BK)
-        p_ht = ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+        p_ht = ht + (i_n * HV + i_hv) * K * V + _tile_offsets(o_k, o_v, K, V, V_FIRST)
         tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=mask_h, cache_modifier=STORE_CACHE)
 
 
-@triton.jit(do_not_specialize=["T", "num_slots"])
+@triton.jit(do_not_specialize=["T", "num_slots", "idx_cols"])
 def fused_recurrent_gdn_fwd_kernel(
-    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices,
-    scale, T, num_slots,
+    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices, num_accepted,
+    scale, T, num_slots, idx_cols,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr, SPEC: tl.constexpr, HAS_NAT: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr, PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr,
 ):
-    """One tile per program: the state block is loaded, the sequence's T tokens applied, the block stored."""
+    """One tile per program: the state block is loaded, the sequence's T tokens applied, the block stored (SPEC in
+    place: stored after every token, into that token's slot). idx_cols: the columns of a 2-D state_indices."""
     # int64 from the start: (slot * HV + head) * K * V overflows int32 for pools above 2^31 elements (8 GiB fp32)
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
@@ -153,8 +181,18 @@ def fused_recurrent_gdn_fwd_kernel(
         bos = i_n * T
         seq_len = T
 
+    slot_in = None
+    if SPEC:                          # the slot to read: column num_accepted[n] - 1 of the sequence's index row
+        if HAS_NAT:
+            col = tl.load(num_accepted + i_n).to(tl.int64) - 1
+        else:
+            col = tl.full([], 0, tl.int64)
+        col_ok = (col >= 0) & (col < idx_cols)
+        slot_in = tl.load(state_indices + i_n * idx_cols + tl.where(col_ok, col, 0)).to(tl.int64)
+        slot_in = tl.where(col_ok, slot_in, -1)
     b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(h0, state_indices, i_n, i_hv, i_v, num_slots, HV, K,
-                                                               V, BK, BV, HAS_H0, INDEXED, None, "", None)
+                                                               V, BK, BV, HAS_H0, INDEXED, None, "", slot_in,
+                                                               PAD_SLOT, V_FIRST)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     mask_v = o_v < V
@@ -167,7 +205,7 @@ def fused_recurrent_gdn_fwd_kernel(
     p_beta = beta + bos * HV + i_hv
     if USE_G:
         p_g = g + bos * HV + i_hv
-    for _ in range(0, seq_len):
+    for t in range(0, seq_len):
         b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
         b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
         b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -177,10 +215,15 @@ def fused_recurrent_gdn_fwd_kernel(
         else:
             b_g = 0.0
         b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
         if INDEXED:
             b_o = tl.where(valid, b_o, 0.0)                 # padded rows: zeros, never garbage
         tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        if SPEC and INPLACE:          # the state after token t into slot state_indices[n, t]
+            w_idx = tl.load(state_indices + i_n * idx_cols + tl.minimum(t, idx_cols - 1)).to(tl.int64)
+            w_ok = valid & (t < idx_cols) & _slot_ok(w_idx, num_slots, PAD_SLOT)
+            w_off = (tl.where(w_ok, w_idx, 0) * HV + i_hv) * K * V + _tile_offsets(o_k, o_v, K, V, V_FIRST)
+            tl.store(h0 + w_off, b_h.to(h0.dtype.element_ty), mask=mask_h & w_ok)
         p_q += H * K
         p_k += H * K
         p_v += HV * V
@@ -189,9 +232,9 @@ def fused_recurrent_gdn_fwd_kernel(
         if USE_G:
             p_g += HV
 
-    if STORE_HT:
+    if STORE_HT and not (SPEC and INPLACE):
         _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE, INDEXED,
-                     "")
+                     "", V_FIRST)
 
 
 @triton.jit
@@ -220,7 +263,8 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
                      BV: tl.constexpr, USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                      BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr,
                      STORE_HT: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr,
-                     STORE_CACHE: tl.constexpr, EVICT: tl.constexpr):
+                     STORE_CACHE: tl.constexpr, EVICT: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+                     PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr):
     """The persistent kernel's tile walk (its docstring says how); EVICT: the state load's L2 eviction policy,
     STORE_CACHE: the state stores' cache modifier."""
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -233,7 +277,7 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
     tc = tl.minimum(t, n_tiles - 1)
     b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(
         h0, state_indices, (tc // NV) // HV, (tc // NV) % HV, tc % NV, num_slots, HV, K, V, BK, BV, HAS_H0, INDEXED,
-        (cols < BV) & live, EVICT, None)
+        (cols < BV) & live, EVICT, None, PAD_SLOT, V_FIRST)
     c_q, c_k, c_v, c_beta, c_g = _tile_inputs(q, k, v, g, beta, tc, live, o_k, mask_k, H, HV, K, V, BV, NV, USE_G)
     t1 = tl.minimum(t + step, n_tiles - 1)
     if INDEXED:
@@ -248,7 +292,7 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
         tnc = tl.minimum(tn, n_tiles - 1)
         n_h, n_state_off, n_mask_io, n_mask_h, n_valid, n_o_v = _state_block(
             h0, state_indices, (tnc // NV) // HV, (tnc // NV) % HV, tnc % NV, num_slots, HV, K, V, BK, BV, HAS_H0,
-            INDEXED, (cols < BV) & live_n, EVICT, nxt_slot)
+            INDEXED, (cols < BV) & live_n, EVICT, nxt_slot, PAD_SLOT, V_FIRST)
         t2 = tl.minimum(t + 2 * step, n_tiles - 1)
         if INDEXED:
             nxt_slot = tl.load(state_indices + (t2 // NV) // HV).to(tl.int64)
@@ -264,13 +308,13 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
         b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
         b_h, b_o = _decode_token(b_h, c_q.to(tl.float32), c_k.to(tl.float32), c_v.to(tl.float32),
                                  c_beta.to(tl.float32), c_g.to(tl.float32) if USE_G else 0.0, b_neg_a, b_dt, scale,
-                                 USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM)
+                                 USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
         if INDEXED:
             b_o = tl.where(valid, b_o, 0.0)
         tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=o_v < V)
         if STORE_HT:
             _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE,
-                         INDEXED, STORE_CACHE)
+                         INDEXED, STORE_CACHE, V_FIRST)
         # ---- rotate
         b_h, state_off, mask_io, mask_h, valid, o_v = n_h, n_state_off, n_mask_io, n_mask_h, n_valid, n_o_v
         c_q, c_k, c_v, c_beta, c_g = n_q, n_k, n_v, n_beta, n_g
@@ -284,7 +328,7 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
-    INDEXED: tl.constexpr,
+    INDEXED: tl.constexpr, NEG_EIGVAL: tl.constexpr, PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) t = pid, pid + G, ... (G = grid size). Same semantics and arithmetic (_decode_token) as
@@ -301,4 +345,4 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
     STORE_CACHE: tl.constexpr = "" if INPLACE else ".cs"
     _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles, H, HV, K,
                      V, BK, BV, USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT, INPLACE,
-                     INDEXED, STORE_CACHE, "evict_last")
+                     INDEXED, STORE_CACHE, "evict_last", NEG_EIGVAL, PAD_SLOT, V_FIRST)

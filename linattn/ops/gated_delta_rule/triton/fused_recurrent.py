@@ -75,16 +75,28 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                             use_qk_l2norm: bool, beta_sigmoid: bool, output_final_state: bool, inplace: bool,
                             config: Optional[tuple] = None, out: Optional[torch.Tensor] = None,
-                            final_out: Optional[torch.Tensor] = None):
+                            final_out: Optional[torch.Tensor] = None,
+                            num_accepted_tokens: Optional[torch.Tensor] = None,
+                            pad_slot_id: int = -1, state_v_first: bool = False, allow_neg_eigval: bool = False):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
-    requested. The arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`:
-    optional preallocated contiguous outputs (tests pass NaN-poisoned ones). `config` overrides the heuristics
-    (tests and launch-config sweeps): (BV, num_warps) or (BV, num_warps, 0, _) runs the one-tile kernel with that
-    block; (BV, num_warps, 1, programs per SM) the persistent kernel (T = 1, no cu_seqlens)."""
+    requested, else a new fp32 tensor (FLA's rule), [N, HV, K, V] ([N, HV, V, K] with state_v_first). The
+    arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`: optional preallocated
+    contiguous outputs (tests pass NaN-poisoned ones). `config` overrides the heuristics (tests and launch-config
+    sweeps): (BV, num_warps) or (BV, num_warps, 0, _) runs the one-tile kernel with that block; (BV, num_warps, 1,
+    programs per SM) the persistent kernel (T = 1, no cu_seqlens, 1-D state_indices).
+    Serving options: a 2-D state_indices [N, T_max] with optional num_accepted_tokens [N] (speculative decoding:
+    read slot state_indices[n, num_accepted_tokens[n] - 1], in place every token's state into state_indices[n, t]);
+    pad_slot_id >= 0 makes that index a padded row too (negative indices always are); state_v_first: states
+    [.., V, K]; allow_neg_eigval: beta = 2 sigmoid(beta) (with beta_sigmoid)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    spec = False
+    idx_cols = 1
     if state_indices is not None:
         N = state_indices.shape[0]
+        if state_indices.dim() == 2:
+            spec, idx_cols = True, state_indices.shape[1]
+        state_indices = state_indices.contiguous()
     elif cu_seqlens is not None:
         N = cu_seqlens.shape[0] - 1
     else:
@@ -93,17 +105,20 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     # runtime.alloc.empty: NaN-filled inside poisoned_allocations(), so an unwritten element fails a check
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = None if g is None else g.contiguous()
+    if num_accepted_tokens is not None:
+        num_accepted_tokens = num_accepted_tokens.contiguous()
     if initial_state is not None and not inplace:
         initial_state = initial_state.contiguous()
     state_dtype = initial_state.dtype if initial_state is not None else torch.float32
     o = empty(*v.shape, dtype=v.dtype, device=v.device) if out is None else out
     ht = None
     if output_final_state and not inplace:
-        ht = empty(N, HV, K, V, dtype=state_dtype, device=q.device) if final_out is None else final_out
+        ht_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        ht = empty(*ht_shape, dtype=torch.float32, device=q.device) if final_out is None else final_out
     num_sms = device_facts(q.device).num_sms
     (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
     if config is None:
-        config = auto_config
+        config = None if spec else auto_config          # the persistent walk reads and writes one slot per row
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
     if config is not None:
         if len(config) not in (2, 4) or (len(config) == 4 and config[2] not in (0, 1)):
@@ -112,8 +127,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         BV, num_warps = config[:2]
         if len(config) == 4 and config[2] == 1:
             per_sm = config[3]
-            if T != 1 or cu_seqlens is not None:
-                raise ValueError("the persistent decode kernel takes one token per sequence and no cu_seqlens")
+            if T != 1 or cu_seqlens is not None or spec:
+                raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens and a "
+                                 "1-D state_indices")
     n_tiles = N * HV * triton.cdiv(V, BV)
     if n_tiles == 0:
         return o, ht
@@ -121,15 +137,18 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
+    serving = dict(NEG_EIGVAL=allow_neg_eigval, PAD_SLOT=pad_slot_id, V_FIRST=state_v_first)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if per_sm is not None:
             _launch(fused_recurrent_gdn_fwd_persistent_kernel, (min(n_tiles, per_sm * num_sms), 1, 1),
                     (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices), (num_slots, n_tiles),
-                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags), num_warps)
+                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving), num_warps)
             return o, ht
         _launch(fused_recurrent_gdn_fwd_kernel, (n_tiles, 1, 1),
-                (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices), (T, num_slots),
-                float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, **flags),
+                (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
+                 num_accepted_tokens), (T, num_slots, idx_cols),
+                float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, **flags,
+                                   SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving),
                 num_warps)
     return o, ht
 
@@ -187,12 +206,13 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
                ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
     sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log=None, dt_bias=None,
-               o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, scale="fp32", T="i32",
-               num_slots="i32")
+               o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, num_accepted=None, scale="fp32",
+               T="i32", num_slots="i32", idx_cols="i32")
     sig.update(opt)
     const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
                  BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
-                 IS_VARLEN=varlen, INDEXED=True)
+                 IS_VARLEN=varlen, INDEXED=True, SPEC=False, HAS_NAT=False, NEG_EIGVAL=False, PAD_SLOT=-1,
+                 V_FIRST=False)
     constexprs = {n: None for n, t in sig.items() if t is None}
     constexprs.update(const)
     signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
@@ -200,13 +220,14 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     kernel = fused_recurrent_gdn_fwd_kernel
     if persistent:                # no T, no cu_seqlens; n_tiles
         kernel = fused_recurrent_gdn_fwd_persistent_kernel
-        for n in ("T", "cu_seqlens", "IS_VARLEN"):
+        one_tile_only = ("T", "cu_seqlens", "num_accepted", "idx_cols", "IS_VARLEN", "SPEC", "HAS_NAT")
+        for n in one_tile_only:
             signature.pop(n)
             constexprs.pop(n, None)
         signature = {**{n: t for n, t in signature.items() if n != "H" and n in
                         ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
                          "scale", "num_slots")}, "n_tiles": "i32",
-                     **{n: "constexpr" for n in const if n != "IS_VARLEN"}}
+                     **{n: "constexpr" for n in const if n not in one_tile_only}}
     return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
 
 
