@@ -32,7 +32,7 @@ def test_bench_times_each_backend_in_fresh_processes(tmp_path, monkeypatch, caps
     backend = _tiny_backend()
     out, md = tmp_path / "bench.json", tmp_path / "bench.md"
     rc = main(["bench", "--preset", "tiny", "--backends", backend, "--modes", "fwd", "--procs", "2", "--repeats", "1",
-               "--warmup", "1", "--no-cold", "--json", str(out), "--markdown", str(md)])
+               "--warmup", "0", "--no-cold", "--json", str(out), "--markdown", str(md)])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["schema"] == "linattn-bench/2" and res["procs"] == 2 and res["backends"] == [backend]
@@ -293,7 +293,8 @@ def _fake_part(rows, cold=(), partial=False):
     for shape, mode, backend, ms, *status in rows:
         st = status[0] if status else "ok"
         procs.setdefault(backend, _proc(backend, 0, []))["rows"].append(
-            dict(_prow(shape, ms, ms / 2, status=st, reason="why" if st != "ok" else None), shape_label=shape, mode=mode))
+            dict(_prow(shape, ms, ms / 2, status=st, reason="why" if st != "ok" else None), shape_label=shape,
+                 mode=mode))
     d = dict(schema=SCHEMA, op="gated_delta_rule", preset="p", env_line="env", ceilings={}, procs=1, repeats=5,
              backends=order, peers=[b for b in order if b in ("fla", "sdpa")], modes=["fwd"],
              rows=aggregate(list(procs.values()), order, ("fla", "sdpa")), processes=list(procs.values()),

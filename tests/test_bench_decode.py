@@ -99,6 +99,9 @@ def test_bench_decode_refusals(capsys):
     assert "is a decode preset" in capsys.readouterr().err
     assert main(["bench", "--op", "gated_delta_rule", "--modes", "decode"]) == 2
     assert "has no mode 'decode'" in capsys.readouterr().err
+    for flag in ("--procs", "--repeats"):
+        assert main(["bench", "--modes", "decode", flag, "0"]) == 2
+        assert f"{flag} must be at least 1" in capsys.readouterr().err
 
 
 def _row(B, state, backend, ms, pct, family="linattn"):

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -111,10 +111,13 @@ def run_row(op, backend: str, shape: Dict, key: str, sets, mode: str, job: Dict)
         del first
         dev = sets[0]["q"].device
         row["eager"] = time_eager(runner.fn, arg_sets, job["repeats"], job["warmup"], dev)
+    except Exception as e:
+        return dict(row, status="error", reason=_first_line(e), traceback=traceback.format_exc(limit=6))
+    try:                                            # a graph that fails after capture keeps the eager numbers
         row["graph"] = time_graph(runner.fn, arg_sets, job["repeats"], dev) if job.get("graph", True) else \
             dict(status="n/a", reason="not asked for (--no-graph)")
     except Exception as e:
-        return dict(row, status="error", reason=_first_line(e), traceback=traceback.format_exc(limit=6))
+        row["graph"] = dict(status="n/a", reason=f"replay failed: {_first_line(e)}")
     row["status"] = "ok"
     if mode == "fwdbwd":
         row["grads"] = "verified" if runner.grads_verified else "unverified"
@@ -150,7 +153,8 @@ def run_job(job: Dict) -> Dict:
     dev = torch.device(job["device"])
     backend, rnd = job["backend"], job.get("round", 0)
     import linattn
-    result = dict(backend=backend, round=rnd, pid=os.getpid(), linattn=os.path.dirname(os.path.abspath(linattn.__file__)), rows=[],
+    result = dict(backend=backend, round=rnd, pid=os.getpid(), rows=[],
+                  linattn=os.path.dirname(os.path.abspath(linattn.__file__)),
                   clocks_at_start=nvidia_smi() if dev.type == "cuda" else {})
     result["ceilings"] = measure_ceilings(dev)
     for i, shape in enumerate(job["shapes"]):

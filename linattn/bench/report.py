@@ -37,7 +37,8 @@ def _err_text(row: Dict) -> str:
 
 
 def _peers(result: Dict) -> List[str]:
-    return [p for p in result.get("peers", []) if any(r["backend"] == p and r["status"] == "ok" for r in result["rows"])]
+    ran = {r["backend"] for r in result["rows"] if r["status"] == "ok"}
+    return [p for p in result.get("peers", []) if p in ran]
 
 
 def _pair(row: Dict, get) -> str:
@@ -62,9 +63,10 @@ def format_table(result: Dict) -> str:
             graph_na.setdefault((r["backend"], r["graph"]["reason"]), 0)
             graph_na[(r["backend"], r["graph"]["reason"])] += 1
         ratios = [_pair(r, lambda c, p=p: _f(c.get("ratios", {}).get(p), "{:.2f}x", None)) for p in peers]
+        floor = _pair(r, lambda c: _f(c.get("pct_of_floor"), "{:.0f}", None))
+        failed = "; failed in " + ", ".join(r["failed_in"]) if r.get("failed_in") else ""
         lines.append([r["shape_label"], r["mode"], r["backend"], _ms(r["eager"]), _spread(r["eager"]),
-                      _ms(r["graph"]), _spread(r["graph"]), _pair(r, lambda c: _f(c.get("pct_of_floor"), "{:.0f}", None))]
-                     + ratios + part + [_err_text(r) + ("; failed in " + ", ".join(r["failed_in"]) if r.get("failed_in") else "")])
+                      _ms(r["graph"]), _spread(r["graph"]), floor] + ratios + part + [_err_text(r) + failed])
     if len(parts) > 1:                       # the part number goes before the last (free-text) column
         hdr = hdr[:-1] + ["part"] + hdr[-1:]
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
@@ -231,7 +233,8 @@ def plot(result: Dict, path: str) -> Optional[str]:
         key = (r["mode"], f"H{s['H']}/HV{s['HV']} K{s['K']}")
         for col in COLUMNS:
             if r[col]["status"] == "ok":
-                groups.setdefault(key, {}).setdefault((r["backend"], s["B"], col), []).append((s["T"], r[col]["median_ms"]))
+                line = groups.setdefault(key, {}).setdefault((r["backend"], s["B"], col), [])
+                line.append((s["T"], r[col]["median_ms"]))
     if not groups:
         return "no dense rows to plot"
     # one colour per backend, one marker per batch size: a panel stays readable with 5 backends x 3 batches

@@ -113,8 +113,12 @@ def time_graph(fn: Callable, arg_sets: List, repeats: int, device) -> Dict:
         with torch.cuda.graph(graph):
             one_pass()
     except Exception as e:
-        torch.cuda.synchronize()
-        return dict(status="n/a", reason=f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+        try:
+            torch.cuda.synchronize()
+        except Exception:                           # a capture that failed on the device leaves its error here
+            pass
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        return dict(status="n/a", reason=f"capture failed: {type(e).__name__}: {first}")
     graph.replay()                                  # one untimed replay: the graph's first launch uploads it
     times = [t / n for t in event_times_ms(graph.replay, repeats)]
     del graph

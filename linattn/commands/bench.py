@@ -61,6 +61,10 @@ def run(args) -> int:
     from linattn.bench.report import load_results
     if args.from_json:
         return emit(load_results(args.from_json), args)
+    for name, least in (("procs", 1), ("repeats", 1), ("warmup", 0)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            print(f"linattn bench: --{name} must be at least {least}, got {getattr(args, name)}", file=sys.stderr)
+            return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
     decode = "decode" in args.modes
@@ -110,11 +114,9 @@ def run(args) -> int:
             write_json(dict(partial, partial=True), args.json + ".partial")
     # cold start is measured by default for the chunked op on a GPU, not for decode (its kernels compile in seconds)
     cold_default = on_gpu and not decode
-    if args.procs is not None and args.procs < 1:
-        print(f"linattn bench: --procs must be at least 1, got {args.procs}", file=sys.stderr)
-        return 2
     result = run_bench(op_name, preset, backends, args.modes,
-                       repeats=args.repeats or (20 if on_gpu else 3), warmup=args.warmup or (3 if on_gpu else 1),
+                       repeats=args.repeats or (20 if on_gpu else 3),
+                       warmup=args.warmup if args.warmup is not None else (3 if on_gpu else 1),
                        procs=args.procs or (3 if on_gpu else 2), device=device, graph=args.graph,
                        cold=args.cold_only or (cold_default if args.cold is None else args.cold),
                        cold_only=args.cold_only, on_progress=on_progress)

@@ -1,5 +1,5 @@
 """`linattn verify`: run the op's correctness gate for a backend; only when every case passes, bench the quick
-preset (tiny on the CPU) against the baseline. A red gate prints no speed and exits 1; a backend that cannot run
+preset (tiny on the CPU) against the peers. A red gate prints no speed and exits 1; a backend that cannot run
 here (no GPU and no Triton interpreter, or its supports() refuses the op's typical call) is named with the reason
 before any case runs, and verify exits 2."""
 import sys
