@@ -1,4 +1,5 @@
 """`linattn bench`, `verify` and `doctor` on the CPU (Triton under TRITON_INTERPRET=1 when CI sets it)."""
+import importlib.util
 import json
 import math
 import os
@@ -22,53 +23,170 @@ def _tiny_backend() -> str:
     return "reference"
 
 
-def test_bench_tiny_writes_json(tmp_path, capsys):
+def test_bench_times_each_backend_in_fresh_processes(tmp_path, monkeypatch, capsys):
+    """2 rounds x 1 backend on one tiny row: two child processes (not this one), alternated rounds, each with its
+    environment, ceilings and eager times; the row's median and spread are those of the processes' medians; the
+    first round checks the anchor against the reference; on the CPU the graph column is n/a with its reason."""
+    from linattn.bench import presets
+    monkeypatch.setitem(presets.PRESETS, "tiny", presets.PRESETS["tiny"][:1])   # the children get shapes by job
     backend = _tiny_backend()
-    out = tmp_path / "bench.json"
-    rc = main(["bench", "--op", "gated_delta_rule", "--preset", "tiny", "--backends", backend, "reference", "sdpa",
-               "--modes", "fwd", "--repeats", "2", "--warmup", "1", "--no-cold", "--json", str(out)])
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    rc = main(["bench", "--preset", "tiny", "--backends", backend, "--modes", "fwd", "--procs", "2", "--repeats", "1",
+               "--warmup", "0", "--no-cold", "--json", str(out), "--markdown", str(md)])
     assert rc == 0
     res = json.loads(out.read_text())
-    assert res["schema"] == "linattn-bench/1" and res["op"] == "gated_delta_rule" and res["preset"] == "tiny"
-    for key in ("env", "env_line", "ceilings", "baseline", "bytes_model", "rows"):
-        assert key in res, key
-    assert res["env"]["torch"] == torch.__version__
-    assert res["ceilings"]["matmul_tflops"] > 0 and res["ceilings"]["copy_gbps"] > 0
-    rows = {(r["shape_label"], r["backend"]): r for r in res["rows"]}
-    shapes = {r["shape_label"] for r in res["rows"]}
-    assert len(shapes) == 2 and any(s.startswith("varlen") for s in shapes)
-    for shape in shapes:
-        r = rows[(shape, backend)]
-        assert r["status"] == "ok", r
-        for key in ("median_ms", "min_ms", "max_ms", "tflops", "gbps", "pct_of_floor", "flops", "bytes"):
-            assert math.isfinite(r[key]) and r[key] > 0, (key, r[key])
-        assert r["min_ms"] <= r["median_ms"] <= r["max_ms"]
-        assert r["timing"] == "host clock (cpu)" and r["repeats"] == 2
-    # the same-run comparison: whichever linattn backend ran first is the anchor, the other is compared to it
-    if backend != "reference":
-        for shape in shapes:
-            errs = rows[(shape, "reference")]["errors"]
-            assert set(errs) == {"o", "final_state"} and all(math.isfinite(e) and e < 1.5e-2 for e in errs.values())
-            assert rows[(shape, backend)]["reference_check"]["status"] == "pass"
-    else:
-        assert all(rows[(s, "reference")]["reference_check"]["status"] == "is the reference" for s in shapes)
-    dense = next(s for s in shapes if not s.startswith("varlen"))
-    assert rows[(dense, "sdpa")]["status"] == "ok" and "errors" not in rows[(dense, "sdpa")]
-    varlen = next(s for s in shapes if s.startswith("varlen"))
-    assert rows[(varlen, "sdpa")]["status"] == "skipped" and "varlen" in rows[(varlen, "sdpa")]["reason"]
-    assert "median ms" in capsys.readouterr().out
+    assert res["schema"] == "linattn-bench/2" and res["procs"] == 2 and res["backends"] == [backend]
+    procs = res["processes"]
+    assert [(p["round"], p["backend"], p["status"]) for p in procs] == [(0, backend, "ok"), (1, backend, "ok")]
+    assert len({p["pid"] for p in procs} | {os.getpid()}) == 3
+    here = os.path.dirname(os.path.abspath(__import__("linattn").__file__))
+    assert all(p["linattn"] == here for p in procs)              # the children timed this tree
+    assert res["env"]["torch"] == torch.__version__ and res["env_line"] == procs[0]["env_line"]
+    assert all(p["env"]["triton_interpret"] == os.environ.get("TRITON_INTERPRET", "0") for p in procs)
+    per = [p["rows"][0]["eager"]["median_ms"] for p in procs]
+    assert all(p["rows"][0]["eager"]["repeats"] == 1 and p["rows"][0]["eager"]["times_ms"] == [per[i]]
+               for i, p in enumerate(procs))
+    (row,) = res["rows"]
+    assert row["status"] == "ok" and row["rounds"] == [0, 1]
+    eager = row["eager"]
+    assert eager["per_process_ms"] == per and eager["median_ms"] == pytest.approx((per[0] + per[1]) / 2)
+    assert eager["spread"] == pytest.approx((max(per) - min(per)) / min(per))
+    assert eager["timing"] == "eager, host clock (cpu)" and eager["ratios"] == {}
+    for key in ("tflops", "gbps", "pct_of_floor"):
+        assert math.isfinite(eager[key]) and eager[key] > 0, key
+    assert row["graph"] == {"status": "n/a", "reason": "no CUDA device"}
+    assert res["ceilings"]["matmul_tflops"] == pytest.approx(
+        sorted(p["ceilings"]["matmul_tflops"] for p in procs)[0] / 2 + sorted(
+            p["ceilings"]["matmul_tflops"] for p in procs)[1] / 2)
+    # checks in round 0 only: the anchor against the reference (or it is the reference)
+    assert "compared_to" in procs[0]["rows"][0] and "compared_to" not in procs[1]["rows"][0]
+    want = "is the reference" if backend == "reference" else "pass"
+    assert row["compared_to"] == "reference" and row["reference_check"]["status"] == want
+    text = capsys.readouterr().out
+    assert "eager ms" in text and "graph n/a for" in text and "median over 2 fresh processes" in text
+    mdtext = md.read_text()
+    assert f"| shape | {backend} ms |" in mdtext and "fwd, eager:" in mdtext and res["env_line"] in mdtext
+    assert "CUDA graph:" not in mdtext                        # no table for a column that ran nowhere
 
 
-def test_bench_records_unavailable_backends(tmp_path):
-    out = tmp_path / "b.json"
-    rc = main(["bench", "--preset", "tiny", "--backends", "reference", "nosuch", "fla", "--modes", "fwdbwd",
-               "--repeats", "1", "--warmup", "1", "--no-cold", "--json", str(out)])
-    assert rc == 0
-    rows = json.loads(out.read_text())["rows"]
-    nosuch = [r for r in rows if r["backend"] == "nosuch"]
-    assert nosuch and all(r["status"] == "skipped" and "not registered" in r["reason"] for r in nosuch)
-    ok = [r for r in rows if r["backend"] == "reference"]
-    assert ok and all(r["status"] == "ok" and r["mode"] == "fwdbwd" for r in ok)
+def test_child_compares_every_backend_with_the_anchor(tmp_path):
+    """The check round in-process (linattn.bench.child.run_job, as the children call it), fwd+bwd on the varlen
+    tiny row (a 1-token sequence): the first backend that runs is the anchor (saved, checked against the
+    reference); a later backend is compared on o, the final state and every gradient; a wrong output shows; SDPA is
+    not compared and skips varlen; unknown and missing backends are skipped with their reasons."""
+    from linattn.bench.child import run_job
+    from linattn.bench.ops import _ensure_gdn_registered
+    from linattn.bench.presets import get_preset
+    from linattn.ops.gated_delta_rule.reference import chunk_gated_delta_rule as ref
+
+    def broken(*args, **kwargs):
+        o, s = ref(*args, **kwargs)
+        o = o.clone()
+        o[:, -1] += 1.0
+        return o, s
+
+    _ensure_gdn_registered()
+    table = op_backends(OP)
+    table.register("ref_copy", ref, lambda *a, **k: (True, ""), priority=1000, auto=False)
+    table.register("broken", broken, lambda *a, **k: (True, ""), priority=1001, auto=False)
+    shapes = get_preset("tiny")[1:]
+    assert shapes[0]["lengths"][0] == 1
+    rows = {}
+    try:
+        for b in ("ref_copy", "broken", "sdpa", "nosuch", "fla"):
+            res = run_job(dict(op="gated_delta_rule", backend=b, shapes=shapes, modes=["fwdbwd"], device="cpu",
+                               repeats=1, warmup=0, round=0, compare_dir=str(tmp_path), graph=b != "broken"))
+            (rows[b],) = res["rows"]
+    finally:
+        table.unregister("ref_copy")
+        table.unregister("broken")
+    grads = {"dq", "dk", "dv", "dg", "dbeta", "dh0"}
+    anchor = rows["ref_copy"]
+    assert anchor["status"] == "ok" and anchor["compared_to"] == "reference"
+    assert anchor["reference_check"]["status"] == "pass" and set(anchor["errors"]) == {"o", "final_state"} | grads
+    b = rows["broken"]
+    assert b["status"] == "ok" and b["compared_to"] == "ref_copy" and set(b["errors"]) == {"o", "final_state"} | grads
+    assert b["errors"]["o"] > 1e-2 and all(b["errors"][n] == 0.0 for n in {"final_state"} | grads)
+    assert rows["sdpa"]["status"] == "skipped" and "varlen" in rows["sdpa"]["reason"]
+    assert rows["nosuch"]["status"] == "skipped" and "not registered" in rows["nosuch"]["reason"]
+    fla = rows["fla"]
+    if importlib.util.find_spec("fla") is None:
+        assert fla["status"] == "skipped" and "fla not importable" in fla["reason"]
+    for r in (anchor, b):
+        assert r["eager"]["status"] == "ok" and r["grads"] == "verified"
+    assert anchor["graph"] == {"status": "n/a", "reason": "no CUDA device"}
+    assert b["graph"] == {"status": "n/a", "reason": "not asked for (--no-graph)"}
+
+
+def test_run_child_records_a_process_that_dies(tmp_path):
+    """A child that exits with an error leaves a record with the reason and its last stderr lines, and no rows."""
+    from linattn.bench.runner import run_child
+    p = run_child(dict(op="nosuch_op", backend="triton", shapes=[], modes=["fwd"], device="cpu", repeats=1,
+                       warmup=0, round=1, compare_dir=None))
+    assert p["status"] == "error" and p["rows"] == [] and p["round"] == 1 and p["backend"] == "triton"
+    assert p["reason"] == "exit status 1" and any("nosuch_op" in line for line in p["stderr_tail"])
+
+
+def _proc(backend, rnd, rows, ceil=None):
+    return dict(backend=backend, round=rnd, rows=rows, ceilings=ceil)
+
+
+def _prow(key, eager, graph=None, status="ok", **extra):
+    r = dict(dict(key=key, shape_label=f"S{key}", mode="fwd", status=status, family="linattn", notes=[]), **extra)
+    if status == "ok":
+        r["first_call_s"] = 1.0
+        r["eager"] = dict(status="ok", median_ms=eager, timing="eager, cuda events", repeats=5, input_sets=2)
+        r["graph"] = (dict(status="ok", median_ms=graph, timing="cuda graph replay", repeats=5, input_sets=2)
+                      if graph is not None else dict(status="n/a", reason="capture failed: X"))
+    return r
+
+
+def test_aggregate_median_spread_and_ratios():
+    """Synthetic per-process numbers against hand-computed medians, spreads and ratios."""
+    from linattn.bench.aggregate import aggregate, median_ceilings, spread
+    c = lambda t: dict(matmul_tflops=t, copy_gbps=10 * t, matmul_ms=1.0, copy_ms=2.0, how="h")  # noqa: E731
+    procs = [
+        _proc("triton", 0, [_prow("0-fwd", 1.0, 0.5, compared_to="reference", errors={"o": 1e-3}),
+                            _prow("1-fwd", 3.0, 2.0)], c(10.0)),
+        _proc("fla", 0, [_prow("0-fwd", 2.0, family="peer", compared_to="triton", errors={"o": 2e-3}),
+                         _prow("1-fwd", 5.0, 4.0)], c(30.0)),
+        _proc("sdpa", 0, [_prow("0-fwd", 4.0, 1.0), _prow("1-fwd", None, status="skipped", reason="varlen")], c(20.0)),
+        _proc("triton", 1, [_prow("0-fwd", 1.2, 0.5), _prow("1-fwd", 3.0, 2.5)], c(25.0)),
+        _proc("fla", 1, [_prow("0-fwd", 2.4), _prow("1-fwd", 6.0, 4.0)], c(15.0)),
+        _proc("sdpa", 1, [_prow("0-fwd", None, status="error", reason="OOM"),
+                          _prow("1-fwd", None, status="skipped", reason="varlen")], c(35.0)),
+        _proc("triton", 2, [_prow("0-fwd", 1.1, 0.55), _prow("1-fwd", 3.3, 2.0)], c(5.0)),
+        _proc("fla", 2, [], None),                                  # the process died: no rows, no ceilings
+        _proc("sdpa", 2, [_prow("0-fwd", 8.0, 3.0), _prow("1-fwd", None, status="skipped", reason="varlen")], c(40.0)),
+    ]
+    assert spread([2.0, 3.0, 2.5]) == pytest.approx(0.5)
+    ceil = median_ceilings(procs)
+    assert ceil["matmul_tflops"] == 22.5 and ceil["copy_gbps"] == 225.0 and len(ceil["per_process"]) == 8
+    rows = aggregate(procs, ["triton", "fla", "sdpa"], peers=("fla", "flashqla", "sdpa"))
+    got = {(r["key"], r["backend"]): r for r in rows}
+    assert [(r["key"], r["backend"]) for r in rows] == [("0-fwd", "triton"), ("0-fwd", "fla"), ("0-fwd", "sdpa"),
+                                                         ("1-fwd", "triton"), ("1-fwd", "fla"), ("1-fwd", "sdpa")]
+    t0 = got[("0-fwd", "triton")]
+    assert t0["eager"]["per_process_ms"] == [1.0, 1.2, 1.1] and t0["eager"]["median_ms"] == 1.1
+    assert t0["eager"]["spread"] == pytest.approx(0.2) and t0["graph"]["median_ms"] == 0.5
+    assert t0["graph"]["spread"] == pytest.approx(0.1)
+    assert t0["compared_to"] == "reference" and t0["errors"] == {"o": 1e-3} and t0["rounds"] == [0, 1, 2]
+    f0 = got[("0-fwd", "fla")]                   # rounds 0 and 1 only: the round-2 process died
+    assert f0["eager"]["per_process_ms"] == [2.0, 2.4] and f0["eager"]["median_ms"] == pytest.approx(2.2)
+    assert f0["eager"]["spread"] == pytest.approx(0.2) and f0["rounds"] == [0, 1]
+    assert f0["graph"] == {"status": "n/a", "reason": "capture failed: X"} and f0["family"] == "peer"
+    s0 = got[("0-fwd", "sdpa")]                  # an error in round 1: the other rounds' numbers, and the failure
+    assert s0["status"] == "ok" and s0["eager"]["median_ms"] == 6.0 and s0["eager"]["spread"] == 1.0
+    assert s0["failed_in"] == ["round 1: error: OOM"] and s0["graph"]["median_ms"] == 2.0
+    assert t0["eager"]["ratios"] == {"fla": pytest.approx(2.0), "sdpa": pytest.approx(6.0 / 1.1)}
+    assert t0["graph"]["ratios"] == {"sdpa": pytest.approx(4.0)}          # fla has no graph column
+    assert f0["eager"]["ratios"] == {"sdpa": pytest.approx(6.0 / 2.2)}   # a peer's ratios against the other peers
+    t1 = got[("1-fwd", "triton")]
+    assert t1["eager"]["median_ms"] == 3.0 and t1["eager"]["spread"] == pytest.approx(0.1)
+    assert t1["graph"]["median_ms"] == 2.0 and t1["graph"]["spread"] == pytest.approx(0.25)
+    assert t1["eager"]["ratios"] == {"fla": pytest.approx(5.5 / 3.0)} and t1["graph"]["ratios"] == {"fla": 2.0}
+    s1 = got[("1-fwd", "sdpa")]
+    assert s1["status"] == "skipped" and s1["reason"] == "varlen" and "eager" not in s1
 
 
 def test_bench_refuses_gpu_presets_on_cpu(capsys):
@@ -113,7 +231,7 @@ def test_verify_refuses_speed_when_gate_fails(capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "GATE RED" in out and "FAIL" in out
-    assert "speedup" not in out and "median ms" not in out and "[bench]" not in out
+    assert "speedup" not in out and "eager ms" not in out and "[bench]" not in out
 
 
 def test_verify_green_gate_then_benches(capsys):
@@ -121,7 +239,7 @@ def test_verify_green_gate_then_benches(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "gate green" in out and "FAIL" not in out
-    assert "median ms" in out and "sdpa" in out
+    assert "eager ms" in out and "sdpa" in out
 
 
 def test_cold_only_keeps_the_child_caches_for_the_bench(tmp_path, monkeypatch):
@@ -169,10 +287,19 @@ def test_keep_caches_merges_folders(tmp_path, monkeypatch):
 
 
 def _fake_part(rows, cold=(), partial=False):
-    def row(shape, mode, backend, ms, status="ok"):
-        return dict(shape_label=shape, mode=mode, backend=backend, status=status, median_ms=ms, shape={},
-                    min_ms=ms, max_ms=ms, tflops=None, gbps=None, pct_of_floor=None, timing="cuda graph replay")
-    d = dict(op="gated_delta_rule", preset="p", env_line="env", ceilings={}, rows=[row(*r) for r in rows],
+    """A result file of one round: its rows aggregated (ratios against the peers computed in the part)."""
+    from linattn.bench.aggregate import aggregate
+    from linattn.bench.report import SCHEMA
+    order = list(dict.fromkeys(r[2] for r in rows))
+    procs = {}
+    for shape, mode, backend, ms, *status in rows:
+        st = status[0] if status else "ok"
+        procs.setdefault(backend, _proc(backend, 0, []))["rows"].append(
+            dict(_prow(shape, ms, ms / 2, status=st, reason="why" if st != "ok" else None), shape_label=shape,
+                 mode=mode))
+    d = dict(schema=SCHEMA, op="gated_delta_rule", preset="p", env_line="env", ceilings={}, procs=1, repeats=5,
+             backends=order, peers=[b for b in order if b in ("fla", "sdpa")], modes=["fwd"],
+             rows=aggregate(list(procs.values()), order, ("fla", "sdpa")), processes=list(procs.values()),
              cold=[dict(backend=b, mode=m, status="ok", first_call_s=s, second_call_s=0.001, process_s=s + 1)
                    for b, m, s in cold])
     if partial:
@@ -182,8 +309,9 @@ def _fake_part(rows, cold=(), partial=False):
 
 def test_merge_takes_each_shape_mode_whole_from_one_part(tmp_path):
     """A part cut short plus an earlier full run: each (shape, mode) comes from the part with more rows that ran
-    (the first file on a tie), speedups are recomputed inside that part, cold entries deduplicated."""
-    from linattn.bench.report import format_table, load_results
+    (the first file on a tie) with the ratios of that part, cold entries deduplicated, processes kept per part;
+    results of the earlier single-process bench are refused."""
+    from linattn.bench.report import format_table, load_results, markdown
     new = _fake_part([("A", "fwd", "triton", 1.0), ("A", "fwd", "gluon", 0.8), ("A", "fwd", "fla", 2.0),
                       ("B", "fwd", "triton", 3.0), ("B", "fwd", "fla", 6.0),
                       ("C", "fwd", "triton", 5.0)], cold=[("triton", "fwd", 9.0)], partial=True)
@@ -197,14 +325,24 @@ def test_merge_takes_each_shape_mode_whole_from_one_part(tmp_path):
         with open(paths[-1], "w") as f:
             json.dump(d, f)
     m = load_results(paths)
-    got = {(r["shape_label"], r["backend"]): (r["part"], r["median_ms"], r.get("speedup")) for r in m["rows"]}
+    got = {(r["shape_label"], r["backend"]): (r["part"], r["eager"]["median_ms"], r["eager"]["ratios"].get("fla"))
+           for r in m["rows"] if r["status"] == "ok"}
     assert got[("A", "gluon")] == (0, 0.8, 2.5) and got[("A", "triton")][0] == 0      # more rows ran in part 0
     assert got[("B", "triton")] == (0, 3.0, 2.0)                                        # tie: the first file
-    assert got[("C", "triton")] == (1, 5.5, 2.0) and ("C", "sdpa") in got              # part 1 ran C with fla
+    assert got[("C", "triton")] == (1, 5.5, 2.0)                                        # part 1 ran C with fla
     assert sum(1 for r in m["rows"] if r["shape_label"] == "C") == 3                    # part 0's C row dropped
-    assert m["baseline"] == "fla"
     assert [(c["backend"], c["mode"], c["first_call_s"], c["part"]) for c in m["cold"]] == \
         [("triton", "fwd", 9.0, 0), ("triton", "fwdbwd", 20.0, 1)]
     assert m["parts"][0]["partial"] and m["parts"][0]["rows_taken"] == 5 and m["parts"][1]["rows_taken"] == 3
+    assert sorted((p["part"], p["backend"]) for p in m["processes"]) == \
+        [(0, "fla"), (0, "gluon"), (0, "triton"), (1, "fla"), (1, "sdpa"), (1, "triton")]
     table = format_table(m)
-    assert "cut short" in table and "[part 1]" in table
+    assert "cut short" in table and "[part 1]" in table and "vs fla e/g" in table
+    md = markdown(m)
+    assert "| shape | triton ms | gluon ms | fla ms | triton vs fla | gluon vs fla |" in md
+    assert "| A | 1 (0.0%) | 0.8 (0.0%) | 2 (0.0%) | 2.00x | 2.50x |" in md
+    assert "| C | 5.5 (0.0%) | - | 11 (0.0%) | 2.00x | - |" in md
+    old_schema = tmp_path / "schema1.json"
+    old_schema.write_text(json.dumps(dict(old, schema="linattn-bench/1")))
+    with pytest.raises(ValueError, match="earlier bench"):
+        load_results([paths[0], str(old_schema)])

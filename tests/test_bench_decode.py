@@ -17,15 +17,19 @@ def _ours() -> str:
 
 
 def test_bench_decode_tiny(tmp_path, capsys):
+    """One fresh process per backend (--procs 1): every decode_tiny row runs, the first backend is checked against
+    the fp64 reference, the later ones against it, the roofline counts the state's bytes."""
     ours = _ours()
     out = tmp_path / "decode.json"
-    backends = ["auto", ours, "reference", "fla", "sdpa"] if ours == "triton" else ["reference", "fla"]
-    rc = main(["bench", "--modes", "decode", "--backends", *backends, "--repeats", "2", "--warmup", "1",
+    backends = ["auto", ours, "reference", "fla"] if ours == "triton" else ["reference", "fla"]
+    rc = main(["bench", "--modes", "decode", "--backends", *backends, "--procs", "1", "--repeats", "2", "--warmup", "1",
                "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["op"] == "gated_delta_rule_decode" and res["preset"] == "decode_tiny" and res["modes"] == ["decode"]
     assert res["cold"] == []                                   # no cold start by default for decode
+    assert [(p["backend"], p["round"]) for p in res["processes"]] == [(b, 0) for b in backends]
+    assert res["targets"] == {"graph": {}, "eager": {}}        # no pool row at the targets' batch sizes here
     rows = {(r["shape_label"], r["backend"]): r for r in res["rows"]}
     shapes = sorted({r["shape_label"] for r in res["rows"]})
     assert len(shapes) == 3 and sum("pool in place" in s for s in shapes) == 2 and any("no pool" in s for s in shapes)
@@ -35,6 +39,7 @@ def test_bench_decode_tiny(tmp_path, capsys):
         shape = r["shape"]
         es = 4 if shape["state"] == "float32" else 2
         assert r["bytes"] == 2 * shape["B"] * shape["HV"] * shape["K"] * shape["V"] * es
+        assert r["eager"]["pct_of_floor"] > 0 and r["graph"]["status"] == "n/a"
         if ours == "triton":
             # the first backend against fp64, the others against it; every backend's first call from the same
             # start states: auto and triton are the same kernel here, so bit-equal
@@ -42,8 +47,8 @@ def test_bench_decode_tiny(tmp_path, capsys):
             want = {"o"} if shape["pool"] else {"o", "final_state"}
             assert set(r["reference_check"]["errors"]) == want
             assert rows[(s, "triton")]["errors"] == {n: 0.0 for n in want}
+            assert rows[(s, "triton")]["compared_to"] == "auto"
             assert all(math.isfinite(e) and e < 1.5e-2 for e in rows[(s, "reference")]["errors"].values())
-            assert rows[(s, "sdpa")]["status"] == "skipped" and "no decode step" in rows[(s, "sdpa")]["reason"]
         fla = rows[(s, "fla")]
         if importlib.util.find_spec("fla") is None:    # the CI machine: recorded as unavailable, with the reason
             assert fla["status"] == "skipped" and "fla not importable" in fla["reason"], fla
@@ -51,7 +56,18 @@ def test_bench_decode_tiny(tmp_path, capsys):
             assert all(math.isfinite(e) and e < 1.5e-2 for e in fla["errors"].values()), fla
         else:                                          # installed but not runnable here: the row says why
             assert fla["status"] in ("skipped", "error") and fla["reason"], fla
-    assert "median ms" in capsys.readouterr().out
+    assert "eager ms" in capsys.readouterr().out
+
+
+def test_bench_decode_refuses_peers_without_a_decode_step():
+    from linattn.bench.base import Unavailable
+    from linattn.bench.decode import decode_inputs, decode_prepare
+    from linattn.bench.presets import get_preset
+    shape = get_preset("decode_tiny")[0]
+    inp = decode_inputs(shape, "cpu", seed=int(torch.randint(0, 1 << 30, ())))
+    for peer in ("sdpa", "flashqla"):
+        with pytest.raises(Unavailable, match="no decode step"):
+            decode_prepare(peer, shape, inp, "decode")
 
 
 def test_bench_decode_pool_reset_makes_first_calls_equal():
@@ -83,11 +99,16 @@ def test_bench_decode_refusals(capsys):
     assert "is a decode preset" in capsys.readouterr().err
     assert main(["bench", "--op", "gated_delta_rule", "--modes", "decode"]) == 2
     assert "has no mode 'decode'" in capsys.readouterr().err
+    for flag in ("--procs", "--repeats"):
+        assert main(["bench", "--modes", "decode", flag, "0"]) == 2
+        assert f"{flag} must be at least 1" in capsys.readouterr().err
 
 
 def _row(B, state, backend, ms, pct, family="linattn"):
-    return dict(status="ok", mode="decode", backend=backend, family=family, median_ms=ms, pct_of_floor=pct,
-                shape=dict(B=B, state=state, pool=True))
+    """A decode row with both timing columns: the eager one 10x slower at a tenth of the floor's share."""
+    return dict(status="ok", mode="decode", backend=backend, family=family, shape=dict(B=B, state=state, pool=True),
+                graph=dict(status="ok", median_ms=ms, pct_of_floor=pct),
+                eager=dict(status="ok", median_ms=10 * ms, pct_of_floor=pct / 10))
 
 
 @pytest.mark.parametrize("b256_ms,pct", [(0.280, 90.4), (0.282, 89.5)])
@@ -104,3 +125,8 @@ def test_decode_targets(b256_ms, pct):
     assert t["batch32_not_slower_than_fla"] is False
     assert t["batch1_le_8us"] is True and abs(t["batch1_us"] - 3.3) < 1e-9
     assert abs(t["bf16_speedup_b256"] - 1.8) < 1e-9 and t["bf16_ge_1.7x_b256"] is True
+    e = decode_targets(rows, "eager")                              # the eager column: its own numbers
+    assert e["batch1_us"] == pytest.approx(33.0) and e["batch1_le_8us"] is False
+    assert e["batch256_fp32_pct_of_copy"] == pytest.approx(pct / 10) and e["batch256_ge_90pct_copy"] is False
+    rows[5] = dict(rows[5], graph=dict(status="n/a", reason="capture failed"))
+    assert "batch256_fp32_pct_of_copy" not in decode_targets(rows)   # a row without the column: target absent

@@ -1,6 +1,7 @@
 """`linattn bench --modes decode`: the GDN decode step (`fused_recurrent_gated_delta_rule`, one token per sequence)
-timed like every bench row (CUDA-graph replays over input sets spanning >= 3x the L2, median), against the copy
-bandwidth measured in the same run and against FLA's fused_recurrent_gated_delta_rule on the same inputs.
+timed like every bench row (each backend in fresh processes, eager calls and CUDA-graph replays over input sets
+spanning >= 3x the L2), against the copy bandwidth and against FLA's fused_recurrent_gated_delta_rule on the same
+inputs.
 
 A decode shape is a dict B, T (= 1), H, HV, K, V, `state` ("float32" or "bfloat16") and `pool`:
 - pool=True, the serving mode (issue 6's target): the states live in a pool [B, HV, K, V] in a random slot order,
@@ -12,7 +13,8 @@ A decode shape is a dict B, T (= 1), H, HV, K, V, `state` ("float32" or "bfloat1
 The roofline is the state's bandwidth: `bytes` counts the state read and written once (q, k, v, o and the gates,
 under 1% of the bytes at batch 256, are left out), so `% floor` is the percentage of the measured copy bandwidth
 that the state's bytes reach. Outputs are compared with the first backend's; that backend's o (and its final
-state in FLA's mode) is checked against the reference computed in fp64 from the same start states.
+state in FLA's mode) is checked against the reference computed in fp64 from the same start states. Each backend's
+first call in a process starts from the start states: args() puts them back into the pool.
 """
 from __future__ import annotations
 
@@ -161,24 +163,26 @@ GATED_DELTA_RULE_DECODE = BenchOp(
     api_module="linattn.ops.gated_delta_rule.fused_recurrent", max_sets=64, modes=("decode",))
 
 
-def decode_targets(rows) -> Dict:
-    """Issue 6's targets from a decode bench's rows (the first linattn backend that ran each shape): batch 256 fp32
-    pool >= 90% of copy, batch 1 and 32 fp32 pool no slower than FLA, batch 1 <= 8 us, bf16 pool >= 1.7x fp32's
-    speed at batch 256. A target whose rows did not run is absent."""
+def decode_targets(rows, column: str = "graph") -> Dict:
+    """Issue 6's targets from a decode bench's rows, in one timing column ("graph" or "eager"; the first linattn
+    backend that ran each shape in that column): batch 256 fp32 pool >= 90% of copy, batch 1 and 32 fp32 pool no
+    slower than FLA, batch 1 <= 8 us, bf16 pool >= 1.7x fp32's speed at batch 256. A target whose rows did not run
+    is absent."""
     ours, fla = {}, {}
     for r in rows:
-        if r.get("status") != "ok" or r["mode"] != "decode" or not r["shape"].get("pool"):
+        col = r.get(column) or {}
+        if r.get("status") != "ok" or col.get("status") != "ok" or r["mode"] != "decode" or not r["shape"].get("pool"):
             continue
         key = (r["shape"]["B"], r["shape"]["state"])
         if r["backend"] == "fla":
-            fla[key] = r
+            fla[key] = col
         elif r.get("family") == "linattn" and r["backend"] != "reference" and key not in ours:
-            ours[key] = r
+            ours[key] = col
     t = {}
-    r = ours.get((256, "float32"))
-    if r:
-        t["batch256_fp32_pct_of_copy"] = r["pct_of_floor"]
-        t["batch256_ge_90pct_copy"] = r["pct_of_floor"] >= 90.0
+    c = ours.get((256, "float32"))
+    if c and c.get("pct_of_floor") is not None:
+        t["batch256_fp32_pct_of_copy"] = c["pct_of_floor"]
+        t["batch256_ge_90pct_copy"] = c["pct_of_floor"] >= 90.0
     for B in (1, 32):
         if (B, "float32") in ours and (B, "float32") in fla:
             t[f"batch{B}_not_slower_than_fla"] = ours[(B, "float32")]["median_ms"] <= fla[(B, "float32")]["median_ms"]

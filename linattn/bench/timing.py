@@ -1,9 +1,11 @@
 """Timing (shared/.library METHOD: events or graph replays, warm-up first, median of repeats, rotated inputs),
-the two roofline ceilings measured in the same run, and cold start in a fresh process.
+the two roofline ceilings, and cold start in a fresh process. `linattn.bench.child` calls these inside the fresh
+process that times one backend.
 
-Nothing inside a timed region synchronises with the host: on a GPU each repeat is one CUDA-graph replay (or,
-when the backend cannot be captured, one eager pass) between two events, and the events are read after a
-single synchronisation at the end. On the CPU the host clock is the only clock (work there is synchronous).
+Two columns per row: eager (each repeat one pass of eager calls between two CUDA events) and, where the backend
+can be captured, CUDA graph (each repeat one replay of the captured pass). Nothing inside a timed region
+synchronises with the host; the events are read after one synchronisation at the end. On the CPU the host clock
+is the only clock (work there is synchronous) and there is no graph column.
 """
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ def num_input_sets(set_bytes: float, device, max_sets: int = 8) -> int:
 
 
 def _summary(times: List[float], method: str, n_sets: int) -> Dict:
-    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), repeats=len(times),
-                times_ms=times, timing=method, input_sets=n_sets)
+    return dict(status="ok", median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
+                repeats=len(times), times_ms=times, timing=method, input_sets=n_sets)
 
 
 def event_times_ms(run: Callable, repeats: int) -> List[float]:
@@ -67,68 +69,78 @@ def event_times_ms(run: Callable, repeats: int) -> List[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def time_calls(fn: Callable, arg_sets: List, repeats: int, warmup: int, device, use_graph: bool = True) -> Dict:
-    """Median / min / max milliseconds per call. `arg_sets`: [(kwargs, leaves, grad outputs)] cycled through;
-    each repeat runs every set once and is divided by their number."""
-    n = len(arg_sets)
-
+def _pass(fn: Callable, arg_sets: List) -> Callable:
     def one_pass():
         for kw, leaves, gouts in arg_sets:
             step(fn, kw, leaves, gouts)
+    return one_pass
 
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        for _ in range(warmup):
-            one_pass()
+
+def time_eager(fn: Callable, arg_sets: List, repeats: int, warmup: int, device) -> Dict:
+    """What a user's eager loop costs: median / min / max ms per call. `arg_sets`: [(kwargs, leaves, grad
+    outputs)], made once, cycled through; each repeat runs every set once and is divided by their number. On a
+    GPU an event pair brackets each repeat and the repeats follow each other without a host synchronisation, so
+    a host-bound call is timed by its host time and a GPU-bound one by its kernels, as in a training loop."""
+    n, one_pass = len(arg_sets), _pass(fn, arg_sets)
+    for _ in range(warmup):
+        one_pass()
+    if torch.device(device).type != "cuda":
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             one_pass()
             times.append((time.perf_counter() - t0) * 1e3 / n)
-        return _summary(times, "host clock (cpu)", n)
-
-    for _ in range(warmup):
-        one_pass()
+        return _summary(times, "eager, host clock (cpu)", n)
     torch.cuda.synchronize()
-    run, method, graph = one_pass, "cuda events (eager)", None
-    if use_graph:
+    return _summary([t / n for t in event_times_ms(one_pass, repeats)], "eager, cuda events", n)
+
+
+def time_graph(fn: Callable, arg_sets: List, repeats: int, device) -> Dict:
+    """The same pass over the sets captured once as a CUDA graph, then replayed (`repeats` replays, events
+    around each). Call after time_eager (its warm-up compiled and tuned everything). A backend that cannot be
+    captured (host synchronisation, CPU tensors, unsupported calls) gives status "n/a" and the reason."""
+    if torch.device(device).type != "cuda":
+        return dict(status="n/a", reason="no CUDA device")
+    n, one_pass = len(arg_sets), _pass(fn, arg_sets)
+    try:
+        # warm the side stream first, as torch's graph docs require, then capture one pass over all sets
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            one_pass()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            one_pass()
+    except Exception as e:
         try:
-            # warm the side stream first, as torch's graph docs require, then capture one pass over all sets
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                one_pass()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                one_pass()
-            run, method = graph.replay, "cuda graph replay"
-        except Exception as e:                      # host sync, CPU tensors or unsupported calls in capture
-            graph = None
             torch.cuda.synchronize()
-            method = f"cuda events (eager; graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160]})"
-    run()                                           # one untimed replay: the graph's first launch uploads it
-    times = [t / n for t in event_times_ms(run, repeats)]
+        except Exception:                           # a capture that failed on the device leaves its error here
+            pass
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        return dict(status="n/a", reason=f"capture failed: {type(e).__name__}: {first}")
+    graph.replay()                                  # one untimed replay: the graph's first launch uploads it
+    times = [t / n for t in event_times_ms(graph.replay, repeats)]
     del graph
-    return _summary(times, method, n)
+    return _summary(times, "cuda graph replay", n)
 
 
 def measure_ceilings(device) -> Dict:
     """The matrix rate and the copy bandwidth of this device, measured now. GPU: a bf16 8192^3 torch.matmul
-    and a 1 GiB device-to-device copy (bytes read + written). CPU: tiny stand-ins (fp32 512^3, 64 MiB copy)
+    and a 1 GiB device-to-device copy (bytes read + written). CPU: tiny stand-ins (fp32 256^3, 16 MiB copy)
     that only keep the columns filled; they say nothing about a GPU."""
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
     if dev.type == "cuda":
         n, dt, copy_elems, reps, how = 8192, torch.bfloat16, 1 << 28, 10, "bf16 8192^3 torch.matmul; 1 GiB fp32 copy"
     else:
-        n, dt, copy_elems, reps, how = 512, torch.float32, 1 << 24, 5, "CPU stand-ins: fp32 512^3 matmul; 64 MiB copy"
+        n, dt, copy_elems, reps, how = 256, torch.float32, 1 << 22, 5, "CPU stand-ins: fp32 256^3 matmul; 16 MiB copy"
     a = torch.randn(n, n, device=dev, generator=gen).to(dt)
     b = torch.randn(n, n, device=dev, generator=gen).to(dt)
     src = torch.randn(copy_elems, device=dev, generator=gen)
     dst = torch.empty_like(src)
-    mm = time_calls(lambda: torch.matmul(a, b), [({}, (), ())], reps, 3, dev, use_graph=False)
-    cp = time_calls(lambda: dst.copy_(src), [({}, (), ())], reps, 3, dev, use_graph=False)
+    mm = time_eager(lambda: torch.matmul(a, b), [({}, (), ())], reps, 3, dev)
+    cp = time_eager(lambda: dst.copy_(src), [({}, (), ())], reps, 3, dev)
     flops = 2.0 * n ** 3
     nbytes = 2.0 * src.numel() * src.element_size()
     return dict(matmul_tflops=flops / (mm["median_ms"] * 1e-3) / 1e12, copy_gbps=nbytes / (cp["median_ms"] * 1e-3) / 1e9,

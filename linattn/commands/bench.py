@@ -1,4 +1,6 @@
-"""`linattn bench`: same-run timing of an op's backends against peers and the roofline floor."""
+"""`linattn bench`: an op's backends against peers and the roofline floor, each backend timed in its own fresh
+processes, alternated (linattn.bench.runner): eager calls, and CUDA-graph replays where the backend can be
+captured."""
 import os
 import sys
 
@@ -15,10 +17,15 @@ def add_arguments(p):
                    help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
                    "CPU; decode and decode_tiny with --modes decode)")
-    p.add_argument("--json", default=None, help="write the full result here")
+    p.add_argument("--procs", type=int, default=None,
+                   help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
+                   "GPU, 2 on the CPU)")
+    p.add_argument("--no-graph", dest="graph", action="store_false",
+                   help="eager timing only (no CUDA-graph column)")
+    p.add_argument("--json", default=None, help="write the full result here (every process's numbers included)")
+    p.add_argument("--markdown", default=None, help="write markdown tables here (for RESULTS.md and README)")
     p.add_argument("--plot", default=None, help="write a PNG: ms vs T per backend, log-log (needs matplotlib)")
-    p.add_argument("--baseline", default=None, help="speedups against this backend (default: fla if it ran, else triton)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per row (default 20 on a GPU, 3 on the CPU)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per row and process (default 20 on a GPU, 3 on the CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default 3 on a GPU, 1 on the CPU)")
     p.add_argument("--cold", dest="cold", action="store_true", default=None,
                    help="measure each backend's first call in a fresh process (first row only; default on a GPU)")
@@ -31,8 +38,13 @@ def add_arguments(p):
 
 
 def emit(result, args) -> int:
-    from linattn.bench.report import format_table, plot, write_json
+    from linattn.bench.report import format_table, markdown, plot, write_json
     print(format_table(result))
+    if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result))
+        print(f"[bench] wrote {args.markdown}")
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         os.makedirs(d, exist_ok=True)
@@ -48,7 +60,11 @@ def run(args) -> int:
     import torch
     from linattn.bench.report import load_results
     if args.from_json:
-        return emit(load_results(args.from_json, args.baseline), args)
+        return emit(load_results(args.from_json), args)
+    for name, least in (("procs", 1), ("repeats", 1), ("warmup", 0)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            print(f"linattn bench: --{name} must be at least {least}, got {getattr(args, name)}", file=sys.stderr)
+            return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
     decode = "decode" in args.modes
@@ -99,13 +115,14 @@ def run(args) -> int:
     # cold start is measured by default for the chunked op on a GPU, not for decode (its kernels compile in seconds)
     cold_default = on_gpu and not decode
     result = run_bench(op_name, preset, backends, args.modes,
-                       repeats=args.repeats or (20 if on_gpu else 3), warmup=args.warmup or (3 if on_gpu else 1),
-                       device=device, baseline=args.baseline,
+                       repeats=args.repeats or (20 if on_gpu else 3),
+                       warmup=args.warmup if args.warmup is not None else (3 if on_gpu else 1),
+                       procs=args.procs or (3 if on_gpu else 2), device=device, graph=args.graph,
                        cold=args.cold_only or (cold_default if args.cold is None else args.cold),
                        cold_only=args.cold_only, on_progress=on_progress)
     if decode:
         from linattn.bench.decode import decode_targets
-        result["targets"] = decode_targets(result["rows"])
+        result["targets"] = {col: decode_targets(result["rows"], col) for col in ("graph", "eager")}
     if on_progress and os.path.exists(args.json + ".partial"):
         os.remove(args.json + ".partial")
     status = emit(result, args)

@@ -1,5 +1,5 @@
 """`linattn verify`: run the op's correctness gate for a backend; only when every case passes, bench the quick
-preset (tiny on the CPU) against the baseline. A red gate prints no speed and exits 1; a backend that cannot run
+preset (tiny on the CPU) against the peers. A red gate prints no speed and exits 1; a backend that cannot run
 here (no GPU and no Triton interpreter, or its supports() refuses the op's typical call) is named with the reason
 before any case runs, and verify exits 2."""
 import sys
@@ -12,8 +12,9 @@ def add_arguments(p):
                    help="peers to bench against (default: fla, flashqla, sdpa; missing ones are listed as skipped)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"],
                    help="what the gate checks and the bench times (fwd: forward only)")
-    p.add_argument("--baseline", default=None)
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--procs", type=int, default=None,
+                   help="fresh processes per backend for the bench (default 3 on a GPU, 1 on the CPU)")
     p.add_argument("--json", default=None, help="write the gate's cases and the bench result here")
     p.add_argument("--device", default=None)
 
@@ -61,8 +62,8 @@ def run(args) -> int:
     from linattn.bench.runner import run_bench
     peers = args.peers if args.peers is not None else ["fla", "flashqla", "sdpa"]
     result = run_bench(args.op, "quick" if on_gpu else "tiny", [args.backend] + peers, args.modes,
-                       repeats=args.repeats or (20 if on_gpu else 2), warmup=3 if on_gpu else 1, device=device,
-                       baseline=args.baseline, cold=False)
+                       repeats=args.repeats or (20 if on_gpu else 2), warmup=3 if on_gpu else 1,
+                       procs=args.procs or (3 if on_gpu else 1), device=device, cold=False)
     print(format_table(result))
     report["bench"] = result
     _write(args.json, report, json)
