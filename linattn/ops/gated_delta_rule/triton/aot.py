@@ -77,7 +77,7 @@ for _bv, _what in ((32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_bwd_triton_state_bv{_bv}_w8", "backward_state", "chunk_state_bwd_kernel",
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
                    dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
-              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True), 8, 2,
+              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True, STORE_DH=True), 8, 2,
               f"backward stage 1: reverse state pass, {_what}")
 _register("gdn_bwd_triton_local_w4", "backward_local", "chunk_local_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,
