@@ -39,7 +39,6 @@ from linattn.distributed.context import CPContext
 from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd, launch_state_bwd
 from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
 from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, launch_state_pass
-from linattn.runtime.alloc import empty
 
 
 def compose_incoming(ag: torch.Tensor, rank: int, pre: int, V: int) -> torch.Tensor:
@@ -85,7 +84,9 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         if cp.any_crossing:
-            hm = empty(HV, K, V + K, dtype=torch.float32, device=dev)
+            # zeros: the parts not computed here (C and M of a rank whose last sequence ends on it, M of one that
+            # starts on it) are never read, but go over the wire as zeros rather than stale memory
+            hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
             if post > 0:
                 starts_here = pre == 0 or n_loc > 1
                 launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
@@ -125,7 +126,7 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
 
     def state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_):
         if cp.any_crossing:
-            d_in = empty(1, HV, K, V, dtype=torch.float32, device=dev)
+            d_in = torch.zeros(1, HV, K, V, dtype=torch.float32, device=dev)
             if pre > 0:
                 first_ends_here = n_loc > 1 or post == 0
                 first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
