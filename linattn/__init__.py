@@ -14,5 +14,6 @@ __version__ = "0.1.0"
 
 from linattn.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
 from linattn.ops.matmul import matmul  # noqa: E402
+from linattn.distributed import build_cp_context  # noqa: E402
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "matmul"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "matmul", "build_cp_context"]
