@@ -221,7 +221,7 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
         ("state_bwd", chunk_state_bwd_kernel,
          dict(q_ptr=x, k_ptr=x, w_ptr=x, gcum_ptr=f, do_ptr=x, dh_ptr=x, dvnew_ptr=x, dht_ptr=f, dh0_ptr=f, cu_ptr=i64,
               chunk_off_ptr=i64, scale="fp32"),
-         dict(common, BK=cfg.BK_state, BV=cfg.BV_state, USE_DHT=True, STORE_DH0=True),
+         dict(common, BK=cfg.BK_state, BV=cfg.BV_state, USE_DHT=True, STORE_DH0=True, STORE_DH=True),
          dict(num_warps=cfg.warps_state, num_stages=cfg.stages_state)),
         ("local_bwd", chunk_local_bwd_kernel,
          dict(q_ptr=x, k_ptr=x, vnew_ptr=x, h_ptr=x, gcum_ptr=f, do_ptr=x, dvnew_ptr=x, dh_ptr=x, dq_ptr=x, dk_ptr=f,

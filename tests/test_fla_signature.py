@@ -87,7 +87,6 @@ def test_chunk_fla_keywords_at_their_defaults_change_nothing():
     (dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True), "use_beta_sigmoid_in_kernel"),
     (dict(state_v_first=True), "state_v_first"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(4)), "use_gate_in_kernel"),
-    (dict(cp_context=object()), "cp_context"),
 ])
 def test_chunk_options_not_run_yet_are_refused_by_name(kw, name):
     x, cu = _chunk_inputs()

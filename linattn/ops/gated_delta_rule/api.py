@@ -120,7 +120,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             builds its chunk table without a device-to-host copy; FLA's [num_chunks, 2] table of (sequence, chunk)
             pairs). Accepted and ignored: linattn builds its own chunk plan on the device from cu_seqlens (no host
             sync), so neither changes the result.
-        cp_context (FLA's context parallelism): not supported; anything but None raises NotImplementedError.
+        cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md): q, k, v,
+            g, beta are this rank's T / W tokens of one packed stream, B = 1; the context's local cu_seqlens is used
+            (cu_seqlens may be omitted, or be that same tensor; the global offsets are refused). Unlike FLA,
+            initial_state ([N, HV, K, V], N the global sequences, the same on every rank) and output_final_state
+            (all N final states on every rank) are supported; initial_state's gradient on a rank holds the rows of
+            the sequences starting there. Triton kernels only, eager (a graph break under torch.compile).
     Keyword-only (FLA reads these from **kwargs):
         use_gate_in_kernel, A_log, dt_bias (FLA: g is the raw gate input, g_eff = -exp(A_log) * softplus(g +
             dt_bias) fused with the chunk cumsum): not supported yet by the chunked kernels; use_gate_in_kernel=True
@@ -138,7 +143,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                       state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                      dt_bias=dt_bias, cp_context=cp_context, chunk_size=chunk_size)
+                      dt_bias=dt_bias, chunk_size=chunk_size)
+    if cp_context is not None:
+        return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                                 cu_seqlens, cp_context, backend)
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP)
     if scale is None:
         scale = dims["K"] ** -0.5
@@ -155,3 +163,37 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens)
+
+
+def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                      cu_seqlens, cp, backend):
+    """The cp_context call: checks against the context, then linattn/distributed/chunk.py."""
+    from linattn.distributed.chunk import cp_chunk_gated_delta_rule
+    from linattn.distributed.context import CPContext
+    if not isinstance(cp, CPContext):
+        raise TypeError(f"{OP}: cp_context must be built by linattn.distributed.build_cp_context, got "
+                        f"{type(cp).__name__}")
+    if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens and not (
+            cu_seqlens.device.type == "cpu" and torch.equal(cu_seqlens.to(torch.int64),
+                                                            cp.cu_seqlens_cpu.to(torch.int64))):
+        raise ValueError(f"{OP}: with cp_context, cu_seqlens must be omitted or be cp_context.cu_seqlens (this "
+                         f"rank's local offsets); the global offsets go to build_cp_context")
+    if backend not in ("auto", "triton"):
+        raise NotImplementedError(f"{OP}: cp_context runs the Triton kernels; backend={backend!r} is not supported")
+    ok, why = _triton_supports(q=q)
+    if not ok:
+        raise NotImplementedError(f"{OP}: cp_context runs the Triton kernels: {why}")
+    if q.dim() == 4 and q.shape[1] != cp.part_len:
+        raise ValueError(f"{OP}: with cp_context, q must hold this rank's T / W = {cp.part_len} tokens, got "
+                         f"T={q.shape[1]}")
+    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cp.cu_seqlens, op=OP, num_states=cp.num_seqs_global)
+    check_chunk_grid(dict(dims, N=cp.num_seqs), op=OP)
+    if scale is None:
+        scale = dims["K"] ** -0.5
+    if use_qk_l2norm_in_kernel:
+        q = _ref.l2norm(q.float()).to(q.dtype)
+        k = _ref.l2norm(k.float()).to(k.dtype)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    return cp_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp)

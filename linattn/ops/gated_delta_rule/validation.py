@@ -122,7 +122,7 @@ def _not_yet(op: str, name: str, kernels: str):
 
 
 def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
-                      use_gate_in_kernel=False, A_log=None, dt_bias=None, cp_context=None, chunk_size=64):
+                      use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
     """FLA 0.6's options of the chunked op that linattn's kernels do not run yet: a non-default value raises
     NotImplementedError naming the argument (never a silent approximation, nor an extra PyTorch pass); FLA's own
     argument errors as FLA raises them (ValueError). chunk_size: 64, the kernels' chunk, else ValueError."""
@@ -137,7 +137,7 @@ def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_ei
                          f"chunk_size=64 only (FLA also takes 16 and 32); pass 64 or leave it out")
     for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                         ("allow_neg_eigval", allow_neg_eigval), ("state_v_first", state_v_first),
-                        ("use_gate_in_kernel", use_gate_in_kernel), ("cp_context", cp_context is not None)):
+                        ("use_gate_in_kernel", use_gate_in_kernel)):
         if value:
             _not_yet(op, name, "chunked kernels")
 

@@ -77,7 +77,7 @@ for _bv, _what in ((32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_bwd_triton_state_bv{_bv}_w8", "backward_state", "chunk_state_bwd_kernel",
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
                    dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
-              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True), 8, 2,
+              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True, STORE_DH=True), 8, 2,
               f"backward stage 1: reverse state pass, {_what}")
 _register("gdn_bwd_triton_local_w4", "backward_local", "chunk_local_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,
@@ -91,3 +91,10 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
                chunk_idx_ptr=_I32, N="i32", T_tot="i32"),
           dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, NK=K // 64, NKP=K // 64, M_IN_DK=True, DOT_PREC="tf32"),
           4, 1, "backward stage 3: through the WY form: dV, dK, dbeta, dg")
+
+# ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config
+# (BV = 32: 4 blocks of C and 4 of M per value head).
+_register("gdn_cp_triton_summary_bv32_w4", "cp_summary", "chunk_state_summary_kernel",
+          dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h0_ptr=_F, hm_ptr=_F, cu_ptr=_I64),
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=32, USE_H0=True, DOT_PREC="tf32"), 4, 2,
+          "context-parallel summary: C and the transition M of one sequence")

@@ -63,6 +63,24 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
                      warps_state=8, stages_state=2 if BK <= 128 else 1, warps_dv_local=4)
 
 
+def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], dh0: Optional[torch.Tensor], plan,
+                     scale: float, store_dh: bool = True):
+    """Stage 1 by chunk_state_bwd_kernel over the plan's sequences (the default of chunk_gated_delta_rule_bwd's
+    state_bwd hook). store_dh=False writes only dh0 (dh and dvnew are left as they are): the context-parallel
+    pass's boundary summary, which must not add the state term to dvnew twice."""
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = do.shape[-2], do.shape[-1]
+    cfg = _configs(K, V, plan.N, HV, q.device)
+    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), plan.N * HV)](
+        q, k, w, gcum, do, dh, dvnew,
+        dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
+        plan.cu, plan.chunk_offsets, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.warps_state, num_stages=cfg.stages_state)
+
+
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None):
@@ -95,16 +113,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
         num_warps=cfg.warps_dv_local, num_stages=2)
-    if state_bwd is not None:
-        state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
-    else:
-        chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
-            q, k, fwd.w, fwd.gcum, do, dh, dvnew,
-            dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
-            plan.cu, plan.chunk_offsets, scale,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_prec,
-            num_warps=cfg.warps_state, num_stages=cfg.stages_state)
+    (state_bwd or launch_state_bwd)(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
 
     dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)

@@ -8,6 +8,8 @@ it starts at d final_state, or zero):
 and dh0 = dS after the first chunk. P^T dO does not depend on dS: backward_dv_local.py writes it into dvnew
 beforehand (in parallel), and this pass adds the state term in place. One program per (V block, sequence * value
 head); every line above is column-separable in V, so splitting V across programs is exact (as in the forward).
+STORE_DH=False writes only dh0 (neither dh nor the state term of dvnew): the context-parallel boundary summary
+(linattn/distributed/chunk.py), a pass whose incoming dS is not the true one yet.
 
 Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): tl.trans of a dot result still in registers fed to
 another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scaled, W).
@@ -26,7 +28,7 @@ def chunk_state_bwd_kernel(
     cu_ptr, chunk_off_ptr, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STORE_DH: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     vb = tl.program_id(0)
     nh = tl.program_id(1)
@@ -46,8 +48,9 @@ def chunk_state_bwd_kernel(
         c = nchunks - 1 - cc
         t0 = bos + c * BT
         slot = (slot0 + c).to(tl.int64)
-        tl.store(dh_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
-                 ds.to(dh_ptr.dtype.element_ty), mask=mkv)
+        if STORE_DH:
+            tl.store(dh_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
+                     ds.to(dh_ptr.dtype.element_ty), mask=mkv)
         p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
         p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
         p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
@@ -68,7 +71,8 @@ def chunk_state_bwd_kernel(
         dvnew = tl.load(p_dvn, boundary_check=(0, 1)).to(tl.float32) \
             + tl.dot(kdec, ds.to(b_k.dtype), input_precision=DOT_PREC)
         dvnew_op = dvnew.to(dvnew_ptr.dtype.element_ty)
-        tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
+        if STORE_DH:
+            tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
 
         qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)
         ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \

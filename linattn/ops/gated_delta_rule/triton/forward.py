@@ -67,6 +67,23 @@ class FwdResult:
     plan: ChunkPlan
 
 
+def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor],
+                      plan: ChunkPlan):
+    """Stage 3 by chunk_state_fwd_kernel over the plan's sequences (the default of chunk_gated_delta_rule_fwd's
+    state_pass hook, which the context-parallel pass also calls): h, vnew, and final where it is not None."""
+    H, K = k.shape[-2], k.shape[-1]
+    HV, V = u.shape[1], u.shape[2]
+    cfg = _configs(K, V, plan.N, HV, k.device)
+    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), plan.N * HV)](
+        k, w, u, gcum, h, vnew,
+        initial_state if initial_state is not None else gcum, final if final is not None else gcum,
+        plan.cu, plan.chunk_offsets,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
+        USE_H0=initial_state is not None, STORE_HT=final is not None,
+        DOT_PREC="ieee" if w.dtype == torch.float32 else "tf32",
+        num_warps=cfg.warps_state, num_stages=cfg.stages)
+
+
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
@@ -86,8 +103,6 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     if plan is None:
         plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
-    cfg = _configs(K, V, N, HV, dev)
-    BK = _pow2(K)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     dt = q.dtype
 
@@ -105,16 +120,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
 
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    if state_pass is not None:
-        state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
-    else:
-        chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
-            k, w, u, gcum, h, vnew,
-            initial_state if initial_state is not None else gcum, final if final is not None else gcum,
-            plan.cu, plan.chunk_offsets,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=cfg.BV_state,
-            USE_H0=initial_state is not None, STORE_HT=output_final_state, DOT_PREC=dot_prec,
-            num_warps=cfg.warps_state, num_stages=cfg.stages)
+    (state_pass or launch_state_pass)(k, w, u, gcum, h, vnew, initial_state, final, plan)
 
     if not compute_output:
         return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan)

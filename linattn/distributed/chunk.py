@@ -1,0 +1,175 @@
+"""Context-parallel chunk_gated_delta_rule: one packed stream split over W ranks (context.py), exact results.
+
+Forward on rank r (docs/context-parallel.md has the derivation):
+  1. stage 2 of the local forward (gam, Tinv, W, U) as in the one-process call;
+  2. if the rank's last local sequence continues on the next rank: its summary [C | M] (triton/cp_summary.py),
+     C from the state it starts with here (its initial state where it starts on r, else zero), M only where it also
+     started before r (a rank it spans entirely);
+  3. one all-gather of the [HV, K, V + K] summaries; if the rank's first sequence started on rank s < r, its
+     incoming state is S = C_s, then S = M_j S + C_j for the ranks j strictly between s and r;
+  4. the local state pass and output with the true incoming state (the one-process kernels on the local stream);
+  5. with output_final_state: one all-reduce (sum) of [N, HV, K, V] holding each sequence's final state on the rank
+     where it ends, zero elsewhere, so every rank returns all N final states.
+Backward on rank r, symmetric (the gradient of a rank's incoming state flows back to the ranks before it):
+  0. with output_final_state: one all-reduce of d final_state (every rank's loss may read the replicated states);
+  1. if the rank's first sequence started before r: D, the gradient of its incoming state given the local dO with
+     zero gradient into its final state where it continues on the next rank (the reverse state pass over the first
+     sequence, writing nothing else);
+  2. one all-gather of D; if the rank's last sequence ends on rank e > r, the gradient into its final state is
+     G = D_e, then G = M_j^T G + D_j for j from e - 1 down to r + 1 (the M_j kept from the forward's gather);
+  3. the local backward with the saved incoming state and G as the last sequence's final-state gradient.
+Since every rank then runs the exact local backward with the exact boundary state and boundary gradient, q, k, v,
+g, beta get their exact gradients locally; nothing differentiates through the summaries. initial_state's gradient
+on rank r holds the rows of the sequences that start on r (zero elsewhere): summed over ranks, the one-process
+gradient.
+
+Every rank must make the same call (the same output_final_state, initial_state given or not) and run the backward.
+The pass runs the Triton kernels, eagerly: the autograd function is excluded from torch.compile tracing (a graph
+break there), and no step reads device data on the host.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.distributed.comm import comm_of
+from linattn.distributed.context import CPContext
+from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd, launch_state_bwd
+from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
+from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, launch_state_pass
+
+
+def compose_incoming(ag: torch.Tensor, rank: int, pre: int, V: int) -> torch.Tensor:
+    """The incoming state of rank `rank`'s first sequence, started `pre` ranks before, from the gathered [C | M]
+    summaries ag [W, HV, K, V + K]: C of the starting rank, then M S + C through every rank in between."""
+    s = ag[rank - pre, :, :, :V]
+    for j in range(rank - pre + 1, rank):
+        s = torch.baddbmm(ag[j, :, :, :V], ag[j, :, :, V:], s)
+    return s
+
+
+def compose_outgoing(ag_d: torch.Tensor, m_next: Optional[torch.Tensor], rank: int, post: int) -> torch.Tensor:
+    """The gradient into rank `rank`'s last-sequence final state, the sequence ending `post` ranks later, from the
+    gathered incoming-state gradients ag_d [W, HV, K, V] and the transitions m_next [post - 1, HV, K, K] of the
+    ranks in between (rank + 1 ...): D of the ending rank, then M^T G + D back through every rank in between."""
+    gr = ag_d[rank + post]
+    for i in range(post - 2, -1, -1):
+        gr = torch.baddbmm(ag_d[rank + 1 + i], m_next[i].transpose(-1, -2), gr)
+    return gr
+
+
+def _layout(cp: CPContext):
+    """(local sequences, global index of local 0, pre, post, local sequences that end here, first that starts here)"""
+    n_loc, pre, post = cp.num_seqs, cp.pre_num_ranks, cp.post_num_ranks
+    return n_loc, cp.seq_offset, pre, post, n_loc - (1 if post > 0 else 0), 1 if pre > 0 else 0
+
+
+def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+               cp: CPContext):
+    """(o, final states [N, HV, K, V] or None, the local initial states with the incoming state in row 0 (or None),
+    the transitions of the ranks the last sequence spans after this one (or None)) of rank cp.rank."""
+    comm = comm_of(cp)
+    HV, K, V = v.shape[2], k.shape[3], v.shape[3]
+    n_loc, lo, pre, post, n_end, _ = _layout(cp)
+    dev = q.device
+    if initial_state is not None:
+        h0_loc = initial_state[lo:lo + n_loc].clone()
+    elif pre > 0:
+        h0_loc = torch.zeros(n_loc, HV, K, V, dtype=torch.float32, device=dev)
+    else:
+        h0_loc = None
+    kept = {}
+
+    def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
+        if cp.any_crossing:
+            # zeros: the parts not computed here (C and M of a rank whose last sequence ends on it, M of one that
+            # starts on it) are never read, but go over the wire as zeros rather than stale memory
+            hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
+            if post > 0:
+                starts_here = pre == 0 or n_loc > 1
+                launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
+                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here)
+            ag = comm.all_gather(hm)
+            if pre > 0:
+                h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
+            if post > 1:
+                kept["m_next"] = ag[cp.rank + 1:cp.rank + post, :, :, V:].clone()
+        launch_state_pass(k_, w, u, gcum, h, vnew, h0, final, plan)
+
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens,
+                                     state_pass=state_pass)
+    final = None
+    if output_final_state:
+        final = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
+        final[lo:lo + n_end] = res.final_state[:n_end]
+        comm.all_reduce_(final)
+    return res.o, final, h0_loc, kept.get("m_next")
+
+
+def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], m_next: Optional[torch.Tensor],
+                has_initial_state: bool, do: torch.Tensor, dfinal: Optional[torch.Tensor], cp: CPContext):
+    """(dq, dk, dv, dg, dbeta, d initial_state [N, HV, K, V] or None) of rank cp.rank; dfinal: this rank's gradient
+    of the returned final states (None where they were not returned)."""
+    comm = comm_of(cp)
+    HV, K, V = v.shape[2], k.shape[3], v.shape[3]
+    n_loc, lo, pre, post, n_end, s0 = _layout(cp)
+    dev = q.device
+    dht = None
+    if dfinal is not None:
+        dsum = comm.all_reduce_(dfinal.to(torch.float32).contiguous().clone())
+        dht = torch.zeros(n_loc, HV, K, V, dtype=torch.float32, device=dev)
+        dht[:n_end] = dsum[lo:lo + n_end]
+    elif post > 0:
+        dht = torch.zeros(n_loc, HV, K, V, dtype=torch.float32, device=dev)
+
+    def state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_):
+        if cp.any_crossing:
+            d_in = torch.zeros(1, HV, K, V, dtype=torch.float32, device=dev)
+            if pre > 0:
+                first_ends_here = n_loc > 1 or post == 0
+                first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
+                launch_state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_[:1] if first_ends_here and dht_ is not None
+                                 else None, d_in, first, scale_, store_dh=False)
+            ag_d = comm.all_gather(d_in[0])
+            if post > 0:
+                dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))
+        launch_state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_)
+
+    dq, dk, dv, dg, dbeta, dh0_loc = chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens,
+                                                                do.contiguous(), dht, state_bwd=state_bwd)
+    dh0 = None
+    if has_initial_state:
+        dh0 = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
+        dh0[lo + s0:lo + n_loc] = dh0_loc[s0:]
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+class _CPChunkGDN(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx, q, k, v, g, beta, initial_state, scale, output_final_state, cp):
+        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp)
+        fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next)
+        fctx.scale, fctx.cp, fctx.output_final_state = scale, cp, output_final_state
+        fctx.has_initial_state = initial_state is not None
+        return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
+
+    @staticmethod
+    def backward(fctx, do, dfinal):
+        q, k, v, g, beta, h0_loc, m_next = fctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        grads = cp_backward(q, k, v, g, beta, fctx.scale, h0_loc, m_next, fctx.has_initial_state, do,
+                            dfinal if fctx.output_final_state else None, fctx.cp)
+        return (*grads, None, None, None)
+
+
+@torch.compiler.disable
+def cp_chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                              output_final_state: bool, cp: CPContext) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The context-parallel call on validated, contiguous inputs (api.py checks them): q, k [1, T/W, H, K], v
+    [1, T/W, HV, V], g, beta [1, T/W, HV], initial_state [N, HV, K, V] fp32 or None. Returns the local o and, with
+    output_final_state, the N final states (the same on every rank)."""
+    o, final = _CPChunkGDN.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp)
+    return o, (final if output_final_state else None)

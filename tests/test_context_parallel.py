@@ -1,0 +1,309 @@
+"""Context parallelism of chunk_gated_delta_rule (linattn/distributed, docs/context-parallel.md).
+
+End to end: W processes (forked by torch.multiprocessing, gloo on localhost through a file store) run the op on their
+T / W tokens of one packed stream under the Triton interpreter; every rank's output, the final states (returned on
+every rank) and every gradient (q, k, v, g, beta on their slices; initial_state summed over ranks) are checked
+against the fp64 reference and against the one-process call. The world of 2 has sequences crossing the boundary,
+sequences inside one rank, a 1-token sequence and an initial state; the world of 3 has a sequence spanning a whole
+rank (the composition through its transition M) and empty sequences. In-process: the context's metadata, the
+summary kernel's C and M and the backward's dh0-only pass against fp64, and the argument errors.
+"""
+import datetime
+import os
+import tempfile
+
+import pytest
+import torch
+
+import linattn
+from linattn.distributed import build_cp_context
+from linattn.distributed.chunk import compose_incoming, compose_outgoing
+from linattn.distributed.comm import SimulatedComm
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.runtime.settings import settings
+from linattn.testing.compare import TOL, assert_close
+from linattn.testing.inputs import make_gdn_inputs, random_cu_seqlens
+
+pytestmark = pytest.mark.skipif(not settings.interpret, reason="runs the CPU path under TRITON_INTERPRET=1")
+H, HV, K, V = 1, 2, 16, 16
+NAMES = ("q", "k", "v", "g", "beta")
+# CP against the one-process call in fp32: the same kernels on the same tokens, the incoming state composed by fp32
+# products in another order, so the two agree to rounding (measured about 1e-7); 1e-5 leaves room and no more
+SAME_CALL_TOL = 1e-5
+
+
+# ---- the worker of one rank -------------------------------------------------------------------------------------
+
+def _rank_worker(rank, world, init_file, cases, out_dir):
+    import torch.distributed as dist
+    torch.set_num_threads(1)            # a forked child: no inherited intra-op thread pool
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        for i, case in enumerate(cases):
+            cp = build_cp_context(case["cu"])
+            P = cp.part_len
+            sl = slice(rank * P, (rank + 1) * P)
+            x = {n: case[n][:, sl].detach().clone().requires_grad_(True) for n in NAMES}
+            h0 = case["h0"]
+            if h0 is not None:
+                h0 = h0.detach().clone().requires_grad_(True)
+            with poisoned_allocations():
+                o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=case["final"],
+                                                        cp_context=cp)
+                loss = (o.float() * case["do"][:, sl]).sum()
+                if case["final"]:
+                    loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
+                loss.backward()
+            torch.save(dict(o=o.detach(), fin=None if fin is None else fin.detach(),
+                            dh0=None if h0 is None else h0.grad, **{"d" + n: x[n].grad for n in NAMES}),
+                       os.path.join(out_dir, f"case{i}_rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _case(lengths, world, dtype, with_h0, final):
+    cu = random_cu_seqlens(lengths)
+    T, N = int(cu[-1]), len(lengths)
+    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, num_states=N, initial_state=with_h0)
+    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final,
+                do=torch.randn(1, T, HV, V), dfin=torch.randn(world, N, HV, K, V))
+
+
+def _one_process(case, reference: bool):
+    """(o, final, grads) of the whole stream in one process: the fp64 reference or linattn's own call."""
+    cast = (lambda t: t.detach().to(torch.float64)) if reference else (lambda t: t.detach().clone())
+    x = {n: cast(case[n]).requires_grad_(True) for n in NAMES}
+    h0 = None if case["h0"] is None else cast(case["h0"]).requires_grad_(True)
+    if reference:
+        o, fin = naive_recurrent(*(x[n] for n in NAMES), K ** -0.5, h0, True, case["cu"])
+    else:
+        o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=True,
+                                                cu_seqlens=case["cu"])
+    loss = (o.double() * case["do"].double()).sum()
+    if case["final"]:
+        loss = loss + (fin.double() * case["dfin"].double().sum(0)).sum()
+    loss.backward()
+    grads = {"d" + n: x[n].grad for n in NAMES}
+    grads["dh0"] = None if h0 is None else h0.grad
+    return o, fin, grads
+
+
+def _run_world(world, cases):
+    """Every rank's results of every case. The ranks are forked from this process, after _check's one-process calls
+    have run the same kernels here: the interpreter's per-kernel start-up is then paid once, not once per rank."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_rank_worker, args=(world, os.path.join(d, "store"), cases, d), nprocs=world,
+                           start_method="fork")
+        return [[torch.load(os.path.join(d, f"case{i}_rank{r}.pt")) for r in range(world)]
+                for i in range(len(cases))]
+
+
+def _expected(case):
+    """[(name, tolerance, (o, final, grads))]: the fp64 reference, and in fp32 the one-process call too."""
+    dtype = case["q"].dtype
+    out = [("reference", TOL[dtype], _one_process(case, reference=True))]
+    if dtype == torch.float32:
+        out.append(("one-process call", SAME_CALL_TOL, _one_process(case, reference=False)))
+    return out
+
+
+def _check(case, expected, ranks, world):
+    P = int(case["cu"][-1]) // world
+    for against, tol, (o, fin, grads) in expected:
+        for r in range(world):
+            assert_close(f"rank {r} o vs {against}", ranks[r]["o"], o[:, r * P:(r + 1) * P], tol)
+            if case["final"]:
+                assert_close(f"rank {r} final states vs {against}", ranks[r]["fin"], fin, tol)
+            else:
+                assert ranks[r]["fin"] is None
+        for n in NAMES:
+            got = torch.cat([ranks[r]["d" + n] for r in range(world)], dim=1)
+            assert got.dtype == case[n].dtype
+            assert_close(f"d{n} vs {against}", got, grads["d" + n], tol)
+        if case["h0"] is not None:
+            assert_close(f"d initial_state (summed over ranks) vs {against}", sum(rk["dh0"] for rk in ranks),
+                         grads["dh0"], tol)
+
+
+def test_two_ranks_match_the_one_process_call():
+    """World 2, 2 x 110 tokens (not a multiple of the chunk): fp32 with initial and final states and sequences
+    [0, 40) (inside rank 0), [40, 150) (crosses), 1 token, [151, 220) (inside rank 1); bf16 with one sequence
+    crossing the boundary, no initial state, no final state."""
+    cases = [_case([40, 110, 1, 69], 2, torch.float32, True, True),
+             _case([220], 2, torch.bfloat16, False, False)]
+    expected = [_expected(case) for case in cases]
+    for case, exp, ranks in zip(cases, expected, _run_world(2, cases)):
+        _check(case, exp, ranks, 2)
+
+
+def test_three_ranks_with_a_rank_spanned_by_one_sequence():
+    """World 3, 3 x 80 tokens: [0, 30) inside rank 0, [30, 190) spans rank 1 whole (its incoming state goes
+    through rank 1's transition M, its final-state gradient back through M^T), a 1-token sequence, an empty one
+    inside rank 2, [191, 240), and an empty one at the end; fp32, initial and final states."""
+    case = _case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True)
+    expected = _expected(case)
+    _check(case, expected, _run_world(3, [case])[0], 3)
+
+
+# ---- in process ---------------------------------------------------------------------------------------------------
+
+def test_context_metadata():
+    cu = torch.tensor([0, 30, 190, 191, 191, 240, 240])
+    ctxs = [build_cp_context(cu, rank=r, world_size=3) for r in range(3)]
+    assert [c.cu_seqlens_cpu.tolist() for c in ctxs] == [[0, 30, 80], [0, 80], [0, 30, 31, 31, 80, 80]]
+    assert [c.seq_offset for c in ctxs] == [0, 1, 1]
+    assert [(c.pre_num_ranks, c.post_num_ranks) for c in ctxs] == [(0, 2), (1, 1), (2, 0)]
+    assert [(c.is_first_rank, c.is_last_rank) for c in ctxs] == [(True, False), (False, False), (False, True)]
+    assert [c.pre_num_conv_tokens for c in ctxs] == [0, 50, 130]
+    assert all(c.any_crossing and c.part_len == 80 and c.num_seqs_global == 6 for c in ctxs)
+    # an empty sequence on a boundary belongs to the rank that starts there; nothing crosses
+    ctxs = [build_cp_context(torch.tensor([0, 4, 4, 8]), rank=r, world_size=2) for r in range(2)]
+    assert [c.cu_seqlens_cpu.tolist() for c in ctxs] == [[0, 4], [0, 0, 4]]
+    assert [c.seq_offset for c in ctxs] == [0, 1] and not any(c.any_crossing for c in ctxs)
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(cu_seqlens=torch.tensor([0, 5, 9]), world_size=2), ValueError, "multiple of the world size"),
+    (dict(cu_seqlens=torch.tensor([0, 6, 4, 8]), world_size=2), ValueError, "non-decreasing"),
+    (dict(cu_seqlens=torch.tensor([0.0, 8.0]), world_size=2), ValueError, "int32/int64"),
+    (dict(cu_seqlens=torch.tensor([0, 8]), world_size=2, layout="zigzag"), NotImplementedError, "zigzag"),
+    (dict(cu_seqlens=torch.tensor([0, 8]), world_size=2, rank=2), ValueError, "rank must be"),
+    (dict(cu_seqlens=torch.tensor([0, 8])), ValueError, "not initialised"),
+])
+def test_context_argument_errors(kw, err, match):
+    kw = dict(kw)
+    if "world_size" in kw:
+        kw.setdefault("rank", 0)
+    with pytest.raises(err, match=match):
+        build_cp_context(kw.pop("cu_seqlens"), **kw)
+
+
+def _recurrent_map(x, lo, hi, h0):
+    """fp64 final state of tokens lo:hi from h0 [1, HV, K, V] (naive_recurrent)."""
+    args = [x[n][:, lo:hi].double() for n in NAMES]
+    return naive_recurrent(*args, K ** -0.5, h0, True)[1][0]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_summary_kernel_c_and_m(with_h0):
+    """[C | M] of tokens 37:150 (three chunks, the last partial) against fp64: C the state from h0 (or zero), M by
+    its action on a random state, S_out = M S_in + C."""
+    from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    T, lo = 150, 37
+    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=torch.float32, num_states=1)
+    h0 = x["initial_state"][0] if with_h0 else None
+    hm = torch.full((HV, K, V + K), float("nan"))
+
+    def state_pass(k, w, u, gcum, h, vnew, init, final, plan):
+        launch_state_summary(k, w, u, gcum, h0, hm, plan.cu[1:], with_transition=True)
+
+    chunk_gated_delta_rule_fwd(*(x[n] for n in NAMES), K ** -0.5, None, False, torch.tensor([0, lo, T]),
+                               compute_output=False, state_pass=state_pass)
+    zero = torch.zeros(1, HV, K, V, dtype=torch.float64)
+    c_ref = _recurrent_map(x, lo, T, zero if h0 is None else h0[None].double())
+    assert_close("C", hm[:, :, :V], c_ref, TOL[torch.float32])
+    s = torch.randn(1, HV, K, V, dtype=torch.float64)
+    m_ref_action = _recurrent_map(x, lo, T, s) - _recurrent_map(x, lo, T, zero)
+    assert_close("M S", hm[:, :, V:].double() @ s[0], m_ref_action, TOL[torch.float32])
+
+
+def test_state_bwd_dh0_only_pass():
+    """launch_state_bwd(store_dh=False) gives the full pass's dh0 and leaves dh and dvnew untouched."""
+    from linattn.ops.gated_delta_rule.triton import backward
+    x = make_gdn_inputs(1, 150, H, HV, K, V, dtype=torch.float32, num_states=1)
+    do = torch.randn(1, 150, HV, V)
+    dht = torch.randn(1, HV, K, V)
+    seen = {}
+
+    def state_bwd(q, k, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale):
+        before = (dh.clone(), dvnew.clone())
+        only = torch.full_like(dh0, float("nan"))
+        backward.launch_state_bwd(q, k, w, gcum, do_, dh, dvnew, dht_, only, plan, scale, store_dh=False)
+        assert torch.equal(dh.nan_to_num(7.0), before[0].nan_to_num(7.0)) and torch.equal(dvnew, before[1])
+        backward.launch_state_bwd(q, k, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale)
+        seen["only"], seen["full"] = only, dh0
+
+    with poisoned_allocations():
+        backward.chunk_gated_delta_rule_bwd(*(x[n] for n in NAMES), K ** -0.5, x["initial_state"], None, do, dht,
+                                            state_bwd=state_bwd)
+    assert_close("dh0 of the dh0-only pass", seen["only"], seen["full"], 0.0)
+
+
+def test_composition_is_the_sequential_chain():
+    """compose_incoming / compose_outgoing against the explicit chain over a world of 5."""
+    W, Vd = 5, 3
+    ag = torch.randn(W, HV, K, Vd + K, dtype=torch.float64)
+    s = ag[1, :, :, :Vd]
+    for j in (2, 3):
+        s = ag[j, :, :, Vd:] @ s + ag[j, :, :, :Vd]
+    assert_close("incoming", compose_incoming(ag, 4, 3, Vd), s, 1e-12)
+    ag_d = torch.randn(W, HV, K, Vd, dtype=torch.float64)
+    m_next = ag[2:4, :, :, Vd:]
+    gr = ag_d[4]
+    for j in (3, 2):
+        gr = ag[j, :, :, Vd:].transpose(-1, -2) @ gr + ag_d[j]
+    assert_close("outgoing", compose_outgoing(ag_d, m_next, 1, 3), gr, 1e-12)
+
+
+def test_world_of_one_is_the_plain_call():
+    """A one-rank world (nothing crosses, no exchange) gives the plain call's results bit for bit."""
+    cu = random_cu_seqlens([70, 1, 57])
+    case = _case([70, 1, 57], 1, torch.float32, True, True)
+    cp = build_cp_context(cu, rank=0, world_size=1, comm=SimulatedComm(0, 1))
+    x = {n: case[n].clone().requires_grad_(True) for n in NAMES}
+    h0 = case["h0"].clone().requires_grad_(True)
+    o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=True, cp_context=cp)
+    ((o * case["do"]).sum() + (fin * case["dfin"][0]).sum()).backward()
+    o1, fin1, grads = _one_process(case, reference=False)
+    assert torch.equal(o, o1) and torch.equal(fin, fin1)
+    for n in NAMES:
+        assert torch.equal(x[n].grad, grads["d" + n]), n
+    assert torch.equal(h0.grad, grads["dh0"])
+
+
+@pytest.mark.parametrize("what,err,match", [
+    ("not a context", TypeError, "cp_context must be built by"),
+    ("global cu_seqlens", ValueError, "cu_seqlens must be omitted"),
+    ("reference backend", NotImplementedError, "backend='reference'"),
+    ("wrong length", ValueError, "T / W = 64 tokens"),
+    ("initial_state rows", ValueError, "initial_state must be"),
+])
+def test_cp_argument_errors(what, err, match):
+    cu = torch.tensor([0, 100, 128])
+    cp = build_cp_context(cu, rank=0, world_size=2, comm=SimulatedComm(0, 2))
+    T = 32 if what == "wrong length" else 64
+    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=torch.float32, num_states=1 if what == "initial_state rows" else 2)
+    kw = dict(cp_context=object() if what == "not a context" else cp)
+    if what == "global cu_seqlens":
+        kw["cu_seqlens"] = cu
+    if what == "reference backend":
+        kw["backend"] = "reference"
+    with pytest.raises(err, match=match):
+        linattn.chunk_gated_delta_rule(**x, **kw)
+
+
+def test_scaling_model_dry_run(tmp_path, capsys):
+    """The one-GPU scaling model (linattn/distributed/model.py) at tiny sizes: every role of a world of 3 timed
+    through the real path with a simulated peer, the bytes per pass as the model states them."""
+    import json
+    from linattn.distributed import model
+    path = tmp_path / "model.json"
+    assert model.main(["--dry-run", "--final", "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    (row,) = res["worlds"]
+    assert row["W"] == 3 and sorted(row["per_rank_s"]) == ["0", "1", "2"]
+    HV_, K_, V_ = res["HV"], res["K"], res["V"]
+    state = HV_ * K_ * V_ * 4
+    assert row["bytes_fwd"] == 2 * HV_ * K_ * (V_ + K_) * 4 + int(4 / 3 * state)
+    assert row["bytes_bwd"] == 2 * state + int(4 / 3 * state)
+    for key in ("local_fwd_s", "local_fwd_bwd_s", "model_fwd_s", "model_fwd_bwd_s", "one_device_fwd_s"):
+        assert 0 < res.get(key, row.get(key)) < 1e3, key
+    assert "model f+b ms" in capsys.readouterr().out
+    # the production row's exchange: 7 peers' [HV, K, V + K] fp32 summaries in the forward, [HV, K, V] backward
+    c = model.comm_model(8, 32, 128, 128, 1, False, 400e9, 20e-6)
+    assert c["bytes_fwd"] == 7 * 32 * 128 * 256 * 4 and c["bytes_bwd"] == 7 * 32 * 128 * 128 * 4
+    assert abs(c["comm_fwd_s"] - (20e-6 + c["bytes_fwd"] / 400e9)) < 1e-12
