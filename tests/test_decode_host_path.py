@@ -108,3 +108,38 @@ def test_eager_in_place_call_bumps_the_pools_version_and_equals_the_custom_op():
                                                             backend="triton")
     assert torch.equal(o_inf, o_eager) and torch.equal(p_inf, p_eager)
     assert F._eager(x["q"]) and not F._eager(torch.nn.Parameter(x["q"].float()))
+
+
+@pytest.mark.skipif(not settings.interpret, reason="CPU tensors run the Triton decode under TRITON_INTERPRET=1")
+def test_repeat_signature_skips_the_checks_and_keeps_refusing_bad_calls(monkeypatch):
+    """A repeat call of a signature whose checks passed skips them and the backend choice (the memo applies to CUDA
+    tensors; here it is switched on for CPU ones): same results as a checked call; a new shape, a new dtype or an
+    input that requires grad is checked afresh, and a bad call still raises."""
+    import torch
+
+    import linattn
+    from linattn.ops.gated_delta_rule import fused_recurrent as F
+    monkeypatch.setattr(F, "_memo_applies", lambda q: True)
+    monkeypatch.setattr(F, "_CHECKED", {})
+    checks = []
+    real = F.check_decode_inputs
+    monkeypatch.setattr(F, "check_decode_inputs", lambda *a, **k: (checks.append(1), real(*a, **k))[1])
+    x, pool, idx = _decode_inputs()
+
+    def call(**over):
+        kw = dict(x, initial_state=pool, state_indices=idx, output_final_state=True, backend="triton")
+        kw.update(over)
+        return linattn.fused_recurrent_gated_delta_rule(**kw)
+    o1, h1 = call()
+    o2, h2 = call()
+    assert len(checks) == 1
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+    call(q=x["q"].float(), k=x["k"].float())                  # another dtype: checked afresh
+    assert len(checks) == 2
+    with pytest.raises(ValueError, match="state_indices"):
+        call(state_indices=idx[:2])                            # another shape: checked, and refused
+    with pytest.raises(ValueError, match="requires grad"):
+        call(v=x["v"].clone().requires_grad_())
+    assert len(checks) == 3           # the bad shape went through check_decode_inputs; grad is refused before it
+    call()
+    assert len(checks) == 3           # the repeat of the first signature: not checked again

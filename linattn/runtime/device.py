@@ -61,10 +61,18 @@ def _cuda_facts(index: int) -> DeviceFacts:
     return DeviceFacts("cuda", p.name, (p.major, p.minor), p.multi_processor_count, int(smem), int(p.total_memory))
 
 
+_FACTS_BY_INDEX: dict = {}
+
+
 def device_facts(device=None) -> DeviceFacts:
-    """Facts about `device` (a torch.device, a string, a tensor or None for the current CUDA device, else CPU)."""
+    """Facts about `device` (a torch.device, a string, a tensor or None for the current CUDA device, else CPU). A
+    tensor's are kept by its device index (-1: CPU), the launchers' per-call question without a torch.device."""
     if isinstance(device, torch.Tensor):
-        device = device.device
+        idx = device.get_device()
+        facts = _FACTS_BY_INDEX.get(idx)
+        if facts is None:
+            facts = _FACTS_BY_INDEX[idx] = device_facts(device.device)
+        return facts
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)

@@ -483,12 +483,52 @@ def fused_recurrent_gated_delta_rule(
                              beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval)
     if beta is None and isinstance(v, torch.Tensor) and v.dim() == 4:
         beta = torch.ones(v.shape[:3], dtype=torch.float32, device=v.device)
-    check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
-                        num_accepted_tokens, pad_slot_id, state_v_first)
     call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
                 A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, num_accepted_tokens=num_accepted_tokens,
                 pad_slot_id=pad_slot_id, state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
-    return _backends.select(backend, **call).impl(**call)
+    key = _checked_key(call, backend) if _memo_applies(q) else None
+    impl = _CHECKED.get(key) if key is not None else None
+    if impl is not None:
+        return impl(**call)
+    check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
+                        num_accepted_tokens, pad_slot_id, state_v_first)
+    b = _backends.select(backend, **call)
+    if key is not None and b.name == "triton":
+        if len(_CHECKED) >= 4096:
+            _CHECKED.clear()
+        _CHECKED[key] = b.impl
+    return b.impl(**call)
+
+
+# Calls whose checks passed and whose backend choice was Triton, by signature (_checked_key): a repeat call skips
+# the checks and the choice, which cost more host time than the batch-1 kernel. Only for CUDA tensors (CPU calls
+# read index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon decode
+# is never remembered: its supports() also reads pointer alignment, which the signature leaves out.
+_CHECKED: dict = {}
+_TENSOR_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias",
+                "num_accepted_tokens")
+
+
+def _memo_applies(q) -> bool:
+    return type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling()
+
+
+def _checked_key(call: dict, backend: str) -> Optional[tuple]:
+    """Everything the checks and the backend choice read: per tensor argument its shape, dtype, device, strides and
+    whether it requires grad (with grad mode), the other arguments' values, the backend asked for and the default
+    one. Values inside device tensors are never checked on a GPU, so they are not part of it. None: not keyable."""
+    parts = [backend, settings.default_backend, torch.is_grad_enabled()]
+    for name in _TENSOR_ARGS:
+        t = call[name]
+        parts.append(None if t is None else (t.shape, t.dtype, t.get_device(), t.stride(), t.requires_grad)
+                     if isinstance(t, torch.Tensor) else (type(t),))
+    for name in ("scale", "output_final_state", "use_qk_l2norm_in_kernel", "inplace", "beta_sigmoid", "pad_slot_id",
+                 "state_v_first", "allow_neg_eigval"):
+        v = call[name]
+        if not (v is None or isinstance(v, (bool, int, float))):
+            return None                      # e.g. a tensor scale: checked afresh on every call
+        parts.append(v)
+    return tuple(parts)

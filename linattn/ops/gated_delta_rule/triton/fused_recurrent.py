@@ -115,7 +115,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     if output_final_state and not inplace:
         ht_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         ht = empty(*ht_shape, dtype=torch.float32, device=q.device) if final_out is None else final_out
-    num_sms = device_facts(q.device).num_sms
+    num_sms = device_facts(q).num_sms
     (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
     if config is None:
         config = None if spec else auto_config          # the persistent walk reads and writes one slot per row
@@ -138,7 +138,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
     serving = dict(NEG_EIGVAL=allow_neg_eigval, PAD_SLOT=pad_slot_id, V_FIRST=state_v_first)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    # launches go to the current device: switch only when q lives on another one (a switch costs host time)
+    other_device = q.is_cuda and q.get_device() != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if other_device else contextlib.nullcontext():
         if per_sm is not None:
             _launch(fused_recurrent_gdn_fwd_persistent_kernel, (min(n_tiles, per_sm * num_sms), 1, 1),
                     (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices), (num_slots, n_tiles),
