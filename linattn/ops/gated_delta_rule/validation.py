@@ -25,9 +25,11 @@ def _fail(msg: str):
 
 
 def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, op: str = "chunk_gated_delta_rule",
-                     num_states: Optional[int] = None, gate_optional: bool = False) -> dict:
+                     num_states: Optional[int] = None, gate_optional: bool = False, raw_gate: bool = False,
+                     state_v_first: bool = False) -> dict:
     """Validate the shared arguments and return the problem's sizes:
-    dict(B, T, H, HV, K, V, N) where N is the number of sequences (states)."""
+    dict(B, T, H, HV, K, V, N) where N is the number of sequences (states). raw_gate: g is a raw gate input (FLA's
+    use_gate_in_kernel), any real value; state_v_first: initial_state is [N, HV, V, K]."""
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)) + (() if gate_optional and g is None else (("g", g),)):
         if not isinstance(t, torch.Tensor):
             _fail(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -63,7 +65,7 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
         if t is not None and t.device != dev:
             _fail(f"{op}: {name} is on {t.device} but q is on {dev}")
     if (dev.type == "cpu" or CHECK_GPU_VALUES) and not torch.compiler.is_compiling():
-        check_gate_values(g, beta, op, log_decay=not gate_optional)
+        check_gate_values(g, beta, op, log_decay=not (gate_optional or raw_gate))
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             _fail(f"{op}: cu_seqlens must be a 1-D tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
@@ -82,8 +84,9 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or initial_state.dtype not in FLOATS:
             _fail(f"{op}: initial_state must be a float tensor")
-        if tuple(initial_state.shape) != (N, HV, K, V):
-            _fail(f"{op}: initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}")
+        want, names = ((N, HV, V, K), "[N, HV, V, K] (state_v_first)") if state_v_first else ((N, HV, K, V), "[N, HV, K, V]")
+        if tuple(initial_state.shape) != want:
+            _fail(f"{op}: initial_state must be {names} = {want}, got {tuple(initial_state.shape)}")
     return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
 
 
@@ -121,9 +124,10 @@ def _not_yet(op: str, name: str, kernels: str):
 
 def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
                       use_gate_in_kernel=False, A_log=None, dt_bias=None, cp_context=None, chunk_size=64):
-    """FLA 0.6's options of the chunked op that linattn's kernels do not run yet: a non-default value raises
-    NotImplementedError naming the argument (never a silent approximation, nor an extra PyTorch pass); FLA's own
-    argument errors as FLA raises them (ValueError). chunk_size: 64, the kernels' chunk, else ValueError."""
+    """FLA 0.6's options of the chunked op: FLA's own argument errors as FLA raises them (ValueError); cp_context,
+    which linattn's kernels do not run, raises NotImplementedError naming it (never a silent approximation).
+    chunk_size: 64, the kernels' chunk, else ValueError. The gate and beta options and state_v_first run in the
+    kernels; their tensors are checked by check_fla_gate_params once the head count is known."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
     if use_gate_in_kernel and A_log is None:
@@ -133,11 +137,24 @@ def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_ei
     if chunk_size != 64:
         raise ValueError(f"{op}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
                          f"chunk_size=64 only (FLA also takes 16 and 32); pass 64 or leave it out")
-    for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                        ("allow_neg_eigval", allow_neg_eigval), ("state_v_first", state_v_first),
-                        ("use_gate_in_kernel", use_gate_in_kernel), ("cp_context", cp_context is not None)):
-        if value:
-            _not_yet(op, name, "chunked kernels")
+    if cp_context is not None:
+        _not_yet(op, "cp_context", "chunked kernels")
+
+
+def check_fla_gate_params(op: str, A_log, dt_bias, HV: int, device):
+    """A_log and dt_bias of FLA's use_gate_in_kernel: float tensors of HV elements (FLA reads them flat, as [HV])
+    on the inputs' device."""
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{op}: {name} must be a torch.Tensor of HV={HV} elements, got {type(t).__name__}")
+        if t.numel() != HV:
+            _fail(f"{op}: {name} must have HV={HV} elements ([HV]), got shape {tuple(t.shape)}")
+        if t.dtype not in FLOATS:
+            _fail(f"{op}: {name} must be a float tensor, got {t.dtype}")
+        if t.device != device:
+            _fail(f"{op}: {name} is on {t.device} but q is on {device}")
 
 
 def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, use_gate_in_kernel=False, A_log=None,

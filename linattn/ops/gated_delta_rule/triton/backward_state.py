@@ -27,6 +27,7 @@ def chunk_state_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    V_FIRST: tl.constexpr = False,       # dht / dh0 stored [N, HV, V, K] (FLA's state_v_first)
 ):
     vb = tl.program_id(0)
     nh = tl.program_id(1)
@@ -35,7 +36,7 @@ def chunk_state_bwd_kernel(
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV, V_FIRST)
     if USE_DHT:
         ds = tl.load(dht_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

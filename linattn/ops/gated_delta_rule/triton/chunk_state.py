@@ -53,6 +53,7 @@ def chunk_state_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    V_FIRST: tl.constexpr = False,       # h0 / ht stored [N, HV, V, K] (FLA's state_v_first)
 ):
     vb = tl.program_id(0)
     nh = tl.program_id(1)
@@ -61,7 +62,7 @@ def chunk_state_fwd_kernel(
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV, V_FIRST)
     if USE_H0:
         s = tl.load(h0_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

@@ -32,11 +32,16 @@ def sequence_span(cu_ptr, chunk_off_ptr, n, BT: tl.constexpr):
 
 
 @triton.jit
-def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor."""
+def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               V_FIRST: tl.constexpr = False):
+    """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor, or
+    with V_FIRST (FLA's state_v_first) in an [N, HV, V, K] one: the same [BK, BV] block read through transposed
+    strides."""
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
     mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    if V_FIRST:
+        return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] + rv[None, :] * K
     return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
 
 
@@ -51,3 +56,10 @@ def load_vec_compact(ptrs, mask, BT: tl.constexpr):
     x = tl.load(ptrs[:, None] + two[None, :] * 0, mask=mask[:, None], other=0.)
     a, b = tl.split(x)
     return a
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)), which cannot overflow. FLA (its gate of use_gate_in_kernel)
+    and torch.nn.functional.softplus return x itself above 20, where the two differ by log(1 + e^-20) < 2.1e-9."""
+    return tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
