@@ -27,17 +27,17 @@ def chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
         state_v_first=state_v_first)
-    empty0 = q.new_empty(0, dtype=torch.float32)
-    return (dq, dk, dv, dg, dbeta, empty0 if dh0 is None else dh0,
-            empty0 if dA_log is None else dA_log.to(A_log.dtype),
-            empty0 if ddt_bias is None else ddt_bias.to(dt_bias.dtype))
+    def empty0():                  # one tensor per absent output: outputs of a custom op may not alias each other
+        return q.new_empty(0, dtype=torch.float32)
+    return (dq, dk, dv, dg, dbeta, empty0() if dh0 is None else dh0,
+            empty0() if dA_log is None else dA_log.to(A_log.dtype),
+            empty0() if ddt_bias is None else ddt_bias.to(dt_bias.dtype))
 
 
 @chunk_gdn_bwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, A_log, dt_bias, beta_scale, state_v_first):
-    empty0 = q.new_empty(0, dtype=torch.float32)
-    return fake_grads(q, k, v, g, beta, initial_state) + (
-        empty0 if A_log is None else torch.empty_like(A_log), empty0 if dt_bias is None else torch.empty_like(dt_bias))
+    return fake_grads(q, k, v, g, beta, initial_state) + tuple(
+        q.new_empty(0, dtype=torch.float32) if t is None else torch.empty_like(t) for t in (A_log, dt_bias))
 
 
 def fake_grads(q, k, v, g, beta, initial_state):
