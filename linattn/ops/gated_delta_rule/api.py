@@ -17,8 +17,8 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
-from linattn.ops.gated_delta_rule.validation import (check_chunk_grid, check_fla_gate_params, check_fla_options,
-                                                     check_gdn_inputs, fla_state_v_first)
+from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
+                                                     fla_state_v_first)
 from linattn.runtime.settings import settings
 
 OP = "chunk_gated_delta_rule"
@@ -170,8 +170,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         options["beta_scale"] = 2 if allow_neg_eigval else 1
     if state_v_first:
         options["state_v_first"] = True
-    if b.name != "reference":
-        check_chunk_grid(dims, op=OP)
     if use_qk_l2norm_in_kernel:
         q = _ref.l2norm(q.float()).to(q.dtype)
         k = _ref.l2norm(k.float()).to(k.dtype)

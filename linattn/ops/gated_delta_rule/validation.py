@@ -84,7 +84,8 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or initial_state.dtype not in FLOATS:
             _fail(f"{op}: initial_state must be a float tensor")
-        want, names = ((N, HV, V, K), "[N, HV, V, K] (state_v_first)") if state_v_first else ((N, HV, K, V), "[N, HV, K, V]")
+        want, names = ((N, HV, V, K), "[N, HV, V, K] (state_v_first)") if state_v_first \
+            else ((N, HV, K, V), "[N, HV, K, V]")
         if tuple(initial_state.shape) != want:
             _fail(f"{op}: initial_state must be {names} = {want}, got {tuple(initial_state.shape)}")
     return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
@@ -177,24 +178,21 @@ def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, us
             _not_yet(op, name, "decode kernels")
 
 
-# CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state
-# passes, forward and backward, Triton and Gluon) or the chunk slots (output stage, local backward) on axis 1, so a
-# call past either bound would fail at launch with a bare CUDA error; it is refused here with the reason instead.
+# CUDA limits a launch grid's y and z dimensions to 65535 (x: 2^31 - 1). The Triton kernels of the chunked op number
+# sequence x value head and the chunk slots on axis 0, so they have no such bound; the Gluon state passes (forward
+# and backward) and fused forward kernels put sequence x value head on axis 1, so the gluon backend declines calls
+# past GLUON_GRID_Y_MAX sequence-heads (gluon_grid_problem) and `auto` takes the Triton path for them.
 GRID_YZ_MAX = 65535
-CHUNK = 64
+GLUON_GRID_Y_MAX = GRID_YZ_MAX
 
 
-def check_chunk_grid(dims: dict, op: str = "chunk_gated_delta_rule"):
-    """The kernels' grid bounds for one chunked call (host arithmetic on shapes only: no sync). dims is
-    check_gdn_inputs' result."""
-    B, T, N, HV = dims["B"], dims["T"], dims["N"], dims["HV"]
-    if N * HV > GRID_YZ_MAX:
-        _fail(f"{op}: {N} sequences x {HV} value heads = {N * HV} state programs > {GRID_YZ_MAX}, the CUDA grid "
-              f"limit of the state passes; split the batch into calls of at most {GRID_YZ_MAX // HV} sequences")
-    slots = B * -(-T // CHUNK) if N == B else B * T // CHUNK + N      # chunk_indices.py's bound
-    if slots > GRID_YZ_MAX:
-        _fail(f"{op}: {slots} chunks of {CHUNK} tokens > {GRID_YZ_MAX}, the CUDA grid limit of the output and backward "
-              f"stages; split the call (at most {GRID_YZ_MAX * CHUNK} tokens, {GRID_YZ_MAX} chunks, per call)")
+def gluon_grid_problem(N: int, HV: int) -> str:
+    """Why the Gluon kernels' grid cannot take N sequences x HV value heads ("" when it can): host arithmetic on
+    shapes only, no sync."""
+    if N * HV > GLUON_GRID_Y_MAX:
+        return (f"{N} sequences x {HV} value heads = {N * HV} sequence-heads > {GLUON_GRID_Y_MAX}, the CUDA grid-y "
+                f"limit of the Gluon state passes (the Triton path has no such bound)")
+    return ""
 
 
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int, op: str = "chunk_gated_delta_rule"):

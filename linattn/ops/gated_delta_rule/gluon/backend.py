@@ -119,6 +119,10 @@ def supports(q=None, v=None, cu_seqlens=None, use_gate_in_kernel=False, beta_sig
         return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
     HV = v.shape[2]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
+    problem = gluon_grid_problem(N, HV)
+    if problem:
+        return False, problem
     slots_bound = q.shape[0] * q.shape[1] // 64 + N          # chunk_indices.py's bound on the chunk slots
     if slots_bound * HV * K >= 2 ** 31:
         return False, "too many chunks for the 32-bit TMA row coordinate of the h store"

@@ -105,7 +105,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     if state_bwd is not None:
         state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
     else:
-        chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+        chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state) * N * HV,)](
             q, k, fwd.w, fwd.gcum, do, dh, dvnew,
             dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
             plan.cu, plan.chunk_offsets, scale,
@@ -117,7 +117,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
     dw = empty(T_tot, HV, K, dtype=dt, device=dev)
     dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
-    chunk_local_bwd_kernel[(NK, slots, H)](
+    chunk_local_bwd_kernel[(NK * slots, H)](
         q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
         plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,

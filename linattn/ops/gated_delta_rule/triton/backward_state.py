@@ -7,7 +7,8 @@ it starts at d final_state, or zero):
     dS        = exp(gam_C) dS + (diag(exp(gam)) scale Q)^T dO - W^T dVnew
 and dh0 = dS after the first chunk. P^T dO does not depend on dS: backward_dv_local.py writes it into dvnew
 beforehand (in parallel), and this pass adds the state term in place. One program per (V block, sequence * value
-head); every line above is column-separable in V, so splitting V across programs is exact (as in the forward).
+head), numbered on grid axis 0 (V blocks fastest); every line above is column-separable in V, so splitting V across
+programs is exact (as in the forward).
 
 Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): tl.trans of a dot result still in registers fed to
 another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scaled, W).
@@ -29,8 +30,11 @@ def chunk_state_bwd_kernel(
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
     V_FIRST: tl.constexpr = False,       # dht / dh0 stored [N, HV, V, K] (FLA's state_v_first)
 ):
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
+    # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
+    # sequence-head, which read the same k and w tiles, are dispatched next to each other
+    NV: tl.constexpr = (V + BV - 1) // BV
+    vb = tl.program_id(0) % NV
+    nh = tl.program_id(0) // NV
     n = nh // HV
     hv = nh % HV
     hk = hv // (HV // H)

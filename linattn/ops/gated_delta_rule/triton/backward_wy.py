@@ -53,7 +53,7 @@ def chunk_wy_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, NKP: tl.constexpr,
     M_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
-    g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None,   # FLA's use_gate_in_kernel: raw g [T_tot, HV], A_log / dt_bias [HV]
+    g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None,   # use_gate_in_kernel: raw g [T_tot, HV], A_log / dt_bias [HV]
     dgate_ptr=None,                                  # fp32 [2, T_tot, HV]: per-token dA_log and d dt_bias terms
     beta_raw_ptr=None,                               # FLA's use_beta_sigmoid_in_kernel: the beta logits [T_tot, HV]
     GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,

@@ -124,7 +124,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     if state_pass is not None:
         state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
     else:
-        chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), N * HV)](
+        chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state) * N * HV,)](
             k, w, u, gcum, h, vnew,
             initial_state if initial_state is not None else gcum, final if final is not None else gcum,
             plan.cu, plan.chunk_offsets,
