@@ -18,6 +18,7 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
+from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
 
 OP = "chunk_gated_delta_rule"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -119,7 +120,6 @@ def supports(q=None, v=None, cu_seqlens=None, use_gate_in_kernel=False, beta_sig
         return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
     HV = v.shape[2]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-    from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
     problem = gluon_grid_problem(N, HV)
     if problem:
         return False, problem
