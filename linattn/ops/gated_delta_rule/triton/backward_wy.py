@@ -34,12 +34,13 @@ read of the scratch; only valid rows are touched), else a [slots, H, 64, 64] buf
 
 FLA's options (constexpr, compiled out at their defaults): beta_ptr is then the activated beta that the forward's
 stage 2a stored, and dbeta is taken on to the logit before it is stored (BETA_SCALE); dg is taken on to the raw gate
-input, with the per-token terms of dA_log and d dt_bias written for the launcher's sums (GATE_IN_KERNEL, _gate_chain).
+input, with the per-token terms of dA_log and d dt_bias written for the launcher's sums (GATE_IN_KERNEL,
+common.gate_chain).
 """
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_vec_compact, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, gate_chain, load_vec_compact, slot_chunk
 
 
 
@@ -149,7 +150,7 @@ def chunk_wy_bwd_kernel(
         # dg_i = sum_{j >= i in the chunk} d gam_j (gam is the in-chunk cumsum of g)
         dg = tl.sum(tl.where(rows[None, :] >= (rows + z0)[:, None], dgam[None, :], 0.), axis=1)
         if GATE_IN_KERNEL:
-            dg = _gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, t0 + z0 + rows, valid, hv, T_tot,
+            dg = gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, t0 + z0 + rows, valid, hv, T_tot,
                              HV, BT, HAS_DT_BIAS)
         if BETA_SCALE != 0:
             # d/dx of BETA_SCALE * sigmoid(x) = BETA_SCALE sigmoid(x) sigmoid(-x), from the logit (no 1 - sigmoid
@@ -181,24 +182,6 @@ def chunk_wy_bwd_kernel(
                 tl.store(p_dkp, acc, boundary_check=(0, 1))
 
         tl.debug_barrier()           # dk_part of this head is visible to the next head's loads
-
-
-@triton.jit
-def _gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T_tot, HV: tl.constexpr,
-                BT: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
-    """FLA's use_gate_in_kernel: dg is the gradient of the decay g_eff = -exp(A_log) softplus(x), x = g + dt_bias, at
-    rows r. Returns the gradient of the raw g, dg * -exp(A_log) sigmoid(x), and stores the per-token terms of the
-    parameters' gradients (summed over tokens by the launcher): dg * g_eff for A_log (d g_eff / d A_log = g_eff) to
-    dgate[0], the raw g's gradient for dt_bias to dgate[1] (fp32)."""
-    x = load_vec_compact(g_raw_ptr + r * HV + hv, valid, BT).to(tl.float32)
-    if HAS_DT_BIAS:
-        x = x + tl.load(dt_bias_ptr + hv).to(tl.float32)
-    neg_a = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32))
-    tl.store(dgate_ptr + r * HV + hv, dg * (neg_a * softplus(x)), mask=valid)
-    dx = dg * (neg_a * tl.sigmoid(x))
-    if HAS_DT_BIAS:
-        tl.store(dgate_ptr + (T_tot + r) * HV + hv, dx, mask=valid)
-    return dx
 
 
 WARPS_WY = 4          # one warpgroup: full-width 64x64 WGMMAs
