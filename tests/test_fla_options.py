@@ -160,3 +160,30 @@ def test_gluon_declines_the_options_with_a_reason():
     for name in ("use_gate_in_kernel", "beta_sigmoid", "state_v_first"):
         ok, reason = supports(q=q, v=v, **{name: True})
         assert not ok and "Triton path only" in reason, (name, reason)
+
+
+@needs_interpreter
+def test_torch_compile_fullgraph_with_every_option():
+    """A model calling the op with every option, compiled with fullgraph=True (a graph break raises), forward and
+    backward against the fp64 reference."""
+    x, ref = _inputs(1, 70, 1, 2, 16, 16, dtype=torch.float32, lengths=None, gate=True, dt_bias=True, beta_scale=2,
+                     v_first=True, h0=True, gate_dtype=torch.float32, gen=torch.Generator().manual_seed(3))
+
+    def model(q, k, v, g, beta, initial_state, A_log, dt_bias):
+        o, ht = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                                               use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                               use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                               state_v_first=True, backend="triton")
+        return o.square().sum() + ht.square().sum()
+
+    names = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+    loss = torch.compile(model, fullgraph=True)(*(x[n] for n in names))
+    loss.backward()
+    o, ht = reference(*(ref[n] for n in names[:5]), None, ref["initial_state"], True, None, A_log=ref["A_log"],
+                      dt_bias=ref["dt_bias"], beta_scale=2, state_v_first=True)
+    ref_loss = o.square().sum() + ht.square().sum()
+    ref_loss.backward()
+    assert rel_rms(loss, ref_loss) <= TOL[torch.float32]
+    for n in names:
+        err = rel_rms(x[n].grad, ref[n].grad)
+        assert err <= TOL[torch.float32], f"d{n}: {err:.3e}"
