@@ -117,7 +117,8 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
         seq_own, logits_own = _generate(own, ids, new_tokens)
         seq_lin, logits_lin = _generate(lin, ids, new_tokens)
         tol = TOL[dtype]
-        res = dict(device=str(device), dtype=str(dtype).replace("torch.", ""), batch=batch, prompt_len=prompt_len,
+        res = dict(device=str(device), dtype=str(dtype).replace("torch.", ""), seed=seed, batch=batch,
+                   prompt_len=prompt_len,
                    new_tokens=new_tokens, tol=tol, tokens_equal=bool(torch.equal(seq_own, seq_lin)),
                    tokens_required=dtype == torch.float32)
         errs = {}
