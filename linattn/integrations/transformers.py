@@ -43,7 +43,7 @@ TESTED_VERSION = "4.57.3"
 # the module globals enable() replaces, and the classes it needs
 GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
            "FusedRMSNormGated", "is_fast_path_available", "Qwen3NextRMSNormGated")
-CLASSES = ("Qwen3NextGatedDeltaNet", "Qwen3NextRMSNormGated")
+CLASSES = ("Qwen3NextGatedDeltaNet",)
 # the attributes each Qwen3NextGatedDeltaNet copies in __init__ (enable(model) replaces them on live layers)
 LAYER_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
                "norm")
@@ -312,6 +312,7 @@ def enable(model: Optional[torch.nn.Module] = None):
     Raises ImportError when transformers or one of the names it hooks (GLOBALS, CLASSES) is missing.
     """
     mod = _module()
+    layers = None if model is None else _layers(mod, model)      # a bad model is refused before any change
     if not _saved:
         originals = {n: getattr(mod, n) for n in GLOBALS}
         norm_cls = _norm_class(originals["Qwen3NextRMSNormGated"])
@@ -323,10 +324,8 @@ def enable(model: Optional[torch.nn.Module] = None):
         mod.Qwen3NextRMSNormGated = norm_cls
         mod.is_fast_path_available = True
         _saved.update(originals)
-    if model is not None:
-        base = _saved["Qwen3NextRMSNormGated"]
-        for layer in _layers(mod, model):
-            _patch_layer(layer, base)
+    for layer in layers or ():
+        _patch_layer(layer, _saved["Qwen3NextRMSNormGated"])
     return model
 
 

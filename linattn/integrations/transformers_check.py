@@ -102,8 +102,18 @@ def _generate(model, ids, new_tokens):
 def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, prompt_len=16, seed=0,
                      fp64=True) -> dict:
     """The tiny-model check of the module docstring; returns its numbers and "passed". Leaves enable()'s global
-    state as it found it. fp64=False skips the fp64 forward and the extra forward of each model (the demo's
-    quick form: tokens and step logits against transformers' own)."""
+    state as it found it. fp64=False (fp32 only) skips the fp64 forward and the extra forward of each model (the
+    demo's quick form: tokens and step logits against transformers' own).
+
+    The verdict: in fp32, equal tokens and every error of linattn's logits (against transformers' own and against
+    fp64) within the fp32 tolerance. In bf16 / fp16 the logits of the whole model carry the rounding of every
+    layer, not only of the one under test, so linattn's errors against fp64 must be within the tolerance or at
+    most 1.25x transformers' own error against fp64 at the same dtype; the comparisons with transformers' own
+    logits and tokens are reported. own_forward_vs_fp64 (transformers' own error) never decides."""
+    if dtype not in TOL:
+        raise ValueError(f"dtype must be one of {list(TOL)}, got {dtype}")
+    if not fp64 and dtype != torch.float32:
+        raise ValueError("fp64=False is the fp32 quick form; other dtypes are judged against the fp64 forward")
     was_enabled = lt.is_enabled()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     # fp32 means fp32 here: TF32 matrix units would put transformers' own path at about 1e-3 of the fp64 logits
@@ -137,7 +147,12 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
                         decode_vs_fp64=rel_rms(logits_lin, steps_ref),
                         own_forward_vs_fp64=rel_rms(full_own, full_ref))
         res["errors"] = errs
-        res["passed"] = bool(errs) and all(e <= tol for e in errs.values()) and (
+        if dtype == torch.float32:
+            res["bound"], res["checked"] = tol, [k for k in errs if k != "own_forward_vs_fp64"]
+        else:
+            res["bound"] = max(tol, 1.25 * errs["own_forward_vs_fp64"])
+            res["checked"] = ["forward_vs_fp64", "decode_vs_fp64"]
+        res["passed"] = bool(res["checked"]) and all(errs[k] <= res["bound"] for k in res["checked"]) and (
             res["tokens_equal"] or not res["tokens_required"])
         return res
     finally:
@@ -151,7 +166,7 @@ def format_check(r: dict) -> str:
     """One line of a check_tiny_model result, ending in PASS or FAIL."""
     return (f"greedy tokens {'equal' if r['tokens_equal'] else 'DIFFER'}, relative RMS of the logits "
             + ", ".join(f"{k} {v:.2e}" for k, v in r["errors"].items())
-            + f" (tolerance {r['tol']:.1e}) -> {'PASS' if r['passed'] else 'FAIL'}")
+            + f" (bound {r['bound']:.1e} on {', '.join(r['checked'])}) -> {'PASS' if r['passed'] else 'FAIL'}")
 
 
 # ------------------------------------------------------------------------------------------ the layer timing
