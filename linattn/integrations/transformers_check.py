@@ -14,9 +14,11 @@
    linattn.layers.GatedDeltaNet against fla.layers.GatedDeltaNet when FLA is importable (FLA's weights loaded into
    linattn's layer; their outputs compared): a training step (forward + backward) at B1 T8192 and B8 T4096, and a
    decode step after a prefill at batch 1 and 64, eager and replayed from a CUDA graph. Eager times are the median
-   of CUDA-event times of back-to-back calls. --dry-run shrinks every size and times on the CPU (no graphs).
+   of CUDA-event times of back-to-back calls. Each row also gives the relative RMS difference of linattn's output
+   (and, training, of dx) from FLA's. --dry-run shrinks every size and times on the CPU (no graphs).
 
-Writes one JSON (--out) with the environment; exit status 1 when a check fails."""
+Writes one JSON (--out) with the environment; exit status 1 when a model check fails or a linattn row errors
+(FLA's errors are recorded, not fatal)."""
 import argparse
 import copy
 import json
@@ -230,27 +232,30 @@ def time_layer(device, dry_run=False, reps=20, warmup=5) -> dict:
         x = torch.randn(B, T, H, device=dev, dtype=dtype, requires_grad=True)
         dy = torch.randn(B, T, H, device=dev, dtype=dtype)
         row = dict(B=B, T=T)
-        ys = {}
+        first = {}
         for name, layer in layers.items():
             layer.train()
 
             def step(layer=layer):
                 layer.zero_grad(set_to_none=True)
+                x.grad = None
                 y = layer(x)[0]
                 y.backward(dy)
                 return y
             try:
-                ys[name] = step().detach()
+                first[name] = (step().detach(), x.grad.clone())
                 row[f"{name}_ms"] = _median_ms(step, dev, reps, warmup)
             except Exception as e:               # noqa: BLE001
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        if "fla" in ys and "linattn" in ys:
-            row["out_rel_rms_vs_fla"] = rel_rms(ys["linattn"], ys["fla"])
+        if "fla" in first and "linattn" in first:
+            row["out_rel_rms_vs_fla"] = rel_rms(first["linattn"][0], first["fla"][0])
+            row["dx_rel_rms_vs_fla"] = rel_rms(first["linattn"][1], first["fla"][1])
         out["train"].append(row)
     for N in (DECODE_BATCHES_DRY if dry_run else DECODE_BATCHES):
         prompt = torch.randn(N, 16, H, device=dev, dtype=dtype)
         x1 = torch.randn(N, 1, H, device=dev, dtype=dtype)
         row = dict(batch=N)
+        first = {}
         for name, layer in layers.items():
             layer.eval()
             try:
@@ -260,11 +265,14 @@ def time_layer(device, dry_run=False, reps=20, warmup=5) -> dict:
 
                     def step(layer=layer, cache=cache):
                         return layer(x1, past_key_values=cache, use_cache=True)[0]
+                    first[name] = step().clone()           # the first step after the same prefill: compared
                     row[f"{name}_eager_ms"] = _median_ms(step, dev, reps, warmup)
                     if dev.type == "cuda":
                         row[f"{name}_graph_ms"] = _graph_ms(step, dev, reps)
             except Exception as e:               # noqa: BLE001
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if "fla" in first and "linattn" in first:
+            row["out_rel_rms_vs_fla"] = rel_rms(first["linattn"], first["fla"])
         out["decode"].append(row)
     out["note"] = ("decode: one step after a 16-token prefill into a RecurrentCache (FLA's cache protocol, used by "
                    "both layers); a graph replays one captured step (linattn updates its fp32 state in place, "
@@ -305,6 +313,7 @@ def main(argv=None) -> int:
         result["layer"] = time_layer(device, dry_run=args.dry_run)
         for row in result["layer"]["train"] + result["layer"]["decode"]:
             print(json.dumps(row), flush=True)
+            ok &= "linattn_error" not in row
         if result["layer"]["errors"]:
             print(json.dumps(result["layer"]["errors"]), flush=True)
     result["passed"] = bool(ok)
