@@ -50,5 +50,33 @@ def test_runner_on_stand_in_fla(tmp_path, monkeypatch):
     outcomes = {tid.split("::")[-1]: o for tid, o in res["tests"].items()}
     assert outcomes == {"test_chunk_is_linattn": "passed", "test_recurrent_is_linattn": "passed",
                         "test_a_failure_is_reported": "failed", "test_skipped": "skipped"}
-    assert len(res["tests_file_sha256"]) == 64
+    assert len(res["tests_file_sha256"]) == 64 and res["timed_out"] is False
     assert os.path.exists(tmp_path / "out" / "fla_suite.json")
+
+
+def test_runner_keeps_what_finished_when_stopped(tmp_path, monkeypatch):
+    """A run stopped by its time limit reports the tests that ended before it."""
+    pkg = tmp_path / "site"
+    for init in ("fla/__init__.py", "fla/ops/__init__.py"):
+        _write(str(pkg / init), "")
+    _write(str(pkg / "fla/ops/gated_delta_rule/__init__.py"), """
+        def chunk_gated_delta_rule(*args, **kwargs):
+            pass
+
+        def fused_recurrent_gated_delta_rule(*args, **kwargs):
+            pass
+        """)
+    tests = tmp_path / "tests" / "test_gdn.py"
+    _write(str(tests), """
+        import time
+
+        def test_a_quick_one():
+            pass
+
+        def test_b_slow_one():
+            time.sleep(60)
+        """)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), ROOT, os.environ.get("PYTHONPATH", "")]))
+    res = fla_suite.run(str(tests), str(tmp_path / "out"), timeout_s=20)
+    assert res["timed_out"] is True
+    assert {tid.split("::")[-1]: o for tid, o in res["tests"].items()} == {"test_a_quick_one": "passed"}

@@ -88,7 +88,7 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
         bw: float, lat: float, warmup: int = 1, out=print) -> dict:
     from linattn.distributed import build_cp_context
     from linattn.distributed.comm import SimulatedComm
-    cu = torch.tensor([0, T], dtype=torch.int64)
+    cu = torch.tensor([0, T], dtype=torch.int64, device=dev)     # the offsets live with the tokens, as a caller's do
     x = _inputs(T, H, HV, K, V, dtype, dev)
     do = torch.randn(1, T, HV, V, device=dev).to(dtype)
     full_f, full_fb = _pass_times(x, do, dev, reps, final, warmup=warmup)

@@ -9,7 +9,8 @@ The run is a pytest child process with this module as a plugin (`-p linattn.test
 module is imported, `fla.ops.gated_delta_rule.chunk_gated_delta_rule` and `fused_recurrent_gated_delta_rule` (the
 package's names and their defining modules') are replaced by linattn's. Tests of FLA's internals (its kernels,
 its FlashQLA dispatch) still run FLA's code and are reported as such. DIR gets fla_suite.json: the outcome per test
-id, the counts, FLA's version and the test file's sha256.
+id, the counts, FLA's version and the test file's sha256; the outcomes are written as each test ends, so a run stopped
+by --timeout-s reports what finished.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import json
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
+from typing import Optional
 
 SHIMMED = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
 # where FLA defines them (the package re-exports them); each replaced where it exists
@@ -46,39 +47,71 @@ def install_shim() -> dict:
     return done
 
 
+def pytest_addoption(parser):
+    parser.addoption("--linattn-fla-log", default=None, help="append each test's outcome to this JSON-lines file")
+
+
 def pytest_configure(config):
     """Pytest hook (this module loaded with -p): the shim goes in before any test module is imported."""
     config._linattn_fla_shim = install_shim()
+    config._linattn_fla_log = config.getoption("--linattn-fla-log")
+
+
+def pytest_runtest_logreport(report):
+    """Each test's outcome as it ends (a run cut short by the time limit keeps what finished): one JSON line per
+    test id, from its call phase, or from setup where that failed or skipped."""
+    import pytest
+    log = getattr(pytest, "_linattn_fla_log_path", None)
+    if log is None or not (report.when == "call" or report.outcome != "passed"):
+        return
+    outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
+    with open(log, "a") as f:
+        f.write(json.dumps({"id": report.nodeid, "outcome": outcome,
+                            "seconds": round(getattr(report, "duration", 0.0), 3)}) + "\n")
+
+
+def pytest_sessionstart(session):
+    import pytest
+    pytest._linattn_fla_log_path = session.config._linattn_fla_log
 
 
 def pytest_report_header(config):
     return f"linattn FLA shim: {getattr(config, '_linattn_fla_shim', {})}"
 
 
-def summarise(junit_xml: str) -> dict:
-    """{'tests': {id: outcome}, 'counts': {...}} from pytest's junit XML (outcome: passed, failed, error, skipped)."""
-    tests = {}
-    for case in ET.parse(junit_xml).getroot().iter("testcase"):
-        tid = f"{case.get('classname', '')}::{case.get('name')}"
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                break
-        tests[tid] = outcome
+def summarise(log_path: str) -> dict:
+    """{'tests': {id: outcome}, 'counts': {...}, 'seconds': {id: s}} from the plugin's JSON lines (outcome: passed,
+    failed, error, skipped; the last line of an id wins)."""
+    tests, seconds = {}, {}
+    if os.path.exists(log_path):
+        with open(log_path) as f:
+            for line in f:
+                rec = json.loads(line)
+                tests[rec["id"]] = rec["outcome"]
+                seconds[rec["id"]] = rec["seconds"]
     counts = {}
     for o in tests.values():
         counts[o] = counts.get(o, 0) + 1
-    return {"tests": tests, "counts": counts}
+    return {"tests": tests, "counts": counts, "seconds": seconds}
 
 
-def run(tests_path: str, out_dir: str, extra=()) -> dict:
+def run(tests_path: str, out_dir: str, extra=(), timeout_s: Optional[float] = None) -> dict:
+    """Run FLA's test file under the shim; returns (and writes to out_dir/fla_suite.json) the outcomes. timeout_s:
+    stop the run after that long; the tests that finished by then are reported, and `timed_out` says so."""
     os.makedirs(out_dir, exist_ok=True)
-    xml = os.path.join(out_dir, "fla_suite_junit.xml")
+    log = os.path.join(out_dir, "fla_suite_outcomes.jsonl")
+    if os.path.exists(log):
+        os.remove(log)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "linattn.testing.fla_suite",
-           f"--junitxml={xml}", "--rootdir", os.path.dirname(os.path.abspath(tests_path)), tests_path, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    res = summarise(xml) if os.path.exists(xml) else {"tests": {}, "counts": {}}
+           f"--linattn-fla-log={log}", "--rootdir", os.path.dirname(os.path.abspath(tests_path)), tests_path, *extra]
+    timed_out, returncode, output = False, None, ""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        returncode, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        timed_out = True
+        output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    res = summarise(log)
     try:
         from importlib.metadata import version
         fla_version = version("fla-core")
@@ -86,8 +119,8 @@ def run(tests_path: str, out_dir: str, extra=()) -> dict:
         fla_version = None
     with open(tests_path, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    res.update(fla_version=fla_version, tests_file_sha256=sha, returncode=proc.returncode,
-               output_tail=(proc.stdout + proc.stderr)[-4000:])
+    res.update(fla_version=fla_version, tests_file_sha256=sha, returncode=returncode, timed_out=timed_out,
+               output_tail=output[-4000:])
     with open(os.path.join(out_dir, "fla_suite.json"), "w") as f:
         json.dump(res, f, indent=1)
     return res
@@ -97,10 +130,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", required=True, help="a copy of FLA's tests/ops/test_gdn.py")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout-s", type=float, default=None, help="stop after this long, keeping what finished")
     ap.add_argument("extra", nargs="*", help="further pytest arguments (after --)")
     a = ap.parse_args(argv)
-    res = run(a.tests, a.out, a.extra)
-    print(json.dumps(res["counts"]), "fla", res["fla_version"])
+    res = run(a.tests, a.out, a.extra, a.timeout_s)
+    print(json.dumps(res["counts"]), "fla", res["fla_version"], "(timed out)" if res["timed_out"] else "")
     for tid, o in res["tests"].items():
         if o != "passed":
             print(o, tid)
