@@ -1,0 +1,114 @@
+"""Kimi Delta Attention: the fp64 reference (linattn/ops/kda/reference.py) against Gated DeltaNet's where the
+per-channel decay is constant over K, and against an independent chunk form; the decode and chunked ops against
+the reference. Fresh random inputs every run, outputs poisoned with NaN before the kernels write them."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.testing import TOL, assert_close, random_cu_seqlens
+
+needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                  reason="the Triton kernels need TRITON_INTERPRET=1 on a CPU")
+F32 = TOL[torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def _poisoned():
+    """Every buffer a launcher allocates starts as NaN: an element a kernel does not write fails the check."""
+    with poisoned_allocations():
+        yield
+
+
+def kda_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, decay="mixed", num_states=None, h0=True):
+    """q, k (k L2-normalised), v, g [B, T, HV, K] log decays, beta, initial_state. decay: "weak" (per-step decay
+    near 1), "strong" (down to e^-8 per step on some channels) or "mixed" (both within one head)."""
+    q = torch.randn(B, T, H, K)
+    k = F.normalize(torch.randn(B, T, H, K), dim=-1)
+    v = torch.randn(B, T, HV, V)
+    weak = F.logsigmoid(torch.randn(B, T, HV, K) + 4.0) * 2.0
+    strong = -torch.rand(B, T, HV, K) * 8.0
+    g = {"weak": weak, "strong": strong,
+         "mixed": torch.where(torch.rand(1, 1, 1, K) < 0.5, weak, strong)}[decay]
+    beta = torch.sigmoid(torch.randn(B, T, HV))
+    n = B if num_states is None else num_states
+    state = torch.randn(n, HV, K, V) * 0.5 if h0 else None
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta, initial_state=state)
+
+
+def f64(x):
+    return {n: (t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in x.items()}
+
+
+def chunk_form_kda(q, k, v, g, beta, scale, S, C=16):
+    """An independent check of the reference: one sequence in the chunk form with per-channel decays (q, k
+    [T, HV, K] already GVA-expanded, fp64), exp differences taken per pair of tokens."""
+    T = q.shape[0]
+    outs = []
+    for s in range(0, T, C):
+        qc, kc, vc = (x[s:s + C].transpose(0, 1) for x in (q, k, v))
+        gc, bc = g[s:s + C].transpose(0, 1).cumsum(1), beta[s:s + C].transpose(0, 1)
+        c = qc.shape[1]
+        diff = gc[:, :, None, :] - gc[:, None, :, :]                       # [HV, i, j, K]
+        incl = torch.ones(c, c, dtype=torch.bool).tril()[None, :, :, None]
+        dec = torch.exp(torch.where(incl, diff, torch.zeros_like(diff)))
+        akk = torch.einsum("hik,hjk,hijk->hij", kc, kc, dec) * bc[:, :, None]
+        akk = akk * torch.ones(c, c, dtype=torch.bool).tril(-1)
+        aqk = torch.einsum("hik,hjk,hijk->hij", qc * scale, kc, dec) * incl[..., 0]
+        eye = torch.eye(c, dtype=q.dtype).expand_as(akk)
+        tinv = torch.linalg.solve_triangular(eye + akk, eye, upper=False, unitriangular=True)
+        w = tinv @ (bc[:, :, None] * kc * torch.exp(gc))
+        u = tinv @ (bc[:, :, None] * vc)
+        vnew = u - w @ S
+        outs.append(((qc * scale * torch.exp(gc)) @ S + aqk @ vnew).transpose(0, 1))
+        gl = gc[:, -1]
+        S = torch.exp(gl)[:, :, None] * S + (kc * torch.exp(gl[:, None, :] - gc)).transpose(1, 2) @ vnew
+    return torch.cat(outs), S
+
+
+# --------------------------------------------------------------------------------------------------- reference
+def test_reference_equals_gdn_for_channel_constant_decay():
+    x = f64(kda_inputs(2, 37, 2, 4, 16, 16))
+    g = x["g"][..., 0]
+    o, s = naive_recurrent_kda(x["q"], x["k"], x["v"], g[..., None].expand_as(x["g"]), x["beta"], None,
+                               x["initial_state"], True, use_qk_l2norm_in_kernel=True)
+    o2, s2 = naive_recurrent(x["q"], x["k"], x["v"], g, x["beta"], None, x["initial_state"], True,
+                             use_qk_l2norm_in_kernel=True)
+    assert_close("o", o, o2, 1e-12)
+    assert_close("final_state", s, s2, 1e-12)
+
+
+@pytest.mark.parametrize("decay", ["weak", "strong", "mixed"])
+def test_reference_matches_chunk_form(decay):
+    x = f64(kda_inputs(1, 45, 1, 2, 16, 8, decay=decay))
+    q, k = (t[0].repeat_interleave(2, dim=1) for t in (x["q"], x["k"]))
+    o, s = naive_recurrent_kda(**x, output_final_state=True)
+    o2, s2 = chunk_form_kda(q, k, x["v"][0], x["g"][0], x["beta"][0], 16 ** -0.5, x["initial_state"][0])
+    assert_close("o", o[0], o2, 1e-10)
+    assert_close("final_state", s[0], s2, 1e-10)
+
+
+def test_reference_varlen_is_per_sequence():
+    x = f64(kda_inputs(1, 20, 2, 2, 16, 16, num_states=3))
+    cu = torch.tensor([0, 7, 8, 20])
+    o, s = naive_recurrent_kda(**x, output_final_state=True, cu_seqlens=cu)
+    for n in range(3):
+        a, b = int(cu[n]), int(cu[n + 1])
+        part = {name: t[:, a:b] for name, t in x.items() if name != "initial_state"}
+        o_n, s_n = naive_recurrent_kda(**part, initial_state=x["initial_state"][n:n + 1], output_final_state=True)
+        assert_close(f"o[{n}]", o[:, a:b], o_n, 1e-14)
+        assert_close(f"final_state[{n}]", s[n], s_n[0], 1e-14)
+
+
+def test_kda_gate_forms():
+    g = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    A_log, dt_bias = torch.randn(4, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
+    x = g + dt_bias.view(4, 8)
+    assert_close("softplus gate", kda_gate(g, A_log, dt_bias), -A_log.exp()[:, None] * F.softplus(x), 1e-15)
+    assert_close("lower-bound gate", kda_gate(g, A_log, dt_bias, -5.0),
+                 -5.0 * torch.sigmoid(A_log.exp()[:, None] * x), 1e-15)
+    assert_close("lower-bound gate without A_log", kda_gate(g, None, dt_bias, -5.0), -5.0 * torch.sigmoid(x), 1e-15)
