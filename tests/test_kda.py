@@ -243,3 +243,89 @@ def test_decode_bad_arguments_are_named():
     import linattn
     with pytest.raises(ValueError, match="gk must be"):
         linattn.fused_recurrent_gated_delta_rule(**dict(x, g=None), gk=x["g"][:, :, :1])
+
+
+# ------------------------------------------------------------------------------------------------------- chunk
+def _chunk(**kw):
+    from linattn.ops.kda.chunk import chunk_kda
+    return chunk_kda(**kw)
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,H,HV,K,V,decay,dtype", [
+    (2, 130, 1, 2, 32, 16, "strong", torch.float32),   # T not a multiple of 64, GVA, decays down to e^-8 per step
+    (1, 70, 2, 2, 16, 32, "weak", torch.float32),
+    (1, 100, 1, 1, 32, 32, "mixed", torch.bfloat16),
+])
+def test_chunk_matches_reference(B, T, H, HV, K, V, decay, dtype):
+    x = kda_inputs(B, T, H, HV, K, V, decay=decay, dtype=dtype)
+    o, s = _chunk(**x, output_final_state=True, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True)
+    assert o.dtype == dtype and s.dtype == torch.float32
+    assert_close("o", o, o_ref, TOL[dtype])
+    assert_close("final_state", s, s_ref, TOL[dtype])
+
+
+@needs_triton
+def test_chunk_varlen_uneven_with_one_token_sequence():
+    lengths = [1, 67, 30, 2]
+    x = kda_inputs(1, sum(lengths), 2, 4, 16, 16, num_states=len(lengths))
+    cu = random_cu_seqlens(lengths)
+    o, s = _chunk(**x, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True, cu_seqlens=cu,
+                                       use_qk_l2norm_in_kernel=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["softplus", "lower_bound"])
+def test_chunk_gate_and_beta_sigmoid_in_kernel(form):
+    B, T, HV, K, V = 1, 66, 2, 16, 16
+    x = kda_inputs(B, T, 1, HV, K, V, h0=False)
+    del x["initial_state"]
+    x["g"] = torch.randn(B, T, HV, K) * 2
+    x["beta"] = torch.randn(B, T, HV)
+    A_log, dt_bias = torch.randn(HV), torch.randn(HV * K)
+    lb = -5.0 if form == "lower_bound" else None
+    o, s = _chunk(**x, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, safe_gate=lb is not None,
+                  use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, output_final_state=True, backend="triton")
+    ref = f64(x)
+    ref["g"] = kda_gate(ref["g"], A_log.double(), dt_bias.double(), lb)
+    ref["beta"] = 2 * torch.sigmoid(ref["beta"])
+    o_ref, s_ref = naive_recurrent_kda(**ref, output_final_state=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+def test_chunk_backward_raises_not_implemented():
+    x = kda_inputs(1, 20, 1, 1, 16, 16)
+    x["q"].requires_grad_(True)
+    o, _ = _chunk(**x, backend="triton")
+    assert_close("o", o, naive_recurrent_kda(**f64(x))[0], F32)
+    with pytest.raises(NotImplementedError, match="backward"):
+        o.sum().backward()
+
+
+def test_chunk_options_not_run_yet_are_refused_by_name():
+    x = kda_inputs(1, 8, 1, 1, 16, 16)
+    for kw, name in ((dict(state_v_first=True), "state_v_first"), (dict(use_graph=True), "use_graph"),
+                     (dict(return_intermediate_states=True), "return_intermediate_states")):
+        with pytest.raises(NotImplementedError, match=name):
+            _chunk(**x, **kw)
+    with pytest.raises(ValueError, match="chunk_size"):
+        _chunk(**x, chunk_size=32)
+    with pytest.raises(ValueError, match="g must be"):
+        _chunk(**dict(x, g=x["g"][..., :8]))
+    with pytest.raises(ValueError, match="safe_gate"):
+        _chunk(**x, use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True)
+
+
+def test_chunk_reference_backend_is_differentiable():
+    x = kda_inputs(1, 9, 1, 2, 16, 16)
+    for t in x.values():
+        t.requires_grad_(True)
+    o, s = _chunk(**x, output_final_state=True, backend="reference")
+    (o.sum() + s.sum()).backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in x.values())
