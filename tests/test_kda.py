@@ -298,14 +298,67 @@ def test_chunk_gate_and_beta_sigmoid_in_kernel(form):
     assert_close("final_state", s, s_ref, F32)
 
 
+def _check_grads(x, extra_ref, tol, **kw):
+    """Every gradient of chunk_kda (Triton) against autograd through the fp64 reference; o and the final state get
+    fresh random upstream gradients. extra_ref(inputs) maps the inputs to the reference's g and beta."""
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
+    o, s = _chunk(**leaves, output_final_state=True, backend="triton", **kw)
+    do, dht = torch.randn_like(o, dtype=torch.float32), torch.randn_like(s)
+    ((o.float() * do).sum() + (s * dht).sum()).backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    o_ref, s_ref = naive_recurrent_kda(**extra_ref(ref), output_final_state=True, cu_seqlens=kw.get("cu_seqlens"),
+                                       use_qk_l2norm_in_kernel=kw.get("use_qk_l2norm_in_kernel", False))
+    ((o_ref * do.double()).sum() + (s_ref * dht.double()).sum()).backward()
+    assert_close("o", o, o_ref, tol)
+    assert_close("final_state", s, s_ref, tol)
+    for n, t in leaves.items():
+        assert t.grad is not None and t.grad.dtype == t.dtype, n
+        assert_close(f"d{n}", t.grad, ref[n].grad, tol)
+
+
+def _plain(r):
+    return {n: r[n] for n in ("q", "k", "v", "g", "beta", "initial_state") if n in r}
+
+
 @needs_triton
-def test_chunk_backward_raises_not_implemented():
-    x = kda_inputs(1, 20, 1, 1, 16, 16)
-    x["q"].requires_grad_(True)
-    o, _ = _chunk(**x, backend="triton")
-    assert_close("o", o, naive_recurrent_kda(**f64(x))[0], F32)
-    with pytest.raises(NotImplementedError, match="backward"):
-        o.sum().backward()
+@pytest.mark.parametrize("decay", ["strong", "weak"])
+def test_chunk_gradients(decay):
+    x = kda_inputs(1, 130, 1, 2, 16, 16, decay=decay)     # T not a multiple of 64, GVA, initial state
+    _check_grads(x, _plain, F32)
+
+
+@needs_triton
+def test_chunk_gradients_varlen_l2norm():
+    lengths = [1, 66, 20]
+    x = kda_inputs(1, sum(lengths), 2, 2, 16, 16, num_states=len(lengths))
+    x["k"] = torch.randn_like(x["k"])                     # unnormalised: the in-kernel norm matters
+    _check_grads(x, _plain, F32, cu_seqlens=random_cu_seqlens(lengths), use_qk_l2norm_in_kernel=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["softplus", "lower_bound", "lower_bound_no_a"])
+def test_chunk_gradients_gate_in_kernel(form):
+    B, T, HV, K = 1, 70, 2, 16
+    x = kda_inputs(B, T, 1, HV, K, 16)
+    x["g"] = torch.randn(B, T, HV, K) * 2
+    x["beta"] = torch.randn(B, T, HV)
+    x["A_log"] = None if form == "lower_bound_no_a" else torch.randn(HV) * 0.5
+    x["dt_bias"] = torch.randn(HV * K)
+    lb = None if form == "softplus" else -5.0
+
+    def ref_gates(r):
+        out = _plain(r)
+        out["g"] = kda_gate(r["g"], r.get("A_log"), r["dt_bias"], lb)
+        out["beta"] = 2 * torch.sigmoid(r["beta"])
+        return out
+    _check_grads(x, ref_gates, F32, use_gate_in_kernel=True, lower_bound=lb, use_beta_sigmoid_in_kernel=True,
+                 allow_neg_eigval=True)
+
+
+@needs_triton
+def test_chunk_gradients_bf16():
+    x = kda_inputs(1, 64, 1, 1, 32, 32, dtype=torch.bfloat16)
+    _check_grads(x, _plain, TOL[torch.bfloat16])
 
 
 def test_chunk_options_not_run_yet_are_refused_by_name():
@@ -329,3 +382,54 @@ def test_chunk_reference_backend_is_differentiable():
     o, s = _chunk(**x, output_final_state=True, backend="reference")
     (o.sum() + s.sum()).backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in x.values())
+
+
+def test_kda_backward_feeds_no_transposed_dot_result_to_a_dot():
+    """The Triton 3.4-3.7 Hopper miscompile that GDN's backward avoids (tests/test_chunk_backward.py): the same
+    static check on KDA's backward kernels."""
+    import ast
+    import pathlib
+    import linattn
+    from test_chunk_backward import _dot_tainted_trans
+    path = pathlib.Path(linattn.__file__).parent / "ops" / "kda" / "triton" / "backward.py"
+    kernels = [f for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)
+               and any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in f.decorator_list)]
+    assert len(kernels) == 3
+    for fn in kernels:
+        _, bad = _dot_tainted_trans(fn)
+        assert not bad, f"{fn.name}: {bad}"
+
+
+@needs_triton
+def test_torch_compile_fullgraph_chunk_forward_backward_and_decode():
+    """chunk_kda (forward and backward) and fused_recurrent_kda traced by torch.compile(fullgraph=True): a graph
+    break raises; results against the fp64 reference."""
+    import linattn
+    x = {n: t.requires_grad_(True) for n, t in kda_inputs(1, 70, 1, 2, 16, 16).items()}
+
+    def model(q, k, v, g, beta, initial_state):
+        o, s = linattn.chunk_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True)
+        return o.square().sum() + s.square().sum()
+
+    loss = torch.compile(model, fullgraph=True)(**x)
+    loss.backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+    o, s = naive_recurrent_kda(**ref, output_final_state=True)
+    (o.square().sum() + s.square().sum()).backward()
+    assert_close("loss", loss, o.square().sum() + s.square().sum(), F32)
+    for n, t in x.items():
+        assert_close(f"d{n}", t.grad, ref[n].grad, F32)
+
+    y = kda_inputs(2, 1, 1, 2, 16, 16)
+    pool = torch.randn(3, 2, 16, 16)
+    idx = torch.tensor([2, 0])
+
+    def step(q, k, v, g, beta, pool, idx):
+        return linattn.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)[0]
+
+    with torch.no_grad():
+        expect, s_ref = naive_recurrent_kda(**dict(f64(y), initial_state=pool[[2, 0]].double()),
+                                            output_final_state=True)
+        got = torch.compile(step, fullgraph=True)(*(y[n] for n in ("q", "k", "v", "g", "beta")), pool, idx)
+    assert_close("decode o", got, expect, F32)
+    assert_close("decode pool", pool[[2, 0]], s_ref, F32)

@@ -4,7 +4,8 @@ Backends: "triton" (KDA's stage 2a, triton/intra.py, then GDN's stages in their 
 Triton runs on, the CPU under TRITON_INTERPRET=1) and "reference" (the token-by-token recurrence in PyTorch, by name
 only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with a fake
 implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host (CUDA-graph
-safe). Its backward is not written yet: the op's registered autograd raises NotImplementedError from backward.
+safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: the forward recomputed, GDN's
+reverse state pass, KDA's local backward kernel), registered as the forward op's autograd.
 """
 from typing import Optional, Tuple
 
@@ -44,13 +45,48 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_
     return v.new_empty(B, T, HV, V), q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
 
 
+@torch.library.custom_op("linattn::chunk_kda_bwd", mutates_args=())
+def _chunk_kda_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                   A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str, lower_bound: float,
+                   beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor, dht: Optional[torch.Tensor]
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor, torch.Tensor]:
+    from linattn.ops.kda.triton.backward import chunk_kda_bwd
+    grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+                          beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous())
+    # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
+    return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
+
+
+@_chunk_kda_bwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
+      neg_eigval, do, dht):
+    empty0 = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta),
+            torch.empty_like(initial_state, dtype=torch.float32) if initial_state is not None else empty0,
+            torch.empty_like(A_log) if gate and A_log is not None else empty0,
+            torch.empty_like(dt_bias) if gate and dt_bias is not None else empty0)
+
+
 def _setup_context(ctx, inputs, output):
-    pass
+    (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+     beta_sigmoid, neg_eigval) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
+    ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, output_final_state)
 
 
 def _backward(ctx, do, dht):
-    raise NotImplementedError(f"{OP}: the backward of the Triton path is not implemented yet (forward only); "
-                              f"train through backend='reference' (plain autograd, slow) meanwhile")
+    q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias = ctx.saved_tensors
+    scale, gate, lower_bound, beta_sigmoid, neg_eigval, output_final_state = ctx.args
+    use_dht = output_final_state and dht is not None and dht.numel() > 0
+    dq, dk, dv, dg, dbeta, dh0, dA, dbias = torch.ops.linattn.chunk_kda_bwd(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
+        neg_eigval, do, dht if use_dht else None)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
+            dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
+            None, None, None, None)
 
 
 _chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -124,9 +160,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     deprecated name transpose_state_layout), cp_context, use_graph. chunk_size: 64 only (ValueError otherwise).
     backend: "auto" (Triton), "triton" or "reference".
 
-    Returns (o [B, T, HV, V] in v's dtype, final_state or None). Forward only on the Triton path: its backward is
-    not implemented yet, and a backward through it raises NotImplementedError (the "reference" backend is
-    differentiable by plain autograd).
+    Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
+    initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);
+    each gradient comes back in its input's dtype.
     """
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:

@@ -74,13 +74,14 @@ _register("gdn_fwd_triton_output_bv128_w8", "chunk_output", "chunk_output_kernel
 _register("gdn_bwd_triton_dv_local_w4", "backward_dv_local", "chunk_dv_local_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32",
                scale="fp32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32"), 4, 2,
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32", DECAY="scalar", aqk_ptr=None), 4, 2,
           "backward stage 1a: P^T dO (intra-chunk dVnew)")
 for _bv, _what in ((32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_bwd_triton_state_bv{_bv}_w8", "backward_state", "chunk_state_bwd_kernel",
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
                    dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
-              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True, STORE_DH=True), 8, 2,
+              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True,
+                   STORE_DH=True, DECAY="scalar"), 8, 2,
               f"backward stage 1: reverse state pass, {_what}")
 _register("gdn_bwd_triton_local_w4", "backward_local", "chunk_local_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,

@@ -29,12 +29,13 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
     b_w = tl.load(p_w, boundary_check=(0, 1))
     b_u = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
     b_k = tl.load(p_k, boundary_check=(0, 1))
-    last = tl.minimum(eos - t0, BT) - 1
     if DECAY == "scalar":
         valid = (t0 + rows) < eos
         gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        last = tl.minimum(eos - t0, BT) - 1
         gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
     else:
+        last = tl.minimum(eos - t0, BT) - 1
         rk = tl.arange(0, BK)
         gam = None
         gam_last = tl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + rk, mask=rk < K, other=0.)

@@ -1,6 +1,7 @@
 """Launcher of KDA's chunked forward on Triton: KDA's own stage 2a (intra.py), then GDN's stages with their
 per-key-channel form (DECAY "channel"): W and U (intra_split.wu_kernel), the state pass (chunk_state), the output
 (chunk_output)."""
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -15,14 +16,30 @@ from linattn.ops.kda.triton.intra import kda_intra_kernel
 from linattn.runtime.alloc import empty
 
 
+@dataclass
+class KdaIntermediates:
+    """What the backward reads from a recomputed forward (chunk_kda_fwd with keep=True)."""
+    plan: object
+    gcum: torch.Tensor       # [T_tot, HV, K] fp32
+    beta: torch.Tensor       # [T_tot, HV] fp32, the effective beta
+    tinv: torch.Tensor       # [T_tot, HV, 64] fp32
+    aqk: torch.Tensor        # [T_tot, HV, 64]
+    kdec: torch.Tensor       # K * exp(gam_C - gam) [T_tot, HV, K]
+    qdec: torch.Tensor       # Q * exp(gam) [T_tot, HV, K]
+    w: torch.Tensor
+    h: torch.Tensor          # chunk-start states [slots, HV, K, V]
+    vnew: torch.Tensor
+
+
 def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
-                  beta_sigmoid: bool = False, neg_eigval: bool = False):
+                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] fp32 contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
-    fp32 final state or None)."""
+    fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
+    in fp32 and no output stage."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -34,7 +51,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
 
     gcum = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
     beta_eff = empty(T_tot, HV, dtype=torch.float32, device=dev)
-    tinv = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
+    tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32 if keep else dt, device=dev)
     aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
@@ -63,6 +80,8 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         STORE_HT=final is not None, DOT_PREC=dot_prec, DECAY="channel", num_warps=scfg.warps_state,
         num_stages=scfg.stages)
 
+    if keep:
+        return None, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
                  aqk=aqk)
