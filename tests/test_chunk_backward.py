@@ -223,7 +223,7 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
          dict(q_ptr=x, k_ptr=x, w_ptr=x, gcum_ptr=f, do_ptr=x, dh_ptr=x, dvnew_ptr=x, dht_ptr=f, dh0_ptr=f, cu_ptr=i64,
               chunk_off_ptr=i64, scale="fp32"),
          dict(common, BK=cfg.BK_state, BV=cfg.BV_state, USE_DHT=True, STORE_DH0=True, STORE_DH=True,
-              DECAY="scalar"),
+              V_FIRST=False, DECAY="scalar"),
          dict(num_warps=cfg.warps_state, num_stages=cfg.stages_state)),
         ("local_bwd", chunk_local_bwd_kernel,
          dict(q_ptr=x, k_ptr=x, vnew_ptr=x, h_ptr=x, gcum_ptr=f, do_ptr=x, dvnew_ptr=x, dh_ptr=x, dq_ptr=x, dk_ptr=f,
@@ -233,7 +233,9 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
         ("wy_bwd", chunk_wy_bwd_kernel,
          dict(k_ptr=x, v_ptr=x, beta_ptr=f, gcum_ptr=f, tinv_ptr=f, dvnew_ptr=x, dw_ptr=x, dk_part_ptr=f, dgam_ptr=f,
               dk_ptr=x, dv_ptr=x, dg_ptr=f, dbeta_ptr=f, m_ptr=x, cu_ptr=i64, chunk_idx_ptr=i32, N="i32", T_tot="i32"),
-         dict(common, BK=cfg.BK, BV=cfg.BV, NK=triton_cdiv(K, cfg.BK), NKP=triton_cdiv(K, cfg.BK), M_IN_DK=K >= 64),
+         dict(common, BK=cfg.BK, BV=cfg.BV, NK=triton_cdiv(K, cfg.BK), NKP=triton_cdiv(K, cfg.BK), M_IN_DK=K >= 64,
+              g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None, beta_raw_ptr=None,
+              GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),      # FLA's options off (the default path)
          dict(num_warps=WARPS_WY, num_stages=STAGES_WY)),
     ]
 

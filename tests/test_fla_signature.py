@@ -1,9 +1,10 @@
 """FLA 0.6's signatures of chunk_gated_delta_rule and fused_recurrent_gated_delta_rule: FLA's parameters in FLA's
 order with FLA's defaults (read from fla/ops/gated_delta_rule/chunk.py and fused_recurrent.py of fla-core 0.6.0;
 FLA is not installed here, so its signatures are data below), the keywords FLA reads from **kwargs and linattn's
-extras keyword-only after them. At their defaults FLA's options change nothing; the ones linattn runs (the decode's
-fused gate and beta sigmoid, beta=None) give the explicit computation's result; the ones it does not run yet raise
-an error naming the argument. o comes back in FLA's dtype. Fresh random inputs each run (Triton under the
+extras keyword-only after them. At their defaults FLA's options change nothing; the ones linattn runs (the chunk op's
+in-kernel gate, beta sigmoid and state_v_first; the decode's fused gate and beta sigmoid, beta=None) give the
+explicit computation's result (tests/test_fla_options.py checks the chunk op's against fp64, gradients included);
+the ones it does not run yet raise an error naming the argument. o comes back in FLA's dtype. Fresh random inputs each run (Triton under the
 interpreter on a CPU)."""
 import inspect
 import warnings
@@ -82,16 +83,29 @@ def test_chunk_fla_keywords_at_their_defaults_change_nothing():
     assert torch.equal(o0, o1) and torch.equal(h0, h1)
 
 
-@pytest.mark.parametrize("kw,name", [
-    (dict(use_beta_sigmoid_in_kernel=True), "use_beta_sigmoid_in_kernel"),
-    (dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True), "use_beta_sigmoid_in_kernel"),
-    (dict(state_v_first=True), "state_v_first"),
-    (dict(use_gate_in_kernel=True, A_log=torch.zeros(4)), "use_gate_in_kernel"),
-])
-def test_chunk_options_not_run_yet_are_refused_by_name(kw, name):
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("kw", [
+    dict(use_beta_sigmoid_in_kernel=True), dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+    dict(use_gate_in_kernel=True, A_log=torch.randn(4)), dict(use_gate_in_kernel=True, A_log=torch.randn(4),
+                                                              dt_bias=torch.randn(4)),
+], ids=["beta-sigmoid", "neg-eigval", "gate", "gate-dt-bias"])
+def test_chunk_gate_and_beta_options_run(kw, backend):
+    """FLA's in-kernel options run (on each backend): the explicit gate / sigmoid on the default path's result."""
     x, cu = _chunk_inputs()
-    with pytest.raises(NotImplementedError, match=f"{name} is not supported yet"):
-        linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, **kw)
+    gate = kw.get("use_gate_in_kernel", False)
+    raw_g = torch.randn_like(x["g"]) if gate else x["g"]           # the raw gate input, else the log decay
+    logits = torch.randn_like(x["beta"]) * 2 if kw.get("use_beta_sigmoid_in_kernel") else x["beta"]
+    o, h = linattn.chunk_gated_delta_rule(**dict(x, g=raw_g, beta=logits), output_final_state=True, cu_seqlens=cu,
+                                          backend=backend, **kw)
+    g, beta = raw_g, logits
+    if gate:
+        g = -torch.exp(kw["A_log"]) * F.softplus(raw_g + kw.get("dt_bias", 0.))
+    if kw.get("use_beta_sigmoid_in_kernel"):
+        beta = torch.sigmoid(logits) * (2 if kw.get("allow_neg_eigval") else 1)
+    o0, h0 = linattn.chunk_gated_delta_rule(**dict(x, g=g, beta=beta), output_final_state=True, cu_seqlens=cu,
+                                            backend=backend)
+    assert_close("o", o, o0, F32)
+    assert_close("final state", h, h0, F32)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(allow_neg_eigval=True), "allow_neg_eigval.*use_beta_sigmoid_in_kernel"),
@@ -107,18 +121,20 @@ def test_chunk_argument_errors(kw, match):
 
 @pytest.mark.parametrize("fn", ["chunk", "decode"])
 def test_transpose_state_layout_is_state_v_first(fn):
-    """FLA's deprecated name: warns as FLA; True is state_v_first (the chunk op refuses it by that name, the decode
-    runs it: tests/test_decode_serving.py); both at once are refused; False changes nothing."""
+    """FLA's deprecated name: warns as FLA; True is state_v_first (both ops run it); both at once are refused; False
+    changes nothing."""
     if fn == "chunk":
         x, cu = _chunk_inputs()
         op = lambda **kw: linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, **kw)   # noqa: E731
     else:
         x = make_gdn_inputs(2, 1, 1, 2, 16, 16, dtype=torch.float32)
         op = lambda **kw: linattn.fused_recurrent_gated_delta_rule(**x, **kw)        # noqa: E731
-    if fn == "chunk":
-        with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
-            with pytest.raises(NotImplementedError, match="state_v_first is not supported yet"):
-                op(transpose_state_layout=True)
+    x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()     # the V-first states
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        o_t, h_t = op(transpose_state_layout=True, output_final_state=True)
+    o_v, h_v = op(state_v_first=True, output_final_state=True)
+    assert torch.equal(o_t, o_v) and torch.equal(h_t, h_v)
+    x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
     with pytest.raises(ValueError, match="transpose_state_layout"):
         op(transpose_state_layout=True, state_v_first=True)
     with pytest.warns(DeprecationWarning):

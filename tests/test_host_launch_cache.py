@@ -98,3 +98,35 @@ def test_launch_cache_falls_back_to_the_jit(monkeypatch):
     for _ in range(2):
         cache(kern, (1,), (x, 5), dict(A=3))
     assert [e[0] for e in kern.log] == ["jit", "jit"] and kern.log[0][2:] == ((x, 5), dict(A=3))
+
+
+class _CompiledDirect(_Compiled):
+    """A stand-in CompiledKernel whose `run` (what its launcher ends in) records the direct launches."""
+    function, packed_metadata = "function", "packed"
+
+    def run(self, *args):
+        self.log.append(("direct",) + args)
+
+
+def test_handle_launches_call_run_directly_unless_a_launch_hook_is_registered(monkeypatch):
+    """After the JIT's first launch, a launch calls the compiled kernel's `run` with the launcher's own argument list
+    (grid, stream, function, packed metadata, no launch metadata or hooks, then the kernel's arguments); while a
+    launch hook is registered (a profiler), the CompiledKernel's launcher runs, so the hook sees the launch."""
+    from types import SimpleNamespace
+
+    import linattn.runtime.host_path as hp_mod
+    monkeypatch.setattr(hp_mod, "current_device", lambda: 0)
+    monkeypatch.setattr(hp_mod, "direct_launch",
+                        lambda k: (k.run, k.function, k.packed_metadata, lambda dev: f"stream of {dev}"))
+    no_hooks = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]), launch_exit_hook=SimpleNamespace(calls=[]))
+    monkeypatch.setattr(hp_mod, "_HOOKS", no_hooks)
+    kern, cache, x = _Kernel(), LaunchCache(HostPath()), torch.randn(32)
+    kern.__class__ = type("_KernelDirect", (_Kernel,), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: (self.log.append(("jit", grid, a, kw)), _CompiledDirect(self.log))[1])})
+    for _ in range(2):
+        cache(kern, (4, 2), (x, 5), dict(A=3, num_warps=8))
+    assert kern.log[1] == ("direct", 4, 2, 1, "stream of 0", "function", "packed", None, None, None, x, 5, 3, 7)
+    monkeypatch.setattr(hp_mod, "_HOOKS", SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[print]),
+                                                          launch_exit_hook=SimpleNamespace(calls=[])))
+    cache(kern, (4, 2), (x, 5), dict(A=3, num_warps=8))
+    assert kern.log[2] == ("handle", (4, 2, 1), (x, 5, 3, 7))

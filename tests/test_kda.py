@@ -356,6 +356,28 @@ def test_chunk_gradients_gate_in_kernel(form):
 
 
 @needs_triton
+def test_chunk_state_v_first_forward_and_gradients():
+    """state_v_first: initial and final states [N, HV, V, K]; o, the final state and every gradient (d initial_state
+    in that layout) against the reference on the transposed states."""
+    x = kda_inputs(1, 70, 1, 2, 16, 32)
+    h0_vk = x["initial_state"].transpose(-1, -2).contiguous().requires_grad_(True)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items() if n != "initial_state"}
+    o, s = _chunk(**leaves, initial_state=h0_vk, output_final_state=True, state_v_first=True, backend="triton")
+    assert s.shape == (1, 2, 32, 16)
+    do, dht = torch.randn_like(o), torch.randn_like(s)
+    ((o * do).sum() + (s * dht).sum()).backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    h0_ref = h0_vk.detach().double().requires_grad_(True)
+    o_ref, s_ref = naive_recurrent_kda(**ref, initial_state=h0_ref.transpose(-1, -2), output_final_state=True)
+    ((o_ref * do.double()).sum() + (s_ref.transpose(-1, -2) * dht.double()).sum()).backward()
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref.transpose(-1, -2), F32)
+    assert_close("dinitial_state", h0_vk.grad, h0_ref.grad, F32)
+    for n, t in leaves.items():
+        assert_close(f"d{n}", t.grad, ref[n].grad, F32)
+
+
+@needs_triton
 def test_chunk_gradients_bf16():
     x = kda_inputs(1, 64, 1, 1, 32, 32, dtype=torch.bfloat16)
     _check_grads(x, _plain, TOL[torch.bfloat16])
@@ -363,7 +385,7 @@ def test_chunk_gradients_bf16():
 
 def test_chunk_options_not_run_yet_are_refused_by_name():
     x = kda_inputs(1, 8, 1, 1, 16, 16)
-    for kw, name in ((dict(state_v_first=True), "state_v_first"), (dict(use_graph=True), "use_graph"),
+    for kw, name in ((dict(use_graph=True), "use_graph"),
                      (dict(return_intermediate_states=True), "return_intermediate_states")):
         with pytest.raises(NotImplementedError, match=name):
             _chunk(**x, **kw)

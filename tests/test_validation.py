@@ -121,28 +121,21 @@ def _empty_call(B, T, H, HV, K, cu=None, backend="triton"):
         return linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, backend=backend)
 
 
-def test_too_many_sequence_heads_for_the_grid():
-    """N * HV > 65535 (CUDA's grid y limit, the state passes' axis 1): a clear error naming the split, not a bare
-    CUDA launch failure (refused before any kernel runs); at 2047 sequences the check accepts."""
-    from linattn.ops.gated_delta_rule.validation import GRID_YZ_MAX, check_chunk_grid
-    N = GRID_YZ_MAX // 32 + 1                                   # 2048 sequences of one token at HV = 32
-    cu = torch.arange(N + 1, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"2048 sequences x 32 value heads = 65536 .* at most 2047 sequences"):
-        _empty_call(1, N, 2, 32, 16, cu)
-    check_chunk_grid(dict(B=1, T=N - 1, N=N - 1, HV=32))       # 2047 x 32 = 65504: accepted
-    with pytest.raises(ValueError, match="65536 state programs"):
-        check_chunk_grid(dict(B=N, T=1, N=N, HV=32))            # fixed-length batch of 2048
-
-
-def test_too_many_chunks_for_the_grid():
-    """More than 65535 chunk slots (the output and backward stages' axis 1): a clear error; 65535 chunks pass."""
-    from linattn.ops.gated_delta_rule.validation import GRID_YZ_MAX, check_chunk_grid
-    T = GRID_YZ_MAX * 64 + 1
-    with pytest.raises(ValueError, match=r"65536 chunks of 64 tokens > 65535"):
-        _empty_call(1, T, 1, 1, 1)
-    check_chunk_grid(dict(B=1, T=GRID_YZ_MAX * 64, N=1, HV=1))
-    with pytest.raises(ValueError, match="chunks of 64 tokens"):     # varlen bound: T // 64 + N
-        check_chunk_grid(dict(B=1, T=GRID_YZ_MAX * 64 - 64, N=2, HV=1))
+def test_gluon_declines_more_sequence_heads_than_its_grid_y(monkeypatch):
+    """N * HV > 65535 (CUDA's grid-y limit, the Gluon state passes' axis 1): the gluon backend declines with the reason
+    (so `auto` takes the Triton path, which numbers them on axis 0); 2047 sequences x 32 heads pass."""
+    from linattn.ops.gated_delta_rule.gluon import backend as gluon_backend
+    from linattn.ops.gated_delta_rule.validation import GLUON_GRID_Y_MAX, gluon_grid_problem
+    import linattn.runtime.device as device
+    N = GLUON_GRID_Y_MAX // 32 + 1                              # 2048 sequences of one token at HV = 32
+    assert "2048 sequences x 32 value heads = 65536 sequence-heads > 65535" in gluon_grid_problem(N, 32)
+    assert gluon_grid_problem(N - 1, 32) == ""
+    monkeypatch.setattr(device, "hopper_gluon_ready", lambda *a, **kw: (True, ""))
+    e = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731
+    ok, reason = gluon_backend.supports(q=e(1, N, 2, 128), v=e(1, N, 32, 128), cu_seqlens=torch.arange(N + 1))
+    assert not ok and "grid-y limit of the Gluon state passes" in reason
+    ok, reason = gluon_backend.supports(q=e(1, N, 2, 128), v=e(1, N, 32, 128), cu_seqlens=torch.arange(N))
+    assert ok, reason
 
 
 def test_reference_backend_has_no_grid_limit():

@@ -1,6 +1,9 @@
 """`linattn demo`: the main job. On a GPU, the Triton forward at B=1, T=8192, H=16, HV=32, K=V=128 (bf16),
 checked against the fp64 reference and timed; on a CPU, a small problem run by the Triton interpreter and
-checked against the fp64 step-by-step recurrence."""
+checked against the fp64 step-by-step recurrence. Then, where transformers is installed, the model-level line: a tiny
+random Qwen3-Next generating with linattn (linattn.integrations.transformers.enable) against transformers' own
+computation (same greedy tokens, step logits within the fp32 tolerance)."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -69,4 +72,19 @@ def run(args) -> int:
           f"(tolerance {tol:.1e}) -> {'PASS' if ok else 'FAIL'}")
     print(f"  time: first call {first:.2f} s (compile included), then {ms:.3f} ms per call"
           + (" (median, triton.testing.do_bench)" if on_gpu else " (interpreter)"))
-    return 0 if ok else 1
+    return 0 if ok and model_check(dev) else 1
+
+
+def model_check(dev) -> bool:
+    """The model line: False only when the check ran and failed."""
+    print("linattn demo: a tiny random Qwen3-Next (transformers) generating with "
+          "linattn.integrations.transformers.enable()")
+    if importlib.util.find_spec("transformers") is None:
+        print("  skipped: transformers is not installed (pip install transformers==4.57.3)")
+        return True
+    from linattn.integrations.transformers_check import check_tiny_model, format_check
+    t0 = time.perf_counter()
+    r = check_tiny_model(dev, new_tokens=6, batch=1, prompt_len=12, fp64=False)
+    print(f"  6 greedy tokens (prefill + decode through the cache), fp32, against transformers' own computation: "
+          f"{format_check(r)} ({time.perf_counter() - t0:.1f} s)")
+    return r["passed"]

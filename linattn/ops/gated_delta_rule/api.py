@@ -18,7 +18,7 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
-from linattn.ops.gated_delta_rule.validation import (check_chunk_grid, check_fla_options, check_gdn_inputs,
+from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
@@ -31,23 +31,30 @@ _backends = op_backends(OP)
 # Optional outputs are not allowed in custom-op schemas: a state that does not exist is returned as an empty
 # [0] tensor and mapped back to None by the caller.
 
+# FLA's options travel as A_log / dt_bias ([HV] contiguous, or None: use_gate_in_kernel), beta_scale (0: beta as
+# given; 1 or 2: use_beta_sigmoid_in_kernel, 2 with allow_neg_eigval) and state_v_first.
+
 @torch.library.custom_op("linattn::chunk_gdn_fwd", mutates_args=())
 def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                   cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                   beta_scale: int, state_v_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
     final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
     return res.o, final
 
 
 @_chunk_gdn_fwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, beta_scale,
+      state_v_first):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = v.new_empty(B, T, HV, V)
-    final = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
+    shape = ((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,)
+    final = q.new_empty(shape, dtype=torch.float32)
     return o, final
 
 
@@ -64,17 +71,22 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
-def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
-    if eager_without_autograd(q, k, v, g, beta, initial_state):
+def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
+                 beta_scale=0, state_v_first=False):
+    if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                         A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+                                         state_v_first=state_v_first)
         return res.o, (res.final_state if output_final_state else None)
-    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    o, final = _chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
+                              beta_scale, state_v_first)
     return o, (final if output_final_state else None)
 
 
-def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
-    return _ref.chunk_reference(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **options):
+    return _ref.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                       **options)
 
 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
@@ -101,18 +113,23 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     Args:
         q, k: [B, T, H, K] (bf16, fp16 or fp32; one dtype with v).
         v: [B, T, HV, V], HV a multiple of H (GVA: value head j reads q/k head j // (HV // H)).
-        g: [B, T, HV] log decay (<= 0), any float dtype.  beta: [B, T, HV] any float dtype, post-sigmoid.
-            Values are checked for CPU tensors (g finite and <= 0, no NaN in beta: ValueError); on a GPU they are
-            the caller's contract (no host sync), checked only with LINATTN_CHECK_INPUTS=1 (validation.py).
+        g: [B, T, HV] log decay (<= 0), any float dtype (the raw gate input with use_gate_in_kernel).
+        beta: [B, T, HV] any float dtype, post-sigmoid (a logit with use_beta_sigmoid_in_kernel).
+            Values are checked for CPU tensors (g finite and <= 0, or free of NaN with use_gate_in_kernel; no NaN in
+            beta: ValueError); on a GPU they are the caller's contract (no host sync), checked only with
+            LINATTN_CHECK_INPUTS=1 (validation.py).
         scale: query scale, default K ** -0.5.
-        initial_state: [N, HV, K, V], any float dtype (the math is fp32); N = B, or the number of sequences.
-        output_final_state: also return the fp32 state after the last token, [N, HV, K, V].
+        initial_state: [N, HV, K, V] ([N, HV, V, K] with state_v_first), any float dtype (the math is fp32); N = B,
+            or the number of sequences.
+        output_final_state: also return the fp32 state after the last token, [N, HV, K, V] ([N, HV, V, K] with
+            state_v_first).
         use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
-        use_beta_sigmoid_in_kernel, allow_neg_eigval (FLA: beta is a logit, sigmoid(beta), or 2 * sigmoid(beta)
-            with allow_neg_eigval): not supported yet (they are to run inside the kernels, not as an extra pass):
-            True raises NotImplementedError naming the argument; allow_neg_eigval=True without
-            use_beta_sigmoid_in_kernel raises ValueError, as in FLA.
-        state_v_first (FLA: states stored [N, HV, V, K]): not supported yet; True raises NotImplementedError.
+        use_beta_sigmoid_in_kernel: beta is a logit and sigmoid(beta) is used, or 2 * sigmoid(beta) with
+            allow_neg_eigval (as FLA); formed inside the kernels (stage 2a), the gradient taken to the logit inside
+            the backward's WY stage. allow_neg_eigval=True without use_beta_sigmoid_in_kernel raises ValueError, as
+            in FLA.
+        state_v_first: initial_state and the final state are [N, HV, V, K] (FLA's V-first layout), read and written
+            in that layout by the state passes (forward and backward; no transposed copy).
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1); starts at 0, sorted, ends at T.
             Checked on the host when it lives on the CPU; on a GPU it is not read back (no sync) and malformed
             offsets are clamped so that they can never cause out-of-bounds accesses.
@@ -127,42 +144,63 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             (all N final states on every rank) are supported; initial_state's gradient on a rank holds the rows of
             the sequences starting there. Triton kernels only, eager (a graph break under torch.compile).
     Keyword-only (FLA reads these from **kwargs):
-        use_gate_in_kernel, A_log, dt_bias (FLA: g is the raw gate input, g_eff = -exp(A_log) * softplus(g +
-            dt_bias) fused with the chunk cumsum): not supported yet by the chunked kernels; use_gate_in_kernel=True
-            raises NotImplementedError (ValueError without A_log, as in FLA); A_log / dt_bias without it raise
-            ValueError (FLA ignores them there).
+        use_gate_in_kernel, A_log, dt_bias: g is the raw gate input and the decay is -exp(A_log) * softplus(g +
+            dt_bias) in fp32 (as FLA), formed inside the kernels before the chunk cumsum; A_log and dt_bias (optional)
+            are float tensors of HV elements, differentiable (their gradients are summed over tokens from a
+            per-token term the backward's WY stage writes). use_gate_in_kernel=True without A_log raises ValueError,
+            as in FLA; A_log / dt_bias without it raise ValueError (FLA ignores them there).
         chunk_size: 64, the kernels' chunk; any other value (FLA also takes 16 and 32) raises ValueError.
         transpose_state_layout: FLA's deprecated name of state_v_first (a DeprecationWarning, as in FLA).
-        backend: "auto", "triton", "reference" (or "gluon" where registered).
+        backend: "auto", "triton", "reference" (or "gluon" where registered; it declines the gate and beta options
+            and state_v_first, which run on the Triton path).
     Returns:
         o [B, T, HV, V] in q's dtype (as FLA; q, k and v share one dtype here), and the final state (fp32, as FLA)
         or None.
-    Differentiable in q, k, v, g, beta and initial_state (the gradient of the final state flows in); each
-    gradient comes back in its input's dtype.
+    Differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias (the gradient of the final state flows
+    in); each gradient comes back in its input's dtype.
     """
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                       state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
                       dt_bias=dt_bias, chunk_size=chunk_size)
     if cp_context is not None:
+        for name, value in (("use_gate_in_kernel", use_gate_in_kernel),
+                            ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+                            ("state_v_first", state_v_first)):
+            if value:
+                raise NotImplementedError(f"{OP}: {name}=True with cp_context is not supported yet (the "
+                                          f"context-parallel pass runs the plain gate and beta, [N, HV, K, V] states)")
         return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                  cu_seqlens, cp_context, backend)
-    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP)
+    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, raw_gate=use_gate_in_kernel,
+                            state_v_first=state_v_first)
+    if use_gate_in_kernel:
+        check_fla_gate_params(OP, A_log, dt_bias, dims["HV"], q.device)
     if scale is None:
         scale = dims["K"] ** -0.5
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                         cu_seqlens=cu_seqlens, output_final_state=output_final_state)
-    if b.name != "reference":
-        check_chunk_grid(dims, op=OP)
+                         cu_seqlens=cu_seqlens, output_final_state=output_final_state,
+                         use_gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                         state_v_first=state_v_first)
+    # FLA's options, passed on only when set (the Gluon impl, which declines them, takes the nine plain arguments);
+    # A_log / dt_bias flattened to [HV] by torch ops, so autograd carries their gradients back to the given shapes
+    options = {}
+    if use_gate_in_kernel:
+        options.update(A_log=A_log.reshape(-1).contiguous(),
+                       dt_bias=None if dt_bias is None else dt_bias.reshape(-1).contiguous())
+    if use_beta_sigmoid_in_kernel:
+        options["beta_scale"] = 2 if allow_neg_eigval else 1
+    if state_v_first:
+        options["state_v_first"] = True
     if use_qk_l2norm_in_kernel:
         q = _ref.l2norm(q.float()).to(q.dtype)
         k = _ref.l2norm(k.float()).to(k.dtype)
     if b.name == "reference":
-        return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **options)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens)
+    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
 
 
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -187,7 +225,6 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
         raise ValueError(f"{OP}: with cp_context, q must hold this rank's T / W = {cp.part_len} tokens, got "
                          f"T={q.shape[1]}")
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cp.cu_seqlens, op=OP, num_states=cp.num_seqs_global)
-    check_chunk_grid(dict(dims, N=cp.num_seqs), op=OP)
     if scale is None:
         scale = dims["K"] ** -0.5
     if use_qk_l2norm_in_kernel:

@@ -2,8 +2,9 @@
 
 The backward is the torch custom op "linattn::chunk_gdn_bwd" (the Triton backward, with a fake implementation): it
 recomputes the forward's intermediates from the saved inputs, so it serves every forward op whose inputs are
-(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens). It reads no device data on the host, so
-it can be captured in a CUDA graph.
+(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens), optionally followed by FLA's options
+(A_log, dt_bias, beta_scale, state_v_first: the Triton op's; the Gluon op takes the defaults only). It reads no device
+data on the host, so it can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -17,20 +18,26 @@ import torch
 @torch.library.custom_op("linattn::chunk_gdn_bwd", mutates_args=())
 def chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                  do: torch.Tensor, dht: Optional[torch.Tensor]
-                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  do: torch.Tensor, dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor],
+                  dt_bias: Optional[torch.Tensor], beta_scale: int, state_v_first: bool
+                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor, torch.Tensor]:
     from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
-    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
+    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
-        None if dht is None else dht.contiguous())
-    if dh0 is None:
-        dh0 = q.new_empty(0, dtype=torch.float32)
-    return dq, dk, dv, dg, dbeta, dh0
+        None if dht is None else dht.contiguous(), A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+        state_v_first=state_v_first)
+    def empty0():                  # one tensor per absent output: outputs of a custom op may not alias each other
+        return q.new_empty(0, dtype=torch.float32)
+    return (dq, dk, dv, dg, dbeta, empty0() if dh0 is None else dh0,
+            empty0() if dA_log is None else dA_log.to(A_log.dtype),
+            empty0() if ddt_bias is None else ddt_bias.to(dt_bias.dtype))
 
 
 @chunk_gdn_bwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
-    return fake_grads(q, k, v, g, beta, initial_state)
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, A_log, dt_bias, beta_scale, state_v_first):
+    return fake_grads(q, k, v, g, beta, initial_state) + tuple(
+        q.new_empty(0, dtype=torch.float32) if t is None else torch.empty_like(t) for t in (A_log, dt_bias))
 
 
 def fake_grads(q, k, v, g, beta, initial_state):
@@ -42,10 +49,14 @@ def fake_grads(q, k, v, g, beta, initial_state):
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+    q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, *options = inputs
+    A_log, dt_bias, beta_scale, state_v_first = options if options else (None, None, 0, False)
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
     ctx.scale = scale
     ctx.output_final_state = output_final_state
+    ctx.beta_scale = beta_scale
+    ctx.state_v_first = state_v_first
+    ctx.num_inputs = len(inputs)
 
 
 def final_state_grad(ctx, dfinal):
@@ -53,13 +64,17 @@ def final_state_grad(ctx, dfinal):
     return dfinal if (ctx.output_final_state and dfinal is not None) else None
 
 
-def input_grads(ctx, dq, dk, dv, dg, dbeta, dh0):
-    """The gradients of the forward op's nine inputs."""
-    has_h0 = ctx.saved_tensors[5] is not None
-    return dq, dk, dv, dg, dbeta, None, (dh0 if has_h0 else None), None, None
+def input_grads(ctx, dq, dk, dv, dg, dbeta, dh0, dA_log=None, ddt_bias=None):
+    """The gradients of the forward op's inputs (nine, then FLA's four options where the op takes them)."""
+    saved = ctx.saved_tensors
+    grads = (dq, dk, dv, dg, dbeta, None, (dh0 if saved[5] is not None else None), None, None)
+    if ctx.num_inputs > 9:
+        grads += ((dA_log if saved[7] is not None else None), (ddt_bias if saved[8] is not None else None), None, None)
+    return grads
 
 
 def backward(ctx, do, dfinal):
-    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
-    grads = chunk_gdn_bwd(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do, final_state_grad(ctx, dfinal))
+    q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias = ctx.saved_tensors
+    grads = chunk_gdn_bwd(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do, final_state_grad(ctx, dfinal),
+                          A_log, dt_bias, ctx.beta_scale, ctx.state_v_first)
     return input_grads(ctx, *grads)

@@ -7,6 +7,7 @@ inputs are fp64 (the tests call them on fp64 copies). `naive_recurrent` is the s
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -125,8 +126,30 @@ def chunk_reference(q, k, v, g, beta, scale: Optional[float] = None, initial_sta
     return o.to(out_dtype), None if final is None else final.to(state_dtype)
 
 
+def fla_gates(g, beta, A_log=None, dt_bias=None, beta_scale: int = 0):
+    """FLA's in-kernel gate and beta options as plain functions (fp32, fp64 for fp64 inputs): with A_log (FLA's
+    use_gate_in_kernel) g is the raw gate input and the decay is -exp(A_log) * softplus(g + dt_bias), A_log and
+    dt_bias of HV elements; with beta_scale (use_beta_sigmoid_in_kernel: 1, or 2 with allow_neg_eigval) beta is a
+    logit and beta_scale * sigmoid(beta) is used. Returns (g, beta) as the recurrence takes them."""
+    dt = _compute_dtype(g, beta, A_log, dt_bias)
+    if A_log is not None:
+        x = g.to(dt) + (0 if dt_bias is None else dt_bias.to(dt).reshape(-1))
+        g = -torch.exp(A_log.to(dt).reshape(-1)) * F.softplus(x)
+    if beta_scale:
+        beta = beta_scale * torch.sigmoid(beta.to(dt))
+    return g, beta
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           cu_seqlens=None, use_qk_l2norm_in_kernel=False):
-    """The reference backend: the chunk form in plain PyTorch (fp32 math, fp64 for fp64 inputs)."""
-    return chunk_reference(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                           use_qk_l2norm_in_kernel)
+                           cu_seqlens=None, use_qk_l2norm_in_kernel=False, A_log=None, dt_bias=None,
+                           beta_scale: int = 0, state_v_first: bool = False):
+    """The reference backend: the chunk form in plain PyTorch (fp32 math, fp64 for fp64 inputs), with FLA's gate and
+    beta options (fla_gates) and state_v_first (initial and final states [N, HV, V, K])."""
+    g, beta = fla_gates(g, beta, A_log, dt_bias, beta_scale)
+    if state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    o, final = chunk_reference(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                               use_qk_l2norm_in_kernel)
+    if state_v_first and final is not None:
+        final = final.transpose(-1, -2).contiguous()
+    return o, final

@@ -26,10 +26,11 @@ def _fail(msg: str):
 
 def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, op: str = "chunk_gated_delta_rule",
                      num_states: Optional[int] = None, gate_optional: bool = False,
-                     mixed_qkv: bool = False) -> dict:
+                     mixed_qkv: bool = False, raw_gate: bool = False, state_v_first: bool = False) -> dict:
     """Validate the shared arguments and return the problem's sizes:
     dict(B, T, H, HV, K, V, N) where N is the number of sequences (states). mixed_qkv: q, k and v may differ in
-    dtype (the decode op, as FLA's: each read and computed in fp32)."""
+    dtype (the decode op, as FLA's: each read and computed in fp32). raw_gate: g is a raw gate input (FLA's
+    use_gate_in_kernel), any real value; state_v_first: initial_state is [N, HV, V, K]."""
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)) + (() if gate_optional and g is None else (("g", g),)):
         if not isinstance(t, torch.Tensor):
             _fail(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -65,7 +66,7 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
         if t is not None and t.device != dev:
             _fail(f"{op}: {name} is on {t.device} but q is on {dev}")
     if (dev.type == "cpu" or CHECK_GPU_VALUES) and not torch.compiler.is_compiling():
-        check_gate_values(g, beta, op, log_decay=not gate_optional)
+        check_gate_values(g, beta, op, log_decay=not (gate_optional or raw_gate))
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             _fail(f"{op}: cu_seqlens must be a 1-D tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
@@ -84,8 +85,10 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, o
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or initial_state.dtype not in FLOATS:
             _fail(f"{op}: initial_state must be a float tensor")
-        if tuple(initial_state.shape) != (N, HV, K, V):
-            _fail(f"{op}: initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}")
+        want, names = ((N, HV, V, K), "[N, HV, V, K] (state_v_first)") if state_v_first \
+            else ((N, HV, K, V), "[N, HV, K, V]")
+        if tuple(initial_state.shape) != want:
+            _fail(f"{op}: initial_state must be {names} = {want}, got {tuple(initial_state.shape)}")
     return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N)
 
 
@@ -123,9 +126,10 @@ def _not_yet(op: str, name: str, kernels: str):
 
 def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
                       use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
-    """FLA 0.6's options of the chunked op that linattn's kernels do not run yet: a non-default value raises
-    NotImplementedError naming the argument (never a silent approximation, nor an extra PyTorch pass); FLA's own
-    argument errors as FLA raises them (ValueError). chunk_size: 64, the kernels' chunk, else ValueError."""
+    """FLA 0.6's options of the chunked op: FLA's own argument errors as FLA raises them (ValueError). chunk_size:
+    64, the kernels' chunk, else ValueError. The gate and beta options and state_v_first run in the kernels; their
+    tensors are checked by check_fla_gate_params once the head count is known. cp_context is the op's own path
+    (api.py)."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
     if use_gate_in_kernel and A_log is None:
@@ -135,11 +139,22 @@ def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_ei
     if chunk_size != 64:
         raise ValueError(f"{op}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
                          f"chunk_size=64 only (FLA also takes 16 and 32); pass 64 or leave it out")
-    for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                        ("allow_neg_eigval", allow_neg_eigval), ("state_v_first", state_v_first),
-                        ("use_gate_in_kernel", use_gate_in_kernel)):
-        if value:
-            _not_yet(op, name, "chunked kernels")
+
+
+def check_fla_gate_params(op: str, A_log, dt_bias, HV: int, device):
+    """A_log and dt_bias of FLA's use_gate_in_kernel: float tensors of HV elements (FLA reads them flat, as [HV])
+    on the inputs' device."""
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{op}: {name} must be a torch.Tensor of HV={HV} elements, got {type(t).__name__}")
+        if t.numel() != HV:
+            _fail(f"{op}: {name} must have HV={HV} elements ([HV]), got shape {tuple(t.shape)}")
+        if t.dtype not in FLOATS:
+            _fail(f"{op}: {name} must be a float tensor, got {t.dtype}")
+        if t.device != device:
+            _fail(f"{op}: {name} is on {t.device} but q is on {device}")
 
 
 def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, use_gate_in_kernel=False, A_log=None,
@@ -179,24 +194,21 @@ def check_channel_decay(name: str, t, dims: dict, q, *, op: str, log_decay: bool
             _fail(f"{op}: {name} must be {need}; {int(bad.sum())} of {t.numel()} values are not")
 
 
-# CUDA limits a launch grid's y and z dimensions to 65535. The chunked kernels put sequence x value head (state
-# passes, forward and backward, Triton and Gluon) or the chunk slots (output stage, local backward) on axis 1, so a
-# call past either bound would fail at launch with a bare CUDA error; it is refused here with the reason instead.
+# CUDA limits a launch grid's y and z dimensions to 65535 (x: 2^31 - 1). The Triton kernels of the chunked op number
+# sequence x value head and the chunk slots on axis 0, so they have no such bound; the Gluon state passes (forward
+# and backward) and fused forward kernels put sequence x value head on axis 1, so the gluon backend declines calls
+# past GLUON_GRID_Y_MAX sequence-heads (gluon_grid_problem) and `auto` takes the Triton path for them.
 GRID_YZ_MAX = 65535
-CHUNK = 64
+GLUON_GRID_Y_MAX = GRID_YZ_MAX
 
 
-def check_chunk_grid(dims: dict, op: str = "chunk_gated_delta_rule"):
-    """The kernels' grid bounds for one chunked call (host arithmetic on shapes only: no sync). dims is
-    check_gdn_inputs' result."""
-    B, T, N, HV = dims["B"], dims["T"], dims["N"], dims["HV"]
-    if N * HV > GRID_YZ_MAX:
-        _fail(f"{op}: {N} sequences x {HV} value heads = {N * HV} state programs > {GRID_YZ_MAX}, the CUDA grid "
-              f"limit of the state passes; split the batch into calls of at most {GRID_YZ_MAX // HV} sequences")
-    slots = B * -(-T // CHUNK) if N == B else B * T // CHUNK + N      # chunk_indices.py's bound
-    if slots > GRID_YZ_MAX:
-        _fail(f"{op}: {slots} chunks of {CHUNK} tokens > {GRID_YZ_MAX}, the CUDA grid limit of the output and backward "
-              f"stages; split the call (at most {GRID_YZ_MAX * CHUNK} tokens, {GRID_YZ_MAX} chunks, per call)")
+def gluon_grid_problem(N: int, HV: int) -> str:
+    """Why the Gluon kernels' grid cannot take N sequences x HV value heads ("" when it can): host arithmetic on
+    shapes only, no sync."""
+    if N * HV > GLUON_GRID_Y_MAX:
+        return (f"{N} sequences x {HV} value heads = {N * HV} sequence-heads > {GLUON_GRID_Y_MAX}, the CUDA grid-y "
+                f"limit of the Gluon state passes (the Triton path has no such bound)")
+    return ""
 
 
 def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int, op: str = "chunk_gated_delta_rule"):

@@ -13,8 +13,7 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule.reference import l2norm
-from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_grid, check_gdn_inputs,
-                                                     fla_state_v_first)
+from linattn.ops.gated_delta_rule.validation import check_channel_decay, check_gdn_inputs, fla_state_v_first
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.device import eager_without_autograd
@@ -28,40 +27,42 @@ _backends = op_backends(OP)
 def _chunk_kda_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                    cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                   gate: str, lower_bound: float, beta_sigmoid: bool,
-                   neg_eigval: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool,
+                   state_v_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     o, final = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
-                             gate, lower_bound, beta_sigmoid, neg_eigval)
+                             gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first=state_v_first)
     return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
 
 
 @_chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-      beta_sigmoid, neg_eigval):
+      beta_sigmoid, neg_eigval, state_v_first):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return v.new_empty(B, T, HV, V), q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
+    shape = ((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,)
+    return v.new_empty(B, T, HV, V), q.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("linattn::chunk_kda_bwd", mutates_args=())
 def _chunk_kda_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                    A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str, lower_bound: float,
-                   beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor, dht: Optional[torch.Tensor]
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                   beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: torch.Tensor,
+                   dht: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                               torch.Tensor, torch.Tensor]:
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
     grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-                          beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous())
+                          beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
+                          state_v_first=state_v_first)
     # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
     return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
 
 
 @_chunk_kda_bwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-      neg_eigval, do, dht):
+      neg_eigval, state_v_first, do, dht):
     empty0 = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta),
@@ -72,21 +73,21 @@ def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-     beta_sigmoid, neg_eigval) = inputs
+     beta_sigmoid, neg_eigval, state_v_first) = inputs
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
-    ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, output_final_state)
+    ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
 
 
 def _backward(ctx, do, dht):
     q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias = ctx.saved_tensors
-    scale, gate, lower_bound, beta_sigmoid, neg_eigval, output_final_state = ctx.args
+    scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state = ctx.args
     use_dht = output_final_state and dht is not None and dht.numel() > 0
     dq, dk, dv, dg, dbeta, dh0, dA, dbias = torch.ops.linattn.chunk_kda_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-        neg_eigval, do, dht if use_dht else None)
+        neg_eigval, state_v_first, do, dht if use_dht else None)
     return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
             dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
-            None, None, None, None)
+            None, None, None, None, None)
 
 
 _chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -101,9 +102,9 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 
 
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                 lower_bound, beta_sigmoid, neg_eigval):
+                 lower_bound, beta_sigmoid, neg_eigval, state_v_first):
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-            lower_bound, beta_sigmoid, neg_eigval)
+            lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
         return chunk_kda_fwd(*args)
@@ -112,13 +113,16 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
 
 
 def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                    lower_bound, beta_sigmoid, neg_eigval):
+                    lower_bound, beta_sigmoid, neg_eigval, state_v_first):
     if gate:
         g = kda_gate(g, None if gate == "lower_bound_no_a" else A_log, dt_bias,
                      lower_bound if gate.startswith("lower_bound") else None)
     if beta_sigmoid:
         beta = torch.sigmoid(beta.float() if beta.dtype != torch.float64 else beta) * (2 if neg_eigval else 1)
-    return naive_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    if state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    o, final = naive_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return o, (final.transpose(-1, -2).contiguous() if state_v_first and final is not None else final)
 
 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
@@ -149,15 +153,16 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     with lower_bound (< 0) lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) (A_log optional there: then
     lower_bound * sigmoid(g + dt_bias)); beta [B, T, HV] (a logit with use_beta_sigmoid_in_kernel, 2 sigmoid(beta)
     with allow_neg_eigval too). scale: default K ** -0.5. initial_state [N, HV, K, V] (fp32 math); output_final_state
-    returns the fp32 state after the last token. cu_seqlens [N + 1]: packed sequences, B = 1. use_qk_l2norm_in_kernel:
+    returns the fp32 state after the last token. state_v_first: both states [N, HV, V, K] (FLA's V-first layout;
+    transpose_state_layout is its deprecated name). cu_seqlens [N + 1]: packed sequences, B = 1. use_qk_l2norm_in_kernel:
     q and k L2-normalised along K first (eps 1e-6). Values of CPU tensors are checked (g, beta); on a GPU they are the
     caller's contract (LINATTN_CHECK_INPUTS=1 checks them).
 
     Accepted without effect on the result: safe_gate (FLA's faster path for gates bounded by lower_bound; FLA's
     argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), disable_recompute (a memory
     trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
-    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, state_v_first (and its
-    deprecated name transpose_state_layout), cp_context, use_graph. chunk_size: 64 only (ValueError otherwise).
+    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, cp_context,
+    use_graph. chunk_size: 64 only (ValueError otherwise).
     backend: "auto" (Triton), "triton" or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
@@ -174,19 +179,18 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
                          f"FLA), got {lower_bound!r}")
     for name, value in (("return_intermediate_states", return_intermediate_states),
-                        ("state_v_first", state_v_first), ("cp_context", cp_context is not None),
+                        ("cp_context", cp_context is not None),
                         ("use_graph", use_graph)):
         if value:
             _not_yet(name)
-    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True)
+    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
+                            state_v_first=state_v_first)
     check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
     check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if scale is None:
         scale = dims["K"] ** -0.5
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
                          output_final_state=output_final_state)
-    if b.name != "reference":
-        check_chunk_grid(dims, op=OP)
     if use_qk_l2norm_in_kernel:
         q = l2norm(q.float()).to(q.dtype)
         k = l2norm(k.float()).to(k.dtype)
@@ -196,12 +200,12 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         dt_bias = dt_bias.reshape(-1)
     if b.name == "reference":
         return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                      lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval))
+                      lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     A_log = None if A_log is None else A_log.contiguous()
     dt_bias = None if dt_bias is None else dt_bias.contiguous()
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
-                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval))
+                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
 

@@ -18,6 +18,7 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
+from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
 
 OP = "chunk_gated_delta_rule"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -58,7 +59,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
         gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_)
-    dq, dk, dv, dg, dbeta, dh0 = chunk_gated_delta_rule_bwd(
+    dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
         state_bwd=state_bwd_pass)
@@ -85,7 +86,7 @@ def recompute_state_in_gluon(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optio
 
 
 def _backward(ctx, do, dfinal):
-    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors[:7]
     grads = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do,
                                                   autograd.final_state_grad(ctx, dfinal),
                                                   recompute_state_in_gluon(q, v, cu_seqlens))
@@ -95,9 +96,17 @@ def _backward(ctx, do, dfinal):
 _chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=autograd.setup_context)
 
 
-def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
+def supports(q=None, v=None, cu_seqlens=None, use_gate_in_kernel=False, beta_sigmoid=False, state_v_first=False,
+             **_) -> Tuple[bool, str]:
     if q is None:
         return False, "the Gluon forward needs the call's tensors to decide"
+    # FLA's options run in the Triton kernels only: the Gluon stage 2a, the fused kernels and the segment planner read
+    # g and beta as the activated values, and the Gluon state passes load and store states [N, HV, K, V] by TMA
+    for name, on in (("use_gate_in_kernel", use_gate_in_kernel), ("use_beta_sigmoid_in_kernel", beta_sigmoid),
+                     ("state_v_first", state_v_first)):
+        if on:
+            return False, f"{name}=True runs on the Triton path only (the Gluon kernels read activated gates and " \
+                          f"[N, HV, K, V] states)"
     from linattn.runtime.device import hopper_gluon_ready
     ok, reason = hopper_gluon_ready(q, "the Gluon forward")
     if not ok:
@@ -111,6 +120,9 @@ def supports(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
         return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
     HV = v.shape[2]
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    problem = gluon_grid_problem(N, HV)
+    if problem:
+        return False, problem
     slots_bound = q.shape[0] * q.shape[1] // 64 + N          # chunk_indices.py's bound on the chunk slots
     if slots_bound * HV * K >= 2 ** 31:
         return False, "too many chunks for the 32-bit TMA row coordinate of the h store"

@@ -34,7 +34,10 @@ def _register(name: str, mod: str, kname: str, sig: dict, const: dict, warps: in
 # forward; in the default program order and head-fastest, kkt_order's choice from 768 chunk slots on) or fp32 (the
 # backward's recompute); wu_kernel reading either ([64, 64] x [64, 64] WGMMA).
 _KKT_SIG = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32")
-_KKT_CONST = dict(H=H, HV=HV, K=K, BT=BT, BK=128, DOT_PREC="tf32")
+# FLA's options at their defaults (the pointers None, the switches off): compiled out, the default path's kernel
+_KKT_FLA_OFF = dict(A_log_ptr=None, dt_bias_ptr=None, beta_out_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False,
+                    BETA_SCALE=0)
+_KKT_CONST = dict(H=H, HV=HV, K=K, BT=BT, BK=128, DOT_PREC="tf32", **_KKT_FLA_OFF)
 for _name, _tinv, _hf, _what in (
         ("gdn_fwd_triton_kkt_solve_w4", _X, False, "stage 2a: gcum and Tinv (bf16)"),
         ("gdn_fwd_triton_kkt_solve_hf_w4", _X, True, "stage 2a: gcum and Tinv (bf16), programs head-fastest"),
@@ -57,7 +60,7 @@ _STATE_SIG = dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=
 for _bv, _what in ((16, "BV=16 config"), (32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_fwd_triton_state_bv{_bv}_w4", "chunk_state", "chunk_state_fwd_kernel", _STATE_SIG,
               dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_H0=True, STORE_HT=True,
-                   DECAY="scalar"), 4, 2,
+                   V_FIRST=False, DECAY="scalar"), 4, 2,
               f"forward stage 3: state pass, {_what}")
 
 # ---- Forward stage 4 (chunk_output.py): K loop of BK 64, BV 128, 8 warps, heads grouped.
@@ -81,7 +84,7 @@ for _bv, _what in ((32, "B=1 config"), (64, "B>=3 config")):
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
                    dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
               dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True,
-                   STORE_DH=True, DECAY="scalar"), 8, 2,
+                   STORE_DH=True, V_FIRST=False, DECAY="scalar"), 8, 2,
               f"backward stage 1: reverse state pass, {_what}")
 _register("gdn_bwd_triton_local_w4", "backward_local", "chunk_local_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,
@@ -93,7 +96,9 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_F, dvnew_ptr=_X, dw_ptr=_X, dk_part_ptr=_F,
                dgam_ptr=_F, dk_ptr=_X, dv_ptr=_X, dg_ptr=_F, dbeta_ptr=_F, m_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32", T_tot="i32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, NK=K // 64, NKP=K // 64, M_IN_DK=True, DOT_PREC="tf32"),
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, NK=K // 64, NKP=K // 64, M_IN_DK=True, DOT_PREC="tf32",
+               g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None, beta_raw_ptr=None,
+               GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
           4, 1, "backward stage 3: through the WY form: dV, dK, dbeta, dg")
 
 # ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config

@@ -64,29 +64,36 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
 
 
 def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], dh0: Optional[torch.Tensor], plan,
-                     scale: float, store_dh: bool = True):
+                     scale: float, store_dh: bool = True, state_v_first: bool = False):
     """Stage 1 by chunk_state_bwd_kernel over the plan's sequences (the default of chunk_gated_delta_rule_bwd's
     state_bwd hook). store_dh=False writes only dh0 (dh and dvnew are left as they are): the context-parallel
-    pass's boundary summary, which must not add the state term to dvnew twice."""
+    pass's boundary summary, which must not add the state term to dvnew twice. state_v_first: dht and dh0 are
+    [N, HV, V, K]."""
     H, K = q.shape[-2], q.shape[-1]
     HV, V = do.shape[-2], do.shape[-1]
     cfg = _configs(K, V, plan.N, HV, q.device)
-    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state), plan.N * HV)](
+    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state) * plan.N * HV,)](
         q, k, w, gcum, do, dh, dvnew,
         dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
         plan.cu, plan.chunk_offsets, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.warps_state, num_stages=cfg.stages_state)
+        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {}))
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
-                               state_pass=None, state_bwd=None):
+                               state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
+                               dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
+                               state_v_first: bool = False):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
-    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes and d initial_state (fp32) or None.
+    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
+    (fp32 [HV]; None without them).
+    FLA's options as chunk_gated_delta_rule_fwd takes them (A_log, dt_bias, beta_scale, state_v_first): dg and dbeta
+    are then the gradients of the raw g and of the beta logits, and dht / d initial_state are [N, HV, V, K] with
+    state_v_first.
     state_pass: replaces the recompute's Triton state pass (chunk_gated_delta_rule_fwd's hook; the gluon backend
     plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
@@ -103,23 +110,30 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     NK = triton.cdiv(K, cfg.BK)
 
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
-                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass)
+                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
+                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
     fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    dh0 = empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
     chunk_dv_local_kernel[(slots, HV)](
         q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
         num_warps=cfg.warps_dv_local, num_stages=2)
-    (state_bwd or launch_state_bwd)(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
+    if state_bwd is not None:
+        if state_v_first:
+            raise NotImplementedError("state_v_first with a custom reverse state pass (the Gluon one, context "
+                                      "parallelism): only the Triton pass reads and writes [N, HV, V, K] states")
+        state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
+    else:
+        launch_state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale, state_v_first=state_v_first)
 
     dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
     dw = empty(T_tot, HV, K, dtype=dt, device=dev)
     dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
-    chunk_local_bwd_kernel[(NK, slots, H)](
+    chunk_local_bwd_kernel[(NK * slots, H)](
         q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
         plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
@@ -132,9 +146,21 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     # dk_part is consumed. M^T goes through dk's own rows, else through a [slots, H, 64, 64] scratch
     m_in_dk = K >= CHUNK
     scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
+    # FLA's options: the WY stage reads the activated beta of the recompute's stage 2a and takes dbeta / dg on to
+    # the raw inputs; the per-token terms of dA_log and d dt_bias (dgate) are summed over tokens here
+    opts, dgate = {}, None
+    if A_log is not None:
+        dgate = empty(2 if dt_bias is not None else 1, T_tot, HV, dtype=torch.float32, device=dev)
+        opts.update(g_raw_ptr=g, A_log_ptr=A_log, dgate_ptr=dgate, GATE_IN_KERNEL=True)
+        if dt_bias is not None:
+            opts.update(dt_bias_ptr=dt_bias, HAS_DT_BIAS=True)
+    if beta_scale:
+        opts.update(beta_raw_ptr=beta, BETA_SCALE=beta_scale)
     chunk_wy_bwd_kernel[(slots, H)](
-        k, v, beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
+        k, v, fwd.beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
         plan.cu, plan.chunk_indices, N, T_tot,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk, DOT_PREC=dot_prec,
-        num_warps=WARPS_WY, num_stages=STAGES_WY)
-    return dq, dk, dv, dg, dbeta, dh0
+        num_warps=WARPS_WY, num_stages=STAGES_WY, **opts)
+    dA_log = dgate[0].sum(0) if dgate is not None else None
+    ddt_bias = dgate[1].sum(0) if dt_bias is not None else None
+    return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias

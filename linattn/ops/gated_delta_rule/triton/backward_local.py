@@ -3,7 +3,8 @@ organised in three phases that each keep at most three [64, 64] fp32 tiles live,
 (4 warps, 1 stage) with full-width 64x64 WGMMAs and nothing spilled (sm_90a, H16/HV32 K=V=128 bf16: 255 registers,
 0 B).
 
-Per (K block, chunk, query/key head), walking the HV // H value heads of the group in each phase:
+Per (K block, chunk, query/key head) (grid axis 0: K block fastest, then chunk slot; axis 1: the key head), walking
+the HV // H value heads of the group in each phase:
 
   phase A  (live: dq, dp, dos)   one V loop: dP = dO Vnew^T, dOS = dO S^T
            Pm = (dP * Gam) masked i >= j;  dQ_h = scale (diag(exp gam) dOS + Pm K);  dQ += dQ_h
@@ -55,9 +56,12 @@ def chunk_local_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    kb = tl.program_id(0)
-    p = tl.program_id(1)
-    hk = tl.program_id(2)
+    # grid (K blocks * chunk slots, H): the K blocks of a chunk fastest, the slots on axis 0 (up to 2^31 - 1
+    # programs; axis 1 stops at 65535)
+    NK: tl.constexpr = (K + BK - 1) // BK
+    kb = tl.program_id(0) % NK
+    p = tl.program_id(0) // NK
+    hk = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return

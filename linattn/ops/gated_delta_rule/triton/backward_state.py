@@ -7,7 +7,8 @@ it starts at d final_state, or zero):
     dS        = exp(gam_C) dS + (diag(exp(gam)) scale Q)^T dO - W^T dVnew
 and dh0 = dS after the first chunk. P^T dO does not depend on dS: backward_dv_local.py writes it into dvnew
 beforehand (in parallel), and this pass adds the state term in place. One program per (V block, sequence * value
-head); every line above is column-separable in V, so splitting V across programs is exact (as in the forward).
+head), numbered on grid axis 0 (V blocks fastest); every line above is column-separable in V, so splitting V across
+programs is exact (as in the forward).
 STORE_DH=False writes only dh0 (neither dh nor the state term of dvnew): the context-parallel boundary summary
 (linattn/distributed/chunk.py), a pass whose incoming dS is not the true one yet.
 
@@ -29,19 +30,23 @@ def chunk_state_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STORE_DH: tl.constexpr, DOT_PREC: tl.constexpr,
+    V_FIRST: tl.constexpr = False,       # dht / dh0 stored [N, HV, V, K] (FLA's state_v_first)
     DECAY: tl.constexpr = "scalar",
 ):
-    """Grid (V blocks, N * HV). DECAY "channel" (KDA's per-key-channel decays): q_ptr and k_ptr hold Q * exp(gam)
-    and K * exp(gam_C - gam) per value head (H = HV, KDA's intra kernel), gcum is [T_tot, HV, K], and dS decays by
-    rows: dS <- diag(exp(gam_C)) dS + ..."""
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
+    """DECAY "channel" (KDA's per-key-channel decays): q_ptr and k_ptr hold Q * exp(gam) and K * exp(gam_C - gam)
+    per value head (H = HV, KDA's intra kernel), gcum is [T_tot, HV, K], and dS decays by rows:
+    dS <- diag(exp(gam_C)) dS + ..."""
+    # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
+    # sequence-head, which read the same k and w tiles, are dispatched next to each other
+    NV: tl.constexpr = (V + BV - 1) // BV
+    vb = tl.program_id(0) % NV
+    nh = tl.program_id(0) // NV
     n = nh // HV
     hv = nh % HV
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV, V_FIRST)
     if USE_DHT:
         ds = tl.load(dht_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

@@ -31,11 +31,16 @@ Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): no tl.trans of a dot resu
 memory: M is stored to the scratch tile, a barrier, then loaded with transposed addresses. The scratch is dk's own
 [64, K] rows of this chunk and head when K >= 64 (dk is written last, by the last head's phase 3, after the last
 read of the scratch; only valid rows are touched), else a [slots, H, 64, 64] buffer (M_IN_DK=False).
+
+FLA's options (constexpr, compiled out at their defaults): beta_ptr is then the activated beta that the forward's
+stage 2a stored, and dbeta is taken on to the logit before it is stored (BETA_SCALE); dg is taken on to the raw gate
+input, with the per-token terms of dA_log and d dt_bias written for the launcher's sums (GATE_IN_KERNEL,
+common.gate_chain).
 """
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_vec_compact, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, gate_chain, load_vec_compact, slot_chunk
 
 
 
@@ -49,6 +54,10 @@ def chunk_wy_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, NKP: tl.constexpr,
     M_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
+    g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None,   # use_gate_in_kernel: raw g [T_tot, HV], A_log / dt_bias [HV]
+    dgate_ptr=None,                                  # fp32 [2, T_tot, HV]: per-token dA_log and d dt_bias terms
+    beta_raw_ptr=None,                               # FLA's use_beta_sigmoid_in_kernel: the beta logits [T_tot, HV]
+    GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,
 ):
     p = tl.program_id(0)
     hk = tl.program_id(1)
@@ -140,6 +149,14 @@ def chunk_wy_bwd_kernel(
             dgam += tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
         # dg_i = sum_{j >= i in the chunk} d gam_j (gam is the in-chunk cumsum of g)
         dg = tl.sum(tl.where(rows[None, :] >= (rows + z0)[:, None], dgam[None, :], 0.), axis=1)
+        if GATE_IN_KERNEL:
+            dg = gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, t0 + z0 + rows, valid, hv, T_tot,
+                             HV, BT, HAS_DT_BIAS)
+        if BETA_SCALE != 0:
+            # d/dx of BETA_SCALE * sigmoid(x) = BETA_SCALE sigmoid(x) sigmoid(-x), from the logit (no 1 - sigmoid
+            # cancellation where the sigmoid is near 1)
+            xb = load_vec_compact(beta_raw_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
+            dbeta = dbeta * (BETA_SCALE * tl.sigmoid(xb) * tl.sigmoid(-xb))
         tl.store(dg_ptr + (t0 + z0 + rows) * HV + hv, dg.to(dg_ptr.dtype.element_ty), mask=valid)
         tl.store(dbeta_ptr + (t0 + z0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
 

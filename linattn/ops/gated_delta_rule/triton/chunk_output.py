@@ -42,16 +42,19 @@ def chunk_output_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
     DECAY: tl.constexpr = "scalar", aqk_ptr=None,
 ):
-    """Grid (cdiv(V, BV) * (HV // H), slots, H): program_id(0) walks the V blocks of each value head of key head
-    program_id(2), so the programs that read one q and k tile run next to each other and all but the first find it
-    in L2. DECAY "channel" (KDA's per-key-channel decays): q_ptr holds Q * exp(gam) per value head (H = HV) and the
-    intra-chunk attention comes ready from aqk_ptr [T_tot, HV, BT] (lower triangle incl. the diagonal, unscaled), so
-    O = (Q_dec S + Aqk Vnew) * scale; k_ptr and gcum_ptr are not read."""
+    """Grid (slots * cdiv(V, BV) * (HV // H), H): program_id(0) walks the V blocks of each value head of key head
+    program_id(1) fastest, then the chunk slots, so the programs that read one q and k tile run next to each other
+    and all but the first find it in L2. The slots share axis 0 (up to 2^31 - 1 programs) instead of taking axis 1,
+    whose CUDA limit is 65535. DECAY "channel" (KDA's per-key-channel decays): q_ptr holds Q * exp(gam) per value
+    head (H = HV) and the intra-chunk attention comes ready from aqk_ptr [T_tot, HV, BT] (lower triangle incl. the
+    diagonal, unscaled), so O = (Q_dec S + Aqk Vnew) * scale; k_ptr and gcum_ptr are not read."""
     NVB: tl.constexpr = (V + BV - 1) // BV
-    hk = tl.program_id(2)
-    vb = tl.program_id(0) % NVB
-    hv = hk * (HV // H) + tl.program_id(0) // NVB
-    p = tl.program_id(1)
+    NVG: tl.constexpr = NVB * (HV // H)
+    hk = tl.program_id(1)
+    j = tl.program_id(0) % NVG
+    vb = j % NVB
+    hv = hk * (HV // H) + j // NVB
+    p = tl.program_id(0) // NVG
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
@@ -99,7 +102,7 @@ def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, 
     BK = min(OUTPUT_BK, BKp)
     BV = min(OUTPUT_BV, max(16, triton.next_power_of_2(V)))
     nvb = triton.cdiv(V, BV)
-    return chunk_output_kernel[(nvb * (HV // H), plan.num_slots, H)](
+    return chunk_output_kernel[(plan.num_slots * nvb * (HV // H), H)](
         q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=OUTPUT_WARPS,
         num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel", aqk_ptr=aqk)))

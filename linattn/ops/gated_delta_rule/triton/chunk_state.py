@@ -6,7 +6,8 @@ Per chunk, with S the state at the chunk's start (fp32, in registers):
     S        = exp(gam_C) S + K^T (diag(exp(gam_C - gam)) Vnew)
 or, with DECAY "channel" (KDA's per-key-channel decays, gam [.., K]): S = diag(exp(gam_C)) S + (K * exp(gam_C -
 gam))^T Vnew, the decayed keys precomputed by KDA's intra kernel.
-One program per (V block, sequence * value head); the [K, BV] state never leaves registers. Splitting V across
+One program per (V block, sequence * value head), numbered on grid axis 0 (V blocks fastest); the [K, BV] state
+never leaves registers. Splitting V across
 programs is exact (columns of S are independent) and fills more SMs when N * HV is small.
 """
 import triton
@@ -65,18 +66,23 @@ def chunk_state_fwd_kernel(
     cu_ptr, chunk_off_ptr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, DECAY: tl.constexpr = "scalar",
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    V_FIRST: tl.constexpr = False,       # h0 / ht stored [N, HV, V, K] (FLA's state_v_first)
+    DECAY: tl.constexpr = "scalar",
 ):
-    """Grid (V blocks, N * HV). DECAY: "scalar" (GDN) or "channel" (KDA: k_ptr the decayed keys [T_tot, HV, K]
-    with H = HV, gcum [T_tot, HV, K]; state_chunk_inputs / state_update)."""
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
+    """DECAY: "scalar" (GDN) or "channel" (KDA: k_ptr the decayed keys [T_tot, HV, K] with H = HV, gcum
+    [T_tot, HV, K]; state_chunk_inputs / state_update)."""
+    # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
+    # sequence-head, which read the same k and w tiles, are dispatched next to each other
+    NV: tl.constexpr = (V + BV - 1) // BV
+    vb = tl.program_id(0) % NV
+    nh = tl.program_id(0) // NV
     n = nh // HV
     hv = nh % HV
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 
-    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV)
+    rk, rv, mkv, state_off = state_tile(n, hv, vb, HV, K, V, BK, BV, V_FIRST)
     if USE_H0:
         s = tl.load(h0_ptr + state_off, mask=mkv, other=0.).to(tl.float32)
     else:

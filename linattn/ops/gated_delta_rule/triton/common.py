@@ -1,4 +1,5 @@
-"""Index helpers shared by the chunked kernels: where a program's chunk or sequence lies in the packed batch.
+"""Helpers shared by the chunked kernels: where a program's chunk or sequence lies in the packed batch, a state
+tile's offsets, compact vector loads, and FLA's gate function (softplus) with its chain rule (gate_chain).
 
 Every batch is packed sequences (chunk_indices.py): sequence n spans tokens cu[n]:cu[n+1]; chunk-parallel
 kernels get one program per chunk slot, and slots past the real chunk count carry sequence N (surplus slots of
@@ -32,11 +33,16 @@ def sequence_span(cu_ptr, chunk_off_ptr, n, BT: tl.constexpr):
 
 
 @triton.jit
-def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor."""
+def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               V_FIRST: tl.constexpr = False):
+    """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor, or
+    with V_FIRST (FLA's state_v_first) in an [N, HV, V, K] one: the same [BK, BV] block read through transposed
+    strides."""
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
     mkv = (rk[:, None] < K) & (rv[None, :] < V)
+    if V_FIRST:
+        return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] + rv[None, :] * K
     return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
 
 
@@ -51,3 +57,28 @@ def load_vec_compact(ptrs, mask, BT: tl.constexpr):
     x = tl.load(ptrs[:, None] + two[None, :] * 0, mask=mask[:, None], other=0.)
     a, b = tl.split(x)
     return a
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)), which cannot overflow. FLA (its gate of use_gate_in_kernel)
+    and torch.nn.functional.softplus return x itself above 20, where the two differ by log(1 + e^-20) < 2.1e-9."""
+    return tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T_tot, HV: tl.constexpr,
+               BT: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """FLA's use_gate_in_kernel: dg is the gradient of the decay g_eff = -exp(A_log) softplus(x), x = g + dt_bias, at
+    rows r. Returns the gradient of the raw g, dg * -exp(A_log) sigmoid(x), and stores the per-token terms of the
+    parameters' gradients (summed over tokens by the launcher): dg * g_eff for A_log (d g_eff / d A_log = g_eff) to
+    dgate[0], the raw g's gradient for dt_bias to dgate[1] (fp32)."""
+    x = load_vec_compact(g_raw_ptr + r * HV + hv, valid, BT).to(tl.float32)
+    if HAS_DT_BIAS:
+        x = x + tl.load(dt_bias_ptr + hv).to(tl.float32)
+    neg_a = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32))
+    tl.store(dgate_ptr + r * HV + hv, dg * (neg_a * softplus(x)), mask=valid)
+    dx = dg * (neg_a * tl.sigmoid(x))
+    if HAS_DT_BIAS:
+        tl.store(dgate_ptr + (T_tot + r) * HV + hv, dx, mask=valid)
+    return dx

@@ -31,6 +31,8 @@ the raw input gk with dt_bias [HV * K] (FLA's kda gate): "softplus" -exp(A_log) 
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.common import softplus
+
 
 @triton.jit
 def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
@@ -58,8 +60,7 @@ def _channel_gate(b_gk, A_log, dt_bias, i_hv, o_k, mask_k, K: tl.constexpr, GK_M
         else:
             b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
             if GK_MODE == "softplus":
-                # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
-                return -b_a * (tl.maximum(b_gk, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_gk))))
+                return -b_a * softplus(b_gk)
             else:
                 tl.static_assert(GK_MODE == "lower_bound", "GK_MODE: log, softplus, lower_bound, lower_bound_no_a")
                 return LOWER_BOUND * tl.sigmoid(b_a * b_gk)

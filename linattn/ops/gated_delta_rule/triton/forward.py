@@ -65,30 +65,34 @@ class FwdResult:
     h: Optional[torch.Tensor]
     tinv: Optional[torch.Tensor]
     plan: ChunkPlan
+    beta: Optional[torch.Tensor] = None    # the beta the later stages read: the input, or the activated fp32 copy
 
 
 def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor],
-                      plan: ChunkPlan):
+                      plan: ChunkPlan, state_v_first: bool = False):
     """Stage 3 by chunk_state_fwd_kernel over the plan's sequences (the default of chunk_gated_delta_rule_fwd's
-    state_pass hook, which the context-parallel pass also calls): h, vnew, and final where it is not None."""
+    state_pass hook, which the context-parallel pass also calls): h, vnew, and final where it is not None.
+    state_v_first: initial_state and final are [N, HV, V, K]."""
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     cfg = _configs(K, V, plan.N, HV, k.device)
-    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state), plan.N * HV)](
+    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state) * plan.N * HV,)](
         k, w, u, gcum, h, vnew,
         initial_state if initial_state is not None else gcum, final if final is not None else gcum,
         plan.cu, plan.chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
         USE_H0=initial_state is not None, STORE_HT=final is not None,
         DOT_PREC="ieee" if w.dtype == torch.float32 else "tf32",
-        num_warps=cfg.warps_state, num_stages=cfg.stages)
+        num_warps=cfg.warps_state, num_stages=cfg.stages, **({"V_FIRST": True} if state_v_first else {}))
 
 
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                store_tinv: bool = False, plan: Optional[ChunkPlan] = None,
                                compute_output: bool = True, state_pass: Optional[Callable] = None,
-                               fused_pass: Optional[Callable] = None) -> FwdResult:
+                               fused_pass: Optional[Callable] = None, A_log: Optional[torch.Tensor] = None,
+                               dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
+                               state_v_first: bool = False) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
     compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
@@ -96,7 +100,13 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     backend's state pass plugs in here; it must write h, vnew and final exactly as chunk_state_fwd_kernel does).
     fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale), when given with compute_output, replaces
     stages 3 and 4 (the Gluon backend's warp-specialised fused kernel plugs in here; it writes o and final); the
-    result's h and vnew are then None."""
+    result's h and vnew are then None.
+    FLA's options: A_log / dt_bias [HV] contiguous (use_gate_in_kernel: g is the raw gate input, the decay
+    -exp(A_log) * softplus(g + dt_bias) is formed by stage 2a before its cumsum); beta_scale 1 or 2
+    (use_beta_sigmoid_in_kernel, 2 with allow_neg_eigval: beta is a logit, stage 2a forms beta_scale * sigmoid(beta)
+    and stores it for the later stages); state_v_first: initial_state and the final state are [N, HV, V, K], read and
+    written through transposed strides by the state pass. The Gluon hooks (state_pass, fused_pass) take only the
+    default layout."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -110,20 +120,33 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
     u = empty(T_tot, HV, V, dtype=dt, device=dev)
     tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev) if store_tinv else None
-    intra_split(k, v, g, beta, gcum, w, u, tinv, plan, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec)
+    beta_eff = empty(T_tot, HV, dtype=torch.float32, device=dev) if beta_scale else None
+    intra_split(k, v, g, beta, gcum, w, u, tinv, plan, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec, A_log=A_log,
+                dt_bias=dt_bias, beta_scale=beta_scale, beta_out=beta_eff)
+    beta_used = beta_eff if beta_scale else beta
+    if state_v_first and (state_pass is not None or fused_pass is not None):
+        raise NotImplementedError("state_v_first: the Gluon state passes take the [N, HV, K, V] layout only")
 
-    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    final = None
+    if output_final_state:
+        final = empty(N, HV, *((V, K) if state_v_first else (K, V)), dtype=torch.float32, device=dev)
     if fused_pass is not None and compute_output:
         o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
         fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale)
-        return FwdResult(o, final, gcum, w, u, None, None, tinv, plan)
+        return FwdResult(o, final, gcum, w, u, None, None, tinv, plan, beta_used)
 
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    (state_pass or launch_state_pass)(k, w, u, gcum, h, vnew, initial_state, final, plan)
+    if state_pass is not None:
+        if state_v_first:
+            raise NotImplementedError("state_v_first with a custom state pass (the Gluon state pass, context "
+                                      "parallelism): only the Triton state pass stores [N, HV, V, K] states")
+        state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan)
+    else:
+        launch_state_pass(k, w, u, gcum, h, vnew, initial_state, final, plan, state_v_first=state_v_first)
 
     if not compute_output:
-        return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan)
+        return FwdResult(None, final, gcum, w, u, vnew, h, tinv, plan, beta_used)
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output(q, k, vnew, h, gcum, o, plan, scale, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK)
-    return FwdResult(o, final, gcum, w, u, vnew, h, tinv, plan)
+    return FwdResult(o, final, gcum, w, u, vnew, h, tinv, plan, beta_used)

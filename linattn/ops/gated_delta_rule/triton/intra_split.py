@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
 from linattn.runtime.alloc import empty
 
 CHUNK = 64
@@ -57,13 +57,42 @@ def _inv_unit_lower16(n, PREC: tl.constexpr, LOWP: tl.constexpr = False):
 
 
 @triton.jit
-def _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV: tl.constexpr, BT: tl.constexpr):
+def _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV: tl.constexpr, BT: tl.constexpr,
+                 A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                 BETA_SCALE: tl.constexpr):
     """gam (also stored as gcum) and beta of one chunk's rows r (mask m) for value head hv. gam: a cumsum inside each
-    16-row block plus the sum of the earlier blocks (_gam_of)."""
-    gam = _gam_of(tl.load(g_ptr + r * HV + hv, mask=m, other=0.), BT)
+    16-row block plus the sum of the earlier blocks (_gam_of); FLA's options applied to the loaded rows first."""
+    g_rows = _gate_rows(tl.load(g_ptr + r * HV + hv, mask=m, other=0.), m, A_log_ptr, dt_bias_ptr, hv,
+                        GATE_IN_KERNEL, HAS_DT_BIAS)
+    gam = _gam_of(g_rows, BT)
     tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    beta = _beta_rows(tl.load(beta_ptr + r * HV + hv, mask=m, other=0.), r, m, hv, beta_out_ptr, HV, BETA_SCALE)
     return gam, beta
+
+
+@triton.jit
+def _gate_rows(g_rows, m, A_log_ptr, dt_bias_ptr, hv, GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """The log decay of the loaded g rows: g itself, or with GATE_IN_KERNEL (FLA's use_gate_in_kernel, g the raw gate
+    input) -exp(A_log[hv]) * softplus(g + dt_bias[hv]) in fp32, zero on rows past the chunk's end (mask m)."""
+    if GATE_IN_KERNEL:
+        x = g_rows.to(tl.float32)
+        if HAS_DT_BIAS:
+            x = x + tl.load(dt_bias_ptr + hv).to(tl.float32)
+        g_rows = tl.where(m, -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32)) * softplus(x), 0.)
+    return g_rows
+
+
+@triton.jit
+def _beta_rows(b_rows, r, m, hv, beta_out_ptr, HV: tl.constexpr, BETA_SCALE: tl.constexpr):
+    """beta of the loaded rows in fp32: as given (BETA_SCALE 0), or FLA's use_beta_sigmoid_in_kernel, BETA_SCALE *
+    sigmoid(beta) (2 with allow_neg_eigval), zero past the chunk's end. The activated beta is also stored to
+    beta_out [T_tot, HV] fp32: wu_kernel and the backward's WY stage read it from there instead of applying the
+    sigmoid again (this kernel is the first of the stages that read beta)."""
+    beta = b_rows.to(tl.float32)
+    if BETA_SCALE != 0:
+        beta = tl.where(m, BETA_SCALE * tl.sigmoid(beta), 0.)
+        tl.store(beta_out_ptr + r * HV + hv, beta, mask=m)
+    return beta
 
 
 @triton.jit
@@ -108,12 +137,14 @@ def _gated_a(kk, gam, beta, BT: tl.constexpr):
 @triton.jit
 def _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H: tl.constexpr, HV: tl.constexpr,
              K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
-             EARLY_K: tl.constexpr = False):
+             EARLY_K: tl.constexpr, A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr,
+             HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr):
     """The per-value-head prologue of kkt_solve_kernel for chunk c of sequence n: the chunk's span, its gates (gcum
     stored) and the gated A. Returns (t0, eos, r, m, a): r the chunk's token rows, m = r < eos. EARLY_K (K <= BK: one
     k tile): g, beta and the k tile are loaded before gam's cumsum, so the three loads are in flight together instead
     of k's being issued after the cumsum has waited for g (two dependent DRAM round trips per program). The same
-    operations on the same values either way, so the same gcum and A bit for bit."""
+    operations on the same values either way, so the same gcum and A bit for bit. GATE_IN_KERNEL, HAS_DT_BIAS and
+    BETA_SCALE: FLA's gate and beta options, applied to the loaded rows before the cumsum (_gate_rows, _beta_rows)."""
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     hk = hv // (HV // H)                       # GVA: the query/key head this value head reads
     r = t0 + tl.arange(0, BT)
@@ -121,13 +152,15 @@ def _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H: tl.constexpr
     if EARLY_K:
         tl.static_assert(K <= BK, "EARLY_K loads the whole k tile at once")
         g_rows = tl.load(g_ptr + r * HV + hv, mask=m, other=0.)
-        beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+        b_rows = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.)
         b_k = _k_block(k_ptr, t0, eos, hk, 0, H, K, BT, BK)
-        gam = _gam_of(g_rows, BT)
+        beta = _beta_rows(b_rows, r, m, hv, beta_out_ptr, HV, BETA_SCALE)
+        gam = _gam_of(_gate_rows(g_rows, m, A_log_ptr, dt_bias_ptr, hv, GATE_IN_KERNEL, HAS_DT_BIAS), BT)
         tl.store(gcum_ptr + r * HV + hv, gam, mask=m)
         kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
     else:
-        gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT)
+        gam, beta = _chunk_gates(g_ptr, beta_ptr, gcum_ptr, r, m, hv, HV, BT, A_log_ptr, dt_bias_ptr, beta_out_ptr,
+                                 GATE_IN_KERNEL, HAS_DT_BIAS, BETA_SCALE)
         kk = _chunk_kkt(k_ptr, t0, eos, hk, H, K, BT, BK, DOT_PREC)
     a = _gated_a(kk, gam, beta, BT)
     return t0, eos, r, m, a
@@ -181,13 +214,16 @@ def _select_above(xa, s: tl.constexpr):
 @triton.jit
 def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, LOWP: tl.constexpr, EARLY_K: tl.constexpr):
+                          DOT_PREC: tl.constexpr, LOWP: tl.constexpr, EARLY_K: tl.constexpr,
+                          A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr,
+                          HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr):
     """The program of kkt_solve_kernel for chunk slot p and value head hv: _chunk_a (gcum stored, the gated A), then
     Tinv = (I + A)^-1 (tinv_blocks) stored."""
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n < N:                                  # else a surplus slot of the varlen bound
         t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC,
-                                    EARLY_K)
+                                    EARLY_K, A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL, HAS_DT_BIAS,
+                                    BETA_SCALE)
         d, t1, t2, t3 = tinv_blocks(a, DOT_PREC, LOWP)
         store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
@@ -243,12 +279,18 @@ def kkt_solve_kernel(
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, HEADS_FAST: tl.constexpr = False,
+    A_log_ptr=None, dt_bias_ptr=None,         # FLA's gate parameters [HV] (GATE_IN_KERNEL; dt_bias with HAS_DT_BIAS)
+    beta_out_ptr=None,                        # the activated beta, fp32 [T_tot, HV] (BETA_SCALE != 0)
+    GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,
 ):
     """Stage 2a, grid (chunk slots, HV): gcum and Tinv (_tinv_by_substitution). The inverse's products take bf16
     operands where Tinv is stored in bf16 (the forward: each product's operands at bf16, 2^-9, instead of TF32, 2^-11;
     Tinv is stored at bf16 anyway), DOT_PREC where it is stored in fp32 (the backward's recompute) or fp16.
     HEADS_FAST=True numbers the programs head-fastest (same outputs): the launches pass it from KKT_HEADS_FAST_SLOTS
-    chunk slots on (kkt_order). sm_90a (H16/HV32 K=128 bf16): 0 spill."""
+    chunk slots on (kkt_order). sm_90a (H16/HV32 K=128 bf16): 0 spill.
+    FLA's options (defaults off: the arguments are then None and the code compiled out): GATE_IN_KERNEL, g is the raw
+    gate input and the decay -exp(A_log) * softplus(g + dt_bias) is formed before the cumsum, so gcum holds its
+    cumsum; BETA_SCALE 1 or 2, beta is a logit and BETA_SCALE * sigmoid(beta) is used and stored to beta_out."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
     if HEADS_FAST:
@@ -262,7 +304,8 @@ def kkt_solve_kernel(
         p = tl.program_id(0)
         hv = tl.program_id(1)
     _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
-                          H, HV, K, BT, BK, DOT_PREC, LOWP, K <= BK)
+                          H, HV, K, BT, BK, DOT_PREC, LOWP, K <= BK, A_log_ptr, dt_bias_ptr, beta_out_ptr,
+                          GATE_IN_KERNEL, HAS_DT_BIAS, BETA_SCALE)
 
 
 @triton.jit
@@ -335,10 +378,29 @@ def split_intra_config(K: int, V: int) -> SplitIntraConfig:
                             BV=max(16, min(64, triton.next_power_of_2(V))), warps_kkt=4, warps_wu=4)
 
 
+def fla_gate_args(A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], beta_scale: int,
+                  beta_out: Optional[torch.Tensor]) -> dict:
+    """kkt_solve_kernel's keyword arguments for FLA's gate and beta options; {} for the defaults (the launch is then
+    the default path's, argument for argument)."""
+    args = {}
+    if A_log is not None:
+        args.update(A_log_ptr=A_log, GATE_IN_KERNEL=True)
+        if dt_bias is not None:
+            args.update(dt_bias_ptr=dt_bias, HAS_DT_BIAS=True)
+    if beta_scale:
+        args.update(beta_out_ptr=beta_out, BETA_SCALE=beta_scale)
+    return args
+
+
 def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: ChunkPlan, *, H: int, HV: int,
-                K: int, V: int, dot_prec: str) -> None:
+                K: int, V: int, dot_prec: str, A_log: Optional[torch.Tensor] = None,
+                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
+                beta_out: Optional[torch.Tensor] = None) -> None:
     """Fills gcum, w, u (and tinv, fp32 [T_tot, HV, 64], when given). Without tinv, Tinv goes from kkt_solve_kernel
-    to wu_kernel through a buffer in k's dtype."""
+    to wu_kernel through a buffer in k's dtype. A_log / dt_bias ([HV], FLA's use_gate_in_kernel: g is the raw gate
+    input) and beta_scale (1 or 2, FLA's use_beta_sigmoid_in_kernel: beta is a logit) are applied by
+    kkt_solve_kernel; with beta_scale it writes the activated beta to beta_out (fp32 [T_tot, HV]), which wu_kernel
+    then reads."""
     cfg = split_intra_config(K, V)
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
@@ -346,9 +408,9 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     kkt_solve_kernel[grid](
         k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
-        **kkt_order(plan.num_slots))
+        **kkt_order(plan.num_slots), **fla_gate_args(A_log, dt_bias, beta_scale, beta_out))
     wu_kernel[grid](
-        k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
+        k, v, beta_out if beta_scale else beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import chunk_kda_fwd
 from linattn.ops.kda.triton.intra import _row_of_block
@@ -181,8 +181,7 @@ def kda_local_bwd_kernel(
             x = x + tl.load(dt_bias + hv * K + ck, mask=mk, other=0.).to(tl.float32)[None, :]
         if GATE == "softplus":
             a = tl.exp(tl.load(A_log + hv).to(tl.float32))
-            sp = tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
-            d_a = tl.sum(tl.sum(tl.where(mrk, -a * sp * dg, 0.), axis=1), axis=0)
+            d_a = tl.sum(tl.sum(tl.where(mrk, -a * softplus(x) * dg, 0.), axis=1), axis=0)
             dg = dg * (-a * tl.sigmoid(x))
         elif GATE == "lower_bound":
             a = tl.exp(tl.load(A_log + hv).to(tl.float32))
@@ -213,17 +212,17 @@ def kda_local_bwd_kernel(
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor,
-                  dht: Optional[torch.Tensor]):
+                  dht: Optional[torch.Tensor], state_v_first: bool = False):
     """The inputs as chunk_kda_fwd takes them, do [B, T, HV, V] and dht [N, HV, K, V] (or None), contiguous.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, dA_log and ddt_bias
-    (in their inputs' dtypes) or None."""
+    (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K]."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     dt = q.dtype
     dot_prec = "ieee" if dt == torch.float32 else "tf32"
     _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
-                              lower_bound, beta_sigmoid, neg_eigval, keep=True)
+                              lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first)
     plan = fwd.plan
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     BK, BV = _pow2(K), _pow2(V)
@@ -234,13 +233,13 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, 64), DOT_PREC=dot_prec, DECAY="channel", aqk_ptr=fwd.aqk,
         num_warps=4)
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
-    dh0 = empty(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
     bv_state = min(BV, 32)
-    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state), N * HV)](
+    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state) * N * HV,)](
         fwd.qdec, fwd.kdec, fwd.w, fwd.gcum, do, dh, dvnew, dht if dht is not None else fwd.gcum,
         dh0 if dh0 is not None else fwd.gcum, plan.cu, plan.chunk_offsets, scale,
         H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=bv_state, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        STORE_DH=True, DOT_PREC=dot_prec, DECAY="channel", num_warps=8, num_stages=1)
+        STORE_DH=True, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=8, num_stages=1)
 
     dq_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
     dk_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)

@@ -34,10 +34,11 @@ class KdaIntermediates:
 def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
-                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False):
+                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
-    beta_sigmoid); initial_state [N, HV, K, V] fp32 contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
+    beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
+    contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
     fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
     in fp32 and no output stage."""
     B, T, H, K = q.shape
@@ -69,15 +70,16 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
         num_warps=cfg.warps_wu)
 
-    final = empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    final = empty(*((N, HV, V, K) if state_v_first else (N, HV, K, V)), dtype=torch.float32,
+                  device=dev) if output_final_state else None
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     scfg = _configs(K, V, N, HV, dev)
-    chunk_state_fwd_kernel[(triton.cdiv(V, scfg.BV_state), N * HV)](
+    chunk_state_fwd_kernel[(triton.cdiv(V, scfg.BV_state) * N * HV,)](
         kdec, w, u, gcum, h, vnew, initial_state if initial_state is not None else gcum,
         final if final is not None else gcum, plan.cu, plan.chunk_offsets,
         H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=scfg.BV_state, USE_H0=initial_state is not None,
-        STORE_HT=final is not None, DOT_PREC=dot_prec, DECAY="channel", num_warps=scfg.warps_state,
+        STORE_HT=final is not None, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=scfg.warps_state,
         num_stages=scfg.stages)
 
     if keep:

@@ -22,7 +22,7 @@ whatever the decay.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks
 
 
@@ -40,7 +40,7 @@ def _kda_gate(x, A_log, dt_bias, hv, ck, mk, K: tl.constexpr, GATE: tl.constexpr
         else:
             a = tl.exp(tl.load(A_log + hv).to(tl.float32))
             if GATE == "softplus":
-                return -a * (tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x))))
+                return -a * softplus(x)
             else:
                 tl.static_assert(GATE == "lower_bound", "GATE: '', softplus, lower_bound, lower_bound_no_a")
                 return LOWER_BOUND * tl.sigmoid(a * x)
