@@ -22,7 +22,7 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr = "scalar"):
     """W [BT, BK], U [BT, BV] (fp32), K [BT, BK] of the chunk starting at token t0 (rows past eos zero), its gam [BT]
     (0 past eos) and gam_C (the last valid row's). DECAY "channel" (KDA): gcum is [T_tot, HV, K] and k_ptr holds
-    the decayed keys K * exp(gam_C - gam) per value head (H = HV); gam is None and gam_C the last row's [BK]."""
+    the decayed keys K * exp(gam_C - gam) per value head (H = HV); gam_C is the last row's [BK] (and gam, unused)."""
     rows = tl.arange(0, BT)
     p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
     p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
@@ -38,8 +38,8 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
     else:
         last = tl.minimum(eos - t0, BT) - 1
         rk = tl.arange(0, BK)
-        gam = None
         gam_last = tl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + rk, mask=rk < K, other=0.)
+        gam = gam_last                # unused by state_update's channel form (a None would not compile)
     return b_w, b_u, b_k, gam, gam_last
 
 
