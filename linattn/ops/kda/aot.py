@@ -1,9 +1,10 @@
 """AOT registrations of KDA's Triton kernels (`linattn inspect`; linattn/runtime/aot.py imports this module): its
 own stage 2a and local backward, and GDN's shared stages in their per-key-channel form (DECAY "channel"), at the
 configs KDA's launchers pick for H16/HV32, K = V = 128, bf16. KDA's stage 2a holds whole [64, K] tiles and is
-untuned: its known spill (ptxas, Triton 3.6.0, sm_90a) is registered as such, so a build that spills more fails CI
-and tuning can only lower it. KDA's local backward (triton/backward.py, kda_local_bwd_kernel) is not registered: at
-K = V = 128 it needs about 330 KB of shared memory, more than sm_90's 227 KB (see docs/architecture.md)."""
+untuned, as is the first local backward kernel (kda_wy_bwd_kernel): their known spills (ptxas, Triton 3.6.0, sm_90a)
+are registered as such, so a build that spills more fails CI and tuning can only lower it. KDA's second local backward kernel (triton/backward.py, kda_pair_bwd_kernel) is not
+registered: it fits sm_90 (160 KB of shared memory at K = 128) but spills about 26.7 KB and its sm_90a build shows no
+tensor-core instruction, which wants a look on the GPU before it is pinned here."""
 from __future__ import annotations
 
 from linattn.runtime.aot import AotKernel, register
@@ -27,8 +28,9 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
                        description=f"KDA {what}, Triton, H16/HV32 K=V=128 bf16, {warps} warps"))
 
 
-# ptxas spill of KDA's untuned stage 2a at this config (bytes; see the module docstring)
+# ptxas spill of KDA's untuned stage 2a and first local backward kernel at these configs (bytes; module docstring)
 INTRA_SPILL = 8676
+WY_BWD_SPILL = 7212
 
 _GDN = "linattn.ops.gated_delta_rule.triton"
 _register("kda_fwd_triton_intra_w4", "linattn.ops.kda.triton.intra", "kda_intra_kernel",
@@ -62,3 +64,10 @@ _register("kda_bwd_triton_state_w8", f"{_GDN}.backward_state", "chunk_state_bwd_
                dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
           dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=K, BV=32, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True,
                STORE_DH=True, V_FIRST=False, DECAY="channel"), 8, 1, "backward stage 1: reverse state pass")
+_register("kda_bwd_triton_wy_w4", "linattn.ops.kda.triton.backward", "kda_wy_bwd_kernel",
+          dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, tinv_ptr=_F, h_ptr=_X, vnew_ptr=_X,
+               do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dgam_ptr=_F, dbeta_ptr=_F,
+               dakk_ptr=_F, daqk_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32",
+               scale="fp32"),
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=V, DOT_PREC="tf32"), 4, 1,
+          "backward stage 2a: output, state and WY terms, dAkk and dAqk", known_spill_bytes=WY_BWD_SPILL)

@@ -167,8 +167,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
     initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);
-    each gradient comes back in its input's dtype. The backward's local kernel does not yet fit sm_90's shared memory
-    at K = V = 128 (docs/architecture.md); it is checked under the Triton interpreter.
+    each gradient comes back in its input's dtype.
     """
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:

@@ -4,7 +4,8 @@ Stages: (0) the forward recomputed (forward.py with keep=True: gcum, the effecti
 keys and queries, W, the chunk-start states h and Vnew); (1a) the intra-chunk part of dVnew, scale Aqk^T dO
 (GDN's chunk_dv_local_kernel, DECAY "channel"); (1) the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY
 "channel": dS per chunk, the state term of dVnew, d initial_state); (2) everything else per chunk in
-kda_local_bwd_kernel below. Per chunk and value head, with dS the gradient into S_next (dh) and gam [C, K]:
+two kernels below (kda_wy_bwd_kernel up to dAkk and dAqk, kda_pair_bwd_kernel from them on: split so that each
+fits sm_90's shared memory at K = V = 128). Per chunk and value head, with dS the gradient into S_next (dh) and gam [C, K]:
 
     dQdec = scale dO S^T,  dKdec = Vnew dS^T,  dgam_C += sum_v S * dS * exp(gam_C) + sum_rows dKdec * Kdec
     dW = -dVnew S^T,  dTinv = dW (beta K e^gam)^T + dVnew (beta V)^T,  dAkk = -Tinv^T dTinv Tinv^T (strict lower)
@@ -74,28 +75,25 @@ def _pair_grads(G, GT, a, b, gam, DOT_PREC: tl.constexpr, BT: tl.constexpr, BK: 
 
 
 @triton.jit
-def kda_local_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log, dt_bias,      # the op's inputs (g, beta as given: raw with gates)
+def kda_wy_bwd_kernel(
+    q_ptr, k_ptr, v_ptr,                                       # the op's inputs
     gcum_ptr, beta_eff_ptr, tinv_ptr, h_ptr, vnew_ptr,         # the recomputed forward
     do_ptr, dh_ptr, dvnew_ptr,                                 # dO, dS into each chunk's S_next, the whole dVnew
-    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dA_ptr, dbias_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dgam_ptr, dbeta_ptr, dakk_ptr, daqk_ptr,
     cu_ptr, chunk_idx_ptr, chunk_off_ptr, N, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+    BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Grid (chunk slots, HV); BK >= K, BV >= V. dq, dk: fp32 [T_tot, HV, K] per value head (the launcher sums a key
-    head's value heads); dv [T_tot, HV, V]; dg [T_tot, HV, K]; dbeta [T_tot, HV]; dA [slots, HV] and dbias
-    [slots, HV, K]: fp32 partial sums of the gate's parameters (zeros from surplus slots)."""
+    """Grid (chunk slots, HV); BK >= K, BV >= V. The first half of the local backward: the output's and the
+    state's direct terms and the way back through W and U, up to dAkk (strict lower) and dAqk (lower incl.), stored
+    fp32 [T_tot, HV, BT] for kda_pair_bwd_kernel with the partial dq, dk (fp32 [T_tot, HV, K] per value head),
+    dgam (fp32, gam_C's terms on the last row) and dbeta (fp32); dv final."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     ck = tl.arange(0, BK)
     mk = ck < K
     n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound: zero partial sums
-        if GATE != "":
-            tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.zeros([BK], dtype=tl.float32), mask=mk)
-            tl.store(dA_ptr + p * HV + hv, 0.)
+    if n >= N:                                 # surplus slot of the varlen bound
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     slot = (tl.load(chunk_off_ptr + n) + c).to(tl.int64)
@@ -117,11 +115,12 @@ def kda_local_bwd_kernel(
     kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
     qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
     vf = tl.load(v_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
-    b_do = tl.load(do_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
-    b_vn = tl.load(vnew_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
-    b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
-    b_h = tl.load(h_ptr + off_s, mask=mkv, other=0.).to(tl.float32)
-    b_dh = tl.load(dh_ptr + off_s, mask=mkv, other=0.).to(tl.float32)
+    # the V-side tiles stay in the operand dtype (their products' operands; half the shared memory of fp32 copies)
+    b_do = tl.load(do_ptr + off_v, mask=mrv, other=0.).to(vnew_ptr.dtype.element_ty)
+    b_vn = tl.load(vnew_ptr + off_v, mask=mrv, other=0.)
+    b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.)
+    b_h = tl.load(h_ptr + off_s, mask=mkv, other=0.)
+    b_dh = tl.load(dh_ptr + off_s, mask=mkv, other=0.)
     tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.)
     last = tl.minimum(eos - t0, BT) - 1
     gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
@@ -138,17 +137,17 @@ def kda_local_bwd_kernel(
     dkdec = tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
     dk = dkdec * ekd
     dgam -= dkdec * kf * ekd
-    dgl = tl.sum(dkdec * kf * ekd, axis=0) + tl.exp(gam_last) * tl.sum(b_h * b_dh, axis=1)
+    dgl = tl.sum(dkdec * kf * ekd, axis=0) + tl.exp(gam_last) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
 
     # ---- back through W = Tinv diag(beta) (K e^gam) and U = Tinv diag(beta) V
     kb = beta[:, None] * kf * eg
-    vb = beta[:, None] * vf
+    vb = (beta[:, None] * vf).to(b_dvn.dtype)
     dw = -tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
     dwt = -tl.dot(b_h, tl.trans(b_dvn), input_precision=DOT_PREC)
     dtinv = tl.dot(dw, tl.trans(kb), input_precision=DOT_PREC) + tl.dot(b_dvn, tl.trans(vb), input_precision=DOT_PREC)
     dtinvt = tl.dot(kb, dwt, input_precision=DOT_PREC) + tl.dot(vb, tl.trans(b_dvn), input_precision=DOT_PREC)
     dkb = tl.dot(tl.trans(tinv), dw, input_precision=DOT_PREC)
-    dvb = tl.dot(tl.trans(tinv), b_dvn, input_precision=DOT_PREC)
+    dvb = tl.dot(tl.trans(tinv.to(b_dvn.dtype)), b_dvn, input_precision=DOT_PREC)
     dv = beta[:, None] * dvb
     dbeta = tl.sum(dkb * kf * eg, axis=1) + tl.sum(dvb * vf, axis=1)
     dk += beta[:, None] * dkb * eg
@@ -156,24 +155,84 @@ def kda_local_bwd_kernel(
     strict = i[:, None] > i[None, :]
     dakk = tl.where(strict, -tl.dot(tl.dot(tl.trans(tinv), dtinv, input_precision=DOT_PREC), tl.trans(tinv),
                                     input_precision=DOT_PREC), 0.)
-    dakkt = tl.where(i[:, None] < i[None, :], -tl.dot(tl.dot(tinv, dtinvt, input_precision=DOT_PREC), tinv,
-                                                       input_precision=DOT_PREC), 0.)
+    incl = i[:, None] >= i[None, :]
+    daqk = tl.where(incl, scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC), 0.)
+    dgam = tl.where(mrk, dgam + tl.where(i[:, None] == last, dgl[None, :], 0.), 0.)
+    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    tl.store(dakk_ptr + off_a, dakk, mask=m[:, None])
+    tl.store(daqk_ptr + off_a, daqk, mask=m[:, None])
+    tl.store(dq_ptr + off_hk, dq, mask=mrk)
+    tl.store(dk_ptr + off_hk, dk, mask=mrk)
+    tl.store(dgam_ptr + off_hk, dgam, mask=mrk)
+    tl.store(dv_ptr + off_v, dv.to(dv_ptr.dtype.element_ty), mask=mrv)
+    tl.store(dbeta_ptr + r * HV + hv, dbeta, mask=m)
+
+
+@triton.jit
+def kda_pair_bwd_kernel(
+    k_ptr, q_ptr, g_ptr, beta_ptr, A_log, dt_bias, gcum_ptr, beta_eff_ptr,
+    dakk_ptr, daqk_ptr, dgam_ptr, dbeta_in_ptr,                # kda_wy_bwd_kernel's outputs (fp32)
+    dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, dA_ptr, dbias_ptr,      # dq, dk: the partial sums, completed in place
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+):
+    """Grid (chunk slots, HV): the second half of the local backward: the pairwise gradients of Akk and Aqk
+    (_pair_grads; the transposed gradients read transposed from memory), dg as the reverse cumsum inside the chunk,
+    then the KDA gate's and the beta sigmoid's chain rule. dA [slots, HV] and dbias [slots, HV, K]: fp32 partial
+    sums of the gate's parameters (zeros from surplus slots)."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound: zero partial sums
+        if GATE != "":
+            tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.zeros([BK], dtype=tl.float32), mask=mk)
+            tl.store(dA_ptr + p * HV + hv, 0.)
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    mrk = m[:, None] & mk[None, :]
+    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+    off_q = (r * H + hk)[:, None] * K + ck[None, :]
+    gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
+    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    last = tl.minimum(eos - t0, BT) - 1
+    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+    # rows past the sequence end carry gam_C, as the forward's cumsum left them: the reference rows' factors of
+    # _pair_grads stay <= 1 there too
+    gam = tl.where(m[:, None], gam, gam_last[None, :])
+    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
+    dakk = tl.load(dakk_ptr + off_a, mask=m[:, None], other=0.)
+    dakkt = tl.load(dakk_ptr + off_at, mask=m[None, :], other=0.)
+    daqk = tl.load(daqk_ptr + off_a, mask=m[:, None], other=0.)
+    daqkt = tl.load(daqk_ptr + off_at, mask=m[None, :], other=0.)
+    dq = tl.load(dq_ptr + off_hk, mask=mrk, other=0.)
+    dk = tl.load(dk_ptr + off_hk, mask=mrk, other=0.)
+    dgam = tl.load(dgam_ptr + off_hk, mask=mrk, other=0.)
+    dbeta = tl.load(dbeta_in_ptr + r * HV + hv, mask=m, other=0.)
+
     # Akk_ij = beta_i P_ij(k, k): da with G = dAkk (beta applied after, and dbeta from it), db with beta_i G_ij
     da, db = _pair_grads(dakk, dakkt, beta[:, None] * kf, kf, gam, DOT_PREC, BT, BK)
     dbeta += tl.sum(kf * da, axis=1)
     dk += beta[:, None] * da + db
     dgam += beta[:, None] * kf * da - kf * db
     # Aqk_ij = P_ij(q, k)
-    incl = i[:, None] >= i[None, :]
-    daqk = tl.where(incl, scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC), 0.)
-    daqkt = tl.where(i[:, None] <= i[None, :], scale * tl.dot(b_vn, tl.trans(b_do), input_precision=DOT_PREC), 0.)
     da, db = _pair_grads(daqk, daqkt, qf, kf, gam, DOT_PREC, BT, BK)
     dq += da
     dk += db
     dgam += qf * da - kf * db
 
-    # ---- dg: gam_C's terms on the last row, then the reverse cumsum inside the chunk
-    dgam = tl.where(mrk, dgam + tl.where(i[:, None] == last, dgl[None, :], 0.), 0.)
+    # ---- dg: the reverse cumsum inside the chunk (gam_C's terms are on the last row already)
+    dgam = tl.where(mrk, dgam, 0.)
     dg = tl.sum(dgam, axis=0)[None, :] - tl.cumsum(dgam, axis=0) + dgam
     if GATE != "":
         x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
@@ -204,7 +263,6 @@ def kda_local_bwd_kernel(
 
     tl.store(dq_ptr + off_hk, dq, mask=mrk)
     tl.store(dk_ptr + off_hk, dk, mask=mrk)
-    tl.store(dv_ptr + off_v, dv.to(dv_ptr.dtype.element_ty), mask=mrv)
     tl.store(dg_ptr + off_hk, dg.to(dg_ptr.dtype.element_ty), mask=mrk)
     tl.store(dbeta_ptr + r * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
 
@@ -243,17 +301,25 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
 
     dq_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
     dk_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    dgam = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    dbeta_part = empty(T_tot, HV, dtype=torch.float32, device=dev)
+    dakk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
+    daqk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    kda_wy_bwd_kernel[(slots, HV)](
+        q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
+        dq_hv, dk_hv, dv, dgam, dbeta_part, dakk, daqk, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=4)
     dg = empty(B, T, HV, K, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
     dbias = empty(slots, HV, K, dtype=torch.float32, device=dev) if gate else None
-    kda_local_bwd_kernel[(slots, HV)](
-        q, k, v, g, beta, A_log, dt_bias, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
-        dq_hv, dk_hv, dv, dg, dbeta, dA, dbias, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, GATE=gate,
-        HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=4)
+    kda_pair_bwd_kernel[(slots, HV)](
+        k, q, g, beta, A_log, dt_bias, fwd.gcum, fwd.beta, dakk, daqk, dgam, dbeta_part, dq_hv, dk_hv, dg, dbeta, dA,
+        dbias, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
+        NEG_EIGVAL=neg_eigval, num_warps=4)
     # a key head's gradient sums those of the value heads that read it (GVA)
     dq = dq_hv.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
     dk = dk_hv.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
