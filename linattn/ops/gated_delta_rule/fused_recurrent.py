@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
-from linattn.ops.gated_delta_rule.validation import (_fail, check_fla_decode_options, check_gdn_inputs,
-                                                     fla_state_v_first)
+from linattn.ops.gated_delta_rule.validation import (_fail, check_channel_decay, check_fla_decode_options,
+                                                     check_gdn_inputs, fla_state_v_first)
+from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.settings import settings
 
 OP = "fused_recurrent_gated_delta_rule"
@@ -172,9 +173,11 @@ def _check_index_values(state_indices, num_slots, inplace, pad, num_accepted_tok
 def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False,
                               A_log=None, dt_bias=None, beta_sigmoid=False, num_accepted_tokens=None,
-                              pad_slot_id=None, state_v_first=False, allow_neg_eigval=False):
+                              pad_slot_id=None, state_v_first=False, allow_neg_eigval=False, gk=None, gk_mode="",
+                              lower_bound=0.0):
     """The op in plain PyTorch: gating formulas, pool gather/scatter, padding and the speculative-decoding slots
-    done explicitly, then `naive_recurrent`. Computes in fp32 (fp64 when q is fp64); the state is kept in that
+    done explicitly, then `naive_recurrent` (with gk: the per-key-channel recurrence of KDA's reference, decay
+    g + gk per key channel; gk_mode as the kernel's, the KDA gates by linattn.ops.kda.reference.kda_gate). Computes in fp32 (fp64 when q is fp64); the state is kept in that
     precision over the T tokens of the call and rounded to the pool's dtype only when written back, as the kernel
     does. An out-of-place final state comes back in the compute dtype (fp32, as FLA)."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -209,8 +212,15 @@ def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, 
                           for s, ok in zip(slots, valid)])
     elif initial_state is not None:
         h0 = layout(initial_state).to(dt)
-    o, ht, states = naive_recurrent(q.to(dt), k.to(dt), v.to(dt), g_eff, beta_eff, scale, h0, True, cu_seqlens,
-                                    use_qk_l2norm_in_kernel, output_token_states=True)
+    if gk is None:
+        o, ht, states = naive_recurrent(q.to(dt), k.to(dt), v.to(dt), g_eff, beta_eff, scale, h0, True, cu_seqlens,
+                                        use_qk_l2norm_in_kernel, output_token_states=True)
+    else:
+        gk_eff = gk.to(dt) if gk_mode in ("", "log") else kda_gate(
+            gk.to(dt), None if gk_mode == "lower_bound_no_a" else A_log,
+            dt_bias, lower_bound if gk_mode.startswith("lower_bound") else None)
+        o, ht, states = naive_recurrent_kda(q.to(dt), k.to(dt), v.to(dt), g_eff[..., None] + gk_eff, beta_eff, scale,
+                                            h0, True, cu_seqlens, use_qk_l2norm_in_kernel, output_token_states=True)
     o = o.clone()
     if cu_seqlens is None:
         spans = [(n, 0, T) for n in range(N)]
@@ -259,11 +269,13 @@ def _gdn_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
                    A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
                    beta_sigmoid: bool, output_final_state: bool, num_accepted_tokens: Optional[torch.Tensor] = None,
                    pad_slot_id: int = -1, state_v_first: bool = False,
-                   allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                   allow_neg_eigval: bool = False, gk: Optional[torch.Tensor] = None, gk_mode: str = "",
+                   lower_bound: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
     o, ht = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
                                     dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state, inplace=False,
                                     num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad_slot_id,
-                                    state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
+                                    state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval, gk=gk,
+                                    gk_mode=gk_mode, lower_bound=lower_bound)
     if ht is None:     # a custom op returns tensors only: an empty one stands for "no final state"
         ht = q.new_empty(0, dtype=torch.float32)
     return o, ht
@@ -272,7 +284,7 @@ def _gdn_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
 @_gdn_decode_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
       beta_sigmoid, output_final_state, num_accepted_tokens=None, pad_slot_id=-1, state_v_first=False,
-      allow_neg_eigval=False):
+      allow_neg_eigval=False, gk=None, gk_mode="", lower_bound=0.0):
     return _fake_outputs(q, v, cu_seqlens, state_indices, output_final_state, state_v_first)
 
 
@@ -283,17 +295,20 @@ def _gdn_decode_inplace_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], use_qk_l2norm: bool,
                            beta_sigmoid: bool, num_accepted_tokens: Optional[torch.Tensor] = None,
                            pad_slot_id: int = -1, state_v_first: bool = False,
-                           allow_neg_eigval: bool = False) -> torch.Tensor:
+                           allow_neg_eigval: bool = False, gk: Optional[torch.Tensor] = None, gk_mode: str = "",
+                           lower_bound: float = 0.0) -> torch.Tensor:
     o, _ = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
                                    dt_bias, use_qk_l2norm, beta_sigmoid, output_final_state=False, inplace=True,
                                    num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad_slot_id,
-                                   state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
+                                   state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval, gk=gk,
+                                   gk_mode=gk_mode, lower_bound=lower_bound)
     return o
 
 
 @_gdn_decode_inplace_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log, dt_bias, use_qk_l2norm,
-      beta_sigmoid, num_accepted_tokens=None, pad_slot_id=-1, state_v_first=False, allow_neg_eigval=False):
+      beta_sigmoid, num_accepted_tokens=None, pad_slot_id=-1, state_v_first=False, allow_neg_eigval=False,
+      gk=None, gk_mode="", lower_bound=0.0):
     return torch.empty_like(v)
 
 
@@ -307,16 +322,19 @@ def _eager(q) -> bool:
 def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                  use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
                  beta_sigmoid=False, num_accepted_tokens=None, pad_slot_id=None, state_v_first=False,
-                 allow_neg_eigval=False):
+                 allow_neg_eigval=False, gk=None, gk_mode="", lower_bound=0.0):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     pad = _pad_id(pad_slot_id)
+    gk_mode = (gk_mode or "log") if gk is not None else ""      # GDN's gk: a log decay
+    lower_bound = float(lower_bound or 0.0)
     if _eager(q):
         # An eager call on plain tensors runs the launcher directly: the custom op's dispatch costs more host time
         # than the batch-1 kernel (~30 us against ~3.5 us on an H200). Traced calls keep the custom ops.
         o, ht = fused_recurrent_gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_indices, A_log,
                                         dt_bias, use_qk_l2norm_in_kernel, beta_sigmoid, output_final_state, inplace,
                                         num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad,
-                                        state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
+                                        state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval, gk=gk,
+                                        gk_mode=gk_mode, lower_bound=lower_bound)
         if inplace:
             if not initial_state.is_inference():              # inference tensors carry no version counter
                 torch.autograd.graph.increment_version(initial_state)     # as the mutating custom op would
@@ -326,16 +344,18 @@ def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_
         o = torch.ops.linattn.fused_recurrent_gdn_inplace(q, k, v, g, beta, scale, initial_state, cu_seqlens,
                                                           state_indices, A_log, dt_bias,
                                                           use_qk_l2norm_in_kernel, beta_sigmoid, num_accepted_tokens,
-                                                          pad, state_v_first, allow_neg_eigval)
+                                                          pad, state_v_first, allow_neg_eigval, gk, gk_mode,
+                                                          lower_bound)
         return o, initial_state
     o, ht = torch.ops.linattn.fused_recurrent_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens,
                                                   state_indices, A_log, dt_bias, use_qk_l2norm_in_kernel,
                                                   beta_sigmoid, output_final_state, num_accepted_tokens, pad,
-                                                  state_v_first, allow_neg_eigval)
+                                                  state_v_first, allow_neg_eigval, gk, gk_mode, lower_bound)
     return o, ht if output_final_state else None
 
 
-def _triton_supports(q, k, v, g, beta, initial_state=None, A_log=None, dt_bias=None, **_) -> Tuple[bool, str]:
+def _triton_supports(q, k, v, g, beta, initial_state=None, A_log=None, dt_bias=None, gk=None,
+                     **_) -> Tuple[bool, str]:
     if q.device.type == "cpu" and not settings.interpret:
         return False, "CPU tensors need TRITON_INTERPRET=1"
     if q.device.type not in ("cpu", "cuda"):
@@ -344,7 +364,7 @@ def _triton_supports(q, k, v, g, beta, initial_state=None, A_log=None, dt_bias=N
         return False, "fp64 q/k/v: use the reference backend"
     if initial_state is not None and initial_state.dtype not in STATE_DTYPES:
         return False, f"state dtype {initial_state.dtype}: the kernel keeps states in fp32 or bf16"
-    for name, t in (("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias)):
+    for name, t in (("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias), ("gk", gk)):
         if t is not None and t.dtype == torch.float64:
             return False, f"fp64 {name}: use the reference backend"
     return True, ""
@@ -435,8 +455,9 @@ def fused_recurrent_gated_delta_rule(
     is the beta dtype the AOT-built kernels take; the value 1 is exact in every dtype).
     cu_seqlens: [N + 1] int, packed sequences with B = 1; otherwise N = B sequences of T tokens.
     scale: defaults to K ** -0.5. use_qk_l2norm_in_kernel: L2-normalise q and k along K first (eps 1e-6).
-    gk [B, T, HV, K], gv [B, T, HV, V] (FLA's per-key / per-value decays): not supported yet; a tensor raises
-    NotImplementedError naming it (a 3-D gk, a beta passed fifth in linattn's old order, raises ValueError saying so).
+    gk [B, T, HV, K]: FLA's per-key-channel log decay (<= 0), applied after g's: S <- diag(exp(gk_t)) exp(g_t) S
+    (the one-tile Triton kernel; a 3-D gk, a beta passed fifth in linattn's old order, raises ValueError saying so).
+    gv [B, T, HV, V] (FLA's per-value decay): not supported yet; a tensor raises NotImplementedError naming it.
 
     Fused gating (Qwen3-Next): use_gate_in_kernel=True with A_log [HV] (and optionally dt_bias [HV]): g is the raw
     gate input and the decay used is g_eff = -exp(A_log) * softplus(g + dt_bias), computed in the kernel (as FLA;
@@ -483,7 +504,7 @@ def fused_recurrent_gated_delta_rule(
                              beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval)
     if beta is None and isinstance(v, torch.Tensor) and v.dim() == 4:
         beta = torch.ones(v.shape[:3], dtype=torch.float32, device=v.device)
-    call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+    call = dict(q=q, k=k, v=v, g=g, gk=gk, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
                 A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, num_accepted_tokens=num_accepted_tokens,
@@ -492,9 +513,11 @@ def fused_recurrent_gated_delta_rule(
     impl = _CHECKED.get(key) if key is not None else None
     if impl is not None:
         return impl(**call)
-    check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
-                        num_accepted_tokens, pad_slot_id, state_v_first)
+    check_no_grad(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    dims = check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
+                               num_accepted_tokens, pad_slot_id, state_v_first)
+    if gk is not None:
+        check_channel_decay("gk", gk, dims, q, op=OP, log_decay=True)
     b = _backends.select(backend, **call)
     if key is not None and b.name == "triton":
         if len(_CHECKED) >= 4096:
@@ -508,7 +531,7 @@ def fused_recurrent_gated_delta_rule(
 # read index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon decode
 # is never remembered: its supports() also reads pointer alignment, which the signature leaves out.
 _CHECKED: dict = {}
-_TENSOR_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias",
+_TENSOR_ARGS = ("q", "k", "v", "g", "gk", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias",
                 "num_accepted_tokens")
 
 

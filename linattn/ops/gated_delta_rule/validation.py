@@ -171,9 +171,27 @@ def check_fla_decode_options(op: str, *, g=None, gk=None, gv=None, beta=None, us
         raise ValueError(f"{op}: use_gate_in_kernel=True needs g, the raw gate input (as in FLA)")
     if allow_neg_eigval and not beta_sigmoid:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
-    for name, value in (("gk", gk is not None), ("gv", gv is not None)):
-        if value:
-            _not_yet(op, name, "decode kernels")
+    if gv is not None:
+        _not_yet(op, "gv", "decode kernels")
+
+
+def check_channel_decay(name: str, t, dims: dict, q, *, op: str, log_decay: bool):
+    """A per-key-channel decay [B, T, HV, K] (GDN's gk, KDA's g): a float tensor on q's device. Values (CPU tensors,
+    or LINATTN_CHECK_INPUTS=1): a log decay finite and <= 0; a raw gate input (log_decay=False) free of NaN."""
+    shape = (dims["B"], dims["T"], dims["HV"], dims["K"])
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{op}: {name} must be a torch.Tensor [B, T, HV, K], got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        _fail(f"{op}: {name} must be [B, T, HV, K] = {shape} (one decay per key channel), got {tuple(t.shape)}")
+    if t.dtype not in FLOATS:
+        _fail(f"{op}: {name} must be a float tensor, got {t.dtype}")
+    if t.device != q.device:
+        _fail(f"{op}: {name} is on {t.device} but q is on {q.device}")
+    if (t.device.type == "cpu" or CHECK_GPU_VALUES) and not torch.compiler.is_compiling():
+        bad = ~(t <= 0) | torch.isneginf(t) if log_decay else torch.isnan(t)
+        if bool(bad.any()):
+            need = "finite and <= 0 (a log decay)" if log_decay else "free of NaN"
+            _fail(f"{op}: {name} must be {need}; {int(bad.sum())} of {t.numel()} values are not")
 
 
 # CUDA limits a launch grid's y and z dimensions to 65535 (x: 2^31 - 1). The Triton kernels of the chunked op number

@@ -324,9 +324,11 @@ def impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fa
 def supports(q=None, k=None, v=None, g=None, beta=None, initial_state=None, cu_seqlens=None,
              use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
              num_accepted_tokens=None, pad_slot_id=None, state_v_first=False, allow_neg_eigval=False,
-             **_) -> Tuple[bool, str]:
+             gk=None, **_) -> Tuple[bool, str]:
     if q is None or v is None:
         return False, "the Gluon decode needs the call's tensors to decide"
+    if gk is not None:
+        return False, "gk (a per-key-channel decay): Triton runs it"
     # The serving options below run on the Triton kernels. A 2-D state_indices reads one slot and writes another
     # per token; state_v_first needs [BV, K] TMA boxes and a register layout whose K reductions stay in-warp on the
     # transposed tile (not a load/store-site change); allow_neg_eigval and mixed q/k/v dtypes are not in the

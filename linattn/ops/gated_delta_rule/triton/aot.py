@@ -50,7 +50,8 @@ _WU_SIG = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=
 for _name, _tinv, _what in (("gdn_fwd_triton_wu_bv64_w4", _X, "stage 2b: W and U from bf16 Tinv"),
                             ("gdn_fwd_triton_wu_f32_bv64_w4", _F, "stage 2b: W and U from fp32 Tinv (backward)")):
     _register(_name, "intra_split", "wu_kernel", dict(_WU_SIG, tinv_ptr=_tinv),
-              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32"), 4, 2, f"forward {_what}")
+              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32", DECAY="scalar"), 4, 2,
+              f"forward {_what}")
 
 # ---- Forward stage 3 (chunk_state.py) at forward._configs's three V blocks: BV=16 where even 16-column blocks fit
 # one wave (B1-B2 at H2/HV8), 32 at B=1 here (64 programs of BV=64 would leave SMs idle), 64 at B >= 3.
@@ -59,14 +60,15 @@ _STATE_SIG = dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=
 for _bv, _what in ((16, "BV=16 config"), (32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_fwd_triton_state_bv{_bv}_w4", "chunk_state", "chunk_state_fwd_kernel", _STATE_SIG,
               dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_H0=True, STORE_HT=True,
-                   V_FIRST=False), 4, 2,
+                   V_FIRST=False, DECAY="scalar"), 4, 2,
               f"forward stage 3: state pass, {_what}")
 
 # ---- Forward stage 4 (chunk_output.py): K loop of BK 64, BV 128, 8 warps, heads grouped.
 _register("gdn_fwd_triton_output_bv128_w8", "chunk_output", "chunk_output_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, o_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32,
                chunk_off_ptr=_I64, N="i32", scale="fp32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=128, DOT_PREC="tf32"), 8, 2, "forward stage 4: output")
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=128, DOT_PREC="tf32", DECAY="scalar", aqk_ptr=None), 8, 2,
+          "forward stage 4: output")
 
 # ---- The backward's own kernels (backward*.py) at backward._configs's picks: stage 1a in [64, 64] blocks, the reverse
 # state pass with the whole K = 128 and BV = 32 at B=1 (BV = 64 would leave SMs idle), BV = 64 at B >= 3; the local
@@ -75,14 +77,14 @@ _register("gdn_fwd_triton_output_bv128_w8", "chunk_output", "chunk_output_kernel
 _register("gdn_bwd_triton_dv_local_w4", "backward_dv_local", "chunk_dv_local_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32",
                scale="fp32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32"), 4, 2,
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32", DECAY="scalar", aqk_ptr=None), 4, 2,
           "backward stage 1a: P^T dO (intra-chunk dVnew)")
 for _bv, _what in ((32, "B=1 config"), (64, "B>=3 config")):
     _register(f"gdn_bwd_triton_state_bv{_bv}_w8", "backward_state", "chunk_state_bwd_kernel",
               dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
                    dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
               dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True,
-                   STORE_DH=True, V_FIRST=False), 8, 2,
+                   STORE_DH=True, V_FIRST=False, DECAY="scalar"), 8, 2,
               f"backward stage 1: reverse state pass, {_what}")
 _register("gdn_bwd_triton_local_w4", "backward_local", "chunk_local_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, vnew_ptr=_X, h_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, dh_ptr=_X,

@@ -23,7 +23,10 @@ def chunk_dv_local_kernel(
     cu_ptr, chunk_idx_ptr, N, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+    DECAY: tl.constexpr = "scalar", aqk_ptr=None,
 ):
+    """Grid (chunk slots, HV). DECAY "channel" (KDA's per-key-channel decays): P comes ready from aqk_ptr
+    [T_tot, HV, BT] (KDA's intra kernel, unscaled), loaded transposed; q_ptr, k_ptr and gcum_ptr are not read."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
@@ -34,19 +37,26 @@ def chunk_dv_local_kernel(
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos
 
-    kq = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        kq += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
-    gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-    # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp (gam is 0 past
-    # the end of the sequence, so exp(gam_j - gam_i) could overflow there)
-    upper = (rows[:, None] <= rows[None, :]) & valid[None, :]
-    gmat = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
-    pt = tl.where(upper, kq * gmat * scale, 0.).to(do_ptr.dtype.element_ty)
+    if DECAY == "scalar":
+        kq = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK),
+                                    (1, 0))
+            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK),
+                                    (1, 0))
+            b_q = tl.load(p_q, boundary_check=(0, 1))
+            b_k = tl.load(p_k, boundary_check=(0, 1))
+            kq += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp (gam is 0 past
+        # the end of the sequence, so exp(gam_j - gam_i) could overflow there)
+        upper = (rows[:, None] <= rows[None, :]) & valid[None, :]
+        gmat = tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.))
+        pt = tl.where(upper, kq * gmat * scale, 0.).to(do_ptr.dtype.element_ty)
+    else:                                      # P^T[i, j] = scale Aqk[j, i]: the stored tile read transposed
+        pt = tl.load(aqk_ptr + (t0 + rows)[None, :] * HV * BT + hv * BT + rows[:, None], mask=valid[None, :],
+                     other=0.).to(tl.float32)
+        pt = (pt * scale).to(do_ptr.dtype.element_ty)
     for vb in range(0, tl.cdiv(V, BV)):
         p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         b_do = tl.load(p_do, boundary_check=(0, 1))

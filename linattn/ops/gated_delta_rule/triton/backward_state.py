@@ -31,7 +31,11 @@ def chunk_state_bwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STORE_DH: tl.constexpr, DOT_PREC: tl.constexpr,
     V_FIRST: tl.constexpr = False,       # dht / dh0 stored [N, HV, V, K] (FLA's state_v_first)
+    DECAY: tl.constexpr = "scalar",
 ):
+    """DECAY "channel" (KDA's per-key-channel decays): q_ptr and k_ptr hold Q * exp(gam) and K * exp(gam_C - gam)
+    per value head (H = HV, KDA's intra kernel), gcum is [T_tot, HV, K], and dS decays by rows:
+    dS <- diag(exp(gam_C)) dS + ..."""
     # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
     # sequence-head, which read the same k and w tiles, are dispatched next to each other
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -64,13 +68,17 @@ def chunk_state_bwd_kernel(
         b_k = tl.load(p_k, boundary_check=(0, 1))
         b_w = tl.load(p_w, boundary_check=(0, 1))
         b_do = tl.load(p_do, boundary_check=(0, 1))
-        valid = (t0 + rows) < eos
-        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-        last = tl.minimum(eos - t0, BT) - 1
-        gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
-
-        # rows past the sequence end: k was zero-filled and gam is 0 there, so they stay zero
-        kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+        if DECAY == "scalar":
+            valid = (t0 + rows) < eos
+            gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+            last = tl.minimum(eos - t0, BT) - 1
+            gam_last = tl.load(gcum_ptr + (t0 + last) * HV + hv)
+            # rows past the sequence end: k was zero-filled and gam is 0 there, so they stay zero
+            kdec = (b_k.to(tl.float32) * tl.exp(gam_last - gam)[:, None]).to(b_k.dtype)
+        else:
+            last = tl.minimum(eos - t0, BT) - 1
+            gam_last = tl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + rk, mask=rk < K, other=0.)
+            kdec = b_k
         p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         # in place: this program alone reads and then writes this tile of dvnew (P^T dO from the dv_local stage)
         dvnew = tl.load(p_dvn, boundary_check=(0, 1)).to(tl.float32) \
@@ -79,9 +87,14 @@ def chunk_state_bwd_kernel(
         if STORE_DH:
             tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
 
-        qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)
-        ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
-            - tl.dot(tl.trans(b_w), dvnew_op.to(b_w.dtype), input_precision=DOT_PREC)
+        if DECAY == "scalar":
+            qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)
+            ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
+                - tl.dot(tl.trans(b_w), dvnew_op.to(b_w.dtype), input_precision=DOT_PREC)
+        else:
+            qg = (b_q.to(tl.float32) * scale).to(b_q.dtype)
+            ds = ds * tl.exp(gam_last)[:, None] + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
+                - tl.dot(tl.trans(b_w), dvnew_op.to(b_w.dtype), input_precision=DOT_PREC)
 
     if STORE_DH0:
         tl.store(dh0_ptr + state_off, ds, mask=mkv)

@@ -40,11 +40,14 @@ def chunk_output_kernel(
     cu_ptr, chunk_idx_ptr, chunk_off_ptr, N, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+    DECAY: tl.constexpr = "scalar", aqk_ptr=None,
 ):
     """Grid (slots * cdiv(V, BV) * (HV // H), H): program_id(0) walks the V blocks of each value head of key head
     program_id(1) fastest, then the chunk slots, so the programs that read one q and k tile run next to each other
     and all but the first find it in L2. The slots share axis 0 (up to 2^31 - 1 programs) instead of taking axis 1,
-    whose CUDA limit is 65535."""
+    whose CUDA limit is 65535. DECAY "channel" (KDA's per-key-channel decays): q_ptr holds Q * exp(gam) per value
+    head (H = HV) and the intra-chunk attention comes ready from aqk_ptr [T_tot, HV, BT] (lower triangle incl. the
+    diagonal, unscaled), so O = (Q_dec S + Aqk Vnew) * scale; k_ptr and gcum_ptr are not read."""
     NVB: tl.constexpr = (V + BV - 1) // BV
     NVG: tl.constexpr = NVB * (HV // H)
     hk = tl.program_id(1)
@@ -68,25 +71,33 @@ def chunk_output_kernel(
     acc_a = tl.zeros([BT, BT], dtype=tl.float32)
     for _ in range(0, tl.cdiv(K, BK)):
         b_q = tl.load(p_q, boundary_check=(0, 1))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        if DECAY == "scalar":
+            b_k = tl.load(p_k, boundary_check=(0, 1))
         b_h = tl.load(p_h, boundary_check=(0, 1))
         acc_o = tl.dot(b_q, b_h, acc_o, input_precision=DOT_PREC)
-        acc_a = tl.dot(b_q, tl.trans(b_k), acc_a, input_precision=DOT_PREC)
+        if DECAY == "scalar":
+            acc_a = tl.dot(b_q, tl.trans(b_k), acc_a, input_precision=DOT_PREC)
         p_q = tl.advance(p_q, (0, BK))
-        p_k = tl.advance(p_k, (0, BK))
+        if DECAY == "scalar":
+            p_k = tl.advance(p_k, (0, BK))
         p_h = tl.advance(p_h, (BK, 0))
     b_vn = tl.load(p_vn, boundary_check=(0, 1))
-    gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
-
-    o_inter = acc_o * tl.exp(gam)[:, None]
-    att = chunk_attention_from_qk(acc_a, gam, BT, q_ptr.dtype.element_ty)
+    if DECAY == "scalar":
+        gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
+        o_inter = acc_o * tl.exp(gam)[:, None]
+        att = chunk_attention_from_qk(acc_a, gam, BT, q_ptr.dtype.element_ty)
+    else:
+        o_inter = acc_o
+        att = tl.load(aqk_ptr + (t0 + rows)[:, None] * HV * BT + hv * BT + rows[None, :], mask=valid[:, None],
+                      other=0.).to(q_ptr.dtype.element_ty)
     o = chunk_output_combine(o_inter, att, b_vn, scale, DOT_PREC)
     p_o = tl.make_block_ptr(o_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
     tl.store(p_o, o.to(o_ptr.dtype.element_ty), boundary_check=(0, 1))
 
 
-def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, BT: int = 64):
-    """Launch stage 4 into o. Returns what the Triton launch returns (the compiled kernel on a GPU)."""
+def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, BT: int = 64, aqk=None):
+    """Launch stage 4 into o. Returns what the Triton launch returns (the compiled kernel on a GPU). aqk: KDA's
+    intra-chunk attention [T_tot, HV, BT] (DECAY "channel": q is then Q * exp(gam) [.., HV, K] and H = HV)."""
     BKp = max(16, triton.next_power_of_2(K))
     BK = min(OUTPUT_BK, BKp)
     BV = min(OUTPUT_BV, max(16, triton.next_power_of_2(V)))
@@ -94,4 +105,4 @@ def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, 
     return chunk_output_kernel[(plan.num_slots * nvb * (HV // H), H)](
         q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=OUTPUT_WARPS,
-        num_stages=OUTPUT_STAGES)
+        num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel", aqk_ptr=aqk)))

@@ -21,9 +21,17 @@ read from slot state_indices[n, num_accepted[n] - 1] (column 0 without num_accep
 [0, idx_cols) making the row padded, and in place the state after token t is written to slot state_indices[n, t]
 (a padded entry, or t >= idx_cols, skips that write). V_FIRST: states stored [.., V, K] (FLA's state_v_first); the
 register block stays [BK, BV], only the addressing changes.
+
+Per-key-channel decay (GK_MODE, one-tile kernel only): gk [.., HV, K] is loaded as a [BK] vector per token and
+scales the state's rows, S <- diag(exp(gk_t)) S, after the scalar decay of g (FLA's order). GK_MODE "" (the default:
+none, the GDN path's code unchanged), "log" (gk is the log decay: GDN's gk, or KDA's precomputed g), or a KDA gate on
+the raw input gk with dt_bias [HV * K] (FLA's kda gate): "softplus" -exp(A_log) softplus(gk + dt_bias);
+"lower_bound" LOWER_BOUND sigmoid(exp(A_log) (gk + dt_bias)); "lower_bound_no_a" LOWER_BOUND sigmoid(gk + dt_bias).
 """
 import triton
 import triton.language as tl
+
+from linattn.ops.gated_delta_rule.triton.common import softplus
 
 
 @triton.jit
@@ -39,9 +47,30 @@ def _gate_params(A_log, dt_bias, i_hv, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl
 
 
 @triton.jit
+def _channel_gate(b_gk, A_log, dt_bias, i_hv, o_k, mask_k, K: tl.constexpr, GK_MODE: tl.constexpr,
+                  HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr):
+    """The per-key-channel log decay [BK] from the loaded gk row (GK_MODE: see the module docstring)."""
+    if GK_MODE == "log":
+        return b_gk
+    else:
+        if HAS_DT_BIAS:
+            b_gk = b_gk + tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        if GK_MODE == "lower_bound_no_a":
+            return LOWER_BOUND * tl.sigmoid(b_gk)
+        else:
+            b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+            if GK_MODE == "softplus":
+                return -b_a * softplus(b_gk)
+            else:
+                tl.static_assert(GK_MODE == "lower_bound", "GK_MODE: log, softplus, lower_bound, lower_bound_no_a")
+                return LOWER_BOUND * tl.sigmoid(b_a * b_gk)
+
+
+@triton.jit
 def _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale,
                        USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr):
+                       BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+                       b_gk=None):
     """The token's inputs as the recurrence uses them (q, k normalised if asked, q scaled, beta and the gate
     formed) and the decayed state exp(g) S: (state, q, k, beta). NEG_EIGVAL (FLA's allow_neg_eigval, with
     BETA_SIGMOID): beta = 2 sigmoid(logit), in (0, 2), so I - beta k k^T may have a negative eigenvalue."""
@@ -61,16 +90,19 @@ def _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale,
             # softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x
             b_g = b_neg_a * (tl.maximum(b_g, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(b_g))))
         b_h = b_h * tl.exp(b_g)                         # S <- exp(g_t) S
+    if b_gk is not None:
+        b_h = b_h * tl.exp(b_gk)[:, None]               # S <- diag(exp(gk_t)) S: one decay per key row
     return b_h, b_q, b_k, b_beta
 
 
 @triton.jit
 def _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale,
                   USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr):
-    """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row)."""
+                  BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, NEG_EIGVAL: tl.constexpr, b_gk=None):
+    """One token of the recurrence on a [BK, BV] fp32 state block: returns (new state, output row). b_gk: the
+    token's per-key-channel log decay [BK] (None: none)."""
     b_h, b_q, b_k, b_beta = _decode_token_prep(b_h, b_q, b_k, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
+                                               HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL, b_gk)
     # Both reductions read the decayed state, so they are independent and can overlap:
     #   u = beta (v - S^T k),  S' = S + k u^T,  o = S'^T q = S^T q + u (k . q)
     b_kS = tl.sum(b_h * b_k[:, None], 0)
@@ -154,7 +186,7 @@ def _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v,
 
 @triton.jit(do_not_specialize=["T", "num_slots", "idx_cols"])
 def fused_recurrent_gdn_fwd_kernel(
-    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices, num_accepted,
+    q, k, v, g, gk, beta, A_log, dt_bias, o, h0, ht, cu_seqlens, state_indices, num_accepted,
     scale, T, num_slots, idx_cols,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
@@ -162,9 +194,11 @@ def fused_recurrent_gdn_fwd_kernel(
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
     IS_VARLEN: tl.constexpr, INDEXED: tl.constexpr, SPEC: tl.constexpr, HAS_NAT: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr,
+    GK_MODE: tl.constexpr = "", LOWER_BOUND: tl.constexpr = 0.0,
 ):
     """One tile per program: the state block is loaded, the sequence's T tokens applied, the block stored (SPEC in
-    place: stored after every token, into that token's slot). idx_cols: the columns of a 2-D state_indices."""
+    place: stored after every token, into that token's slot). idx_cols: the columns of a 2-D state_indices.
+    GK_MODE / LOWER_BOUND: the per-key-channel decay gk [.., HV, K] (module docstring)."""
     # int64 from the start: (slot * HV + head) * K * V overflows int32 for pools above 2^31 elements (8 GiB fp32)
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
@@ -205,6 +239,8 @@ def fused_recurrent_gdn_fwd_kernel(
     p_beta = beta + bos * HV + i_hv
     if USE_G:
         p_g = g + bos * HV + i_hv
+    if GK_MODE != "":
+        p_gk = gk + (bos * HV + i_hv) * K + o_k
     for t in range(0, seq_len):
         b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
         b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -214,8 +250,12 @@ def fused_recurrent_gdn_fwd_kernel(
             b_g = tl.load(p_g).to(tl.float32)
         else:
             b_g = 0.0
+        b_gk = None
+        if GK_MODE != "":
+            b_gk = _channel_gate(tl.load(p_gk, mask=mask_k, other=0.0).to(tl.float32), A_log, dt_bias, i_hv, o_k,
+                                 mask_k, K, GK_MODE, HAS_DT_BIAS, LOWER_BOUND)
         b_h, b_o = _decode_token(b_h, b_q, b_k, b_v, b_beta, b_g, b_neg_a, b_dt, scale, USE_G, FUSED_GATE,
-                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
+                                 HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL, b_gk)
         if INDEXED:
             b_o = tl.where(valid, b_o, 0.0)                 # padded rows: zeros, never garbage
         tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
@@ -231,6 +271,8 @@ def fused_recurrent_gdn_fwd_kernel(
         p_beta += HV
         if USE_G:
             p_g += HV
+        if GK_MODE != "":
+            p_gk += HV * K
 
     if STORE_HT and not (SPEC and INPLACE):
         _store_state(h0, ht, b_h, state_off, mask_io, mask_h, valid, i_n, i_hv, o_v, HV, K, V, BK, INPLACE, INDEXED,

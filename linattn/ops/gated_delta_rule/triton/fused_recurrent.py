@@ -77,7 +77,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             config: Optional[tuple] = None, out: Optional[torch.Tensor] = None,
                             final_out: Optional[torch.Tensor] = None,
                             num_accepted_tokens: Optional[torch.Tensor] = None,
-                            pad_slot_id: int = -1, state_v_first: bool = False, allow_neg_eigval: bool = False):
+                            pad_slot_id: int = -1, state_v_first: bool = False, allow_neg_eigval: bool = False,
+                            gk: Optional[torch.Tensor] = None, gk_mode: str = "", lower_bound: float = 0.0):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
     requested, else a new fp32 tensor (FLA's rule), [N, HV, K, V] ([N, HV, V, K] with state_v_first). The
     arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`: optional preallocated
@@ -87,7 +88,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     Serving options: a 2-D state_indices [N, T_max] with optional num_accepted_tokens [N] (speculative decoding:
     read slot state_indices[n, num_accepted_tokens[n] - 1], in place every token's state into state_indices[n, t]);
     pad_slot_id >= 0 makes that index a padded row too (negative indices always are); state_v_first: states
-    [.., V, K]; allow_neg_eigval: beta = 2 sigmoid(beta) (with beta_sigmoid)."""
+    [.., V, K]; allow_neg_eigval: beta = 2 sigmoid(beta) (with beta_sigmoid).
+    gk [B, T, HV, K] with gk_mode (decode_kernels.py: "log", "softplus", "lower_bound", "lower_bound_no_a", the
+    last two with lower_bound): the per-key-channel decay (GDN's gk, KDA's g), on the one-tile kernel."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     spec = False
@@ -105,6 +108,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     # runtime.alloc.empty: NaN-filled inside poisoned_allocations(), so an unwritten element fails a check
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = None if g is None else g.contiguous()
+    if gk is not None:
+        gk = gk.contiguous()
     if num_accepted_tokens is not None:
         num_accepted_tokens = num_accepted_tokens.contiguous()
     if initial_state is not None and not inplace:
@@ -117,8 +122,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         ht = empty(*ht_shape, dtype=torch.float32, device=q.device) if final_out is None else final_out
     num_sms = device_facts(q).num_sms
     (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
-    if config is None:
-        config = None if spec else auto_config          # the persistent walk reads and writes one slot per row
+    if config is None:                  # the persistent walk reads and writes one slot per row, and has no gk
+        config = None if spec or gk is not None else auto_config
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
     if config is not None:
         if len(config) not in (2, 4) or (len(config) == 4 and config[2] not in (0, 1)):
@@ -127,14 +132,15 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         BV, num_warps = config[:2]
         if len(config) == 4 and config[2] == 1:
             per_sm = config[3]
-            if T != 1 or cu_seqlens is not None or spec:
-                raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens and a "
-                                 "1-D state_indices")
+            if T != 1 or cu_seqlens is not None or spec or gk is not None:
+                raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens, a "
+                                 "1-D state_indices and no gk")
     n_tiles = N * HV * triton.cdiv(V, BV)
     if n_tiles == 0:
         return o, ht
     num_slots = initial_state.shape[0] if state_indices is not None else 0
-    flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+    # FUSED_GATE: the scalar g's gate (A_log without g belongs to gk's KDA gate)
+    flags = dict(USE_G=g is not None, FUSED_GATE=A_log is not None and g is not None, HAS_DT_BIAS=dt_bias is not None,
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
     serving = dict(NEG_EIGVAL=allow_neg_eigval, PAD_SLOT=pad_slot_id, V_FIRST=state_v_first)
@@ -147,10 +153,12 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                     float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving), num_warps)
             return o, ht
         _launch(fused_recurrent_gdn_fwd_kernel, (n_tiles, 1, 1),
-                (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
+                (q, k, v, g, gk, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
                  num_accepted_tokens), (T, num_slots, idx_cols),
                 float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, **flags,
-                                   SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving),
+                                   SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving,
+                                   GK_MODE=gk_mode if gk is not None else "",
+                                   LOWER_BOUND=float(lower_bound) if gk_mode.startswith("lower_bound") else 0.0),
                 num_warps)
     return o, ht
 
@@ -207,14 +215,14 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
     opt = dict(A_log="*fp32" if fused else None, dt_bias="*fp32" if fused else None,
                ht=None if inplace else sp, cu_seqlens="*i32" if varlen else None, state_indices="*i32")
-    sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log=None, dt_bias=None,
+    sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", gk=None, beta="*fp32", A_log=None, dt_bias=None,
                o="*bf16", h0=sp, ht=None, cu_seqlens=None, state_indices=None, num_accepted=None, scale="fp32",
                T="i32", num_slots="i32", idx_cols="i32")
     sig.update(opt)
     const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
                  BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
                  IS_VARLEN=varlen, INDEXED=True, SPEC=False, HAS_NAT=False, NEG_EIGVAL=False, PAD_SLOT=-1,
-                 V_FIRST=False)
+                 V_FIRST=False, GK_MODE="", LOWER_BOUND=0.0)
     constexprs = {n: None for n, t in sig.items() if t is None}
     constexprs.update(const)
     signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
@@ -222,7 +230,8 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     kernel = fused_recurrent_gdn_fwd_kernel
     if persistent:                # no T, no cu_seqlens; n_tiles
         kernel = fused_recurrent_gdn_fwd_persistent_kernel
-        one_tile_only = ("T", "cu_seqlens", "num_accepted", "idx_cols", "IS_VARLEN", "SPEC", "HAS_NAT")
+        one_tile_only = ("T", "cu_seqlens", "num_accepted", "idx_cols", "IS_VARLEN", "SPEC", "HAS_NAT", "gk",
+                         "GK_MODE", "LOWER_BOUND")
         for n in one_tile_only:
             signature.pop(n)
             constexprs.pop(n, None)

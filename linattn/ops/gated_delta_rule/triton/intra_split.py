@@ -177,7 +177,7 @@ def _blocks_at(a4, s: tl.constexpr):
 
 
 @triton.jit
-def _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: tl.constexpr, BT: tl.constexpr):
+def store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV: tl.constexpr, BT: tl.constexpr):
     """Stores the four block diagonals of Tinv (d = T_ii, t1 = T_{i,i-1}, t2, t3 as [4, 16, 16], row block i):
     diagonal s at column block (i - s) mod 4, T_{i,i-s} below the diagonal and its exact zeros (i < s) above it, so
     the four stores write all of Tinv's rows t0 .. min(t0 + 64, eos)."""
@@ -218,51 +218,58 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
                           A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr,
                           HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr):
     """The program of kkt_solve_kernel for chunk slot p and value head hv: _chunk_a (gcum stored, the gated A), then
-    Tinv = (I + A)^-1 by block substitution over the four 16-row blocks. From Tinv (I + A) = I, with D_i =
-    (I + A_ii)^-1 and T_ij the 16x16 blocks of Tinv (i > j), by block diagonals s = i - j (T_ii = D_i):
-        E_s[i] = A_{i,i-s} D_{i-s};  T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
-    on [4, 16, 16] batched tensors (row block i in warp i, as the K K^T WGMMA accumulator holds it). What comes from
-    other row blocks (D_{i-s}, E_s[i-u]) is broadcast to every warp once and its shifted copies are selected in
-    registers (each broadcast's selects taken right after it: fewer live registers than selecting at the products'
-    operands), then the four block diagonals are stored. LOWP: bf16 operands for every product of the inverse and
-    for the broadcasts (mma.sync takes the fp32 accumulator's registers as a bf16 operand as they are: no shuffles,
-    half the bytes moved); DOT_PREC (TF32 / IEEE) otherwise."""
+    Tinv = (I + A)^-1 (tinv_blocks) stored."""
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n < N:                                  # else a surplus slot of the varlen bound
         t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC,
                                     EARLY_K, A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL, HAS_DT_BIAS,
                                     BETA_SCALE)
+        d, t1, t2, t3 = tinv_blocks(a, DOT_PREC, LOWP)
+        store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
-        F32: tl.constexpr = DOT_PREC
-        a4 = tl.reshape(a, [4, 16, 4, 16])
-        a1 = _blocks_at(a4, 1)
-        a2 = _blocks_at(a4, 2)
-        a3 = _blocks_at(a4, 3)
-        d = _inv_unit_lower16(_blocks_at(a4, 0), F32, LOWP)
-        if LOWP:                                   # the moved blocks travel as the products' bf16 operands
-            da = _blocks_to_all_warps(d.to(tl.bfloat16))
-        else:
-            da = _blocks_to_all_warps(d)
-        d1 = _select_above(da, 1)                 # D_{i-1}
-        d2 = _select_above(da, 2)
-        d3 = _select_above(da, 3)
-        e1 = _dot_op(a1, d1, F32, LOWP)
-        e2 = _dot_op(a2, d2, F32, LOWP)
-        e3 = _dot_op(a3, d3, F32, LOWP)
-        t1 = -_dot_op(d, e1, F32, LOWP)
-        if LOWP:
-            e1a = _blocks_to_all_warps(e1.to(tl.bfloat16))
-            e2a = _blocks_to_all_warps(e2.to(tl.bfloat16))
-        else:
-            e1a = _blocks_to_all_warps(e1)
-            e2a = _blocks_to_all_warps(e2)
-        e11 = _select_above(e1a, 1)               # E_1[i-1]
-        e12 = _select_above(e1a, 2)               # E_1[i-2]
-        e21 = _select_above(e2a, 1)               # E_2[i-1]
-        t2 = -_dot_op(d, e2, F32, LOWP, acc=_dot_op(t1, e11, F32, LOWP))
-        t3 = _dot_op(t1, e21, F32, LOWP)
-        t3 = -_dot_op(d, e3, F32, LOWP, acc=_dot_op(t2, e12, F32, LOWP, acc=t3))
-        _store_diagonals(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+
+@triton.jit
+def tinv_blocks(a, F32: tl.constexpr, LOWP: tl.constexpr):
+    """Tinv = (I + A)^-1 of a strictly lower [64, 64] A by block substitution over the four 16-row blocks; returns
+    its four block diagonals (d = T_ii, t1 = T_{i,i-1}, t2, t3 as [4, 16, 16], row block i) for store_tinv_blocks.
+    From Tinv (I + A) = I, with D_i = (I + A_ii)^-1 and T_ij the 16x16 blocks of Tinv (i > j), by block diagonals
+    s = i - j (T_ii = D_i):
+        E_s[i] = A_{i,i-s} D_{i-s};  T_{i,i-s} = -(sum_{0 < u < s} T_{i,i-u} E_{s-u}[i-u] + D_i E_s[i])
+    on [4, 16, 16] batched tensors (row block i in warp i, as the K K^T WGMMA accumulator holds it). What comes from
+    other row blocks (D_{i-s}, E_s[i-u]) is broadcast to every warp once and its shifted copies are selected in
+    registers (each broadcast's selects taken right after it: fewer live registers than selecting at the products'
+    operands). LOWP: bf16 operands for every product of the inverse and for the broadcasts (mma.sync takes the fp32
+    accumulator's registers as a bf16 operand as they are: no shuffles, half the bytes moved); F32 (TF32 / IEEE)
+    otherwise. Shared by GDN's kkt_solve_kernel and KDA's intra kernel (linattn/ops/kda/triton/intra.py)."""
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    a1 = _blocks_at(a4, 1)
+    a2 = _blocks_at(a4, 2)
+    a3 = _blocks_at(a4, 3)
+    d = _inv_unit_lower16(_blocks_at(a4, 0), F32, LOWP)
+    if LOWP:                                   # the moved blocks travel as the products' bf16 operands
+        da = _blocks_to_all_warps(d.to(tl.bfloat16))
+    else:
+        da = _blocks_to_all_warps(d)
+    d1 = _select_above(da, 1)                 # D_{i-1}
+    d2 = _select_above(da, 2)
+    d3 = _select_above(da, 3)
+    e1 = _dot_op(a1, d1, F32, LOWP)
+    e2 = _dot_op(a2, d2, F32, LOWP)
+    e3 = _dot_op(a3, d3, F32, LOWP)
+    t1 = -_dot_op(d, e1, F32, LOWP)
+    if LOWP:
+        e1a = _blocks_to_all_warps(e1.to(tl.bfloat16))
+        e2a = _blocks_to_all_warps(e2.to(tl.bfloat16))
+    else:
+        e1a = _blocks_to_all_warps(e1)
+        e2a = _blocks_to_all_warps(e2)
+    e11 = _select_above(e1a, 1)               # E_1[i-1]
+    e12 = _select_above(e1a, 2)               # E_1[i-2]
+    e21 = _select_above(e2a, 1)               # E_2[i-1]
+    t2 = -_dot_op(d, e2, F32, LOWP, acc=_dot_op(t1, e11, F32, LOWP))
+    t3 = _dot_op(t1, e21, F32, LOWP)
+    t3 = -_dot_op(d, e3, F32, LOWP, acc=_dot_op(t2, e12, F32, LOWP, acc=t3))
+    return d, t1, t2, t3
 
 
 @triton.jit
@@ -308,7 +315,11 @@ def wu_kernel(
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+    DECAY: tl.constexpr = "scalar",
 ):
+    """Stage 2b, grid (chunk slots, HV): W = Tinv diag(beta) (K * exp(gam)) and U = Tinv diag(beta) V. DECAY "scalar":
+    gcum [T_tot, HV] (GDN); "channel": gcum [T_tot, HV, K], a decay per key channel (KDA, whose beta here is the
+    effective beta its intra kernel stored)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
@@ -321,15 +332,23 @@ def wu_kernel(
     i = tl.arange(0, BT)
     r = t0 + i
     m = r < eos
-    gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
+    if DECAY == "scalar":
+        gam = tl.load(gcum_ptr + r * HV + hv, mask=m, other=0.)
     beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
     # Tinv rounded to the operand dtype (rows past the end load as zeros)
     tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
 
-    bg = beta * tl.exp(gam)
+    if DECAY == "scalar":
+        bg = beta * tl.exp(gam)
     for kb in range(0, tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * bg[:, None]).to(op)
+        if DECAY == "scalar":
+            ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * bg[:, None]).to(op)
+        else:
+            ck = kb * BK + tl.arange(0, BK)
+            gk = tl.load(gcum_ptr + (r * HV + hv)[:, None] * K + ck[None, :], mask=m[:, None] & (ck < K)[None, :],
+                         other=0.)
+            ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * (beta[:, None] * tl.exp(gk))).to(op)
         p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
         tl.store(p_w, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), boundary_check=(0, 1))
     for vb in range(0, tl.cdiv(V, BV)):

@@ -1,0 +1,1 @@
+"""Kimi Delta Attention (KDA): Gated DeltaNet with a per-key-channel decay."""

@@ -1,0 +1,211 @@
+"""Public entry of the chunked KDA op, `chunk_kda` (FLA 0.6's signature): argument checks, backend choice.
+
+Backends: "triton" (KDA's stage 2a, triton/intra.py, then GDN's stages in their per-key-channel form; any device
+Triton runs on, the CPU under TRITON_INTERPRET=1) and "reference" (the token-by-token recurrence in PyTorch, by name
+only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with a fake
+implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host (CUDA-graph
+safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: the forward recomputed, GDN's
+reverse state pass, KDA's local backward kernel), registered as the forward op's autograd.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule.reference import l2norm
+from linattn.ops.gated_delta_rule.validation import check_channel_decay, check_gdn_inputs, fla_state_v_first
+from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
+from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+from linattn.runtime.device import eager_without_autograd
+from linattn.runtime.settings import settings
+
+OP = "chunk_kda"
+_backends = op_backends(OP)
+
+
+@torch.library.custom_op("linattn::chunk_kda_fwd", mutates_args=())
+def _chunk_kda_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool,
+                   state_v_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    o, final = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
+                             gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first=state_v_first)
+    return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
+
+
+@_chunk_kda_fwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+      beta_sigmoid, neg_eigval, state_v_first):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    shape = ((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,)
+    return v.new_empty(B, T, HV, V), q.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("linattn::chunk_kda_bwd", mutates_args=())
+def _chunk_kda_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                   A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str, lower_bound: float,
+                   beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: torch.Tensor,
+                   dht: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor, torch.Tensor]:
+    from linattn.ops.kda.triton.backward import chunk_kda_bwd
+    grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+                          beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
+                          state_v_first=state_v_first)
+    # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
+    return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
+
+
+@_chunk_kda_bwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
+      neg_eigval, state_v_first, do, dht):
+    empty0 = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta),
+            torch.empty_like(initial_state, dtype=torch.float32) if initial_state is not None else empty0,
+            torch.empty_like(A_log) if gate and A_log is not None else empty0,
+            torch.empty_like(dt_bias) if gate and dt_bias is not None else empty0)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+     beta_sigmoid, neg_eigval, state_v_first) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
+    ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
+
+
+def _backward(ctx, do, dht):
+    q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias = ctx.saved_tensors
+    scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state = ctx.args
+    use_dht = output_final_state and dht is not None and dht.numel() > 0
+    dq, dk, dv, dg, dbeta, dh0, dA, dbias = torch.ops.linattn.chunk_kda_bwd(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
+        neg_eigval, state_v_first, do, dht if use_dht else None)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
+            dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
+            None, None, None, None, None)
+
+
+_chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _triton_supports(q=None, **_) -> Tuple[bool, str]:
+    if q.device.type == "cpu" and not settings.interpret:
+        return False, "CPU tensors need TRITON_INTERPRET=1 for the Triton path"
+    if q.device.type not in ("cpu", "cuda"):
+        return False, f"device {q.device.type} is not supported by the Triton path"
+    return True, ""
+
+
+def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
+                 lower_bound, beta_sigmoid, neg_eigval, state_v_first):
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
+            lower_bound, beta_sigmoid, neg_eigval, state_v_first)
+    if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
+        from linattn.ops.kda.triton.forward import chunk_kda_fwd
+        return chunk_kda_fwd(*args)
+    o, final = _chunk_kda_fwd(*args)
+    return o, (final if output_final_state else None)
+
+
+def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
+                    lower_bound, beta_sigmoid, neg_eigval, state_v_first):
+    if gate:
+        g = kda_gate(g, None if gate == "lower_bound_no_a" else A_log, dt_bias,
+                     lower_bound if gate.startswith("lower_bound") else None)
+    if beta_sigmoid:
+        beta = torch.sigmoid(beta.float() if beta.dtype != torch.float64 else beta) * (2 if neg_eigval else 1)
+    if state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    o, final = naive_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return o, (final.transpose(-1, -2).contiguous() if state_v_first and final is not None else final)
+
+
+_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
+
+
+def _not_yet(name: str):
+    raise NotImplementedError(f"{OP}: {name} is not supported yet by linattn's chunked KDA (only its default)")
+
+
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+              use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+              allow_neg_eigval: bool = False, safe_gate: bool = False, lower_bound: Optional[float] = None,
+              disable_recompute: bool = False, return_intermediate_states: bool = False, state_v_first: bool = False,
+              cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+              cp_context=None, use_graph: bool = False, max_num_seqs: Optional[int] = None, *,
+              A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None, chunk_size: int = 64,
+              chunk_indices: Optional[torch.Tensor] = None, transpose_state_layout: Optional[bool] = None,
+              backend: str = "auto") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Kimi Delta Attention, chunked, with FLA 0.6's signature (fla.ops.kda.chunk_kda: its parameters in its order
+    and with its defaults, its **kwargs as keywords), then linattn's `backend`, keyword-only.
+
+    q, k [B, T, H, K]; v [B, T, HV, V] (one dtype: bf16, fp16 or fp32; GVA: value head j reads q/k head
+    j // (HV // H)); g [B, T, HV, K]: the log decay per key channel (finite, <= 0), or with use_gate_in_kernel the
+    raw input of FLA's KDA gate, -exp(A_log) * softplus(g + dt_bias) (A_log [HV], dt_bias [HV * K] optional), or
+    with lower_bound (< 0) lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) (A_log optional there: then
+    lower_bound * sigmoid(g + dt_bias)); beta [B, T, HV] (a logit with use_beta_sigmoid_in_kernel, 2 sigmoid(beta)
+    with allow_neg_eigval too). scale: default K ** -0.5. initial_state [N, HV, K, V] (fp32 math); output_final_state
+    returns the fp32 state after the last token. state_v_first: both states [N, HV, V, K] (FLA's V-first layout;
+    transpose_state_layout is its deprecated name). cu_seqlens [N + 1]: packed sequences, B = 1. use_qk_l2norm_in_kernel:
+    q and k L2-normalised along K first (eps 1e-6). Values of CPU tensors are checked (g, beta); on a GPU they are the
+    caller's contract (LINATTN_CHECK_INPUTS=1 checks them).
+
+    Accepted without effect on the result: safe_gate (FLA's faster path for gates bounded by lower_bound; FLA's
+    argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), disable_recompute (a memory
+    trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
+    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, cp_context,
+    use_graph. chunk_size: 64 only (ValueError otherwise).
+    backend: "auto" (Triton), "triton" or "reference".
+
+    Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
+    initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);
+    each gradient comes back in its input's dtype.
+    """
+    state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
+    if chunk_size != 64:
+        raise ValueError(f"{OP}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
+                         f"chunk_size=64 only (FLA also takes 32); pass 64 or leave it out")
+    if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
+        raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
+                         f"FLA), got {lower_bound!r}")
+    for name, value in (("return_intermediate_states", return_intermediate_states),
+                        ("cp_context", cp_context is not None),
+                        ("use_graph", use_graph)):
+        if value:
+            _not_yet(name)
+    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
+                            state_v_first=state_v_first)
+    check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
+    check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+    if scale is None:
+        scale = dims["K"] ** -0.5
+    b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                         output_final_state=output_final_state)
+    if use_qk_l2norm_in_kernel:
+        q = l2norm(q.float()).to(q.dtype)
+        k = l2norm(k.float()).to(k.dtype)
+    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
+    lb = float(lower_bound) if lower_bound is not None else 0.0
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(-1)
+    if b.name == "reference":
+        return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
+                      lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    A_log = None if A_log is None else A_log.contiguous()
+    dt_bias = None if dt_bias is None else dt_bias.contiguous()
+    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
+                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
+

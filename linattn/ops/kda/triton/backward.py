@@ -1,0 +1,328 @@
+"""KDA's chunked backward on Triton.
+
+Stages: (0) the forward recomputed (forward.py with keep=True: gcum, the effective beta, fp32 Tinv, Aqk, the decayed
+keys and queries, W, the chunk-start states h and Vnew); (1a) the intra-chunk part of dVnew, scale Aqk^T dO
+(GDN's chunk_dv_local_kernel, DECAY "channel"); (1) the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY
+"channel": dS per chunk, the state term of dVnew, d initial_state); (2) everything else per chunk in
+two kernels below (kda_wy_bwd_kernel up to dAkk and dAqk, kda_pair_bwd_kernel from them on: split so that each
+fits sm_90's shared memory at K = V = 128). Per chunk and value head, with dS the gradient into S_next (dh) and gam [C, K]:
+
+    dQdec = scale dO S^T,  dKdec = Vnew dS^T,  dgam_C += sum_v S * dS * exp(gam_C) + sum_rows dKdec * Kdec
+    dW = -dVnew S^T,  dTinv = dW (beta K e^gam)^T + dVnew (beta V)^T,  dAkk = -Tinv^T dTinv Tinv^T (strict lower)
+    dV = beta Tinv^T dVnew,  d(beta K e^gam) = Tinv^T dW,  dAqk = scale dO Vnew^T (lower incl)
+
+then through the pairwise products Akk_ij = beta_i sum_d k_id k_jd e^(gam_id - gam_jd) and Aqk_ij (q for the
+left k): for P_ij = sum_d a_id b_jd e^(gam_id - gam_jd) with upstream G, da_i = sum_j G_ij b_j e^(..),
+db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (_pair_grads: the forward's numerically safe
+form, reference rows across 16-row blocks and token pairs inside them). dg is the reverse cumsum of dgam inside
+the chunk, then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial sums reduced by the launcher)
+and the beta sigmoid.
+
+Every tl.trans here is of a loaded tile or of an elementwise function of loaded tiles, never of a dot result fed to
+another dot (miscompiled by Triton 3.4-3.7 on Hopper, FLA issues 640/984): the transposed gradients G^T are formed by
+their own products.
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
+from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
+from linattn.ops.kda.triton.forward import chunk_kda_fwd
+from linattn.ops.kda.triton.intra import _row_of_block
+from linattn.runtime.alloc import empty
+
+
+@triton.jit
+def _block_sum_to_row(x, j, BT: tl.constexpr, BK: tl.constexpr):
+    """[BT, BK] -> [BT, BK]: each 16-row block's column sums of x, placed in row j of that block (zeros elsewhere)."""
+    sums = tl.sum(tl.reshape(x, [BT // 16, 16, BK]), axis=1)                 # [BT // 16, BK]
+    r16 = tl.arange(0, 16)[None, :, None]
+    return tl.reshape(tl.where(r16 == j, sums[:, None, :], 0.), [BT, BK])
+
+
+@triton.jit
+def _pair_grads(G, GT, a, b, gam, DOT_PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """For P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) over the pairs j <= i that G (the upstream gradient, masked
+    to P's pairs) holds, and GT = G^T formed by its own product: (da, db) [BT, BK] with
+    da_i = sum_j G_ij b_j exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j). Across 16-row blocks through
+    row block I's reference row 16 I (both factors <= 1), inside each block token by token (as the forward)."""
+    i = tl.arange(0, BT)
+    el = tl.exp(gam - _row_of_block(gam, 0, BT, BK))
+    al = a * el
+    da = tl.zeros([BT, BK], dtype=tl.float32)
+    db = tl.zeros([BT, BK], dtype=tl.float32)
+    for blk in tl.static_range(1, BT // 16):
+        ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam, 0.), axis=0)
+        er = tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
+        gb = tl.where((i // 16 == blk)[:, None] & (i < 16 * blk)[None, :], G, 0.)
+        gbt = tl.where((i < 16 * blk)[:, None] & (i // 16 == blk)[None, :], GT, 0.)
+        da += el * tl.dot(gb, b * er, input_precision=DOT_PREC)
+        db += er * tl.dot(gbt, al, input_precision=DOT_PREC)
+    for j in tl.static_range(0, 16):
+        bj = _row_of_block(b, j, BT, BK)
+        gj = _row_of_block(gam, j, BT, BK)
+        e = tl.exp(tl.where((i % 16 >= j)[:, None], gam - gj, float("-inf")))
+        hit = i[None, :] == (16 * (i // 16) + j)[:, None]
+        gcol = tl.sum(tl.where(hit, G, 0.), axis=1)                                # G[i, 16 (i // 16) + j]
+        da += gcol[:, None] * bj * e
+        db += _block_sum_to_row(gcol[:, None] * a * e, j, BT, BK)
+    return da, db
+
+
+@triton.jit
+def kda_wy_bwd_kernel(
+    q_ptr, k_ptr, v_ptr,                                       # the op's inputs
+    gcum_ptr, beta_eff_ptr, tinv_ptr, h_ptr, vnew_ptr,         # the recomputed forward
+    do_ptr, dh_ptr, dvnew_ptr,                                 # dO, dS into each chunk's S_next, the whole dVnew
+    dq_ptr, dk_ptr, dv_ptr, dgam_ptr, dbeta_ptr, dakk_ptr, daqk_ptr,
+    cu_ptr, chunk_idx_ptr, chunk_off_ptr, N, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Grid (chunk slots, HV); BK >= K, BV >= V. The first half of the local backward: the output's and the
+    state's direct terms and the way back through W and U, up to dAkk (strict lower) and dAqk (lower incl.), stored
+    fp32 [T_tot, HV, BT] for kda_pair_bwd_kernel with the partial dq, dk (fp32 [T_tot, HV, K] per value head),
+    dgam (fp32, gam_C's terms on the last row) and dbeta (fp32); dv final."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    slot = (tl.load(chunk_off_ptr + n) + c).to(tl.int64)
+    hk = hv // (HV // H)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    cv = tl.arange(0, BV)
+    mrk = m[:, None] & mk[None, :]
+    mrv = m[:, None] & (cv < V)[None, :]
+    mkv = mk[:, None] & (cv < V)[None, :]
+    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+    off_q = (r * H + hk)[:, None] * K + ck[None, :]
+    off_v = (r * HV + hv)[:, None] * V + cv[None, :]
+    off_s = (slot * HV + hv) * K * V + ck[:, None] * V + cv[None, :]
+
+    gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
+    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    vf = tl.load(v_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
+    # the V-side tiles stay in the operand dtype (their products' operands; half the shared memory of fp32 copies)
+    b_do = tl.load(do_ptr + off_v, mask=mrv, other=0.).to(vnew_ptr.dtype.element_ty)
+    b_vn = tl.load(vnew_ptr + off_v, mask=mrv, other=0.)
+    b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.)
+    b_h = tl.load(h_ptr + off_s, mask=mkv, other=0.)
+    b_dh = tl.load(dh_ptr + off_s, mask=mkv, other=0.)
+    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.)
+    last = tl.minimum(eos - t0, BT) - 1
+    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+    # rows past the sequence end carry gam_C, as the forward's cumsum left them: the reference rows' factors of
+    # _pair_grads stay <= 1 there too
+    gam = tl.where(m[:, None], gam, gam_last[None, :])
+    eg = tl.exp(gam)
+    ekd = tl.where(mrk, tl.exp(gam_last[None, :] - gam), 0.)
+
+    # ---- the output's and the state's direct terms
+    dqdec = scale * tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
+    dq = dqdec * eg
+    dgam = dqdec * qf * eg
+    dkdec = tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
+    dk = dkdec * ekd
+    dgam -= dkdec * kf * ekd
+    dgl = tl.sum(dkdec * kf * ekd, axis=0) + tl.exp(gam_last) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+
+    # ---- back through W = Tinv diag(beta) (K e^gam) and U = Tinv diag(beta) V
+    kb = beta[:, None] * kf * eg
+    vb = (beta[:, None] * vf).to(b_dvn.dtype)
+    dw = -tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
+    dwt = -tl.dot(b_h, tl.trans(b_dvn), input_precision=DOT_PREC)
+    dtinv = tl.dot(dw, tl.trans(kb), input_precision=DOT_PREC) + tl.dot(b_dvn, tl.trans(vb), input_precision=DOT_PREC)
+    dtinvt = tl.dot(kb, dwt, input_precision=DOT_PREC) + tl.dot(vb, tl.trans(b_dvn), input_precision=DOT_PREC)
+    dkb = tl.dot(tl.trans(tinv), dw, input_precision=DOT_PREC)
+    dvb = tl.dot(tl.trans(tinv.to(b_dvn.dtype)), b_dvn, input_precision=DOT_PREC)
+    dv = beta[:, None] * dvb
+    dbeta = tl.sum(dkb * kf * eg, axis=1) + tl.sum(dvb * vf, axis=1)
+    dk += beta[:, None] * dkb * eg
+    dgam += beta[:, None] * dkb * kf * eg
+    strict = i[:, None] > i[None, :]
+    dakk = tl.where(strict, -tl.dot(tl.dot(tl.trans(tinv), dtinv, input_precision=DOT_PREC), tl.trans(tinv),
+                                    input_precision=DOT_PREC), 0.)
+    incl = i[:, None] >= i[None, :]
+    daqk = tl.where(incl, scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC), 0.)
+    dgam = tl.where(mrk, dgam + tl.where(i[:, None] == last, dgl[None, :], 0.), 0.)
+    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    tl.store(dakk_ptr + off_a, dakk, mask=m[:, None])
+    tl.store(daqk_ptr + off_a, daqk, mask=m[:, None])
+    tl.store(dq_ptr + off_hk, dq, mask=mrk)
+    tl.store(dk_ptr + off_hk, dk, mask=mrk)
+    tl.store(dgam_ptr + off_hk, dgam, mask=mrk)
+    tl.store(dv_ptr + off_v, dv.to(dv_ptr.dtype.element_ty), mask=mrv)
+    tl.store(dbeta_ptr + r * HV + hv, dbeta, mask=m)
+
+
+@triton.jit
+def kda_pair_bwd_kernel(
+    k_ptr, q_ptr, g_ptr, beta_ptr, A_log, dt_bias, gcum_ptr, beta_eff_ptr,
+    dakk_ptr, daqk_ptr, dgam_ptr, dbeta_in_ptr,                # kda_wy_bwd_kernel's outputs (fp32)
+    dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, dA_ptr, dbias_ptr,      # dq, dk: the partial sums, completed in place
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+):
+    """Grid (chunk slots, HV): the second half of the local backward: the pairwise gradients of Akk and Aqk
+    (_pair_grads; the transposed gradients read transposed from memory), dg as the reverse cumsum inside the chunk,
+    then the KDA gate's and the beta sigmoid's chain rule. dA [slots, HV] and dbias [slots, HV, K]: fp32 partial
+    sums of the gate's parameters (zeros from surplus slots)."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound: zero partial sums
+        if GATE != "":
+            tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.zeros([BK], dtype=tl.float32), mask=mk)
+            tl.store(dA_ptr + p * HV + hv, 0.)
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    mrk = m[:, None] & mk[None, :]
+    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+    off_q = (r * H + hk)[:, None] * K + ck[None, :]
+    gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
+    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+    last = tl.minimum(eos - t0, BT) - 1
+    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+    # rows past the sequence end carry gam_C, as the forward's cumsum left them: the reference rows' factors of
+    # _pair_grads stay <= 1 there too
+    gam = tl.where(m[:, None], gam, gam_last[None, :])
+    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
+    dakk = tl.load(dakk_ptr + off_a, mask=m[:, None], other=0.)
+    dakkt = tl.load(dakk_ptr + off_at, mask=m[None, :], other=0.)
+    daqk = tl.load(daqk_ptr + off_a, mask=m[:, None], other=0.)
+    daqkt = tl.load(daqk_ptr + off_at, mask=m[None, :], other=0.)
+    dq = tl.load(dq_ptr + off_hk, mask=mrk, other=0.)
+    dk = tl.load(dk_ptr + off_hk, mask=mrk, other=0.)
+    dgam = tl.load(dgam_ptr + off_hk, mask=mrk, other=0.)
+    dbeta = tl.load(dbeta_in_ptr + r * HV + hv, mask=m, other=0.)
+
+    # Akk_ij = beta_i P_ij(k, k): da with G = dAkk (beta applied after, and dbeta from it), db with beta_i G_ij
+    da, db = _pair_grads(dakk, dakkt, beta[:, None] * kf, kf, gam, DOT_PREC, BT, BK)
+    dbeta += tl.sum(kf * da, axis=1)
+    dk += beta[:, None] * da + db
+    dgam += beta[:, None] * kf * da - kf * db
+    # Aqk_ij = P_ij(q, k)
+    da, db = _pair_grads(daqk, daqkt, qf, kf, gam, DOT_PREC, BT, BK)
+    dq += da
+    dk += db
+    dgam += qf * da - kf * db
+
+    # ---- dg: the reverse cumsum inside the chunk (gam_C's terms are on the last row already)
+    dgam = tl.where(mrk, dgam, 0.)
+    dg = tl.sum(dgam, axis=0)[None, :] - tl.cumsum(dgam, axis=0) + dgam
+    if GATE != "":
+        x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
+        if HAS_DT_BIAS:
+            x = x + tl.load(dt_bias + hv * K + ck, mask=mk, other=0.).to(tl.float32)[None, :]
+        if GATE == "softplus":
+            a = tl.exp(tl.load(A_log + hv).to(tl.float32))
+            d_a = tl.sum(tl.sum(tl.where(mrk, -a * softplus(x) * dg, 0.), axis=1), axis=0)
+            dg = dg * (-a * tl.sigmoid(x))
+        elif GATE == "lower_bound":
+            a = tl.exp(tl.load(A_log + hv).to(tl.float32))
+            s = tl.sigmoid(a * x)
+            dz = dg * (LOWER_BOUND * s * (1. - s))
+            d_a = tl.sum(tl.sum(tl.where(mrk, dz * a * x, 0.), axis=1), axis=0)
+            dg = dz * a
+        else:
+            s = tl.sigmoid(x)
+            d_a = 0.
+            dg = dg * (LOWER_BOUND * s * (1. - s))
+        dg = tl.where(mrk, dg, 0.)
+        tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.sum(dg, axis=0), mask=mk)
+        tl.store(dA_ptr + p * HV + hv, d_a)
+    if BETA_SIGMOID:
+        sb = tl.sigmoid(tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32))
+        dbeta = dbeta * sb * (1. - sb)
+        if NEG_EIGVAL:
+            dbeta = dbeta * 2.
+
+    tl.store(dq_ptr + off_hk, dq, mask=mrk)
+    tl.store(dk_ptr + off_hk, dk, mask=mrk)
+    tl.store(dg_ptr + off_hk, dg.to(dg_ptr.dtype.element_ty), mask=mrk)
+    tl.store(dbeta_ptr + r * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
+
+
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
+                  cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                  gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor,
+                  dht: Optional[torch.Tensor], state_v_first: bool = False):
+    """The inputs as chunk_kda_fwd takes them, do [B, T, HV, V] and dht [N, HV, K, V] (or None), contiguous.
+    Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, dA_log and ddt_bias
+    (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K]."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    dt = q.dtype
+    dot_prec = "ieee" if dt == torch.float32 else "tf32"
+    _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
+                              lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first)
+    plan = fwd.plan
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    BK, BV = _pow2(K), _pow2(V)
+
+    dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    chunk_dv_local_kernel[(slots, HV)](
+        fwd.qdec, fwd.kdec, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
+        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, 64), DOT_PREC=dot_prec, DECAY="channel", aqk_ptr=fwd.aqk,
+        num_warps=4)
+    dh = empty(slots, HV, K, V, dtype=dt, device=dev)
+    dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
+    bv_state = min(BV, 32)
+    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state) * N * HV,)](
+        fwd.qdec, fwd.kdec, fwd.w, fwd.gcum, do, dh, dvnew, dht if dht is not None else fwd.gcum,
+        dh0 if dh0 is not None else fwd.gcum, plan.cu, plan.chunk_offsets, scale,
+        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=bv_state, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
+        STORE_DH=True, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=8, num_stages=1)
+
+    dq_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    dk_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    dgam = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    dbeta_part = empty(T_tot, HV, dtype=torch.float32, device=dev)
+    dakk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
+    daqk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
+    dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    kda_wy_bwd_kernel[(slots, HV)](
+        q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
+        dq_hv, dk_hv, dv, dgam, dbeta_part, dakk, daqk, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=4)
+    dg = empty(B, T, HV, K, dtype=g.dtype, device=dev)
+    dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
+    dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
+    dbias = empty(slots, HV, K, dtype=torch.float32, device=dev) if gate else None
+    kda_pair_bwd_kernel[(slots, HV)](
+        k, q, g, beta, A_log, dt_bias, fwd.gcum, fwd.beta, dakk, daqk, dgam, dbeta_part, dq_hv, dk_hv, dg, dbeta, dA,
+        dbias, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
+        NEG_EIGVAL=neg_eigval, num_warps=4)
+    # a key head's gradient sums those of the value heads that read it (GVA)
+    dq = dq_hv.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
+    dk = dk_hv.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
+    dA_log = dA.sum(0).to(A_log.dtype) if gate and A_log is not None else None
+    ddt_bias = dbias.sum(0).reshape(dt_bias.shape).to(dt_bias.dtype) if gate and dt_bias is not None else None
+    return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias

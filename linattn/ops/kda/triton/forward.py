@@ -1,0 +1,90 @@
+"""Launcher of KDA's chunked forward on Triton: KDA's own stage 2a (intra.py), then GDN's stages with their
+per-key-channel form (DECAY "channel"): W and U (intra_split.wu_kernel), the state pass (chunk_state), the output
+(chunk_output)."""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
+from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
+from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
+from linattn.ops.kda.triton.intra import kda_intra_kernel
+from linattn.runtime.alloc import empty
+
+
+@dataclass
+class KdaIntermediates:
+    """What the backward reads from a recomputed forward (chunk_kda_fwd with keep=True)."""
+    plan: object
+    gcum: torch.Tensor       # [T_tot, HV, K] fp32
+    beta: torch.Tensor       # [T_tot, HV] fp32, the effective beta
+    tinv: torch.Tensor       # [T_tot, HV, 64] fp32
+    aqk: torch.Tensor        # [T_tot, HV, 64]
+    kdec: torch.Tensor       # K * exp(gam_C - gam) [T_tot, HV, K]
+    qdec: torch.Tensor       # Q * exp(gam) [T_tot, HV, K]
+    w: torch.Tensor
+    h: torch.Tensor          # chunk-start states [slots, HV, K, V]
+    vnew: torch.Tensor
+
+
+def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                  cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
+                  dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
+                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False):
+    """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
+    raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
+    beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
+    contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
+    fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
+    in fp32 and no output stage."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    dt = q.dtype
+    dot_prec = "ieee" if dt == torch.float32 else "tf32"
+    BK = _pow2(K)
+
+    gcum = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
+    beta_eff = empty(T_tot, HV, dtype=torch.float32, device=dev)
+    tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32 if keep else dt, device=dev)
+    aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
+    kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    kda_intra_kernel[(slots, HV)](
+        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
+        NEG_EIGVAL=neg_eigval, num_warps=4)
+
+    cfg = split_intra_config(K, V)
+    w = empty(T_tot, HV, K, dtype=dt, device=dev)
+    u = empty(T_tot, HV, V, dtype=dt, device=dev)
+    wu_kernel[(slots, HV)](
+        k, v, beta_eff, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
+        num_warps=cfg.warps_wu)
+
+    final = empty(*((N, HV, V, K) if state_v_first else (N, HV, K, V)), dtype=torch.float32,
+                  device=dev) if output_final_state else None
+    h = empty(slots, HV, K, V, dtype=dt, device=dev)
+    vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    scfg = _configs(K, V, N, HV, dev)
+    chunk_state_fwd_kernel[(triton.cdiv(V, scfg.BV_state) * N * HV,)](
+        kdec, w, u, gcum, h, vnew, initial_state if initial_state is not None else gcum,
+        final if final is not None else gcum, plan.cu, plan.chunk_offsets,
+        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=scfg.BV_state, USE_H0=initial_state is not None,
+        STORE_HT=final is not None, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=scfg.warps_state,
+        num_stages=scfg.stages)
+
+    if keep:
+        return None, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
+    o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
+                 aqk=aqk)
+    return o, final

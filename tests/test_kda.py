@@ -1,0 +1,457 @@
+"""Kimi Delta Attention: the fp64 reference (linattn/ops/kda/reference.py) against Gated DeltaNet's where the
+per-channel decay is constant over K, and against an independent chunk form; the decode and chunked ops against
+the reference. Fresh random inputs every run, outputs poisoned with NaN before the kernels write them."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.testing import TOL, assert_close, random_cu_seqlens
+
+needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                  reason="the Triton kernels need TRITON_INTERPRET=1 on a CPU")
+F32 = TOL[torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def _poisoned():
+    """Every buffer a launcher allocates starts as NaN: an element a kernel does not write fails the check."""
+    with poisoned_allocations():
+        yield
+
+
+def kda_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, decay="mixed", num_states=None, h0=True):
+    """q, k (k L2-normalised), v, g [B, T, HV, K] log decays, beta, initial_state. decay: "weak" (per-step decay
+    near 1), "strong" (down to e^-8 per step on some channels) or "mixed" (both within one head)."""
+    q = torch.randn(B, T, H, K)
+    k = F.normalize(torch.randn(B, T, H, K), dim=-1)
+    v = torch.randn(B, T, HV, V)
+    weak = F.logsigmoid(torch.randn(B, T, HV, K) + 4.0) * 2.0
+    strong = -torch.rand(B, T, HV, K) * 8.0
+    g = {"weak": weak, "strong": strong,
+         "mixed": torch.where(torch.rand(1, 1, 1, K) < 0.5, weak, strong)}[decay]
+    beta = torch.sigmoid(torch.randn(B, T, HV))
+    n = B if num_states is None else num_states
+    state = torch.randn(n, HV, K, V) * 0.5 if h0 else None
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta, initial_state=state)
+
+
+def f64(x):
+    return {n: (t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in x.items()}
+
+
+def chunk_form_kda(q, k, v, g, beta, scale, S, C=16):
+    """An independent check of the reference: one sequence in the chunk form with per-channel decays (q, k
+    [T, HV, K] already GVA-expanded, fp64), exp differences taken per pair of tokens."""
+    T = q.shape[0]
+    outs = []
+    for s in range(0, T, C):
+        qc, kc, vc = (x[s:s + C].transpose(0, 1) for x in (q, k, v))
+        gc, bc = g[s:s + C].transpose(0, 1).cumsum(1), beta[s:s + C].transpose(0, 1)
+        c = qc.shape[1]
+        diff = gc[:, :, None, :] - gc[:, None, :, :]                       # [HV, i, j, K]
+        incl = torch.ones(c, c, dtype=torch.bool).tril()[None, :, :, None]
+        dec = torch.exp(torch.where(incl, diff, torch.zeros_like(diff)))
+        akk = torch.einsum("hik,hjk,hijk->hij", kc, kc, dec) * bc[:, :, None]
+        akk = akk * torch.ones(c, c, dtype=torch.bool).tril(-1)
+        aqk = torch.einsum("hik,hjk,hijk->hij", qc * scale, kc, dec) * incl[..., 0]
+        eye = torch.eye(c, dtype=q.dtype).expand_as(akk)
+        tinv = torch.linalg.solve_triangular(eye + akk, eye, upper=False, unitriangular=True)
+        w = tinv @ (bc[:, :, None] * kc * torch.exp(gc))
+        u = tinv @ (bc[:, :, None] * vc)
+        vnew = u - w @ S
+        outs.append(((qc * scale * torch.exp(gc)) @ S + aqk @ vnew).transpose(0, 1))
+        gl = gc[:, -1]
+        S = torch.exp(gl)[:, :, None] * S + (kc * torch.exp(gl[:, None, :] - gc)).transpose(1, 2) @ vnew
+    return torch.cat(outs), S
+
+
+# --------------------------------------------------------------------------------------------------- reference
+def test_reference_equals_gdn_for_channel_constant_decay():
+    x = f64(kda_inputs(2, 37, 2, 4, 16, 16))
+    g = x["g"][..., 0]
+    o, s = naive_recurrent_kda(x["q"], x["k"], x["v"], g[..., None].expand_as(x["g"]), x["beta"], None,
+                               x["initial_state"], True, use_qk_l2norm_in_kernel=True)
+    o2, s2 = naive_recurrent(x["q"], x["k"], x["v"], g, x["beta"], None, x["initial_state"], True,
+                             use_qk_l2norm_in_kernel=True)
+    assert_close("o", o, o2, 1e-12)
+    assert_close("final_state", s, s2, 1e-12)
+
+
+@pytest.mark.parametrize("decay", ["weak", "strong", "mixed"])
+def test_reference_matches_chunk_form(decay):
+    x = f64(kda_inputs(1, 45, 1, 2, 16, 8, decay=decay))
+    q, k = (t[0].repeat_interleave(2, dim=1) for t in (x["q"], x["k"]))
+    o, s = naive_recurrent_kda(**x, output_final_state=True)
+    o2, s2 = chunk_form_kda(q, k, x["v"][0], x["g"][0], x["beta"][0], 16 ** -0.5, x["initial_state"][0])
+    assert_close("o", o[0], o2, 1e-10)
+    assert_close("final_state", s[0], s2, 1e-10)
+
+
+def test_reference_varlen_is_per_sequence():
+    x = f64(kda_inputs(1, 20, 2, 2, 16, 16, num_states=3))
+    cu = torch.tensor([0, 7, 8, 20])
+    o, s = naive_recurrent_kda(**x, output_final_state=True, cu_seqlens=cu)
+    for n in range(3):
+        a, b = int(cu[n]), int(cu[n + 1])
+        part = {name: t[:, a:b] for name, t in x.items() if name != "initial_state"}
+        o_n, s_n = naive_recurrent_kda(**part, initial_state=x["initial_state"][n:n + 1], output_final_state=True)
+        assert_close(f"o[{n}]", o[:, a:b], o_n, 1e-14)
+        assert_close(f"final_state[{n}]", s[n], s_n[0], 1e-14)
+
+
+def test_kda_gate_forms():
+    g = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    A_log, dt_bias = torch.randn(4, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
+    x = g + dt_bias.view(4, 8)
+    assert_close("softplus gate", kda_gate(g, A_log, dt_bias), -A_log.exp()[:, None] * F.softplus(x), 1e-15)
+    assert_close("lower-bound gate", kda_gate(g, A_log, dt_bias, -5.0),
+                 -5.0 * torch.sigmoid(A_log.exp()[:, None] * x), 1e-15)
+    assert_close("lower-bound gate without A_log", kda_gate(g, None, dt_bias, -5.0), -5.0 * torch.sigmoid(x), 1e-15)
+
+
+# ------------------------------------------------------------------------------------------------------ decode
+def _decode(**kw):
+    from linattn.ops.kda.fused_recurrent import fused_recurrent_kda
+    return fused_recurrent_kda(**kw)
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,H,HV,K,V,decay,l2", [
+    (2, 1, 2, 2, 16, 16, "mixed", False),      # the decode step
+    (2, 3, 1, 2, 32, 16, "strong", True),      # several tokens, GVA, in-kernel L2 norm
+    (1, 4, 2, 4, 16, 32, "weak", False),
+])
+def test_decode_matches_reference(B, T, H, HV, K, V, decay, l2):
+    x = kda_inputs(B, T, H, HV, K, V, decay=decay)
+    o, s = _decode(**x, output_final_state=True, use_qk_l2norm_in_kernel=l2, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+def test_decode_varlen_with_one_token_sequence_no_initial_state():
+    x = kda_inputs(1, 7, 1, 2, 16, 16, h0=False)
+    cu = random_cu_seqlens([1, 4, 2])
+    o, s = _decode(**x, output_final_state=True, cu_seqlens=cu, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True, cu_seqlens=cu)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+@pytest.mark.parametrize("state_v_first", [False, True])
+def test_decode_pool_in_place_with_padding(state_v_first):
+    N, slots, HV, K, V = 4, 7, 2, 16, 16
+    x = kda_inputs(N, 1, 1, HV, K, V, h0=False)
+    del x["initial_state"]
+    pool = torch.randn(slots, HV, K, V)
+    idx = torch.tensor([5, -1, 0, 2])                 # row 1 padded; with pad_slot_id=0 row 2 too
+    stored = pool.transpose(-1, -2).contiguous() if state_v_first else pool.clone()
+    o, out = _decode(**x, initial_state=stored, state_indices=idx, inplace=True, pad_slot_id=0,
+                     state_v_first=state_v_first, backend="triton")
+    assert out is stored
+    live = [0, 3]
+    o_ref, s_ref = naive_recurrent_kda(**{n: t[live] for n, t in f64(x).items() if t is not None},
+                                       initial_state=pool[[5, 2]].double(), output_final_state=True)
+    assert_close("o (live rows)", o[live], o_ref, F32)
+    assert torch.equal(o[[1, 2]], torch.zeros_like(o[[1, 2]])), "padded rows must get zero outputs"
+    got = out.transpose(-1, -2) if state_v_first else out
+    assert_close("pool slots written", got[[5, 2]], s_ref, F32)
+    untouched = [0, 1, 3, 4, 6]
+    assert torch.equal(got[untouched], pool[untouched]), "padded rows and unused slots must stay untouched"
+
+
+@needs_triton
+def test_decode_speculative_matches_reference_backend():
+    N, T, slots, HV, K, V = 2, 3, 8, 2, 16, 16
+    x = kda_inputs(N, T, 1, HV, K, V, h0=False)
+    del x["initial_state"]
+    pool = torch.randn(slots, HV, K, V)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    nat = torch.tensor([2, 1])
+    p1, p2 = pool.clone(), pool.clone()
+    o1, _ = _decode(**x, initial_state=p1, state_indices=idx, num_accepted_tokens=nat, inplace=True,
+                    backend="triton")
+    o2, _ = _decode(**x, initial_state=p2, state_indices=idx, num_accepted_tokens=nat, inplace=True,
+                    backend="reference")
+    assert_close("o", o1, o2, F32)
+    assert_close("pool", p1, p2, F32)
+    # the reference backend's slots against the recurrence: sequence 0 starts from slot 2, its states go to 1, 2, 3
+    _, _, states = naive_recurrent_kda(**{n: t[:1] for n, t in f64(x).items() if t is not None},
+                                       initial_state=pool[2:3].double(), output_token_states=True)
+    assert_close("slot states", p2[[1, 2, 3]], states[0], F32)
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["softplus", "lower_bound", "lower_bound_no_a"])
+def test_decode_gate_in_kernel(form):
+    B, T, HV, K, V = 2, 2, 2, 16, 16
+    x = kda_inputs(B, T, 1, HV, K, V)
+    x["g"] = torch.randn(B, T, HV, K) * 2                   # the raw gate input
+    x["beta"] = torch.randn(B, T, HV)                       # a logit: sigmoid in the kernel
+    A_log = None if form == "lower_bound_no_a" else torch.randn(HV)
+    dt_bias = torch.randn(HV * K)
+    lb = None if form == "softplus" else -5.0
+    o, s = _decode(**x, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, lower_bound=lb,
+                   use_beta_sigmoid_in_kernel=True, output_final_state=True, backend="triton")
+    ref = f64(x)
+    ref["g"] = kda_gate(ref["g"], None if A_log is None else A_log.double(), dt_bias.double(), lb)
+    ref["beta"] = torch.sigmoid(ref["beta"])
+    o_ref, s_ref = naive_recurrent_kda(**ref, output_final_state=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+def test_gdn_decode_gk_matches_reference():
+    """GDN's decode with FLA's gk: the scalar decay g and the per-key-channel gk both apply (and the fused
+    scalar gate on g with a raw gk)."""
+    import linattn
+    x = kda_inputs(3, 2, 1, 2, 16, 16)
+    gk, g = x.pop("g"), -torch.rand(3, 2, 2)
+    o, s = linattn.fused_recurrent_gated_delta_rule(**x, g=g, gk=gk, output_final_state=True)
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), g=(g[..., None] + gk).double(), output_final_state=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+    A_log, raw = torch.randn(2), torch.randn(3, 2, 2)
+    o, s = linattn.fused_recurrent_gated_delta_rule(**x, g=raw, gk=gk, A_log=A_log, use_gate_in_kernel=True,
+                                                    output_final_state=True)
+    g_eff = -A_log.double().exp() * F.softplus(raw.double())
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), g=g_eff[..., None] + gk.double(), output_final_state=True)
+    assert_close("o (fused gate)", o, o_ref, F32)
+    assert_close("final_state (fused gate)", s, s_ref, F32)
+
+
+def test_decode_bad_arguments_are_named():
+    x = kda_inputs(2, 1, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match="g must be"):
+        _decode(**dict(x, g=x["g"][..., 0]))
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):
+        _decode(**dict(x, g=-x["g"] + 1.0))
+    with pytest.raises(ValueError, match="A_log is used only with use_gate_in_kernel"):
+        _decode(**x, A_log=torch.zeros(2))
+    with pytest.raises(ValueError, match="needs A_log"):
+        _decode(**x, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="dt_bias must be"):
+        _decode(**x, use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2))
+    import linattn
+    with pytest.raises(ValueError, match="gk must be"):
+        linattn.fused_recurrent_gated_delta_rule(**dict(x, g=None), gk=x["g"][:, :, :1])
+
+
+# ------------------------------------------------------------------------------------------------------- chunk
+def _chunk(**kw):
+    from linattn.ops.kda.chunk import chunk_kda
+    return chunk_kda(**kw)
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,H,HV,K,V,decay,dtype", [
+    (2, 130, 1, 2, 32, 16, "strong", torch.float32),   # T not a multiple of 64, GVA, decays down to e^-8 per step
+    (1, 70, 2, 2, 16, 32, "weak", torch.float32),
+    (1, 100, 1, 1, 32, 32, "mixed", torch.bfloat16),
+])
+def test_chunk_matches_reference(B, T, H, HV, K, V, decay, dtype):
+    x = kda_inputs(B, T, H, HV, K, V, decay=decay, dtype=dtype)
+    o, s = _chunk(**x, output_final_state=True, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True)
+    assert o.dtype == dtype and s.dtype == torch.float32
+    assert_close("o", o, o_ref, TOL[dtype])
+    assert_close("final_state", s, s_ref, TOL[dtype])
+
+
+@needs_triton
+def test_chunk_varlen_uneven_with_one_token_sequence():
+    lengths = [1, 67, 30, 2]
+    x = kda_inputs(1, sum(lengths), 2, 4, 16, 16, num_states=len(lengths))
+    cu = random_cu_seqlens(lengths)
+    o, s = _chunk(**x, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), output_final_state=True, cu_seqlens=cu,
+                                       use_qk_l2norm_in_kernel=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["softplus", "lower_bound"])
+def test_chunk_gate_and_beta_sigmoid_in_kernel(form):
+    B, T, HV, K, V = 1, 66, 2, 16, 16
+    x = kda_inputs(B, T, 1, HV, K, V, h0=False)
+    del x["initial_state"]
+    x["g"] = torch.randn(B, T, HV, K) * 2
+    x["beta"] = torch.randn(B, T, HV)
+    A_log, dt_bias = torch.randn(HV), torch.randn(HV * K)
+    lb = -5.0 if form == "lower_bound" else None
+    o, s = _chunk(**x, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, safe_gate=lb is not None,
+                  use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, output_final_state=True, backend="triton")
+    ref = f64(x)
+    ref["g"] = kda_gate(ref["g"], A_log.double(), dt_bias.double(), lb)
+    ref["beta"] = 2 * torch.sigmoid(ref["beta"])
+    o_ref, s_ref = naive_recurrent_kda(**ref, output_final_state=True)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref, F32)
+
+
+def _check_grads(x, extra_ref, tol, **kw):
+    """Every gradient of chunk_kda (Triton) against autograd through the fp64 reference; o and the final state get
+    fresh random upstream gradients. extra_ref(inputs) maps the inputs to the reference's g and beta."""
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
+    o, s = _chunk(**leaves, output_final_state=True, backend="triton", **kw)
+    do, dht = torch.randn_like(o, dtype=torch.float32), torch.randn_like(s)
+    ((o.float() * do).sum() + (s * dht).sum()).backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    o_ref, s_ref = naive_recurrent_kda(**extra_ref(ref), output_final_state=True, cu_seqlens=kw.get("cu_seqlens"),
+                                       use_qk_l2norm_in_kernel=kw.get("use_qk_l2norm_in_kernel", False))
+    ((o_ref * do.double()).sum() + (s_ref * dht.double()).sum()).backward()
+    assert_close("o", o, o_ref, tol)
+    assert_close("final_state", s, s_ref, tol)
+    for n, t in leaves.items():
+        assert t.grad is not None and t.grad.dtype == t.dtype, n
+        assert_close(f"d{n}", t.grad, ref[n].grad, tol)
+
+
+def _plain(r):
+    return {n: r[n] for n in ("q", "k", "v", "g", "beta", "initial_state") if n in r}
+
+
+@needs_triton
+@pytest.mark.parametrize("decay", ["strong", "weak"])
+def test_chunk_gradients(decay):
+    x = kda_inputs(1, 130, 1, 2, 16, 16, decay=decay)     # T not a multiple of 64, GVA, initial state
+    _check_grads(x, _plain, F32)
+
+
+@needs_triton
+def test_chunk_gradients_varlen_l2norm():
+    lengths = [1, 66, 20]
+    x = kda_inputs(1, sum(lengths), 2, 2, 16, 16, num_states=len(lengths))
+    x["k"] = torch.randn_like(x["k"])                     # unnormalised: the in-kernel norm matters
+    _check_grads(x, _plain, F32, cu_seqlens=random_cu_seqlens(lengths), use_qk_l2norm_in_kernel=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["softplus", "lower_bound", "lower_bound_no_a"])
+def test_chunk_gradients_gate_in_kernel(form):
+    B, T, HV, K = 1, 70, 2, 16
+    x = kda_inputs(B, T, 1, HV, K, 16)
+    x["g"] = torch.randn(B, T, HV, K) * 2
+    x["beta"] = torch.randn(B, T, HV)
+    x["A_log"] = None if form == "lower_bound_no_a" else torch.randn(HV) * 0.5
+    x["dt_bias"] = torch.randn(HV * K)
+    lb = None if form == "softplus" else -5.0
+
+    def ref_gates(r):
+        out = _plain(r)
+        out["g"] = kda_gate(r["g"], r.get("A_log"), r["dt_bias"], lb)
+        out["beta"] = 2 * torch.sigmoid(r["beta"])
+        return out
+    _check_grads(x, ref_gates, F32, use_gate_in_kernel=True, lower_bound=lb, use_beta_sigmoid_in_kernel=True,
+                 allow_neg_eigval=True)
+
+
+@needs_triton
+def test_chunk_state_v_first_forward_and_gradients():
+    """state_v_first: initial and final states [N, HV, V, K]; o, the final state and every gradient (d initial_state
+    in that layout) against the reference on the transposed states."""
+    x = kda_inputs(1, 70, 1, 2, 16, 32)
+    h0_vk = x["initial_state"].transpose(-1, -2).contiguous().requires_grad_(True)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items() if n != "initial_state"}
+    o, s = _chunk(**leaves, initial_state=h0_vk, output_final_state=True, state_v_first=True, backend="triton")
+    assert s.shape == (1, 2, 32, 16)
+    do, dht = torch.randn_like(o), torch.randn_like(s)
+    ((o * do).sum() + (s * dht).sum()).backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    h0_ref = h0_vk.detach().double().requires_grad_(True)
+    o_ref, s_ref = naive_recurrent_kda(**ref, initial_state=h0_ref.transpose(-1, -2), output_final_state=True)
+    ((o_ref * do.double()).sum() + (s_ref.transpose(-1, -2) * dht.double()).sum()).backward()
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref.transpose(-1, -2), F32)
+    assert_close("dinitial_state", h0_vk.grad, h0_ref.grad, F32)
+    for n, t in leaves.items():
+        assert_close(f"d{n}", t.grad, ref[n].grad, F32)
+
+
+@needs_triton
+def test_chunk_gradients_bf16():
+    x = kda_inputs(1, 64, 1, 1, 32, 32, dtype=torch.bfloat16)
+    _check_grads(x, _plain, TOL[torch.bfloat16])
+
+
+def test_chunk_options_not_run_yet_are_refused_by_name():
+    x = kda_inputs(1, 8, 1, 1, 16, 16)
+    for kw, name in ((dict(use_graph=True), "use_graph"),
+                     (dict(return_intermediate_states=True), "return_intermediate_states")):
+        with pytest.raises(NotImplementedError, match=name):
+            _chunk(**x, **kw)
+    with pytest.raises(ValueError, match="chunk_size"):
+        _chunk(**x, chunk_size=32)
+    with pytest.raises(ValueError, match="g must be"):
+        _chunk(**dict(x, g=x["g"][..., :8]))
+    with pytest.raises(ValueError, match="safe_gate"):
+        _chunk(**x, use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True)
+
+
+def test_chunk_reference_backend_is_differentiable():
+    x = kda_inputs(1, 9, 1, 2, 16, 16)
+    for t in x.values():
+        t.requires_grad_(True)
+    o, s = _chunk(**x, output_final_state=True, backend="reference")
+    (o.sum() + s.sum()).backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in x.values())
+
+
+def test_kda_backward_feeds_no_transposed_dot_result_to_a_dot():
+    """The Triton 3.4-3.7 Hopper miscompile that GDN's backward avoids (tests/test_chunk_backward.py): the same
+    static check on KDA's backward kernels."""
+    import ast
+    import pathlib
+    import linattn
+    from test_chunk_backward import _dot_tainted_trans
+    path = pathlib.Path(linattn.__file__).parent / "ops" / "kda" / "triton" / "backward.py"
+    kernels = [f for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)
+               and any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in f.decorator_list)]
+    assert len(kernels) == 4
+    for fn in kernels:
+        _, bad = _dot_tainted_trans(fn)
+        assert not bad, f"{fn.name}: {bad}"
+
+
+@needs_triton
+def test_torch_compile_fullgraph_chunk_forward_backward_and_decode():
+    """chunk_kda (forward and backward) and fused_recurrent_kda traced by torch.compile(fullgraph=True): a graph
+    break raises; results against the fp64 reference."""
+    import linattn
+    x = {n: t.requires_grad_(True) for n, t in kda_inputs(1, 70, 1, 2, 16, 16).items()}
+
+    def model(q, k, v, g, beta, initial_state):
+        o, s = linattn.chunk_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True)
+        return o.square().sum() + s.square().sum()
+
+    loss = torch.compile(model, fullgraph=True)(**x)
+    loss.backward()
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+    o, s = naive_recurrent_kda(**ref, output_final_state=True)
+    (o.square().sum() + s.square().sum()).backward()
+    assert_close("loss", loss, o.square().sum() + s.square().sum(), F32)
+    for n, t in x.items():
+        assert_close(f"d{n}", t.grad, ref[n].grad, F32)
+
+    y = kda_inputs(2, 1, 1, 2, 16, 16)
+    pool = torch.randn(3, 2, 16, 16)
+    idx = torch.tensor([2, 0])
+
+    def step(q, k, v, g, beta, pool, idx):
+        return linattn.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, state_indices=idx, inplace=True)[0]
+
+    with torch.no_grad():
+        expect, s_ref = naive_recurrent_kda(**dict(f64(y), initial_state=pool[[2, 0]].double()),
+                                            output_final_state=True)
+        got = torch.compile(step, fullgraph=True)(*(y[n] for n in ("q", "k", "v", "g", "beta")), pool, idx)
+    assert_close("decode o", got, expect, F32)
+    assert_close("decode pool", pool[[2, 0]], s_ref, F32)
