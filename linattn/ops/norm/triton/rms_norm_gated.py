@@ -13,6 +13,12 @@ import triton.language as tl
 
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import HostPath, LaunchCache
+
+# The forward runs once per layer and decode step with the same shapes: its launches go through the compiled
+# kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
+host_path = HostPath()
+launches = LaunchCache(host_path)
 
 
 @triton.jit
@@ -108,9 +114,9 @@ def rms_norm_gated_fwd(x, g, weight, bias, eps, group_size, activation, norm_bef
     y = empty(R, D, dtype=x.dtype, device=x.device)
     BR, BG, warps = _config(group_size)
     if R > 0:
-        rms_norm_gated_fwd_kernel[(triton.cdiv(R, BR), D // group_size)](
-            x2, g2, weight, bias, y, R, D, group_size, eps, BR=BR, BG=BG, num_warps=warps,
-            **_flags(weight, bias, activation, norm_before_gate))
+        launches(rms_norm_gated_fwd_kernel, (triton.cdiv(R, BR), D // group_size, 1),
+                 (x2, g2, weight, bias, y, R, D, group_size, eps),
+                 dict(BR=BR, BG=BG, num_warps=warps, **_flags(weight, bias, activation, norm_before_gate)))
     return y.view(x.shape)
 
 
