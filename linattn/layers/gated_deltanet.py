@@ -67,6 +67,7 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = num_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.layer_idx = layer_idx
+        self._slot_rows = {}            # (batch, device) -> (arange, all -1): _decode_slots' operands
 
         if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
             raise ValueError(f"expand_v={expand_v} times head_dim={head_dim} must be an integer (the value head "
@@ -133,8 +134,14 @@ class GatedDeltaNet(nn.Module):
             return None
         if self.use_short_conv and any(c is None or c.shape[0] != batch_size for c in conv_states):
             return None
-        rows = torch.arange(batch_size, dtype=torch.int32, device=attention_mask.device)
-        return torch.where(attention_mask[:, -1] != 0, rows, -1)
+        key = (batch_size, attention_mask.device)
+        rows = self._slot_rows.get(key)
+        if rows is None:        # made once per batch size and device: the step then adds two small ops (ne, where)
+            if len(self._slot_rows) >= 64:
+                self._slot_rows.clear()
+            rows = self._slot_rows[key] = (torch.arange(batch_size, dtype=torch.int32, device=key[1]),
+                                           torch.full((batch_size,), -1, dtype=torch.int32, device=key[1]))
+        return torch.where(attention_mask[:, -1] != 0, *rows)
 
     def _beta(self, b: torch.Tensor) -> torch.Tensor:
         beta = torch.sigmoid(b.float())
