@@ -25,6 +25,17 @@ from typing import Any, Callable, Dict, Hashable, Optional
 MAX_PLANS = 4096
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host code: triton.cdiv is a ConstexprFunction, a few microseconds per host call."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host code (triton.next_power_of_2 is a ConstexprFunction,
+    a few microseconds per host call)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 @dataclass
 class HostPath:
     plan_cache: bool = True      # reuse launch plans per call signature

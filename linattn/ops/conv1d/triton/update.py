@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from linattn.runtime.alloc import empty
-from linattn.runtime.host_path import HostPath, LaunchCache
+from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
 
 host_path = HostPath()
 launches = LaunchCache(host_path)
@@ -67,11 +67,11 @@ def conv1d_update(x, conv_state, weight, bias, silu, state_indices):
     N, T, D = x3.shape
     W = weight.shape[1]
     y = empty(N, T, D, dtype=x.dtype, device=x.device)
-    BD = min(128, triton.next_power_of_2(D))
-    if N > 0 and T > 0:
-        launches(conv1d_update_kernel, (triton.cdiv(D, BD), N, 1),
+    BD = min(128, next_power_of_2(D))
+    if N > 0 and T > 0 and D > 0:
+        launches(conv1d_update_kernel, (cdiv(D, BD), N, 1),
                  (x3, conv_state, weight.contiguous(), bias, state_indices, y, T, D, conv_state.shape[0],
                   *x3.stride()),
-                 dict(W=W, BW=triton.next_power_of_2(W), BD=BD, SILU=silu, HAS_BIAS=bias is not None,
+                 dict(W=W, BW=next_power_of_2(W), BD=BD, SILU=silu, HAS_BIAS=bias is not None,
                       HAS_INDICES=state_indices is not None))
     return y.view(x.shape)
