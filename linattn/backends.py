@@ -133,3 +133,49 @@ def _on_cpu(call) -> bool:
     import torch
     t = next((v for v in call.values() if isinstance(v, torch.Tensor)), None)
     return t is not None and t.device.type == "cpu"
+
+
+class CheckedCalls:
+    """Calls of one op whose argument checks passed and whose backend choice was made, remembered by signature, so
+    that a repeat call (a decode step: the same shapes every token) skips both: the checks and the choice cost more
+    host time than a small kernel. `key` returns None for a call that must be checked afresh every time: one traced
+    by torch.compile, a tensor subclass, or one whose checks read tensor values (the caller says so). Bounded:
+    cleared when full (the signatures of a real workload are few)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._impls: Dict[tuple, Callable] = {}
+
+    @staticmethod
+    def key(backend: str, tensors, values=()) -> Optional[tuple]:
+        """What the checks and the choice read: per tensor (or None) its shape, dtype, device, strides and whether
+        it requires grad; the grad mode, the backend asked for and the process default, and `values` (the other
+        arguments, hashable). A tensor must be a plain tensor or an nn.Parameter (a layer's weights)."""
+        import torch
+        if not isinstance(backend, str) or torch.compiler.is_compiling():
+            return None
+        parts = [backend, settings.default_backend, torch.is_grad_enabled(), values]
+        for t in tensors:
+            if t is None:
+                parts.append(None)
+            elif type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+                parts.append((t.shape, t.dtype, t.device, t.stride(), t.requires_grad))
+            else:
+                return None
+        return tuple(parts)
+
+    def get(self, key: Optional[tuple]) -> Optional[Callable]:
+        return None if key is None else self._impls.get(key)
+
+    def put(self, key: Optional[tuple], impl: Callable) -> None:
+        if key is None:
+            return
+        if len(self._impls) >= self.limit:
+            self._impls.clear()
+        self._impls[key] = impl
+
+    def clear(self) -> None:
+        self._impls.clear()
+
+    def __len__(self) -> int:
+        return len(self._impls)

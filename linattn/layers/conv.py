@@ -34,20 +34,33 @@ class ShortConvolution(nn.Conv1d):
             if cu_seqlens is not None:
                 raise ValueError("ShortConvolution: pass either mask or cu_seqlens, not both")
             x = x * mask.unsqueeze(-1).to(x.dtype)
-        weight = self.weight.squeeze(1)
         step = not torch.is_grad_enabled() and B * T == N
         if step and cu_seqlens is not None:
             # one token per sequence only if no sequence is empty (a host read of the offsets, as FLA does)
             step = bool((cu_seqlens.diff() == 1).all())
         if step:
-            if cache is None:
-                cache = x.new_zeros(N, D, self.kernel_size[0])
-            y = causal_conv1d_update(x.reshape(N, D), cache, weight, self.bias, activation=self.activation)
-            y = y.reshape(B, T, D)
-            final = cache if output_final_state else None
-        else:
-            y, final = causal_conv1d(x, weight, self.bias, activation=self.activation, initial_state=cache,
-                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+            return self.step(x, residual, cache, output_final_state)
+        y, final = causal_conv1d(x, self.weight.squeeze(1), self.bias, activation=self.activation,
+                                 initial_state=cache, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         if residual is not None:
             y = y + residual
         return y, final
+
+    def step(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, cache: Optional[torch.Tensor] = None,
+             output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None, *,
+             state_indices: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One token per sequence (FLA's ShortConvolution.step): x [B, 1, D] (or packed [1, N, D] with cu_seqlens,
+        every sequence one token long); cache [N, D, W] (None: zeros), updated in place. state_indices (keyword
+        only): [N] int, each row's window in cache, a negative index a padded row (its window is left alone, its
+        output is zeros; causal_conv1d_update's pool convention). Returns (y like x, cache if output_final_state
+        else None). Inference only (no autograd)."""
+        rows = x if cu_seqlens is None else x.transpose(0, 1)             # [N, 1, D], a view either way
+        if cache is None:
+            cache = x.new_zeros(rows.shape[0], x.shape[-1], self.kernel_size[0])
+        y = causal_conv1d_update(rows, cache, self.weight.squeeze(1), self.bias, activation=self.activation,
+                                 state_indices=state_indices)
+        if cu_seqlens is not None:
+            y = y.transpose(0, 1)
+        if residual is not None:
+            y = y + residual
+        return y, (cache if output_final_state else None)

@@ -67,6 +67,7 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = num_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.layer_idx = layer_idx
+        self._slot_rows = {}            # (batch, device) -> (arange, all -1): _decode_slots' operands
 
         if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
             raise ValueError(f"expand_v={expand_v} times head_dim={head_dim} must be an integer (the value head "
@@ -120,6 +121,28 @@ class GatedDeltaNet(nn.Module):
             return past_key_values[self.layer_idx]
         return None
 
+    def _decode_slots(self, attention_mask, batch_size, q_len, recurrent_state, conv_states, use_cache):
+        """For a one-token step with a padding mask whose states are all cached and updated in place: [B] int32
+        slots, row b's own index where its last mask column is set and -1 (a padded row) where not, computed on the
+        device. The decode op and the short convolutions then leave a padded row's states alone and give it zero
+        outputs, which the gated norm and o_proj keep zero: what packing the live rows would give, without reading
+        the mask on the host. None where packing stays (a longer input, an uncached or out-of-place state)."""
+        if q_len != 1 or not use_cache or attention_mask.shape[0] != batch_size or attention_mask.shape[1] < 1:
+            return None
+        if recurrent_state is None or recurrent_state.dtype != torch.float32 or \
+                recurrent_state.shape[0] != batch_size or not recurrent_state.is_contiguous():
+            return None
+        if self.use_short_conv and any(c is None or c.shape[0] != batch_size for c in conv_states):
+            return None
+        key = (batch_size, attention_mask.device)
+        rows = self._slot_rows.get(key)
+        if rows is None:        # made once per batch size and device: the step then adds two small ops (ne, where)
+            if len(self._slot_rows) >= 64:
+                self._slot_rows.clear()
+            rows = self._slot_rows[key] = (torch.arange(batch_size, dtype=torch.int32, device=key[1]),
+                                           torch.full((batch_size,), -1, dtype=torch.int32, device=key[1]))
+        return torch.where(attention_mask[:, -1] != 0, *rows)
+
     def _beta(self, b: torch.Tensor) -> torch.Tensor:
         beta = torch.sigmoid(b.float())
         return beta * 2.0 if self.allow_neg_eigval else beta
@@ -148,18 +171,33 @@ class GatedDeltaNet(nn.Module):
             raise ValueError("GatedDeltaNet: training runs the chunk mode only (fused_recurrent has no backward)")
 
         last_state = self._layer_cache(past_key_values)
-        x, indices, cu_seqlens = unpad(hidden_states, attention_mask, kwargs.get("cu_seqlens"))
-
+        recurrent_state = last_state.get("recurrent_state") if last_state is not None else None
         conv_states = (None, None, None)
+        if self.use_short_conv and last_state is not None and last_state.get("conv_state") is not None:
+            conv_states = last_state["conv_state"]
+        slots = None
+        if attention_mask is not None and mode == "fused_recurrent" and kwargs.get("cu_seqlens") is None:
+            slots = self._decode_slots(attention_mask, batch_size, q_len, recurrent_state, conv_states, use_cache)
+        if slots is None:
+            x, indices, cu_seqlens = unpad(hidden_states, attention_mask, kwargs.get("cu_seqlens"))
+        else:       # a one-token step with a mask: padded rows become padded slots, no packing (no host read)
+            x, indices, cu_seqlens = hidden_states, None, None
+
         if self.use_short_conv:
-            if last_state is not None and last_state.get("conv_state") is not None:
-                conv_states = last_state["conv_state"]
-            q, cq = self.q_conv1d(self.q_proj(x), cache=conv_states[0], output_final_state=use_cache,
-                                  cu_seqlens=cu_seqlens)
-            k, ck = self.k_conv1d(self.k_proj(x), cache=conv_states[1], output_final_state=use_cache,
-                                  cu_seqlens=cu_seqlens)
-            v, cv = self.v_conv1d(self.v_proj(x), cache=conv_states[2], output_final_state=use_cache,
-                                  cu_seqlens=cu_seqlens)
+            if slots is None:
+                q, cq = self.q_conv1d(self.q_proj(x), cache=conv_states[0], output_final_state=use_cache,
+                                      cu_seqlens=cu_seqlens)
+                k, ck = self.k_conv1d(self.k_proj(x), cache=conv_states[1], output_final_state=use_cache,
+                                      cu_seqlens=cu_seqlens)
+                v, cv = self.v_conv1d(self.v_proj(x), cache=conv_states[2], output_final_state=use_cache,
+                                      cu_seqlens=cu_seqlens)
+            else:
+                q, cq = self.q_conv1d.step(self.q_proj(x), cache=conv_states[0], output_final_state=use_cache,
+                                           state_indices=slots)
+                k, ck = self.k_conv1d.step(self.k_proj(x), cache=conv_states[1], output_final_state=use_cache,
+                                           state_indices=slots)
+                v, cv = self.v_conv1d.step(self.v_proj(x), cache=conv_states[2], output_final_state=use_cache,
+                                           state_indices=slots)
             conv_states = (cq, ck, cv)
         else:
             q, k, v = F.silu(self.q_proj(x)), F.silu(self.k_proj(x)), F.silu(self.v_proj(x))
@@ -168,7 +206,6 @@ class GatedDeltaNet(nn.Module):
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
         a, b = self.a_proj(x), self.b_proj(x)
 
-        recurrent_state = last_state.get("recurrent_state") if last_state is not None else None
         if mode == "chunk":
             if CHUNK_FUSES_GATE:
                 gate = dict(g=a, beta=b, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval,
@@ -179,14 +216,14 @@ class GatedDeltaNet(nn.Module):
                 q=q, k=k, v=v, initial_state=recurrent_state, output_final_state=use_cache,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gate)
         else:
-            # the decode op fuses the decay and beta's sigmoid; 2 * sigmoid (allow_neg_eigval) is computed here
-            beta = dict(beta=self._beta(b)) if self.allow_neg_eigval else dict(beta=b,
-                                                                                 use_beta_sigmoid_in_kernel=True)
+            # the decode op computes the decay -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) (2 sigmoid(b)
+            # with allow_neg_eigval) itself; a fp32 state is updated in place
             inplace = recurrent_state is not None and use_cache and recurrent_state.dtype == torch.float32
             o, recurrent_state = fused_recurrent_gated_delta_rule(
-                q=q, k=k, v=v, g=a, initial_state=recurrent_state, output_final_state=use_cache,
+                q=q, k=k, v=v, g=a, beta=b, initial_state=recurrent_state, output_final_state=use_cache,
                 use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias,
-                cu_seqlens=cu_seqlens, inplace=inplace, **beta)
+                use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval, cu_seqlens=cu_seqlens,
+                inplace=inplace, state_indices=slots)
 
         if past_key_values is not None:
             past_key_values.update(layer_idx=self.layer_idx, recurrent_state=recurrent_state,

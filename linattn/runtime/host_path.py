@@ -25,6 +25,17 @@ from typing import Any, Callable, Dict, Hashable, Optional
 MAX_PLANS = 4096
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host code: triton.cdiv is a ConstexprFunction, a few microseconds per host call."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host code (triton.next_power_of_2 is a ConstexprFunction,
+    a few microseconds per host call)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 @dataclass
 class HostPath:
     plan_cache: bool = True      # reuse launch plans per call signature
@@ -195,9 +206,16 @@ def arg_key(a):
     dtype and 16-byte alignment; an integer's value, finer than the JIT's == 1 / % 16; a float's type; None; a
     TensorDescriptor's type, dtype, block and layout), so the compiled kernel kept for a key is the one the JIT
     would pick. Raises TypeError for anything else (the caller then launches through the JIT)."""
-    import torch
     if a is None:
         return None
+    kind = type(a)                      # the common exact types first: this runs for every argument of a launch
+    if kind is int:
+        return ("i", a)
+    if kind is bool:
+        return ("b", a)
+    if kind is float:
+        return ("f",)
+    import torch
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool):
@@ -229,19 +247,39 @@ class LaunchCache:
     def __init__(self, host_path: HostPath):
         self.plans = PlanCache(host_path)
         self.jit_launches = 0            # launches that went through the JIT (tests count them)
+        # (kernel, number of positional arguments, the keyword arguments) -> (the constexprs in parameter order,
+        # the launch options, their key), or None where the call cannot be planned: what a launch derives from its
+        # keywords, computed once per keyword set instead of walking the kernel's parameters on every launch
+        self._derived: Dict[Hashable, Any] = {}
+
+    @staticmethod
+    def _derive(kernel, nargs: int, kwargs: dict):
+        try:
+            params = kernel.params[nargs:]
+            consts = tuple(kwargs[p.name] if p.name in kwargs else _default(p) for p in params)
+        except (AttributeError, KeyError, TypeError):
+            return None
+        options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
+        if len(options) + sum(p.name in kwargs for p in params) != len(kwargs):
+            return None                  # a keyword that is neither a parameter nor a launch option
+        return consts, options, tuple(sorted(options.items()))
 
     def __call__(self, kernel, grid, args, kwargs, stream=None) -> None:
         hp = self.plans.host_path
-        try:
-            if not (hp.plan_cache and hp.handle):
-                raise TypeError("host path off")
-            params = kernel.params[len(args):]
-            consts = tuple(kwargs[p.name] if p.name in kwargs else _default(p) for p in params)
-            options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
-            if len(options) + sum(p.name in kwargs for p in params) != len(kwargs):
-                raise TypeError("a keyword that is neither a parameter nor a launch option")
-            key = (kernel, tuple(arg_key(a) for a in args), consts, tuple(sorted(options.items())))
-        except (AttributeError, KeyError, TypeError):
+        derived = None
+        if hp.plan_cache and hp.handle:
+            try:
+                dkey = (kernel, len(args), tuple(kwargs.items()))
+                derived = self._derived.get(dkey, False)
+                if derived is False:
+                    if len(self._derived) >= MAX_PLANS:
+                        self._derived.clear()
+                    derived = self._derived[dkey] = self._derive(kernel, len(args), kwargs)
+                if derived is not None:
+                    key = (kernel, tuple([arg_key(a) for a in args]), derived[0], derived[2])
+            except TypeError:            # an unhashable keyword value, an argument without a key
+                derived = None
+        if derived is None:
             self.jit_launches += 1
             if stream is None:
                 kernel[grid](*args, **kwargs)
@@ -253,8 +291,8 @@ class LaunchCache:
         handles = self.plans.get(key, dict)
         if not handles:
             self.jit_launches += 1
-        launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + consts, options,
-               device_of=current_device, stream=stream)
+        launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + derived[0],
+               derived[1], device_of=current_device, stream=stream)
 
     def clear(self):
         self.plans.clear()

@@ -1,12 +1,16 @@
 """`causal_conv1d_update`: the decode step of the causal convolution, its states in a pool updated in place.
 
 The Triton path is the torch custom op "linattn::causal_conv1d_update", which declares that it mutates conv_state
-(so torch.compile orders it and CUDA graphs capture it); forward only. The reference backend runs by name."""
+(so torch.compile orders it and CUDA graphs capture it); forward only. The reference backend runs by name.
+
+Decode calls it once per layer and token (three times per Gated DeltaNet layer), so an eager call is kept cheap on
+the host: a call whose signature passed the checks and chose Triton before skips both (_CHECKED), and a plain eager
+call runs the launcher without the custom op's dispatch (which costs more host time than the kernel)."""
 from typing import Optional, Tuple
 
 import torch
 
-from linattn.backends import op_backends
+from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.conv1d.reference import causal_conv1d_update_reference
 from linattn.ops.conv1d.validation import check_update_inputs
 from linattn.runtime.settings import settings
@@ -38,7 +42,19 @@ def _triton_supports(x=None, conv_state=None, weight=None, bias=None, **_) -> Tu
     return True, ""
 
 
+def _eager(x) -> bool:
+    """A plain eager call: not traced by torch.compile / export, and x a plain tensor (not a fake, functional or
+    other subclass tensor, which need the custom op's fake implementation)."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 def _triton_impl(x, conv_state, weight, bias, activation, state_indices):
+    if _eager(x):
+        from linattn.ops.conv1d.triton.update import conv1d_update
+        y = conv1d_update(x, conv_state, weight, bias, activation is not None, state_indices)
+        if not conv_state.is_inference():            # inference tensors carry no version counter
+            torch.autograd.graph.increment_version(conv_state)      # as the mutating custom op would
+        return y
     return _update_op(x, conv_state, weight, bias, "" if activation is None else "silu", state_indices)
 
 
@@ -66,6 +82,20 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
         y with x's shape and dtype: for every token the convolution of the full sequence at that position.
     Forward only (inference): an input that requires grad with grad mode on raises ValueError.
     """
+    key = None
+    if _eager(x) and (state_indices is None or state_indices.is_cuda) and (activation is None or
+                                                                          isinstance(activation, str)):
+        key = _CHECKED.key(backend, (x, conv_state, weight, bias, state_indices), (activation,))
+    impl = _CHECKED.get(key)
+    if impl is not None:
+        return impl(x, conv_state, weight, bias, activation, state_indices)
     check_update_inputs(OP, x, conv_state, weight, bias, activation, state_indices)
     b = _backends.select(backend, x=x, conv_state=conv_state, weight=weight, bias=bias, state_indices=state_indices)
+    if b.name == "triton":
+        _CHECKED.put(key, b.impl)
     return b.impl(x, conv_state, weight, bias, activation, state_indices)
+
+
+# Calls whose checks passed and that chose Triton (backends.CheckedCalls). Not remembered: traced calls, and calls
+# with state_indices on the CPU, whose values the checks read.
+_CHECKED = CheckedCalls()

@@ -87,6 +87,19 @@ def check_conv_inputs(op: str, x, weight, bias, residual, initial_state, cu_seql
     return dict(B=x.shape[0], T=x.shape[1], D=D, W=W, N=N)
 
 
+def check_index_values(op: str, state_indices, num_slots: int):
+    """CPU tensors only (reading them on a GPU would synchronise the host): every index a padded row (< 0) or a slot
+    of the pool, and no slot named by two rows."""
+    idx = state_indices.to(torch.int64)
+    bad = idx >= num_slots
+    if bool(bad.any()):
+        fail(op, f"state_indices {idx[bad].tolist()[:8]} out of range for a pool of {num_slots} slots (use a "
+                 "negative index for a padded row)")
+    live = idx[idx >= 0]
+    if live.unique().numel() != live.numel():
+        fail(op, "state_indices name a slot twice: two rows would update one state")
+
+
 def check_update_inputs(op: str, x, conv_state, weight, bias, activation, state_indices) -> dict:
     _tensor(op, "x", x)
     if x.dim() not in (2, 3):
@@ -114,14 +127,7 @@ def check_update_inputs(op: str, x, conv_state, weight, bias, activation, state_
         if state_indices.device != x.device:
             fail(op, f"state_indices is on {state_indices.device} but x is on {x.device}")
         if state_indices.device.type == "cpu" and not torch.compiler.is_compiling():
-            idx = state_indices.to(torch.int64)
-            bad = idx >= conv_state.shape[0]
-            if bool(bad.any()):
-                fail(op, f"state_indices {idx[bad].tolist()[:8]} out of range for a pool of {conv_state.shape[0]} "
-                         "slots (use a negative index for a padded row)")
-            live = idx[idx >= 0]
-            if live.unique().numel() != live.numel():
-                fail(op, "state_indices name a slot twice: two rows would update one state")
+            check_index_values(op, state_indices, conv_state.shape[0])
     if torch.is_grad_enabled():
         for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight), ("bias", bias)):
             if isinstance(t, torch.Tensor) and t.requires_grad:

@@ -3,12 +3,16 @@ FusedRMSNormGated), with the group-wise norm and the gate-first order of FLA's l
 
 Backends: "triton" (the torch custom op "linattn::rms_norm_gated_fwd" with a fake implementation and registered
 autograd, whose backward is "linattn::rms_norm_gated_bwd"; no host synchronisation) and "reference" (plain
-PyTorch, by name only, except on the CPU without the Triton interpreter)."""
+PyTorch, by name only, except on the CPU without the Triton interpreter).
+
+A decode step calls it once per layer with the same shapes: a call whose signature passed the checks before skips
+them and the backend choice (_CHECKED), and a call that records no autograd graph runs the launcher without the
+custom op's dispatch (which costs more host time than the kernel)."""
 from typing import Optional, Tuple
 
 import torch
 
-from linattn.backends import op_backends
+from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.norm.reference import rms_norm_gated_reference
 from linattn.runtime.settings import settings
 
@@ -118,7 +122,20 @@ def _triton_supports(x=None, g=None, weight=None, bias=None, **_) -> Tuple[bool,
     return True, ""
 
 
+def _direct(x, g, weight, bias) -> bool:
+    """A plain eager call that records no autograd graph (grad mode off, or no input requires grad): the launcher
+    runs without the custom op. Traced calls and tensor subclasses keep the custom op (its fake implementation)."""
+    if type(x) is not torch.Tensor or type(g) is not torch.Tensor or torch.compiler.is_compiling():
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t is not None and t.requires_grad for t in (x, g, weight, bias))
+
+
 def _triton_impl(x, g, weight, bias, activation, eps, group_size, norm_before_gate):
+    if _direct(x, g, weight, bias):
+        from linattn.ops.norm.triton.rms_norm_gated import rms_norm_gated_fwd
+        return rms_norm_gated_fwd(x, g, weight, bias, float(eps), group_size, activation, norm_before_gate)
     return _norm_fwd(x, g, weight, bias, float(eps), group_size, activation, norm_before_gate)
 
 
@@ -155,6 +172,21 @@ def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tens
         _fail("residual is not supported (add it to x before the call)", NotImplementedError)
     if prenorm:
         _fail("prenorm=True (returning the residual sum) is not supported", NotImplementedError)
+    key = None
+    if isinstance(activation, str) and isinstance(eps, (int, float)) and (group_size is None or
+                                                                         isinstance(group_size, int)):
+        key = _CHECKED.key(backend, (x, g, weight, bias), (activation, eps, group_size, bool(norm_before_gate)))
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        impl, G = hit
+        return impl(x, g, weight, bias, activation, eps, G, norm_before_gate)
     G = _check(x, g, weight, bias, activation, eps, group_size)
     b = _backends.select(backend, x=x, g=g, weight=weight, bias=bias)
+    if b.name == "triton":
+        _CHECKED.put(key, (b.impl, G))
     return b.impl(x, g, weight, bias, activation, eps, G, norm_before_gate)
+
+
+# Calls whose checks passed and that chose Triton, with their group size (backends.CheckedCalls; the checks read no
+# tensor values here, so CPU calls are remembered too).
+_CHECKED = CheckedCalls()

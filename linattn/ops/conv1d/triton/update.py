@@ -3,11 +3,18 @@
 One program per (D block, row). A row's window is its slot's W state columns followed by its T tokens; token t
 reads window positions t + 1 .. t + W and the new state is the window's last W positions. Every read of the slot
 happens before the barrier that precedes the in-place write. A padded row (negative slot, or one >= slots) writes
-zeros to y and leaves the pool alone."""
+zeros to y and leaves the pool alone.
+
+Decode calls it once per layer and token with the same shapes: launches go through runtime/host_path.LaunchCache
+(the compiled kernel's handle once a call signature has been seen, skipping the JIT's argument binding)."""
 import triton
 import triton.language as tl
 
 from linattn.runtime.alloc import empty
+from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
+
+host_path = HostPath()
+launches = LaunchCache(host_path)
 
 
 @triton.jit
@@ -60,10 +67,11 @@ def conv1d_update(x, conv_state, weight, bias, silu, state_indices):
     N, T, D = x3.shape
     W = weight.shape[1]
     y = empty(N, T, D, dtype=x.dtype, device=x.device)
-    BD = min(128, triton.next_power_of_2(D))
-    if N > 0 and T > 0:
-        conv1d_update_kernel[(triton.cdiv(D, BD), N)](
-            x3, conv_state, weight.contiguous(), bias, state_indices, y, T, D, conv_state.shape[0], *x3.stride(),
-            W=W, BW=triton.next_power_of_2(W), BD=BD, SILU=silu, HAS_BIAS=bias is not None,
-            HAS_INDICES=state_indices is not None)
+    BD = min(128, next_power_of_2(D))
+    if N > 0 and T > 0 and D > 0:
+        launches(conv1d_update_kernel, (cdiv(D, BD), N, 1),
+                 (x3, conv_state, weight.contiguous(), bias, state_indices, y, T, D, conv_state.shape[0],
+                  *x3.stride()),
+                 dict(W=W, BW=next_power_of_2(W), BD=BD, SILU=silu, HAS_BIAS=bias is not None,
+                      HAS_INDICES=state_indices is not None))
     return y.view(x.shape)

@@ -15,7 +15,7 @@ from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_
                                                                 fused_recurrent_gdn_fwd_persistent_kernel)
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import MAX_PLANS, HostPath, launch
+from linattn.runtime.host_path import MAX_PLANS, HostPath, cdiv, launch
 
 # Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
 # launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
@@ -135,7 +135,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
             if T != 1 or cu_seqlens is not None or spec or gk is not None:
                 raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens, a "
                                  "1-D state_indices and no gk")
-    n_tiles = N * HV * triton.cdiv(V, BV)
+    n_tiles = N * HV * cdiv(V, BV)
     if n_tiles == 0:
         return o, ht
     num_slots = initial_state.shape[0] if state_indices is not None else 0

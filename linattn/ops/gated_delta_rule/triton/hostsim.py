@@ -34,6 +34,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _FACTS_USERS = ("forward", "backward")
 _PLAN_USERS = ("forward", "backward")
 _NO_KERNEL = {"empty.memory_format", "empty_strided.default", "empty.default"}
+# aten ops that read device data on the host (a synchronisation on a GPU): a scalar read, or an output shape that
+# depends on values
+_SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "unique", "_unique",
+             "_unique2", "unique_dim", "unique_consecutive", "equal", "repeat_interleave"}
+# Tensor methods that copy to the host: on CPU tensors they dispatch nothing, so they are counted by name
+_SYNC_METHODS = ("tolist", "cpu", "numpy")
 
 
 def _triton_module(name):
@@ -112,11 +118,38 @@ class TorchOpCounter(TorchDispatchMode):
     """Records every op dispatched while active: (name, launches a device kernel). A linattn custom op is recorded
     and then its Python implementation runs under the counter, so the ops inside it are counted too (a plain
     re-dispatch would run them with the mode popped). No kernel: allocations, and ops whose result aliases an
-    input without writing it (views, a .to() that returns its input)."""
+    input without writing it (views, a .to() that returns its input). Host syncs: the ops of _SYNC_OPS and the
+    calls of Tensor.tolist / .cpu / .numpy (whatever the tensor's device: on a GPU each would synchronise)."""
 
     def __init__(self):
         super().__init__()
         self.ops: List[tuple] = []
+        self.syncs: List[str] = []
+        self._saved = []
+
+    def __enter__(self):
+        for name in _SYNC_METHODS:
+            orig = getattr(torch.Tensor, name)
+            self._saved.append((name, torch.Tensor.__dict__.get(name)))
+            setattr(torch.Tensor, name, self._recording(name, orig))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, orig in reversed(self._saved):
+                if orig is None:
+                    delattr(torch.Tensor, name)
+                else:
+                    setattr(torch.Tensor, name, orig)
+            self._saved.clear()
+
+    def _recording(self, name, orig):
+        def method(t, *args, **kwargs):
+            self.syncs.append(f"Tensor.{name}")
+            return orig(t, *args, **kwargs)
+        return method
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,13 +161,15 @@ class TorchOpCounter(TorchDispatchMode):
                 return OPDEFS[func._schema.name]._init_fn(*args, **kwargs)
         out = func(*args, **kwargs)
         self.ops.append((name, name.split(".", 1)[1] not in _NO_KERNEL and not _aliases_input(func, args, out)))
+        if func.namespace == "aten" and name.split(".")[1] in _SYNC_OPS:
+            self.syncs.append(name)
         return out
 
     def summary(self) -> dict:
         aten = [o for o in self.ops if o[0].startswith("aten.")]
         device = [name for name, kernel in aten if kernel]
         return dict(total=len(self.ops), aten=len(aten), device=len(device), device_ops=device,
-                    custom=[name for name, _ in self.ops if name.startswith("linattn.")])
+                    custom=[name for name, _ in self.ops if name.startswith("linattn.")], syncs=list(self.syncs))
 
 
 def _aliases_input(func, args, out) -> bool:

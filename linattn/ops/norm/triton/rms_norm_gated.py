@@ -13,6 +13,12 @@ import triton.language as tl
 
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
+
+# The forward runs once per layer and decode step with the same shapes: its launches go through the compiled
+# kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
+host_path = HostPath()
+launches = LaunchCache(host_path)
 
 
 @triton.jit
@@ -91,7 +97,7 @@ def rms_norm_gated_bwd_kernel(x, g, weight, bias, dy, dx, dg, dw_part, db_part, 
 
 
 def _config(G: int):
-    BG = triton.next_power_of_2(G)
+    BG = next_power_of_2(G)
     BR = max(1, min(16, 4096 // BG))          # about 4096 elements per tile
     return BR, BG, 4 if BG * BR <= 4096 else 8
 
@@ -108,9 +114,9 @@ def rms_norm_gated_fwd(x, g, weight, bias, eps, group_size, activation, norm_bef
     y = empty(R, D, dtype=x.dtype, device=x.device)
     BR, BG, warps = _config(group_size)
     if R > 0:
-        rms_norm_gated_fwd_kernel[(triton.cdiv(R, BR), D // group_size)](
-            x2, g2, weight, bias, y, R, D, group_size, eps, BR=BR, BG=BG, num_warps=warps,
-            **_flags(weight, bias, activation, norm_before_gate))
+        launches(rms_norm_gated_fwd_kernel, (cdiv(R, BR), D // group_size, 1),
+                 (x2, g2, weight, bias, y, R, D, group_size, eps),
+                 dict(BR=BR, BG=BG, num_warps=warps, **_flags(weight, bias, activation, norm_before_gate)))
     return y.view(x.shape)
 
 
