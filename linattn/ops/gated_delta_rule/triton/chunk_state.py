@@ -19,7 +19,7 @@ from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
 @triton.jit
 def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr = "scalar"):
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr):
     """W [BT, BK], U [BT, BV] (fp32), K [BT, BK] of the chunk starting at token t0 (rows past eos zero), its gam [BT]
     (0 past eos) and gam_C (the last valid row's). DECAY "channel" (KDA): gcum is [T_tot, HV, K] and k_ptr holds
     the decayed keys K * exp(gam_C - gam) per value head (H = HV); gam_C is the last row's [BK] (and gam, unused)."""
@@ -44,7 +44,7 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
 
 
 @triton.jit
-def state_update(s, b_k, vnew, gam, gam_last, DOT_PREC: tl.constexpr, DECAY: tl.constexpr = "scalar"):
+def state_update(s, b_k, vnew, gam, gam_last, DOT_PREC: tl.constexpr, DECAY: tl.constexpr):
     """S_next = exp(gam_C) S + K^T (diag(exp(gam_C - gam)) Vnew), Vnew fp32 [BT, BV] rounded once to K's dtype after
     the scaling (FLA's and chunk_fused_wu_ws's form). The decay goes on Vnew's rows, not on K's: K^T then comes
     straight from the loaded tile (a transposed operand of the product) instead of a scaled [BK, BT] copy written to

@@ -57,9 +57,9 @@ def chunk_state_summary_kernel(
     for c in range(0, nchunks):
         t0 = bos + c * BT
         b_w, b_u, b_k, gam, gam_last = state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
-                                                          H, HV, K, V, BT, BK, BV)
+                                                          H, HV, K, V, BT, BK, BV, "scalar")
         vnew = b_u - tl.dot(b_w, s.to(b_w.dtype), input_precision=DOT_PREC)
-        s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC)
+        s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC, "scalar")
 
     out_col = tl.where(is_m, V + col_m, col_c)
     tl.store(hm_ptr + hv.to(tl.int64) * K * (V + K) + rk[:, None] * (V + K) + out_col[None, :], s,
