@@ -12,6 +12,7 @@ import torch
 
 from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import NWU, WU_REGS
 from linattn.ops.gated_delta_rule.gluon.ws_partitions import BT, NPUB, OUTPUT_REGS, PRODUCER_REGS
+from linattn.ops.gated_delta_rule.triton.common import dot_precision
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def kkt_solve(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan, HV: in
     gcum = empty(plan.T_total, HV, dtype=torch.float32, device=k.device)
     tinv = empty(plan.T_total, HV, BT, dtype=k.dtype, device=k.device)
     launches(kkt_solve_kernel, (plan.num_slots, HV), (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
-             dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="ieee" if k.dtype == torch.float32 else "tf32",
+             dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC=dot_precision(k.dtype),
                   num_warps=cfg.warps_kkt, **kkt_order(plan.num_slots)))
     return gcum, tinv
 

@@ -44,6 +44,10 @@ for _name, _tinv, _hf, _what in (
         ("gdn_fwd_triton_kkt_solve_f32_w4", _F, False, "stage 2a: gcum and Tinv (fp32, the backward's recompute)")):
     _register(_name, "intra_split", "kkt_solve_kernel", dict(_KKT_SIG, tinv_ptr=_tinv),
               dict(_KKT_CONST, HEADS_FAST=_hf), 4, 2, f"forward {_what}")
+# fp16 inputs: the inverse's fp32 products at TF32x3 (dot_precision), Tinv stored in fp16
+_register("gdn_fwd_triton_kkt_solve_fp16_w4", "intra_split", "kkt_solve_kernel",
+          dict(_KKT_SIG, k_ptr="*fp16", tinv_ptr="*fp16"), dict(_KKT_CONST, DOT_PREC="tf32x3", HEADS_FAST=False), 4, 2,
+          "forward stage 2a at fp16: gcum and Tinv (fp16), the inverse's products at TF32x3")
 
 _WU_SIG = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32")

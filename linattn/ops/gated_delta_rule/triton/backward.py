@@ -27,6 +27,7 @@ from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WAR
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
@@ -78,7 +79,7 @@ def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], 
         plan.cu, plan.chunk_offsets, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {}))
 
 
@@ -105,7 +106,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     cfg = _configs(K, V, N, HV, dev)
-    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    dot_prec = dot_precision(q.dtype)
     dt = q.dtype
     NK = triton.cdiv(K, cfg.BK)
 

@@ -5,8 +5,19 @@ Every batch is packed sequences (chunk_indices.py): sequence n spans tokens cu[n
 kernels get one program per chunk slot, and slots past the real chunk count carry sequence N (surplus slots of
 the host-side bound) and must exit before touching cu[N + 1].
 """
+import torch
 import triton
 import triton.language as tl
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """input_precision of the products whose operands are fp32 (the block inverse, the gate-scaled tiles, fp32
+    states): IEEE for fp32 inputs; TF32x3 (three TF32 products, ~fp32 accuracy) for fp16, whose 11-bit mantissa
+    outresolves one TF32 product and whose Tinv of nearly dependent keys (no decay, positive keys) amplifies its
+    error past FLA's fp16 tolerances; TF32 for bf16, whose own 8-bit rounding dominates."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "tf32x3" if dtype == torch.float16 else "tf32"
 
 
 @triton.jit

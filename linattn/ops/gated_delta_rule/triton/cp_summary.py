@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_state import state_chunk_inputs, state_update
+from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 
 
@@ -83,5 +84,5 @@ def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool):
     chunk_state_summary_kernel[(blocks, HV)](
         k, w, u, gcum, h0 if h0 is not None else gcum, hm, cu2,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=h0 is not None,
-        DOT_PREC="ieee" if w.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+        DOT_PREC=dot_precision(w.dtype), num_warps=warps, num_stages=stages)
 

@@ -14,6 +14,7 @@ import triton
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.intra_split import intra_split
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
@@ -82,7 +83,7 @@ def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
         plan.cu, plan.chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
         USE_H0=initial_state is not None, STORE_HT=final is not None,
-        DOT_PREC="ieee" if w.dtype == torch.float32 else "tf32",
+        DOT_PREC=dot_precision(w.dtype),
         num_warps=cfg.warps_state, num_stages=cfg.stages, **({"V_FIRST": True} if state_v_first else {}))
 
 
@@ -113,7 +114,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     if plan is None:
         plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
-    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    dot_prec = dot_precision(q.dtype)
     dt = q.dtype
 
     gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)

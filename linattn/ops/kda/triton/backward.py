@@ -30,7 +30,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, dot_precision, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import chunk_kda_fwd
 from linattn.ops.kda.triton.intra import _row_of_block
@@ -278,7 +278,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     dt = q.dtype
-    dot_prec = "ieee" if dt == torch.float32 else "tf32"
+    dot_prec = dot_precision(dt)
     _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
                               lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first)
     plan = fwd.plan

@@ -10,6 +10,7 @@ import triton
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
+from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
 from linattn.ops.kda.triton.intra import kda_intra_kernel
@@ -47,7 +48,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     dt = q.dtype
-    dot_prec = "ieee" if dt == torch.float32 else "tf32"
+    dot_prec = dot_precision(dt)
     BK = _pow2(K)
 
     gcum = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
