@@ -21,6 +21,14 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
                  graph replay = eager, torch.compile(fullgraph=True) = eager (fp32 pool B8, bf16 pool B32).
   matmul_triton  linattn matmul's Triton path against an fp32 product on ragged shapes, four operand layouts,
   matmul_gluon   the Gluon path on every config of its table and its heuristic (split-K on two shapes).
+  kda            chunk_kda forward + backward (B2 T1000 H4/HV8 K = V = 128, T = 1, varlen with 1-token sequences and
+                 l2norm, the KDA gate in the kernel with beta sigmoid: every gradient incl. A_log / dt_bias,
+                 state_v_first) against autograd through naive_recurrent_kda in fp64; fused_recurrent_kda serving
+                 calls (pools fp32 / bf16 at batch 1 / 32 / 256, padded rows, speculative T = 4, the gate forms,
+                 state_v_first) against the fp64 reference; sync-free calls; a CUDA graph of forward + backward.
+  fla_options    chunk_gated_delta_rule with use_gate_in_kernel (A_log, dt_bias), the beta sigmoid (allow_neg_eigval)
+                 and state_v_first, alone and combined, forward + backward against fp64, backends auto and triton;
+                 fused_recurrent_gated_delta_rule with state_v_first pools and vLLM's speculative decoding.
   eager          speed as users get it (eager_probe.py): forward B1 T8192 / T32768 and decode B1 / B256 eagerly in
                  three fresh processes each (cold caches, warm, after 4 GiB); a shape fails when its slowest process
                  takes more than 5% longer than its fastest.
@@ -29,11 +37,12 @@ linattn.testing.TOL of the dtype.
 
 Budget: on an H200 the correctness sections take about 5.5 minutes (fwd_triton 76 s, fwd_gluon 81 s, bwd 71 s, decode
 33 s, matmul_triton 17 s, matmul_gluon 36 s, compiles included) and eager about 2.5 more (12 fresh processes, by the
-probe's 16 in 208 s), so one device call (10 minutes) holds the gate; a hang costs its
-section's timeout (TIMEOUT_S), so after one, run the rest with --only. Writes DIR/gate.json (the environment line
+probe's 16 in 208 s), so one device call (10 minutes) held the gate before kda and fla_options (not yet timed on a
+GPU): run those two in a call of their own (--only kda,fla_options). A hang costs its section's timeout (TIMEOUT_S),
+so after one, run the rest with --only. Writes DIR/gate.json (the environment line
 first, then each section's cases) and exits 1 when any case failed, errored or timed out.
-`--dry-run` runs fwd_triton, bwd and decode at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
-that need a GPU (sync-free, CUDA graphs, torch.compile, out-of-range indices): it checks the script itself.
+`--dry-run` runs fwd_triton, bwd, decode, kda and fla_options at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
+that need a GPU (sync-free, CUDA graphs, torch.compile, out-of-range indices; fla_options' auto backend): it checks the script itself.
 `--list` prints every section's case names.
 """
 from __future__ import annotations
@@ -53,22 +62,25 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))          # linattn fr
 from common import env_line, write_json  # noqa: E402
 from gate_sections import base  # noqa: E402
 
-SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "eager")
-DRY_SECTIONS = ("fwd_triton", "bwd", "decode")
+SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "kda", "fla_options",
+            "eager")
+DRY_SECTIONS = ("fwd_triton", "bwd", "decode", "kda", "fla_options")
 TIMEOUT_S = {"fwd_triton": 240, "fwd_gluon": 240, "bwd": 300, "decode": 180, "matmul_triton": 90, "eager": 300,
-             "matmul_gluon": 180}
+             "matmul_gluon": 180, "kda": 300, "fla_options": 240}
 
 
 def _sections():
     """section -> (run(save) -> its result dict, () -> its case names), eager (eager_probe.py) aside. The modules are
     imported on first use, after main has set the run mode (base.configure)."""
-    from gate_sections import bwd, decode, fwd, matmul
+    from gate_sections import bwd, decode, fla_options, fwd, kda, matmul
     return {"fwd_triton": (lambda save: fwd.section("triton", save), lambda: fwd.case_names("triton")),
             "fwd_gluon": (lambda save: fwd.section("gluon", save), lambda: fwd.case_names("gluon")),
             "bwd": (bwd.section, bwd.case_names),
             "decode": (decode.section, decode.case_names),
             "matmul_triton": (lambda save: matmul.section("triton", save), lambda: matmul.case_names("triton")),
-            "matmul_gluon": (lambda save: matmul.section("gluon", save), lambda: matmul.case_names("gluon"))}
+            "matmul_gluon": (lambda save: matmul.section("gluon", save), lambda: matmul.case_names("gluon")),
+            "kda": (kda.section, kda.case_names),
+            "fla_options": (fla_options.section, fla_options.case_names)}
 
 
 def child(section, out_dir):

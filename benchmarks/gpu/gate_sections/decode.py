@@ -71,6 +71,51 @@ def decode_pool_case(B, H, HV, state_dtype, T=1, extra=None, varlen=None):
 BF16_STATE_TOL = 4e-3        # one bf16 rounding of the state: < 2^-9 relative (tests/test_fused_recurrent.py)
 
 
+def serving_case(decode, reference, x, HV, K, V, state_dtype, state_v_first=False, spec=False, **opts):
+    """One in-place serving call of a decode op (GDN's or KDA's public function `decode`) against `reference` (the
+    same call in plain PyTorch on fp64 copies: fused_recurrent_reference). x: the token inputs of N sequences of T
+    tokens, [N, T, ...]; opts: the op's gate and beta options. The pool has 2 N T + 3 slots, [K, V] or (state_v_first)
+    [V, K]. 1-D state_indices: one slot per sequence, rows 1, 5, 9, ... padded with -1. spec (vLLM's speculative form):
+    state_indices [N, T], num_accepted_tokens drawn in 1..T, slot 0 the null block (pad_slot_id=0), row N // 2 all
+    padding, each live row's token states written to its slots. o and every written slot against the reference,
+    padded rows' outputs 0, the other slots bit-identical, the pool returned in place."""
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL
+    N, T = x["q"].shape[:2]
+    slots = 2 * N * T + 3
+    pool = (torch.randn((slots, HV, V, K) if state_v_first else (slots, HV, K, V), device=base.DEV) * 0.5
+            ).to(state_dtype)
+    live = torch.randperm(slots - 1, device=base.DEV) + 1             # slot 0 is never a live slot
+    if spec:
+        idx = live[:N * T].view(N, T).clone()
+        idx[N // 2] = 0
+        serve = dict(state_indices=idx, num_accepted_tokens=torch.randint(1, T + 1, (N,), device=base.DEV),
+                     pad_slot_id=0)
+        pad = [N // 2]
+    else:
+        idx = live[:N].clone()
+        idx[1::4] = -1
+        serve = dict(state_indices=idx)
+        pad = list(range(1, N, 4))
+    before = pool.clone()
+    ref_pool = pool.double()
+    ro, _ = reference(**base.f64(x), **opts, **serve, initial_state=ref_pool, inplace=True,
+                      state_v_first=state_v_first)
+    with poisoned_allocations():
+        o, ret = decode(**x, **opts, **serve, initial_state=pool, inplace=True, state_v_first=state_v_first)
+    base.sync()
+    written = (ref_pool != before.double()).flatten(1).any(1)
+    err_o, err_s = base.rel(o, ro), base.rel(pool[written], ref_pool[written])
+    tol_o = TOL[x["v"].dtype]
+    tol_s = TOL[torch.float32] if state_dtype == torch.float32 else BF16_STATE_TOL
+    pad_rows_zero = all(bool((o[n] == 0).all()) for n in pad)
+    untouched = bool(torch.equal(pool[~written], before[~written]))
+    return dict(rel_rms_o=err_o, rel_rms_state=err_s, tol_o=tol_o, tol_state=tol_s, slots_written=int(written.sum()),
+                pad_rows_zero=pad_rows_zero, unused_slots_untouched=untouched,
+                passed=bool(err_o <= tol_o and err_s <= tol_s and ret is pool and pad_rows_zero and untouched
+                            and bool(written.any())))
+
+
 def decode_out_of_range_case():
     """Indices >= num_slots (not checked on the host) are treated as padded; the guard rows stay untouched."""
     from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule as decode
