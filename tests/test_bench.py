@@ -346,3 +346,45 @@ def test_merge_takes_each_shape_mode_whole_from_one_part(tmp_path):
     old_schema.write_text(json.dumps(dict(old, schema="linattn-bench/1")))
     with pytest.raises(ValueError, match="earlier bench"):
         load_results([paths[0], str(old_schema)])
+
+
+def test_bench_kda_checks_triton_against_the_reference_and_names_fla(tmp_path, capsys):
+    """`--op kda` (chunk_kda): its presets and defaults, the roofline counts with the K-wide gate, and one check round
+    in-process on kda_tiny's varlen row (a 1-token sequence), forward + backward: triton is the anchor, checked
+    against the reference backend on o, the final state and every gradient; FLA's chunk_kda is the peer (skipped with
+    the reason where fla is not installed); SDPA is refused by name."""
+    from linattn.bench.child import run_job
+    from linattn.bench.ops import BENCH_OPS, get_bench_op
+    from linattn.bench.presets import CPU_PRESETS, get_preset
+    op = get_bench_op("kda")
+    assert BENCH_OPS["chunk_kda"] is op and op.registry_op == "chunk_kda" and "kda_tiny" in CPU_PRESETS
+    assert op.default_presets == ("kda_production", "kda_tiny")
+    prod = get_preset("kda_production")
+    assert [(s["B"], s["T"]) for s in prod] == [(1, 32768), (8, 4096), (4, 16384)]
+    assert all((s["H"], s["HV"], s["K"], s["V"]) == (32, 32, 128, 128) for s in prod)
+    s = prod[0]
+    gdn = get_bench_op("gated_delta_rule")
+    assert op.flops(s, "fwd") == gdn.flops(s, "fwd") and op.flops(s, "fwdbwd") == 3.5 * op.flops(s, "fwd")
+    wide = s["B"] * s["T"] * s["HV"] * (s["K"] - 1) * 4            # g's extra K - 1 fp32 values per token and head
+    assert op.bytes(s, "fwd") == gdn.bytes(s, "fwd") + wide
+    assert op.bytes(s, "fwdbwd") == gdn.bytes(s, "fwdbwd") + 3 * wide
+    shapes = get_preset("kda_tiny")[1:]
+    assert shapes[0]["lengths"][0] == 1
+    backend = "triton" if os.environ.get("TRITON_INTERPRET") == "1" else "reference"
+    rows = {}
+    for b in (backend, "fla", "sdpa"):
+        res = run_job(dict(op="kda", backend=b, shapes=shapes, modes=["fwdbwd"], device="cpu", repeats=1, warmup=0,
+                           round=0, compare_dir=str(tmp_path)))
+        (rows[b],) = res["rows"]
+    mine = rows[backend]
+    assert mine["status"] == "ok" and mine["compared_to"] == "reference" and mine["grads"] == "verified"
+    want = "is the reference" if backend == "reference" else "pass"
+    assert mine["reference_check"]["status"] == want
+    if backend != "reference":
+        assert set(mine["errors"]) == {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"}
+        assert all(0 < e <= 1.5e-2 for e in mine["errors"].values()), mine["errors"]
+    if importlib.util.find_spec("fla") is None:
+        assert rows["fla"]["status"] == "skipped" and "fla not importable" in rows["fla"]["reason"]
+    assert rows["sdpa"]["status"] == "skipped" and "no KDA op" in rows["sdpa"]["reason"]
+    assert main(["bench", "--op", "kda", "--preset", "kda_production", "--device", "cpu"]) == 2
+    assert "only the kda_tiny preset" in capsys.readouterr().err

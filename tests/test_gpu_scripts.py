@@ -18,10 +18,13 @@ def _run(args, tmp_path, timeout=600, expect=0, **extra_env):
 
 
 def test_gpu_folder_holds_the_gate_the_bench_and_the_profilers():
-    """At most 8 files, each compiles (Python) or parses (bash)."""
-    files = sorted(f for f in os.listdir(GPU) if not f.startswith((".", "__")))
+    """At most 8 scripts, plus gate_sections/ (gate.py's section modules, one per op family); each compiles
+    (Python) or parses (bash)."""
+    files = sorted(f for f in os.listdir(GPU) if not f.startswith((".", "__")) and f != "gate_sections")
     assert len(files) <= 8, files
     assert {"gate.py", "common.py", "bench_production.sh"} <= set(files)
+    sections = os.path.join(GPU, "gate_sections")
+    files += sorted(os.path.join("gate_sections", f) for f in os.listdir(sections) if f.endswith(".py"))
     for f in files:
         path = os.path.join(GPU, f)
         if f.endswith(".py"):
@@ -35,7 +38,8 @@ def test_gpu_folder_holds_the_gate_the_bench_and_the_profilers():
 def test_gate_dry_run(tmp_path):
     """The gate's forward (Triton), backward and decode sections at tiny sizes under the interpreter, each in its
     child process: every case passes against its fp64 reference and gate.json records them."""
-    out = _run([os.path.join(GPU, "gate.py"), "--dry-run", "--out", str(tmp_path)], tmp_path)
+    out = _run([os.path.join(GPU, "gate.py"), "--dry-run", "--only", "fwd_triton,bwd,decode", "--out", str(tmp_path)],
+               tmp_path)
     assert "ALL PASSED" in out
     res = json.loads((tmp_path / "gate.json").read_text())
     assert res["passed"] and list(res["sections"]) == ["fwd_triton", "bwd", "decode"]
@@ -45,12 +49,51 @@ def test_gate_dry_run(tmp_path):
     assert set(bwd["varlen triton"]["errors"]) == {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state"}
 
 
+def _dry_section(section, tmp_path):
+    out = _run([os.path.join(GPU, "gate.py"), "--dry-run", "--only", section, "--out", str(tmp_path)], tmp_path)
+    assert "ALL PASSED" in out
+    res = json.loads((tmp_path / "gate.json").read_text())
+    sec = res["sections"][section]
+    assert res["passed"] and list(res["sections"]) == [section] and sec["passed"]
+    assert sec["cases"] and all(c["passed"] for c in sec["cases"]), sec
+    return {c["case"]: c for c in sec["cases"]}
+
+
+def test_gate_dry_run_kda(tmp_path):
+    """The kda section at tiny sizes: chunk_kda's o, final state and every gradient (A_log and dt_bias with the gate
+    in the kernel) within the tolerance of their dtype against fp64; fused_recurrent_kda's serving calls (pools,
+    padded rows, speculative decoding, state_v_first, the gate) against the fp64 reference."""
+    cases = _dry_section("kda", tmp_path)
+    grads = {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state"}
+    assert set(cases["chunk B1 T70 bf16"]["errors"]) == grads
+    gate = cases["chunk gate softplus + beta sigmoid neg eigval fp32"]["errors"]
+    assert set(gate) == grads | {"A_log", "dt_bias"} and all(e <= 1e-3 for e in gate.values())
+    spec = cases["decode spec T=4 state_v_first bf16 pool B=3"]
+    assert spec["pad_rows_zero"] and spec["unused_slots_untouched"] and spec["slots_written"] > 0
+    assert len(cases) == 10
+
+
+def test_gate_dry_run_fla_options(tmp_path):
+    """The fla_options section at tiny sizes: chunk_gated_delta_rule with the gate, beta sigmoid and state_v_first
+    options (every gradient, A_log and dt_bias included) and the decode's state_v_first and speculative serving calls
+    against fp64."""
+    cases = _dry_section("fla_options", tmp_path)
+    gate = cases["chunk gate varlen 1-token fp32 triton"]["errors"]
+    assert set(gate) == {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"}
+    assert all(e <= 1e-3 for e in gate.values())
+    assert cases["decode spec T=4 fp32 pool B=3"]["pad_rows_zero"] and len(cases) == 8
+
+
 def test_gate_case_lists_and_arguments(tmp_path):
     """--list names every section's cases (the GPU ones too: they are built without a GPU); unknown sections and
     GPU-only sections in a dry run are refused with exit 2."""
     out = _run([os.path.join(GPU, "gate.py"), "--list"], tmp_path)
     lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
-    assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "eager"]
+    assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "kda",
+                           "fla_options", "eager"]
+    assert "chunk B2 T1000 gate softplus + beta sigmoid neg eigval bf16" in lines["kda"]
+    assert "decode pool B=256 state=bfloat16" in lines["kda"] and "CUDA graph chunk fwd+bwd varlen" in lines["kda"]
+    assert "chunk all options no h0 B1 T8192 H16/HV32 bf16 auto" in lines["fla_options"]
     assert "decode_b1 process spread <= 5%" in lines["eager"] and "fwd_b1_t32768" in lines["eager"]
     assert "varlen_T65536_gva" in lines["fwd_triton"] and "sync_free" in lines["fwd_triton"]
     assert "gluon_hv8_B4_T8192_segments" in lines["fwd_gluon"] and "T65536_gva" in lines["fwd_gluon"]

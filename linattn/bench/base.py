@@ -41,3 +41,4 @@ class BenchOp:
     api_module: str = ""                 # the module that registers the op's backends (default linattn.ops.<name>.api)
     max_sets: int = 8                    # input sets cycled through at most (timing.num_input_sets)
     modes: Tuple[str, ...] = ("fwd", "fwdbwd")
+    default_presets: Tuple[str, str] = ("quick", "tiny")   # `linattn bench`'s preset on a GPU, on the CPU

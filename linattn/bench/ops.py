@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from linattn.bench.base import BenchOp, Runner, Unavailable  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
+from linattn.bench.kda import KDA
 
 CHUNK = 64                      # C in gdn-math.md's FLOP formula
 GDN_GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -257,6 +258,8 @@ BENCH_OPS: Dict[str, BenchOp] = {"gated_delta_rule": GATED_DELTA_RULE}
 BENCH_OPS["chunk_gated_delta_rule"] = GATED_DELTA_RULE
 BENCH_OPS["gated_delta_rule_decode"] = GATED_DELTA_RULE_DECODE
 BENCH_OPS["fused_recurrent_gated_delta_rule"] = GATED_DELTA_RULE_DECODE
+BENCH_OPS["kda"] = KDA
+BENCH_OPS["chunk_kda"] = KDA
 
 
 def get_bench_op(name: str) -> BenchOp:

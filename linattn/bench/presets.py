@@ -63,7 +63,12 @@ PRESETS["decode"] = [_decode(1), _decode(32), _decode(256), _decode(256, "bfloat
 PRESETS["decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32), _decode(2, "bfloat16", H=2, HV=2, K=32, V=32),
                           _decode(2, pool=False, H=1, HV=2, K=32, V=32)]
 
-CPU_PRESETS = ("tiny", "decode_tiny")
+# chunk_kda (`--op kda`): Kimi Linear's heads, H = HV = 32, K = V = 128, with states; tiny for the interpreter (two
+# chunks with a ragged end, and varlen with a 1-token sequence)
+PRESETS["kda_production"] = [_dense(1, 32768, 32, 32), _dense(8, 4096, 32, 32), _dense(4, 16384, 32, 32)]
+PRESETS["kda_tiny"] = [_dense(1, 100, 1, 2, 16, 16), varlen_shape([1, 70, 5], 1, 2, 16, 16)]
+
+CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny")
 
 
 def shape_label(s: Dict) -> str:

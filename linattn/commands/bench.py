@@ -9,14 +9,14 @@ from linattn.bench.presets import CPU_PRESETS, PRESETS
 
 def add_arguments(p):
     p.add_argument("--op", default=None, help="bench op (linattn.bench.ops.BENCH_OPS; default gated_delta_rule, "
-                   "or gated_delta_rule_decode with --modes decode)")
+                   "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's)")
     p.add_argument("--backends", nargs="+", default=None,
                    help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
                    "default triton fla sdpa, and auto triton gluon fla with --modes decode")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode"],
                    help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
-                   "CPU; decode and decode_tiny with --modes decode)")
+                   "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda)")
     p.add_argument("--procs", type=int, default=None,
                    help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
                    "GPU, 2 on the CPU)")
@@ -85,13 +85,13 @@ def run(args) -> int:
     if decode:
         preset = args.preset or ("decode" if on_gpu else "decode_tiny")
     else:
-        preset = args.preset or ("quick" if on_gpu else "tiny")
+        preset = args.preset or BENCH_OPS[op_name].default_presets[0 if on_gpu else 1]
     if preset in PRESETS and any(("state" in s) != decode for s in PRESETS[preset]):
         print(f"linattn bench: preset {preset!r} is {'not ' if decode else ''}a decode preset "
               f"({'use --modes decode' if not decode else 'decode presets: decode, decode_tiny'})", file=sys.stderr)
         return 2
     if not on_gpu and preset not in CPU_PRESETS:
-        cpu = [p for p in CPU_PRESETS if p.startswith("decode") == decode]
+        cpu = ["decode_tiny"] if decode else [BENCH_OPS[op_name].default_presets[1]]
         print(f"linattn bench: no GPU here; only the {', '.join(cpu)} preset runs on the CPU "
               f"(asked for {preset!r})", file=sys.stderr)
         return 2

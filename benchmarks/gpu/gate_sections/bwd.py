@@ -1,0 +1,182 @@
+"""Gate section bwd: chunk_gated_delta_rule's forward + backward against autograd through chunk_reference in fp64
+on the GPU (every gradient, o and the final state), both backends where gluon runs; then torch.compile(fullgraph=True)
+and a CUDA-graph capture of forward + backward."""
+from __future__ import annotations
+
+import time
+
+import torch
+from common import case_runner
+
+from gate_sections import base
+
+
+def bwd_sizes():
+    if base.DRY:
+        return dict(gate=[dict(name="long", B=1, T=130, H=1, HV=2, K=32, V=32),
+                          dict(name="varlen", lengths=[1, 64, 1, 65], H=1, HV=2, K=32, V=48, l2norm=True),
+                          dict(name="batch-fp16-mixed", B=2, T=70, H=1, HV=1, K=20, V=36, dtype="float16",
+                               gate_dtype="bfloat16", beta_dtype="float32", h0=False)],
+                    compile=dict(B=1, T=70, H=1, HV=2, K=32, V=32), graph_lengths=[1, 64, 5])
+    return dict(gate=[dict(name="long-T65536", B=1, T=65536, H=16, HV=32, K=128, V=128),
+                      dict(name="varlen-mixed", lengths=[1, 4096, 1, 777, 8192, 63, 64, 65, 1, 3000, 2048, 1],
+                           H=16, HV=32, K=128, V=128, l2norm=True),
+                      dict(name="batch-fp16-mixed-K100-V60", B=4, T=1000, H=4, HV=12, K=100, V=60, dtype="float16",
+                           gate_dtype="bfloat16", beta_dtype="float32", h0=False)],
+                compile=dict(B=2, T=1024, H=4, HV=8, K=128, V=128), graph_lengths=[1, 1000, 64, 3000, 1, 31])
+
+
+def _bwd_inputs(case, seed=0):
+    from linattn.testing import make_gdn_inputs, random_cu_seqlens
+    dt = lambda s, d: getattr(torch, s) if s else d  # noqa: E731
+    lengths = case.get("lengths")
+    B, T = (1, sum(lengths)) if lengths else (case["B"], case["T"])
+    gen = torch.Generator().manual_seed(seed)
+    inp = make_gdn_inputs(B, T, case["H"], case["HV"], case["K"], case["V"],
+                          dtype=dt(case.get("dtype"), torch.bfloat16),
+                          gate_dtype=dt(case.get("gate_dtype"), torch.float32),
+                          beta_dtype=dt(case.get("beta_dtype"), None),
+                          num_states=len(lengths) if lengths else None, initial_state=case.get("h0", True),
+                          normalize_k=not case.get("l2norm", False), generator=gen)
+    inp = {n: (None if t is None else t.to(base.DEV).requires_grad_()) for n, t in inp.items()}
+    cu = random_cu_seqlens(lengths, device=base.DEV) if lengths else None
+    return inp, cu
+
+
+def _reference_grads(inp, cu, l2norm, seed=1):
+    """o, final state and every gradient by autograd through chunk_reference in fp64 (on the inputs' device)."""
+    from linattn.ops.gated_delta_rule.reference import chunk_reference
+    ref = {n: (None if t is None else t.detach().double().requires_grad_()) for n, t in inp.items()}
+    o, ht = chunk_reference(ref["q"], ref["k"], ref["v"], ref["g"], ref["beta"], None, ref["initial_state"], True,
+                            cu, l2norm)
+    gen = torch.Generator(device=o.device).manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float64)
+    dht = torch.randn(ht.shape, generator=gen, device=o.device, dtype=torch.float64)
+    torch.autograd.backward([o, ht], [do, dht])
+    out = {"o": o.detach(), "final_state": ht.detach()}
+    out.update({n: ref[n].grad for n in base.GRADS if ref[n] is not None})
+    return out, do, dht
+
+
+def bwd_case(case, ref, do, dht, inp, cu, backend):
+    """Forward + backward of `backend` on NaN-poisoned buffers against the fp64 gradients `ref`."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    for t in inp.values():
+        if t is not None:
+            t.grad = None
+    l2 = case.get("l2norm", False)
+    t0 = time.time()
+    with poisoned_allocations():
+        o, ht = linattn.chunk_gated_delta_rule(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"],
+                                               initial_state=inp["initial_state"], output_final_state=True,
+                                               cu_seqlens=cu, use_qk_l2norm_in_kernel=l2, backend=backend)
+        torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
+    got = {"o": o.detach(), "final_state": ht.detach()}
+    got.update({n: inp[n].grad for n in base.GRADS if inp[n] is not None})
+    errs, ok = base.errors(got, ref, inp["q"].dtype)
+    return dict(shape=case, backend=backend, errors=errs, passed=ok, first_call_s=round(time.time() - t0, 2))
+
+
+def compile_case(sz):
+    """torch.compile(fullgraph=True) forward + backward of a small model against autograd through the fp64
+    reference of the same model (the gate's tolerance rule)."""
+    import linattn
+    from linattn.ops.gated_delta_rule.reference import chunk_reference
+    inp, _ = _bwd_inputs(sz["compile"])
+    leaves = list(inp.values())
+    w = torch.randn(sz["compile"]["V"], sz["compile"]["V"], device=base.DEV) * 0.1
+
+    def model(q, k, v, g, beta, h0):
+        o, ht = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               use_qk_l2norm_in_kernel=True, backend="triton")
+        return (o.float() @ w).square().sum() + ht.square().sum()
+
+    t0 = time.time()
+    loss_c = torch.compile(model, fullgraph=True)(*leaves)
+    grads_c = torch.autograd.grad(loss_c, leaves)
+    compile_s = time.time() - t0
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    o, ht = chunk_reference(*ref[:5], None, ref[5], True, None, True)
+    loss_r = (o @ w.double()).square().sum() + ht.square().sum()
+    grads_r = torch.autograd.grad(loss_r, ref)
+    got = {"loss": loss_c.detach().reshape(1), **dict(zip(base.GRADS, grads_c))}
+    want = {"loss": loss_r.detach().reshape(1), **dict(zip(base.GRADS, grads_r))}
+    errs, ok = base.errors(got, want, leaves[0].dtype)
+    return dict(compile_s=round(compile_s, 1), errors=errs, passed=ok)
+
+
+def graph_bwd_case(sz):
+    """A CUDA graph of forward + backward (varlen, cu_seqlens on the device: no host sync allowed), replayed on
+    fresh values copied into the captured buffers, equals eager."""
+    import linattn
+    from linattn.testing import rel_rms
+    case = dict(sz["compile"], lengths=sz["graph_lengths"])
+    inp, cu = _bwd_inputs(case)
+    leaves = list(inp.values())
+    do = torch.randn(1, sum(case["lengths"]), case["HV"], case["V"], device=base.DEV, dtype=torch.bfloat16)
+    dht = torch.randn_like(inp["initial_state"])
+
+    def step():
+        o, ht = linattn.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                               cu_seqlens=cu, backend="triton")
+        return (o,) + torch.autograd.grad([o, ht], leaves, [do, dht])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):                         # warm-up: every kernel compiled outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    fresh, _ = _bwd_inputs(case, seed=7)
+    with torch.no_grad():
+        for t, f in zip(leaves, fresh.values()):
+            t.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    errs = {n: rel_rms(a, b) for n, a, b in zip(("o",) + base.GRADS, static, eager)}
+    return dict(graph_vs_eager=errs, passed=all(v <= 1e-6 for v in errs.values()))
+
+
+def section(save):
+    """Each gate case's fp64 reference is computed once (a case of its own, so that a failure there is on record)
+    and checked against both backends where the gluon backend runs (K = V = 128, bf16 inputs)."""
+    cases = []
+    run = case_runner(cases)
+    sz = bwd_sizes()
+    for case in sz["gate"]:
+        backends = ["triton"]
+        if not base.DRY and case["K"] == case["V"] == 128 and case.get("dtype") in (None, "bfloat16"):
+            backends.append("gluon")
+        prepared = {}
+
+        def reference(case=case):
+            prepared["inp"], prepared["cu"] = _bwd_inputs(case)
+            prepared["ref"], prepared["do"], prepared["dht"] = _reference_grads(prepared["inp"], prepared["cu"],
+                                                                                 case.get("l2norm", False))
+            return dict(passed=True)
+        run(f"{case['name']} fp64 reference", reference)
+        for b in backends:
+            if "ref" in prepared:
+                p = prepared
+                run(f"{case['name']} {b}", bwd_case, case, p["ref"], p["do"], p["dht"], p["inp"], p["cu"], b)
+            save(dict(cases=cases, incomplete=True))
+        prepared.clear()
+        base.free()
+    if not base.DRY:
+        run("torch.compile fullgraph fwd+bwd", compile_case, sz)
+        run("CUDA graph fwd+bwd varlen", graph_bwd_case, sz)
+    return dict(cases=cases, reference="autograd through chunk_reference in fp64 on the same device, full problem")
+
+
+def case_names():
+    names = []
+    for c in bwd_sizes()["gate"]:
+        names += [f"{c['name']} fp64 reference", f"{c['name']} triton"]
+        if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
+            names.append(f"{c['name']} gluon")
+    return names + ([] if base.DRY else ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])

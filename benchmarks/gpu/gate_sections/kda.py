@@ -1,0 +1,276 @@
+"""Gate section kda: Kimi Delta Attention at GPU sizes against the fp64 token-by-token reference
+(linattn/ops/kda/reference.py) on the GPU.
+
+chunk_kda: forward + backward on NaN-poisoned buffers; o, the final state and every gradient (q, k, v, g, beta,
+initial_state, and A_log / dt_bias with the gate in the kernel) against autograd through naive_recurrent_kda in fp64,
+random upstream gradients on o and the final state. fused_recurrent_kda: serving calls on state pools (fp32 and
+bf16, padded rows, speculative decoding, the gate in the kernel, state_v_first) against fused_recurrent_reference
+in fp64. Then, on the GPU only, the sync-free checks: no synchronising call in a varlen forward + backward and a
+decode step (sync debug mode "error"), and a CUDA graph of chunk_kda's forward + backward replayed on new data
+equal to eager. Inputs are fresh random draws; each case records its seed.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from common import case_runner
+
+from gate_sections import base
+from gate_sections.decode import serving_case
+
+KDA_GRADS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+
+
+def _dims():
+    """(H, HV, K, V, B, T) of the dense chunk cases and the decode batches."""
+    if base.DRY:
+        return dict(H=1, HV=2, K=16, V=16, B=1, T=70, batches=(1, 3))
+    return dict(H=4, HV=8, K=128, V=128, B=2, T=1000, batches=(1, 32, 256))
+
+
+def chunk_cases():
+    """(name, options): B, T (or lengths), dtype, gate ("" / "softplus" / "lower_bound"), l2, h0, v_first."""
+    d = _dims()
+    B, T = d["B"], d["T"]
+    BF, F32 = torch.bfloat16, torch.float32
+    if base.DRY:
+        lens = [1, 40, 1, 30]
+        return [(f"B{B} T{T} bf16", dict(B=B, T=T, dtype=BF)),
+                ("varlen 1-token l2norm v_first fp32", dict(lengths=lens, dtype=F32, l2=True, v_first=True)),
+                ("gate softplus + beta sigmoid neg eigval fp32", dict(B=B, T=T, dtype=F32, gate="softplus"))]
+    lens = [1, 700, 1, 63, 65, 170, 1]
+    return [(f"B{B} T{T} bf16", dict(B=B, T=T, dtype=BF)),
+            ("B2 T1 bf16", dict(B=2, T=1, dtype=BF)),
+            (f"varlen {len(lens)} seqs 1-token l2norm bf16", dict(lengths=lens, dtype=BF, l2=True)),
+            (f"B{B} T{T} gate softplus + beta sigmoid neg eigval bf16", dict(B=B, T=T, dtype=BF, gate="softplus")),
+            ("B1 T333 gate lower_bound (safe_gate) no h0 fp32", dict(B=1, T=333, dtype=F32, gate="lower_bound",
+                                                                     h0=False)),
+            ("varlen state_v_first fp32", dict(lengths=[1, 129, 64, 1, 300], dtype=F32, v_first=True))]
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def chunk_inputs(B=1, T=None, lengths=None, dtype=torch.bfloat16, gate="", l2=False, h0=True, v_first=False,
+                 seed=0):
+    """The op's leaves (on the device, requiring grad) and call options. g: with the gate in the kernel, its raw input
+    and FLA's parameters (A_log [HV], dt_bias [HV * K]), beta a logit; else a log decay per channel, half of a head's
+    channels weak (e^-0.04 per step) and half strong (down to e^-8), beta in (0, 1)."""
+    d = _dims()
+    H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
+    if lengths:
+        B, T = 1, sum(lengths)
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    k = rnd(B, T, H, K)
+    x = dict(q=rnd(B, T, H, K), k=k if l2 else F.normalize(k, dim=-1), v=rnd(B, T, HV, V))
+    if gate:
+        x.update(g=rnd(B, T, HV, K) * 2, beta=rnd(B, T, HV) * 2, A_log=rnd(HV) * 0.5, dt_bias=rnd(HV * K))
+    else:
+        weak = F.logsigmoid(rnd(B, T, HV, K) + 4.0) * 2.0
+        strong = -torch.rand(B, T, HV, K, generator=gen) * 8.0
+        x.update(g=torch.where(torch.rand(1, 1, 1, K, generator=gen) < 0.5, weak, strong),
+                 beta=torch.sigmoid(rnd(B, T, HV)))
+    N = len(lengths) if lengths else B
+    if h0:
+        x["initial_state"] = rnd(N, HV, V, K) * 0.5 if v_first else rnd(N, HV, K, V) * 0.5
+    for n in ("q", "k", "v"):
+        x[n] = x[n].to(dtype)
+    leaves = {n: t.to(base.DEV).requires_grad_() for n, t in x.items()}
+    opts = dict(use_qk_l2norm_in_kernel=l2, state_v_first=v_first)
+    if lengths:
+        from linattn.testing import random_cu_seqlens
+        opts["cu_seqlens"] = random_cu_seqlens(lengths, device=base.DEV)
+    if gate:
+        opts.update(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=gate == "softplus")
+        if gate == "lower_bound":
+            opts.update(lower_bound=-5.0, safe_gate=True)
+    return leaves, opts
+
+
+def reference_grads(leaves, opts, seed):
+    """o, the final state and every gradient by autograd through naive_recurrent_kda in fp64 (FLA's KDA gate and the
+    beta sigmoid as plain functions first), and the random upstream gradients do, dht."""
+    from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+    ref = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    g, beta = ref["g"], ref["beta"]
+    if opts.get("use_gate_in_kernel"):
+        g = kda_gate(g, ref.get("A_log"), ref.get("dt_bias"), opts.get("lower_bound"))
+        beta = torch.sigmoid(beta) * (2 if opts.get("allow_neg_eigval") else 1)
+    h0 = ref.get("initial_state")
+    if h0 is not None and opts["state_v_first"]:
+        h0 = h0.transpose(-1, -2)
+    o, ht = naive_recurrent_kda(ref["q"], ref["k"], ref["v"], g, beta, None, h0, True, opts.get("cu_seqlens"),
+                                opts["use_qk_l2norm_in_kernel"])
+    if opts["state_v_first"]:
+        ht = ht.transpose(-1, -2)
+    gen = torch.Generator(device=o.device).manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float64)
+    dht = torch.randn(ht.shape, generator=gen, device=o.device, dtype=torch.float64)
+    torch.autograd.backward([o, ht], [do, dht])
+    out = {"o": o.detach(), "final_state": ht.detach()}
+    out.update({n: ref[n].grad for n in KDA_GRADS if n in ref})
+    return out, do, dht
+
+
+def chunk_case(**case):
+    """chunk_kda forward + backward (Triton) on NaN-poisoned buffers against reference_grads."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    seed = _seed()
+    leaves, opts = chunk_inputs(**case, seed=seed)
+    ref, do, dht = reference_grads(leaves, opts, seed + 1)
+    with poisoned_allocations():
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
+    base.sync()
+    got = {"o": o.detach(), "final_state": ht.detach()}
+    got.update({n: leaves[n].grad for n in KDA_GRADS if n in leaves})
+    errs, ok = base.errors(got, ref, leaves["q"].dtype)
+    return dict(seed=seed, errors=errs, passed=ok)
+
+
+# ------------------------------------------------------------------------------------------------------ decode
+
+def _decode_reference(g=None, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, lower_bound=None,
+                      A_log=None, **kw):
+    """fused_recurrent_kda's call in plain PyTorch: GDN's decode reference with the per-channel decay gk."""
+    from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_reference
+    from linattn.ops.kda.fused_recurrent import gate_mode
+    return fused_recurrent_reference(g=None, gk=g, gk_mode=gate_mode(use_gate_in_kernel, A_log, lower_bound),
+                                     A_log=A_log, lower_bound=0.0 if lower_bound is None else lower_bound,
+                                     beta_sigmoid=use_beta_sigmoid_in_kernel, **kw)
+
+
+def decode_case(B, T=1, state_dtype=torch.float32, v_first=False, spec=False, gate=""):
+    """One serving call of fused_recurrent_kda (serving_case): bf16 q, k (L2-normalised), v; a per-channel log decay
+    (or the gate's raw input with FLA's KDA gate in the kernel, beta a logit then)."""
+    from linattn.ops.kda.fused_recurrent import fused_recurrent_kda
+    d = _dims()
+    H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x = dict(q=rnd(B, T, H, K), k=F.normalize(rnd(B, T, H, K), dim=-1), v=rnd(B, T, HV, V))
+    x = {n: t.to(torch.bfloat16) for n, t in x.items()}
+    opts = {}
+    if gate:
+        x.update(g=rnd(B, T, HV, K) * 2, beta=rnd(B, T, HV) * 2)
+        opts = dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, A_log=rnd(HV) * 0.5,
+                    dt_bias=rnd(HV * K), lower_bound=-5.0 if gate == "lower_bound" else None)
+    else:
+        x.update(g=F.logsigmoid(rnd(B, T, HV, K) + 3.0), beta=torch.sigmoid(rnd(B, T, HV)))
+    x = {n: t.to(base.DEV) for n, t in x.items()}
+    opts = {n: (t.to(base.DEV) if isinstance(t, torch.Tensor) else t) for n, t in opts.items()}
+    res = serving_case(fused_recurrent_kda, _decode_reference, x, HV, K, V, state_dtype, state_v_first=v_first,
+                       spec=spec, **opts)
+    return dict(res, seed=seed)
+
+
+def decode_cases():
+    """(name, kwargs) of decode_case."""
+    d = _dims()
+    out = []
+    for B in d["batches"]:
+        for sd in (torch.float32, torch.bfloat16):
+            out.append((f"decode pool B={B} state={str(sd)[6:]}", dict(B=B, state_dtype=sd)))
+    Bs = d["batches"][-1 if base.DRY else 1]
+    out.append((f"decode spec T=4 state_v_first bf16 pool B={Bs}", dict(B=Bs, T=4, state_dtype=torch.bfloat16,
+                                                                         v_first=True, spec=True)))
+    out.append((f"decode gate softplus + beta sigmoid B={Bs}", dict(B=Bs, gate="softplus")))
+    out.append((f"decode gate lower_bound + beta sigmoid state_v_first B={Bs}", dict(B=Bs, gate="lower_bound",
+                                                                                     v_first=True)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- GPU only
+
+def sync_free_case():
+    """No synchronising call in a varlen chunk_kda forward + backward nor in a pool decode step (after a first call
+    that compiles), sync debug mode "error"."""
+    import linattn
+    from linattn.ops.kda.fused_recurrent import fused_recurrent_kda
+    leaves, opts = chunk_inputs(lengths=[1, 500, 63, 1], l2=True, seed=_seed())
+    d = _dims()
+    B, H, HV, K, V = 32, d["H"], d["HV"], d["K"], d["V"]
+    dx = dict(q=torch.randn(B, 1, H, K, device="cuda", dtype=torch.bfloat16),
+              k=F.normalize(torch.randn(B, 1, H, K, device="cuda"), dim=-1).to(torch.bfloat16),
+              v=torch.randn(B, 1, HV, V, device="cuda", dtype=torch.bfloat16),
+              g=F.logsigmoid(torch.randn(B, 1, HV, K, device="cuda") + 3.0),
+              beta=torch.rand(B, 1, HV, device="cuda"))
+    pool = torch.randn(2 * B, HV, K, V, device="cuda")
+    idx = torch.randperm(2 * B, device="cuda")[:B]
+
+    def step():
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        torch.autograd.grad([o, ht], list(leaves.values()), [torch.ones_like(o), torch.ones_like(ht)])
+        fused_recurrent_kda(**dx, initial_state=pool, state_indices=idx, inplace=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return dict(sync_debug_mode_error="no synchronising call", passed=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def graph_case():
+    """A CUDA graph of chunk_kda's forward + backward (varlen, cu_seqlens on the device, the gate in the kernel),
+    replayed on fresh values copied into the captured buffers, equals eager."""
+    import linattn
+    from linattn.testing import rel_rms
+    case = dict(lengths=[1, 1000, 64, 300, 1], gate="softplus", dtype=torch.bfloat16)
+    leaves, opts = chunk_inputs(**case, seed=_seed())
+    names = list(leaves)
+    do = torch.randn(1, sum(case["lengths"]), _dims()["HV"], _dims()["V"], device="cuda", dtype=torch.bfloat16)
+    dht = torch.randn_like(leaves["initial_state"])
+
+    def step():
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        return (o, ht) + torch.autograd.grad([o, ht], [leaves[n] for n in names], [do, dht])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):                         # warm-up: every kernel compiled outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    fresh, _ = chunk_inputs(**case, seed=_seed())
+    with torch.no_grad():
+        for n in names:
+            leaves[n].copy_(fresh[n])
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    errs = {n: rel_rms(a, b) for n, a, b in zip(["o", "final_state"] + names, static, eager)}
+    return dict(graph_vs_eager=errs, passed=all(v <= 1e-6 for v in errs.values()))
+
+
+def case_names():
+    names = [f"chunk {n}" for n, _ in chunk_cases()] + [n for n, _ in decode_cases()]
+    return names + ([] if base.DRY else ["sync-free chunk fwd+bwd and decode", "CUDA graph chunk fwd+bwd varlen"])
+
+
+def section(save):
+    cases = []
+    run = case_runner(cases)
+    for name, kw in chunk_cases():
+        run(f"chunk {name}", chunk_case, **kw)
+        save(dict(cases=cases, incomplete=True))
+        base.free()
+    for name, kw in decode_cases():
+        run(name, decode_case, **kw)
+        save(dict(cases=cases, incomplete=True))
+    if not base.DRY:
+        run("sync-free chunk fwd+bwd and decode", sync_free_case)
+        run("CUDA graph chunk fwd+bwd varlen", graph_case)
+    return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "
+                                       "fused_recurrent_reference in fp64")
