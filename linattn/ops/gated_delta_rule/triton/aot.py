@@ -38,12 +38,16 @@ _KKT_SIG = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, cu_pt
 _KKT_FLA_OFF = dict(A_log_ptr=None, dt_bias_ptr=None, beta_out_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False,
                     BETA_SCALE=0)
 _KKT_CONST = dict(H=H, HV=HV, K=K, BT=BT, BK=128, DOT_PREC="tf32", **_KKT_FLA_OFF)
-for _name, _tinv, _hf, _what in (
-        ("gdn_fwd_triton_kkt_solve_w4", _X, False, "stage 2a: gcum and Tinv (bf16)"),
-        ("gdn_fwd_triton_kkt_solve_hf_w4", _X, True, "stage 2a: gcum and Tinv (bf16), programs head-fastest"),
-        ("gdn_fwd_triton_kkt_solve_f32_w4", _F, False, "stage 2a: gcum and Tinv (fp32, the backward's recompute)")):
-    _register(_name, "intra_split", "kkt_solve_kernel", dict(_KKT_SIG, tinv_ptr=_tinv),
-              dict(_KKT_CONST, HEADS_FAST=_hf), 4, 2, f"forward {_what}")
+for _name, _tinv, _hf, _lo, _what in (
+        ("gdn_fwd_triton_kkt_solve_w4", _X, False, False, "stage 2a: gcum and Tinv (bf16)"),
+        ("gdn_fwd_triton_kkt_solve_hf_w4", _X, True, False, "stage 2a: gcum and Tinv (bf16), programs head-fastest"),
+        ("gdn_fwd_triton_kkt_solve_f32_w4", _F, False, False,
+         "stage 2a: gcum and Tinv (fp32, the backward's recompute)"),
+        ("gdn_fwd_triton_kkt_solve_f32_lo_hf_w4", _F, True, True,
+         "stage 2a: gcum and Tinv in fp32 and bf16 (recompute_h_gluon), programs head-fastest")):
+    _register(_name, "intra_split", "kkt_solve_kernel",
+              dict(_KKT_SIG, tinv_ptr=_tinv, **({"tinv_lo_ptr": _X} if _lo else {})),
+              dict(_KKT_CONST, HEADS_FAST=_hf, **({} if _lo else {"tinv_lo_ptr": None})), 4, 2, f"forward {_what}")
 
 _WU_SIG = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32")
