@@ -17,8 +17,13 @@ def _ptrs(sig: dict) -> tuple:
 def _build(mod: str, kname: str, sig: dict, const: dict, warps: int, stages: int):
     def build():
         import importlib
+        import inspect
         fn = getattr(importlib.import_module(f"linattn.ops.gated_delta_rule.triton.{mod}"), kname)
-        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
+        full = {**sig, **{name: "constexpr" for name in const}}
+        # in the kernel's parameter order: compile_kernel places div16 by position (a run-time argument may follow
+        # constexprs, as kkt_solve_kernel's tinv_lo_ptr)
+        params = [n for n in inspect.signature(getattr(fn, "fn", fn)).parameters if n in full]
+        return fn, {n: full[n] for n in params}, const, {"num_warps": warps, "num_stages": stages}
     return build
 
 
