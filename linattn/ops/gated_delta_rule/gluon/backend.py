@@ -48,11 +48,19 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                          do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward with its reverse state pass (stage 1) in Gluon and, with recompute_state, its recompute
-    of the forward's state pass in Gluon too."""
+    """The Triton backward with its reverse state pass (stage 1) in Gluon. Its recompute of the forward's
+    intermediates: where recompute_h_applies, gluon/recompute.py (stage 2a with fp32 Tinv, W, then h and vnew from
+    the gate-free kernel's state-only mode, in the forward's segments); else the forward's stages with, under
+    recompute_state, the state pass in Gluon (launcher.chunk_state_gluon)."""
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.gluon import launcher
+    from linattn.ops.gated_delta_rule.gluon import recompute as grc
     from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
+
+    recompute = None
+    if grc.recompute_h_applies(k, v, cu_seqlens):
+        def recompute(plan):
+            return grc.recompute_h_gluon(k, v, g, beta, initial_state, cu_seqlens, plan=plan)
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan)
@@ -62,7 +70,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
-        state_bwd=state_bwd_pass)
+        state_bwd=state_bwd_pass, recompute=recompute)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

@@ -87,7 +87,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False):
+                               state_v_first: bool = False, recompute=None):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -99,7 +99,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
-    state backward, gluon/chunk_state_bwd.py, in here)."""
+    state backward, gluon/chunk_state_bwd.py, in here).
+    recompute: replaces the recompute of the forward's intermediates (stage 0), called as recompute(plan); it
+    returns an object with the tensors the stages read, as chunk_gated_delta_rule_fwd's FwdResult names them:
+    gcum, beta (activated), tinv (fp32), w, vnew and h (the gluon backend's gluon/recompute.recompute_h_gluon). No
+    FLA option goes with it."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -110,10 +114,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dt = q.dtype
     NK = triton.cdiv(K, cfg.BK)
 
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
-                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
-                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
-    fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
+    if recompute is not None:
+        if A_log is not None or beta_scale or state_v_first:
+            raise NotImplementedError("a custom recompute (the gluon backend's) takes none of FLA's options")
+        fwd = recompute(plan)
+    else:
+        fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
+                                         store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
+                                         A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+                                         state_v_first=state_v_first)
+        fwd.u = None        # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
