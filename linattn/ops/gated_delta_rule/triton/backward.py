@@ -99,9 +99,17 @@ def use_fused_backward(K: int, V: int) -> bool:
     return K <= FUSED_MAX_DIM and V <= FUSED_MAX_DIM
 
 
-def _fused_bv(V: int) -> int:
-    """V block of the fused kernel: the whole (power-of-two padded) V, one program per sequence-head."""
-    return _pow2(V)
+def _fused_bv(V: int, N: int, HV: int, device) -> int:
+    """V block of the fused kernel: the whole (power-of-two padded) V, halved down to 64 while the programs do not
+    cover the SMs (as the state passes split V). A split re-does the V-independent products (K Q^T, K K^T) per block
+    and writes its dq/dk/dg/dbeta shares as fp32 partials. sm_90a, K = V = 128 bf16, 8 warps: BV = 128 255 registers
+    and 4.4 KB spilled, BV = 64 2.7 KB (neither timed on a GPU yet)."""
+    facts = device_facts(device)
+    sms = facts.num_sms if facts.kind == "cuda" else 1
+    bv = _pow2(V)
+    while bv > 64 and N * HV * triton.cdiv(V, bv) < sms:
+        bv //= 2
+    return bv
 
 
 def _bwd_fused(q, k, v, g, beta, scale, initial_state, do, dht, fwd, plan, A_log, dt_bias, beta_scale,
@@ -112,7 +120,7 @@ def _bwd_fused(q, k, v, g, beta, scale, initial_state, do, dht, fwd, plan, A_log
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     N, T_tot = plan.N, plan.T_total
-    BK, BV = _pow2(K), block_v or _fused_bv(V)
+    BK, BV = _pow2(K), block_v or _fused_bv(V, N, HV, dev)
     NV = triton.cdiv(V, BV)
     G = HV // H
     part_qk = G > 1 or NV > 1

@@ -142,15 +142,19 @@ def chunk_bwd_fused_kernel(
         p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
         tl.store(p_dv, (y * beta[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
         y_op = y.to(dt_op)
-        q32 = b_q.to(tl.float32)
-        k32 = b_k.to(tl.float32)
+        # dS <- exp(gam_C) dS + (diag(eg) Qs)^T dO - K^T diag(beta eg) Y, here: the old dS is read from here on only
+        # as dS^T (scratch) and through sum(dS * S), so one [BK, BV] accumulator stays live
+        sds = tl.sum(tl.sum(ds * b_h.to(tl.float32), axis=1), axis=0)
+        qg = (b_q.to(tl.float32) * (eg * scale)[:, None]).to(dt_op)
+        ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
+            - tl.dot(tl.trans(b_k), (y * (beta * eg)[:, None]).to(dt_op), input_precision=DOT_PREC)
 
         # ---- dQ and its gate term rowsum(Q * dQ)
         dp = tl.dot(b_do, vnew_t, input_precision=DOT_PREC)                   # dO Vnew^T
         pm = tl.where(lower, dp * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
         dqh = tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC) * (eg * scale)[:, None] \
             + tl.dot(pm.to(dt_op), b_k, input_precision=DOT_PREC) * scale
-        dgam = tl.sum(dqh * q32, axis=1)
+        dgam = tl.sum(dqh * b_q.to(tl.float32), axis=1)
         p_dq = tl.make_block_ptr(dq_ptr + qk_base + t0 * qk_stride, (nt, K), (qk_stride, 1), (0, 0), (BT, BK), (1, 0))
         tl.store(p_dq, dqh.to(dq_ptr.dtype.element_ty), boundary_check=(0, 1))
 
@@ -158,14 +162,13 @@ def chunk_bwd_fused_kernel(
         dpt = tl.dot(vnew, tl.trans(b_do), input_precision=DOT_PREC)         # Vnew dO^T
         pmt = tl.where(upper, dpt * tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.)), 0.)
         dkh = tl.dot(pmt.to(dt_op), b_q, input_precision=DOT_PREC) * scale
-        dgam -= tl.sum(dkh * k32, axis=1)
+        dgam -= tl.sum(dkh * b_k.to(tl.float32), axis=1)
         dks = tl.dot(vnew, ds_t, input_precision=DOT_PREC) * tl.exp(gam_last - gam)[:, None]   # Vnew dS^T
-        xs = tl.sum(dks * k32, axis=1)
-        sds = tl.sum(tl.sum(ds * b_h.to(tl.float32), axis=1), axis=0)
+        xs = tl.sum(dks * b_k.to(tl.float32), axis=1)
         dgam += tl.where(rows == last, tl.sum(xs, axis=0) + tl.exp(gam_last) * sds, 0.) - xs
         dkh += dks
         ysw = tl.dot(y_op, tl.trans(b_h), input_precision=DOT_PREC)           # Y S^T
-        rs_w = tl.sum(ysw * k32, axis=1)
+        rs_w = tl.sum(ysw * b_k.to(tl.float32), axis=1)
         dkh -= ysw * (beta * eg)[:, None]
         dgam -= beta * eg * rs_w
         dbeta = tl.sum(y * b_v.to(tl.float32), axis=1) - eg * rs_w           # rowsum(Y * X)
@@ -198,10 +201,6 @@ def chunk_bwd_fused_kernel(
         tl.store(dg_ptr + gb_base + (t0 + rows) * HV + hv, dg.to(dg_ptr.dtype.element_ty), mask=valid)
         tl.store(dbeta_ptr + gb_base + (t0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
 
-        # ---- dS <- exp(gam_C) dS + (diag(eg) Qs)^T dO - K^T diag(beta eg) Y
-        qg = (q32 * (eg * scale)[:, None]).to(dt_op)
-        ds = ds * tl.exp(gam_last) + tl.dot(tl.trans(qg), b_do, input_precision=DOT_PREC) \
-            - tl.dot(tl.trans(b_k), (y * (beta * eg)[:, None]).to(dt_op), input_precision=DOT_PREC)
 
     if STORE_DH0:
         tl.store(dh0_ptr + state_off, ds, mask=mkv)
