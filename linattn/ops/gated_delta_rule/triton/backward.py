@@ -93,9 +93,9 @@ FUSED_STAGES = 1
 
 
 def use_fused_backward(K: int, V: int) -> bool:
-    """Whether chunk_gated_delta_rule_bwd runs the fused kernel by default: K <= 128 and V <= 128. FLA's options
-    (in-kernel gate, beta sigmoid, state_v_first) run inside it; a custom reverse state pass (state_bwd) runs only
-    on the four-kernel path, so a caller whose hook changes the result (context parallelism) passes fused=False."""
+    """Whether chunk_gated_delta_rule_bwd runs the fused kernel (when no state_bwd hook is given): K <= 128 and
+    V <= 128. FLA's options (in-kernel gate, beta sigmoid, state_v_first) run inside it. The gluon backend asks the
+    same question to decide whether to hand over its Gluon reverse state pass."""
     return K <= FUSED_MAX_DIM and V <= FUSED_MAX_DIM
 
 
@@ -192,8 +192,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
-    state backward, gluon/chunk_state_bwd.py, in here); the fused kernel does not call it.
-    fused: run the fused kernel (backward_fused.py) instead of stages 1a-3; None: use_fused_backward(K, V).
+    state backward, gluon/chunk_state_bwd.py, in here); only the four-kernel path calls it.
+    fused: run the fused kernel (backward_fused.py) instead of stages 1a-3; None: use_fused_backward(K, V) when no
+    state_bwd hook is given (a hook selects the four-kernel path that calls it).
     fused_block_v: the fused kernel's V block (a power of two; tests use it to run the V-split form)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -206,7 +207,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     NK = triton.cdiv(K, cfg.BK)
 
     if fused is None:
-        fused = use_fused_backward(K, V)
+        fused = state_bwd is None and use_fused_backward(K, V)
+    elif fused and state_bwd is not None:
+        raise ValueError("fused=True with a state_bwd hook: the hook replaces stage 1 of the four-kernel path, which "
+                         "the fused kernel does not run; pass one or the other")
     elif fused and not use_fused_backward(K, V):
         raise NotImplementedError(f"fused=True: the fused backward takes K and V up to {FUSED_MAX_DIM} "
                                   f"(got K={K}, V={V}); fused=False runs the four-kernel path")
