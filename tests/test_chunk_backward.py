@@ -12,6 +12,8 @@ Case matrix (each dimension covered at least once, kept small because the interp
   dtypes       fp32, bf16, fp16; mixed (fp16 q/k/v, fp32 beta, bf16 g, fp16 initial state)
   states       with and without initial_state; with and without the gradient of final_state
   options      use_qk_l2norm_in_kernel; only some inputs requiring grad; torch.compile(fullgraph=True)
+  paths        every case with K, V <= 128 on the fused kernel (backward_fused.py, the default there) and on the
+               four-kernel path; the fused kernel's V-split form (three 16-column blocks); fused=True refused above 128
 plus a static check that no kernel of the backward feeds tl.trans(<dot result>) into a dot (the Triton 3.4-3.7
 Hopper miscompile behind FLA issues 640 and 984), and an ahead-of-time sm_90a build of every backward kernel with
 ptxas spill bounds (no GPU needed).
