@@ -174,12 +174,14 @@ def _chunk_states_fp64(x, cu, plan):
     return h, vn
 
 
-@pytest.mark.parametrize("B,T,lens,segments,decay", [(1, 200, [1, 63, 70, 65, 1], None, None),
-                                                     (1, 640, None, (3, 4), "mixed")])
-def test_backward_with_recompute_model_matches_fp64(device, B, T, lens, segments, decay):
+@pytest.mark.parametrize("B,T,lens,segments,decay,fused", [(1, 200, [1, 63, 70, 65, 1], None, None, True),
+                                                           (1, 640, None, (3, 4), "mixed", True),
+                                                           (1, 640, None, (3, 4), "mixed", False)])
+def test_backward_with_recompute_model_matches_fp64(device, B, T, lens, segments, decay, fused):
     """The Triton backward with recompute_h_gluon (state-only model) as its recompute: dq, dk, dv, dg, dbeta and
     d initial_state within TOL of fp64 autograd through the recurrence, NaN-poisoned outputs, varlen with 1-token
-    sequences and the segment path with a pair left unsegmented."""
+    sequences and the segment path with a pair left unsegmented; the fused kernel (recompute without W and vnew)
+    and the four-kernel path."""
     if device != "cpu":
         pytest.skip("CPU model check")
     from linattn.ops.gated_delta_rule.gluon.recompute import recompute_h_gluon
@@ -200,12 +202,13 @@ def test_backward_with_recompute_model_matches_fp64(device, B, T, lens, segments
     torch.autograd.backward([o64, f64], [do, dht])
     segs = segments or (1, -(-T // 64))
 
-    def recompute(plan):
+    def recompute(plan, fused_):
         return recompute_h_gluon(x["k"], x["v"], x["g"], x["beta"], x["initial_state"], cu, plan=plan,
-                                 segments=segs, state_pass=_model(seed))
+                                 segments=segs, state_pass=_model(seed), store_vnew=not fused_, store_w=not fused_)
     with poisoned_allocations():
         got = chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], cu,
-                                         do.to(torch.bfloat16), dht.float(), recompute=recompute)[:6]
+                                         do.to(torch.bfloat16), dht.float(), recompute=recompute,
+                                         fused=fused)[:6]
     for name, gr in zip(names, got):
         err = rel_rms(gr, ref[name].grad)
         assert err < TOL[torch.bfloat16], (name, err, seed)
@@ -232,4 +235,4 @@ def test_recompute_rules_and_errors():
     x = {n: torch.zeros(1, 64, 1, s, dtype=torch.bfloat16) for n, s in (("q", 32), ("k", 32), ("v", 32))}
     with pytest.raises(NotImplementedError, match="FLA's options"):
         chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], torch.zeros(1, 64, 1), torch.zeros(1, 64, 1), 1.0, None,
-                                   None, x["v"], None, beta_scale=1, recompute=lambda plan: None)
+                                   None, x["v"], None, beta_scale=1, recompute=lambda plan, fused: None)

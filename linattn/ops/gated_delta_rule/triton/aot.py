@@ -115,6 +115,20 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
                GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
           4, 1, "backward stage 3: through the WY form: dV, dK, dbeta, dg")
 
+# ---- The fused backward (backward_fused.py) at _fused_bv's two V blocks: BV = 128 (one program per sequence-head,
+# N * HV >= SMs) and BV = 64 (B=1 here: the V split doubles the programs). H16/HV32 is GVA: dq/dk are fp32 partials.
+# Both spill (the whole-head walk keeps dS [128, BV] fp32, the [64, 128] operand tiles and the dK / dQ accumulators
+# live); registered with the measured spill so that it may only shrink.
+_FUSED_SIG = dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, do_ptr=_X, gcum_ptr=_F, beta_ptr=_F, tinv_ptr=_F, h_ptr=_X,
+                  dht_ptr=_F, dh0_ptr=_F, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dg_ptr=_F, dbeta_ptr=_F, scratch_ptr=_X,
+                  cu_ptr=_I64, chunk_off_ptr=_I64, T_tot="i32", scale="fp32")
+for _bv, _spill in ((128, 4456), (64, 2744)):
+    _register(f"gdn_bwd_triton_fused_bv{_bv}_w8", "backward_fused", "chunk_bwd_fused_kernel", _FUSED_SIG,
+              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, USE_DHT=True, STORE_DH0=True, PART_QK=True,
+                   DOT_PREC="tf32", V_FIRST=False, g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None,
+                   beta_raw_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
+              8, 1, f"fused backward (stages 1a-3 in one reverse walk), BV={_bv}", known_spill_bytes=_spill)
+
 # ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config
 # (BV = 32: 4 blocks of C and 4 of M per value head).
 _register("gdn_cp_triton_summary_bv32_w4", "cp_summary", "chunk_state_summary_kernel",
