@@ -121,6 +121,20 @@ def direct_launch(k):
         return None
 
 
+def hooks_active() -> bool:
+    """Whether a Triton launch hook is registered (or this Triton's hooks cannot be read): a direct launch is then
+    not taken, so that a profiler's hooks see every launch."""
+    return _HOOKS is None or bool(_HOOKS.launch_enter_hook.calls or _HOOKS.launch_exit_hook.calls)
+
+
+def kept_direct(handles: Dict[Hashable, Any], slot: Hashable, device):
+    """(run, function, packed_metadata, stream query) of the compiled kernel `launch` kept for slot on device (the
+    pieces of a direct launch: run(gridX, gridY, gridZ, stream, function, packed, None, None, None, *args)), or None
+    where none is kept or this Triton has no direct launch."""
+    kept = handles.get((slot, device))
+    return None if kept is None else kept[2]
+
+
 def current_device():
     from triton.runtime.driver import driver
     return driver.active.get_current_device()
