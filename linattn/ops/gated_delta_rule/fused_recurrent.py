@@ -542,29 +542,13 @@ def fused_recurrent_gated_delta_rule(
     record = []
     o, final = impl(**call, record=record)
     tensors = (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, num_accepted_tokens)
-    launch_direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final)
-    if launch_direct is not None:
+    direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
+                           "pool" if inplace else "final" if output_final_state else "none")
+    if direct is not None:
         if len(_DIRECT) >= 4096:
             _DIRECT.clear()
-        _DIRECT[key] = _direct_call(launch_direct, inplace, output_final_state)
+        _DIRECT[key] = direct
     return o, final
-
-
-def _direct_call(launch_direct, inplace: bool, output_final_state: bool):
-    """The public function's result from a direct launch (triton/fused_recurrent.py direct_decode) of the call's
-    tensors, as the Triton path returns it: (o, the pool) in place (its version counter bumped as the mutating custom
-    op would), (o, the new final state) or (o, None). None where the launch could not be made directly."""
-    increment_version = torch.autograd.graph.increment_version
-
-    def call(*tensors):
-        out = launch_direct(tensors)
-        if out is None or not inplace:
-            return out if out is None or output_final_state else (out[0], None)
-        pool = tensors[8]
-        if not pool.is_inference():
-            increment_version(pool)
-        return out[0], pool
-    return call
 
 
 # Calls whose checks passed and whose backend choice was Triton, by signature (_call_key): a repeat call skips the
@@ -591,9 +575,7 @@ def _call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Opti
     if type(backend) is not str or not (scale is None or type(scale) is float or type(scale) is int) or \
             not (pad_slot_id is None or type(pad_slot_id) is int):
         return None
-    parts = [backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
-             pad_slot_id, flags]
-    for t in tensors:
-        parts.append(None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
-                     if isinstance(t, torch.Tensor) else (type(t),))
-    return tuple(parts)
+    sigs = tuple([(type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                  if isinstance(t, torch.Tensor) else None if t is None else (type(t),) for t in tensors])
+    return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
+            pad_slot_id, flags, sigs)

@@ -209,13 +209,16 @@ _KERNEL_TENSORS = {fused_recurrent_gdn_fwd_kernel: (0, 1, 2, 3, 4, 5, 6, 7, 12, 
                    fused_recurrent_gdn_fwd_persistent_kernel: (0, 1, 2, 3, 5, 6, 7, 12, 8, 13, 10)}
 
 
-def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[torch.Tensor]) -> Optional[Callable]:
+def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[torch.Tensor],
+                  result: str) -> Optional[Callable]:
     """A per-signature launch list of the decode: from the record of one launcher call (fused_recurrent_gdn_fwd's
-    `record`) on the call's tensors (in CALL_TENSORS order) and its outputs o, ht, a function of a later call's
-    tensors that allocates o (and ht) as the launcher does and calls the kept compiled kernel's `run` with the
-    argument tuple flattened once: the grid, the scalars and constexprs of this call, the tensors by position.
-    Returns (o, ht), or None (nothing launched) where the launch cannot be made directly: another current device, a
-    Triton launch hook registered, the host path's plan cache or handle off, an input pointer not 16-byte aligned.
+    `record`) on the call's tensors (in CALL_TENSORS order) and its outputs o, ht (None in place), a function of a
+    later call's tensors (positional, CALL_TENSORS order) that allocates o (and ht) as the launcher does and calls
+    the kept compiled kernel's `run` with the argument tuple flattened once: the grid, the scalars and constexprs of
+    this call, the tensors by position. It returns the public op's result: (o, ht) for result "final", (o, None) for
+    "none", (o, the pool) for "pool" (in place: the pool's version counter bumped, as the mutating custom op would),
+    or None (nothing launched) where the launch cannot be made directly: another current device, a Triton launch
+    hook registered, the host path's plan cache or handle off, an input pointer not 16-byte aligned.
     The caller keys it by everything the launcher's choices read (shapes, strides, dtypes, devices, the options);
     a launcher call whose kernel took anything but the call's own tensors and fresh outputs (a contiguous copy) has
     no direct form (None)."""
@@ -244,8 +247,10 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
                                           and h0.dtype == ht.dtype) else 2
     ht_shape = None if ht is None else tuple(ht.shape)
     hp = host_path
+    ret = ("final", "none", "pool").index(result)
+    increment_version = torch.autograd.graph.increment_version
 
-    def call(ts: tuple):
+    def call(*ts):
         if current_device() != dev or hooks_active() or not (hp.plan_cache and hp.handle):
             return None
         p = 0
@@ -261,7 +266,14 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
             if ht is not None:
                 ht.fill_(float("nan"))
         run(gx, gy, gz, get_stream(dev), function, packed, None, None, None, *args_of(ts + (o, ht)), *tail)
-        return o, ht
+        if ret == 0:
+            return o, ht
+        if ret == 1:
+            return o, None
+        pool = ts[8]
+        if not pool.is_inference():              # inference tensors carry no version counter
+            increment_version(pool)
+        return o, pool
     return call
 
 
