@@ -16,6 +16,12 @@ def _poisoning() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
+def poisoning() -> bool:
+    """Whether this thread is inside poisoned_allocations() (a launcher that allocates without `empty` fills its
+    floating outputs with NaN then)."""
+    return getattr(_state, "depth", 0) > 0
+
+
 def empty(*shape, dtype, device) -> torch.Tensor:
     t = torch.empty(*shape, dtype=dtype, device=device)
     if _poisoning() and t.is_floating_point():

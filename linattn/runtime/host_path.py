@@ -19,6 +19,7 @@ as valid inside CUDA-graph capture as the JIT's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Optional
 
@@ -73,6 +74,10 @@ class PlanCache:
             plan = self._plans[key] = build()
         return plan
 
+    def peek(self, key):
+        """The plan kept for key, or None (never builds; None too while the plan cache is off)."""
+        return self._plans.get(key) if self.host_path.plan_cache else None
+
     def clear(self):
         self._plans.clear()
 
@@ -119,6 +124,20 @@ def direct_launch(k):
         return k.run, k.function, k.packed_metadata, driver.active.get_current_stream
     except Exception:  # noqa: BLE001 - another Triton: the CompiledKernel's own launcher
         return None
+
+
+def hooks_active() -> bool:
+    """Whether a Triton launch hook is registered (or this Triton's hooks cannot be read): a direct launch is then
+    not taken, so that a profiler's hooks see every launch."""
+    return _HOOKS is None or bool(_HOOKS.launch_enter_hook.calls or _HOOKS.launch_exit_hook.calls)
+
+
+def kept_direct(handles: Dict[Hashable, Any], slot: Hashable, device):
+    """(run, function, packed_metadata, stream query) of the compiled kernel `launch` kept for slot on device (the
+    pieces of a direct launch: run(gridX, gridY, gridZ, stream, function, packed, None, None, None, *args)), or None
+    where none is kept or this Triton has no direct launch."""
+    kept = handles.get((slot, device))
+    return None if kept is None else kept[2]
 
 
 def current_device():
@@ -247,10 +266,12 @@ class LaunchCache:
     def __init__(self, host_path: HostPath):
         self.plans = PlanCache(host_path)
         self.jit_launches = 0            # launches that went through the JIT (tests count them)
-        # (kernel, number of positional arguments, the keyword arguments) -> (the constexprs in parameter order,
-        # the launch options, their key), or None where the call cannot be planned: what a launch derives from its
-        # keywords, computed once per keyword set instead of walking the kernel's parameters on every launch
+        # (id(kernel), number of positional arguments, the keyword arguments) -> (kernel, (the constexprs in
+        # parameter order, the launch options, their key) or None where the call cannot be planned): what a launch
+        # derives from its keywords, computed once per keyword set instead of walking the kernel's parameters
         self._derived: Dict[Hashable, Any] = {}
+        self._layouts: Dict[int, tuple] = {}     # id(layout) -> (layout, token): see _arg_key
+        self._tokens = itertools.count()         # never reused, also across clear()
 
     @staticmethod
     def _derive(kernel, nargs: int, kwargs: dict):
@@ -269,14 +290,17 @@ class LaunchCache:
         derived = None
         if hp.plan_cache and hp.handle:
             try:
-                dkey = (kernel, len(args), tuple(kwargs.items()))
-                derived = self._derived.get(dkey, False)
-                if derived is False:
+                # the kernel by id (a JITFunction's hash is computed in Python on every call); the entry keeps the
+                # kernel alive, so no other object takes its id while plans keyed by it exist (cleared together)
+                dkey = (id(kernel), len(args), tuple(kwargs.items()))
+                entry = self._derived.get(dkey)
+                if entry is None or entry[0] is not kernel:
                     if len(self._derived) >= MAX_PLANS:
-                        self._derived.clear()
-                    derived = self._derived[dkey] = self._derive(kernel, len(args), kwargs)
+                        self.clear()
+                    entry = self._derived[dkey] = (kernel, self._derive(kernel, len(args), kwargs))
+                derived = entry[1]
                 if derived is not None:
-                    key = (kernel, tuple([arg_key(a) for a in args]), derived[0], derived[2])
+                    key = (dkey[0], tuple([self._arg_key(a) for a in args]), derived[0], derived[2])
             except TypeError:            # an unhashable keyword value, an argument without a key
                 derived = None
         if derived is None:
@@ -294,8 +318,24 @@ class LaunchCache:
         launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + derived[0],
                derived[1], device_of=current_device, stream=stream)
 
+    def _arg_key(self, a):
+        """arg_key, with a TensorDescriptor's layout replaced by a token per layout object (a Gluon layout's hash is
+        computed in Python from its fields on every lookup; the descriptors of one template share one layout
+        object). The token table keeps each layout alive, so its id stays its own until the cache is cleared."""
+        if hasattr(a, "block_shape") and hasattr(a, "base") and hasattr(a, "layout"):
+            layout = a.layout
+            tok = self._layouts.get(id(layout))
+            if tok is None or tok[0] is not layout:
+                if len(self._layouts) >= MAX_PLANS:
+                    return arg_key(a)        # the layout itself (hashed by its fields), as without tokens
+                tok = self._layouts[id(layout)] = (layout, next(self._tokens))
+            return (type(a), a.base.dtype, tuple(a.block_shape), tok[1], getattr(a, "padding", None))
+        return arg_key(a)
+
     def clear(self):
         self.plans.clear()
+        self._derived.clear()
+        self._layouts.clear()
 
     def __len__(self):
         return len(self.plans)

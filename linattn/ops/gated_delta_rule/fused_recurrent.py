@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
-from linattn.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gdn_fwd
-from linattn.ops.gated_delta_rule.validation import (_fail, check_channel_decay, check_fla_decode_options,
-                                                     check_gdn_inputs, fla_state_v_first)
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import direct_decode, fused_recurrent_gdn_fwd
+from linattn.ops.gated_delta_rule.validation import (CHECK_GPU_VALUES, _fail, check_channel_decay,
+                                                     check_fla_decode_options, check_gdn_inputs, fla_state_v_first)
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.settings import settings
 
@@ -322,7 +322,7 @@ def _eager(q) -> bool:
 def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                  use_qk_l2norm_in_kernel=False, state_indices=None, inplace=False, A_log=None, dt_bias=None,
                  beta_sigmoid=False, num_accepted_tokens=None, pad_slot_id=None, state_v_first=False,
-                 allow_neg_eigval=False, gk=None, gk_mode="", lower_bound=0.0):
+                 allow_neg_eigval=False, gk=None, gk_mode="", lower_bound=0.0, record=None):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     pad = _pad_id(pad_slot_id)
     gk_mode = (gk_mode or "log") if gk is not None else ""      # GDN's gk: a log decay
@@ -334,7 +334,7 @@ def _triton_impl(q, k, v, g, beta, scale=None, initial_state=None, output_final_
                                         dt_bias, use_qk_l2norm_in_kernel, beta_sigmoid, output_final_state, inplace,
                                         num_accepted_tokens=num_accepted_tokens, pad_slot_id=pad,
                                         state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval, gk=gk,
-                                        gk_mode=gk_mode, lower_bound=lower_bound)
+                                        gk_mode=gk_mode, lower_bound=lower_bound, record=record)
         if inplace:
             if not initial_state.is_inference():              # inference tensors carry no version counter
                 torch.autograd.graph.increment_version(initial_state)     # as the mutating custom op would
@@ -498,6 +498,20 @@ def fused_recurrent_gated_delta_rule(
     Forward only: with grad mode on, an input that requires grad raises ValueError (there is no backward; train with
     chunk_gated_delta_rule).
     """
+    key = None
+    if _memo_applies(q) and gv is None and transpose_state_layout is None:
+        key = _call_key(backend, (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices,
+                                  num_accepted_tokens), scale, pad_slot_id,
+                        (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
+                         not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first, not inplace,
+                         not beta_sigmoid))
+        if key is not None:
+            direct = _DIRECT.get(key)
+            if direct is not None:
+                out = direct(q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices,
+                             num_accepted_tokens)
+                if out is not None:
+                    return out
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     beta_sigmoid = bool(beta_sigmoid or use_beta_sigmoid_in_kernel)
     check_fla_decode_options(OP, g=g, gk=gk, gv=gv, beta=beta, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
@@ -509,49 +523,59 @@ def fused_recurrent_gated_delta_rule(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
                 A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, num_accepted_tokens=num_accepted_tokens,
                 pad_slot_id=pad_slot_id, state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
-    key = _checked_key(call, backend) if _memo_applies(q) else None
     impl = _CHECKED.get(key) if key is not None else None
-    if impl is not None:
+    if impl is None:
+        check_no_grad(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log,
+                      dt_bias=dt_bias)
+        dims = check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log,
+                                   dt_bias, num_accepted_tokens, pad_slot_id, state_v_first)
+        if gk is not None:
+            check_channel_decay("gk", gk, dims, q, op=OP, log_decay=True)
+        b = _backends.select(backend, **call)
+        impl = b.impl
+        if key is not None and b.name == "triton":
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[key] = impl
+    if key is None or impl is not _triton_impl:
         return impl(**call)
-    check_no_grad(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    dims = check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log, dt_bias,
-                               num_accepted_tokens, pad_slot_id, state_v_first)
-    if gk is not None:
-        check_channel_decay("gk", gk, dims, q, op=OP, log_decay=True)
-    b = _backends.select(backend, **call)
-    if key is not None and b.name == "triton":
-        if len(_CHECKED) >= 4096:
-            _CHECKED.clear()
-        _CHECKED[key] = b.impl
-    return b.impl(**call)
+    record = []
+    o, final = impl(**call, record=record)
+    tensors = (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, num_accepted_tokens)
+    direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
+                           "pool" if inplace else "final" if output_final_state else "none")
+    if direct is not None:
+        if len(_DIRECT) >= 4096:
+            _DIRECT.clear()
+        _DIRECT[key] = direct
+    return o, final
 
 
-# Calls whose checks passed and whose backend choice was Triton, by signature (_checked_key): a repeat call skips
-# the checks and the choice, which cost more host time than the batch-1 kernel. Only for CUDA tensors (CPU calls
-# read index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon decode
-# is never remembered: its supports() also reads pointer alignment, which the signature leaves out.
+# Calls whose checks passed and whose backend choice was Triton, by signature (_call_key): a repeat call skips the
+# checks and the choice, which cost more host time than the batch-1 kernel. Only for CUDA tensors (CPU calls read
+# index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon decode is
+# never remembered: its supports() also reads pointer alignment, which the signature leaves out. _DIRECT holds, per
+# signature, the direct launch of a call that ran the Triton launcher on the caller's own tensors (direct_decode):
+# a repeat call then allocates its outputs and calls the compiled kernel's `run` with no other Python in between.
 _CHECKED: dict = {}
-_TENSOR_ARGS = ("q", "k", "v", "g", "gk", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias",
-                "num_accepted_tokens")
+_DIRECT: dict = {}
 
 
 def _memo_applies(q) -> bool:
-    return type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling()
+    """Plain eager calls on CUDA tensors, unless LINATTN_CHECK_INPUTS=1 asks for the values of every call checked."""
+    return type(q) is torch.Tensor and q.is_cuda and not CHECK_GPU_VALUES and not torch.compiler.is_compiling()
 
 
-def _checked_key(call: dict, backend: str) -> Optional[tuple]:
-    """Everything the checks and the backend choice read: per tensor argument its shape, dtype, device, strides and
-    whether it requires grad (with grad mode), the other arguments' values, the backend asked for and the default
-    one. Values inside device tensors are never checked on a GPU, so they are not part of it. None: not keyable."""
-    parts = [backend, settings.default_backend, torch.is_grad_enabled()]
-    for name in _TENSOR_ARGS:
-        t = call[name]
-        parts.append(None if t is None else (t.shape, t.dtype, t.get_device(), t.stride(), t.requires_grad)
-                     if isinstance(t, torch.Tensor) else (type(t),))
-    for name in ("scale", "output_final_state", "use_qk_l2norm_in_kernel", "inplace", "beta_sigmoid", "pad_slot_id",
-                 "state_v_first", "allow_neg_eigval"):
-        v = call[name]
-        if not (v is None or isinstance(v, (bool, int, float))):
-            return None                      # e.g. a tensor scale: checked afresh on every call
-        parts.append(v)
-    return tuple(parts)
+def _call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optional[tuple]:
+    """Everything the checks, the backend choice and the launcher read: per tensor argument its shape, strides,
+    dtype, device, type and whether it requires grad; the grad mode; scale and pad_slot_id by value; the boolean options
+    by truth value (flags); the backend asked for and the process default. Values inside device tensors are never
+    checked on a GPU, so they are not part of it. None (checked afresh): a scale, pad_slot_id or backend of another
+    type (a tensor's hash is its id, which a later tensor can reuse)."""
+    if type(backend) is not str or not (scale is None or type(scale) is float or type(scale) is int) or \
+            not (pad_slot_id is None or type(pad_slot_id) is int):
+        return None
+    sigs = tuple([(type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                  if isinstance(t, torch.Tensor) else None if t is None else (type(t),) for t in tensors])
+    return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
+            pad_slot_id, flags, sigs)

@@ -18,9 +18,16 @@ launches = LaunchCache(host_path)
 _DESC_TEMPLATES = PlanCache(host_path)   # DescriptorFactory per (2-D view shape, strides, box, dtype)
 
 
+_GL_DTYPES: dict = {}      # torch dtype -> Gluon dtype, filled at the first call (Gluon is imported at first use)
+
+
 def gl_dtype(dtype: torch.dtype):
-    from linattn.runtime.gluon_compat import gl
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    gdt = _GL_DTYPES.get(dtype)
+    if gdt is None:
+        from linattn.runtime.gluon_compat import gl
+        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16})
+        gdt = _GL_DTYPES[dtype]
+    return gdt
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -32,6 +39,10 @@ def fused_desc(cls, t2d: torch.Tensor, block, gdt):
     """TensorDescriptor.from_tensor(t2d, block, NVMMASharedLayout.get_default_for(block, gdt)) through the descriptor
     templates: the first descriptor of a (shape, strides, box, dtype) is built and validated by the constructor,
     later ones copy its fields and take this call's base. With the plan cache off, built afresh every call."""
+    if host_path.plan_cache:
+        factory = _DESC_TEMPLATES.peek((cls, tuple(t2d.shape), t2d.stride(), tuple(block), gdt))
+        if factory is not None:
+            return factory(t2d)
     from linattn.runtime.gluon_compat import gl
     if not host_path.plan_cache:
         return cls.from_tensor(t2d, block, gl.NVMMASharedLayout.get_default_for(block, gdt))

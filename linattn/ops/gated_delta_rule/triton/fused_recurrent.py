@@ -6,16 +6,17 @@
   varlen, K > 128.
 """
 import contextlib
-from typing import Optional
+from operator import itemgetter
+from typing import Callable, Optional
 
 import torch
 import triton
 
 from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_gdn_fwd_kernel,
                                                                 fused_recurrent_gdn_fwd_persistent_kernel)
-from linattn.runtime.alloc import empty
+from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import MAX_PLANS, HostPath, cdiv, launch
+from linattn.runtime.host_path import MAX_PLANS, HostPath, cdiv, current_device, hooks_active, kept_direct, launch
 
 # Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
 # launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
@@ -78,7 +79,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                             final_out: Optional[torch.Tensor] = None,
                             num_accepted_tokens: Optional[torch.Tensor] = None,
                             pad_slot_id: int = -1, state_v_first: bool = False, allow_neg_eigval: bool = False,
-                            gk: Optional[torch.Tensor] = None, gk_mode: str = "", lower_bound: float = 0.0):
+                            gk: Optional[torch.Tensor] = None, gk_mode: str = "", lower_bound: float = 0.0,
+                            record: Optional[list] = None):
     """Launcher. Returns (o, final_state); final_state is None when inplace (the pool was updated) or when not
     requested, else a new fp32 tensor (FLA's rule), [N, HV, K, V] ([N, HV, V, K] with state_v_first). The
     arguments are assumed checked (fused_recurrent.py validates them). `out` / `final_out`: optional preallocated
@@ -90,7 +92,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     pad_slot_id >= 0 makes that index a padded row too (negative indices always are); state_v_first: states
     [.., V, K]; allow_neg_eigval: beta = 2 sigmoid(beta) (with beta_sigmoid).
     gk [B, T, HV, K] with gk_mode (decode_kernels.py: "log", "softplus", "lower_bound", "lower_bound_no_a", the
-    last two with lower_bound): the per-key-channel decay (GDN's gk, KDA's g), on the one-tile kernel."""
+    last two with lower_bound): the per-key-channel decay (GDN's gk, KDA's g), on the one-tile kernel.
+    record: a list that receives (kernel, handles, grid, tensors, tail) of a launch made through the host path's
+    plan (direct_decode builds a per-signature launch from it)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     spec = False
@@ -150,7 +154,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         if per_sm is not None:
             _launch(fused_recurrent_gdn_fwd_persistent_kernel, (min(n_tiles, per_sm * num_sms), 1, 1),
                     (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices), (num_slots, n_tiles),
-                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving), num_warps)
+                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving), num_warps, record)
             return o, ht
         _launch(fused_recurrent_gdn_fwd_kernel, (n_tiles, 1, 1),
                 (q, k, v, g, gk, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
@@ -159,11 +163,11 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                                    SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving,
                                    GK_MODE=gk_mode if gk is not None else "",
                                    LOWER_BOUND=float(lower_bound) if gk_mode.startswith("lower_bound") else 0.0),
-                num_warps)
+                num_warps, record)
     return o, ht
 
 
-def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps):
+def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps, record=None):
     """kernel[grid](*tensors, scale, *ints, **constexprs), through the compiled kernel's handle once the call's
     signature has been seen. The plan key fixes everything the JIT specialises on: each tensor's dtype (None for an
     absent one) and 16-byte alignment (a misaligned pointer goes through the JIT every time), the integers' values,
@@ -189,9 +193,88 @@ def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps):
                 plan = _PLANS[key] = (consts, {})
             consts, handles = plan
             if consts is not None:
-                launch(host_path, kernel, handles, "decode", grid, tensors + (scale,) + ints + consts, options)
+                tail = (scale,) + ints + consts
+                launch(host_path, kernel, handles, "decode", grid, tensors + tail, options)
+                if record is not None:
+                    record.append((kernel, handles, grid, tensors, tail))
                 return
     kernel[grid[:1]](*tensors, scale, *ints, **constexprs, **options)
+
+
+# The tensor arguments of each decode kernel, in kernel order, as positions in a call's tensor tuple CALL_TENSORS
+# followed by the launcher's outputs (o, ht).
+CALL_TENSORS = ("q", "k", "v", "g", "gk", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices",
+                "num_accepted_tokens")
+_KERNEL_TENSORS = {fused_recurrent_gdn_fwd_kernel: (0, 1, 2, 3, 4, 5, 6, 7, 12, 8, 13, 9, 10, 11),
+                   fused_recurrent_gdn_fwd_persistent_kernel: (0, 1, 2, 3, 5, 6, 7, 12, 8, 13, 10)}
+
+
+def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[torch.Tensor],
+                  result: str) -> Optional[Callable]:
+    """A per-signature launch list of the decode: from the record of one launcher call (fused_recurrent_gdn_fwd's
+    `record`) on the call's tensors (in CALL_TENSORS order) and its outputs o, ht (None in place), a function of a
+    later call's tensors (positional, CALL_TENSORS order) that allocates o (and ht) as the launcher does and calls
+    the kept compiled kernel's `run` with the argument tuple flattened once: the grid, the scalars and constexprs of
+    this call, the tensors by position. It returns the public op's result: (o, ht) for result "final", (o, None) for
+    "none", (o, the pool) for "pool" (in place: the pool's version counter bumped, as the mutating custom op would),
+    or None (nothing launched) where the launch cannot be made directly: another current device, a Triton launch
+    hook registered, the host path's plan cache or handle off, an input pointer not 16-byte aligned.
+    The caller keys it by everything the launcher's choices read (shapes, strides, dtypes, devices, the options);
+    a launcher call whose kernel took anything but the call's own tensors and fresh outputs (a contiguous copy) has
+    no direct form (None)."""
+    if len(record) != 1:
+        return None
+    kernel, handles, grid, launched, tail = record[0]
+    pos = _KERNEL_TENSORS.get(kernel)
+    src = tensors + (o, ht)
+    if pos is None or len(launched) != len(pos) or any(t is not src[p] for t, p in zip(launched, pos)):
+        return None
+    q, v, h0 = tensors[0], tensors[2], tensors[8]
+    dev = current_device()
+    if q.is_cuda and q.get_device() != dev:
+        return None
+    raw = kept_direct(handles, "decode", dev)
+    if raw is None:
+        return None
+    run, function, packed, get_stream = raw
+    args_of = itemgetter(*pos)
+    inputs_of = itemgetter(*sorted({p for p in pos if p < len(tensors) and tensors[p] is not None}))
+    gx, gy, gz = grid
+    empty_like, contiguous = torch.empty_like, torch.contiguous_format
+    o_like_v = v.stride() == o.stride()             # empty_like(v) keeps v's strides: the same as o's here
+    # ht: 0 none, 1 like the initial state (same shape, strides and dtype), 2 a new contiguous fp32 tensor
+    ht_mode = 0 if ht is None else 1 if (h0 is not None and h0.shape == ht.shape and h0.stride() == ht.stride()
+                                          and h0.dtype == ht.dtype) else 2
+    ht_shape = None if ht is None else tuple(ht.shape)
+    hp = host_path
+    ret = ("final", "none", "pool").index(result)
+    increment_version = torch.autograd.graph.increment_version
+
+    def call(*ts):
+        if current_device() != dev or hooks_active() or not (hp.plan_cache and hp.handle):
+            return None
+        p = 0
+        for t in inputs_of(ts):
+            p |= t.data_ptr()
+        if p & 15:
+            return None
+        o = empty_like(ts[2]) if o_like_v else empty_like(ts[2], memory_format=contiguous)
+        ht = None if ht_mode == 0 else empty_like(ts[8]) if ht_mode == 1 else \
+            ts[0].new_empty(ht_shape, dtype=torch.float32)
+        if poisoning():
+            o.fill_(float("nan"))
+            if ht is not None:
+                ht.fill_(float("nan"))
+        run(gx, gy, gz, get_stream(dev), function, packed, None, None, None, *args_of(ts + (o, ht)), *tail)
+        if ret == 0:
+            return o, ht
+        if ret == 1:
+            return o, None
+        pool = ts[8]
+        if not pool.is_inference():              # inference tensors carry no version counter
+            increment_version(pool)
+        return o, pool
+    return call
 
 
 def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms):
