@@ -105,12 +105,15 @@ def _module_functions(mod, fns: dict):
             setattr(mod, n, f)
 
 
-def _own_kernels(mod) -> dict:
-    """The functions transformers' own path runs on 5.x (its originals, whether linattn is enabled or not)."""
+def own_path():
+    """A context in which Qwen3-Next runs transformers' own kernel functions, also while linattn is enabled: on 5.x
+    the module's functions (transformers' originals) for the time inside; on 4.x nothing (a model keeps the
+    functions it was built with)."""
+    mod = lt._module()
     if lt.hooks(mod) == "layer":
-        return {}
+        return contextlib.nullcontext()
     orig = lt._originals(mod)
-    return {n: orig[n] for n in lt.CALLED_GLOBALS if n != "Qwen3NextRMSNormGated"}
+    return _module_functions(mod, {n: orig[n] for n in lt.CALLED_GLOBALS if n != "Qwen3NextRMSNormGated"})
 
 
 def fp64_logits(model, ids):
@@ -171,10 +174,9 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
     try:
         own = build_tiny_model(device, dtype, seed)
         lin = lt.enable(copy.deepcopy(own))
-        own_fns = _own_kernels(lt._module())
         gen = torch.Generator().manual_seed(seed + 1)
         ids = torch.randint(1, own.config.vocab_size, (batch, prompt_len), generator=gen).to(device)
-        with _module_functions(lt._module(), own_fns):
+        with own_path():
             seq_own, logits_own = _generate(own, ids, new_tokens)
         seq_lin, logits_lin = _generate(lin, ids, new_tokens)
         tol = TOL[dtype]
@@ -191,7 +193,7 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
             inp = seq_lin[:, :-1]
             with torch.no_grad():
                 full_lin = lin(inp).logits.float()
-                with _module_functions(lt._module(), own_fns):
+                with own_path():
                     full_own = own(inp).logits.float()
             full_ref = fp64_logits(own, inp)
             steps_ref = full_ref[:, prompt_len - 1:].transpose(0, 1)
