@@ -237,8 +237,7 @@ def _params(fn) -> frozenset:
 
 def drop_unknown_kwargs(fn, signature_of=None):
     """fn, called the way transformers 5.x calls a kernel function: the keyword arguments fn (or signature_of) does
-    not take
-    (transformers' per-call ones: position_ids, seq_idx, output_attentions, ...) are dropped, as transformers' own
+    not take (transformers' per-call ones: position_ids, output_attentions, ...) are dropped, as transformers' own
     wrapper (`use_kernel_func_from_hub_with_fallback`) drops them for FLA's and causal-conv1d's functions."""
     params = _params(signature_of or fn)
 
