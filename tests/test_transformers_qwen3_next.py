@@ -3,6 +3,7 @@
 The model after enable() against transformers' own computation (its torch fallbacks here) and an fp64 forward;
 generate() through the cache; no torch fallback runs once enabled; disable() restores everything; training
 gradients; the causal-conv1d adapters against fp64 references of causal-conv1d's semantics; clear refusals."""
+import contextlib
 import copy
 import json
 
@@ -10,17 +11,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("transformers", reason="transformers is not installed (the test extra pins 4.57.3)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra pins 4.57.3)")
 
 import linattn.integrations.transformers as lt  # noqa: E402
-from linattn.integrations.transformers_check import build_tiny_model, check_tiny_model, main  # noqa: E402
+from linattn.integrations.transformers_check import build_tiny_model, check_tiny_model, main, own_path  # noqa: E402
+from linattn.ops.gated_delta_rule import reference  # noqa: E402
 from linattn.testing import TOL, rel_rms  # noqa: E402
 
 mod = lt._module()
+MODULE_HOOKS = lt.hooks(mod) == "module"      # transformers 5.x: the layers call the module's kernel functions
 TOL32 = TOL[torch.float32]
+# 4.x: layer attribute -> transformers' torch fallback
 FALLBACKS = {"chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
              "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
              "causal_conv1d_update": "torch_causal_conv1d_update"}
+# 5.x: module function -> linattn's hook
+CALLED = {"torch_chunk_gated_delta_rule": lt.hf_chunk_gated_delta_rule,
+          "torch_recurrent_gated_delta_rule": lt.hf_recurrent_gated_delta_rule,
+          "causal_conv1d_fn": lt.hf_causal_conv1d_fn, "causal_conv1d_update": lt.causal_conv1d_update}
 
 
 @pytest.fixture(autouse=True)
@@ -61,78 +69,108 @@ def test_logits_and_generate_match_transformers_and_fp64():
     assert r["passed"] and r["bound"] == TOL32 and len(r["checked"]) == 4
 
 
+def test_hooks_detected():
+    """The hooks follow what the layer's forward calls: module functions on transformers 5.x, per-layer copies on
+    4.x (the versions tested)."""
+    assert MODULE_HOOKS == (int(transformers.__version__.split(".")[0]) >= 5)
+
+
 def test_no_torch_fallback_runs_once_enabled(monkeypatch):
     """With enable() a model built afterwards runs its GatedDeltaNet layers only on linattn: transformers' torch
-    fallbacks, its slow conv path (nn.Conv1d) and its torch gated norm raise if called; each linattn function runs
-    (the chunked op and conv on the prefill, the decode op and conv update on each new token)."""
+    fallbacks (4.x: the functions the layers would copy; 5.x: the module functions the layers call, replaced
+    before enable() saves them), its slow conv path (nn.Conv1d) and its torch gated norm raise if called; each
+    linattn function runs (the chunked op and conv on the prefill, the decode op and conv update on each new
+    token)."""
     base_norm = mod.Qwen3NextRMSNormGated
-    for name in FALLBACKS.values():
+    for name in (CALLED if MODULE_HOOKS else FALLBACKS.values()):
         monkeypatch.setattr(mod, name, _boom(name))
     monkeypatch.setattr(base_norm, "forward", _boom("Qwen3NextRMSNormGated.forward"))
     lt.enable()
-    model = build_tiny_model(seed=3)
-    counts = {}
-    layers = _gdn_layers(model)
-    assert layers
-    for layer in layers:
-        assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
-        assert layer.recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
-        assert layer.causal_conv1d_fn is lt.causal_conv1d_fn
-        assert layer.causal_conv1d_update is lt.causal_conv1d_update
-        assert type(layer.norm) is lt._norm_class(base_norm)
-        layer.conv1d.forward = _boom("the slow conv path (nn.Conv1d)")
-        for attr in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d_fn",
-                     "causal_conv1d_update"):
-            setattr(layer, attr, _counting(getattr(layer, attr), counts, attr))
-        layer.norm.forward = _counting(layer.norm.forward, counts, "norm")
-    ids = torch.randint(1, 128, (2, 9))
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
-                             do_sample=False, pad_token_id=0)
+    try:
+        model = build_tiny_model(seed=3)
+        counts = {}
+        layers = _gdn_layers(model)
+        assert layers
+        for layer in layers:
+            assert type(layer.norm) is lt._norm_class(base_norm)
+            layer.conv1d.forward = _boom("the slow conv path (nn.Conv1d)")
+            layer.norm.forward = _counting(layer.norm.forward, counts, "norm")
+        if MODULE_HOOKS:
+            for name, fn in CALLED.items():
+                assert getattr(mod, name) is fn, name
+                monkeypatch.setattr(mod, name, _counting(fn, counts, name))
+        else:
+            for layer in layers:
+                assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
+                assert layer.recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
+                assert layer.causal_conv1d_fn is lt.causal_conv1d_fn
+                assert layer.causal_conv1d_update is lt.causal_conv1d_update
+                for attr in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d_fn",
+                             "causal_conv1d_update"):
+                    setattr(layer, attr, _counting(getattr(layer, attr), counts, attr))
+        ids = torch.randint(1, 128, (2, 9))
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
+                                 do_sample=False, pad_token_id=0)
+    finally:
+        lt.disable()                  # before monkeypatch puts transformers' functions back
     assert out.shape == (2, 12)
     n = len(layers)
-    assert counts == {"chunk_gated_delta_rule": n, "causal_conv1d_fn": n, "recurrent_gated_delta_rule": 2 * n,
-                      "causal_conv1d_update": 2 * n, "norm": 3 * n}, counts
+    names = list(CALLED) if MODULE_HOOKS else ["chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+                                               "causal_conv1d_fn", "causal_conv1d_update"]
+    assert counts == {names[0]: n, names[1]: 2 * n, names[2]: n, names[3]: 2 * n, "norm": 3 * n}, counts
 
 
 def test_disable_restores_the_originals():
     """enable() replaces the module globals (twice is harmless), disable() puts back the very same objects; a model
-    built after disable() takes transformers' own functions; enable(model) switches a model built before and
-    disable(model) gives its layers back what transformers picks, the norm keeping its weight."""
-    originals = {n: getattr(mod, n) for n in lt.GLOBALS}
+    built after disable() takes transformers' own functions; enable(model) switches a model built before (4.x: its
+    functions and norm; 5.x: its norm, its ops follow the module) and disable(model) gives its layers back what
+    transformers picks, the norm keeping its weight."""
+    originals = {n: getattr(mod, n) for n in lt._globals(mod)}
     model = build_tiny_model(seed=1)
     layer = _gdn_layers(model)[0]
-    own = {a: getattr(layer, a) for a in lt.LAYER_ATTRS}
+    attrs = ("norm",) if MODULE_HOOKS else lt.LAYER_ATTRS
+    own = {a: getattr(layer, a) for a in attrs}
     weight = layer.norm.weight
+    base = originals["Qwen3NextRMSNormGated"]
 
     lt.enable()
     lt.enable()
     assert lt.is_enabled()
-    assert mod.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
-    assert mod.fused_recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
-    assert mod.causal_conv1d_fn is lt.causal_conv1d_fn and mod.causal_conv1d_update is lt.causal_conv1d_update
-    assert mod.FusedRMSNormGated is None and mod.is_fast_path_available is True
-    assert mod.Qwen3NextRMSNormGated is lt._norm_class(originals["Qwen3NextRMSNormGated"])
-    assert layer.chunk_gated_delta_rule is own["chunk_gated_delta_rule"]   # built before: unchanged
+    assert mod.causal_conv1d_update is lt.causal_conv1d_update
+    assert mod.Qwen3NextRMSNormGated is lt._norm_class(base)
+    if MODULE_HOOKS:
+        for name, fn in CALLED.items():
+            assert getattr(mod, name) is fn, name
+    else:
+        assert mod.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
+        assert mod.fused_recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
+        assert mod.causal_conv1d_fn is lt.causal_conv1d_fn
+        assert mod.FusedRMSNormGated is None and mod.is_fast_path_available is True
+        assert layer.chunk_gated_delta_rule is own["chunk_gated_delta_rule"]   # built before: unchanged
+    assert type(layer.norm) is type(own["norm"])                               # built before: unchanged
 
     assert lt.enable(model) is model
-    assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
-    assert layer.recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
+    if not MODULE_HOOKS:
+        assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule
+        assert layer.recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
     assert layer.norm is own["norm"] and layer.norm.weight is weight    # the same module, linattn's forward
-    assert isinstance(layer.norm, originals["Qwen3NextRMSNormGated"])
+    assert type(layer.norm) is lt._norm_class(base) and isinstance(layer.norm, base)
 
     lt.disable()
     for n, v in originals.items():
         assert getattr(mod, n) is v, n
     after = _gdn_layers(build_tiny_model(seed=1))[0]
-    for attr, fallback in FALLBACKS.items():
-        fast = {"recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule"}.get(attr, attr)
-        assert getattr(after, attr) is (originals[fast] or getattr(mod, fallback)), attr
-    assert type(after.norm) is originals["Qwen3NextRMSNormGated"] or originals["FusedRMSNormGated"] is not None
+    if not MODULE_HOOKS:
+        for attr, fallback in FALLBACKS.items():
+            fast = {"recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule"}.get(attr, attr)
+            assert getattr(after, attr) is (originals[fast] or getattr(mod, fallback)), attr
+        assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule    # disable() alone leaves the live model
+    assert type(after.norm) is base or originals.get("FusedRMSNormGated") is not None
+    assert type(layer.norm) is lt._norm_class(base)                        # ... and its norm
 
-    assert layer.chunk_gated_delta_rule is lt.chunk_gated_delta_rule    # disable() alone leaves the live model
     assert lt.disable(model) is model
-    for a in ("causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule", "recurrent_gated_delta_rule"):
+    for a in attrs:
         assert getattr(layer, a) is own[a], a
     assert layer.norm is own["norm"] and type(layer.norm) is type(own["norm"]) and layer.norm.weight is weight
     lt.disable()                                                         # harmless when not enabled
@@ -146,10 +184,11 @@ def test_training_gradients_match_transformers():
     lin = lt.enable(copy.deepcopy(own))
     ids = torch.randint(1, 128, (2, 21))
     grads = []
-    for m in (own, lin):
+    for m, path in ((own, own_path()), (lin, contextlib.nullcontext())):
         m.zero_grad(set_to_none=True)
-        out = m(ids, labels=ids)
-        out.loss.backward()
+        with path:
+            out = m(ids, labels=ids)
+            out.loss.backward()
         grads.append((out.loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
     (loss_own, g_own), (loss_lin, g_lin) = grads
     assert rel_rms(loss_lin, loss_own) <= TOL32
@@ -275,10 +314,11 @@ def test_refusals_name_the_argument():
 
 
 def test_missing_transformers_or_hooks_raise_clear_errors(monkeypatch):
+    hooked = lt._globals(mod)
     with monkeypatch.context() as m:
-        m.delattr(mod, "chunk_gated_delta_rule")
-        m.delattr(mod, "FusedRMSNormGated")
-        with pytest.raises(ImportError, match="lacks chunk_gated_delta_rule, FusedRMSNormGated"):
+        m.delattr(mod, hooked[2])
+        m.delattr(mod, hooked[4])
+        with pytest.raises(ImportError, match=f"lacks {hooked[2]}, {hooked[4]}"):
             lt.enable()
     assert not lt.is_enabled()
     with monkeypatch.context() as m:
@@ -302,3 +342,49 @@ def test_gpu_check_script_dry_run(tmp_path):
     for row in layer["decode"]:
         assert row["linattn_eager_ms"] > 0 and "linattn_graph_ms" not in row, row
     assert ("fla" in layer["errors"]) != any("fla_ms" in r for r in layer["train"])
+
+
+def test_5x_call_sites_drop_transformers_kwargs_and_take_gva():
+    """The hooks transformers 5.x calls: the kwargs it passes on (position_ids, output_attentions, ...) are dropped,
+    the ones linattn takes kept (cu_seqlens); q/k with H heads and v with HV = 2H (as 5.25 passes them) against an
+    fp64 reference of q/k repeated per value head (transformers' repeat_interleave, as 5.17 passes them): outputs,
+    final state and every gradient; a sequence not a multiple of the chunk; a 1-token decode step; seq_idx refused."""
+    B, T, H, HV, K, V = 1, 23, 1, 2, 16, 16
+    extra = dict(position_ids=torch.arange(T)[None], output_attentions=False, max_length_q=T, is_causal=True)
+    q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
+    v = torch.randn(B, T, HV, V)
+    g = -torch.rand(B, T, HV)
+    beta = torch.rand(B, T, HV)
+    h0 = torch.randn(2, HV, K, V)                                  # one state per sequence of cu
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    cu = torch.tensor([0, 9, T])
+    o, fin = lt.hf_chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4], initial_state=leaves[5],
+                                          output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                          **extra)
+    l64 = [t.detach().double().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    qr, kr = (x.repeat_interleave(HV // H, dim=2) for x in l64[:2])
+    o64, fin64 = reference.chunk_gated_delta_rule(qr, kr, *l64[2:5], initial_state=l64[5],
+                                                  output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                  cu_seqlens=cu)
+    assert rel_rms(o, o64) <= TOL32 and rel_rms(fin, fin64) <= TOL32
+    do, dfin = torch.randn_like(o), torch.randn_like(fin)
+    grads = torch.autograd.grad((o, fin), leaves, (do, dfin))
+    grads64 = torch.autograd.grad((o64, fin64), l64, (do.double(), dfin.double()))
+    for name, gr, gr64 in zip(("q", "k", "v", "g", "beta", "initial_state"), grads, grads64):
+        assert rel_rms(gr, gr64) <= TOL32, name
+
+    with torch.no_grad():                                          # the decode step, as the 5.x layer calls it
+        o1, s1 = lt.hf_recurrent_gated_delta_rule(q[:, :1], k[:, :1], v[:, :1], g=g[:, :1], beta=beta[:, :1],
+                                                  initial_state=h0[:1], output_final_state=True,
+                                                  use_qk_l2norm_in_kernel=True, cu_seqlens=None, **extra)
+    o1_64, s1_64 = reference.naive_recurrent(*(x[:, :1].double().repeat_interleave(HV // H, dim=2) for x in (q, k)),
+                                             v[:, :1].double(), g[:, :1].double(), beta[:, :1].double(),
+                                             initial_state=h0[:1].double(), output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)
+    assert rel_rms(o1, o1_64) <= TOL32 and rel_rms(s1, s1_64) <= TOL32
+
+    x, w = torch.randn(2, 8, 5), torch.randn(8, 4)
+    y = lt.hf_causal_conv1d_fn(x, w, None, activation="silu", **extra)
+    assert rel_rms(y, _conv_fn_ref(x.double(), w.double(), None, None, "silu")[0]) <= TOL32
+    with pytest.raises(NotImplementedError, match="seq_idx"):
+        lt.hf_causal_conv1d_fn(x, w, None, activation="silu", seq_idx=torch.zeros(2, 5, dtype=torch.int32), **extra)

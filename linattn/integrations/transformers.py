@@ -2,32 +2,55 @@
 
     import linattn.integrations.transformers as lt
 
-    lt.enable()            # every Qwen3-Next model built from now on runs its GatedDeltaNet layers on linattn
+    lt.enable()            # Qwen3-Next models run their GatedDeltaNet layers on linattn (4.x: those built from now on)
     lt.enable(model)       # the same, and switch `model` (built before) too
-    lt.disable()           # transformers' own choice again for models built afterwards
-    lt.disable(model)      # ... and give `model` its own functions back
+    lt.disable()           # transformers' own choice again (4.x: for models built afterwards)
+    lt.disable(model)      # ... and give `model` its own functions (5.x: its norm) back
 
-transformers (tested: 4.57.3) resolves its fast kernels once, when `modeling_qwen3_next` is imported (FLA's
-`chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`, `FusedRMSNormGated`; causal-conv1d's
-`causal_conv1d_fn`, `causal_conv1d_update`; torch fallbacks where those libraries are missing), and each
-Qwen3NextGatedDeltaNet copies them onto itself in __init__. enable() replaces those module globals, so a model built
-afterwards runs:
+Tested with transformers 4.57.3 (the CI pin), 5.17.0 and 5.25.0. The two major versions resolve Qwen3-Next's
+kernels differently; enable() finds out which way from what Qwen3NextGatedDeltaNet.forward calls (not from a version
+number):
+
+- 4.x ("layer" hooks): `modeling_qwen3_next` imports FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`,
+  `FusedRMSNormGated` and causal-conv1d's `causal_conv1d_fn`, `causal_conv1d_update` into module globals once, at
+  import (None where missing), and each Qwen3NextGatedDeltaNet copies them (or torch fallbacks) onto itself in
+  __init__. enable() replaces the globals, so models built afterwards run linattn; enable(model) also replaces the
+  copies of a model built before.
+- 5.x ("module" hooks): the layer's forward calls module functions by name at each call:
+  `torch_chunk_gated_delta_rule`, `torch_recurrent_gated_delta_rule`, `causal_conv1d_fn`, `causal_conv1d_update`
+  (5.25 reaches the last two through `causal_conv1d_forward`, which reads and updates the cache's conv state). Each
+  is transformers' torch code wrapped by `use_kernel_func_from_hub_with_fallback`, which picks FLA / causal-conv1d
+  at import when installed (and, with the `kernels` package, makes the function a hub-kernel module). enable()
+  replaces those module functions, so every Qwen3-Next model in the process, built before or after, runs its ops on
+  linattn; the gated norm is a module built in __init__, so a model built before enable() keeps transformers' norm
+  unless passed to enable(model). The ops cannot be chosen per model here: disable(model) gives that model its
+  norm back, and the ops follow enable() / disable().
+
+What runs on linattn:
 
 - the prefill / training path on `linattn.chunk_gated_delta_rule` (differentiable) and `causal_conv1d_fn` below
   (causal-conv1d's API on `linattn.causal_conv1d`, differentiable);
 - one-token decode steps on `recurrent_gated_delta_rule` below (`linattn.fused_recurrent_gated_delta_rule`) and
   `causal_conv1d_update` below (`linattn.causal_conv1d_update`, the cache's conv state updated in place);
-- the gated RMSNorm on `linattn.rms_norm_gated`: enable() sets `FusedRMSNormGated` to None and replaces
-  `Qwen3NextRMSNormGated` by `RMSNormGated` (a subclass with its constructor and its "weight", so checkpoints load
-  unchanged). transformers builds FLA's FusedRMSNormGated with device=torch.cuda.current_device(), which fails on a
-  machine without a GPU; its own module builds anywhere.
+- the gated RMSNorm on `linattn.rms_norm_gated`: enable() replaces `Qwen3NextRMSNormGated` by `RMSNormGated` (a
+  subclass with its constructor and its "weight", so checkpoints load unchanged) and, on 4.x, sets
+  `FusedRMSNormGated` to None: 4.x builds FLA's FusedRMSNormGated with device=torch.cuda.current_device(), which
+  fails on a machine without a GPU; transformers' own module builds anywhere.
 
-A model built before enable() keeps the functions it copied: pass it to enable(model). The cache layout is
+On 5.x, transformers passes its per-call keyword arguments (position_ids, cu_seq_lens_q, ...) on to the kernel
+functions and drops those a kernel does not take; the 5.x hooks here do the same against linattn's signatures.
+Packed sequences that reach the convolution as `seq_idx` are refused (NotImplementedError), as on 4.x.
+`kernelize()` / `use_kernels=True` replaces transformers' functions and norm forward with hub kernels: use one or
+the other.
+
+On 4.x a model built before enable() keeps the functions it copied: pass it to enable(model). The cache layout is
 transformers' own: conv states [B, D, W] (the last W inputs, oldest first, linattn's layout) and fp32 recurrent
 states [B, HV, K, V] (linattn's and FLA's). Works on CUDA and on the CPU (the Triton kernels under
 TRITON_INTERPRET=1, else linattn's PyTorch reference).
 """
+import functools
 import importlib
+import inspect
 from typing import Optional
 
 import torch
@@ -39,15 +62,20 @@ from linattn.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent
 from linattn.ops.norm import rms_norm_gated
 
 MODULE = "transformers.models.qwen3_next.modeling_qwen3_next"
-TESTED_VERSION = "4.57.3"
-# the module globals enable() replaces, and the classes it needs
+TESTED_VERSIONS = ("4.57.3", "5.17.0", "5.25.0")
+# 4.x: the module globals enable() replaces (each layer copies them in __init__)
 GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
            "FusedRMSNormGated", "is_fast_path_available", "Qwen3NextRMSNormGated")
+# 5.x: the module functions the layer's forward calls by name, and the norm class its __init__ builds
+CALLED_GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update", "torch_chunk_gated_delta_rule",
+                  "torch_recurrent_gated_delta_rule", "Qwen3NextRMSNormGated")
+# the names in Qwen3NextGatedDeltaNet.forward that mark 5.x's hooks
+CALLED_IN_FORWARD = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 CLASSES = ("Qwen3NextGatedDeltaNet",)
-# the attributes each Qwen3NextGatedDeltaNet copies in __init__ (enable(model) replaces them on live layers)
+# 4.x: the attributes each Qwen3NextGatedDeltaNet copies in __init__ (enable(model) replaces them on live layers)
 LAYER_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
                "norm")
-# transformers' torch fallbacks, which disable(model) gives back where FLA / causal-conv1d are missing
+# 4.x: transformers' torch fallbacks, which disable(model) gives back where FLA / causal-conv1d are missing
 FALLBACKS = ("torch_causal_conv1d_update", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 CONV_ACTIVATIONS = (None, "silu", "swish")
 
@@ -200,6 +228,35 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     return _forward_only(op, _conv_update, x, conv_state, weight, bias, activation, conv_state_indices)
 
 
+# ---------------------------------------------------------------------------- transformers 5.x's call sites
+
+def _params(fn) -> frozenset:
+    return frozenset(n for n, p in inspect.signature(fn).parameters.items()
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def drop_unknown_kwargs(fn, signature_of=None):
+    """fn, called the way transformers 5.x calls a kernel function: the keyword arguments fn (or signature_of) does
+    not take (transformers' per-call ones: position_ids, output_attentions, ...) are dropped, as transformers' own
+    wrapper (`use_kernel_func_from_hub_with_fallback`) drops them for FLA's and causal-conv1d's functions."""
+    params = _params(signature_of or fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+    return call
+
+
+# transformers 5.x's `torch_chunk_gated_delta_rule`: q/k with H heads and v with HV (a multiple of H, as 5.25 passes
+# them) or already repeated to HV (as 5.17 does)
+hf_chunk_gated_delta_rule = drop_unknown_kwargs(chunk_gated_delta_rule)
+# transformers 5.x's `torch_recurrent_gated_delta_rule` (a forward-only decode step, see recurrent_gated_delta_rule)
+hf_recurrent_gated_delta_rule = drop_unknown_kwargs(recurrent_gated_delta_rule, fused_recurrent_gated_delta_rule)
+# transformers 5.x's `causal_conv1d_fn`, called without states (its cache prepends the conv state's columns to x);
+# `seq_idx` (packed sequences) goes through, and is refused
+hf_causal_conv1d_fn = drop_unknown_kwargs(causal_conv1d_fn)
+
+
 # ---------------------------------------------------------------------------------------------- the gated norm
 
 def _norm_class(base):
@@ -223,22 +280,39 @@ def _norm_class(base):
 
 # ------------------------------------------------------------------------------------------- enable / disable
 
+def _tested() -> str:
+    return "transformers " + " / ".join(TESTED_VERSIONS)
+
+
+def hooks(mod) -> str:
+    """How this transformers' Qwen3NextGatedDeltaNet reaches its kernels: "module" when its forward calls the
+    module's kernel functions by name (CALLED_IN_FORWARD, transformers 5.x), else "layer" (the copies each layer
+    makes in __init__, 4.x)."""
+    forward = getattr(getattr(mod, "Qwen3NextGatedDeltaNet", None), "forward", None)
+    code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
+    return "module" if code is not None and set(CALLED_IN_FORWARD) <= set(code.co_names) else "layer"
+
+
+def _globals(mod) -> tuple:
+    return CALLED_GLOBALS if hooks(mod) == "module" else GLOBALS
+
+
 def _module():
     """transformers' modeling_qwen3_next, with every name enable() needs; ImportError naming what is missing."""
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("linattn.integrations.transformers needs transformers (tested with "
-                          f"transformers=={TESTED_VERSION}): pip install transformers=={TESTED_VERSION}") from e
+        raise ImportError(f"linattn.integrations.transformers needs transformers (tested: {_tested()}): "
+                          f"pip install transformers=={TESTED_VERSIONS[-1]}") from e
     try:
         mod = importlib.import_module(MODULE)
     except ImportError as e:
         raise ImportError(f"transformers {transformers.__version__} has no {MODULE} (Qwen3-Next); linattn is tested "
-                          f"with transformers=={TESTED_VERSION}") from e
-    missing = [n for n in GLOBALS + CLASSES if not hasattr(mod, n)]
+                          f"with {_tested()}") from e
+    missing = [n for n in _globals(mod) + CLASSES if not hasattr(mod, n)]
     if missing:
         raise ImportError(f"transformers {transformers.__version__}'s {MODULE} lacks {', '.join(missing)}: its "
-                          f"kernel hooks changed; linattn is tested with transformers=={TESTED_VERSION}")
+                          f"kernel hooks changed; linattn is tested with {_tested()}")
     return mod
 
 
@@ -252,49 +326,47 @@ def _layers(mod, model):
     layers = [m for m in model.modules() if isinstance(m, mod.Qwen3NextGatedDeltaNet)]
     if not layers:
         raise ValueError(f"model ({type(model).__name__}) holds no Qwen3NextGatedDeltaNet layer")
+    attrs = LAYER_ATTRS if hooks(mod) == "layer" else ("norm",)
     for layer in layers:
-        missing = [a for a in LAYER_ATTRS if not hasattr(layer, a)]
+        missing = [a for a in attrs if not hasattr(layer, a)]
         if missing:
             raise ImportError(f"Qwen3NextGatedDeltaNet lacks {', '.join(missing)}: its kernel hooks changed; "
-                              f"linattn is tested with transformers=={TESTED_VERSION}")
+                              f"linattn is tested with {_tested()}")
     return layers
 
 
 def _originals(mod) -> dict:
-    """transformers' own values of GLOBALS (saved by enable(), or the module's while not enabled)."""
-    return dict(_saved) if _saved else {n: getattr(mod, n) for n in GLOBALS}
+    """transformers' own values of the hooked globals (saved by enable(), or the module's while not enabled)."""
+    return dict(_saved) if _saved else {n: getattr(mod, n) for n in _globals(mod)}
 
 
-def _patch_layer(layer, base):
-    layer.causal_conv1d_fn = causal_conv1d_fn
-    layer.causal_conv1d_update = causal_conv1d_update
-    layer.chunk_gated_delta_rule = chunk_gated_delta_rule
-    layer.recurrent_gated_delta_rule = recurrent_gated_delta_rule
+def _patch_norm(layer, base):
     norm_cls = _norm_class(base)
     if isinstance(layer.norm, base):
         layer.norm.__class__ = norm_cls        # the same module (parameter, eps, hooks), linattn's forward
-    else:                                      # FLA's FusedRMSNormGated: a new module on its weight and eps
+    else:                                      # FLA's FusedRMSNormGated (4.x): a new module on its weight and eps
         weight = layer.norm.weight
         layer.norm = norm_cls(weight.shape[0], eps=layer.norm.eps)
         layer.norm.weight = weight
 
 
-def _restore_layer(mod, layer, orig):
-    """What Qwen3NextGatedDeltaNet.__init__ picks from transformers' own globals."""
-    fallbacks = [n for n in FALLBACKS if not hasattr(mod, n)]
-    if fallbacks:
-        raise ImportError(f"{MODULE} lacks {', '.join(fallbacks)}; linattn is tested with "
-                          f"transformers=={TESTED_VERSION}")
-    layer.causal_conv1d_fn = orig["causal_conv1d_fn"]
-    layer.causal_conv1d_update = orig["causal_conv1d_update"] or mod.torch_causal_conv1d_update
-    layer.chunk_gated_delta_rule = orig["chunk_gated_delta_rule"] or mod.torch_chunk_gated_delta_rule
-    layer.recurrent_gated_delta_rule = (orig["fused_recurrent_gated_delta_rule"]
-                                        or mod.torch_recurrent_gated_delta_rule)
+def _patch_layer(layer, base):
+    """4.x: linattn's functions in place of the copies the layer made in __init__, and linattn's gated norm."""
+    layer.causal_conv1d_fn = causal_conv1d_fn
+    layer.causal_conv1d_update = causal_conv1d_update
+    layer.chunk_gated_delta_rule = chunk_gated_delta_rule
+    layer.recurrent_gated_delta_rule = recurrent_gated_delta_rule
+    _patch_norm(layer, base)
+
+
+def _restore_norm(layer, orig):
     base = orig["Qwen3NextRMSNormGated"]
     norm = layer.norm
-    if isinstance(norm, base) and type(norm) is not base and orig["FusedRMSNormGated"] is None:
+    if not isinstance(norm, base) or type(norm) is base:
+        return
+    if orig.get("FusedRMSNormGated") is None:
         norm.__class__ = base
-    elif isinstance(norm, base) and type(norm) is not base:
+    else:                                      # 4.x with FLA: transformers builds FLA's module
         weight = norm.weight
         layer.norm = orig["FusedRMSNormGated"](weight.shape[0], eps=norm.variance_epsilon,
                                                activation=layer.activation, device=weight.device,
@@ -302,43 +374,73 @@ def _restore_layer(mod, layer, orig):
         layer.norm.weight = weight
 
 
+def _restore_layer(mod, layer, orig):
+    """4.x: what Qwen3NextGatedDeltaNet.__init__ picks from transformers' own globals."""
+    fallbacks = [n for n in FALLBACKS if not hasattr(mod, n)]
+    if fallbacks:
+        raise ImportError(f"{MODULE} lacks {', '.join(fallbacks)}; linattn is tested with {_tested()}")
+    layer.causal_conv1d_fn = orig["causal_conv1d_fn"]
+    layer.causal_conv1d_update = orig["causal_conv1d_update"] or mod.torch_causal_conv1d_update
+    layer.chunk_gated_delta_rule = orig["chunk_gated_delta_rule"] or mod.torch_chunk_gated_delta_rule
+    layer.recurrent_gated_delta_rule = (orig["fused_recurrent_gated_delta_rule"]
+                                        or mod.torch_recurrent_gated_delta_rule)
+    _restore_norm(layer, orig)
+
+
+def _linattn_globals(mod, originals) -> dict:
+    """The values enable() gives the hooked globals."""
+    norm_cls = _norm_class(originals["Qwen3NextRMSNormGated"])
+    if hooks(mod) == "module":
+        return dict(causal_conv1d_fn=hf_causal_conv1d_fn, causal_conv1d_update=causal_conv1d_update,
+                    torch_chunk_gated_delta_rule=hf_chunk_gated_delta_rule,
+                    torch_recurrent_gated_delta_rule=hf_recurrent_gated_delta_rule, Qwen3NextRMSNormGated=norm_cls)
+    return dict(causal_conv1d_fn=causal_conv1d_fn, causal_conv1d_update=causal_conv1d_update,
+                chunk_gated_delta_rule=chunk_gated_delta_rule,
+                fused_recurrent_gated_delta_rule=recurrent_gated_delta_rule, FusedRMSNormGated=None,
+                Qwen3NextRMSNormGated=norm_cls, is_fast_path_available=True)
+
+
 def enable(model: Optional[torch.nn.Module] = None):
     """Make transformers' Qwen3-Next run its linear-attention layers on linattn (see the module docstring).
 
-    Replaces the kernel globals of transformers.models.qwen3_next.modeling_qwen3_next, so models built after the
-    call use linattn; a model built before keeps the functions it copied in __init__ unless passed here, which
-    switches each of its Qwen3NextGatedDeltaNet layers too (its gated norm becomes linattn's, sharing the weight).
-    Calling it again is harmless. Returns `model`.
-    Raises ImportError when transformers or one of the names it hooks (GLOBALS, CLASSES) is missing.
+    Replaces the kernel globals of transformers.models.qwen3_next.modeling_qwen3_next. On 4.x models built after
+    the call use linattn, and a model built before keeps the functions it copied in __init__ unless passed here,
+    which switches each of its Qwen3NextGatedDeltaNet layers too. On 5.x every model's ops switch (the layers call
+    the module's functions), and passing a model built before switches its gated norm too. A norm switched here
+    becomes linattn's, sharing the weight. Calling it again is harmless. Returns `model`.
+    Raises ImportError when transformers or one of the names it hooks (GLOBALS on 4.x, CALLED_GLOBALS on 5.x,
+    CLASSES) is missing.
     """
     mod = _module()
     layers = None if model is None else _layers(mod, model)      # a bad model is refused before any change
     if not _saved:
-        originals = {n: getattr(mod, n) for n in GLOBALS}
-        norm_cls = _norm_class(originals["Qwen3NextRMSNormGated"])
-        mod.causal_conv1d_fn = causal_conv1d_fn
-        mod.causal_conv1d_update = causal_conv1d_update
-        mod.chunk_gated_delta_rule = chunk_gated_delta_rule
-        mod.fused_recurrent_gated_delta_rule = recurrent_gated_delta_rule
-        mod.FusedRMSNormGated = None
-        mod.Qwen3NextRMSNormGated = norm_cls
-        mod.is_fast_path_available = True
+        originals = {n: getattr(mod, n) for n in _globals(mod)}
+        for n, v in _linattn_globals(mod, originals).items():
+            setattr(mod, n, v)
         _saved.update(originals)
     for layer in layers or ():
-        _patch_layer(layer, _saved["Qwen3NextRMSNormGated"])
+        if hooks(mod) == "layer":
+            _patch_layer(layer, _saved["Qwen3NextRMSNormGated"])
+        else:
+            _patch_norm(layer, _saved["Qwen3NextRMSNormGated"])
     return model
 
 
 def disable(model: Optional[torch.nn.Module] = None):
-    """Undo enable(): the module globals get transformers' own values back (models built afterwards use them), and
-    `model`'s layers, when given, what transformers itself picks (its fast kernels where installed, else its torch
-    fallbacks; the norm back to Qwen3NextRMSNormGated, or FLA's FusedRMSNormGated where transformers builds that).
-    Models built while enabled and not passed here keep linattn. Harmless when not enabled. Returns `model`."""
+    """Undo enable(): the module globals get transformers' own values back, and `model`'s layers, when given, what
+    transformers itself picks: on 4.x its functions (its fast kernels where installed, else its torch fallbacks;
+    models built while enabled and not passed here keep linattn), on both the norm back to Qwen3NextRMSNormGated
+    (or FLA's FusedRMSNormGated where 4.x builds that). On 5.x the ops follow the module, so disable() alone
+    switches every model's ops back, and disable(model) alone only that model's norm. Harmless when not enabled.
+    Returns `model`."""
     if model is not None:
         mod = _module()
         orig = _originals(mod)
         for layer in _layers(mod, model):
-            _restore_layer(mod, layer, orig)
+            if hooks(mod) == "layer":
+                _restore_layer(mod, layer, orig)
+            else:
+                _restore_norm(layer, orig)
     if _saved:
         mod = importlib.import_module(MODULE)
         for n, v in _saved.items():

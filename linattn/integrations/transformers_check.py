@@ -20,6 +20,7 @@
 Writes one JSON (--out) with the environment; exit status 1 when a model check fails or a linattn row errors
 (FLA's errors are recorded, not fatal)."""
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -27,6 +28,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from linattn.integrations import transformers as lt
 from linattn.ops.gated_delta_rule import reference
@@ -75,21 +77,69 @@ def build_tiny_model(device="cpu", dtype=torch.float32, seed=0, config=None):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def fp64_reference(model):
-    """A copy of `model` in fp64 whose GatedDeltaNet layers run their core and gated norm on linattn's plain-PyTorch
-    references in fp64 (transformers' own torch fallbacks compute both in fp32) and their convolution on
-    transformers' F.conv1d path."""
+def _ref_conv1d_fn(x, weight, bias=None, activation=None, **kwargs):
+    """transformers 5.x's causal_conv1d_fn call (x [B, D, T] holding any cached columns, no state) in plain
+    PyTorch, for the fp64 forward."""
+    y = F.conv1d(F.pad(x, (weight.shape[-1] - 1, 0)), weight.unsqueeze(1), bias, groups=x.shape[1])
+    return F.silu(y) if activation in ("silu", "swish") else y
+
+
+def _ref_conv1d_update(x, conv_state, weight, bias=None, activation=None):
+    """causal_conv1d_update (x [B, D, T], conv_state [B, D, S] updated in place) in plain PyTorch."""
+    xx = torch.cat([conv_state, x], -1)
+    conv_state.copy_(xx[..., -conv_state.shape[-1]:])
+    return _ref_conv1d_fn(xx, weight, bias, activation)[..., -x.shape[-1]:]
+
+
+@contextlib.contextmanager
+def _module_functions(mod, fns: dict):
+    """transformers 5.x: the module's kernel functions replaced by `fns` while inside (its layers call the module's
+    functions at each forward, so the ops cannot be chosen per model); nothing on 4.x (`fns` empty)."""
+    saved = {n: getattr(mod, n) for n in fns}
+    try:
+        for n, f in fns.items():
+            setattr(mod, n, f)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(mod, n, f)
+
+
+def own_path():
+    """A context in which Qwen3-Next runs transformers' own kernel functions, also while linattn is enabled: on 5.x
+    the module's functions (transformers' originals) for the time inside; on 4.x nothing (a model keeps the
+    functions it was built with)."""
+    mod = lt._module()
+    if lt.hooks(mod) == "layer":
+        return contextlib.nullcontext()
+    orig = lt._originals(mod)
+    return _module_functions(mod, {n: orig[n] for n in lt.CALLED_GLOBALS if n != "Qwen3NextRMSNormGated"})
+
+
+def fp64_logits(model, ids):
+    """The logits of a no-cache forward of `ids` by a copy of `model` in fp64 whose GatedDeltaNet layers run their
+    core and gated norm on linattn's plain-PyTorch references in fp64 (transformers' own torch fallbacks compute
+    both in fp32) and their convolution in plain PyTorch (4.x: transformers' F.conv1d path)."""
     mod = lt._module()
     ref = copy.deepcopy(model).double()
+    if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
+        ref.config._experts_implementation = "eager"     # 5.x's default grouped_mm takes no fp64
     base = lt._originals(mod)["Qwen3NextRMSNormGated"]
+    fns = {}
     for layer in lt._layers(mod, ref):
-        lt._patch_layer(layer, base)          # linattn's gated norm module (also in place of FLA's)
+        lt._patch_norm(layer, base)           # linattn's gated norm module (also in place of FLA's)
         layer.norm.backend = "reference"
-        layer.chunk_gated_delta_rule = reference.chunk_gated_delta_rule
-        layer.recurrent_gated_delta_rule = reference.naive_recurrent
-        layer.causal_conv1d_fn = None
-        layer.causal_conv1d_update = mod.torch_causal_conv1d_update
-    return ref
+        if lt.hooks(mod) == "layer":
+            layer.chunk_gated_delta_rule = reference.chunk_gated_delta_rule
+            layer.recurrent_gated_delta_rule = reference.naive_recurrent
+            layer.causal_conv1d_fn = None
+            layer.causal_conv1d_update = mod.torch_causal_conv1d_update
+    if lt.hooks(mod) == "module":
+        fns = dict(torch_chunk_gated_delta_rule=lt.drop_unknown_kwargs(reference.chunk_gated_delta_rule),
+                   torch_recurrent_gated_delta_rule=lt.drop_unknown_kwargs(reference.naive_recurrent),
+                   causal_conv1d_fn=_ref_conv1d_fn, causal_conv1d_update=_ref_conv1d_update)
+    with torch.no_grad(), _module_functions(mod, fns):
+        return ref(ids).logits
 
 
 def _generate(model, ids, new_tokens):
@@ -126,7 +176,8 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
         lin = lt.enable(copy.deepcopy(own))
         gen = torch.Generator().manual_seed(seed + 1)
         ids = torch.randint(1, own.config.vocab_size, (batch, prompt_len), generator=gen).to(device)
-        seq_own, logits_own = _generate(own, ids, new_tokens)
+        with own_path():
+            seq_own, logits_own = _generate(own, ids, new_tokens)
         seq_lin, logits_lin = _generate(lin, ids, new_tokens)
         tol = TOL[dtype]
         res = dict(device=str(device), dtype=str(dtype).replace("torch.", ""), seed=seed, batch=batch,
@@ -142,8 +193,9 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
             inp = seq_lin[:, :-1]
             with torch.no_grad():
                 full_lin = lin(inp).logits.float()
-                full_own = own(inp).logits.float()
-                full_ref = fp64_reference(own)(inp).logits
+                with own_path():
+                    full_own = own(inp).logits.float()
+            full_ref = fp64_logits(own, inp)
             steps_ref = full_ref[:, prompt_len - 1:].transpose(0, 1)
             errs.update(forward_vs_own=rel_rms(full_lin, full_own), forward_vs_fp64=rel_rms(full_lin, full_ref),
                         decode_vs_fp64=rel_rms(logits_lin, steps_ref),
