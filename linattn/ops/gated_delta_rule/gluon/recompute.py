@@ -74,6 +74,7 @@ def recompute_h_gluon(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: t
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import chunk_gf_state_only_gluon
     from linattn.ops.gated_delta_rule.gluon.host import launches
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.common import dot_precision
     from linattn.ops.gated_delta_rule.triton.intra_split import kkt_order, kkt_solve_kernel, split_intra_config, \
         wu_kernel
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_windows
@@ -94,14 +95,15 @@ def recompute_h_gluon(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: t
     tinv = empty(T_tot, HV, BT, dtype=torch.float32, device=dev)
     tinv_lo = empty(T_tot, HV, BT, dtype=k.dtype, device=dev)
     launches(kkt_solve_kernel, (slots, HV), (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, N),
-             dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC="tf32", num_warps=cfg.warps_kkt,
+             dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC=dot_precision(k.dtype), num_warps=cfg.warps_kkt,
                   tinv_lo_ptr=tinv_lo, **kkt_order(slots)))
     w = None
     if store_w:
         w = empty(T_tot, HV, K, dtype=k.dtype, device=dev)
         u = empty(T_tot, HV, V, dtype=k.dtype, device=dev)
         launches(wu_kernel, (slots, HV), (k, v, beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N),
-                 dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, DOT_PREC="tf32", num_warps=cfg.warps_wu))
+                 dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_precision(k.dtype),
+                      num_warps=cfg.warps_wu))
         del u
     h = empty(slots, HV, K, V, dtype=k.dtype, device=dev)
     vnew = empty(T_tot, HV, V, dtype=k.dtype, device=dev) if store_vnew else None

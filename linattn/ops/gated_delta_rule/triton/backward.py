@@ -159,7 +159,7 @@ def _bwd_fused(q, k, v, g, beta, scale, initial_state, do, dht, fwd, plan, A_log
         plan.cu, plan.chunk_offsets, T_tot, scale,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PART_QK=part_qk,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC=dot_precision(q.dtype),
         num_warps=FUSED_WARPS, num_stages=FUSED_STAGES, **opts)
     if part_qk:
         dq = dq_out.view(NV, B, T, H, G, K).sum((0, 4)).to(q.dtype)
