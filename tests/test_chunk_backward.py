@@ -12,8 +12,6 @@ Case matrix (each dimension covered at least once, kept small because the interp
   dtypes       fp32, bf16, fp16; mixed (fp16 q/k/v, fp32 beta, bf16 g, fp16 initial state)
   states       with and without initial_state; with and without the gradient of final_state
   options      use_qk_l2norm_in_kernel; only some inputs requiring grad; torch.compile(fullgraph=True)
-  paths        every case with K, V <= 128 on the fused kernel (backward_fused.py, the default there) and on the
-               four-kernel path; the fused kernel's V-split form (three 16-column blocks); fused=True refused above 128
 plus a static check that no kernel of the backward feeds tl.trans(<dot result>) into a dot (the Triton 3.4-3.7
 Hopper miscompile behind FLA issues 640 and 984), and an ahead-of-time sm_90a build of every backward kernel with
 ptxas spill bounds (no GPU needed).
@@ -26,9 +24,7 @@ import pytest
 import torch
 
 import linattn
-from bwd_paths import check_path_taken, force_bwd_path          # tests/ is on sys.path
 from linattn.ops.gated_delta_rule.reference import chunk_reference
-from linattn.ops.gated_delta_rule.triton import backward
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.settings import settings
 from linattn.testing import TOL, make_gdn_inputs, random_cu_seqlens, rel_rms
@@ -114,50 +110,10 @@ CASES = [
 ]
 
 
-def _with_paths(cases):
-    """Every case on both backward paths where the fused kernel takes it (K, V <= 128), else on the four-kernel one."""
-    out = []
-    for case in cases:
-        K, V = case.values[4], case.values[5]
-        for path in (("fused", "four") if max(K, V) <= backward.FUSED_MAX_DIM else ("four",)):
-            out.append(pytest.param(*case.values, path, id=f"{case.id}-{path}"))
-    return out
-
-
 @needs_interpreter
-@pytest.mark.parametrize("B,T,H,HV,K,V,extra,path", _with_paths(CASES))
-def test_backward_matches_fp64_reference(device, monkeypatch, B, T, H, HV, K, V, extra, path):
-    calls = force_bwd_path(monkeypatch, path)
+@pytest.mark.parametrize("B,T,H,HV,K,V,extra", CASES)
+def test_backward_matches_fp64_reference(device, B, T, H, HV, K, V, extra):
     _check(B, T, H, HV, K, V, device=device, **extra)
-    check_path_taken(path, calls)
-
-
-FUSED_SPLIT_CASES = [
-    # the fused kernel's V-split form: V = 40 in three 16-column blocks (the last one partial), dq/dk/dg/dbeta as fp32
-    # partials summed by the launcher; GVA, varlen with 1-token sequences, initial state and d final_state
-    pytest.param(1, 131, 1, 2, 32, 40, dict(dtype=torch.float32, lengths=[1, 64, 65, 1]), id="varlen-gva-fp32"),
-    pytest.param(2, 70, 1, 1, 48, 40, dict(dtype=torch.bfloat16), id="T70-bf16"),
-]
-
-
-@needs_interpreter
-@pytest.mark.parametrize("B,T,H,HV,K,V,extra", FUSED_SPLIT_CASES)
-def test_fused_backward_v_split_matches_fp64_reference(device, monkeypatch, B, T, H, HV, K, V, extra):
-    calls = force_bwd_path(monkeypatch, "fused", block_v=16)
-    _check(B, T, H, HV, K, V, device=device, **extra)
-    check_path_taken("fused", calls)
-
-
-def test_fused_backward_declines_large_heads_by_name():
-    """K or V above 128: the default rule runs the four-kernel path, and fused=True is refused naming the argument."""
-    assert backward.use_fused_backward(128, 128) and not backward.use_fused_backward(256, 64)
-    assert not backward.use_fused_backward(64, 256)
-    q = torch.randn(1, 8, 1, 256)
-    v = torch.randn(1, 8, 1, 64)
-    g = -torch.rand(1, 8, 1)
-    with pytest.raises(NotImplementedError, match="fused=True"):
-        backward.chunk_gated_delta_rule_bwd(q, q, v, g, torch.rand(1, 8, 1), 0.1, None, None, torch.randn_like(v),
-                                            None, fused=True)
 
 
 @needs_interpreter
@@ -252,14 +208,13 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
     """(name, jit fn, signature, constexprs, options) of each backward kernel as the launcher configures it, bf16."""
     from linattn.ops.gated_delta_rule.triton import backward as bw
     from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
-    from linattn.ops.gated_delta_rule.triton.backward_fused import chunk_bwd_fused_kernel
     from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
     from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
     from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
     cfg = bw._configs(K, V, 1, HV, "cpu")            # on a GPU the V split may only get narrower (fewer registers)
     x, f, i64, i32 = "*bf16", "*fp32", "*i64", "*i32"
     common = dict(H=H, HV=HV, K=K, V=V, BT=64, DOT_PREC="tf32")
-    specs = [
+    return [
         ("dv_local", chunk_dv_local_kernel,
          dict(q_ptr=x, k_ptr=x, gcum_ptr=f, do_ptr=x, dvnew_ptr=x, cu_ptr=i64, chunk_idx_ptr=i32, N="i32", scale="fp32"),
          dict(common, BK=cfg.BK, BV=cfg.BV, DECAY="scalar", aqk_ptr=None),
@@ -275,14 +230,6 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
               dw_ptr=x, dgam_ptr=f, cu_ptr=i64, chunk_idx_ptr=i32, chunk_off_ptr=i64, N="i32", T_tot="i32",
               scale="fp32"),
          dict(common, BK=cfg.BK, BV=cfg.BV), dict(num_warps=WARPS_LOCAL, num_stages=STAGES_LOCAL)),
-        ("fused_bwd", chunk_bwd_fused_kernel,
-         dict(q_ptr=x, k_ptr=x, v_ptr=x, do_ptr=x, gcum_ptr=f, beta_ptr=f, tinv_ptr=f, h_ptr=x, dht_ptr=f, dh0_ptr=f,
-              dq_ptr=f, dk_ptr=f, dv_ptr=x, dg_ptr=f, dbeta_ptr=f, scratch_ptr=x, cu_ptr=i64, chunk_off_ptr=i64,
-              T_tot="i32", scale="fp32"),
-         dict(common, BK=bw._pow2(K), BV=bw._fused_bv(V, 8, HV, "cpu"), USE_DHT=True, STORE_DH0=True, PART_QK=True,
-              V_FIRST=False, g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None, beta_raw_ptr=None,
-              GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
-         dict(num_warps=bw.FUSED_WARPS, num_stages=bw.FUSED_STAGES)),
         ("wy_bwd", chunk_wy_bwd_kernel,
          dict(k_ptr=x, v_ptr=x, beta_ptr=f, gcum_ptr=f, tinv_ptr=f, dvnew_ptr=x, dw_ptr=x, dk_part_ptr=f, dgam_ptr=f,
               dk_ptr=x, dv_ptr=x, dg_ptr=f, dbeta_ptr=f, m_ptr=x, cu_ptr=i64, chunk_idx_ptr=i32, N="i32", T_tot="i32"),
@@ -291,7 +238,6 @@ def _aot_specs(K: int = 128, V: int = 128, H: int = 16, HV: int = 32):
               GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),      # FLA's options off (the default path)
          dict(num_warps=WARPS_WY, num_stages=STAGES_WY)),
     ]
-    return [sp for sp in specs if sp[0] != "fused_bwd" or bw.use_fused_backward(K, V)]
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -305,9 +251,8 @@ def _aot_main(K: int, V: int):
 
 
 # spill bounds (ptxas, Triton 3.6.0, sm_90a, bf16): the sequential reverse state pass must not spill (it is the
-# critical path); the chunk-parallel local and WY stages stay under 1 KB; the fused backward (a whole head per
-# program, BV = V) spills 4456 B at K = V = 128 (the bound keeps it from growing)
-SPILL_LIMIT = {"dv_local": 0, "state_bwd": 0, "local_bwd": 1024, "wy_bwd": 1024, "fused_bwd": 4456}
+# critical path); the chunk-parallel local and WY stages stay under 1 KB
+SPILL_LIMIT = {"dv_local": 0, "state_bwd": 0, "local_bwd": 1024, "wy_bwd": 1024}
 
 
 @pytest.mark.parametrize("K,V", [(128, 128), (100, 60), (256, 256)])
@@ -321,9 +266,7 @@ def test_aot_sm90a_compiles_within_register_budget(K, V):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    from linattn.ops.gated_delta_rule.triton import backward as bw
-    expected = [n for n in SPILL_LIMIT if n != "fused_bwd" or bw.use_fused_backward(K, V)]
-    assert sorted(r["name"] for r in reports) == sorted(expected)
+    assert sorted(r["name"] for r in reports) == sorted(SPILL_LIMIT)
     for r in reports:
         assert r["spill_bytes"] <= SPILL_LIMIT[r["name"]], r
 

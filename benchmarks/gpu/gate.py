@@ -13,10 +13,8 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
   bwd            forward + backward against autograd through chunk_reference in fp64 on the GPU, full problem:
                  T = 65536, varlen of mixed lengths with 1-token sequences (l2norm), odd head sizes in fp16 with mixed
                  gate dtypes; every gradient, o and the final state; both backends where the gluon backend runs
-                 (K = V = 128, bf16); there also h and vnew of the gluon backward's recompute (recompute_h_gluon,
-                 the state-only gate-free kernel: its own plan, slow gates, 8 segments) against the Triton state
-                 pass's. Then torch.compile(fullgraph=True) of a small model against the fp64 reference and a
-                 CUDA-graph capture of forward + backward (varlen, cu_seqlens on the device) against eager.
+                 (K = V = 128, bf16). Then torch.compile(fullgraph=True) of a small model against the fp64 reference
+                 and a CUDA-graph capture of forward + backward (varlen, cu_seqlens on the device) against eager.
   decode         fused_recurrent_gated_delta_rule against a fp64 reference: state pools (fp32 and bf16) at batch
                  1 / 32 / 256, H = HV = 32 and GVA H16/HV32, padded rows (their outputs 0, unused slots
                  bit-identical), speculative T = 4, varlen, fused gate + beta_sigmoid, out-of-range indices, CUDA

@@ -137,11 +137,8 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
                 dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))
         launch_state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_)
 
-    # where a sequence crosses ranks, the four-kernel path, whose reverse state pass is the hook that receives the
-    # composed boundary gradient; otherwise the plain call's backward (the fused kernel where it takes the shape)
     dq, dk, dv, dg, dbeta, dh0_loc, _, _ = chunk_gated_delta_rule_bwd(
-        q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens, do.contiguous(), dht,
-        state_bwd=state_bwd if cp.any_crossing else None)
+        q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens, do.contiguous(), dht, state_bwd=state_bwd)
     dh0 = None
     if has_initial_state:
         dh0 = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)

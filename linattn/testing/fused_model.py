@@ -79,7 +79,7 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
                         stages: int = 3, nwu: int = NWU, npub: int = NPUB, w_out=None, u_out=None, seed: int = 0,
                         stats: Optional[dict] = None, areg: bool = True, out_pipe: bool = False,
                         select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None,
-                        gate_free: bool = False, h_out=None, vnew_out=None) -> None:
+                        gate_free: bool = False) -> None:
     """A torch model of chunk_fused_wu_ws_kernel's per-CTA schedule, for CPU tests (the arguments of
     fused_forward.chunk_fused_wu_ws_gluon). The four partitions (state, output, wu, producer) are generators that
     stop at every mbarrier wait; a seeded random scheduler interleaves them with the landing of the producer's TMA
@@ -99,26 +99,19 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
     rows stored from the segment start, the final state into final[sequence] only for a last segment.
     gate_free models chunk_fused_gf.py (BV = V = 128 there; any BV here): no wu partition (empty counts 2) and the
     state partition forms x = where(valid, beta (v - e^gam (K @ s_pub)), 0).to(dt) and vnew = where(valid, Tinv @ x,
-    0).to(dt) from the ring's k, v and Tinv tiles.
-    h_out [slots, HV, K, V] (with gate_free) models the state-only mode (recompute_h_gluon): no output partition (q
-    and o unused, may be None; empty counts 1: the model's one state partition stands for the kernel's two, each
-    arriving once), no publication barriers; S_c goes to h_out[chunk_offsets[n] + c - w] for the chunks after the
-    w warm-up chunks, vnew's rows in [segment start, eos) to vnew_out [T_tot, HV, V] when given."""
+    0).to(dt) from the ring's k, v and Tinv tiles."""
     import random
-    state_only = h_out is not None
-    dt = k.dtype
-    B, T, H, K = k.shape
+    dt = q.dtype
+    B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T_tot = plan.T_total
     f32 = torch.float32
     pad = lambda t: torch.cat([t, t.new_zeros(BT, *t.shape[1:])])       # noqa: E731  TMA zero-fill past T_tot
-    kp = pad(k.reshape(T_tot, H, K))
-    qp = kp if state_only else pad(q.reshape(T_tot, H, K))
+    qp, kp = pad(q.reshape(T_tot, H, K)), pad(k.reshape(T_tot, H, K))
     vp, tp = pad(v.reshape(T_tot, HV, V)), pad(tinv.reshape(T_tot, HV, BT))
     beta2 = beta.reshape(T_tot, HV)
-    o2 = None if state_only else o.view(T_tot, HV, V)
+    o2 = o.view(T_tot, HV, V)
     cu = plan.cu.tolist()
-    slot0s = plan.chunk_offsets.tolist()
     rng = random.Random(seed)
     r_t = torch.arange(BT)
     lower = r_t[:, None] >= r_t[None, :]
@@ -151,7 +144,7 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
             for vb in range(V // BV):
                 cols = slice(vb * BV, (vb + 1) * BV)
                 ready = [_MBar(1) for _ in range(stages)]
-                empty = [_MBar(1 if state_only else (2 if gate_free else 3)) for _ in range(stages)]
+                empty = [_MBar(2 if gate_free else 3) for _ in range(stages)]
                 wu_full = [_MBar(1) for _ in range(nwu)]
                 wu_empty = [_MBar(1) for _ in range(nwu)]
                 s_full = [_MBar(1) for _ in range(npub)]
@@ -218,14 +211,9 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
                         t0 = bos + c * BT
                         gam, bet, gam_last = gates(t0, eos, hv)
                         j = c % npub
-                        if state_only:
-                            s_pub[j] = S.to(dt)
-                            if c >= w:
-                                h_out[slot0s[n] + c - w, hv, :, cols] = s_pub[j]
-                        else:
-                            yield pub_empty[j], ((c // npub) & 1) ^ 1
-                            s_pub[j] = S.to(dt)
-                            s_full[j].arrive()
+                        yield pub_empty[j], ((c // npub) & 1) ^ 1
+                        s_pub[j] = S.to(dt)
+                        s_full[j].arrive()
                         st, jw = c % stages, c % nwu
                         yield ready[st], (c // stages) & 1
                         valid = ((t0 + r_t) < eos)[:, None]
@@ -242,12 +230,7 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
                         v_pub[j] = vn
                         d = torch.exp(gam_last - gam)
                         vs = torch.where(valid, vn.to(f32) * d[:, None], 0.).to(dt)
-                        if state_only:
-                            if vnew_out is not None:
-                                lo, nv = max(o_lo - t0, 0), min(eos - t0, BT)
-                                vnew_out[t0 + lo:t0 + nv, hv, cols] = vn[lo:nv]
-                        else:
-                            v_full[j].arrive()
+                        v_full[j].arrive()
                         if not gate_free:
                             wu_empty[jw].arrive()
                         yield None                     # a scheduling point between the two products
@@ -312,8 +295,7 @@ def emulate_fused(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scal
                         att = torch.where(lower, qk * gmat, 0.).to(dt)
                         yield from output_tail(c, t0, j, qs * torch.exp(gam)[:, None], att)
 
-                parts = [state()] + ([] if state_only else [output_pipelined() if out_pipe else output()]) + (
-                    [] if gate_free else [wu()])
+                parts = [state(), output_pipelined() if out_pipe else output()] + ([] if gate_free else [wu()])
                 steps += _interleave(parts + [producer()],
                                      inflight, land, rng,
                                      f"sequence {n}, head {hv}, V block {vb}")

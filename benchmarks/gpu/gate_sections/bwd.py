@@ -142,35 +142,6 @@ def graph_bwd_case(sz):
     return dict(graph_vs_eager=errs, passed=all(v <= 1e-6 for v in errs.values()))
 
 
-def recompute_case(inp, cu, tol, segments=None, slow=False):
-    """h and vnew of the gluon backward's recompute (gluon/recompute.py: the gate-free kernel's state-only mode)
-    against the Triton recompute's (its state pass), relative RMS within tol, on NaN-poisoned buffers (every used
-    slot written); gcum, fp32 Tinv and W bit-identical (the same Triton kernels). The call's own plan (segments where
-    the forward's planner cuts the sequences), `segments` = (S, L) forced, or slow=True: gates x 0.01, so that the
-    window kernel flags the pairs and the selected unsegmented launch runs them. The gradients through the hook are
-    the gluon cases'."""
-    from linattn.ops.gated_delta_rule.gluon.recompute import recompute_h_applies, recompute_h_gluon, \
-        recompute_segments
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    from linattn.runtime.alloc import poisoned_allocations
-    from linattn.testing import rel_rms
-    x = {n: (None if t is None else t.detach()) for n, t in inp.items()}
-    g = (x["g"] * 0.01).contiguous() if slow else x["g"]
-    segs = segments or recompute_segments(x["k"], x["v"], cu)
-    with poisoned_allocations():
-        rc = recompute_h_gluon(x["k"], x["v"], g, x["beta"], x["initial_state"], cu, segments=segs)
-        ref = chunk_gated_delta_rule_fwd(x["q"], x["k"], x["v"], g, x["beta"], 1.0, x["initial_state"], False, cu,
-                                         store_tinv=True, plan=rc.plan, compute_output=False)
-    base.sync()
-    used = int(rc.plan.chunk_offsets[-1])
-    errs = dict(h=rel_rms(rc.h[:used], ref.h[:used]), vnew=rel_rms(rc.vnew, ref.vnew))
-    same = dict(gcum=bool(torch.equal(rc.gcum, ref.gcum)), tinv=bool(torch.equal(rc.tinv, ref.tinv)),
-                w=bool(torch.equal(rc.w, ref.w)))
-    ok = all(e <= tol for e in errs.values()) and all(same.values())
-    return dict(segments=list(segs), slow=slow, hook_applies=recompute_h_applies(x["k"], x["v"], cu), errors=errs,
-                identical=same, passed=ok)
-
-
 def section(save):
     """Each gate case's fp64 reference is computed once (a case of its own, so that a failure there is on record)
     and checked against both backends where the gluon backend runs (K = V = 128, bf16 inputs)."""
@@ -194,16 +165,6 @@ def section(save):
                 p = prepared
                 run(f"{case['name']} {b}", bwd_case, case, p["ref"], p["do"], p["dht"], p["inp"], p["cu"], b)
             save(dict(cases=cases, incomplete=True))
-        if "gluon" in backends and "inp" in prepared:
-            from linattn.testing import TOL
-            tol = TOL[prepared["inp"]["q"].dtype]
-            for slow in (False, True):
-                run(f"{case['name']} recompute_h gluon{' slow gates' if slow else ''}", recompute_case,
-                    prepared["inp"], prepared["cu"], tol, slow=slow)
-            if prepared["cu"] is None:
-                run(f"{case['name']} recompute_h gluon segments (8, 128)", recompute_case, prepared["inp"], None, tol,
-                    segments=(8, 128))
-            save(dict(cases=cases, incomplete=True))
         prepared.clear()
         base.free()
     if not base.DRY:
@@ -218,7 +179,4 @@ def case_names():
         names += [f"{c['name']} fp64 reference", f"{c['name']} triton"]
         if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
             names.append(f"{c['name']} gluon")
-            names += [f"{c['name']} recompute_h gluon", f"{c['name']} recompute_h gluon slow gates"]
-            if "lengths" not in c:
-                names.append(f"{c['name']} recompute_h gluon segments (8, 128)")
     return names + ([] if base.DRY else ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])

@@ -158,35 +158,23 @@ for _dt, _bv, _s, _regs, _op, _sel in FUSED_WU_CONFIGS:
 # diag(e^gam) K S) with no W and no U. The plain launch and the segment launch (seg_ptr: segment words, each
 # segment's warm-up in the kernel; sel_ptr indexed by the whole sequence).
 def fused_gf_signature(dtype: str, states: bool = True, beta: str = "fp32", select: bool = False,
-                       warm: bool = False, state_only: bool = False, vnew: bool = True):
-    """state_only: recompute_h_gluon's launches (no q, no o; h0 as `states` says, no final state; h by TMA and vnew
-    where `vnew`)."""
+                       warm: bool = False):
     sig = fused_wu_signature(dtype, 128, states=states, beta=beta, select=select)
     sig["seg_ptr"] = "*i32" if warm else "constexpr"
-    sig["h_desc"] = desc_sig(dtype, [K, 64]) if state_only else "constexpr"
-    sig["vnew_ptr"] = f"*{dtype}" if state_only and vnew else "constexpr"
-    if state_only:
-        sig.update(q_desc="constexpr", o_ptr="constexpr", ht_ptr="constexpr")
     return sig
 
 
-def _fused_gf_build(dtype: str, warm: bool = False, state_only: bool = False, select: bool = False):
+def _fused_gf_build(dtype: str, warm: bool = False):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import (GF_BV, GF_NPUB, GF_OUTPUT_REGS, GF_SPLIT,
-                                                                       GF_STAGES, GF_STATE_ONLY_REGS, GF_STATE_REGS,
-                                                                       PRODUCER_REGS, chunk_fused_gf_kernel as fn)
+                                                                       GF_STAGES, GF_STATE_REGS, PRODUCER_REGS,
+                                                                       chunk_fused_gf_kernel as fn)
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=GF_BV, STAGES=GF_STAGES, NPUB=GF_NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=GF_OUTPUT_REGS, PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=True,
                      SPLIT=GF_SPLIT, STATE_REGS=GF_STATE_REGS)
-        if state_only:
-            const.update(q_desc=None, o_ptr=None, ht_ptr=None, STORE_HT=False, STATE_REGS=GF_STATE_ONLY_REGS)
-        if not (warm or select):       # the segment launch has both, the plain launch neither
-            const.update(sel_ptr=None)
-        if not warm:
-            const.update(seg_ptr=None)
-        if not state_only:
-            const.update(h_desc=None, vnew_ptr=None)
-        sig = fused_gf_signature(dtype, select=warm or select, warm=warm, state_only=state_only)
+        if not warm:                   # the segment launch has both, the plain launch neither
+            const.update(sel_ptr=None, seg_ptr=None)
+        sig = fused_gf_signature(dtype, select=warm, warm=warm)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": 4}
     return build
@@ -200,27 +188,6 @@ for _warm in (False, True):
         description="GDN forward stages 2b+3+4 fused at BV=128 in the gate-free form (no W, no U), two state "
                     "partitions of 64 columns each, product 1's column parts pipelined, H16/HV32 K=V=128 bf16"
                     + (", the segment launch" if _warm else "")))
-
-# The state-only mode (recompute_h_gluon, the backward's recompute): the two state partitions and the producer, h by
-# TMA stores and vnew by masked stores, h0, no final state; the plain launch, the segment launch (seg_ptr, sel_ptr)
-# and the launch of the pairs the segment launch leaves out (sel_ptr alone).
-GF_STATE_ONLY_BUILDS = {"": (False, False), "_warm": (True, False), "_sel": (False, True)}
-
-
-def gf_state_only_kernel_name(suffix: str = "") -> str:
-    return "gdn_bwd_recompute_h_gf_gluon_bf16_bv128_state2" + suffix
-
-
-for _sfx, (_warm, _sel) in GF_STATE_ONLY_BUILDS.items():
-    register(AotKernel(
-        gf_state_only_kernel_name(_sfx), _fused_gf_build("bf16", warm=_warm, state_only=True, select=_sel),
-        FUSED_WU_INTENDED + ("UTMASTG",),
-        div16=("beta_ptr", "gcum_ptr", "h0_ptr", "cu_ptr", "chunk_off_ptr", "vnew_ptr")
-        + (("sel_ptr",) if _warm or _sel else ()) + (("seg_ptr",) if _warm else ()),
-        description="GDN backward's recompute of h: the gate-free kernel's state-only mode (two state partitions "
-                    "of 64 columns each, the TMA producer, no output), h by TMA stores, vnew by masked stores, "
-                    "H16/HV32 K=V=128 bf16" + {"": "", "_warm": ", the segment launch",
-                                               "_sel": ", the selected pairs' unsegmented launch"}[_sfx]))
 
 
 # ---- Stage 2a in Gluon (gluon/kkt_solve.py): one program per (chunk slot, key head), the key tile by TMA, K K^T once

@@ -5,9 +5,8 @@ op_backends("chunk_gated_delta_rule") when this module is imported (api.py impor
 and either a long call or a CUDA-graph capture); by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every
 call supports() accepts. The forward is the torch custom op "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd
 as the Triton op's); its backward, "linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the
-intermediates from the saved inputs, the forward's state pass in Gluon where N*HV <= 64, launcher.chunk_state_gluon)
-on the path triton/backward.py's use_fused_backward picks: the fused Triton kernel at K = V = 128, or the four-kernel
-path with its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py).
+intermediates from the saved inputs) with its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py) and, where
+N*HV <= 64, its recompute of the forward's state pass in Gluon too (launcher.chunk_state_gluon).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
@@ -49,34 +48,21 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                          do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward (the fused kernel for K, V <= 128, else the four-kernel path with its reverse state pass,
-    stage 1, in Gluon). Its recompute of the forward's intermediates: where recompute_h_applies, gluon/recompute.py
-    (stage 2a with fp32 Tinv, then h, and W and vnew for the four-kernel path, from the gate-free kernel's state-only
-    mode, in the forward's segments); else the forward's stages with, under recompute_state, the state pass in Gluon
-    (launcher.chunk_state_gluon)."""
+    """The Triton backward with its reverse state pass (stage 1) in Gluon and, with recompute_state, its recompute
+    of the forward's state pass in Gluon too."""
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.gluon import launcher
-    from linattn.ops.gated_delta_rule.gluon import recompute as grc
-    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd, use_fused_backward
-
-    recompute = None
-    if grc.recompute_h_applies(k, v, cu_seqlens):
-        def recompute(plan, fused):
-            return grc.recompute_h_gluon(k, v, g, beta, initial_state, cu_seqlens, plan=plan, store_vnew=not fused,
-                                         store_w=not fused)
+    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan)
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
         gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_)
-    # the Triton backward's own selection: the fused kernel (which has no stage 1 to replace) or the four-kernel
-    # path with the Gluon reverse state pass
-    fused = use_fused_backward(q.shape[-1], v.shape[-1])
     dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
-        state_bwd=None if fused else state_bwd_pass, recompute=recompute, fused=fused)
+        state_bwd=state_bwd_pass)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

@@ -36,8 +36,8 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.ws_partitions import BT, PRODUCER_REGS
-from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_store,
-                                          tma_store_wait, warpgroup_mma, warpgroup_mma_wait)
+from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
+                                          warpgroup_mma_wait)
 
 GF_BV = 128
 GF_STAGES = 2
@@ -49,9 +49,6 @@ GF_NPUB = 1
 GF_OUTPUT_REGS = 176
 GF_STATE_REGS = 152
 GF_SPLIT = 2
-# The state-only mode (recompute_h_gluon) has three partitions (12 warps, 168 registers per thread at launch): the
-# worker state partition's setmaxnreg; the default one gets Gluon's remainder.
-GF_STATE_ONLY_REGS = 232
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _segment_word, _wu_output, _wu_producer
@@ -81,19 +78,13 @@ if GLUON_OK:
                   h0_ptr, ht_ptr, nchunks, bos, eos, n, hv,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                  SPLIT: gl.constexpr, h0_on, ht_on, COL0: gl.constexpr, NCOL: gl.constexpr,
-                  h_desc=None, vnew_ptr=None, slot0=0, o_lo=0):
+                  SPLIT: gl.constexpr, h0_on, ht_on, COL0: gl.constexpr, NCOL: gl.constexpr):
         """The state chain (module docstring) on the columns [COL0, COL0 + NCOL) of S, x and vnew. h0 is loaded only
         where h0_on != 0 (else the chain starts from 0), the final state stored only where ht_on != 0 (both 1 outside
         the segment launch: chunk_fused_wu_ws._segment_word), and n is the h0 / final row (the whole sequence's in the
         segment launch). Product 1's column part h + 1 is issued (asynchronously) before part h's x is formed and
-        stored, so that its wgmma runs under that work. Chunk c + 1's gate loads are issued at the loop's top.
-        State-only mode (h_desc given; no output partition, so no s_full / v_full / pub_empty traffic): S_c's half
-        in s_pub goes to h[slot0 + c - c_lo] by a TMA store (c_lo = the segment's warm-up chunks, (o_lo - bos) / BT;
-        warm-up chunks store nothing), s_pub being rewritten only once the previous store has read it; vnew's rows
-        in [o_lo, eos) go to vnew_ptr (when given) by masked stores."""
+        stored, so that its wgmma runs under that work. Chunk c + 1's gate loads are issued at the loop's top."""
         dt: gl.constexpr = k_s.dtype
-        STATE_ONLY: gl.constexpr = h_desc is not None
         # this partition's columns of the x / d * vnew buffer
         vn_c = vn_s.slice(COL0, NCOL, dim=1)
         ACC: gl.constexpr = ws_acc_layout(NCOL)               # [BT, NCOL] and S [K, NCOL]
@@ -110,31 +101,19 @@ if GLUON_OK:
             if h0_on != 0:
                 s = gl.load(h0_ptr + (n.to(gl.int64) * HV + hv) * K * V + state_off)
         r_t = gl.arange(0, BT, layout=ROWS)
-        if STATE_ONLY:
-            c_lo = (o_lo - bos) // BT                          # the warm-up chunks: no h row of this CTA's
         gam, bet, gam_last = _gf_gates(gcum_ptr, beta_ptr, bos, eos, hv, r_t, HV, BT)
         for c in range(nchunks):
             t0 = bos + c * BT
             # the gates of chunk c + 1 in flight during this chunk (masked past the end)
             gam_n, bet_n, gam_last_n = _gf_gates(gcum_ptr, beta_ptr, t0 + BT, eos, hv, r_t, HV, BT)
 
-            # publish S_c once the output partition is done with chunk c - NPUB (state-only: once this partition's
-            # TMA store of h from it has read it; the issuing thread waits, the barrier holds the others)
+            # publish S_c once the output partition is done with chunk c - NPUB
             j = c % NPUB
-            if STATE_ONLY:
-                tma_store_wait(0)
-                gl.thread_barrier()
-            else:
-                mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
+            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
             _gf_cols(s_pub.index(j), COL0, NCOL, BV).store(s.to(dt))
-            fence_async_shared()                               # generic store -> wgmma and TMA (async proxy)
+            fence_async_shared()                               # generic store -> wgmma (async proxy)
             gl.thread_barrier()
-            if STATE_ONLY:
-                if c >= c_lo:
-                    tma_store(h_desc, [((slot0 + c - c_lo) * HV + hv).to(gl.int32) * K, COL0],
-                              _gf_cols(s_pub.index(j), COL0, NCOL, BV))
-            else:
-                mbarrier.arrive(s_full.index(j))
+            mbarrier.arrive(s_full.index(j))
 
             st = c % STAGES
             mbarrier.wait(ready.index(st), (c // STAGES) & 1)
@@ -163,24 +142,14 @@ if GLUON_OK:
             # product 2: vnew = Tinv x
             vnew = warpgroup_mma(t_s.index(st), vn_c, gl.zeros([BT, NCOL], gl.float32, ACC), use_acc=False)
             vnew = gl.where(valid, vnew, 0.).to(dt)
-            if STATE_ONLY:
-                if vnew_ptr is not None:
-                    # rows [o_lo, eos): a warm-up row is the previous segment's, the rows past eos the next
-                    # sequence's; one int64 base per chunk, int32 offsets inside the tile
-                    rows = t0 + r_t
-                    keep = gl.expand_dims((rows < eos) & (rows >= o_lo), 1)
-                    v_off = gl.expand_dims(r_t, 1) * (HV * V) + gl.expand_dims(gl.arange(0, NCOL, layout=COLS), 0)
-                    gl.store(vnew_ptr + (t0.to(gl.int64) * HV + hv) * V + COL0 + v_off, vnew, mask=keep)
-            else:
-                _gf_cols(v_pub.index(j), COL0, NCOL, BV).store(vnew)
+            _gf_cols(v_pub.index(j), COL0, NCOL, BV).store(vnew)
             d = gl.exp(gam_last - gam)
             vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
             gl.thread_barrier()                                # every warp's product 2 has read x from vn_s
             vn_c.store(vs)
             fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 3)
             gl.thread_barrier()
-            if not STATE_ONLY:
-                mbarrier.arrive(v_full.index(j))
+            mbarrier.arrive(v_full.index(j))
             # product 3: S_{c+1} = e^gam_C S_c + K^T (d * vnew)
             s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_c, s * gl.exp(gam_last))
             # this partition's share of ring slot st is done (v read by generic loads: fence before the TMA refill)
@@ -190,8 +159,6 @@ if GLUON_OK:
             gam = gam_n
             bet = bet_n
             gam_last = gam_last_n
-        if STATE_ONLY:
-            tma_store_wait(0)                                  # the last h store has read s_pub
         if STORE_HT:
             # the row index in int32 (N * HV <= 65535: the grid), widened for the element offset
             if ht_on != 0:
@@ -206,8 +173,6 @@ if GLUON_OK:
         sel_ptr,                               # optional int32 (or None), read with seg_ptr only: [sequences * HV]
                                                # indexed by the segment's sequence, its segments run where == 0
         seg_ptr,                               # optional [N * HV] int32 (or None): segment words (segment_start.py)
-        h_desc, vnew_ptr,                      # state-only mode (None in the forward): TMA over h [slots*HV*K, V],
-                                               # [K, BV / 2] boxes; vnew [T_tot, HV, V] (or None)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
         STAGES: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
         OUTPUT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OUT_PIPE: gl.constexpr, SPLIT: gl.constexpr,
@@ -215,9 +180,6 @@ if GLUON_OK:
     ):
         gl.static_assert(BV == V, "the gate-free kernel holds a whole value head: BV == V")
         dt: gl.constexpr = k_desc.dtype
-        # state-only mode (recompute_h_gluon): the two state partitions and the producer, no q and no output; each
-        # chunk-start state to h, vnew where vnew_ptr is given
-        STATE_ONLY: gl.constexpr = h_desc is not None
         nh = gl.program_id(0)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
         # the segment warm-up (_segment_word). The segments of a pair that sel_ptr sends to the other launch run no
@@ -231,58 +193,31 @@ if GLUON_OK:
                 if gl.load(sel_ptr + state_n * HV + hv) != 0:
                     nchunks = 0
                     ht_on = 0
-        elif STATE_ONLY:
-            if sel_ptr is not None:
-                # the state-only launch of the pairs a segment launch leaves out: those with sel_ptr != 0 run
-                on = (gl.load(sel_ptr + nh) != 0).to(gl.int32)
-                nchunks = nchunks * on
-                ht_on = on
 
+        q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        # empty: the two state partitions + the output; s_full / v_full: one arrival per state partition
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3, 2)
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
         # two state partitions (the default and worker 0), each the [K, BV / 2] half of S's columns: the chain's
         # serial elementwise work per chunk (S's publication, x, d * vnew) halves, its products run at N = BV / 2
         HALF: gl.constexpr = BV // 2
-        if STATE_ONLY:
-            k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
-            v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
-            t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
-            # empty: the two state partitions (s_full, v_full, pub_empty are not used)
-            ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2, 2)
-            s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
-            vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
-            gl.warp_specialize(
-                [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, None, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
-                              NPUB, USE_H0, STORE_HT, SPLIT, h0_on, ht_on, 0, HALF, h_desc, vnew_ptr, slot0, o_lo)),
-                 (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, None, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
-                              NPUB, USE_H0, STORE_HT, SPLIT, h0_on, ht_on, HALF, HALF, h_desc, vnew_ptr, slot0,
-                              o_lo)),
-                 (_wu_producer, (None, k_desc, v_desc, t_desc, None, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
-                                 hk, 0, K, V, BT, BV, STAGES))],
-                worker_num_warps=[4, 1], worker_num_regs=[STATE_REGS, PRODUCER_REGS])
-        else:
-            q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
-            k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
-            v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
-            t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
-            # empty: the two state partitions + the output; s_full / v_full: one arrival per state partition
-            ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3, 2)
-            s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
-            v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
-            vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
-            gl.warp_specialize(
-                [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
-                              NPUB, USE_H0, STORE_HT, SPLIT, h0_on, ht_on, 0, HALF)),
-                 (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
-                              gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES,
-                              NPUB, USE_H0, STORE_HT, SPLIT, h0_on, ht_on, HALF, HALF)),
-                 (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr,
-                               scale, nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM,
-                               True)),
-                 (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
-                                 hk, 0, K, V, BT, BV, STAGES))],
-                worker_num_warps=[4, 4, 1], worker_num_regs=[STATE_REGS, OUTPUT_REGS, PRODUCER_REGS])
+        gl.warp_specialize(
+            [(_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                          USE_H0, STORE_HT, SPLIT, h0_on, ht_on, 0, HALF)),
+             (_gf_state, (k_s, v_s, t_s, ready, empty, s_pub, v_pub, vn_s, s_full, v_full, pub_empty, beta_ptr,
+                          gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, state_n, hv, HV, K, V, BT, BV, STAGES, NPUB,
+                          USE_H0, STORE_HT, SPLIT, h0_on, ht_on, HALF, HALF)),
+             (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
+                           nchunks, bos, eos, hv, 0, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, o_lo, WARM, True)),
+             (_wu_producer, (q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, nchunks, bos, hv,
+                             hk, 0, K, V, BT, BV, STAGES))],
+            worker_num_warps=[4, 4, 1], worker_num_regs=[STATE_REGS, OUTPUT_REGS, PRODUCER_REGS])
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
 
 
@@ -361,7 +296,7 @@ def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, sc
     H, K = q.shape[-2], q.shape[-1]
     HV, V = v.shape[-2], v.shape[-1]
     args = fused_wu_args(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, cfg.BV) + selection_args(
-        select, seg, plan.N, HV) + (None, None)          # h_desc, vnew_ptr: the state-only mode's
+        select, seg, plan.N, HV)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=cfg.output_regs,
                   PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, STATE_REGS=cfg.state_regs,
@@ -382,52 +317,3 @@ def chunk_fused_gf_gluon(q, k, v, beta, gcum, tinv, o, initial_state, final, pla
     kernel, grid, args, kwargs = fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale,
                                                  select=select, seg=seg)
     launches(kernel, grid, args, kwargs, stream=stream)
-
-
-def gf_state_only_launch(k, v, beta, gcum, tinv_lo, h, vnew, initial_state, plan,
-                         select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None):
-    """(kernel, grid, args, kwargs) of one launch of chunk_fused_gf_kernel in its state-only mode (recompute_h_gluon):
-    k [B,T,H,K], v [B,T,HV,V] (one 16-bit dtype), beta [.., HV] (any float), gcum [T_tot,HV] fp32, tinv_lo
-    [T_tot,HV,64] in k's dtype; writes h [slots,HV,K,V] (k's dtype; slots of the sequence plan: a segment plan's
-    chunk offsets are its sequences' slots) and, when given, vnew [T_tot,HV,V]; initial_state [N,HV,K,V] fp32 or
-    None; no final state. select without seg: [N, HV], the pairs != 0 run; with seg as fused_gf_launch's."""
-    from linattn.ops.gated_delta_rule.gluon.fused_forward import selection_args
-    from linattn.ops.gated_delta_rule.gluon.host import aligned, fused_desc, gl_dtype
-    from linattn.runtime.gluon_compat import TensorDescriptor
-    cfg = FusedGfConfig()
-    H, K = k.shape[-2], k.shape[-1]
-    HV, V = v.shape[-2], v.shape[-1]
-    T_tot, dt = plan.T_total, k.dtype
-    for name, t in (("v", v), ("tinv_lo", tinv_lo), ("h", h)) + ((("vnew", vnew),) if vnew is not None else ()):
-        if t.dtype != dt:
-            raise ValueError(f"{name} is {t.dtype}, k is {dt}: the state-only kernel takes one 16-bit dtype")
-    if tuple(tinv_lo.shape) != (T_tot, HV, BT):
-        raise ValueError(f"tinv_lo is {tuple(tinv_lo.shape)}, expected {(T_tot, HV, BT)}")
-    if h.dim() != 4 or tuple(h.shape[1:]) != (HV, K, V) or not h.is_contiguous():
-        raise ValueError(f"h must be a contiguous [slots, {HV}, {K}, {V}] tensor, got {tuple(h.shape)}")
-    if vnew is not None and (tuple(vnew.shape) != (T_tot, HV, V) or not vnew.is_contiguous()):
-        raise ValueError(f"vnew must be a contiguous [{T_tot}, {HV}, {V}] tensor, got {tuple(vnew.shape)}")
-    gdt = gl_dtype(dt)
-
-    def desc(t2d, block):
-        return fused_desc(TensorDescriptor, aligned(t2d), block, gdt)
-
-    sel, segp = selection_args(select, seg, plan.N, HV)
-    args = (None, desc(k.reshape(T_tot, H * K), [BT, K]), desc(v.reshape(T_tot, HV * V), [BT, cfg.BV]),
-            desc(tinv_lo.reshape(T_tot, HV * BT), [BT, BT]), beta.reshape(T_tot, HV), gcum, None, initial_state,
-            None, plan.cu, plan.chunk_offsets, 1.0, sel, segp,
-            fused_desc(TensorDescriptor, h.view(-1, V), [K, cfg.BV // 2], gdt), vnew)
-    kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, STAGES=cfg.stages, NPUB=cfg.npub,
-                  USE_H0=initial_state is not None, STORE_HT=False, OUTPUT_REGS=cfg.output_regs,
-                  PRODUCER_REGS=PRODUCER_REGS, OUT_PIPE=cfg.out_pipe, SPLIT=cfg.split, STATE_REGS=GF_STATE_ONLY_REGS,
-                  num_warps=cfg.num_warps)
-    return chunk_fused_gf_kernel, (plan.N * HV,), args, kwargs
-
-
-def chunk_gf_state_only_gluon(k, v, beta, gcum, tinv_lo, h, vnew, initial_state, plan,
-                              select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None) -> None:
-    """One state-only launch (gf_state_only_launch's arguments) through the host path."""
-    from linattn.ops.gated_delta_rule.gluon.host import launches
-    kernel, grid, args, kwargs = gf_state_only_launch(k, v, beta, gcum, tinv_lo, h, vnew, initial_state, plan,
-                                                      select=select, seg=seg)
-    launches(kernel, grid, args, kwargs)

@@ -53,18 +53,13 @@ if GLUON_OK:
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
         """Chunk c's q, k, v, Tinv boxes into ring slot c % STAGES once its consumers released use c - STAGES
         (one producer iteration; chunk_fused_gf._gf_producer_g adds its gate staging after it). Returns the slot."""
-        # q_desc None (the gate-free kernel's state-only mode, which has no output partition): no q box
-        if q_desc is None:
-            nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + t_desc.block_type.nbytes
-        else:
-            nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                    + t_desc.block_type.nbytes)
+        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                + t_desc.block_type.nbytes)
         s = c % STAGES
         mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # the consumers released use c - STAGES
         row = (bos + c * BT).to(gl.int32)
         mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
-        if q_desc is not None:
-            tma_load(q_desc, [row, hk * K], ready.index(s), q_s.index(s))
+        tma_load(q_desc, [row, hk * K], ready.index(s), q_s.index(s))
         tma_load(k_desc, [row, hk * K], ready.index(s), k_s.index(s))
         tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
         tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))

@@ -17,13 +17,8 @@ def _ptrs(sig: dict) -> tuple:
 def _build(mod: str, kname: str, sig: dict, const: dict, warps: int, stages: int):
     def build():
         import importlib
-        import inspect
         fn = getattr(importlib.import_module(f"linattn.ops.gated_delta_rule.triton.{mod}"), kname)
-        full = {**sig, **{name: "constexpr" for name in const}}
-        # in the kernel's parameter order: compile_kernel places div16 by position (a run-time argument may follow
-        # constexprs, as kkt_solve_kernel's tinv_lo_ptr)
-        params = [n for n in inspect.signature(getattr(fn, "fn", fn)).parameters if n in full]
-        return fn, {n: full[n] for n in params}, const, {"num_warps": warps, "num_stages": stages}
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
     return build
 
 
@@ -43,20 +38,15 @@ _KKT_SIG = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, cu_pt
 _KKT_FLA_OFF = dict(A_log_ptr=None, dt_bias_ptr=None, beta_out_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False,
                     BETA_SCALE=0)
 _KKT_CONST = dict(H=H, HV=HV, K=K, BT=BT, BK=128, DOT_PREC="tf32", **_KKT_FLA_OFF)
-for _name, _tinv, _hf, _lo, _what in (
-        ("gdn_fwd_triton_kkt_solve_w4", _X, False, False, "stage 2a: gcum and Tinv (bf16)"),
-        ("gdn_fwd_triton_kkt_solve_hf_w4", _X, True, False, "stage 2a: gcum and Tinv (bf16), programs head-fastest"),
-        ("gdn_fwd_triton_kkt_solve_f32_w4", _F, False, False,
-         "stage 2a: gcum and Tinv (fp32, the backward's recompute)"),
-        ("gdn_fwd_triton_kkt_solve_f32_lo_hf_w4", _F, True, True,
-         "stage 2a: gcum and Tinv in fp32 and bf16 (recompute_h_gluon), programs head-fastest")):
-    _register(_name, "intra_split", "kkt_solve_kernel",
-              dict(_KKT_SIG, tinv_ptr=_tinv, **({"tinv_lo_ptr": _X} if _lo else {})),
-              dict(_KKT_CONST, HEADS_FAST=_hf, **({} if _lo else {"tinv_lo_ptr": None})), 4, 2, f"forward {_what}")
+for _name, _tinv, _hf, _what in (
+        ("gdn_fwd_triton_kkt_solve_w4", _X, False, "stage 2a: gcum and Tinv (bf16)"),
+        ("gdn_fwd_triton_kkt_solve_hf_w4", _X, True, "stage 2a: gcum and Tinv (bf16), programs head-fastest"),
+        ("gdn_fwd_triton_kkt_solve_f32_w4", _F, False, "stage 2a: gcum and Tinv (fp32, the backward's recompute)")):
+    _register(_name, "intra_split", "kkt_solve_kernel", dict(_KKT_SIG, tinv_ptr=_tinv),
+              dict(_KKT_CONST, HEADS_FAST=_hf), 4, 2, f"forward {_what}")
 # fp16 inputs: the inverse's fp32 products at TF32x3 (dot_precision), Tinv stored in fp16
 _register("gdn_fwd_triton_kkt_solve_fp16_w4", "intra_split", "kkt_solve_kernel",
-          dict(_KKT_SIG, k_ptr="*fp16", tinv_ptr="*fp16"), dict(_KKT_CONST, DOT_PREC="tf32x3", HEADS_FAST=False,
-                                                                            tinv_lo_ptr=None), 4, 2,
+          dict(_KKT_SIG, k_ptr="*fp16", tinv_ptr="*fp16"), dict(_KKT_CONST, DOT_PREC="tf32x3", HEADS_FAST=False), 4, 2,
           "forward stage 2a at fp16: gcum and Tinv (fp16), the inverse's products at TF32x3")
 
 _WU_SIG = dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
@@ -114,20 +104,6 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
                g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None, beta_raw_ptr=None,
                GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
           4, 1, "backward stage 3: through the WY form: dV, dK, dbeta, dg")
-
-# ---- The fused backward (backward_fused.py) at _fused_bv's two V blocks: BV = 128 (one program per sequence-head,
-# N * HV >= SMs) and BV = 64 (B=1 here: the V split doubles the programs). H16/HV32 is GVA: dq/dk are fp32 partials.
-# Both spill (the whole-head walk keeps dS [128, BV] fp32, the [64, 128] operand tiles and the dK / dQ accumulators
-# live); registered with the measured spill so that it may only shrink.
-_FUSED_SIG = dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, do_ptr=_X, gcum_ptr=_F, beta_ptr=_F, tinv_ptr=_F, h_ptr=_X,
-                  dht_ptr=_F, dh0_ptr=_F, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dg_ptr=_F, dbeta_ptr=_F, scratch_ptr=_X,
-                  cu_ptr=_I64, chunk_off_ptr=_I64, T_tot="i32", scale="fp32")
-for _bv, _spill in ((128, 4456), (64, 2744)):
-    _register(f"gdn_bwd_triton_fused_bv{_bv}_w8", "backward_fused", "chunk_bwd_fused_kernel", _FUSED_SIG,
-              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=_bv, USE_DHT=True, STORE_DH0=True, PART_QK=True,
-                   DOT_PREC="tf32", V_FIRST=False, g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None,
-                   beta_raw_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
-              8, 1, f"fused backward (stages 1a-3 in one reverse walk), BV={_bv}", known_spill_bytes=_spill)
 
 # ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config
 # (BV = 32: 4 blocks of C and 4 of M per value head).

@@ -5,9 +5,7 @@ forward's own kernels, skipping its output stage; (1a) the intra-chunk part of d
 chunks (backward_dv_local.py); (1) the reverse state pass (backward_state.py: dS per chunk, adds the state term
 to dVnew, d initial_state); (2) the chunk-parallel local terms (backward_local.py: dQ, the first part of dK, dW, the
 gate terms of O and S_next); (3) back through the WY representation (backward_wy.py: dV, the rest of dK, dbeta,
-dg with its in-chunk reverse cumsum). Where `use_fused_backward` takes the call, one kernel replaces stages 1a-3
-(backward_fused.py: one program per sequence, value head and V block walking the chunks in reverse with dS in
-registers; only dq, dk, dv, dg, dbeta and dh0 reach memory, plus fp32 partials of dq/dk under GVA).
+dg with its in-chunk reverse cumsum).
 
 Memory choice: the forward keeps nothing but its inputs; the backward recomputes h and the rest. At B=1,
 T=65536, HV=32, K=V=128 the intermediates are h 1 GB (bf16) plus W, U, Vnew 0.5 GB each and Tinv 0.5 GB (fp32):
@@ -25,7 +23,6 @@ import torch
 import triton
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
-from linattn.ops.gated_delta_rule.triton.backward_fused import chunk_bwd_fused_kernel
 from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
@@ -86,102 +83,11 @@ def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], 
         num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {}))
 
 
-# The fused kernel holds dS [K, BV] and [64, K] tiles of q, k and their gradients in registers: K and V up to 128.
-# Larger heads (K or V = 256) run the four-kernel path, whose stages split K and V into 64-wide blocks.
-FUSED_MAX_DIM = 128
-FUSED_WARPS = 8
-FUSED_STAGES = 1
-
-
-def use_fused_backward(K: int, V: int) -> bool:
-    """Whether chunk_gated_delta_rule_bwd runs the fused kernel (when no state_bwd hook is given): K <= 128 and
-    V <= 128. FLA's options (in-kernel gate, beta sigmoid, state_v_first) run inside it. The gluon backend asks the
-    same question to decide whether to hand over its Gluon reverse state pass."""
-    return K <= FUSED_MAX_DIM and V <= FUSED_MAX_DIM
-
-
-def _fused_bv(V: int, N: int, HV: int, device) -> int:
-    """V block of the fused kernel: the whole (power-of-two padded) V, halved down to 64 while the programs do not
-    cover the SMs (as the state passes split V). A split re-does the V-independent products (K Q^T, K K^T) per block
-    and writes its dq/dk/dg/dbeta shares as fp32 partials. sm_90a, K = V = 128 bf16, 8 warps: BV = 128 255 registers
-    and 4.4 KB spilled, BV = 64 2.7 KB (neither timed on a GPU yet)."""
-    facts = device_facts(device)
-    sms = facts.num_sms if facts.kind == "cuda" else 1
-    bv = _pow2(V)
-    while bv > 64 and N * HV * triton.cdiv(V, bv) < sms:
-        bv //= 2
-    return bv
-
-
-def _bwd_fused(q, k, v, g, beta, scale, initial_state, do, dht, fwd, plan, A_log, dt_bias, beta_scale,
-               state_v_first, block_v: Optional[int] = None):
-    """The fused kernel on the recompute's gcum, beta, Tinv and h; dq/dk (and with NV > 1 dg/dbeta) through fp32
-    partials summed here in a fixed order."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    dev = q.device
-    N, T_tot = plan.N, plan.T_total
-    BK, BV = _pow2(K), block_v or _fused_bv(V, N, HV, dev)
-    NV = triton.cdiv(V, BV)
-    G = HV // H
-    part_qk = G > 1 or NV > 1
-    dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    if part_qk:
-        dq_out = empty(NV, T_tot, HV, K, dtype=torch.float32, device=dev)
-        dk_out = empty(NV, T_tot, HV, K, dtype=torch.float32, device=dev)
-    else:
-        dq_out = empty(B, T, H, K, dtype=q.dtype, device=dev)
-        dk_out = empty(B, T, H, K, dtype=k.dtype, device=dev)
-    if NV > 1:
-        dg_out = empty(NV, T_tot, HV, dtype=torch.float32, device=dev)
-        dbeta_out = empty(NV, T_tot, HV, dtype=torch.float32, device=dev)
-    else:
-        dg_out = empty(B, T, HV, dtype=g.dtype, device=dev)
-        dbeta_out = empty(B, T, HV, dtype=beta.dtype, device=dev)
-    dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
-    programs = NV * N * HV
-    scratch = empty(max(programs, 1), CHUNK * BV + BK * BV + CHUNK * CHUNK, dtype=q.dtype, device=dev)
-    opts, dgate = {}, None
-    if A_log is not None:
-        ng = 2 if dt_bias is not None else 1
-        dgate = empty(NV, ng, T_tot, HV, dtype=torch.float32, device=dev)
-        opts.update(g_raw_ptr=g, A_log_ptr=A_log, dgate_ptr=dgate, GATE_IN_KERNEL=True)
-        if dt_bias is not None:
-            opts.update(dt_bias_ptr=dt_bias, HAS_DT_BIAS=True)
-    if beta_scale:
-        opts.update(beta_raw_ptr=beta, BETA_SCALE=beta_scale)
-    if state_v_first:
-        opts.update(V_FIRST=True)
-    chunk_bwd_fused_kernel[(programs,)](
-        q, k, v, do, fwd.gcum, fwd.beta, fwd.tinv, fwd.h,
-        dht if dht is not None else fwd.gcum, dh0 if dh0 is not None else fwd.gcum,
-        dq_out, dk_out, dv, dg_out, dbeta_out, scratch,
-        plan.cu, plan.chunk_offsets, T_tot, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV,
-        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PART_QK=part_qk,
-        DOT_PREC=dot_precision(q.dtype),
-        num_warps=FUSED_WARPS, num_stages=FUSED_STAGES, **opts)
-    if part_qk:
-        dq = dq_out.view(NV, B, T, H, G, K).sum((0, 4)).to(q.dtype)
-        dk = dk_out.view(NV, B, T, H, G, K).sum((0, 4)).to(k.dtype)
-    else:
-        dq, dk = dq_out, dk_out
-    if NV > 1:
-        dg = dg_out.sum(0).view(B, T, HV).to(g.dtype)
-        dbeta = dbeta_out.sum(0).view(B, T, HV).to(beta.dtype)
-    else:
-        dg, dbeta = dg_out, dbeta_out
-    dA_log = dgate[:, 0].sum((0, 1)) if dgate is not None else None
-    ddt_bias = dgate[:, 1].sum((0, 1)) if dt_bias is not None else None
-    return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
-
-
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False, recompute=None, fused: Optional[bool] = None,
-                               fused_block_v: Optional[int] = None):
+                               state_v_first: bool = False):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -193,14 +99,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
-    state backward, gluon/chunk_state_bwd.py, in here); only the four-kernel path calls it.
-    recompute: replaces the recompute of the forward's intermediates (stage 0), called as recompute(plan, fused); it
-    returns an object with the tensors the stages read, as chunk_gated_delta_rule_fwd's FwdResult names them:
-    gcum, beta (activated), tinv (fp32), h, and for the four-kernel path (fused False) w and vnew (the gluon
-    backend's gluon/recompute.recompute_h_gluon). No FLA option goes with it.
-    fused: run the fused kernel (backward_fused.py) instead of stages 1a-3; None: use_fused_backward(K, V) when no
-    state_bwd hook is given (a hook selects the four-kernel path that calls it).
-    fused_block_v: the fused kernel's V block (a power of two; tests use it to run the V-split form)."""
+    state backward, gluon/chunk_state_bwd.py, in here)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -211,27 +110,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dt = q.dtype
     NK = triton.cdiv(K, cfg.BK)
 
-    if fused is None:
-        fused = state_bwd is None and use_fused_backward(K, V)
-    elif fused and state_bwd is not None:
-        raise ValueError("fused=True with a state_bwd hook: the hook replaces stage 1 of the four-kernel path, which "
-                         "the fused kernel does not run; pass one or the other")
-    elif fused and not use_fused_backward(K, V):
-        raise NotImplementedError(f"fused=True: the fused backward takes K and V up to {FUSED_MAX_DIM} "
-                                  f"(got K={K}, V={V}); fused=False runs the four-kernel path")
-    if recompute is not None:
-        if A_log is not None or beta_scale or state_v_first:
-            raise NotImplementedError("a custom recompute (the gluon backend's) takes none of FLA's options")
-        fwd = recompute(plan, fused)
-    else:
-        fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
-                                         store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
-                                         A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
-                                         state_v_first=state_v_first)
-    if fused:
-        fwd.u = fwd.w = fwd.vnew = None     # the fused kernel forms Vnew from Tinv, v and h
-        return _bwd_fused(q, k, v, g, beta, scale, initial_state, do, dht, fwd, plan, A_log, dt_bias, beta_scale,
-                          state_v_first, fused_block_v)
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
+                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
+                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
     fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)

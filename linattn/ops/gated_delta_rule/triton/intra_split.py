@@ -216,9 +216,9 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                           DOT_PREC: tl.constexpr, LOWP: tl.constexpr, EARLY_K: tl.constexpr,
                           A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr,
-                          HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr, tinv_lo_ptr=None):
+                          HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr):
     """The program of kkt_solve_kernel for chunk slot p and value head hv: _chunk_a (gcum stored, the gated A), then
-    Tinv = (I + A)^-1 (tinv_blocks) stored, and stored again in tinv_lo_ptr's dtype where it is given."""
+    Tinv = (I + A)^-1 (tinv_blocks) stored."""
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n < N:                                  # else a surplus slot of the varlen bound
         t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC,
@@ -226,8 +226,6 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
                                     BETA_SCALE)
         d, t1, t2, t3 = tinv_blocks(a, DOT_PREC, LOWP)
         store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
-        if tinv_lo_ptr is not None:
-            store_tinv_blocks(tinv_lo_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
 
 @triton.jit
@@ -284,10 +282,8 @@ def kkt_solve_kernel(
     A_log_ptr=None, dt_bias_ptr=None,         # FLA's gate parameters [HV] (GATE_IN_KERNEL; dt_bias with HAS_DT_BIAS)
     beta_out_ptr=None,                        # the activated beta, fp32 [T_tot, HV] (BETA_SCALE != 0)
     GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,
-    tinv_lo_ptr=None,                         # optional second copy of Tinv [T_tot, HV, BT] in a 16-bit dtype
 ):
-    """Stage 2a, grid (chunk slots, HV): gcum and Tinv (_tinv_by_substitution); with tinv_lo_ptr, Tinv also in that
-    pointer's dtype (the backward's recompute: fp32 for its WY stage, 16-bit for the gate-free kernel's wgmma). The inverse's products take bf16
+    """Stage 2a, grid (chunk slots, HV): gcum and Tinv (_tinv_by_substitution). The inverse's products take bf16
     operands where Tinv is stored in bf16 (the forward: each product's operands at bf16, 2^-9, instead of TF32, 2^-11;
     Tinv is stored at bf16 anyway), DOT_PREC where it is stored in fp32 (the backward's recompute) or fp16.
     HEADS_FAST=True numbers the programs head-fastest (same outputs): the launches pass it from KKT_HEADS_FAST_SLOTS
@@ -309,7 +305,7 @@ def kkt_solve_kernel(
         hv = tl.program_id(1)
     _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
                           H, HV, K, BT, BK, DOT_PREC, LOWP, K <= BK, A_log_ptr, dt_bias_ptr, beta_out_ptr,
-                          GATE_IN_KERNEL, HAS_DT_BIAS, BETA_SCALE, tinv_lo_ptr)
+                          GATE_IN_KERNEL, HAS_DT_BIAS, BETA_SCALE)
 
 
 @triton.jit
