@@ -3,7 +3,10 @@ refusal a backend gives when it cannot be timed here (`Unavailable`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
 
 
 class Unavailable(Exception):
@@ -42,3 +45,35 @@ class BenchOp:
     max_sets: int = 8                    # input sets cycled through at most (timing.num_input_sets)
     modes: Tuple[str, ...] = ("fwd", "fwdbwd")
     default_presets: Tuple[str, str] = ("quick", "tiny")   # `linattn bench`'s preset on a GPU, on the CPU
+
+
+def delta_rule_inputs(shape: Dict, device, seed: int, mode: str, dtype, leaves: Tuple[str, ...],
+                      channel_gate: bool = False) -> Dict:
+    """The chunked delta-rule ops' bench inputs (GDN's and KDA's): dtype q, k (L2-normalised), v; fp32 log decay g in
+    about [-0.3, 0) (mean -0.116; times the shape's "g_scale" where given), [B, T, HV] or per key channel
+    [B, T, HV, K] with channel_gate; fp32 beta in (0, 1); fp32 initial state; int32 cu_seqlens from the shape's
+    "lengths"; with mode "fwdbwd" also the output gradients do, dht, and `leaves` requiring grad. Drawn on the device
+    (production sizes are gigabytes: a CPU generator would dominate the run)."""
+    B, T, H, HV, K, V = (shape[x] for x in ("B", "T", "H", "HV", "K", "V"))
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*s):
+        return torch.randn(*s, device=device, generator=gen, dtype=torch.float32)
+
+    lengths = shape.get("lengths")
+    N = len(lengths) if lengths else B
+    g_shape = (B, T, HV, K) if channel_gate else (B, T, HV)
+    out = dict(q=rnd(B, T, H, K).to(dtype), k=F.normalize(rnd(B, T, H, K), dim=-1).to(dtype),
+               v=rnd(B, T, HV, V).to(dtype), g=F.logsigmoid(rnd(*g_shape) + 4.0) * (4.0 * shape.get("g_scale", 1.0)),
+               beta=torch.sigmoid(rnd(B, T, HV)), initial_state=rnd(N, HV, K, V) * 0.5, cu_seqlens=None)
+    if lengths:
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        out["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=device)
+    if mode == "fwdbwd":
+        out["do"] = rnd(B, T, HV, V).to(dtype)
+        out["dht"] = rnd(N, HV, K, V)
+        for name in leaves:
+            out[name].requires_grad_(True)
+    return out

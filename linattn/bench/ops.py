@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from linattn.bench.base import BenchOp, Runner, Unavailable  # noqa: F401  (re-exported: the bench's types)
+from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
 from linattn.bench.kda import KDA
 
@@ -27,28 +27,7 @@ def gdn_inputs(shape: Dict, device, seed: int, mode: str = "fwd", dtype=torch.bf
     """bf16 q/k/v (k L2-normalised), fp32 g (log decay in about [-0.3, 0), mean -0.116 per token; times the
     shape's "g_scale" where given: a slow-decay row), fp32 beta in (0, 1), fp32 initial state; with mode "fwdbwd" also the output gradients do, dht. Drawn on the device (production sizes are
     gigabytes: a CPU generator would dominate the run)."""
-    B, T, H, HV, K, V = (shape[x] for x in ("B", "T", "H", "HV", "K", "V"))
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def rnd(*s):
-        return torch.randn(*s, device=device, generator=gen, dtype=torch.float32)
-
-    lengths = shape.get("lengths")
-    N = len(lengths) if lengths else B
-    out = dict(q=rnd(B, T, H, K).to(dtype), k=F.normalize(rnd(B, T, H, K), dim=-1).to(dtype),
-               v=rnd(B, T, HV, V).to(dtype), g=F.logsigmoid(rnd(B, T, HV) + 4.0) * (4.0 * shape.get("g_scale", 1.0)),
-               beta=torch.sigmoid(rnd(B, T, HV)), initial_state=rnd(N, HV, K, V) * 0.5, cu_seqlens=None)
-    if lengths:
-        cu = [0]
-        for n in lengths:
-            cu.append(cu[-1] + n)
-        out["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=device)
-    if mode == "fwdbwd":
-        out["do"] = rnd(B, T, HV, V).to(dtype)
-        out["dht"] = rnd(N, HV, K, V)
-        for name in GDN_LEAVES:
-            out[name].requires_grad_(True)
-    return out
+    return delta_rule_inputs(shape, device, seed, mode, dtype, GDN_LEAVES)
 
 
 def gdn_flops(shape: Dict, mode: str, runner: str = "") -> float:
