@@ -113,8 +113,8 @@ def test_eager_in_place_call_bumps_the_pools_version_and_equals_the_custom_op():
 @pytest.mark.skipif(not settings.interpret, reason="CPU tensors run the Triton decode under TRITON_INTERPRET=1")
 def test_repeat_signature_skips_the_checks_and_keeps_refusing_bad_calls(monkeypatch):
     """A repeat call of a signature whose checks passed skips them and the backend choice (the memo applies to CUDA
-    tensors; here it is switched on for CPU ones): same results as a checked call; a new shape, a new dtype or an
-    input that requires grad is checked afresh, and a bad call still raises."""
+    tensors; here it is switched on for CPU ones): same results as a checked call; a new shape or a new dtype is
+    checked afresh, an input that requires grad takes the forward-only path, and a bad call still raises."""
     import torch
 
     import linattn
@@ -138,8 +138,10 @@ def test_repeat_signature_skips_the_checks_and_keeps_refusing_bad_calls(monkeypa
     assert len(checks) == 2
     with pytest.raises(ValueError, match="state_indices"):
         call(state_indices=idx[:2])                            # another shape: checked, and refused
-    with pytest.raises(ValueError, match="requires grad"):
-        call(v=x["v"].clone().requires_grad_())
-    assert len(checks) == 3           # the bad shape went through check_decode_inputs; grad is refused before it
-    call()
-    assert len(checks) == 3           # the repeat of the first signature: not checked again
+    o3, _ = call(v=x["v"].clone().requires_grad_())            # requires grad: the forward-only path, not the memo
+    assert o3.requires_grad and torch.equal(o3.detach(), o1)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        o3.float().sum().backward()
+    assert len(checks) == 4           # the bad shape went through check_decode_inputs, and the forward-only call's
+    call()                            # no_grad run (a signature of its own)
+    assert len(checks) == 4           # the repeat of the first signature: not checked again

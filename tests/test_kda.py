@@ -135,6 +135,21 @@ def test_decode_matches_reference(B, T, H, HV, K, V, decay, l2):
 
 
 @needs_triton
+def test_decode_inputs_that_require_grad_run_forward_only():
+    """As FLA's fused_recurrent_kda: inputs that require grad run the forward (equal to the no_grad call), and a
+    backward through the outputs raises NotImplementedError naming the op."""
+    x = kda_inputs(2, 2, 1, 2, 16, 16)
+    with torch.no_grad():
+        o_ref, s_ref = _decode(**x, output_final_state=True, backend="triton")
+    x = {n: t.clone().requires_grad_(True) if n in ("q", "g", "initial_state") else t for n, t in x.items()}
+    o, s = _decode(**x, output_final_state=True, backend="triton")
+    assert_close("o", o.detach(), o_ref, F32)
+    assert_close("final_state", s.detach(), s_ref, F32)
+    with pytest.raises(NotImplementedError, match="fused_recurrent_kda has no backward"):
+        (o.sum() + s.sum()).backward()
+
+
+@needs_triton
 def test_decode_varlen_with_one_token_sequence_no_initial_state():
     x = kda_inputs(1, 7, 1, 2, 16, 16, h0=False)
     cu = random_cu_seqlens([1, 4, 2])

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from linattn.ops.conv1d import causal_conv1d as _la_conv
 from linattn.ops.conv1d import causal_conv1d_update as _la_conv_update
 from linattn.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from linattn.ops.gated_delta_rule.fused_recurrent import ForwardOnly
 from linattn.ops.norm import rms_norm_gated
 
 MODULE = "transformers.models.qwen3_next.modeling_qwen3_next"
@@ -85,32 +86,17 @@ _norm_classes: dict = {}    # original Qwen3NextRMSNormGated -> its linattn subc
 
 # ---------------------------------------------------------------------------------------------- forward-only ops
 
-class _NoBackward(torch.autograd.Function):
-    """Marks the output of a forward-only op called with grad mode on: the forward passes through, a backward
-    raises (as FLA's fused recurrent op does) instead of silently dropping gradients."""
-
-    @staticmethod
-    def forward(ctx, op, out, *inputs):
-        ctx.op = op
-        return out.clone()
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(f"{ctx.op} has no backward (it is the decode step); train through the chunked "
-                                  "path (a forward without a cache, or with more than one token)")
-
-
 def _forward_only(op, fn, *args, **kwargs):
-    """fn(*args, **kwargs) -> (out, ...rest): linattn's decode ops refuse inputs that require grad; transformers calls
-    them with grad mode on whenever a user steps a model without torch.no_grad(). Run them without autograd and mark
-    the first output so that only a backward through it fails."""
+    """fn(*args, **kwargs) -> (out, ...rest): transformers calls the decode-step ops with grad mode on whenever a user
+    steps a model without torch.no_grad(); the conv update refuses inputs that require grad. Run them without autograd
+    and mark the first output so that only a backward through it fails (the decode op does this itself too)."""
     tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return fn(*args, **kwargs)
     with torch.no_grad():
         res = fn(*args, **kwargs)
     out, rest = (res[0], res[1:]) if isinstance(res, tuple) else (res, None)
-    out = _NoBackward.apply(op, out, *[t for t in tensors if t.requires_grad])
+    out = ForwardOnly.apply(op, (out,), *[t for t in tensors if t.requires_grad])[0]
     return out if rest is None else (out, *rest)
 
 

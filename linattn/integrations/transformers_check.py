@@ -206,7 +206,13 @@ def check_tiny_model(device="cpu", dtype=torch.float32, new_tokens=8, batch=2, p
         else:
             res["bound"] = max(tol, 1.25 * errs["own_forward_vs_fp64"])
             res["checked"] = ["forward_vs_fp64", "decode_vs_fp64"]
-        res["passed"] = bool(res["checked"]) and all(errs[k] <= res["bound"] for k in res["checked"]) and (
+        # transformers' own logits are themselves own_forward_vs_fp64 away from the fp64 ones (on a GPU with FLA
+        # installed its path runs FLA's kernels, whose fp32 dots use TF32: ~3e-3): a comparison with them can
+        # differ by that much on top of linattn's own error, so their bound is the tolerance plus that distance
+        # (the comparisons with fp64 keep the plain tolerance)
+        res["bound_vs_own"] = res["bound"] + errs.get("own_forward_vs_fp64", 0.0)
+        res["passed"] = bool(res["checked"]) and all(
+            errs[k] <= (res["bound_vs_own"] if k.endswith("_vs_own") else res["bound"]) for k in res["checked"]) and (
             res["tokens_equal"] or not res["tokens_required"])
         return res
     finally:
@@ -220,7 +226,8 @@ def format_check(r: dict) -> str:
     """One line of a check_tiny_model result, ending in PASS or FAIL."""
     return (f"greedy tokens {'equal' if r['tokens_equal'] else 'DIFFER'}, relative RMS of the logits "
             + ", ".join(f"{k} {v:.2e}" for k, v in r["errors"].items())
-            + f" (bound {r['bound']:.1e} on {', '.join(r['checked'])}) -> {'PASS' if r['passed'] else 'FAIL'}")
+            + f" (bound {r['bound']:.1e} on {', '.join(r['checked'])}; against transformers' own logits "
+            + f"{r['bound_vs_own']:.1e}) -> {'PASS' if r['passed'] else 'FAIL'}")
 
 
 # ------------------------------------------------------------------------------------------ the layer timing

@@ -65,9 +65,12 @@ def pytest_runtest_logreport(report):
     if log is None or not (report.when == "call" or report.outcome != "passed"):
         return
     outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
+    rec = {"id": report.nodeid, "outcome": outcome, "seconds": round(getattr(report, "duration", 0.0), 3)}
+    if report.outcome != "passed":
+        # why: the last lines of the failure (the exception and its message) or the skip reason
+        rec["reason"] = "\n".join(str(report.longrepr).strip().splitlines()[-3:])[-600:]
     with open(log, "a") as f:
-        f.write(json.dumps({"id": report.nodeid, "outcome": outcome,
-                            "seconds": round(getattr(report, "duration", 0.0), 3)}) + "\n")
+        f.write(json.dumps(rec) + "\n")
 
 
 def pytest_sessionstart(session):
@@ -80,19 +83,21 @@ def pytest_report_header(config):
 
 
 def summarise(log_path: str) -> dict:
-    """{'tests': {id: outcome}, 'counts': {...}, 'seconds': {id: s}} from the plugin's JSON lines (outcome: passed,
+    """{'tests': {id: outcome}, 'counts': {...}, 'seconds': {id: s}, 'reasons': {id: why}} from the plugin's JSON lines (outcome: passed,
     failed, error, skipped; the last line of an id wins)."""
-    tests, seconds = {}, {}
+    tests, seconds, reasons = {}, {}, {}
     if os.path.exists(log_path):
         with open(log_path) as f:
             for line in f:
                 rec = json.loads(line)
                 tests[rec["id"]] = rec["outcome"]
                 seconds[rec["id"]] = rec["seconds"]
+                if "reason" in rec:
+                    reasons[rec["id"]] = rec["reason"]
     counts = {}
     for o in tests.values():
         counts[o] = counts.get(o, 0) + 1
-    return {"tests": tests, "counts": counts, "seconds": seconds}
+    return {"tests": tests, "counts": counts, "seconds": seconds, "reasons": reasons}
 
 
 def run(tests_path: str, out_dir: str, extra=(), timeout_s: Optional[float] = None) -> dict:
@@ -140,7 +145,7 @@ def main(argv=None) -> int:
     print(json.dumps(res["counts"]), "fla", res["fla_version"], "(timed out)" if res["timed_out"] else "")
     for tid, o in res["tests"].items():
         if o != "passed":
-            print(o, tid)
+            print(o, tid, "|", res["reasons"].get(tid, "").replace("\n", " | ")[-300:])
     return 0 if res["counts"] and not res["counts"].get("failed") and not res["counts"].get("error") else 1
 
 

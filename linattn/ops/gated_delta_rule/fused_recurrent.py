@@ -5,7 +5,7 @@ Stack (DESIGN.md, "One op, one stack"): Triton kernels (triton/decode_kernels.py
 that it mutates the state pool; `mutates_args` is static, hence two ops) with fake implementations, so the op
 works under torch.compile(fullgraph=True) and inside CUDA graphs -> backends in the registry -> the public
 function below. `fused_recurrent_reference` is the same function in plain PyTorch (the "reference" backend).
-Forward only: decode needs no autograd, and inputs that require grad are refused (check_no_grad).
+Forward only, as FLA's: inputs may require grad, and the outputs' backward raises NotImplementedError (forward_only).
 """
 from typing import Optional, Tuple
 
@@ -25,15 +25,36 @@ STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------- validation
-def check_no_grad(**tensors):
-    """The decode op has no backward: with grad mode on, an input that requires grad would give outputs whose
-    backward fails later with autograd's "no autograd formula" error. Refuse it here, by name."""
-    if not torch.is_grad_enabled():
-        return
-    for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            _fail(f"{OP}: {name} requires grad, but the decode op has no backward (forward only, for inference); "
-                  f"use chunk_gated_delta_rule for training, or call it under torch.no_grad() / with {name}.detach()")
+def requires_grad(**tensors) -> bool:
+    """With grad mode on, whether an input requires grad: the call then runs forward only (forward_only)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values())
+
+
+class ForwardOnly(torch.autograd.Function):
+    """Outputs of a decode op called on inputs that require grad, as FLA's fused_recurrent returns them: they
+    require grad, and their backward raises (decode has no backward). The op itself ran under no_grad."""
+
+    @staticmethod
+    def forward(ctx, op, outs, *grad_inputs):
+        ctx.op = op
+        return tuple(t.clone() for t in outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"{ctx.op} has no backward (forward only, for inference); train with the chunked "
+                                  "op (chunk_gated_delta_rule, chunk_kda)")
+
+
+def forward_only(op: str, run, new_final: bool, tensors: dict):
+    """FLA's decode functions take inputs that require grad and fail only in backward; so does linattn's: `run()`
+    computes the call under no_grad, and o (and the final state when it is a new tensor, not the caller's pool) are
+    returned attached to a node whose backward raises NotImplementedError naming the op."""
+    with torch.no_grad():
+        o, final = run()
+    grad_inputs = [t for t in tensors.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if new_final and final is not None:
+        return ForwardOnly.apply(op, (o, final), *grad_inputs)
+    return ForwardOnly.apply(op, (o,), *grad_inputs)[0], final
 
 
 def _num_sequences(q, cu_seqlens):
@@ -495,8 +516,8 @@ def fused_recurrent_gated_delta_rule(
     backend (keyword-only): "auto" (the Gluon decode for a bf16 pool at batch >= 32 on a Hopper GPU, else Triton),
     "triton", "gluon" or "reference".
     Works under torch.compile and in CUDA graphs (the Triton path is a torch custom op, host-sync free).
-    Forward only: with grad mode on, an input that requires grad raises ValueError (there is no backward; train with
-    chunk_gated_delta_rule).
+    Forward only, as FLA's: inputs may require grad (the op then runs under no_grad and returns o, and a new
+    final_state, attached to a node whose backward raises NotImplementedError; train with chunk_gated_delta_rule).
     """
     key = None
     if _memo_applies(q) and gv is None and transpose_state_layout is None:
@@ -525,8 +546,14 @@ def fused_recurrent_gated_delta_rule(
                 pad_slot_id=pad_slot_id, state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval)
     impl = _CHECKED.get(key) if key is not None else None
     if impl is None:
-        check_no_grad(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log,
-                      dt_bias=dt_bias)
+        grad_tensors = dict(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log,
+                            dt_bias=dt_bias)
+        if requires_grad(**grad_tensors):
+            return forward_only(OP, lambda: fused_recurrent_gated_delta_rule(
+                q, k, v, g, gk, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                use_gate_in_kernel, A_log, dt_bias, False, allow_neg_eigval, state_v_first, cu_seqlens,
+                state_indices=state_indices, inplace=inplace, num_accepted_tokens=num_accepted_tokens,
+                pad_slot_id=pad_slot_id, beta_sigmoid=beta_sigmoid, backend=backend), not inplace, grad_tensors)
         dims = check_decode_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices, inplace, A_log,
                                    dt_bias, num_accepted_tokens, pad_slot_id, state_v_first)
         if gk is not None:

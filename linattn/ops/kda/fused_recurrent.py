@@ -97,8 +97,13 @@ def fused_recurrent_kda(
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
-    gdn_decode.check_no_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
-                             dt_bias=dt_bias)
+    grad_tensors = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    if gdn_decode.requires_grad(**grad_tensors):
+        return gdn_decode.forward_only(OP, lambda: fused_recurrent_kda(
+            q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+            use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
+            state_indices=state_indices, inplace=inplace, num_accepted_tokens=num_accepted_tokens,
+            pad_slot_id=pad_slot_id, backend=backend), not inplace, grad_tensors)
     dims = gdn_decode.check_decode_inputs(q, k, v, None, beta, initial_state, cu_seqlens, state_indices, inplace,
                                           None, None, num_accepted_tokens, pad_slot_id, state_v_first)
     check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
