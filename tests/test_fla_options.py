@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import linattn
 from linattn.ops.gated_delta_rule.reference import chunk_gated_delta_rule as reference
@@ -74,6 +75,18 @@ def _check(B, T, H, HV, K, V, *, dtype, lengths=None, gate=False, dt_bias=True, 
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype, (name, t.grad.shape, t.grad.dtype)
         assert ref[name].grad.norm() > 0, f"d{name}: the reference gradient is zero, the case checks nothing"
         errs["d" + name] = rel_rms(t.grad, ref[name].grad)
+    if gate:
+        # dA_log and dt_bias are sums over every token of per-token terms of both signs: the relative error of such a
+        # sum grows with its cancellation, not with the kernel's error (terms of relative error e add to an error of
+        # about e * ||terms||). Their errors are taken relative to max(||reference||, ||terms||); the terms are
+        # d(loss)/dx per token for dt_bias (x = g + dt_bias: the raw gate's gradient) and that times
+        # softplus(x) / sigmoid(x) for A_log (dg/dA_log = g = -exp(A_log) softplus(x)).
+        xg = ref["g"].detach() + (ref["dt_bias"].detach() if "dt_bias" in ref else 0.0)
+        terms = {"A_log": ref["g"].grad * F.softplus(xg) / torch.sigmoid(xg), "dt_bias": ref["g"].grad}
+        for name, tt in terms.items():
+            if name in x:
+                diff = (x[name].grad.double() - ref[name].grad).norm().item()
+                errs["d" + name] = diff / max(ref[name].grad.norm().item(), tt.norm().item())
     for name, err in errs.items():
         t = x.get(name[1:])
         tol = TOL[dtype]
