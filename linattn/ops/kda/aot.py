@@ -1,12 +1,12 @@
 """AOT registrations of KDA's Triton kernels (`linattn inspect`; linattn/runtime/aot.py imports this module): its
-own stage 2a and local backward, and GDN's shared stages in their per-key-channel form (DECAY "channel"), at the
-configs KDA's launchers pick for H16/HV32, K = V = 128, bf16. KDA's stage 2a holds whole [64, K] tiles and is
-untuned, as is the first local backward kernel (kda_wy_bwd_kernel): their known spills (ptxas, Triton 3.6.0, sm_90a)
-are registered as such, so a build that spills more fails CI and tuning can only lower it. KDA's second local backward kernel (triton/backward.py, kda_pair_bwd_kernel) is not
-registered: it fits sm_90 (160 KB of shared memory at K = 128) but spills about 26.7 KB and its sm_90a build shows no
-tensor-core instruction, which wants a look on the GPU before it is pinned here."""
+own stage 2a and local backward kernels, and GDN's shared stages in their per-key-channel form (DECAY "channel"), at
+the configs KDA's launchers pick for H16/HV32, K = V = 128, bf16. KDA's own kernels walk the key row in blocks
+(INTRA_BK, WY_BK, PAIR_BK channels), which keeps each build free of spills (ptxas, Triton 3.6.0, sm_90a); the test
+of the registry (tests/test_aot_gluon.py) fails any build that spills or lacks its HGMMA."""
 from __future__ import annotations
 
+from linattn.ops.kda.triton.backward import PAIR_BK, WY_BK, WY_WARPS
+from linattn.ops.kda.triton.forward import INTRA_BK
 from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -28,17 +28,13 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
                        description=f"KDA {what}, Triton, H16/HV32 K=V=128 bf16, {warps} warps"))
 
 
-# ptxas spill of KDA's untuned stage 2a and first local backward kernel at these configs (bytes; module docstring)
-INTRA_SPILL = 8676
-WY_BWD_SPILL = 7212
-
 _GDN = "linattn.ops.gated_delta_rule.triton"
 _register("kda_fwd_triton_intra_w4", "linattn.ops.kda.triton.intra", "kda_intra_kernel",
           dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
                kdec_ptr=_X, qdec_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=K, DOT_PREC="tf32", GATE="",
+          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", GATE="",
                HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
-          "forward stage 2a: gates, Akk / Aqk, Tinv, decayed keys and queries", known_spill_bytes=INTRA_SPILL)
+          "forward stage 2a: gates, Akk / Aqk, Tinv, decayed keys and queries, in key blocks")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),
@@ -64,10 +60,17 @@ _register("kda_bwd_triton_state_w8", f"{_GDN}.backward_state", "chunk_state_bwd_
                dh0_ptr=_F, cu_ptr=_I64, chunk_off_ptr=_I64, scale="fp32"),
           dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=K, BV=32, DOT_PREC="tf32", USE_DHT=True, STORE_DH0=True,
                STORE_DH=True, V_FIRST=False, DECAY="channel"), 8, 1, "backward stage 1: reverse state pass")
-_register("kda_bwd_triton_wy_w4", "linattn.ops.kda.triton.backward", "kda_wy_bwd_kernel",
+_register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, tinv_ptr=_F, h_ptr=_X, vnew_ptr=_X,
                do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dgam_ptr=_F, dbeta_ptr=_F,
                dakk_ptr=_F, daqk_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32",
                scale="fp32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=V, DOT_PREC="tf32"), 4, 1,
-          "backward stage 2a: output, state and WY terms, dAkk and dAqk", known_spill_bytes=WY_BWD_SPILL)
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=WY_BK, BV=V, DOT_PREC="tf32"), WY_WARPS, 1,
+          "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks")
+_register("kda_bwd_triton_pair_w8", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
+          dict(k_ptr=_X, q_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
+               dgam_ptr=_F, dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dg_ptr=_F, dbeta_ptr=_F, dA_ptr=_F, dbias_ptr=_F,
+               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", GATE="",
+               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 8, 1,
+          "backward stage 2b: pairwise gradients of Akk / Aqk, dg, in key blocks")

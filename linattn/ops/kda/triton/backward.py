@@ -13,14 +13,14 @@ fits sm_90's shared memory at K = V = 128). Per chunk and value head, with dS th
 
 then through the pairwise products Akk_ij = beta_i sum_d k_id k_jd e^(gam_id - gam_jd) and Aqk_ij (q for the
 left k): for P_ij = sum_d a_id b_jd e^(gam_id - gam_jd) with upstream G, da_i = sum_j G_ij b_j e^(..),
-db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (_pair_grads: the forward's numerically safe
-form, reference rows across 16-row blocks and token pairs inside them). dg is the reverse cumsum of dgam inside
+db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (kda_pair_bwd_kernel: the forward's numerically
+safe form, reference rows across 16-row blocks and token pairs inside them). dg is the reverse cumsum of dgam inside
 the chunk, then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial sums reduced by the launcher)
 and the beta sigmoid.
 
 Every tl.trans here is of a loaded tile or of an elementwise function of loaded tiles, never of a dot result fed to
-another dot (miscompiled by Triton 3.4-3.7 on Hopper, FLA issues 640/984): the transposed gradients G^T are formed by
-their own products.
+another dot (miscompiled by Triton 3.4-3.7 on Hopper, FLA issues 640/984): Tinv^T, dAkk^T and dAqk^T are read
+transposed from memory.
 """
 from typing import Optional
 
@@ -33,45 +33,14 @@ from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_k
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, dot_precision, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import chunk_kda_fwd
-from linattn.ops.kda.triton.intra import _row_of_block
 from linattn.runtime.alloc import empty
 
-
-@triton.jit
-def _block_sum_to_row(x, j, BT: tl.constexpr, BK: tl.constexpr):
-    """[BT, BK] -> [BT, BK]: each 16-row block's column sums of x, placed in row j of that block (zeros elsewhere)."""
-    sums = tl.sum(tl.reshape(x, [BT // 16, 16, BK]), axis=1)                 # [BT // 16, BK]
-    r16 = tl.arange(0, 16)[None, :, None]
-    return tl.reshape(tl.where(r16 == j, sums[:, None, :], 0.), [BT, BK])
-
-
-@triton.jit
-def _pair_grads(G, GT, a, b, gam, DOT_PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """For P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) over the pairs j <= i that G (the upstream gradient, masked
-    to P's pairs) holds, and GT = G^T formed by its own product: (da, db) [BT, BK] with
-    da_i = sum_j G_ij b_j exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j). Across 16-row blocks through
-    row block I's reference row 16 I (both factors <= 1), inside each block token by token (as the forward)."""
-    i = tl.arange(0, BT)
-    el = tl.exp(gam - _row_of_block(gam, 0, BT, BK))
-    al = a * el
-    da = tl.zeros([BT, BK], dtype=tl.float32)
-    db = tl.zeros([BT, BK], dtype=tl.float32)
-    for blk in tl.static_range(1, BT // 16):
-        ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam, 0.), axis=0)
-        er = tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
-        gb = tl.where((i // 16 == blk)[:, None] & (i < 16 * blk)[None, :], G, 0.)
-        gbt = tl.where((i < 16 * blk)[:, None] & (i // 16 == blk)[None, :], GT, 0.)
-        da += el * tl.dot(gb, b * er, input_precision=DOT_PREC)
-        db += er * tl.dot(gbt, al, input_precision=DOT_PREC)
-    for j in tl.static_range(0, 16):
-        bj = _row_of_block(b, j, BT, BK)
-        gj = _row_of_block(gam, j, BT, BK)
-        e = tl.exp(tl.where((i % 16 >= j)[:, None], gam - gj, float("-inf")))
-        hit = i[None, :] == (16 * (i // 16) + j)[:, None]
-        gcol = tl.sum(tl.where(hit, G, 0.), axis=1)                                # G[i, 16 (i // 16) + j]
-        da += gcol[:, None] * bj * e
-        db += _block_sum_to_row(gcol[:, None] * a * e, j, BT, BK)
-    return da, db
+# key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps:
+# at K = V = 128 on sm_90a (ptxas, Triton 3.6.0) these spill nothing (kda_pair_bwd_kernel at 8 warps; at 4, or
+# with wider blocks, both spill)
+PAIR_BK = 32
+WY_BK = 16
+WY_WARPS = 8
 
 
 @triton.jit
@@ -84,14 +53,14 @@ def kda_wy_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Grid (chunk slots, HV); BK >= K, BV >= V. The first half of the local backward: the output's and the
-    state's direct terms and the way back through W and U, up to dAkk (strict lower) and dAqk (lower incl.), stored
-    fp32 [T_tot, HV, BT] for kda_pair_bwd_kernel with the partial dq, dk (fp32 [T_tot, HV, K] per value head),
-    dgam (fp32, gam_C's terms on the last row) and dbeta (fp32); dv final."""
+    """Grid (chunk slots, HV); BV >= V. The first half of the local backward: the output's and the state's direct
+    terms and the way back through W and U, up to dAkk (strict lower) and dAqk (lower incl.), stored fp32
+    [T_tot, HV, BT] for kda_pair_bwd_kernel with the partial dq, dk (fp32 [T_tot, HV, K] per value head), dgam
+    (fp32, gam_C's terms on the last row) and dbeta (fp32); dv final. The value side (dv, dAqk, U's part of dTinv)
+    is done once; the key side walks the key row in blocks of BK channels (the state's rows S[ck, :] and dS[ck, :]
+    with them), summing W's part of dTinv and dbeta over the blocks."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
-    ck = tl.arange(0, BK)
-    mk = ck < K
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound
         return
@@ -102,70 +71,113 @@ def kda_wy_bwd_kernel(
     r = t0 + i
     m = r < eos
     cv = tl.arange(0, BV)
-    mrk = m[:, None] & mk[None, :]
     mrv = m[:, None] & (cv < V)[None, :]
-    mkv = mk[:, None] & (cv < V)[None, :]
-    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
-    off_q = (r * H + hk)[:, None] * K + ck[None, :]
     off_v = (r * HV + hv)[:, None] * V + cv[None, :]
-    off_s = (slot * HV + hv) * K * V + ck[:, None] * V + cv[None, :]
+    last = tl.minimum(eos - t0, BT) - 1
 
-    gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
     beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
-    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
     vf = tl.load(v_ptr + off_v, mask=mrv, other=0.).to(tl.float32)
+    b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.)
+    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
+    # Tinv^T read transposed from memory where it is an operand (rows past the end are zero columns)
+    tinvt = tl.load(tinv_ptr + off_at, mask=m[None, :], other=0.)
+
+    # ---- the value side: U = Tinv diag(beta) V, the output's pairs
+    vb = (beta[:, None] * vf).to(b_dvn.dtype)
+    dvb = tl.dot(tinvt.to(b_dvn.dtype), b_dvn, input_precision=DOT_PREC)
+    tl.store(dv_ptr + off_v, (beta[:, None] * dvb).to(dv_ptr.dtype.element_ty), mask=mrv)
+    dbeta = tl.sum(dvb * vf, axis=1)
+    dtinv = tl.dot(b_dvn, tl.trans(vb), input_precision=DOT_PREC)
     # the V-side tiles stay in the operand dtype (their products' operands; half the shared memory of fp32 copies)
     b_do = tl.load(do_ptr + off_v, mask=mrv, other=0.).to(vnew_ptr.dtype.element_ty)
     b_vn = tl.load(vnew_ptr + off_v, mask=mrv, other=0.)
-    b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.)
-    b_h = tl.load(h_ptr + off_s, mask=mkv, other=0.)
-    b_dh = tl.load(dh_ptr + off_s, mask=mkv, other=0.)
-    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.)
-    last = tl.minimum(eos - t0, BT) - 1
-    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
-    # rows past the sequence end carry gam_C, as the forward's cumsum left them: the reference rows' factors of
-    # _pair_grads stay <= 1 there too
-    gam = tl.where(m[:, None], gam, gam_last[None, :])
-    eg = tl.exp(gam)
-    ekd = tl.where(mrk, tl.exp(gam_last[None, :] - gam), 0.)
-
-    # ---- the output's and the state's direct terms
-    dqdec = scale * tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
-    dq = dqdec * eg
-    dgam = dqdec * qf * eg
-    dkdec = tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
-    dk = dkdec * ekd
-    dgam -= dkdec * kf * ekd
-    dgl = tl.sum(dkdec * kf * ekd, axis=0) + tl.exp(gam_last) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-
-    # ---- back through W = Tinv diag(beta) (K e^gam) and U = Tinv diag(beta) V
-    kb = beta[:, None] * kf * eg
-    vb = (beta[:, None] * vf).to(b_dvn.dtype)
-    dw = -tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
-    dwt = -tl.dot(b_h, tl.trans(b_dvn), input_precision=DOT_PREC)
-    dtinv = tl.dot(dw, tl.trans(kb), input_precision=DOT_PREC) + tl.dot(b_dvn, tl.trans(vb), input_precision=DOT_PREC)
-    dtinvt = tl.dot(kb, dwt, input_precision=DOT_PREC) + tl.dot(vb, tl.trans(b_dvn), input_precision=DOT_PREC)
-    dkb = tl.dot(tl.trans(tinv), dw, input_precision=DOT_PREC)
-    dvb = tl.dot(tl.trans(tinv.to(b_dvn.dtype)), b_dvn, input_precision=DOT_PREC)
-    dv = beta[:, None] * dvb
-    dbeta = tl.sum(dkb * kf * eg, axis=1) + tl.sum(dvb * vf, axis=1)
-    dk += beta[:, None] * dkb * eg
-    dgam += beta[:, None] * dkb * kf * eg
-    strict = i[:, None] > i[None, :]
-    dakk = tl.where(strict, -tl.dot(tl.dot(tl.trans(tinv), dtinv, input_precision=DOT_PREC), tl.trans(tinv),
-                                    input_precision=DOT_PREC), 0.)
     incl = i[:, None] >= i[None, :]
-    daqk = tl.where(incl, scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC), 0.)
-    dgam = tl.where(mrk, dgam + tl.where(i[:, None] == last, dgl[None, :], 0.), 0.)
-    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
+    tl.store(daqk_ptr + off_a, tl.where(incl, scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC), 0.),
+             mask=m[:, None])
+
+    # ---- the key side, per key block: the output's and the state's direct terms, W = Tinv diag(beta) (K e^gam)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        mkv = mk[:, None] & (cv < V)[None, :]
+        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        off_s = (slot * HV + hv) * K * V + ck[:, None] * V + cv[None, :]
+        gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        b_h = tl.load(h_ptr + off_s, mask=mkv, other=0.)
+        b_dh = tl.load(dh_ptr + off_s, mask=mkv, other=0.)
+        gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+        # rows past the sequence end carry gam_C, as the forward's cumsum left them
+        gam = tl.where(m[:, None], gam, gam_last[None, :])
+        eg = tl.exp(gam)
+        ekd = tl.where(mrk, tl.exp(gam_last[None, :] - gam), 0.)
+
+        dqdec = scale * tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
+        dq = dqdec * eg
+        dgam = dqdec * qf * eg
+        dkdec = tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
+        dk = dkdec * ekd
+        dgam -= dkdec * kf * ekd
+        dgl = tl.sum(dkdec * kf * ekd, axis=0) + tl.exp(gam_last) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32),
+                                                                           axis=1)
+        kbe = beta[:, None] * kf * eg
+        dw = -tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
+        dtinv += tl.dot(dw, tl.trans(kbe), input_precision=DOT_PREC)
+        dkb = tl.dot(tinvt, dw, input_precision=DOT_PREC)
+        dbeta += tl.sum(dkb * kf * eg, axis=1)
+        dk += beta[:, None] * dkb * eg
+        dgam += beta[:, None] * dkb * kf * eg
+        dgam = tl.where(mrk, dgam + tl.where(i[:, None] == last, dgl[None, :], 0.), 0.)
+        tl.store(dq_ptr + off_hk, dq, mask=mrk)
+        tl.store(dk_ptr + off_hk, dk, mask=mrk)
+        tl.store(dgam_ptr + off_hk, dgam, mask=mrk)
+
+    # ---- dAkk = -Tinv^T dTinv Tinv^T (strict lower)
+    strict = i[:, None] > i[None, :]
+    dakk = tl.where(strict, -tl.dot(tl.dot(tinvt, dtinv, input_precision=DOT_PREC), tinvt, input_precision=DOT_PREC),
+                    0.)
     tl.store(dakk_ptr + off_a, dakk, mask=m[:, None])
-    tl.store(daqk_ptr + off_a, daqk, mask=m[:, None])
-    tl.store(dq_ptr + off_hk, dq, mask=mrk)
-    tl.store(dk_ptr + off_hk, dk, mask=mrk)
-    tl.store(dgam_ptr + off_hk, dgam, mask=mrk)
-    tl.store(dv_ptr + off_v, dv.to(dv_ptr.dtype.element_ty), mask=mrv)
     tl.store(dbeta_ptr + r * HV + hv, dbeta, mask=m)
+
+
+@triton.jit
+def _gam_row(gcum_ptr, t0, u, eos, hv, ck, mk, gam_last, HV: tl.constexpr, K: tl.constexpr):
+    """gam's row u of the chunk on the key block ck ([BK]); gam_last (gam_C) for a row past the sequence end."""
+    g = tl.load(gcum_ptr + ((t0 + u) * HV + hv) * K + ck, mask=mk & (t0 + u < eos), other=0.)
+    return tl.where(t0 + u < eos, g, gam_last)
+
+
+@triton.jit
+def _cross_block_grads(dakk_ptr, daqk_ptr, gcum_ptr, off_a, off_at, t0, eos, hv, m, ck, mk, gam, gam_last, g0, k,
+                       beta, q, DOT_PREC: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    """The pairs (i, j) in different 16-row blocks of both pairwise products, on one key block: through row block
+    I's reference row 16 I (both factors <= 1; g0 [BT, BK] holds gam of each row's reference row), (dak, dbk) of
+    Akk's P(beta k, k) with G = dAkk (beta is applied to dak by the caller) and (daq, dbq) of Aqk's P(q, k). Each
+    block's upstream rows (and its transpose's) are loaded masked to the block right before their product, so no
+    [BT, BT] gradient tile stays live across the products."""
+    i = tl.arange(0, BT)
+    el = tl.exp(gam - g0)
+    bl = beta[:, None] * k * el
+    ql = q * el
+    dak = tl.zeros_like(gam)
+    dbk = tl.zeros_like(gam)
+    daq = tl.zeros_like(gam)
+    dbq = tl.zeros_like(gam)
+    for blk in range(1, BT // 16):
+        ref = _gam_row(gcum_ptr, t0, 16 * blk, eos, hv, ck, mk, gam_last, HV, K)
+        er = tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
+        kr = k * er
+        rows = (m & (i // 16 == blk))[:, None] & (i < 16 * blk)[None, :]          # G's rows in block blk
+        rows_t = (i < 16 * blk)[:, None] & (m & (i // 16 == blk))[None, :]        # G^T's columns in block blk
+        dak += tl.dot(tl.load(dakk_ptr + off_a, mask=rows, other=0.), kr, input_precision=DOT_PREC)
+        daq += tl.dot(tl.load(daqk_ptr + off_a, mask=rows, other=0.), kr, input_precision=DOT_PREC)
+        dbk += er * tl.dot(tl.load(dakk_ptr + off_at, mask=rows_t, other=0.), bl, input_precision=DOT_PREC)
+        dbq += er * tl.dot(tl.load(daqk_ptr + off_at, mask=rows_t, other=0.), ql, input_precision=DOT_PREC)
+    return dak * el, dbk, daq * el, dbq
 
 
 @triton.jit
@@ -178,18 +190,25 @@ def kda_pair_bwd_kernel(
     DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): the second half of the local backward: the pairwise gradients of Akk and Aqk
-    (_pair_grads; the transposed gradients read transposed from memory), dg as the reverse cumsum inside the chunk,
-    then the KDA gate's and the beta sigmoid's chain rule. dA [slots, HV] and dbias [slots, HV, K]: fp32 partial
-    sums of the gate's parameters (zeros from surplus slots)."""
+    """Grid (chunk slots, HV): the second half of the local backward: the pairwise gradients of Akk and Aqk, dg as
+    the reverse cumsum inside the chunk, then the KDA gate's and the beta sigmoid's chain rule. dA [slots, HV] and
+    dbias [slots, HV, K]: fp32 partial sums of the gate's parameters (zeros from surplus slots).
+
+    Every term is per key channel except dbeta and dA (sums over channels), so the key row is walked in blocks of
+    BK channels (BK divides the padded K): the live set is a few [BT, BK] tiles, not [BT, K] ones. With
+    P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) and upstream G masked to P's pairs:
+    da_i = sum_j G_ij b_j exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k,
+    G = dAkk) and Aqk (a = q, b = k, G = dAqk). Across 16-row blocks: _cross_block_grads (tensor-core products);
+    inside a block, token by token: step s pairs row i with row 16 (i // 16) + s of its block, read from memory
+    (the earlier row for da, the later one for db), so any decay is safe (exp of a masked difference <= 0)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
-    ck = tl.arange(0, BK)
-    mk = ck < K
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n >= N:                                 # surplus slot of the varlen bound: zero partial sums
         if GATE != "":
-            tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.zeros([BK], dtype=tl.float32), mask=mk)
+            for kb in range(0, tl.cdiv(K, BK)):
+                ck = kb * BK + tl.arange(0, BK)
+                tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.zeros([BK], dtype=tl.float32), mask=ck < K)
             tl.store(dA_ptr + p * HV + hv, 0.)
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
@@ -197,73 +216,90 @@ def kda_pair_bwd_kernel(
     i = tl.arange(0, BT)
     r = t0 + i
     m = r < eos
-    mrk = m[:, None] & mk[None, :]
-    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
-    off_q = (r * H + hk)[:, None] * K + ck[None, :]
-    gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
-    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
-    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
     last = tl.minimum(eos - t0, BT) - 1
-    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
-    # rows past the sequence end carry gam_C, as the forward's cumsum left them: the reference rows' factors of
-    # _pair_grads stay <= 1 there too
-    gam = tl.where(m[:, None], gam, gam_last[None, :])
     off_a = (r * HV + hv)[:, None] * BT + i[None, :]
     off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
-    dakk = tl.load(dakk_ptr + off_a, mask=m[:, None], other=0.)
-    dakkt = tl.load(dakk_ptr + off_at, mask=m[None, :], other=0.)
-    daqk = tl.load(daqk_ptr + off_a, mask=m[:, None], other=0.)
-    daqkt = tl.load(daqk_ptr + off_at, mask=m[None, :], other=0.)
-    dq = tl.load(dq_ptr + off_hk, mask=mrk, other=0.)
-    dk = tl.load(dk_ptr + off_hk, mask=mrk, other=0.)
-    dgam = tl.load(dgam_ptr + off_hk, mask=mrk, other=0.)
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
     dbeta = tl.load(dbeta_in_ptr + r * HV + hv, mask=m, other=0.)
+    # row 16 (i // 16) + s of row i's block, for the in-block steps
+    rb = t0 + 16 * (i // 16)
+    d_a = tl.zeros([BT], dtype=tl.float32)                     # dA's partial sums per row
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        gam_last = _gam_row(gcum_ptr, t0, last, eos, hv, ck, mk, 0., HV, K)
+        # rows past the sequence end carry gam_C, as the forward's cumsum left them: every factor stays <= 1
+        gam = tl.where(m[:, None], gam, gam_last[None, :])
+        g0 = tl.where((rb < eos)[:, None], tl.load(gcum_ptr + (rb * HV + hv)[:, None] * K + ck[None, :],
+                                                   mask=(rb < eos)[:, None] & mk[None, :], other=0.), gam_last[None, :])
+        dak, dbk, daq, dbq = _cross_block_grads(dakk_ptr, daqk_ptr, gcum_ptr, off_a, off_at, t0, eos, hv, m, ck, mk,
+                                                gam, gam_last, g0, kf, beta, qf, DOT_PREC, HV, K, BT)
+        for s in range(0, 16):
+            rs = rb + s
+            ms = rs < eos
+            mrs = ms[:, None] & mk[None, :]
+            gs = tl.where(ms[:, None], tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=mrs,
+                                               other=0.), gam_last[None, :])
+            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mrs, other=0.).to(tl.float32)
+            qs = tl.load(q_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mrs, other=0.).to(tl.float32)
+            bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
+            e_lo = tl.exp(tl.where((i % 16 >= s)[:, None], gam - gs, float("-inf")))      # row s is earlier
+            e_hi = tl.exp(tl.where((i % 16 <= s)[:, None], gs - gam, float("-inf")))      # row s is later
+            off_g = (r * HV + hv) * BT + 16 * (i // 16) + s                                # G[i, row s]
+            off_gt = (rs * HV + hv) * BT + i                                               # G[row s, i]
+            gk = tl.load(dakk_ptr + off_g, mask=m, other=0.)
+            gq = tl.load(daqk_ptr + off_g, mask=m, other=0.)
+            gkt = tl.load(dakk_ptr + off_gt, mask=ms, other=0.)
+            gqt = tl.load(daqk_ptr + off_gt, mask=ms, other=0.)
+            ke = ks * e_lo
+            dak += gk[:, None] * ke
+            daq += gq[:, None] * ke
+            dbk += (gkt * bs)[:, None] * ks * e_hi
+            dbq += gqt[:, None] * qs * e_hi
+        dbeta += tl.sum(kf * dak, axis=1)
+        dq = tl.load(dq_ptr + off_hk, mask=mrk, other=0.) + daq
+        dk = tl.load(dk_ptr + off_hk, mask=mrk, other=0.) + beta[:, None] * dak + dbk + dbq
+        dgam = tl.load(dgam_ptr + off_hk, mask=mrk, other=0.)
+        dgam += beta[:, None] * kf * dak - kf * dbk + qf * daq - kf * dbq
 
-    # Akk_ij = beta_i P_ij(k, k): da with G = dAkk (beta applied after, and dbeta from it), db with beta_i G_ij
-    da, db = _pair_grads(dakk, dakkt, beta[:, None] * kf, kf, gam, DOT_PREC, BT, BK)
-    dbeta += tl.sum(kf * da, axis=1)
-    dk += beta[:, None] * da + db
-    dgam += beta[:, None] * kf * da - kf * db
-    # Aqk_ij = P_ij(q, k)
-    da, db = _pair_grads(daqk, daqkt, qf, kf, gam, DOT_PREC, BT, BK)
-    dq += da
-    dk += db
-    dgam += qf * da - kf * db
-
-    # ---- dg: the reverse cumsum inside the chunk (gam_C's terms are on the last row already)
-    dgam = tl.where(mrk, dgam, 0.)
-    dg = tl.sum(dgam, axis=0)[None, :] - tl.cumsum(dgam, axis=0) + dgam
+        # ---- dg: the reverse cumsum inside the chunk (gam_C's terms are on the last row already)
+        dgam = tl.where(mrk, dgam, 0.)
+        dg = tl.sum(dgam, axis=0)[None, :] - tl.cumsum(dgam, axis=0) + dgam
+        if GATE != "":
+            x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
+            if HAS_DT_BIAS:
+                x = x + tl.load(dt_bias + hv * K + ck, mask=mk, other=0.).to(tl.float32)[None, :]
+            if GATE == "softplus":
+                a = tl.exp(tl.load(A_log + hv).to(tl.float32))
+                d_a += tl.sum(tl.where(mrk, -a * softplus(x) * dg, 0.), axis=1)
+                dg = dg * (-a * tl.sigmoid(x))
+            elif GATE == "lower_bound":
+                a = tl.exp(tl.load(A_log + hv).to(tl.float32))
+                sg = tl.sigmoid(a * x)
+                dz = dg * (LOWER_BOUND * sg * (1. - sg))
+                d_a += tl.sum(tl.where(mrk, dz * a * x, 0.), axis=1)
+                dg = dz * a
+            else:
+                sg = tl.sigmoid(x)
+                dg = dg * (LOWER_BOUND * sg * (1. - sg))
+            dg = tl.where(mrk, dg, 0.)
+            tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.sum(dg, axis=0), mask=mk)
+        tl.store(dq_ptr + off_hk, dq, mask=mrk)
+        tl.store(dk_ptr + off_hk, dk, mask=mrk)
+        tl.store(dg_ptr + off_hk, dg.to(dg_ptr.dtype.element_ty), mask=mrk)
     if GATE != "":
-        x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
-        if HAS_DT_BIAS:
-            x = x + tl.load(dt_bias + hv * K + ck, mask=mk, other=0.).to(tl.float32)[None, :]
-        if GATE == "softplus":
-            a = tl.exp(tl.load(A_log + hv).to(tl.float32))
-            d_a = tl.sum(tl.sum(tl.where(mrk, -a * softplus(x) * dg, 0.), axis=1), axis=0)
-            dg = dg * (-a * tl.sigmoid(x))
-        elif GATE == "lower_bound":
-            a = tl.exp(tl.load(A_log + hv).to(tl.float32))
-            s = tl.sigmoid(a * x)
-            dz = dg * (LOWER_BOUND * s * (1. - s))
-            d_a = tl.sum(tl.sum(tl.where(mrk, dz * a * x, 0.), axis=1), axis=0)
-            dg = dz * a
-        else:
-            s = tl.sigmoid(x)
-            d_a = 0.
-            dg = dg * (LOWER_BOUND * s * (1. - s))
-        dg = tl.where(mrk, dg, 0.)
-        tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.sum(dg, axis=0), mask=mk)
-        tl.store(dA_ptr + p * HV + hv, d_a)
+        tl.store(dA_ptr + p * HV + hv, tl.sum(d_a, axis=0))
     if BETA_SIGMOID:
         sb = tl.sigmoid(tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32))
         dbeta = dbeta * sb * (1. - sb)
         if NEG_EIGVAL:
             dbeta = dbeta * 2.
-
-    tl.store(dq_ptr + off_hk, dq, mask=mrk)
-    tl.store(dk_ptr + off_hk, dk, mask=mrk)
-    tl.store(dg_ptr + off_hk, dg.to(dg_ptr.dtype.element_ty), mask=mrk)
     tl.store(dbeta_ptr + r * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
 
 
@@ -309,7 +345,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kda_wy_bwd_kernel[(slots, HV)](
         q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
         dq_hv, dk_hv, dv, dgam, dbeta_part, dakk, daqk, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=4)
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=min(BK, WY_BK), BV=BV, DOT_PREC=dot_prec, num_warps=WY_WARPS)
     dg = empty(B, T, HV, K, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
@@ -317,9 +353,9 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kda_pair_bwd_kernel[(slots, HV)](
         k, q, g, beta, A_log, dt_bias, fwd.gcum, fwd.beta, dakk, daqk, dgam, dbeta_part, dq_hv, dk_hv, dg, dbeta, dA,
         dbias, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
-        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=4)
+        H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, GATE=gate,
+        HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
+        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=8)
     # a key head's gradient sums those of the value heads that read it (GVA)
     dq = dq_hv.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
     dk = dk_hv.view(B, T, H, HV // H, K).sum(3).to(k.dtype)

@@ -16,6 +16,10 @@ from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, 
 from linattn.ops.kda.triton.intra import kda_intra_kernel
 from linattn.runtime.alloc import empty
 
+# key channels per block of kda_intra_kernel's walk over the key row: at 4 warps (the Akk layout tinv_blocks is
+# written for) 16 leaves no spill at K = 128 on sm_90a, 32 spills
+INTRA_BK = 16
+
 
 @dataclass
 class KdaIntermediates:
@@ -59,7 +63,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     kda_intra_kernel[(slots, HV)](
         q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, INTRA_BK), DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
         LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
         NEG_EIGVAL=neg_eigval, num_warps=4)
 

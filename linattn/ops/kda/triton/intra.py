@@ -15,7 +15,8 @@ gam) and Q * exp(gam), both <= 1 in their factors.
 
 Numerical safety (FLA's approach): exp(gam_i - gam_j) is never formed from exp(+gam). Across 16-row blocks, row
 block I's products go through the reference row r = 16 I: (k_i exp(gam_i - gam_r)) . (k_j exp(gam_r - gam_j)) with
-both factors <= 1 (gam decreases along the chunk, j < r <= i), as [64, K] x [K, 64] products. Inside a 16-row
+both factors <= 1 (gam decreases along the chunk, j < r <= i), as [64, BK] x [BK, 64] products summed over the
+key blocks. Inside a 16-row
 block the pairs are formed token by token (16 columns, exp of the masked difference), so no factor can overflow
 whatever the decay.
 """
@@ -47,15 +48,6 @@ def _kda_gate(x, A_log, dt_bias, hv, ck, mk, K: tl.constexpr, GATE: tl.constexpr
 
 
 @triton.jit
-def _row_of_block(x, j, BT: tl.constexpr, BK: tl.constexpr):
-    """[BT, BK] -> [BT, BK] whose row i is x's row 16 (i // 16) + j (row j of the 16-row block holding row i)."""
-    x4 = tl.reshape(x, [BT // 16, 16, BK])
-    r16 = tl.arange(0, 16)[None, :, None]
-    rows = tl.sum(tl.where(r16 == j, x4, 0.), axis=1)                       # [BT // 16, BK]
-    return tl.reshape(tl.broadcast_to(rows[:, None, :], [BT // 16, 16, BK]), [BT, BK])
-
-
-@triton.jit
 def kda_intra_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
     gcum_ptr, beta_out_ptr, tinv_ptr, aqk_ptr,         # gcum [T_tot, HV, K] fp32, beta fp32, tinv / aqk [T_tot, HV, BT]
@@ -65,7 +57,10 @@ def kda_intra_kernel(
     DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr,
     BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
 ):
-    """Grid (chunk slots, HV). BK >= K (the whole key row in one block)."""
+    """Grid (chunk slots, HV). Every quantity but Akk, Aqk and Tinv is per key channel, so the key row is walked in
+    blocks of BK channels (the live set is a few [BT, BK] tiles and the two [BT, BT] sums). Inside a 16-row block,
+    step s pairs row i with row 16 (i // 16) + s of its block, read back from memory (gcum after a barrier); the
+    in-block sums are kept as [BT, 16] (row i, step s) and placed in Akk / Aqk once after the walk."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     p = tl.program_id(0)
     hv = tl.program_id(1)
@@ -77,16 +72,11 @@ def kda_intra_kernel(
     i = tl.arange(0, BT)
     r = t0 + i
     m = r < eos
-    ck = tl.arange(0, BK)
-    mk = ck < K
-    mrk = m[:, None] & mk[None, :]
-    off_hk = (r * HV + hv)[:, None] * K + ck[None, :]          # [T_tot, HV, K] offsets of the chunk's rows
+    last = tl.minimum(eos - t0, BT) - 1
+    rb = t0 + 16 * (i // 16)                   # the first row of row i's 16-row block
+    s16 = tl.arange(0, 16)
 
-    # ---- gates: the decay per key channel (0 past the sequence end and past K), its cumsum; the effective beta
-    x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
-    x = tl.where(mrk, _kda_gate(x, A_log, dt_bias, hv, ck, mk, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
-    gam = tl.cumsum(x, axis=0)
-    tl.store(gcum_ptr + off_hk, gam, mask=mrk)
+    # ---- the effective beta
     beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
     if BETA_SIGMOID:
         beta = tl.sigmoid(beta)
@@ -95,42 +85,59 @@ def kda_intra_kernel(
     beta = tl.where(m, beta, 0.)
     tl.store(beta_out_ptr + r * HV + hv, beta, mask=m)
 
-    off_q = (r * H + hk)[:, None] * K + ck[None, :]
-    kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-    qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-
-    # ---- across 16-row blocks: row block I through its reference row 16 I, both factors <= 1
-    el = tl.exp(gam - _row_of_block(gam, 0, BT, BK))
-    kl = kf * el
-    ql = qf * el
     akk = tl.zeros([BT, BT], dtype=tl.float32)
     aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    for blk in tl.static_range(1, BT // 16):
-        ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam, 0.), axis=0)                   # [BK]
-        kr = kf * tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
-        rows_in = (i // 16 == blk)[:, None]
-        akk += tl.where(rows_in, tl.dot(kl, tl.trans(kr), input_precision=DOT_PREC), 0.)
-        aqk += tl.where(rows_in, tl.dot(ql, tl.trans(kr), input_precision=DOT_PREC), 0.)
-    # ---- inside each 16-row block: column 16 (i // 16) + j of row i, token by token
-    for j in tl.static_range(0, 16):
-        kj = _row_of_block(kf, j, BT, BK)
-        gj = _row_of_block(gam, j, BT, BK)
-        keep = (i % 16 >= j)[:, None]
-        e = kj * tl.exp(tl.where(keep, gam - gj, float("-inf")))
-        col_k = tl.sum(kf * e, axis=1)
-        col_q = tl.sum(qf * e, axis=1)
-        hit = i[None, :] == (16 * (i // 16) + j)[:, None]
-        akk += tl.where(hit & (i % 16 > j)[:, None], col_k[:, None], 0.)
-        aqk += tl.where(hit, col_q[:, None], 0.)
+    in_k = tl.zeros([BT, 16], dtype=tl.float32)           # [i, s]: Akk's pair (i, 16 (i // 16) + s)
+    in_q = tl.zeros([BT, 16], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]      # [T_tot, HV, K] offsets of the chunk's rows
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        # ---- gates: the decay per key channel (0 past the sequence end and past K), its cumsum
+        x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
+        x = tl.where(mrk, _kda_gate(x, A_log, dt_bias, hv, ck, mk, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
+        gam = tl.cumsum(x, axis=0)
+        tl.store(gcum_ptr + off_hk, gam, mask=mrk)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+        # the decayed keys and queries of the state and output stages
+        tl.store(kdec_ptr + off_hk, (kf * tl.exp(gam_last[None, :] - gam)).to(kdec_ptr.dtype.element_ty), mask=mrk)
+        tl.store(qdec_ptr + off_hk, (qf * tl.exp(gam)).to(qdec_ptr.dtype.element_ty), mask=mrk)
+        tl.debug_barrier()                                  # gcum's rows are read back below by other threads
+        # rows past the sequence end read gam_C (the cumsum's value there): every factor stays <= 1
+        mb = (rb < eos)[:, None] & mk[None, :]
+        g0 = tl.where(mb, tl.load(gcum_ptr + (rb * HV + hv)[:, None] * K + ck[None, :], mask=mb, other=0.),
+                      gam_last[None, :])
+        # ---- across 16-row blocks: row block I through its reference row 16 I, both factors <= 1
+        el = tl.exp(gam - g0)
+        kl = kf * el
+        ql = qf * el
+        for blk in range(1, BT // 16):
+            ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam, 0.), axis=0)               # [BK]
+            kr = kf * tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
+            rows_in = (i // 16 == blk)[:, None]
+            akk += tl.dot(tl.where(rows_in, kl, 0.), tl.trans(kr), input_precision=DOT_PREC)
+            aqk += tl.dot(tl.where(rows_in, ql, 0.), tl.trans(kr), input_precision=DOT_PREC)
+        # ---- inside each 16-row block: the pair (i, 16 (i // 16) + s), token by token
+        for s in range(0, 16):
+            rs = rb + s
+            ms = (rs < eos)[:, None] & mk[None, :]
+            gs = tl.where(ms, tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=ms, other=0.),
+                          gam_last[None, :])
+            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=ms, other=0.).to(tl.float32)
+            e = ks * tl.exp(tl.where((i % 16 >= s)[:, None], gam - gs, float("-inf")))
+            in_k += tl.where(s16[None, :] == s, tl.sum(kf * e, axis=1)[:, None], 0.)
+            in_q += tl.where(s16[None, :] == s, tl.sum(qf * e, axis=1)[:, None], 0.)
+    # place the in-block sums: column 16 (i // 16) + s of row i
+    blk4 = (tl.arange(0, 4)[None, :, None] == (i // 16)[:, None, None])
+    akk += tl.reshape(tl.where(blk4 & (s16[None, None, :] < (i % 16)[:, None, None]), in_k[:, None, :], 0.), [BT, BT])
+    aqk += tl.reshape(tl.where(blk4 & (s16[None, None, :] <= (i % 16)[:, None, None]), in_q[:, None, :], 0.), [BT, BT])
     akk = akk * beta[:, None]
 
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
     d, t1, t2, t3 = tinv_blocks(akk, DOT_PREC, LOWP)
     store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
     tl.store(aqk_ptr + (r * HV + hv)[:, None] * BT + i[None, :], aqk.to(aqk_ptr.dtype.element_ty), mask=m[:, None])
-
-    # ---- the decayed keys and queries of the state and output stages
-    last = tl.minimum(eos - t0, BT) - 1
-    gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
-    tl.store(kdec_ptr + off_hk, (kf * tl.exp(gam_last[None, :] - gam)).to(kdec_ptr.dtype.element_ty), mask=mrk)
-    tl.store(qdec_ptr + off_hk, (qf * tl.exp(gam)).to(qdec_ptr.dtype.element_ty), mask=mrk)
