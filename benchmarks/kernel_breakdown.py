@@ -1,0 +1,101 @@
+"""Kernel breakdown of a chunked op's forward and backward on a GPU (torch.profiler: CUDA time per kernel name, mean
+of 3 calls), H16/HV32 (GDN) or H = HV = 32 (KDA), K = V = 128, bf16, initial and final state. The backward is
+torch.autograd.grad of (o, final state) on a kept graph. Kernels a backend launches on side streams are counted too,
+but the columns then sum more than the wall time. Writes $OUT/breakdown_<op>_<backend>.json (default: this folder).
+
+    python3 benchmarks/kernel_breakdown.py --op gdn --backend gluon      # linattn installed (or PYTHONPATH=$PWD)
+    python3 benchmarks/kernel_breakdown.py --op kda --backend triton fla  # fla: FLA's own op (FLA_FLASH_QLA=0)
+"""
+import argparse
+import collections
+import json
+import os
+
+import torch
+from torch.profiler import profile, ProfilerActivity
+
+import linattn
+from linattn.bench.env import collect_env, env_line
+
+SHAPES = {"gdn": [(1, 65536, 16, 32), (8, 4096, 16, 32), (1, 8192, 16, 32)],
+          "kda": [(1, 32768, 32, 32), (8, 4096, 32, 32)]}
+
+
+def make_call(op, backend, B, T, H, HV, dev="cuda"):
+    K = V = 128
+    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16)
+    gshape = (B, T, HV, K) if op == "kda" else (B, T, HV)
+    g = -(0.01 + 0.1 * torch.rand(*gshape, device=dev))
+    beta = torch.rand(B, T, HV, device=dev).to(torch.bfloat16)
+    h0 = torch.randn(B, HV, K, V, device=dev) * 0.1
+    ins = [q, k, v, g, beta, h0]
+    for t in ins:
+        t.requires_grad_(True)
+    if backend == "fla":
+        os.environ.setdefault("FLA_FLASH_QLA", "0")
+        if op == "kda":
+            from fla.ops.kda import chunk_kda as fn
+        else:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
+        kw = {}
+    else:
+        fn = linattn.chunk_kda if op == "kda" else linattn.chunk_gated_delta_rule
+        kw = dict(backend=backend)
+    return (lambda: fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)), ins
+
+
+def breakdown(fwd, ins):
+    o, hT = fwd()
+    do, dhT = torch.randn_like(o), torch.randn_like(hT)
+    for _ in range(3):
+        o, hT = fwd()
+        torch.autograd.grad((o, hT), ins, (do, dhT))
+    torch.cuda.synchronize()
+    res = {}
+    for phase in ("fwd", "bwd"):
+        o, hT = fwd()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                if phase == "fwd":
+                    o, hT = fwd()
+                else:
+                    torch.autograd.grad((o, hT), ins, (do, dhT), retain_graph=True)
+            torch.cuda.synchronize()
+        agg = collections.defaultdict(float)
+        for ev in prof.key_averages():
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if t and ev.key and not ev.key.startswith("aten::") and "Memcpy" not in ev.key:
+                agg[ev.key] += t / 3 / 1000.0
+        res[phase] = dict(sorted(agg.items(), key=lambda kv: -kv[1]))
+        res[phase + "_total_ms"] = sum(agg.values())
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", choices=sorted(SHAPES), default="gdn")
+    ap.add_argument("--backend", nargs="+", default=["gluon"], help="linattn backends and/or fla")
+    args = ap.parse_args()
+    for backend in args.backend:
+        try:
+            out = dict(env=env_line(collect_env(torch.device("cuda"))), op=args.op, backend=backend)
+        except Exception as e:  # the environment line is informative, not required
+            out = dict(env=repr(e), op=args.op, backend=backend)
+        for (B, T, H, HV) in SHAPES[args.op]:
+            torch.manual_seed(0)
+            res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV))
+            print(args.op, backend, B, T, json.dumps({p: round(res[p + "_total_ms"], 3) for p in ("fwd", "bwd")}),
+                  flush=True)
+            for p in ("fwd", "bwd"):
+                for kname, ms in list(res[p].items())[:8]:
+                    print(f"   {p} {ms:8.3f} ms  {kname[:90]}")
+        path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}.json")
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
