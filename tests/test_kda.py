@@ -271,6 +271,7 @@ def _chunk(**kw):
     (2, 130, 1, 2, 32, 16, "strong", torch.float32),   # T not a multiple of 64, GVA, decays down to e^-8 per step
     (1, 70, 2, 2, 16, 32, "weak", torch.float32),
     (1, 100, 1, 1, 32, 32, "mixed", torch.bfloat16),
+    (1, 80, 1, 2, 48, 16, "mixed", torch.float32),     # K over two key blocks of the stage 2a walk, the second ragged
 ])
 def test_chunk_matches_reference(B, T, H, HV, K, V, decay, dtype):
     x = kda_inputs(B, T, H, HV, K, V, decay=decay, dtype=dtype)
