@@ -344,6 +344,12 @@ def test_chunk_gradients(decay):
 
 
 @needs_triton
+def test_chunk_gradients_key_row_in_blocks():
+    x = kda_inputs(1, 100, 1, 2, 48, 16, decay="mixed")  # K over two key blocks of the local kernels, one ragged
+    _check_grads(x, _plain, F32)
+
+
+@needs_triton
 def test_chunk_gradients_varlen_l2norm():
     lengths = [1, 66, 20]
     x = kda_inputs(1, sum(lengths), 2, 2, 16, 16, num_states=len(lengths))

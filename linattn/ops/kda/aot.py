@@ -5,8 +5,8 @@ the configs KDA's launchers pick for H16/HV32, K = V = 128, bf16. KDA's own kern
 of the registry (tests/test_aot_gluon.py) fails any build that spills or lacks its HGMMA."""
 from __future__ import annotations
 
-from linattn.ops.kda.triton.backward import PAIR_BK, WY_BK, WY_WARPS
-from linattn.ops.kda.triton.forward import INTRA_BK
+from linattn.ops.kda.triton.backward import DG_BK, PAIR_BK, PAIR_WARPS, WY_BK, WY_WARPS
+from linattn.ops.kda.triton.forward import INTRA_BK, INTRA_WARPS
 from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -29,11 +29,11 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
 
 
 _GDN = "linattn.ops.gated_delta_rule.triton"
-_register("kda_fwd_triton_pairs_w4", "linattn.ops.kda.triton.intra", "kda_pairs_kernel",
+_register(f"kda_fwd_triton_pairs_w{INTRA_WARPS}", "linattn.ops.kda.triton.intra", "kda_pairs_kernel",
           dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, akk_ptr=_F, aqk_ptr=_X,
                kdec_ptr=_X, qdec_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", GATE="",
-               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
+               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), INTRA_WARPS, 1,
           "forward stage 2a: gates, Akk / Aqk rows of one 16-row block, decayed keys and queries, in key blocks",
           intended=("HMMA",))
 _register("kda_fwd_triton_tinv_w4", "linattn.ops.kda.triton.intra", "kda_tinv_kernel",
@@ -71,10 +71,16 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
                scale="fp32"),
           dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=WY_BK, BV=V, DOT_PREC="tf32"), WY_WARPS, 1,
           "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks")
-_register("kda_bwd_triton_pair_w8", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
-          dict(k_ptr=_X, q_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
-               dgam_ptr=_F, dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dg_ptr=_F, dbeta_ptr=_F, dA_ptr=_F, dbias_ptr=_F,
-               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", GATE="",
-               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 8, 1,
-          "backward stage 2b: pairwise gradients of Akk / Aqk, dg, in key blocks")
+_register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
+          dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, beta_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
+               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32,
+               N="i32"),
+          dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False),
+          PAIR_WARPS, 1,
+          "backward stage 2b: pairwise gradients of Akk / Aqk for one 16-row block, in key blocks",
+          intended=("HMMA",))
+_register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_kernel",
+          dict(g_ptr=_F, dgam_ptr=_F, dg_ptr=_F, dA_ptr=_F, dbias_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(A_log=None, dt_bias=None, HV=HV, K=K, BT=BT, BK=DG_BK, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0),
+          4, 1, "backward stage 2c: dg, the reverse cumsum inside the chunk, and the gate's chain rule",
+          intended=("LDG",))

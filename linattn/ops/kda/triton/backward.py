@@ -36,9 +36,10 @@ from linattn.ops.kda.triton.forward import chunk_kda_fwd
 from linattn.runtime.alloc import empty
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps:
-# at K = V = 128 on sm_90a (ptxas, Triton 3.6.0) these spill nothing (kda_pair_bwd_kernel at 8 warps; at 4, or
-# with wider blocks, both spill)
+# at K = V = 128 on sm_90a (ptxas, Triton 3.6.0) these spill nothing
 PAIR_BK = 32
+PAIR_WARPS = 4
+DG_BK = 32
 WY_BK = 16
 WY_WARPS = 8
 
@@ -152,55 +153,126 @@ def _gam_row(gcum_ptr, t0, u, eos, hv, ck, mk, gam_last, HV: tl.constexpr, K: tl
 
 
 @triton.jit
-def _cross_block_grads(dakk_ptr, daqk_ptr, gcum_ptr, off_a, off_at, t0, eos, hv, m, ck, mk, gam, gam_last, g0, k,
-                       beta, q, DOT_PREC: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
-    """The pairs (i, j) in different 16-row blocks of both pairwise products, on one key block: through row block
-    I's reference row 16 I (both factors <= 1; g0 [BT, BK] holds gam of each row's reference row), (dak, dbk) of
-    Akk's P(beta k, k) with G = dAkk (beta is applied to dak by the caller) and (daq, dbq) of Aqk's P(q, k). Each
-    block's upstream rows (and its transpose's) are loaded masked to the block right before their product, so no
-    [BT, BT] gradient tile stays live across the products."""
+def kda_pair_bwd_kernel(
+    k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, beta_ptr,
+    dakk_ptr, daqk_ptr, dbeta_in_ptr,                          # kda_wy_bwd_kernel's outputs (fp32)
+    dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # dq, dk, dgam: the partial sums, completed in place
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+):
+    """Grid (4 * chunk slots, HV): one 16-row block I = program_id(0) % 4 of a chunk per program, the pairwise
+    gradients of Akk and Aqk for its rows: dq and dk complete, dgam's per-row terms (kda_dg_kernel takes the reverse
+    cumsum), dbeta complete (through the beta sigmoid).
+
+    With P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) and upstream G masked to P's pairs: da_i = sum_j G_ij b_j
+    exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k, G = dAkk) and Aqk
+    (a = q, b = k, G = dAqk). The key row is walked in blocks of BK channels. Pairs across blocks go through a
+    reference row between the two tokens, so both factors are <= 1: row 16 I for the block's da (the earlier blocks'
+    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product. Inside the block, token
+    by token: step s pairs row 16 I + l with row 16 I + s, read from memory (the earlier row for da, the later one
+    for db), so any decay is safe (exp of a masked difference <= 0)."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    blk = p % 4
+    n, c = slot_chunk(chunk_idx_ptr, p // 4)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    if t0 + 16 * blk >= eos:                   # the block lies past the sequence end
+        return
+    hk = hv // (HV // H)
     i = tl.arange(0, BT)
-    el = tl.exp(gam - g0)
-    bl = beta[:, None] * k * el
-    ql = q * el
-    dak = tl.zeros_like(gam)
-    dbk = tl.zeros_like(gam)
-    daq = tl.zeros_like(gam)
-    dbq = tl.zeros_like(gam)
-    for blk in range(1, BT // 16):
-        ref = _gam_row(gcum_ptr, t0, 16 * blk, eos, hv, ck, mk, gam_last, HV, K)
-        er = tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
-        kr = k * er
-        rows = (m & (i // 16 == blk))[:, None] & (i < 16 * blk)[None, :]          # G's rows in block blk
-        rows_t = (i < 16 * blk)[:, None] & (m & (i // 16 == blk))[None, :]        # G^T's columns in block blk
-        dak += tl.dot(tl.load(dakk_ptr + off_a, mask=rows, other=0.), kr, input_precision=DOT_PREC)
-        daq += tl.dot(tl.load(daqk_ptr + off_a, mask=rows, other=0.), kr, input_precision=DOT_PREC)
-        dbk += er * tl.dot(tl.load(dakk_ptr + off_at, mask=rows_t, other=0.), bl, input_precision=DOT_PREC)
-        dbq += er * tl.dot(tl.load(daqk_ptr + off_at, mask=rows_t, other=0.), ql, input_precision=DOT_PREC)
-    return dak * el, dbk, daq * el, dbq
+    r = t0 + i
+    m = r < eos
+    last = tl.minimum(eos - t0, BT) - 1
+    li = tl.arange(0, 16)
+    rI = t0 + 16 * blk + li
+    mI = rI < eos
+    first_b = 16 * blk                         # the block's first and last rows in the chunk
+    last_b = 16 * blk + 15
+    beta = tl.load(beta_eff_ptr + rI * HV + hv, mask=mI, other=0.)
+    beta_all = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
+    dbeta = tl.load(dbeta_in_ptr + rI * HV + hv, mask=mI, other=0.)
+    # G's rows of the block against the earlier blocks' columns, and G^T: the later blocks' rows at the block's columns
+    off_g = (rI * HV + hv)[:, None] * BT + i[None, :]
+    m_g = mI[:, None] & (i < first_b)[None, :]
+    off_gt = (r * HV + hv)[None, :] * BT + (first_b + li)[:, None]            # [l, i] = G[i, 16 I + l]
+    m_gt = (m & (i > last_b))[None, :] & mI[:, None]
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        mIk = mI[:, None] & mk[None, :]
+        off_I = (rI * HV + hv)[:, None] * K + ck[None, :]
+        off_qI = (rI * H + hk)[:, None] * K + ck[None, :]
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        gam_last = _gam_row(gcum_ptr, t0, last, eos, hv, ck, mk, 0., HV, K)
+        # rows past the sequence end carry gam_C, as the forward's cumsum left them: every factor stays <= 1
+        gI = tl.where(mI[:, None], tl.load(gcum_ptr + off_I, mask=mIk, other=0.), gam_last[None, :])
+        gam = tl.where(m[:, None], tl.load(gcum_ptr + (r * HV + hv)[:, None] * K + ck[None, :], mask=mrk, other=0.),
+                       gam_last[None, :])
+        kI = tl.load(k_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
+        qI = tl.load(q_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        # ---- across blocks: da through row 16 I (earlier columns), db through row 16 I + 15 (later rows)
+        ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
+        kr = kf * tl.exp(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")))
+        el = tl.exp(gI - ref_a[None, :])
+        dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+        daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+        ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
+        later = (i > last_b)[:, None]
+        el_b = tl.exp(tl.where(later, gam - ref_b[None, :], float("-inf")))
+        qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
+        eb = tl.exp(ref_b[None, :] - gI)
+        dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
+                          input_precision=DOT_PREC)
+        dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
+        # ---- inside the block, token by token
+        for s in range(0, 16):
+            rs = t0 + first_b + s
+            ms = rs < eos
+            gs = _gam_row(gcum_ptr, t0, first_b + s, eos, hv, ck, mk, gam_last, HV, K)
+            ks = tl.load(k_ptr + (rs * H + hk) * K + ck, mask=mk & ms, other=0.).to(tl.float32)
+            qs = tl.load(q_ptr + (rs * H + hk) * K + ck, mask=mk & ms, other=0.).to(tl.float32)
+            bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
+            e_lo = tl.exp(tl.where((li >= s)[:, None], gI - gs[None, :], float("-inf")))     # row s is earlier
+            e_hi = tl.exp(tl.where((li <= s)[:, None], gs[None, :] - gI, float("-inf")))     # row s is later
+            gk = tl.load(dakk_ptr + (rI * HV + hv) * BT + first_b + s, mask=mI, other=0.)     # G[16 I + l, row s]
+            gq = tl.load(daqk_ptr + (rI * HV + hv) * BT + first_b + s, mask=mI, other=0.)
+            gkt = tl.load(dakk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)  # G[row s, 16 I + l]
+            gqt = tl.load(daqk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)
+            ke = ks[None, :] * e_lo
+            dak += gk[:, None] * ke
+            daq += gq[:, None] * ke
+            dbk += (gkt * bs)[:, None] * ks[None, :] * e_hi
+            dbq += gqt[:, None] * qs[None, :] * e_hi
+        dbeta += tl.sum(kI * dak, axis=1)
+        dq = tl.load(dq_ptr + off_I, mask=mIk, other=0.) + daq
+        dk = tl.load(dk_ptr + off_I, mask=mIk, other=0.) + beta[:, None] * dak + dbk + dbq
+        dgam = tl.load(dgam_ptr + off_I, mask=mIk, other=0.)
+        dgam += beta[:, None] * kI * dak - kI * dbk + qI * daq - kI * dbq
+        tl.store(dq_ptr + off_I, dq, mask=mIk)
+        tl.store(dk_ptr + off_I, dk, mask=mIk)
+        tl.store(dgam_ptr + off_I, dgam, mask=mIk)
+    if BETA_SIGMOID:
+        sb = tl.sigmoid(tl.load(beta_ptr + rI * HV + hv, mask=mI, other=0.).to(tl.float32))
+        dbeta = dbeta * sb * (1. - sb)
+        if NEG_EIGVAL:
+            dbeta = dbeta * 2.
+    tl.store(dbeta_ptr + rI * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=mI)
 
 
 @triton.jit
-def kda_pair_bwd_kernel(
-    k_ptr, q_ptr, g_ptr, beta_ptr, A_log, dt_bias, gcum_ptr, beta_eff_ptr,
-    dakk_ptr, daqk_ptr, dgam_ptr, dbeta_in_ptr,                # kda_wy_bwd_kernel's outputs (fp32)
-    dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, dA_ptr, dbias_ptr,      # dq, dk: the partial sums, completed in place
-    cu_ptr, chunk_idx_ptr, N,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+def kda_dg_kernel(
+    g_ptr, A_log, dt_bias, dgam_ptr, dg_ptr, dA_ptr, dbias_ptr, cu_ptr, chunk_idx_ptr, N,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): the second half of the local backward: the pairwise gradients of Akk and Aqk, dg as
-    the reverse cumsum inside the chunk, then the KDA gate's and the beta sigmoid's chain rule. dA [slots, HV] and
-    dbias [slots, HV, K]: fp32 partial sums of the gate's parameters (zeros from surplus slots).
-
-    Every term is per key channel except dbeta and dA (sums over channels), so the key row is walked in blocks of
-    BK channels (BK divides the padded K): the live set is a few [BT, BK] tiles, not [BT, K] ones. With
-    P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) and upstream G masked to P's pairs:
-    da_i = sum_j G_ij b_j exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k,
-    G = dAkk) and Aqk (a = q, b = k, G = dAqk). Across 16-row blocks: _cross_block_grads (tensor-core products);
-    inside a block, token by token: step s pairs row i with row 16 (i // 16) + s of its block, read from memory
-    (the earlier row for da, the later one for db), so any decay is safe (exp of a masked difference <= 0)."""
+    """Grid (chunk slots, HV): dg as the reverse cumsum of dgam inside the chunk (gam_C's terms are on the last row
+    already), then back through FLA's KDA gate. dA [slots, HV] and dbias [slots, HV, K]: fp32 partial sums of the
+    gate's parameters (zeros from surplus slots)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
@@ -212,64 +284,15 @@ def kda_pair_bwd_kernel(
             tl.store(dA_ptr + p * HV + hv, 0.)
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)
-    i = tl.arange(0, BT)
-    r = t0 + i
+    r = t0 + tl.arange(0, BT)
     m = r < eos
-    last = tl.minimum(eos - t0, BT) - 1
-    off_a = (r * HV + hv)[:, None] * BT + i[None, :]
-    off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
-    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
-    dbeta = tl.load(dbeta_in_ptr + r * HV + hv, mask=m, other=0.)
-    # row 16 (i // 16) + s of row i's block, for the in-block steps
-    rb = t0 + 16 * (i // 16)
     d_a = tl.zeros([BT], dtype=tl.float32)                     # dA's partial sums per row
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
         mrk = m[:, None] & mk[None, :]
         off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
-        off_q = (r * H + hk)[:, None] * K + ck[None, :]
-        gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
-        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        gam_last = _gam_row(gcum_ptr, t0, last, eos, hv, ck, mk, 0., HV, K)
-        # rows past the sequence end carry gam_C, as the forward's cumsum left them: every factor stays <= 1
-        gam = tl.where(m[:, None], gam, gam_last[None, :])
-        g0 = tl.where((rb < eos)[:, None], tl.load(gcum_ptr + (rb * HV + hv)[:, None] * K + ck[None, :],
-                                                   mask=(rb < eos)[:, None] & mk[None, :], other=0.), gam_last[None, :])
-        dak, dbk, daq, dbq = _cross_block_grads(dakk_ptr, daqk_ptr, gcum_ptr, off_a, off_at, t0, eos, hv, m, ck, mk,
-                                                gam, gam_last, g0, kf, beta, qf, DOT_PREC, HV, K, BT)
-        for s in range(0, 16):
-            rs = rb + s
-            ms = rs < eos
-            mrs = ms[:, None] & mk[None, :]
-            gs = tl.where(ms[:, None], tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=mrs,
-                                               other=0.), gam_last[None, :])
-            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mrs, other=0.).to(tl.float32)
-            qs = tl.load(q_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mrs, other=0.).to(tl.float32)
-            bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
-            e_lo = tl.exp(tl.where((i % 16 >= s)[:, None], gam - gs, float("-inf")))      # row s is earlier
-            e_hi = tl.exp(tl.where((i % 16 <= s)[:, None], gs - gam, float("-inf")))      # row s is later
-            off_g = (r * HV + hv) * BT + 16 * (i // 16) + s                                # G[i, row s]
-            off_gt = (rs * HV + hv) * BT + i                                               # G[row s, i]
-            gk = tl.load(dakk_ptr + off_g, mask=m, other=0.)
-            gq = tl.load(daqk_ptr + off_g, mask=m, other=0.)
-            gkt = tl.load(dakk_ptr + off_gt, mask=ms, other=0.)
-            gqt = tl.load(daqk_ptr + off_gt, mask=ms, other=0.)
-            ke = ks * e_lo
-            dak += gk[:, None] * ke
-            daq += gq[:, None] * ke
-            dbk += (gkt * bs)[:, None] * ks * e_hi
-            dbq += gqt[:, None] * qs * e_hi
-        dbeta += tl.sum(kf * dak, axis=1)
-        dq = tl.load(dq_ptr + off_hk, mask=mrk, other=0.) + daq
-        dk = tl.load(dk_ptr + off_hk, mask=mrk, other=0.) + beta[:, None] * dak + dbk + dbq
         dgam = tl.load(dgam_ptr + off_hk, mask=mrk, other=0.)
-        dgam += beta[:, None] * kf * dak - kf * dbk + qf * daq - kf * dbq
-
-        # ---- dg: the reverse cumsum inside the chunk (gam_C's terms are on the last row already)
-        dgam = tl.where(mrk, dgam, 0.)
         dg = tl.sum(dgam, axis=0)[None, :] - tl.cumsum(dgam, axis=0) + dgam
         if GATE != "":
             x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
@@ -290,17 +313,9 @@ def kda_pair_bwd_kernel(
                 dg = dg * (LOWER_BOUND * sg * (1. - sg))
             dg = tl.where(mrk, dg, 0.)
             tl.store(dbias_ptr + (p * HV + hv) * K + ck, tl.sum(dg, axis=0), mask=mk)
-        tl.store(dq_ptr + off_hk, dq, mask=mrk)
-        tl.store(dk_ptr + off_hk, dk, mask=mrk)
         tl.store(dg_ptr + off_hk, dg.to(dg_ptr.dtype.element_ty), mask=mrk)
     if GATE != "":
         tl.store(dA_ptr + p * HV + hv, tl.sum(d_a, axis=0))
-    if BETA_SIGMOID:
-        sb = tl.sigmoid(tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32))
-        dbeta = dbeta * sb * (1. - sb)
-        if NEG_EIGVAL:
-            dbeta = dbeta * 2.
-    tl.store(dbeta_ptr + r * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
 
 
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -350,12 +365,14 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
     dbias = empty(slots, HV, K, dtype=torch.float32, device=dev) if gate else None
-    kda_pair_bwd_kernel[(slots, HV)](
-        k, q, g, beta, A_log, dt_bias, fwd.gcum, fwd.beta, dakk, daqk, dgam, dbeta_part, dq_hv, dk_hv, dg, dbeta, dA,
-        dbias, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, GATE=gate,
-        HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=8)
+    kda_pair_bwd_kernel[(4 * slots, HV)](
+        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, plan.cu, plan.chunk_indices,
+        N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, BETA_SIGMOID=beta_sigmoid,
+        NEG_EIGVAL=neg_eigval, num_warps=PAIR_WARPS)
+    kda_dg_kernel[(slots, HV)](
+        g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N, HV=HV, K=K, BT=CHUNK,
+        BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4)
     # a key head's gradient sums those of the value heads that read it (GVA)
     dq = dq_hv.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
     dk = dk_hv.view(B, T, H, HV // H, K).sum(3).to(k.dtype)

@@ -18,6 +18,7 @@ from linattn.runtime.alloc import empty
 
 # key channels per block of kda_pairs_kernel's walk over the key row
 INTRA_BK = 32
+INTRA_WARPS = 4
 
 
 @dataclass
@@ -65,7 +66,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         q, k, g, beta, A_log, dt_bias, gcum, beta_eff, akk, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, INTRA_BK), DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
         LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=4)
+        NEG_EIGVAL=neg_eigval, num_warps=INTRA_WARPS)
     kda_tinv_kernel[(slots, HV)](akk, tinv, plan.cu, plan.chunk_indices, N, HV=HV, BT=CHUNK, DOT_PREC=dot_prec,
                                  num_warps=4)
 

@@ -51,7 +51,7 @@ def _kda_gate(x, A_log, dt_bias, hv, ck, mk, K: tl.constexpr, GATE: tl.constexpr
 @triton.jit
 def kda_pairs_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
-    gcum_ptr, beta_out_ptr, akk_ptr, aqk_ptr,          # gcum [T_tot, HV, K] fp32, beta fp32, akk fp32 / aqk [T_tot, HV, BT]
+    gcum_ptr, beta_out_ptr, akk_ptr, aqk_ptr,          # gcum [T_tot, HV, K], beta, akk fp32; aqk: [T_tot, HV, BT]
     kdec_ptr, qdec_ptr,                                # K * exp(gam_C - gam), Q * exp(gam): [T_tot, HV, K]
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
