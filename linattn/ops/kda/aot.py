@@ -6,7 +6,7 @@ of the registry (tests/test_aot_gluon.py) fails any build that spills or lacks i
 from __future__ import annotations
 
 from linattn.ops.kda.triton.backward import DG_BK, PAIR_BK, PAIR_WARPS, WY_BK, WY_WARPS
-from linattn.ops.kda.triton.forward import INTRA_BK, INTRA_WARPS
+from linattn.ops.kda.triton.forward import INTRA_BK
 from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -29,16 +29,12 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
 
 
 _GDN = "linattn.ops.gated_delta_rule.triton"
-_register(f"kda_fwd_triton_pairs_w{INTRA_WARPS}", "linattn.ops.kda.triton.intra", "kda_pairs_kernel",
-          dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, akk_ptr=_F, aqk_ptr=_X,
+_register("kda_fwd_triton_intra_w4", "linattn.ops.kda.triton.intra", "kda_intra_kernel",
+          dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
                kdec_ptr=_X, qdec_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", GATE="",
-               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), INTRA_WARPS, 1,
-          "forward stage 2a: gates, Akk / Aqk rows of one 16-row block, decayed keys and queries, in key blocks",
-          intended=("HMMA",))
-_register("kda_fwd_triton_tinv_w4", "linattn.ops.kda.triton.intra", "kda_tinv_kernel",
-          dict(akk_ptr=_F, tinv_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(HV=HV, BT=BT, DOT_PREC="tf32"), 4, 1, "forward stage 2a': Tinv from Akk", intended=("HMMA",))
+               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
+          "forward stage 2a: gates, Akk / Aqk, Tinv, decayed keys and queries, in key blocks")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),

@@ -13,12 +13,12 @@ from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kern
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
-from linattn.ops.kda.triton.intra import kda_pairs_kernel, kda_tinv_kernel
+from linattn.ops.kda.triton.intra import kda_intra_kernel
 from linattn.runtime.alloc import empty
 
-# key channels per block of kda_pairs_kernel's walk over the key row
-INTRA_BK = 32
-INTRA_WARPS = 4
+# key channels per block of kda_intra_kernel's walk over the key row: at 4 warps (the Akk layout tinv_blocks is
+# written for) 16 leaves no spill at K = 128 on sm_90a, 32 spills
+INTRA_BK = 16
 
 
 @dataclass
@@ -61,14 +61,11 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
-    akk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
-    kda_pairs_kernel[(4 * slots, HV)](
-        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, akk, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
+    kda_intra_kernel[(slots, HV)](
+        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, INTRA_BK), DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
         LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=INTRA_WARPS)
-    kda_tinv_kernel[(slots, HV)](akk, tinv, plan.cu, plan.chunk_indices, N, HV=HV, BT=CHUNK, DOT_PREC=dot_prec,
-                                 num_warps=4)
+        NEG_EIGVAL=neg_eigval, num_warps=4)
 
     cfg = split_intra_config(K, V)
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
