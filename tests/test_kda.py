@@ -400,6 +400,20 @@ def test_chunk_state_v_first_forward_and_gradients():
 
 
 @needs_triton
+def test_chunk_state_v_first_without_autograd():
+    """The eager no-grad path (inference, a layer's prefill) with state_v_first: [N, HV, V, K] states in and out."""
+    x = kda_inputs(1, 70, 1, 2, 16, 32)
+    h0_vk = x.pop("initial_state").transpose(-1, -2).contiguous()
+    with torch.no_grad():
+        o, s = _chunk(**x, initial_state=h0_vk, output_final_state=True, state_v_first=True, backend="triton")
+    o_ref, s_ref = naive_recurrent_kda(**f64(x), initial_state=h0_vk.double().transpose(-1, -2),
+                                       output_final_state=True)
+    assert s.shape == (1, 2, 32, 16)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s, s_ref.transpose(-1, -2), F32)
+
+
+@needs_triton
 def test_chunk_gradients_bf16():
     x = kda_inputs(1, 64, 1, 1, 32, 32, dtype=torch.bfloat16)
     _check_grads(x, _plain, TOL[torch.bfloat16])

@@ -107,7 +107,7 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
             lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
-        return chunk_kda_fwd(*args)
+        return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first)
     o, final = _chunk_kda_fwd(*args)
     return o, (final if output_final_state else None)
 
