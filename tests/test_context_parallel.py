@@ -1,4 +1,4 @@
-"""Context parallelism of chunk_gated_delta_rule (linattn/distributed, docs/context-parallel.md).
+"""Context parallelism of chunk_gated_delta_rule and chunk_kda (linattn/distributed, docs/context-parallel.md).
 
 End to end: W processes (forked by torch.multiprocessing, gloo on localhost through a file store) run the op on their
 T / W tokens of one packed stream under the Triton interpreter; every rank's output, the final states (returned on
@@ -20,6 +20,7 @@ from linattn.distributed import build_cp_context
 from linattn.distributed.chunk import compose_incoming, compose_outgoing
 from linattn.distributed.comm import SimulatedComm
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
+from linattn.ops.kda.reference import naive_recurrent_kda
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.settings import settings
 from linattn.testing.compare import TOL, assert_close
@@ -50,8 +51,7 @@ def _rank_worker(rank, world, init_file, cases, out_dir):
             if h0 is not None:
                 h0 = h0.detach().clone().requires_grad_(True)
             with poisoned_allocations():
-                o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=case["final"],
-                                                        cp_context=cp)
+                o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp)
                 loss = (o.float() * case["do"][:, sl]).sum()
                 if case["final"]:
                     loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
@@ -63,11 +63,20 @@ def _rank_worker(rank, world, init_file, cases, out_dir):
         dist.destroy_process_group()
 
 
-def _case(lengths, world, dtype, with_h0, final):
+def _op(case):
+    return linattn.chunk_kda if case["op"] == "kda" else linattn.chunk_gated_delta_rule
+
+
+def _case(lengths, world, dtype, with_h0, final, op="gdn"):
+    """One packed stream's inputs; op "kda": g a log decay per key channel [1, T, HV, K], half of each head's
+    channels near 1 and half down to e^-4 per token."""
     cu = random_cu_seqlens(lengths)
     T, N = int(cu[-1]), len(lengths)
     x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, num_states=N, initial_state=with_h0)
-    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final,
+    if op == "kda":
+        weak = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, K) + 4.0) * 2.0
+        x["g"] = torch.where(torch.rand(1, 1, 1, K) < 0.5, weak, -4.0 * torch.rand(1, T, HV, K))
+    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final, op=op,
                 do=torch.randn(1, T, HV, V), dfin=torch.randn(world, N, HV, K, V))
 
 
@@ -77,10 +86,10 @@ def _one_process(case, reference: bool):
     x = {n: cast(case[n]).requires_grad_(True) for n in NAMES}
     h0 = None if case["h0"] is None else cast(case["h0"]).requires_grad_(True)
     if reference:
-        o, fin = naive_recurrent(*(x[n] for n in NAMES), K ** -0.5, h0, True, case["cu"])
+        ref = naive_recurrent_kda if case["op"] == "kda" else naive_recurrent
+        o, fin = ref(*(x[n] for n in NAMES), K ** -0.5, h0, True, case["cu"])
     else:
-        o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=True,
-                                                cu_seqlens=case["cu"])
+        o, fin = _op(case)(**x, initial_state=h0, output_final_state=True, cu_seqlens=case["cu"])
     loss = (o.double() * case["do"].double()).sum()
     if case["final"]:
         loss = loss + (fin.double() * case["dfin"].double().sum(0)).sum()
@@ -146,6 +155,17 @@ def test_three_ranks_with_a_rank_spanned_by_one_sequence():
     case = _case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True)
     expected = _expected(case)
     _check(case, expected, _run_world(3, [case])[0], 3)
+
+
+def test_kda_three_ranks():
+    """chunk_kda over the same pass, world 3 (the case above: crossing, a spanned rank, 1-token and empty
+    sequences), fp32, initial and final states; and world 2 in bf16 with one crossing sequence."""
+    cases3 = [_case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True, op="kda")]
+    cases2 = [_case([220], 2, torch.bfloat16, False, True, op="kda")]
+    for world, cases in ((3, cases3), (2, cases2)):
+        expected = [_expected(case) for case in cases]
+        for case, exp, ranks in zip(cases, expected, _run_world(world, cases)):
+            _check(case, exp, ranks, world)
 
 
 # ---- in process ---------------------------------------------------------------------------------------------------

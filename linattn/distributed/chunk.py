@@ -1,4 +1,6 @@
-"""Context-parallel chunk_gated_delta_rule: one packed stream split over W ranks (context.py), exact results.
+"""Context-parallel chunk_gated_delta_rule and chunk_kda: one packed stream split over W ranks (context.py), exact
+results. Both ops run the same pass (CPOp says what differs: their forward and backward, and the decay kind of the
+state pass the summaries run).
 
 Forward on rank r (docs/context-parallel.md has the derivation):
   1. stage 2 of the local forward (gam, Tinv, W, U) as in the one-process call;
@@ -41,6 +43,53 @@ from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
 from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, launch_state_pass
 
 
+@dataclasses.dataclass(frozen=True)
+class CPOp:
+    """What the pass needs of an op: fwd(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, state_pass)
+    -> (o, final states); bwd(q, k, v, g, beta, scale, h0, cu_seqlens, do, dht, state_pass, state_bwd) -> (dq, dk,
+    dv, dg, dbeta, dh0); the default state-pass and reverse-state-pass launchers the hooks call (GDN's hook
+    signatures); the summaries' decay kind."""
+    fwd: object
+    bwd: object
+    state_pass: object
+    state_bwd: object
+    decay: str
+
+
+def _gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass):
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass=state_pass)
+    return res.o, res.final_state
+
+
+def _gdn_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass, state_bwd):
+    return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass=state_pass,
+                                      state_bwd=state_bwd)[:6]
+
+
+def _kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass):
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    return chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass=state_pass)
+
+
+def _kda_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass, state_bwd):
+    from linattn.ops.kda.triton.backward import chunk_kda_bwd
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, cu, None, None, "", 0.0, False, False, do, dht,
+                         state_pass=state_pass, state_bwd=state_bwd)[:6]
+
+
+def _kda_state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
+    launch_state_pass(k, w, u, gcum, h, vnew, h0, final, plan, decay="channel")
+
+
+def _kda_state_bwd(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, store_dh=True):
+    from linattn.ops.kda.triton.backward import launch_kda_state_bwd
+    launch_kda_state_bwd(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, store_dh=store_dh)
+
+
+GDN = CPOp(_gdn_fwd, _gdn_bwd, launch_state_pass, launch_state_bwd, "scalar")
+KDA = CPOp(_kda_fwd, _kda_bwd, _kda_state_pass, _kda_state_bwd, "channel")
+
+
 def compose_incoming(ag: torch.Tensor, rank: int, pre: int, V: int) -> torch.Tensor:
     """The incoming state of rank `rank`'s first sequence, started `pre` ranks before, from the gathered [C | M]
     summaries ag [W, HV, K, V + K]: C of the starting rank, then M S + C through every rank in between."""
@@ -67,7 +116,7 @@ def _layout(cp: CPContext):
 
 
 def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-               cp: CPContext):
+               cp: CPContext, op: CPOp = GDN):
     """(o, final states [N, HV, K, V] or None, the local initial states with the incoming state in row 0 (or None),
     the transitions of the ranks the last sequence spans after this one (or None)) of rank cp.rank."""
     comm = comm_of(cp)
@@ -90,26 +139,26 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
             if post > 0:
                 starts_here = pre == 0 or n_loc > 1
                 launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
-                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here)
+                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay)
             ag = comm.all_gather(hm)
             if pre > 0:
                 h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
             if post > 1:
                 kept["m_next"] = ag[cp.rank + 1:cp.rank + post, :, :, V:].clone()
-        launch_state_pass(k_, w, u, gcum, h, vnew, h0, final, plan)
+        op.state_pass(k_, w, u, gcum, h, vnew, h0, final, plan)
 
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens,
-                                     state_pass=state_pass)
+    o, fin_loc = op.fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, state_pass)
     final = None
     if output_final_state:
         final = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
-        final[lo:lo + n_end] = res.final_state[:n_end]
+        final[lo:lo + n_end] = fin_loc[:n_end]
         comm.all_reduce_(final)
-    return res.o, final, h0_loc, kept.get("m_next")
+    return o, final, h0_loc, kept.get("m_next")
 
 
 def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], m_next: Optional[torch.Tensor],
-                has_initial_state: bool, do: torch.Tensor, dfinal: Optional[torch.Tensor], cp: CPContext):
+                has_initial_state: bool, do: torch.Tensor, dfinal: Optional[torch.Tensor], cp: CPContext,
+                op: CPOp = GDN):
     """(dq, dk, dv, dg, dbeta, d initial_state [N, HV, K, V] or None) of rank cp.rank; dfinal: this rank's gradient
     of the returned final states (None where they were not returned)."""
     comm = comm_of(cp)
@@ -130,15 +179,15 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
             if pre > 0:
                 first_ends_here = n_loc > 1 or post == 0
                 first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
-                launch_state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_[:1] if first_ends_here and dht_ is not None
-                                 else None, d_in, first, scale_, store_dh=False)
+                op.state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_[:1] if first_ends_here and dht_ is not None
+                             else None, d_in, first, scale_, store_dh=False)
             ag_d = comm.all_gather(d_in[0])
             if post > 0:
                 dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))
-        launch_state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_)
+        op.state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_)
 
-    dq, dk, dv, dg, dbeta, dh0_loc, _, _ = chunk_gated_delta_rule_bwd(
-        q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens, do.contiguous(), dht, state_bwd=state_bwd)
+    dq, dk, dv, dg, dbeta, dh0_loc = op.bwd(q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens, do.contiguous(), dht,
+                                            None, state_bwd)
     dh0 = None
     if has_initial_state:
         dh0 = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
@@ -146,12 +195,12 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
     return dq, dk, dv, dg, dbeta, dh0
 
 
-class _CPChunkGDN(torch.autograd.Function):
+class _CPChunk(torch.autograd.Function):
     @staticmethod
-    def forward(fctx, q, k, v, g, beta, initial_state, scale, output_final_state, cp):
-        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp)
+    def forward(fctx, q, k, v, g, beta, initial_state, scale, output_final_state, cp, op):
+        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp, op)
         fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next)
-        fctx.scale, fctx.cp, fctx.output_final_state = scale, cp, output_final_state
+        fctx.scale, fctx.cp, fctx.output_final_state, fctx.op = scale, cp, output_final_state, op
         fctx.has_initial_state = initial_state is not None
         return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
 
@@ -161,8 +210,8 @@ class _CPChunkGDN(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(v)
         grads = cp_backward(q, k, v, g, beta, fctx.scale, h0_loc, m_next, fctx.has_initial_state, do,
-                            dfinal if fctx.output_final_state else None, fctx.cp)
-        return (*grads, None, None, None)
+                            dfinal if fctx.output_final_state else None, fctx.cp, fctx.op)
+        return (*grads, None, None, None, None)
 
 
 @torch.compiler.disable
@@ -171,5 +220,13 @@ def cp_chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state: Opt
     """The context-parallel call on validated, contiguous inputs (api.py checks them): q, k [1, T/W, H, K], v
     [1, T/W, HV, V], g, beta [1, T/W, HV], initial_state [N, HV, K, V] fp32 or None. Returns the local o and, with
     output_final_state, the N final states (the same on every rank)."""
-    o, final = _CPChunkGDN.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp)
+    o, final = _CPChunk.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp, GDN)
+    return o, (final if output_final_state else None)
+
+
+@torch.compiler.disable
+def cp_chunk_kda(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                 cp: CPContext) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """cp_chunk_gated_delta_rule for chunk_kda: g [1, T/W, HV, K], the log decay per key channel."""
+    o, final = _CPChunk.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp, KDA)
     return o, (final if output_final_state else None)

@@ -145,3 +145,25 @@ def build_cp_context(cu_seqlens: torch.Tensor, group=None, conv1d_kernel_size: O
         conv1d_kernel_size=conv1d_kernel_size, pre_num_conv_tokens=max(0, start - cu[lo]), rank=rank,
         world_size=world_size, part_len=part, total_tokens=total, num_seqs_global=N, seq_offset=lo,
         any_crossing=crossing, comm=comm)
+
+
+def check_cp_call(op: str, q, cu_seqlens, cp, backend: str, triton_supports) -> None:
+    """The checks of an op's cp_context call against the context (chunk_gated_delta_rule's and chunk_kda's):
+    cp_context built by build_cp_context, cu_seqlens omitted or the context's local offsets, the Triton backend
+    (triton_supports(q=q) -> (ok, why)), and this rank's T / W tokens."""
+    if not isinstance(cp, CPContext):
+        raise TypeError(f"{op}: cp_context must be built by linattn.distributed.build_cp_context, got "
+                        f"{type(cp).__name__}")
+    if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens and not (
+            cu_seqlens.device.type == "cpu" and torch.equal(cu_seqlens.to(torch.int64),
+                                                            cp.cu_seqlens_cpu.to(torch.int64))):
+        raise ValueError(f"{op}: with cp_context, cu_seqlens must be omitted or be cp_context.cu_seqlens (this "
+                         f"rank's local offsets); the global offsets go to build_cp_context")
+    if backend not in ("auto", "triton"):
+        raise NotImplementedError(f"{op}: cp_context runs the Triton kernels; backend={backend!r} is not supported")
+    ok, why = triton_supports(q=q)
+    if not ok:
+        raise NotImplementedError(f"{op}: cp_context runs the Triton kernels: {why}")
+    if q.dim() == 4 and q.shape[1] != cp.part_len:
+        raise ValueError(f"{op}: with cp_context, q must hold this rank's T / W = {cp.part_len} tokens, got "
+                         f"T={q.shape[1]}")

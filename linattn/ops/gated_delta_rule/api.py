@@ -207,23 +207,8 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
                       cu_seqlens, cp, backend):
     """The cp_context call: checks against the context, then linattn/distributed/chunk.py."""
     from linattn.distributed.chunk import cp_chunk_gated_delta_rule
-    from linattn.distributed.context import CPContext
-    if not isinstance(cp, CPContext):
-        raise TypeError(f"{OP}: cp_context must be built by linattn.distributed.build_cp_context, got "
-                        f"{type(cp).__name__}")
-    if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens and not (
-            cu_seqlens.device.type == "cpu" and torch.equal(cu_seqlens.to(torch.int64),
-                                                            cp.cu_seqlens_cpu.to(torch.int64))):
-        raise ValueError(f"{OP}: with cp_context, cu_seqlens must be omitted or be cp_context.cu_seqlens (this "
-                         f"rank's local offsets); the global offsets go to build_cp_context")
-    if backend not in ("auto", "triton"):
-        raise NotImplementedError(f"{OP}: cp_context runs the Triton kernels; backend={backend!r} is not supported")
-    ok, why = _triton_supports(q=q)
-    if not ok:
-        raise NotImplementedError(f"{OP}: cp_context runs the Triton kernels: {why}")
-    if q.dim() == 4 and q.shape[1] != cp.part_len:
-        raise ValueError(f"{OP}: with cp_context, q must hold this rank's T / W = {cp.part_len} tokens, got "
-                         f"T={q.shape[1]}")
+    from linattn.distributed.context import check_cp_call
+    check_cp_call(OP, q, cu_seqlens, cp, backend, _triton_supports)
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cp.cu_seqlens, op=OP, num_states=cp.num_seqs_global)
     if scale is None:
         scale = dims["K"] ** -0.5

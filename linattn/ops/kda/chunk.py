@@ -161,8 +161,11 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     Accepted without effect on the result: safe_gate (FLA's faster path for gates bounded by lower_bound; FLA's
     argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), disable_recompute (a memory
     trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
-    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, cp_context,
-    use_graph. chunk_size: 64 only (ValueError otherwise).
+    cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md), as for
+    chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, the log decay given (not with
+    use_gate_in_kernel, use_beta_sigmoid_in_kernel or state_v_first yet: NotImplementedError).
+    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, use_graph.
+    chunk_size: 64 only (ValueError otherwise).
     backend: "auto" (Triton), "triton" or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
@@ -178,11 +181,13 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
         raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
                          f"FLA), got {lower_bound!r}")
-    for name, value in (("return_intermediate_states", return_intermediate_states),
-                        ("cp_context", cp_context is not None),
-                        ("use_graph", use_graph)):
+    for name, value in (("return_intermediate_states", return_intermediate_states), ("use_graph", use_graph)):
         if value:
             _not_yet(name)
+    if cp_context is not None:
+        return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                                 cu_seqlens, cp_context, backend, use_gate_in_kernel=use_gate_in_kernel,
+                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, state_v_first=state_v_first)
     dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
                             state_v_first=state_v_first)
     check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
@@ -209,3 +214,27 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
                   gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
 
+
+
+def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                      cu_seqlens, cp, backend, **options):
+    """The cp_context call: checks against the context, then linattn/distributed/chunk.py."""
+    from linattn.distributed.chunk import cp_chunk_kda
+    from linattn.distributed.context import check_cp_call
+    for name, value in options.items():
+        if value:
+            raise NotImplementedError(f"{OP}: {name}=True with cp_context is not supported yet (the "
+                                      f"context-parallel pass runs the given log decay and beta, [N, HV, K, V] states)")
+    check_cp_call(OP, q, cu_seqlens, cp, backend, _triton_supports)
+    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cp.cu_seqlens, op=OP, gate_optional=True,
+                            num_states=cp.num_seqs_global)
+    check_channel_decay("g", g, dims, q, op=OP, log_decay=True)
+    if scale is None:
+        scale = dims["K"] ** -0.5
+    if use_qk_l2norm_in_kernel:
+        q = l2norm(q.float()).to(q.dtype)
+        k = l2norm(k.float()).to(k.dtype)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    return cp_chunk_kda(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp)

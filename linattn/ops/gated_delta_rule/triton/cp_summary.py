@@ -10,7 +10,8 @@ real U: one launch computes both, as one [K, V + K] state [C | M] split into col
     block vb >= cdiv(V, BV): columns of M, started from the identity's columns, U = 0 (its block pointer starts
                              past column V, so the bounds check zero-fills it)
 
-Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the state rounded to the operand
+With per-key-channel decays (KDA, DECAY "channel") the map is the same with exp(g_t) a diagonal matrix, and the
+same launch computes it. Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the state rounded to the operand
 dtype for W S exactly as there); nothing but the final [C | M] is written (no h, no Vnew).
 """
 import torch
@@ -29,7 +30,7 @@ def chunk_state_summary_kernel(
     cu_ptr,                                    # [2] int64: the sequence's token range
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_H0: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_H0: tl.constexpr, DOT_PREC: tl.constexpr, DECAY: tl.constexpr = "scalar",
 ):
     vb = tl.program_id(0)
     hv = tl.program_id(1)
@@ -58,9 +59,9 @@ def chunk_state_summary_kernel(
     for c in range(0, nchunks):
         t0 = bos + c * BT
         b_w, b_u, b_k, gam, gam_last = state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
-                                                          H, HV, K, V, BT, BK, BV, "scalar")
+                                                          H, HV, K, V, BT, BK, BV, DECAY)
         vnew = b_u - tl.dot(b_w, s.to(b_w.dtype), input_precision=DOT_PREC)
-        s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC, "scalar")
+        s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC, DECAY)
 
     out_col = tl.where(is_m, V + col_m, col_c)
     tl.store(hm_ptr + hv.to(tl.int64) * K * (V + K) + rk[:, None] * (V + K) + out_col[None, :], s,
@@ -73,10 +74,11 @@ def summary_config(K: int, V: int, HV: int, device):
     return _pow2(K), cfg.BV_state, cfg.warps_state, cfg.stages
 
 
-def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool):
+def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool, decay: str = "scalar"):
     """[C | M] of the sequence spanning tokens cu2[0]:cu2[1] (cu2: an int64 device view of two offsets) into hm
     [HV, K, V + K] fp32. h0: [HV, K, V] fp32 or None (zero). with_transition=False computes only C (hm's M columns
-    are left unwritten): the M of a sequence that starts on this rank is never read."""
+    are left unwritten): the M of a sequence that starts on this rank is never read. decay "channel" (KDA): k the
+    decayed keys and gcum per key channel, as the state pass takes them."""
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     BK, BV, warps, stages = summary_config(K, V, HV, k.device)
@@ -84,5 +86,5 @@ def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool):
     chunk_state_summary_kernel[(blocks, HV)](
         k, w, u, gcum, h0 if h0 is not None else gcum, hm, cu2,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=h0 is not None,
-        DOT_PREC=dot_precision(w.dtype), num_warps=warps, num_stages=stages)
+        DOT_PREC=dot_precision(w.dtype), DECAY=decay, num_warps=warps, num_stages=stages)
 

@@ -70,10 +70,11 @@ class FwdResult:
 
 
 def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor],
-                      plan: ChunkPlan, state_v_first: bool = False):
+                      plan: ChunkPlan, state_v_first: bool = False, decay: str = "scalar"):
     """Stage 3 by chunk_state_fwd_kernel over the plan's sequences (the default of chunk_gated_delta_rule_fwd's
     state_pass hook, which the context-parallel pass also calls): h, vnew, and final where it is not None.
-    state_v_first: initial_state and final are [N, HV, V, K]."""
+    state_v_first: initial_state and final are [N, HV, V, K]. decay "channel" (KDA): k the decayed keys [T_tot, HV,
+    K] and gcum per key channel."""
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     cfg = _configs(K, V, plan.N, HV, k.device)
@@ -83,7 +84,7 @@ def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
         plan.cu, plan.chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
         USE_H0=initial_state is not None, STORE_HT=final is not None,
-        DOT_PREC=dot_precision(w.dtype),
+        DOT_PREC=dot_precision(w.dtype), DECAY=decay,
         num_warps=cfg.warps_state, num_stages=cfg.stages, **({"V_FIRST": True} if state_v_first else {}))
 
 

@@ -318,20 +318,41 @@ def kda_dg_kernel(
         tl.store(dA_ptr + p * HV + hv, tl.sum(d_a, axis=0))
 
 
+def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor],
+                         dh0: Optional[torch.Tensor], plan, scale: float, store_dh: bool = True,
+                         state_v_first: bool = False):
+    """KDA's reverse state pass (stage 1): GDN's chunk_state_bwd_kernel with DECAY "channel" on the decayed queries
+    and keys, over the plan's sequences. store_dh=False writes only dh0 (the context-parallel pass's boundary
+    gradient). state_v_first: dht and dh0 are [N, HV, V, K]."""
+    HV, K = kdec.shape[-2], kdec.shape[-1]
+    V = do.shape[-1]
+    bv_state = min(_pow2(V), 32)
+    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state) * plan.N * HV,)](
+        qdec, kdec, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
+        plan.cu, plan.chunk_offsets, scale,
+        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=bv_state, USE_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, STORE_DH=store_dh, DOT_PREC=dot_precision(qdec.dtype), V_FIRST=state_v_first,
+        DECAY="channel", num_warps=8, num_stages=1)
+
+
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor,
-                  dht: Optional[torch.Tensor], state_v_first: bool = False):
+                  dht: Optional[torch.Tensor], state_v_first: bool = False, state_pass=None, state_bwd=None):
     """The inputs as chunk_kda_fwd takes them, do [B, T, HV, V] and dht [N, HV, K, V] (or None), contiguous.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, dA_log and ddt_bias
-    (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K]."""
+    (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K].
+    state_pass: the recomputed forward's stage 3 (chunk_kda_fwd's hook); state_bwd: replaces the reverse state pass,
+    called as GDN's hook, state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht, dh0, plan, scale) (the
+    context-parallel pass's; launch_kda_state_bwd is the default)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     dt = q.dtype
     dot_prec = dot_precision(dt)
     _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
-                              lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first)
+                              lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first,
+                              state_pass=state_pass)
     plan = fwd.plan
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     BK, BV = _pow2(K), _pow2(V)
@@ -343,12 +364,11 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         num_warps=4)
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
-    bv_state = min(BV, 32)
-    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state) * N * HV,)](
-        fwd.qdec, fwd.kdec, fwd.w, fwd.gcum, do, dh, dvnew, dht if dht is not None else fwd.gcum,
-        dh0 if dh0 is not None else fwd.gcum, plan.cu, plan.chunk_offsets, scale,
-        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=bv_state, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        STORE_DH=True, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=8, num_stages=1)
+    if state_bwd is None:
+        launch_kda_state_bwd(fwd.qdec, fwd.kdec, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale,
+                             state_v_first=state_v_first)
+    else:
+        state_bwd(fwd.qdec, fwd.kdec, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
 
     dq_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
     dk_hv = empty(T_tot, HV, K, dtype=torch.float32, device=dev)

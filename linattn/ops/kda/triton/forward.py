@@ -5,13 +5,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
-from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
-from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
+from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
 from linattn.ops.kda.triton.intra import kda_intra_kernel
 from linattn.runtime.alloc import empty
@@ -39,13 +37,15 @@ class KdaIntermediates:
 def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
-                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False):
+                  beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False,
+                  state_pass=None):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
     contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
     fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
-    in fp32 and no output stage."""
+    in fp32 and no output stage. state_pass: replaces stage 3 (GDN's hook, called as state_pass(kdec, w, u, gcum,
+    h, vnew, initial_state, final, plan); the context-parallel pass's)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -79,13 +79,10 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   device=dev) if output_final_state else None
     h = empty(slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    scfg = _configs(K, V, N, HV, dev)
-    chunk_state_fwd_kernel[(triton.cdiv(V, scfg.BV_state) * N * HV,)](
-        kdec, w, u, gcum, h, vnew, initial_state if initial_state is not None else gcum,
-        final if final is not None else gcum, plan.cu, plan.chunk_offsets,
-        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=scfg.BV_state, USE_H0=initial_state is not None,
-        STORE_HT=final is not None, DOT_PREC=dot_prec, V_FIRST=state_v_first, DECAY="channel", num_warps=scfg.warps_state,
-        num_stages=scfg.stages)
+    if state_pass is None:
+        launch_state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan, state_v_first, decay="channel")
+    else:
+        state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan)
 
     if keep:
         return None, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
