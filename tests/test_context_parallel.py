@@ -20,7 +20,7 @@ from linattn.distributed import build_cp_context
 from linattn.distributed.chunk import compose_incoming, compose_outgoing
 from linattn.distributed.comm import SimulatedComm
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
-from linattn.ops.kda.reference import naive_recurrent_kda
+from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.settings import settings
 from linattn.testing.compare import TOL, assert_close
@@ -50,14 +50,17 @@ def _rank_worker(rank, world, init_file, cases, out_dir):
             h0 = case["h0"]
             if h0 is not None:
                 h0 = h0.detach().clone().requires_grad_(True)
+            params = {n: t.detach().clone().requires_grad_(True) for n, t in case["params"].items()}
             with poisoned_allocations():
-                o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp)
+                o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp,
+                                   **case["opts"], **params)
                 loss = (o.float() * case["do"][:, sl]).sum()
                 if case["final"]:
                     loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
                 loss.backward()
             torch.save(dict(o=o.detach(), fin=None if fin is None else fin.detach(),
-                            dh0=None if h0 is None else h0.grad, **{"d" + n: x[n].grad for n in NAMES}),
+                            dh0=None if h0 is None else h0.grad, **{"d" + n: x[n].grad for n in NAMES},
+                            **{"d" + n: t.grad for n, t in params.items()}),
                        os.path.join(out_dir, f"case{i}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -67,17 +70,29 @@ def _op(case):
     return linattn.chunk_kda if case["op"] == "kda" else linattn.chunk_gated_delta_rule
 
 
-def _case(lengths, world, dtype, with_h0, final, op="gdn"):
+def _case(lengths, world, dtype, with_h0, final, op="gdn", fla_options=False):
     """One packed stream's inputs; op "kda": g a log decay per key channel [1, T, HV, K], half of each head's
-    channels near 1 and half down to e^-4 per token."""
+    channels near 1 and half down to e^-4 per token. fla_options: FLA's in-kernel gate (g its raw input, A_log and
+    dt_bias parameters) and beta sigmoid with allow_neg_eigval (beta a logit), and states [N, HV, V, K]
+    (state_v_first): how FLA's KDA layer calls chunk_kda."""
     cu = random_cu_seqlens(lengths)
     T, N = int(cu[-1]), len(lengths)
     x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, num_states=N, initial_state=with_h0)
     if op == "kda":
         weak = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, K) + 4.0) * 2.0
         x["g"] = torch.where(torch.rand(1, 1, 1, K) < 0.5, weak, -4.0 * torch.rand(1, T, HV, K))
-    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final, op=op,
-                do=torch.randn(1, T, HV, V), dfin=torch.randn(world, N, HV, K, V))
+    opts, params, state = {}, {}, (N, HV, K, V)
+    if fla_options:
+        x["g"] = torch.randn_like(x["g"]) * 2
+        x["beta"] = torch.randn_like(x["beta"]) * 2
+        opts = dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                    state_v_first=True)
+        params = dict(A_log=torch.randn(HV) * 0.5, dt_bias=torch.randn(HV * K if op == "kda" else HV))
+        state = (N, HV, V, K)
+        if with_h0:
+            x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final, op=op, opts=opts,
+                params=params, do=torch.randn(1, T, HV, V), dfin=torch.randn(world, *state))
 
 
 def _one_process(case, reference: bool):
@@ -85,17 +100,30 @@ def _one_process(case, reference: bool):
     cast = (lambda t: t.detach().to(torch.float64)) if reference else (lambda t: t.detach().clone())
     x = {n: cast(case[n]).requires_grad_(True) for n in NAMES}
     h0 = None if case["h0"] is None else cast(case["h0"]).requires_grad_(True)
+    params = {n: cast(t).requires_grad_(True) for n, t in case["params"].items()}
     if reference:
         ref = naive_recurrent_kda if case["op"] == "kda" else naive_recurrent
-        o, fin = ref(*(x[n] for n in NAMES), K ** -0.5, h0, True, case["cu"])
+        g, beta, h0_kv = x["g"], x["beta"], h0
+        if params:                      # FLA's options written out: the gate, 2 sigmoid(beta), [N, HV, V, K] states
+            if case["op"] == "kda":
+                g = kda_gate(g, params["A_log"], params["dt_bias"])
+            else:
+                g = -params["A_log"].exp() * torch.nn.functional.softplus(g + params["dt_bias"])
+            beta = 2 * torch.sigmoid(beta)
+            h0_kv = None if h0 is None else h0.transpose(-1, -2)
+        o, fin = ref(x["q"], x["k"], x["v"], g, beta, K ** -0.5, h0_kv, True, case["cu"])
+        if params:
+            fin = fin.transpose(-1, -2)
     else:
-        o, fin = _op(case)(**x, initial_state=h0, output_final_state=True, cu_seqlens=case["cu"])
+        o, fin = _op(case)(**x, initial_state=h0, output_final_state=True, cu_seqlens=case["cu"], **case["opts"],
+                           **params)
     loss = (o.double() * case["do"].double()).sum()
     if case["final"]:
         loss = loss + (fin.double() * case["dfin"].double().sum(0)).sum()
     loss.backward()
     grads = {"d" + n: x[n].grad for n in NAMES}
     grads["dh0"] = None if h0 is None else h0.grad
+    grads.update({"d" + n: t.grad for n, t in params.items()})
     return o, fin, grads
 
 
@@ -135,6 +163,13 @@ def _check(case, expected, ranks, world):
         if case["h0"] is not None:
             assert_close(f"d initial_state (summed over ranks) vs {against}", sum(rk["dh0"] for rk in ranks),
                          grads["dh0"], tol)
+        for n in case["params"]:            # a parameter's gradient: each rank's from its tokens, summed
+            if against == "one-process call":
+                # a sum over every token of terms of both signs, added in another order than the one-process call's:
+                # it cancels (measured 2.8e-5 of its norm here), so SAME_CALL_TOL does not apply; fp64 checks it
+                continue
+            assert_close(f"d{n} (summed over ranks) vs {against}", sum(rk["d" + n] for rk in ranks),
+                         grads["d" + n], tol)
 
 
 def test_two_ranks_match_the_one_process_call():
@@ -166,6 +201,18 @@ def test_kda_three_ranks():
         expected = [_expected(case) for case in cases]
         for case, exp, ranks in zip(cases, expected, _run_world(world, cases)):
             _check(case, exp, ranks, world)
+
+
+def test_fla_options_three_ranks():
+    """FLA's in-kernel gate, beta sigmoid (allow_neg_eigval) and state_v_first under CP, as FLA's KDA layer calls
+    chunk_kda, and chunk_gated_delta_rule with the same options: world 3 with a spanned rank, fp32, initial and final
+    states [N, HV, V, K]; outputs, states and every gradient (A_log and dt_bias summed over ranks) against FLA's
+    options written out in fp64, and all but A_log's and dt_bias's against the one-process call."""
+    lengths = [30, 160, 1, 0, 49, 0]
+    cases = [_case(lengths, 3, torch.float32, True, True, op=op, fla_options=True) for op in ("kda", "gdn")]
+    expected = [_expected(case) for case in cases]
+    for case, exp, ranks in zip(cases, expected, _run_world(3, cases)):
+        _check(case, exp, ranks, 3)
 
 
 # ---- in process ---------------------------------------------------------------------------------------------------

@@ -45,10 +45,11 @@ from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_f
 
 @dataclasses.dataclass(frozen=True)
 class CPOp:
-    """What the pass needs of an op: fwd(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, state_pass)
-    -> (o, final states); bwd(q, k, v, g, beta, scale, h0, cu_seqlens, do, dht, state_pass, state_bwd) -> (dq, dk,
-    dv, dg, dbeta, dh0); the default state-pass and reverse-state-pass launchers the hooks call (GDN's hook
-    signatures); the summaries' decay kind."""
+    """What the pass needs of an op: fwd(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, state_pass,
+    A_log, dt_bias, opts) -> (o, final states); bwd(q, k, v, g, beta, scale, h0, cu_seqlens, do, dht, state_bwd,
+    A_log, dt_bias, opts) -> (dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias); the default state-pass and
+    reverse-state-pass launchers the hooks call (GDN's hook signatures); the summaries' decay kind. opts: the op's
+    FLA options other than tensors (GDN: beta_scale; KDA: gate, lower_bound, beta_sigmoid, neg_eigval)."""
     fwd: object
     bwd: object
     state_pass: object
@@ -56,25 +57,28 @@ class CPOp:
     decay: str
 
 
-def _gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass):
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass=state_pass)
+def _gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass, A_log, dt_bias, opts):
+    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass=state_pass,
+                                     A_log=A_log, dt_bias=dt_bias, **opts)
     return res.o, res.final_state
 
 
-def _gdn_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass, state_bwd):
-    return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass=state_pass,
-                                      state_bwd=state_bwd)[:6]
+def _gdn_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_bwd, A_log, dt_bias, opts):
+    return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_bwd=state_bwd, A_log=A_log,
+                                      dt_bias=dt_bias, **opts)
 
 
-def _kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass):
+def _kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass, A_log, dt_bias, opts):
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
-    return chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass=state_pass)
+    return chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, A_log, dt_bias, state_pass=state_pass,
+                         **opts)
 
 
-def _kda_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_pass, state_bwd):
+def _kda_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_bwd, A_log, dt_bias, opts):
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
-    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, cu, None, None, "", 0.0, False, False, do, dht,
-                         state_pass=state_pass, state_bwd=state_bwd)[:6]
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, cu, A_log, dt_bias, opts.get("gate", ""),
+                         opts.get("lower_bound", 0.0), opts.get("beta_sigmoid", False), opts.get("neg_eigval", False),
+                         do, dht, state_bwd=state_bwd)
 
 
 def _kda_state_pass(k, w, u, gcum, h, vnew, h0, final, plan):
@@ -116,7 +120,7 @@ def _layout(cp: CPContext):
 
 
 def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-               cp: CPContext, op: CPOp = GDN):
+               cp: CPContext, op: CPOp = GDN, A_log=None, dt_bias=None, opts=None):
     """(o, final states [N, HV, K, V] or None, the local initial states with the incoming state in row 0 (or None),
     the transitions of the ranks the last sequence spans after this one (or None)) of rank cp.rank."""
     comm = comm_of(cp)
@@ -147,7 +151,8 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
                 kept["m_next"] = ag[cp.rank + 1:cp.rank + post, :, :, V:].clone()
         op.state_pass(k_, w, u, gcum, h, vnew, h0, final, plan)
 
-    o, fin_loc = op.fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, state_pass)
+    o, fin_loc = op.fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, state_pass, A_log,
+                        dt_bias, opts or {})
     final = None
     if output_final_state:
         final = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
@@ -158,9 +163,10 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
 
 def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], m_next: Optional[torch.Tensor],
                 has_initial_state: bool, do: torch.Tensor, dfinal: Optional[torch.Tensor], cp: CPContext,
-                op: CPOp = GDN):
-    """(dq, dk, dv, dg, dbeta, d initial_state [N, HV, K, V] or None) of rank cp.rank; dfinal: this rank's gradient
-    of the returned final states (None where they were not returned)."""
+                op: CPOp = GDN, A_log=None, dt_bias=None, opts=None):
+    """(dq, dk, dv, dg, dbeta, d initial_state [N, HV, K, V] or None, dA_log, ddt_bias) of rank cp.rank (the gate
+    parameters' gradients from this rank's tokens, None without them); dfinal: this rank's gradient of the returned
+    final states (None where they were not returned)."""
     comm = comm_of(cp)
     HV, K, V = v.shape[2], k.shape[3], v.shape[3]
     n_loc, lo, pre, post, n_end, s0 = _layout(cp)
@@ -186,47 +192,66 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
                 dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))
         op.state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale_)
 
-    dq, dk, dv, dg, dbeta, dh0_loc = op.bwd(q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens, do.contiguous(), dht,
-                                            None, state_bwd)
+    dq, dk, dv, dg, dbeta, dh0_loc, dA_log, ddt_bias = op.bwd(q, k, v, g, beta, scale, h0_loc, cp.cu_seqlens,
+                                                              do.contiguous(), dht, state_bwd, A_log, dt_bias,
+                                                              opts or {})
     dh0 = None
     if has_initial_state:
         dh0 = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
         dh0[lo + s0:lo + n_loc] = dh0_loc[s0:]
-    return dq, dk, dv, dg, dbeta, dh0
+    return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
 
 
 class _CPChunk(torch.autograd.Function):
     @staticmethod
-    def forward(fctx, q, k, v, g, beta, initial_state, scale, output_final_state, cp, op):
-        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp, op)
-        fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next)
-        fctx.scale, fctx.cp, fctx.output_final_state, fctx.op = scale, cp, output_final_state, op
+    def forward(fctx, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, cp, op, opts):
+        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp, op,
+                                              A_log, dt_bias, opts)
+        fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next, A_log, dt_bias)
+        fctx.scale, fctx.cp, fctx.output_final_state, fctx.op, fctx.opts = scale, cp, output_final_state, op, opts
         fctx.has_initial_state = initial_state is not None
         return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
 
     @staticmethod
     def backward(fctx, do, dfinal):
-        q, k, v, g, beta, h0_loc, m_next = fctx.saved_tensors
+        q, k, v, g, beta, h0_loc, m_next, A_log, dt_bias = fctx.saved_tensors
         if do is None:
             do = torch.zeros_like(v)
         grads = cp_backward(q, k, v, g, beta, fctx.scale, h0_loc, m_next, fctx.has_initial_state, do,
-                            dfinal if fctx.output_final_state else None, fctx.cp, fctx.op)
-        return (*grads, None, None, None, None)
+                            dfinal if fctx.output_final_state else None, fctx.cp, fctx.op, A_log, dt_bias, fctx.opts)
+        return (*grads, None, None, None, None, None)
+
+
+def _cp_call(op: CPOp, q, k, v, g, beta, scale, initial_state, output_final_state, cp, A_log, dt_bias,
+             state_v_first, opts):
+    if state_v_first and initial_state is not None:              # [N, HV, V, K] -> the pass's [N, HV, K, V]
+        initial_state = initial_state.transpose(-1, -2).contiguous()
+    o, final = _CPChunk.apply(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, cp, op,
+                              opts)
+    if not output_final_state:
+        return o, None
+    return o, (final.transpose(-1, -2).contiguous() if state_v_first else final)
 
 
 @torch.compiler.disable
 def cp_chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
-                              output_final_state: bool, cp: CPContext) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                              output_final_state: bool, cp: CPContext, A_log=None, dt_bias=None, beta_scale: int = 0,
+                              state_v_first: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The context-parallel call on validated, contiguous inputs (api.py checks them): q, k [1, T/W, H, K], v
-    [1, T/W, HV, V], g, beta [1, T/W, HV], initial_state [N, HV, K, V] fp32 or None. Returns the local o and, with
-    output_final_state, the N final states (the same on every rank)."""
-    o, final = _CPChunk.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp, GDN)
-    return o, (final if output_final_state else None)
+    [1, T/W, HV, V], g, beta [1, T/W, HV], initial_state [N, HV, K, V] fp32 ([N, HV, V, K] with state_v_first) or
+    None; FLA's in-kernel gate (A_log, dt_bias [HV]) and beta sigmoid (beta_scale 1 or 2) as the one-process call
+    takes them. Returns the local o and, with output_final_state, the N final states (the same on every rank)."""
+    return _cp_call(GDN, q, k, v, g, beta, scale, initial_state, output_final_state, cp, A_log, dt_bias,
+                    state_v_first, dict(beta_scale=beta_scale))
 
 
 @torch.compiler.disable
 def cp_chunk_kda(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                 cp: CPContext) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """cp_chunk_gated_delta_rule for chunk_kda: g [1, T/W, HV, K], the log decay per key channel."""
-    o, final = _CPChunk.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cp, KDA)
-    return o, (final if output_final_state else None)
+                 cp: CPContext, A_log=None, dt_bias=None, gate: str = "", lower_bound: float = 0.0,
+                 beta_sigmoid: bool = False, neg_eigval: bool = False,
+                 state_v_first: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """cp_chunk_gated_delta_rule for chunk_kda: g [1, T/W, HV, K] the log decay per key channel, or with gate the
+    raw input of FLA's KDA gate (chunk_kda_fwd's gate, lower_bound, beta_sigmoid, neg_eigval)."""
+    return _cp_call(KDA, q, k, v, g, beta, scale, initial_state, output_final_state, cp, A_log, dt_bias,
+                    state_v_first, dict(gate=gate, lower_bound=lower_bound, beta_sigmoid=beta_sigmoid,
+                                        neg_eigval=neg_eigval))

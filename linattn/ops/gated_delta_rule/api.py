@@ -164,14 +164,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                       state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
                       dt_bias=dt_bias, chunk_size=chunk_size)
     if cp_context is not None:
-        for name, value in (("use_gate_in_kernel", use_gate_in_kernel),
-                            ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                            ("state_v_first", state_v_first)):
-            if value:
-                raise NotImplementedError(f"{OP}: {name}=True with cp_context is not supported yet (the "
-                                          f"context-parallel pass runs the plain gate and beta, [N, HV, K, V] states)")
         return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                                 cu_seqlens, cp_context, backend)
+                                 cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias,
+                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
     dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, raw_gate=use_gate_in_kernel,
                             state_v_first=state_v_first)
     if use_gate_in_kernel:
@@ -204,12 +199,20 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
 
 
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                      cu_seqlens, cp, backend):
+                      cu_seqlens, cp, backend, use_gate_in_kernel, A_log, dt_bias, beta_sigmoid, neg_eigval,
+                      state_v_first):
     """The cp_context call: checks against the context, then linattn/distributed/chunk.py."""
     from linattn.distributed.chunk import cp_chunk_gated_delta_rule
     from linattn.distributed.context import check_cp_call
     check_cp_call(OP, q, cu_seqlens, cp, backend, _triton_supports)
-    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cp.cu_seqlens, op=OP, num_states=cp.num_seqs_global)
+    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cp.cu_seqlens, op=OP, num_states=cp.num_seqs_global,
+                            raw_gate=use_gate_in_kernel, state_v_first=state_v_first)
+    if use_gate_in_kernel:
+        check_fla_gate_params(OP, A_log, dt_bias, dims["HV"], q.device)
+        A_log = A_log.reshape(-1).contiguous()
+        dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    else:
+        A_log = dt_bias = None
     if scale is None:
         scale = dims["K"] ** -0.5
     if use_qk_l2norm_in_kernel:
@@ -218,4 +221,5 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    return cp_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp)
+    return cp_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp, A_log,
+                                     dt_bias, (2 if neg_eigval else 1) if beta_sigmoid else 0, state_v_first)

@@ -162,8 +162,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), disable_recompute (a memory
     trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
     cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md), as for
-    chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, the log decay given (not with
-    use_gate_in_kernel, use_beta_sigmoid_in_kernel or state_v_first yet: NotImplementedError).
+    chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, every option above included.
     Not supported yet (NotImplementedError naming the argument): return_intermediate_states, use_graph.
     chunk_size: 64 only (ValueError otherwise).
     backend: "auto" (Triton), "triton" or "reference".
@@ -186,8 +185,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             _not_yet(name)
     if cp_context is not None:
         return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                                 cu_seqlens, cp_context, backend, use_gate_in_kernel=use_gate_in_kernel,
-                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, state_v_first=state_v_first)
+                                 cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
     dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
                             state_v_first=state_v_first)
     check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
@@ -217,18 +216,16 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                      cu_seqlens, cp, backend, **options):
+                      cu_seqlens, cp, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound, beta_sigmoid,
+                      neg_eigval, state_v_first):
     """The cp_context call: checks against the context, then linattn/distributed/chunk.py."""
     from linattn.distributed.chunk import cp_chunk_kda
     from linattn.distributed.context import check_cp_call
-    for name, value in options.items():
-        if value:
-            raise NotImplementedError(f"{OP}: {name}=True with cp_context is not supported yet (the "
-                                      f"context-parallel pass runs the given log decay and beta, [N, HV, K, V] states)")
     check_cp_call(OP, q, cu_seqlens, cp, backend, _triton_supports)
     dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cp.cu_seqlens, op=OP, gate_optional=True,
-                            num_states=cp.num_seqs_global)
-    check_channel_decay("g", g, dims, q, op=OP, log_decay=True)
+                            num_states=cp.num_seqs_global, state_v_first=state_v_first)
+    check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
+    check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if scale is None:
         scale = dims["K"] ** -0.5
     if use_qk_l2norm_in_kernel:
@@ -237,4 +234,9 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    return cp_chunk_kda(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp)
+    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
+    A_log = None if A_log is None or not use_gate_in_kernel else A_log.contiguous()
+    dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    return cp_chunk_kda(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp, A_log, dt_bias, gate,
+                        float(lower_bound) if lower_bound is not None else 0.0, bool(beta_sigmoid), bool(neg_eigval),
+                        state_v_first)
