@@ -344,6 +344,19 @@ def test_gpu_check_script_dry_run(tmp_path):
     assert ("fla" in layer["errors"]) != any("fla_ms" in r for r in layer["train"])
 
 
+def test_gpu_check_script_times_the_kda_layer(tmp_path):
+    """--kda adds the KimiDeltaAttention layer's rows (linattn's timed; FLA's only where FLA imports)."""
+    path = tmp_path / "check.json"
+    assert main(["--dry-run", "--skip-model", "--skip-layer", "--kda", "--out", str(path)]) == 0
+    layer = json.loads(path.read_text())["layer_kda"]
+    assert layer["kind"] == "kda" and len(layer["train"]) == 2 and len(layer["decode"]) == 2
+    for row in layer["train"]:
+        assert row["linattn_ms"] > 0, row
+    for row in layer["decode"]:
+        assert row["linattn_eager_ms"] > 0, row
+    assert ("fla" in layer["errors"]) != any("fla_ms" in r for r in layer["train"])
+
+
 def test_5x_call_sites_drop_transformers_kwargs_and_take_gva():
     """The hooks transformers 5.x calls: the kwargs it passes on (position_ids, output_attentions, ...) are dropped,
     the ones linattn takes kept (cu_seqlens); q/k with H heads and v with HV = 2H (as 5.25 passes them) against an

@@ -11,7 +11,8 @@
    its GatedDeltaNet core on linattn's plain-PyTorch reference in fp64). On CUDA in fp32 and bf16 (in bf16 a
    near-tie can flip a greedy token, so only fp32 requires equal tokens).
 2. The layer timing: a realistic GatedDeltaNet layer (hidden 2048, 16 q/k heads, 32 v heads, head dim 128, bf16),
-   linattn.layers.GatedDeltaNet against fla.layers.GatedDeltaNet when FLA is importable (FLA's weights loaded into
+   linattn.layers.GatedDeltaNet against fla.layers.GatedDeltaNet when FLA is importable (fla.layers is in the
+   flash-linear-attention wheel, not in fla-core; --kda: KimiDeltaAttention the same way, key layer_kda) (FLA's weights loaded into
    linattn's layer; their outputs compared): a training step (forward + backward) at B1 T8192 and B8 T4096, and a
    decode step after a prefill at batch 1 and 64, eager and replayed from a CUDA graph. Eager times are the median
    of CUDA-event times of back-to-back calls. Each row also gives the relative RMS difference of linattn's output
@@ -260,15 +261,17 @@ def _graph_ms(fn, device, reps):
     return _median_ms(g.replay, device, reps, 3)
 
 
-def _layers_under_test(dims, device, dtype):
-    """linattn's GatedDeltaNet, and FLA's with the same weights when FLA imports ({"fla": error} otherwise)."""
-    from linattn.layers import GatedDeltaNet
+def _layers_under_test(dims, device, dtype, kind="gdn"):
+    """linattn's GatedDeltaNet (kind "gdn") or KimiDeltaAttention ("kda"), and FLA's with the same weights when FLA
+    imports ({"fla": error} otherwise)."""
+    import linattn.layers
+    name = "KimiDeltaAttention" if kind == "kda" else "GatedDeltaNet"
     layers, errors = {}, {}
     torch.manual_seed(0)
-    lin = GatedDeltaNet(**dims, layer_idx=0).to(device=device, dtype=dtype)
+    lin = getattr(linattn.layers, name)(**dims, layer_idx=0).to(device=device, dtype=dtype)
     try:
-        from fla.layers import GatedDeltaNet as FlaGatedDeltaNet
-        fla = FlaGatedDeltaNet(**dims, layer_idx=0).to(device=device, dtype=dtype)
+        import fla.layers
+        fla = getattr(fla.layers, name)(**dims, layer_idx=0).to(device=device, dtype=dtype)
         lin.load_state_dict(fla.state_dict())
         layers["fla"] = fla
     except Exception as e:                       # noqa: BLE001 - reported in the JSON, the linattn rows still run
@@ -277,15 +280,17 @@ def _layers_under_test(dims, device, dtype):
     return layers, errors
 
 
-def time_layer(device, dry_run=False, reps=20, warmup=5) -> dict:
+def time_layer(device, dry_run=False, reps=20, warmup=5, kind="gdn") -> dict:
+    """The training-step and decode-step rows of the layer of `kind` ("gdn": GatedDeltaNet, "kda":
+    KimiDeltaAttention, the same sizes) against FLA's."""
     from linattn.layers import RecurrentCache
     dev = torch.device(device)
     dims = LAYER_DRY if dry_run else LAYER
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     if dry_run:
         reps, warmup = 1, 0
-    layers, errors = _layers_under_test(dims, dev, dtype)
-    out = dict(layer=dims, dtype=str(dtype).replace("torch.", ""), errors=errors, train=[], decode=[])
+    layers, errors = _layers_under_test(dims, dev, dtype, kind)
+    out = dict(kind=kind, layer=dims, dtype=str(dtype).replace("torch.", ""), errors=errors, train=[], decode=[])
     H = dims["hidden_size"]
     for B, T in (TRAIN_SHAPES_DRY if dry_run else TRAIN_SHAPES):
         x = torch.randn(B, T, H, device=dev, dtype=dtype, requires_grad=True)
@@ -345,6 +350,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (Triton interpreter), no graphs")
     p.add_argument("--skip-model", action="store_true", help="only the layer timing")
     p.add_argument("--skip-layer", action="store_true", help="only the tiny-model check")
+    p.add_argument("--kda", action="store_true", help="also time the KimiDeltaAttention layer (JSON key layer_kda)")
     args = p.parse_args(argv)
     from linattn.bench.env import collect_env, env_line
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
@@ -368,13 +374,14 @@ def main(argv=None) -> int:
             result["model"].append(r)
             ok &= r["passed"]
             print(f"tiny Qwen3-Next {r['dtype']}: " + (r["error"] if "error" in r else format_check(r)), flush=True)
-    if not args.skip_layer:
-        result["layer"] = time_layer(device, dry_run=args.dry_run)
-        for row in result["layer"]["train"] + result["layer"]["decode"]:
-            print(json.dumps(row), flush=True)
+    kinds = ([] if args.skip_layer else [("layer", "gdn")]) + ([("layer_kda", "kda")] if args.kda else [])
+    for key, kind in kinds:
+        result[key] = time_layer(device, dry_run=args.dry_run, kind=kind)
+        for row in result[key]["train"] + result[key]["decode"]:
+            print(kind, json.dumps(row), flush=True)
             ok &= "linattn_error" not in row
-        if result["layer"]["errors"]:
-            print(json.dumps(result["layer"]["errors"]), flush=True)
+        if result[key]["errors"]:
+            print(json.dumps(result[key]["errors"]), flush=True)
     result["passed"] = bool(ok)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
