@@ -1,4 +1,5 @@
-"""Context parallelism of chunk_gated_delta_rule and chunk_kda (linattn/distributed, docs/context-parallel.md).
+"""Context parallelism of chunk_gated_delta_rule, chunk_kda and causal_conv1d (linattn/distributed,
+docs/context-parallel.md).
 
 End to end: W processes (forked by torch.multiprocessing, gloo on localhost through a file store) run the op on their
 T / W tokens of one packed stream under the Triton interpreter; every rank's output, the final states (returned on
@@ -213,6 +214,52 @@ def test_fla_options_three_ranks():
     expected = [_expected(case) for case in cases]
     for case, exp, ranks in zip(cases, expected, _run_world(3, cases)):
         _check(case, exp, ranks, 3)
+
+
+def _conv_worker(rank, world, init_file, cases, out_dir):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        for i, case in enumerate(cases):
+            cp = build_cp_context(case["cu"])
+            P = cp.part_len
+            x = case["x"][:, rank * P:(rank + 1) * P].clone().requires_grad_(True)
+            w, b = case["w"].clone().requires_grad_(True), case["b"].clone().requires_grad_(True)
+            with poisoned_allocations():
+                y, fin = linattn.causal_conv1d(x, w, b, activation="silu", cp_context=cp)
+                (y * case["dy"][:, rank * P:(rank + 1) * P]).sum().backward()
+            assert fin is None
+            torch.save(dict(y=y.detach(), dx=x.grad, dw=w.grad, db=b.grad), os.path.join(out_dir, f"conv{i}_{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,lengths", [
+    (2, [5, 50, 1, 24]),          # [5, 55) crosses the boundary at 40
+    (4, [1, 9, 2]),               # 3 tokens per rank (= W - 1): the 9-token sequence spans ranks 1 and 2 whole
+    (3, [6]),                     # 2 tokens per rank < W - 1: rank 2's halo reaches back to rank 0
+])
+def test_causal_conv1d_context_parallel(world, lengths):
+    """causal_conv1d(cp_context=...) on every rank against the one-process call: y, dx, and dweight / dbias summed
+    over ranks, W = 4, SiLU, fp32, sequences crossing ranks (and, with two tokens per rank, a halo from two ranks
+    back)."""
+    import torch.multiprocessing as mp
+    cu = random_cu_seqlens(lengths)
+    T, D, W = int(cu[-1]), 6, 4
+    case = dict(cu=cu, x=torch.randn(1, T, D), w=torch.randn(D, W), b=torch.randn(D), dy=torch.randn(1, T, D))
+    x, w, b = (case[n].clone().requires_grad_(True) for n in ("x", "w", "b"))
+    y, _ = linattn.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu)
+    (y * case["dy"]).sum().backward()
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_conv_worker, args=(world, os.path.join(d, "store"), [case], d), nprocs=world,
+                           start_method="fork")
+        ranks = [torch.load(os.path.join(d, f"conv0_{r}.pt")) for r in range(world)]
+    assert_close("y", torch.cat([r["y"] for r in ranks], 1), y, SAME_CALL_TOL)
+    assert_close("dx", torch.cat([r["dx"] for r in ranks], 1), x.grad, SAME_CALL_TOL)
+    assert_close("dweight (summed over ranks)", sum(r["dw"] for r in ranks), w.grad, SAME_CALL_TOL)
+    assert_close("dbias (summed over ranks)", sum(r["db"] for r in ranks), b.grad, SAME_CALL_TOL)
 
 
 # ---- in process ---------------------------------------------------------------------------------------------------

@@ -136,14 +136,32 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
             state is their initial state). Checked on the host for CPU tensors only.
         cu_seqlens_cpu, chunk_indices: FLA's precomputed varlen metadata, accepted and ignored (the kernels find
             each token's sequence on the device).
-        cp_context (FLA's context parallelism): not supported; anything but None raises NotImplementedError.
+        cp_context: context parallelism (linattn.distributed.build_cp_context, FLA's contiguous layout; the conv
+            halo of W - 1 inputs comes from the earlier ranks, linattn/distributed/conv.py): x [1, T / W, D] this
+            rank's tokens, cu_seqlens omitted (or the context's); no initial_state or output_final_state (as FLA).
     Returns:
         (y [B, T, D] in x's dtype, final state or None).
     Differentiable in x, weight, bias, residual and initial_state (the final state's gradient flows in).
     """
     if cp_context is not None:
-        fail(OP, "cp_context (context parallelism) is not supported", NotImplementedError)
+        return _context_parallel(x, weight, bias, residual, initial_state, output_final_state, activation, backend,
+                                 cu_seqlens, cp_context)
     check_conv_inputs(OP, x, weight, bias, residual, initial_state, cu_seqlens, activation)
     b = _backends.select(backend, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
                          cu_seqlens=cu_seqlens)
     return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
+
+
+def _context_parallel(x, weight, bias, residual, initial_state, output_final_state, activation, backend, cu_seqlens,
+                      cp):
+    """The cp_context call: checks against the context, then linattn/distributed/conv.py."""
+    from linattn.distributed.context import check_cp_call
+    from linattn.distributed.conv import cp_causal_conv1d
+    if initial_state is not None or output_final_state:
+        fail(OP, "initial_state and output_final_state are not supported with cp_context (as in FLA): the first "
+                 "sequence's state comes from the earlier ranks", NotImplementedError)
+    if x.dim() != 3 or x.shape[0] != 1:
+        fail(OP, f"with cp_context, x must be [1, T / W, D] (this rank's tokens), got {tuple(x.shape)}")
+    check_cp_call(OP, x, cu_seqlens, cp, backend, lambda q: _triton_supports(x=q))
+    check_conv_inputs(OP, x, weight, bias, residual, None, cp.cu_seqlens, activation)
+    return cp_causal_conv1d(x, weight, bias, residual, activation, backend, cp)
