@@ -25,14 +25,28 @@ def test_runner_on_stand_in_fla(tmp_path, monkeypatch):
         def fused_recurrent_gated_delta_rule(*args, **kwargs):
             raise AssertionError("FLA's own function was called")
         """)
+    _write(str(pkg / "fla/ops/kda/__init__.py"), """
+        from fla.ops.kda.chunk import chunk_kda
+
+        def fused_recurrent_kda(*args, **kwargs):
+            raise AssertionError("FLA's own function was called")
+        """)
+    _write(str(pkg / "fla/ops/kda/chunk.py"), """
+        def chunk_kda(*args, **kwargs):
+            raise AssertionError("FLA's own function was called")
+        """)
     tests = tmp_path / "tests" / "test_gdn.py"
     _write(str(tests), """
         import pytest
         import linattn
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+        from fla.ops.kda.chunk import chunk_kda as chunk_kda_defined
 
         def test_chunk_is_linattn():
             assert chunk_gated_delta_rule is linattn.chunk_gated_delta_rule
+            assert chunk_kda is chunk_kda_defined is linattn.chunk_kda
+            assert fused_recurrent_kda is linattn.fused_recurrent_kda
 
         def test_recurrent_is_linattn():
             assert fused_recurrent_gated_delta_rule is linattn.fused_recurrent_gated_delta_rule

@@ -1,13 +1,15 @@
-"""Run FLA's own Gated DeltaNet test file against linattn: FLA's tests, references and tolerances unchanged, with
-FLA's two public GDN functions renamed to linattn's (the shim below is the only change).
+"""Run FLA's own Gated DeltaNet or KDA test file against linattn: FLA's tests, references and tolerances unchanged,
+with FLA's public GDN and KDA functions renamed to linattn's (the shim below is the only change).
 
     python -m linattn.testing.fla_suite --tests PATH/test_gdn.py --out DIR [-- extra pytest args]
+    python -m linattn.testing.fla_suite --tests PATH/test_kda.py --out DIR
 
-PATH is a copy of FLA's tests/ops/test_gdn.py kept outside the repository (peers' code is run, never committed:
-e.g. a git-ignored .peer/ folder); FLA itself (fla-core, for its references and test utilities) must be installed.
-The run is a pytest child process with this module as a plugin (`-p linattn.testing.fla_suite`): before FLA's test
-module is imported, `fla.ops.gated_delta_rule.chunk_gated_delta_rule` and `fused_recurrent_gated_delta_rule` (the
-package's names and their defining modules') are replaced by linattn's. Tests of FLA's internals (its kernels,
+PATH is a copy of FLA's tests/ops/test_gdn.py (or test_kda.py) kept outside the repository (peers' code is run,
+never committed: e.g. a git-ignored .peer/ folder); FLA itself (fla-core, for its references and test utilities)
+must be installed. The run is a pytest child process with this module as a plugin (`-p linattn.testing.fla_suite`):
+before FLA's test module is imported, `fla.ops.gated_delta_rule.chunk_gated_delta_rule` and
+`fused_recurrent_gated_delta_rule`, and `fla.ops.kda.chunk_kda` and `fused_recurrent_kda` (the packages' names and
+their defining modules') are replaced by linattn's. Tests of FLA's internals (its kernels,
 its FlashQLA dispatch) still run FLA's code and are reported as such. DIR gets fla_suite.json: the outcome per test
 id, the counts, FLA's version and the test file's sha256; the outcomes are written as each test ends, so a run stopped
 by --timeout-s reports what finished.
@@ -22,28 +24,35 @@ import subprocess
 import sys
 from typing import Optional
 
-SHIMMED = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
-# where FLA defines them (the package re-exports them); each replaced where it exists
-FLA_MODULES = ("fla.ops.gated_delta_rule", "fla.ops.gated_delta_rule.chunk", "fla.ops.gated_delta_rule.fused_recurrent")
+# per FLA package: the functions replaced, and the modules where FLA defines them (the package re-exports them);
+# each replaced where it exists
+SHIMS = {
+    "fla.ops.gated_delta_rule": (("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"),
+                                 ("fla.ops.gated_delta_rule.chunk", "fla.ops.gated_delta_rule.fused_recurrent")),
+    "fla.ops.kda": (("chunk_kda", "fused_recurrent_kda"), ("fla.ops.kda.chunk", "fla.ops.kda.fused_recurrent")),
+}
 
 
 def install_shim() -> dict:
-    """Replace FLA's GDN functions by linattn's in FLA's modules; returns {module: [names replaced]}."""
+    """Replace FLA's GDN and KDA functions by linattn's in FLA's modules; returns {module: [names replaced]}. FLA's
+    GDN package must exist (the KDA one only where this FLA has it)."""
     import importlib
 
     import linattn
     done = {}
-    for mod_name in FLA_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError:
-            continue
-        names = [n for n in SHIMMED if hasattr(mod, n)]
-        for n in names:
-            setattr(mod, n, getattr(linattn, n))
-        done[mod_name] = names
-    if not done.get(FLA_MODULES[0]):
-        raise RuntimeError(f"{FLA_MODULES[0]} has none of {SHIMMED}: is FLA installed?")
+    for package, (names, modules) in SHIMS.items():
+        for mod_name in (package, *modules):
+            try:
+                mod = importlib.import_module(mod_name)
+            except ImportError:
+                continue
+            found = [n for n in names if hasattr(mod, n)]
+            for n in found:
+                setattr(mod, n, getattr(linattn, n))
+            done[mod_name] = found
+    first = next(iter(SHIMS))
+    if not done.get(first):
+        raise RuntimeError(f"{first} has none of {SHIMS[first][0]}: is FLA installed?")
     return done
 
 
@@ -136,7 +145,7 @@ def run(tests_path: str, out_dir: str, extra=(), timeout_s: Optional[float] = No
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tests", required=True, help="a copy of FLA's tests/ops/test_gdn.py")
+    ap.add_argument("--tests", required=True, help="a copy of FLA's tests/ops/test_gdn.py or test_kda.py")
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout-s", type=float, default=None, help="stop after this long, keeping what finished")
     ap.add_argument("extra", nargs="*", help="further pytest arguments (after --)")
