@@ -413,6 +413,49 @@ def test_chunk_state_v_first_without_autograd():
     assert_close("final_state", s, s_ref.transpose(-1, -2), F32)
 
 
+def _chunk_start_states(token_states, h0, lengths, C=64):
+    """Per sequence, the state before each C-token chunk: h0 for the first, then the state after token c C - 1."""
+    out = []
+    for n, (st, L) in enumerate(zip(token_states, lengths)):
+        for c in range(-(-L // C)):
+            out.append(h0[n] if c == 0 else st[c * C - 1])
+    return torch.stack(out)
+
+
+@needs_triton
+@pytest.mark.parametrize("varlen,v_first", [(False, False), (True, True)])
+def test_chunk_return_intermediate_states(varlen, v_first):
+    """FLA's return_intermediate_states (inference): h, the state at the start of every chunk, [B, NT, HV, K, V]
+    (varlen: [1, every sequence's chunks, ...]; [.., V, K] with state_v_first), against the reference's token
+    states; o and the final state unchanged; refused with autograd on."""
+    lengths = [1, 130, 0, 64, 65] if varlen else [100, 100]
+    B, T = (1, sum(lengths)) if varlen else (2, 100)
+    x = kda_inputs(B, T, 1, 2, 16, 32, num_states=len(lengths))
+    cu = random_cu_seqlens(lengths) if varlen else None
+    h0 = x.pop("initial_state")
+    h0_arg = h0.transpose(-1, -2).contiguous() if v_first else h0
+    with torch.inference_mode():
+        o, s, h = _chunk(**x, initial_state=h0_arg, output_final_state=True, cu_seqlens=cu, state_v_first=v_first,
+                         return_intermediate_states=True, backend="triton")
+    o_ref, s_ref, states = naive_recurrent_kda(**f64(x), initial_state=h0.double(), output_final_state=True,
+                                               cu_seqlens=cu, output_token_states=True)
+    want = _chunk_start_states(states, h0.double(), lengths)
+    nt = sum(-(-L // 64) for L in lengths)
+    assert h.dtype == x["q"].dtype
+    if varlen:
+        assert h.shape == ((1, nt, 2, 32, 16) if v_first else (1, nt, 2, 16, 32))
+        got = h[0]
+    else:
+        assert h.shape == (B, 2, 2, 16, 32)
+        got = h.flatten(0, 1)
+    assert_close("h", got.transpose(-1, -2) if v_first else got, want, F32)
+    assert_close("o", o, o_ref, F32)
+    assert_close("final_state", s.transpose(-1, -2) if v_first else s, s_ref, F32)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    with pytest.raises(ValueError, match="return_intermediate_states"):
+        _chunk(**leaves, return_intermediate_states=True, backend="triton")
+
+
 @needs_triton
 def test_chunk_gradients_bf16():
     x = kda_inputs(1, 64, 1, 1, 32, 32, dtype=torch.bfloat16)
@@ -421,10 +464,8 @@ def test_chunk_gradients_bf16():
 
 def test_chunk_options_not_run_yet_are_refused_by_name():
     x = kda_inputs(1, 8, 1, 1, 16, 16)
-    for kw, name in ((dict(use_graph=True), "use_graph"),
-                     (dict(return_intermediate_states=True), "return_intermediate_states")):
-        with pytest.raises(NotImplementedError, match=name):
-            _chunk(**x, **kw)
+    with pytest.raises(NotImplementedError, match="use_graph"):
+        _chunk(**x, use_graph=True)
     with pytest.raises(ValueError, match="chunk_size"):
         _chunk(**x, chunk_size=32)
     with pytest.raises(ValueError, match="g must be"):

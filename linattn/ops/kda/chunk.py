@@ -163,8 +163,12 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
     cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md), as for
     chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, every option above included.
-    Not supported yet (NotImplementedError naming the argument): return_intermediate_states, use_graph.
-    chunk_size: 64 only (ValueError otherwise).
+    return_intermediate_states (inference only: no input may require grad while grad is on, as FLA asks for
+    torch.inference_mode()): a third item h, the state at the start of every 64-token chunk in q's dtype, [B, NT, HV,
+    K, V] ([.., V, K] with state_v_first), NT = ceil(T / 64); with cu_seqlens [1, NT, HV, K, V] over every sequence's
+    chunks in order (NT from cu_seqlens_cpu when given, else one host read of cu_seqlens, as FLA).
+    Not supported yet (NotImplementedError naming the argument): use_graph. chunk_size: 64 only (ValueError
+    otherwise).
     backend: "auto" (Triton), "triton" or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
@@ -180,9 +184,13 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
         raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
                          f"FLA), got {lower_bound!r}")
-    for name, value in (("return_intermediate_states", return_intermediate_states), ("use_graph", use_graph)):
-        if value:
-            _not_yet(name)
+    if use_graph:
+        _not_yet("use_graph")
+    if return_intermediate_states:
+        return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                         allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                                         cp_context, A_log, dt_bias, backend)
     if cp_context is not None:
         return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                  cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound,
@@ -240,3 +248,51 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     return cp_chunk_kda(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp, A_log, dt_bias, gate,
                         float(lower_bound) if lower_bound is not None else 0.0, bool(beta_sigmoid), bool(neg_eigval),
                         state_v_first)
+
+
+def _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                              use_gate_in_kernel, beta_sigmoid, neg_eigval, lower_bound, state_v_first, cu_seqlens,
+                              cu_seqlens_cpu, cp_context, A_log, dt_bias, backend):
+    """chunk_kda with return_intermediate_states=True: (o, final_state or None, h)."""
+    if cp_context is not None:
+        _not_yet("return_intermediate_states with cp_context")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        raise ValueError(f"{OP}: return_intermediate_states=True is for inference (no autograd): call it under "
+                         f"torch.inference_mode() or torch.no_grad(), as FLA requires")
+    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
+                            state_v_first=state_v_first)
+    check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
+    check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+    if backend not in ("auto", "triton"):
+        raise NotImplementedError(f"{OP}: return_intermediate_states runs the Triton kernels; backend={backend!r} "
+                                  f"is not supported")
+    ok, why = _triton_supports(q=q)
+    if not ok:
+        raise NotImplementedError(f"{OP}: return_intermediate_states runs the Triton kernels: {why}")
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    if scale is None:
+        scale = dims["K"] ** -0.5
+    if use_qk_l2norm_in_kernel:
+        q = l2norm(q.float()).to(q.dtype)
+        k = l2norm(k.float()).to(k.dtype)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
+    A_log = None if A_log is None or not use_gate_in_kernel else A_log.contiguous()
+    dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    o, final, h, plan = chunk_kda_fwd(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
+                                      A_log, dt_bias, gate, float(lower_bound) if lower_bound is not None else 0.0,
+                                      bool(beta_sigmoid), bool(neg_eigval), state_v_first=state_v_first,
+                                      return_h=True)
+    B, T = q.shape[:2]
+    if cu_seqlens is None:
+        h = h.view(B, -(-T // 64), *h.shape[1:])
+    else:
+        offsets = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).to("cpu", torch.int64)
+        nt = int(((offsets[1:] - offsets[:-1]).clamp_min(0) + 63).div(64, rounding_mode="floor").sum())
+        h = h[:nt].unsqueeze(0)
+    if state_v_first:
+        h = h.transpose(-1, -2).contiguous()
+    return o, final, h

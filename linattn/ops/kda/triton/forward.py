@@ -38,14 +38,15 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
                   beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False,
-                  state_pass=None):
+                  state_pass=None, return_h: bool = False):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
     contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
     fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
     in fp32 and no output stage. state_pass: replaces stage 3 (GDN's hook, called as state_pass(kdec, w, u, gcum,
-    h, vnew, initial_state, final, plan); the context-parallel pass's)."""
+    h, vnew, initial_state, final, plan); the context-parallel pass's). return_h: (o, final, h, plan) with h the
+    chunk-start states [slots, HV, K, V] in q's dtype (rows chunk_offsets[n] + c; FLA's return_intermediate_states)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -89,4 +90,4 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
                  aqk=aqk)
-    return o, final
+    return (o, final, h, plan) if return_h else (o, final)
