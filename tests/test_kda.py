@@ -462,10 +462,26 @@ def test_chunk_gradients_bf16():
     _check_grads(x, _plain, TOL[torch.bfloat16])
 
 
+@needs_triton
+def test_chunk_use_graph_padded_varlen():
+    """FLA's use_graph form: cu_seqlens padded with zero-length tail sequences to max_num_seqs + 1, states
+    [max_num_seqs, ...]: the padded call equals the unpadded one on the real sequences; a wrong padding is named."""
+    lengths = [20, 1, 50]
+    x = kda_inputs(1, sum(lengths), 1, 2, 16, 16, num_states=5)
+    cu = random_cu_seqlens(lengths)
+    cu_pad = torch.cat([cu, cu[-1:].repeat(2)])
+    o, s = _chunk(**x, output_final_state=True, cu_seqlens=cu_pad, use_graph=True, max_num_seqs=5,
+                  backend="triton")
+    o1, s1 = _chunk(**dict(x, initial_state=x["initial_state"][:3]), output_final_state=True, cu_seqlens=cu,
+                    backend="triton")
+    assert torch.equal(o, o1) and torch.equal(s[:3], s1)
+    assert torch.equal(s[3:], x["initial_state"][3:])               # an empty sequence keeps its state
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        _chunk(**x, cu_seqlens=cu_pad, use_graph=True, max_num_seqs=4)
+
+
 def test_chunk_options_not_run_yet_are_refused_by_name():
     x = kda_inputs(1, 8, 1, 1, 16, 16)
-    with pytest.raises(NotImplementedError, match="use_graph"):
-        _chunk(**x, use_graph=True)
     with pytest.raises(ValueError, match="chunk_size"):
         _chunk(**x, chunk_size=32)
     with pytest.raises(ValueError, match="g must be"):

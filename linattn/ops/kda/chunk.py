@@ -167,8 +167,10 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     torch.inference_mode()): a third item h, the state at the start of every 64-token chunk in q's dtype, [B, NT, HV,
     K, V] ([.., V, K] with state_v_first), NT = ceil(T / 64); with cu_seqlens [1, NT, HV, K, V] over every sequence's
     chunks in order (NT from cu_seqlens_cpu when given, else one host read of cu_seqlens, as FLA).
-    Not supported yet (NotImplementedError naming the argument): use_graph. chunk_size: 64 only (ValueError
-    otherwise).
+    use_graph, max_num_seqs: FLA's CUDA-graph mode for varlen calls (cu_seqlens padded with zero-length tail
+    sequences to max_num_seqs + 1 entries, states [max_num_seqs, ...]); linattn's chunk plan is built on the device
+    from shapes alone, so every call is capture-safe and use_graph changes nothing but the max_num_seqs check.
+    chunk_size: 64 only (ValueError otherwise).
     backend: "auto" (Triton), "triton" or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
@@ -184,8 +186,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
         raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
                          f"FLA), got {lower_bound!r}")
-    if use_graph:
-        _not_yet("use_graph")
+    if use_graph and cu_seqlens is not None and max_num_seqs is not None and cu_seqlens.shape[0] - 1 != max_num_seqs:
+        raise ValueError(f"{OP}: with use_graph, cu_seqlens must be padded with zero-length tail sequences to "
+                         f"max_num_seqs + 1 = {max_num_seqs + 1} entries, got {cu_seqlens.shape[0]} (as in FLA)")
     if return_intermediate_states:
         return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
                                          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
