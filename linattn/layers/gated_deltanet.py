@@ -21,9 +21,6 @@ from linattn.layers.recurrent import RecurrentLayer
 from linattn.layers.rmsnorm import RMSNorm
 from linattn.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-# Whether the chunked op computes the decay and beta's sigmoid itself (FLA's use_gate_in_kernel=True with A_log /
-# dt_bias, use_beta_sigmoid_in_kernel=True). While it refuses them the layer computes both in PyTorch, FLA's way.
-CHUNK_FUSES_GATE = False
 
 
 def gdn_decay(a: torch.Tensor, A_log: torch.Tensor, dt_bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -96,11 +93,10 @@ class GatedDeltaNet(RecurrentLayer):
         a, b = self.a_proj(x), self.b_proj(x)
 
         if s["mode"] == "chunk":
-            if CHUNK_FUSES_GATE:
-                gate = dict(g=a, beta=b, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval,
-                            use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias)
-            else:
-                gate = dict(g=gdn_decay(a, self.A_log, self.dt_bias), beta=self._beta(b))
+            # the decay and beta computed here (FLA's layer does the same), not by the op's in-kernel options: on
+            # Hopper `auto` runs the Gluon forward only for activated gates, 3.1x faster than the Triton forward
+            # with the gate in the kernel at B1 T32768 (benchmarks/RESULTS.md, "in-kernel gate")
+            gate = dict(g=gdn_decay(a, self.A_log, self.dt_bias), beta=self._beta(b))
             o, recurrent_state = chunk_gated_delta_rule(
                 q=q, k=k, v=v, initial_state=recurrent_state, output_final_state=use_cache,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gate)
