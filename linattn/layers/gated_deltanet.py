@@ -95,7 +95,7 @@ class GatedDeltaNet(RecurrentLayer):
         if s["mode"] == "chunk":
             # the decay and beta computed here (FLA's layer does the same), not by the op's in-kernel options: on
             # Hopper `auto` runs the Gluon forward only for activated gates, 3.1x faster than the Triton forward
-            # with the gate in the kernel at B1 T32768 (benchmarks/RESULTS.md, "in-kernel gate")
+            # with the gate in the kernel at B1 T32768 (benchmarks/RESULTS.md, "FLA's in-kernel gate ...: cost")
             gate = dict(g=gdn_decay(a, self.A_log, self.dt_bias), beta=self._beta(b))
             o, recurrent_state = chunk_gated_delta_rule(
                 q=q, k=k, v=v, initial_state=recurrent_state, output_final_state=use_cache,
