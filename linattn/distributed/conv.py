@@ -69,9 +69,9 @@ class _Halo(torch.autograd.Function):
         return dx, None, None, None
 
 
-def cp_causal_conv1d(x, weight, bias, residual, activation, backend, cp):
-    """The cp_context call on checked inputs: x [1, T / W, D] (this rank's tokens). Returns (y, None)."""
-    from linattn.ops.conv1d.api import causal_conv1d
+def cp_causal_conv1d(conv, x, weight, bias, residual, activation, backend, cp):
+    """The cp_context call on checked inputs: x [1, T / W, D] (this rank's tokens); conv: the one-process op
+    (linattn.causal_conv1d, passed in by its caller: this layer does not import the ops). Returns (y, None)."""
     h0 = _Halo.apply(x[0], weight.shape[-1], cp, cp.num_seqs)
-    y, _ = causal_conv1d(x, weight, bias, residual, h0, False, activation, backend, cu_seqlens=cp.cu_seqlens)
+    y, _ = conv(x, weight, bias, residual, h0, False, activation, backend, cu_seqlens=cp.cu_seqlens)
     return y, None

@@ -164,4 +164,4 @@ def _context_parallel(x, weight, bias, residual, initial_state, output_final_sta
         fail(OP, f"with cp_context, x must be [1, T / W, D] (this rank's tokens), got {tuple(x.shape)}")
     check_cp_call(OP, x, cu_seqlens, cp, backend, lambda q: _triton_supports(x=q))
     check_conv_inputs(OP, x, weight, bias, residual, None, cp.cu_seqlens, activation)
-    return cp_causal_conv1d(x, weight, bias, residual, activation, backend, cp)
+    return cp_causal_conv1d(causal_conv1d, x, weight, bias, residual, activation, backend, cp)
