@@ -344,6 +344,21 @@ def test_chunk_gradients(decay):
 
 
 @needs_triton
+def test_chunk_gradients_extreme_decays():
+    """Decays that no exp(+gam) could survive: a quarter of the channels at e^-40 per token (gam reaches -2560 in a
+    chunk), a quarter exactly 0 (no decay), the rest mixed; every factor the kernels form must stay <= 1, so o, the
+    state and every gradient match fp64 with no overflow, Inf or NaN."""
+    x = kda_inputs(1, 100, 1, 2, 32, 16, decay="mixed")
+    K = 32
+    sel = torch.arange(K) % 4
+    g = x["g"].clone()
+    g[..., sel == 0] = -40.0
+    g[..., sel == 1] = 0.0
+    x["g"] = g
+    _check_grads(x, _plain, F32)
+
+
+@needs_triton
 def test_chunk_gradients_key_row_in_blocks():
     x = kda_inputs(1, 100, 1, 2, 48, 16, decay="mixed")  # K over two key blocks of the local kernels, one ragged
     _check_grads(x, _plain, F32)
