@@ -417,6 +417,11 @@ def test_scaling_model_dry_run(tmp_path, capsys):
     for key in ("local_fwd_s", "local_fwd_bwd_s", "model_fwd_s", "model_fwd_bwd_s", "one_device_fwd_s"):
         assert 0 < res.get(key, row.get(key)) < 1e3, key
     assert "model f+b ms" in capsys.readouterr().out
+    # chunk_kda's model: the same roles and exchange
+    assert model.main(["--dry-run", "--final", "--op", "kda", "--json", str(path)]) == 0
+    kda = json.loads(path.read_text())
+    assert kda["op"] == "kda" and kda["worlds"][0]["bytes_fwd"] == row["bytes_fwd"]
+    assert 0 < kda["worlds"][0]["local_fwd_bwd_s"] < 1e3
     # the production row's exchange: 7 peers' [HV, K, V + K] fp32 summaries in the forward, [HV, K, V] backward
     c = model.comm_model(8, 32, 128, 128, 1, False, 400e9, 20e-6)
     assert c["bytes_fwd"] == 7 * 32 * 128 * 256 * 4 and c["bytes_bwd"] == 7 * 32 * 128 * 128 * 4

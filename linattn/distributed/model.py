@@ -1,4 +1,5 @@
-"""A one-GPU model of context-parallel scaling for chunk_gated_delta_rule (docs/context-parallel.md).
+"""A one-GPU model of context-parallel scaling for chunk_gated_delta_rule (and, with --op kda, chunk_kda)
+(docs/context-parallel.md).
 
 For each world size W it runs, on this one device, what rank r of W runs: the context-parallel forward and backward
 on T / W tokens of one sequence of T tokens, through the real code path with SimulatedComm standing in for the peers
@@ -48,23 +49,26 @@ def _time(fn, dev, reps: int, warmup: int = 1) -> float:
     return sorted(out)[len(out) // 2]
 
 
-def _inputs(T: int, H: int, HV: int, K: int, V: int, dtype, dev):
+def _inputs(T: int, H: int, HV: int, K: int, V: int, dtype, dev, op: str = "gdn"):
     from linattn.testing.inputs import make_gdn_inputs
-    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, device=dev, initial_state=False, requires_grad=True)
+    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, device=dev, initial_state=False)
     x.pop("initial_state")
-    return x
+    if op == "kda":                             # KDA: the same log decays, per key channel
+        x["g"] = x["g"][..., None].expand(-1, -1, -1, K).contiguous()
+    return {n: t.requires_grad_(True) for n, t in x.items()}
 
 
-def _pass_times(x, do, dev, reps: int, final: bool, cp=None, warmup: int = 1):
+def _pass_times(x, do, dev, reps: int, final: bool, cp=None, warmup: int = 1, op: str = "gdn"):
     """(forward seconds, forward + backward seconds) of one call on x."""
     import linattn
+    fn = linattn.chunk_kda if op == "kda" else linattn.chunk_gated_delta_rule
 
     def fwd():
         with torch.no_grad():
-            linattn.chunk_gated_delta_rule(**x, output_final_state=final, cp_context=cp)
+            fn(**x, output_final_state=final, cp_context=cp)
 
     def fwd_bwd():
-        o, fin = linattn.chunk_gated_delta_rule(**x, output_final_state=final, cp_context=cp)
+        o, fin = fn(**x, output_final_state=final, cp_context=cp)
         loss = (o * do).sum() + (fin.sum() if final else 0)
         loss.backward()
         for t in x.values():
@@ -85,13 +89,13 @@ def comm_model(W: int, HV: int, K: int, V: int, N: int, final: bool, bw: float, 
 
 
 def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, reps: int, final: bool,
-        bw: float, lat: float, warmup: int = 1, out=print) -> dict:
+        bw: float, lat: float, warmup: int = 1, out=print, op: str = "gdn") -> dict:
     from linattn.distributed import build_cp_context
     from linattn.distributed.comm import SimulatedComm
     cu = torch.tensor([0, T], dtype=torch.int64, device=dev)     # the offsets live with the tokens, as a caller's do
-    x = _inputs(T, H, HV, K, V, dtype, dev)
+    x = _inputs(T, H, HV, K, V, dtype, dev, op)
     do = torch.randn(1, T, HV, V, device=dev).to(dtype)
-    full_f, full_fb = _pass_times(x, do, dev, reps, final, warmup=warmup)
+    full_f, full_fb = _pass_times(x, do, dev, reps, final, warmup=warmup, op=op)
     out(f"one device, all {T} tokens: forward {full_f * 1e3:.3f} ms, forward + backward {full_fb * 1e3:.3f} ms")
     out(f"{'W':>2} {'rank':>12} {'local fwd ms':>12} {'local f+b ms':>12} {'fwd MB in':>9} {'bwd MB in':>9} "
         f"{'model fwd ms':>12} {'model f+b ms':>12} {'fwd x':>6} {'f+b x':>6}")
@@ -105,7 +109,7 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
         for r in roles:
             cp = build_cp_context(cu, rank=r, world_size=W, comm=SimulatedComm(r, W))
             xr = {n: t.detach()[:, r * P:(r + 1) * P].clone().requires_grad_(True) for n, t in x.items()}
-            times[r] = _pass_times(xr, do[:, r * P:(r + 1) * P], dev, reps, final, cp, warmup)
+            times[r] = _pass_times(xr, do[:, r * P:(r + 1) * P], dev, reps, final, cp, warmup, op)
         f = max(t[0] for t in times.values())
         fb = max(t[1] for t in times.values())
         c = comm_model(W, HV, K, V, 1, final, bw, lat)
@@ -119,13 +123,14 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
         rows.append(dict(W=W, per_rank_s={str(r): dict(fwd=t[0], fwd_bwd=t[1]) for r, t in times.items()},
                          local_fwd_s=f, local_fwd_bwd_s=fb, model_fwd_s=mf, model_fwd_bwd_s=mfb,
                          speedup_fwd=full_f / mf, speedup_fwd_bwd=full_fb / mfb, **c))
-    return dict(T=T, H=H, HV=HV, K=K, V=V, dtype=str(dtype), device=str(dev), reps=reps, final=final,
+    return dict(op=op, T=T, H=H, HV=HV, K=K, V=V, dtype=str(dtype), device=str(dev), reps=reps, final=final,
                 link_bytes_per_s=bw, latency_s=lat, one_device_fwd_s=full_f, one_device_fwd_bwd_s=full_fb,
                 worlds=rows)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m linattn.distributed.model", description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", choices=["gdn", "kda"], default="gdn", help="chunk_gated_delta_rule or chunk_kda")
     p.add_argument("--T", type=int, default=262144)
     p.add_argument("--H", type=int, default=16)
     p.add_argument("--HV", type=int, default=32)
@@ -149,7 +154,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("no GPU: the full-size model needs one (use --dry-run on a CPU)", file=sys.stderr)
         return 2
     res = run(a.T, a.H, a.HV, a.K, a.V, a.worlds, dtype, dev, a.reps, a.final, a.bandwidth, a.latency,
-              warmup=0 if a.dry_run else 1)
+              warmup=0 if a.dry_run else 1, op=a.op)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
