@@ -226,6 +226,22 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 
+def _kernel_inputs(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                   lower_bound):
+    """The Triton kernels' inputs of the CP and intermediate-states calls: q and k L2-normalised where asked, every
+    tensor contiguous, the initial state fp32, the gate mode string, A_log (only with the gate) and dt_bias flat."""
+    if use_qk_l2norm_in_kernel:
+        q = l2norm(q.float()).to(q.dtype)
+        k = l2norm(k.float()).to(k.dtype)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
+    A_log = None if A_log is None or not use_gate_in_kernel else A_log.contiguous()
+    dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    return q, k, v, g, beta, initial_state, A_log, dt_bias, gate
+
+
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                       cu_seqlens, cp, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound, beta_sigmoid,
                       neg_eigval, state_v_first):
@@ -239,15 +255,8 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if scale is None:
         scale = dims["K"] ** -0.5
-    if use_qk_l2norm_in_kernel:
-        q = l2norm(q.float()).to(q.dtype)
-        k = l2norm(k.float()).to(k.dtype)
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    if initial_state is not None:
-        initial_state = initial_state.to(torch.float32).contiguous()
-    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
-    A_log = None if A_log is None or not use_gate_in_kernel else A_log.contiguous()
-    dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    q, k, v, g, beta, initial_state, A_log, dt_bias, gate = _kernel_inputs(
+        q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     return cp_chunk_kda(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp, A_log, dt_bias, gate,
                         float(lower_bound) if lower_bound is not None else 0.0, bool(beta_sigmoid), bool(neg_eigval),
                         state_v_first)
@@ -276,15 +285,8 @@ def _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_fin
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     if scale is None:
         scale = dims["K"] ** -0.5
-    if use_qk_l2norm_in_kernel:
-        q = l2norm(q.float()).to(q.dtype)
-        k = l2norm(k.float()).to(k.dtype)
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    if initial_state is not None:
-        initial_state = initial_state.to(torch.float32).contiguous()
-    gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
-    A_log = None if A_log is None or not use_gate_in_kernel else A_log.contiguous()
-    dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    q, k, v, g, beta, initial_state, A_log, dt_bias, gate = _kernel_inputs(
+        q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     o, final, h, plan = chunk_kda_fwd(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
                                       A_log, dt_bias, gate, float(lower_bound) if lower_bound is not None else 0.0,
                                       bool(beta_sigmoid), bool(neg_eigval), state_v_first=state_v_first,
