@@ -76,9 +76,7 @@ def _kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass, A_
 
 def _kda_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, state_bwd, A_log, dt_bias, opts):
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
-    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, cu, A_log, dt_bias, opts.get("gate", ""),
-                         opts.get("lower_bound", 0.0), opts.get("beta_sigmoid", False), opts.get("neg_eigval", False),
-                         do, dht, state_bwd=state_bwd)
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, cu, A_log, dt_bias, do=do, dht=dht, state_bwd=state_bwd, **opts)
 
 
 def _kda_state_pass(k, w, u, gcum, h, vnew, h0, final, plan):

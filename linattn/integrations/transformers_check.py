@@ -12,7 +12,8 @@
    near-tie can flip a greedy token, so only fp32 requires equal tokens).
 2. The layer timing: a realistic GatedDeltaNet layer (hidden 2048, 16 q/k heads, 32 v heads, head dim 128, bf16),
    linattn.layers.GatedDeltaNet against fla.layers.GatedDeltaNet when FLA is importable (fla.layers is in the
-   flash-linear-attention wheel, not in fla-core; --kda: KimiDeltaAttention the same way, key layer_kda) (FLA's weights loaded into
+   flash-linear-attention wheel, not in fla-core; --kda: KimiDeltaAttention the same way, key layer_kda) (FLA's
+   weights loaded into
    linattn's layer; their outputs compared): a training step (forward + backward) at B1 T8192 and B8 T4096, and a
    decode step after a prefill at batch 1 and 64, eager and replayed from a CUDA graph. Eager times are the median
    of CUDA-event times of back-to-back calls. Each row also gives the relative RMS difference of linattn's output

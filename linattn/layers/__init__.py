@@ -6,4 +6,5 @@ from linattn.layers.kda import KimiDeltaAttention
 from linattn.layers.norm import FusedRMSNormGated
 from linattn.layers.rmsnorm import RMSNorm
 
-__all__ = ["GatedDeltaNet", "KimiDeltaAttention", "RecurrentCache", "ShortConvolution", "FusedRMSNormGated", "RMSNorm"]
+__all__ = ["GatedDeltaNet", "KimiDeltaAttention", "RecurrentCache", "ShortConvolution", "FusedRMSNormGated",
+           "RMSNorm"]

@@ -189,12 +189,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if use_graph and cu_seqlens is not None and max_num_seqs is not None and cu_seqlens.shape[0] - 1 != max_num_seqs:
         raise ValueError(f"{OP}: with use_graph, cu_seqlens must be padded with zero-length tail sequences to "
                          f"max_num_seqs + 1 = {max_num_seqs + 1} entries, got {cu_seqlens.shape[0]} (as in FLA)")
-    if return_intermediate_states:
-        return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                         allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
-                                         cp_context, A_log, dt_bias, backend)
     if cp_context is not None:
+        if return_intermediate_states:
+            _not_yet("return_intermediate_states with cp_context")
         return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                  cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound,
                                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
@@ -204,6 +201,11 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if scale is None:
         scale = dims["K"] ** -0.5
+    if return_intermediate_states:
+        return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                         allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                                         A_log, dt_bias, backend)
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
                          output_final_state=output_final_state)
     if use_qk_l2norm_in_kernel:
@@ -264,18 +266,12 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
 
 def _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                               use_gate_in_kernel, beta_sigmoid, neg_eigval, lower_bound, state_v_first, cu_seqlens,
-                              cu_seqlens_cpu, cp_context, A_log, dt_bias, backend):
-    """chunk_kda with return_intermediate_states=True: (o, final_state or None, h)."""
-    if cp_context is not None:
-        _not_yet("return_intermediate_states with cp_context")
+                              cu_seqlens_cpu, A_log, dt_bias, backend):
+    """chunk_kda with return_intermediate_states=True on checked inputs: (o, final_state or None, h)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
         raise ValueError(f"{OP}: return_intermediate_states=True is for inference (no autograd): call it under "
                          f"torch.inference_mode() or torch.no_grad(), as FLA requires")
-    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
-                            state_v_first=state_v_first)
-    check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
-    check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if backend not in ("auto", "triton"):
         raise NotImplementedError(f"{OP}: return_intermediate_states runs the Triton kernels; backend={backend!r} "
                                   f"is not supported")
@@ -283,14 +279,11 @@ def _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_fin
     if not ok:
         raise NotImplementedError(f"{OP}: return_intermediate_states runs the Triton kernels: {why}")
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
-    if scale is None:
-        scale = dims["K"] ** -0.5
     q, k, v, g, beta, initial_state, A_log, dt_bias, gate = _kernel_inputs(
         q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound)
-    o, final, h, plan = chunk_kda_fwd(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
-                                      A_log, dt_bias, gate, float(lower_bound) if lower_bound is not None else 0.0,
-                                      bool(beta_sigmoid), bool(neg_eigval), state_v_first=state_v_first,
-                                      return_h=True)
+    o, final, h = chunk_kda_fwd(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
+                                A_log, dt_bias, gate, float(lower_bound) if lower_bound is not None else 0.0,
+                                bool(beta_sigmoid), bool(neg_eigval), state_v_first=state_v_first, return_h=True)
     B, T = q.shape[:2]
     if cu_seqlens is None:
         h = h.view(B, -(-T // 64), *h.shape[1:])

@@ -11,7 +11,8 @@ real U: one launch computes both, as one [K, V + K] state [C | M] split into col
                              past column V, so the bounds check zero-fills it)
 
 With per-key-channel decays (KDA, DECAY "channel") the map is the same with exp(g_t) a diagonal matrix, and the
-same launch computes it. Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the state rounded to the operand
+same launch computes it. Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the
+state rounded to the operand
 dtype for W S exactly as there); nothing but the final [C | M] is written (no h, no Vnew).
 """
 import torch

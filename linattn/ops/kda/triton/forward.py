@@ -45,7 +45,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
     fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
     in fp32 and no output stage. state_pass: replaces stage 3 (GDN's hook, called as state_pass(kdec, w, u, gcum,
-    h, vnew, initial_state, final, plan); the context-parallel pass's). return_h: (o, final, h, plan) with h the
+    h, vnew, initial_state, final, plan); the context-parallel pass's). return_h: (o, final, h) with h the
     chunk-start states [slots, HV, K, V] in q's dtype (rows chunk_offsets[n] + c; FLA's return_intermediate_states)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -90,4 +90,4 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
                  aqk=aqk)
-    return (o, final, h, plan) if return_h else (o, final)
+    return (o, final, h) if return_h else (o, final)
