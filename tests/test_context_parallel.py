@@ -37,34 +37,38 @@ SAME_CALL_TOL = 1e-5
 
 # ---- the worker of one rank -------------------------------------------------------------------------------------
 
-def _rank_worker(rank, world, init_file, cases, out_dir):
+def _worker(rank, world, init_file, cases, out_dir, run_case):
+    """One rank: joins the gloo group, runs run_case(rank, case) on every case, saves each result."""
     import torch.distributed as dist
     torch.set_num_threads(1)            # a forked child: no inherited intra-op thread pool
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
         for i, case in enumerate(cases):
-            cp = build_cp_context(case["cu"])
-            P = cp.part_len
-            sl = slice(rank * P, (rank + 1) * P)
-            x = {n: case[n][:, sl].detach().clone().requires_grad_(True) for n in NAMES}
-            h0 = case["h0"]
-            if h0 is not None:
-                h0 = h0.detach().clone().requires_grad_(True)
-            params = {n: t.detach().clone().requires_grad_(True) for n, t in case["params"].items()}
-            with poisoned_allocations():
-                o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp,
-                                   **case["opts"], **params)
-                loss = (o.float() * case["do"][:, sl]).sum()
-                if case["final"]:
-                    loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
-                loss.backward()
-            torch.save(dict(o=o.detach(), fin=None if fin is None else fin.detach(),
-                            dh0=None if h0 is None else h0.grad, **{"d" + n: x[n].grad for n in NAMES},
-                            **{"d" + n: t.grad for n, t in params.items()}),
-                       os.path.join(out_dir, f"case{i}_rank{rank}.pt"))
+            torch.save(run_case(rank, case), os.path.join(out_dir, f"case{i}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _chunk_case(rank, case):
+    """The chunked op on this rank's slice: o, the final states and every gradient."""
+    cp = build_cp_context(case["cu"])
+    P = cp.part_len
+    sl = slice(rank * P, (rank + 1) * P)
+    x = {n: case[n][:, sl].detach().clone().requires_grad_(True) for n in NAMES}
+    h0 = case["h0"]
+    if h0 is not None:
+        h0 = h0.detach().clone().requires_grad_(True)
+    params = {n: t.detach().clone().requires_grad_(True) for n, t in case["params"].items()}
+    with poisoned_allocations():
+        o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp,
+                           **case["opts"], **params)
+        loss = (o.float() * case["do"][:, sl]).sum()
+        if case["final"]:
+            loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
+        loss.backward()
+    return dict(o=o.detach(), fin=None if fin is None else fin.detach(), dh0=None if h0 is None else h0.grad,
+                **{"d" + n: x[n].grad for n in NAMES}, **{"d" + n: t.grad for n, t in params.items()})
 
 
 def _op(case):
@@ -128,12 +132,12 @@ def _one_process(case, reference: bool):
     return o, fin, grads
 
 
-def _run_world(world, cases):
+def _run_world(world, cases, run_case=_chunk_case):
     """Every rank's results of every case. The ranks are forked from this process, after _check's one-process calls
     have run the same kernels here: the interpreter's per-kernel start-up is then paid once, not once per rank."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_rank_worker, args=(world, os.path.join(d, "store"), cases, d), nprocs=world,
+        mp.start_processes(_worker, args=(world, os.path.join(d, "store"), cases, d, run_case), nprocs=world,
                            start_method="fork")
         return [[torch.load(os.path.join(d, f"case{i}_rank{r}.pt")) for r in range(world)]
                 for i in range(len(cases))]
@@ -216,24 +220,17 @@ def test_fla_options_three_ranks():
         _check(case, exp, ranks, 3)
 
 
-def _conv_worker(rank, world, init_file, cases, out_dir):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        for i, case in enumerate(cases):
-            cp = build_cp_context(case["cu"])
-            P = cp.part_len
-            x = case["x"][:, rank * P:(rank + 1) * P].clone().requires_grad_(True)
-            w, b = case["w"].clone().requires_grad_(True), case["b"].clone().requires_grad_(True)
-            with poisoned_allocations():
-                y, fin = linattn.causal_conv1d(x, w, b, activation="silu", cp_context=cp)
-                (y * case["dy"][:, rank * P:(rank + 1) * P]).sum().backward()
-            assert fin is None
-            torch.save(dict(y=y.detach(), dx=x.grad, dw=w.grad, db=b.grad), os.path.join(out_dir, f"conv{i}_{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _conv_case(rank, case):
+    """causal_conv1d on this rank's slice: y and every gradient."""
+    cp = build_cp_context(case["cu"])
+    P = cp.part_len
+    x = case["x"][:, rank * P:(rank + 1) * P].clone().requires_grad_(True)
+    w, b = case["w"].clone().requires_grad_(True), case["b"].clone().requires_grad_(True)
+    with poisoned_allocations():
+        y, fin = linattn.causal_conv1d(x, w, b, activation="silu", cp_context=cp)
+        (y * case["dy"][:, rank * P:(rank + 1) * P]).sum().backward()
+    assert fin is None
+    return dict(y=y.detach(), dx=x.grad, dw=w.grad, db=b.grad)
 
 
 @pytest.mark.parametrize("world,lengths", [
@@ -245,17 +242,13 @@ def test_causal_conv1d_context_parallel(world, lengths):
     """causal_conv1d(cp_context=...) on every rank against the one-process call: y, dx, and dweight / dbias summed
     over ranks, W = 4, SiLU, fp32, sequences crossing ranks (and, with two tokens per rank, a halo from two ranks
     back)."""
-    import torch.multiprocessing as mp
     cu = random_cu_seqlens(lengths)
     T, D, W = int(cu[-1]), 6, 4
     case = dict(cu=cu, x=torch.randn(1, T, D), w=torch.randn(D, W), b=torch.randn(D), dy=torch.randn(1, T, D))
     x, w, b = (case[n].clone().requires_grad_(True) for n in ("x", "w", "b"))
     y, _ = linattn.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu)
     (y * case["dy"]).sum().backward()
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_conv_worker, args=(world, os.path.join(d, "store"), [case], d), nprocs=world,
-                           start_method="fork")
-        ranks = [torch.load(os.path.join(d, f"conv0_{r}.pt")) for r in range(world)]
+    (ranks,) = _run_world(world, [case], _conv_case)
     assert_close("y", torch.cat([r["y"] for r in ranks], 1), y, SAME_CALL_TOL)
     assert_close("dx", torch.cat([r["dx"] for r in ranks], 1), x.grad, SAME_CALL_TOL)
     assert_close("dweight (summed over ranks)", sum(r["dw"] for r in ranks), w.grad, SAME_CALL_TOL)

@@ -70,10 +70,8 @@ class KimiDeltaAttention(RecurrentLayer):
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 past_key_values: Optional[RecurrentCache] = None, use_cache: Optional[bool] = False,
                 output_attentions: Optional[bool] = False, **kwargs):
-        """hidden_states [B, T, hidden_size]; attention_mask: optional 0/1 padding mask [B, T'] (T' >= T, 0 marks
-        padding; its last T columns apply); past_key_values: a RecurrentCache (or FLA-style Cache), read when it
-        holds this layer's states, updated with the new ones (use_cache=True returns them); cu_seqlens (keyword):
-        packed sequences with B = 1, instead of a mask. Returns (o [B, T, hidden_size], None, past_key_values)."""
+        """The call of GatedDeltaNet.forward (the same arguments: padding mask, cache, cu_seqlens); the recurrent
+        state in the cache is [N, HV, V, K], FLA's. Returns (o [B, T, hidden_size], None, past_key_values)."""
         s = self._forward_setup(hidden_states, attention_mask, past_key_values, use_cache, kwargs)
         x, recurrent_state = s["x"], s["recurrent_state"]
         q, k, v = self._qkv(s, use_cache)
