@@ -168,13 +168,14 @@ def _check(case, expected, ranks, world):
         if case["h0"] is not None:
             assert_close(f"d initial_state (summed over ranks) vs {against}", sum(rk["dh0"] for rk in ranks),
                          grads["dh0"], tol)
-        for n in case["params"]:            # a parameter's gradient: each rank's from its tokens, summed
-            if against == "one-process call":
-                # a sum over every token of terms of both signs, added in another order than the one-process call's:
-                # it cancels (measured 2.8e-5 of its norm here), so SAME_CALL_TOL does not apply; fp64 checks it
-                continue
-            assert_close(f"d{n} (summed over ranks) vs {against}", sum(rk["d" + n] for rk in ranks),
-                         grads["d" + n], tol)
+        if against == "reference":
+            # a parameter's gradient (each rank's from its tokens, summed over ranks) against fp64 only: it sums
+            # every token's terms, of both signs, and the one-process call adds the same terms in another order, so
+            # their difference is the sum's cancellation (measured up to 4e-5 of its norm over 11 draws, and
+            # unbounded where a head's sum is near zero), not a bound SAME_CALL_TOL can hold
+            for n in case["params"]:
+                assert_close(f"d{n} (summed over ranks) vs {against}", sum(rk["d" + n] for rk in ranks),
+                             grads["d" + n], tol)
 
 
 def test_two_ranks_match_the_one_process_call():
