@@ -169,9 +169,10 @@ def kda_pair_bwd_kernel(
     exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k, G = dAkk) and Aqk
     (a = q, b = k, G = dAqk). The key row is walked in blocks of BK channels. Pairs across blocks go through a
     reference row between the two tokens, so both factors are <= 1: row 16 I for the block's da (the earlier blocks'
-    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product. Inside the block, token
-    by token: step s pairs row 16 I + l with row 16 I + s, read from memory (the earlier row for da, the later one
-    for db), so any decay is safe (exp of a masked difference <= 0)."""
+    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product. Inside the block the same
+    one level down, across its 4-row sub-blocks ([16, 16] x [16, BK] products through each sub-block's first and
+    last rows), and inside a sub-block token by token: step s pairs row l with row 4 (l // 4) + s, read from memory
+    (the earlier row for da, the later one for db), so any decay is safe (exp of a masked difference <= 0)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     blk = p % 4
@@ -199,6 +200,14 @@ def kda_pair_bwd_kernel(
     m_g = mI[:, None] & (i < first_b)[None, :]
     off_gt = (r * HV + hv)[None, :] * BT + (first_b + li)[:, None]            # [l, i] = G[i, 16 I + l]
     m_gt = (m & (i > last_b))[None, :] & mI[:, None]
+    # the block's own [16, 16] tiles of G and G^T: [l, c] = G[16 I + l, 16 I + c], and G[16 I + c, 16 I + l]
+    off_g16 = (rI * HV + hv)[:, None] * BT + (first_b + li)[None, :]
+    off_g16t = (rI * HV + hv)[None, :] * BT + (first_b + li)[:, None]
+    m16 = mI[:, None] & mI[None, :]
+    gk16 = tl.load(dakk_ptr + off_g16, mask=m16, other=0.)
+    gq16 = tl.load(daqk_ptr + off_g16, mask=m16, other=0.)
+    gk16t = tl.load(dakk_ptr + off_g16t, mask=m16, other=0.)
+    gq16t = tl.load(daqk_ptr + off_g16t, mask=m16, other=0.)
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
@@ -229,25 +238,47 @@ def kda_pair_bwd_kernel(
         dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
                           input_precision=DOT_PREC)
         dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
-        # ---- inside the block, token by token
-        for s in range(0, 16):
-            rs = t0 + first_b + s
+        # ---- inside the block, across its 4-row sub-blocks: da of sub-block u through its first row, db of
+        # sub-block u through its last row, both factors <= 1, as [16, 16] x [16, BK] products
+        for u in range(1, 4):
+            g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u, eos, hv, ck, mk, gam_last, HV, K)
+            rows_u = (li // 4 == u)[:, None]
+            kr = kI * tl.exp(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")))
+            eu = tl.exp(tl.where(rows_u, gI - g_u[None, :], float("-inf")))
+            m_u = rows_u & (li < 4 * u)[None, :]
+            dak += eu * tl.dot(tl.where(m_u, gk16, 0.), kr, input_precision=DOT_PREC)
+            daq += eu * tl.dot(tl.where(m_u, gq16, 0.), kr, input_precision=DOT_PREC)
+        for u in range(0, 3):
+            g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u + 3, eos, hv, ck, mk, gam_last, HV, K)
+            rows_u = (li // 4 == u)[:, None]
+            el = tl.exp(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")))
+            eb = tl.exp(tl.where(rows_u, g_u[None, :] - gI, float("-inf")))
+            m_u = rows_u & (li >= 4 * u + 4)[None, :]
+            dbk += eb * tl.dot(tl.where(m_u, gk16t, 0.), beta[:, None] * kI * el, input_precision=DOT_PREC)
+            dbq += eb * tl.dot(tl.where(m_u, gq16t, 0.), qI * el, input_precision=DOT_PREC)
+        # ---- inside each 4-row sub-block, token by token: step s pairs row l with row 4 (l // 4) + s of the block,
+        # read from memory (the earlier row for da, the later one for db), so any decay is safe
+        for s in range(0, 4):
+            ps = first_b + 4 * (li // 4) + s                     # the partner row in the chunk
+            rs = t0 + ps
             ms = rs < eos
-            gs = _gam_row(gcum_ptr, t0, first_b + s, eos, hv, ck, mk, gam_last, HV, K)
-            ks = tl.load(k_ptr + (rs * H + hk) * K + ck, mask=mk & ms, other=0.).to(tl.float32)
-            qs = tl.load(q_ptr + (rs * H + hk) * K + ck, mask=mk & ms, other=0.).to(tl.float32)
+            mks = ms[:, None] & mk[None, :]
+            gs = tl.where(mks, tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=mks, other=0.),
+                          gam_last[None, :])
+            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
+            qs = tl.load(q_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
             bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
-            e_lo = tl.exp(tl.where((li >= s)[:, None], gI - gs[None, :], float("-inf")))     # row s is earlier
-            e_hi = tl.exp(tl.where((li <= s)[:, None], gs[None, :] - gI, float("-inf")))     # row s is later
-            gk = tl.load(dakk_ptr + (rI * HV + hv) * BT + first_b + s, mask=mI, other=0.)     # G[16 I + l, row s]
-            gq = tl.load(daqk_ptr + (rI * HV + hv) * BT + first_b + s, mask=mI, other=0.)
+            e_lo = tl.exp(tl.where((li % 4 >= s)[:, None], gI - gs, float("-inf")))         # row s is earlier
+            e_hi = tl.exp(tl.where((li % 4 <= s)[:, None], gs - gI, float("-inf")))         # row s is later
+            gk = tl.load(dakk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)             # G[16 I + l, row s]
+            gq = tl.load(daqk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)
             gkt = tl.load(dakk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)  # G[row s, 16 I + l]
             gqt = tl.load(daqk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)
-            ke = ks[None, :] * e_lo
+            ke = ks * e_lo
             dak += gk[:, None] * ke
             daq += gq[:, None] * ke
-            dbk += (gkt * bs)[:, None] * ks[None, :] * e_hi
-            dbq += gqt[:, None] * qs[None, :] * e_hi
+            dbk += (gkt * bs)[:, None] * ks * e_hi
+            dbq += gqt[:, None] * qs * e_hi
         dbeta += tl.sum(kI * dak, axis=1)
         dq = tl.load(dq_ptr + off_I, mask=mIk, other=0.) + daq
         dk = tl.load(dk_ptr + off_I, mask=mIk, other=0.) + beta[:, None] * dak + dbk + dbq
