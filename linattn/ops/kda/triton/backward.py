@@ -243,19 +243,19 @@ def kda_pair_bwd_kernel(
         for u in range(1, 4):
             g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u, eos, hv, ck, mk, gam_last, HV, K)
             rows_u = (li // 4 == u)[:, None]
-            kr = kI * tl.exp(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")))
-            eu = tl.exp(tl.where(rows_u, gI - g_u[None, :], float("-inf")))
+            kr_u = kI * tl.exp(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")))
+            ea_u = tl.exp(tl.where(rows_u, gI - g_u[None, :], float("-inf")))
             m_u = rows_u & (li < 4 * u)[None, :]
-            dak += eu * tl.dot(tl.where(m_u, gk16, 0.), kr, input_precision=DOT_PREC)
-            daq += eu * tl.dot(tl.where(m_u, gq16, 0.), kr, input_precision=DOT_PREC)
+            dak += ea_u * tl.dot(tl.where(m_u, gk16, 0.), kr_u, input_precision=DOT_PREC)
+            daq += ea_u * tl.dot(tl.where(m_u, gq16, 0.), kr_u, input_precision=DOT_PREC)
         for u in range(0, 3):
             g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u + 3, eos, hv, ck, mk, gam_last, HV, K)
             rows_u = (li // 4 == u)[:, None]
-            el = tl.exp(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")))
-            eb = tl.exp(tl.where(rows_u, g_u[None, :] - gI, float("-inf")))
+            el_u = tl.exp(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")))
+            eb_u = tl.exp(tl.where(rows_u, g_u[None, :] - gI, float("-inf")))
             m_u = rows_u & (li >= 4 * u + 4)[None, :]
-            dbk += eb * tl.dot(tl.where(m_u, gk16t, 0.), beta[:, None] * kI * el, input_precision=DOT_PREC)
-            dbq += eb * tl.dot(tl.where(m_u, gq16t, 0.), qI * el, input_precision=DOT_PREC)
+            dbk += eb_u * tl.dot(tl.where(m_u, gk16t, 0.), beta[:, None] * kI * el_u, input_precision=DOT_PREC)
+            dbq += eb_u * tl.dot(tl.where(m_u, gq16t, 0.), qI * el_u, input_precision=DOT_PREC)
         # ---- inside each 4-row sub-block, token by token: step s pairs row l with row 4 (l // 4) + s of the block,
         # read from memory (the earlier row for da, the later one for db), so any decay is safe
         for s in range(0, 4):
