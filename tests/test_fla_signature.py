@@ -111,12 +111,21 @@ def test_chunk_gate_and_beta_options_run(kw, backend):
 @pytest.mark.parametrize("kw,match", [(dict(allow_neg_eigval=True), "allow_neg_eigval.*use_beta_sigmoid_in_kernel"),
                                       (dict(use_gate_in_kernel=True), "use_gate_in_kernel.*A_log"),
                                       (dict(A_log=torch.zeros(4)), "A_log.*use_gate_in_kernel"),
-                                      (dict(chunk_size=32), "chunk_size=32.*chunk_size=64"),
-                                      (dict(chunk_size=48), "chunk_size=48.*chunk_size=64")])
+                                      (dict(chunk_size=8), "`chunk_size` must be one of 16, 32 or 64.*got 8"),
+                                      (dict(chunk_size=48), "`chunk_size` must be one of 16, 32 or 64.*got 48")])
 def test_chunk_argument_errors(kw, match):
     x, cu = _chunk_inputs()
     with pytest.raises(ValueError, match=match):
         linattn.chunk_gated_delta_rule(**x, cu_seqlens=cu, **kw)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32])
+def test_chunk_fla_chunk_sizes_give_the_64_token_result(chunk_size):
+    """FLA's other chunk sizes run linattn's 64-token chunks: the same output and final state, bit for bit."""
+    x, cu = _chunk_inputs()
+    o0, h0 = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu)
+    o1, h1 = linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu, chunk_size=chunk_size)
+    assert torch.equal(o0, o1) and torch.equal(h0, h1)
 
 
 @pytest.mark.parametrize("fn", ["chunk", "decode"])

@@ -497,12 +497,34 @@ def test_chunk_use_graph_padded_varlen():
 
 def test_chunk_options_not_run_yet_are_refused_by_name():
     x = kda_inputs(1, 8, 1, 1, 16, 16)
-    with pytest.raises(ValueError, match="chunk_size"):
-        _chunk(**x, chunk_size=32)
+    with pytest.raises(ValueError, match="`chunk_size` must be either 32 or 64.*got 16"):
+        _chunk(**x, chunk_size=16)
+    with pytest.raises(ValueError, match="lower_bound must be a negative float"):
+        _chunk(**x, lower_bound=2.0)
+    with pytest.raises(ValueError, match="return_intermediate_states.*chunk_size=32"):
+        with torch.inference_mode():
+            _chunk(**x, chunk_size=32, return_intermediate_states=True)
     with pytest.raises(ValueError, match="g must be"):
         _chunk(**dict(x, g=x["g"][..., :8]))
     with pytest.raises(ValueError, match="safe_gate"):
         _chunk(**x, use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True)
+
+
+@needs_triton
+def test_chunk_fla_promises_change_nothing():
+    """FLA's chunk_size=32 runs the 64-token chunks, and lower_bound without the gate in the kernel (with safe_gate,
+    FLA's promise that g >= lower_bound) needs no bound here: the same output and final state, bit for bit, for the
+    chunked op and the decode."""
+    x = kda_inputs(1, 100, 1, 2, 16, 16)
+    x["g"] = x["g"].clamp(min=-5.0)
+    o0, h0 = _chunk(**x, output_final_state=True)
+    o1, h1 = _chunk(**x, output_final_state=True, chunk_size=32, safe_gate=True, lower_bound=-5.0)
+    assert torch.equal(o0, o1) and torch.equal(h0, h1)
+    y = kda_inputs(2, 1, 1, 2, 16, 16)
+    y["g"] = y["g"].clamp(min=-5.0)
+    o0, h0 = _decode(**y, output_final_state=True)
+    o1, h1 = _decode(**y, output_final_state=True, lower_bound=-5.0)
+    assert torch.equal(o0, o1) and torch.equal(h0, h1)
 
 
 def test_chunk_reference_backend_is_differentiable():

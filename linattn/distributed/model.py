@@ -16,7 +16,7 @@ with the forward's all-gather of [HV, K, V + K] fp32 per rank and the backward's
 all-reduces of the final states and their gradient with --final). A model, not a measurement of communication:
 overlap, NVLink contention and the collectives' own kernels are not in it.
 
-    python3 -m linattn.distributed.model                      # B1 T=262144 H16/HV32 K=V=128 bf16, W = 2..8
+    python3 -m linattn.distributed.model                      # B1 T=262080 H16/HV32 K=V=128 bf16, W = 2..8
     python3 -m linattn.distributed.model --dry-run            # tiny sizes, the CPU under TRITON_INTERPRET=1
 """
 from __future__ import annotations
@@ -92,6 +92,10 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
         bw: float, lat: float, warmup: int = 1, out=print, op: str = "gdn") -> dict:
     from linattn.distributed import build_cp_context
     from linattn.distributed.comm import SimulatedComm
+    uneven = [W for W in worlds if W < 1 or T % W]
+    if uneven:
+        raise ValueError(f"--T {T} must be a multiple of every world size (each rank holds T / W tokens); "
+                         f"not of {uneven}")
     cu = torch.tensor([0, T], dtype=torch.int64, device=dev)     # the offsets live with the tokens, as a caller's do
     x = _inputs(T, H, HV, K, V, dtype, dev, op)
     do = torch.randn(1, T, HV, V, device=dev).to(dtype)
@@ -101,8 +105,6 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
         f"{'model fwd ms':>12} {'model f+b ms':>12} {'fwd x':>6} {'f+b x':>6}")
     rows = []
     for W in worlds:
-        if T % W:
-            raise ValueError(f"T={T} is not a multiple of W={W}")
         P = T // W
         roles = sorted({0, W - 1} | ({W // 2} if W >= 3 else set()))
         times = {}
@@ -131,7 +133,8 @@ def run(T: int, H: int, HV: int, K: int, V: int, worlds: List[int], dtype, dev, 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m linattn.distributed.model", description=__doc__.split("\n\n")[0])
     p.add_argument("--op", choices=["gdn", "kda"], default="gdn", help="chunk_gated_delta_rule or chunk_kda")
-    p.add_argument("--T", type=int, default=262144)
+    p.add_argument("--T", type=int, default=262080,
+                   help="tokens of the one sequence (default 840 * 312: a multiple of every default world size)")
     p.add_argument("--H", type=int, default=16)
     p.add_argument("--HV", type=int, default=32)
     p.add_argument("--K", type=int, default=128)

@@ -281,9 +281,10 @@ def _layers_under_test(dims, device, dtype, kind="gdn"):
     return layers, errors
 
 
-def time_layer(device, dry_run=False, reps=20, warmup=5, kind="gdn") -> dict:
+def time_layer(device, dry_run=False, reps=20, warmup=5, kind="gdn", report=None) -> dict:
     """The training-step and decode-step rows of the layer of `kind` ("gdn": GatedDeltaNet, "kda":
-    KimiDeltaAttention, the same sizes) against FLA's."""
+    KimiDeltaAttention, the same sizes) against FLA's. report(row), where given, sees each row as it completes (FLA's
+    first calls autotune for minutes, so a caller under a time limit keeps what finished)."""
     from linattn.layers import RecurrentCache
     dev = torch.device(device)
     dims = LAYER_DRY if dry_run else LAYER
@@ -316,6 +317,8 @@ def time_layer(device, dry_run=False, reps=20, warmup=5, kind="gdn") -> dict:
             row["out_rel_rms_vs_fla"] = rel_rms(first["linattn"][0], first["fla"][0])
             row["dx_rel_rms_vs_fla"] = rel_rms(first["linattn"][1], first["fla"][1])
         out["train"].append(row)
+        if report:
+            report(row)
     for N in (DECODE_BATCHES_DRY if dry_run else DECODE_BATCHES):
         prompt = torch.randn(N, 16, H, device=dev, dtype=dtype)
         x1 = torch.randn(N, 1, H, device=dev, dtype=dtype)
@@ -339,6 +342,8 @@ def time_layer(device, dry_run=False, reps=20, warmup=5, kind="gdn") -> dict:
         if "fla" in first and "linattn" in first:
             row["out_rel_rms_vs_fla"] = rel_rms(first["linattn"], first["fla"])
         out["decode"].append(row)
+        if report:
+            report(row)
     out["note"] = ("decode: one step after a 16-token prefill into a RecurrentCache (FLA's cache protocol, used by "
                    "both layers); a graph replays one captured step (linattn updates its fp32 state in place, "
                    "FLA's op writes a new state tensor, so its replays repeat the same step: the same work)")
@@ -362,6 +367,10 @@ def main(argv=None) -> int:
     print(env_line(env), flush=True)
     result = dict(env=env, model=[], layer=None)
     ok = True
+
+    def save():                                  # after every part: a run cut short keeps what finished
+        with open(args.out, "w") as f:
+            json.dump(dict(result, passed=bool(ok)), f, indent=1)
     if not args.skip_model:
         dtypes = (torch.float32,) if device == "cpu" else (torch.float32, torch.bfloat16)
         for dtype in dtypes:
@@ -375,17 +384,18 @@ def main(argv=None) -> int:
             result["model"].append(r)
             ok &= r["passed"]
             print(f"tiny Qwen3-Next {r['dtype']}: " + (r["error"] if "error" in r else format_check(r)), flush=True)
+            save()
     kinds = ([] if args.skip_layer else [("layer", "gdn")]) + ([("layer_kda", "kda")] if args.kda else [])
     for key, kind in kinds:
-        result[key] = time_layer(device, dry_run=args.dry_run, kind=kind)
+        result[key] = time_layer(device, dry_run=args.dry_run, kind=kind,
+                                 report=lambda row, kind=kind: print(kind, json.dumps(row), flush=True))
         for row in result[key]["train"] + result[key]["decode"]:
-            print(kind, json.dumps(row), flush=True)
             ok &= "linattn_error" not in row
         if result[key]["errors"]:
             print(json.dumps(result[key]["errors"]), flush=True)
+        save()
     result["passed"] = bool(ok)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save()
     print("PASSED" if ok else "FAILED", "->", args.out)
     return 0 if ok else 1
 

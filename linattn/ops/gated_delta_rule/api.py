@@ -149,7 +149,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             are float tensors of HV elements, differentiable (their gradients are summed over tokens from a
             per-token term the backward's WY stage writes). use_gate_in_kernel=True without A_log raises ValueError,
             as in FLA; A_log / dt_bias without it raise ValueError (FLA ignores them there).
-        chunk_size: 64, the kernels' chunk; any other value (FLA also takes 16 and 32) raises ValueError.
+        chunk_size: FLA's 16, 32 or 64, all computed in 64-token chunks (the same result up to rounding); any
+            other value raises ValueError.
         transpose_state_layout: FLA's deprecated name of state_v_first (a DeprecationWarning, as in FLA).
         backend: "auto", "triton", "reference" (or "gluon" where registered; it declines the gate and beta options
             and state_v_first, which run on the Triton path).

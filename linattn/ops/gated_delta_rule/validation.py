@@ -127,7 +127,7 @@ def _not_yet(op: str, name: str, kernels: str):
 def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
                       use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
     """FLA 0.6's options of the chunked op: FLA's own argument errors as FLA raises them (ValueError). chunk_size:
-    64, the kernels' chunk, else ValueError. The gate and beta options and state_v_first run in the kernels; their
+    FLA's 16, 32 or 64 (check_chunk_size). The gate and beta options and state_v_first run in the kernels; their
     tensors are checked by check_fla_gate_params once the head count is known. cp_context is the op's own path
     (api.py)."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
@@ -136,9 +136,18 @@ def check_fla_options(op: str, *, use_beta_sigmoid_in_kernel=False, allow_neg_ei
         raise ValueError(f"{op}: use_gate_in_kernel=True needs A_log [HV] (as in FLA)")
     if not use_gate_in_kernel and (A_log is not None or dt_bias is not None):
         raise ValueError(f"{op}: A_log / dt_bias are used only with use_gate_in_kernel=True")
-    if chunk_size != 64:
-        raise ValueError(f"{op}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
-                         f"chunk_size=64 only (FLA also takes 16 and 32); pass 64 or leave it out")
+    check_chunk_size(op, chunk_size, (16, 32, 64))
+
+
+def check_chunk_size(op: str, chunk_size, fla_values) -> None:
+    """FLA's chunk sizes of the op are accepted and computed in linattn's 64-token chunks: the chunk length decides
+    how the sums are split, not what they are, so the result is FLA's up to rounding. Any other value raises
+    ValueError, with FLA's wording."""
+    if isinstance(chunk_size, bool) or chunk_size not in fla_values:
+        *head, last = (str(c) for c in fla_values)
+        allowed = f"either {head[0]} or {last}" if len(head) == 1 else f"one of {', '.join(head)} or {last}"
+        raise ValueError(f"{op}: `chunk_size` must be {allowed} (FLA's values; linattn runs every one in 64-token "
+                         f"chunks), got {chunk_size!r}")
 
 
 def check_fla_gate_params(op: str, A_log, dt_bias, HV: int, device):

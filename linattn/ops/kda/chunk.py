@@ -13,7 +13,8 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule.reference import l2norm
-from linattn.ops.gated_delta_rule.validation import check_channel_decay, check_gdn_inputs, fla_state_v_first
+from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_size, check_gdn_inputs,
+                                                    fla_state_v_first)
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.device import eager_without_autograd
@@ -159,7 +160,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     caller's contract (LINATTN_CHECK_INPUTS=1 checks them).
 
     Accepted without effect on the result: safe_gate (FLA's faster path for gates bounded by lower_bound; FLA's
-    argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), disable_recompute (a memory
+    argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), lower_bound without
+    use_gate_in_kernel (there FLA's promise that g >= lower_bound; linattn's kernels need no bound), disable_recompute (a memory
     trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
     cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md), as for
     chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, every option above included.
@@ -170,7 +172,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     use_graph, max_num_seqs: FLA's CUDA-graph mode for varlen calls (cu_seqlens padded with zero-length tail
     sequences to max_num_seqs + 1 entries, states [max_num_seqs, ...]); linattn's chunk plan is built on the device
     from shapes alone, so every call is capture-safe and use_graph changes nothing but the max_num_seqs check.
-    chunk_size: 64 only (ValueError otherwise).
+    chunk_size: FLA's 32 or 64, both computed in 64-token chunks (the same result up to rounding; ValueError for
+    other values, and for 32 with return_intermediate_states, whose states are per chunk).
     backend: "auto" (Triton), "triton" or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
@@ -180,9 +183,10 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
-    if chunk_size != 64:
-        raise ValueError(f"{OP}: chunk_size={chunk_size!r} is not supported: linattn's chunked kernels run "
-                         f"chunk_size=64 only (FLA also takes 32); pass 64 or leave it out")
+    check_chunk_size(OP, chunk_size, (32, 64))
+    if return_intermediate_states and chunk_size != 64:
+        raise ValueError(f"{OP}: return_intermediate_states gives the states of linattn's 64-token chunks; "
+                         f"chunk_size={chunk_size} would ask for others (pass 64 or leave it out)")
     if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
         raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
                          f"FLA), got {lower_bound!r}")

@@ -29,18 +29,20 @@ def gate_mode(use_gate_in_kernel: bool, A_log, lower_bound) -> str:
 
 def check_kda_gate_args(op: str, dims: dict, q, use_gate_in_kernel, A_log, dt_bias, lower_bound):
     """FLA's KDA gate arguments: A_log [HV] (optional only with lower_bound), dt_bias [HV * K] (or [HV, K]),
-    lower_bound < 0; all of them only with use_gate_in_kernel=True (ValueError otherwise: FLA ignores them there)."""
+    lower_bound < 0. A_log and dt_bias only with use_gate_in_kernel=True (ValueError otherwise: FLA ignores them
+    there). lower_bound without the gate in the kernel is FLA's safe_gate promise that g >= lower_bound, accepted
+    (the kernels are exact for any decay) and checked only for its type and sign."""
     HV, K = dims["HV"], dims["K"]
+    if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))
+                                    or not lower_bound < 0):
+        raise ValueError(f"{op}: lower_bound must be a negative float (a log decay bound), got {lower_bound!r}")
     if not use_gate_in_kernel:
-        for name, t in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+        for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
             if t is not None:
                 raise ValueError(f"{op}: {name} is used only with use_gate_in_kernel=True")
         return
     if A_log is None and lower_bound is None:
         raise ValueError(f"{op}: use_gate_in_kernel=True needs A_log [HV] (or lower_bound), as in FLA")
-    if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))
-                                    or not lower_bound < 0):
-        raise ValueError(f"{op}: lower_bound must be a negative float (a log decay bound), got {lower_bound!r}")
     for name, t, numel in (("A_log", A_log, HV), ("dt_bias", dt_bias, HV * K)):
         if t is None:
             continue
