@@ -393,6 +393,37 @@ def test_chunk_gradients_gate_in_kernel(form):
 
 
 @needs_triton
+def test_chunk_gradients_disable_recompute():
+    """disable_recompute=True keeps every intermediate instead of rebuilding W, h, Vnew and the decayed keys and
+    queries from stage 2a's kept outputs: the same kernels on the same values, so o, the final state and every
+    gradient equal the default's bit for bit (varlen with a one-token sequence, gate in the kernel, GVA); the
+    default's gradients are checked against fp64 in the tests above, and here too."""
+    lengths = [1, 70, 9]
+    B, T, HV, K = 1, sum(lengths), 2, 16
+    x = kda_inputs(B, T, 1, HV, K, 16, num_states=len(lengths))
+    x["g"] = torch.randn(B, T, HV, K) * 2
+    x["A_log"] = torch.randn(HV) * 0.5
+    x["dt_bias"] = torch.randn(HV * K)
+    kw = dict(cu_seqlens=random_cu_seqlens(lengths), use_gate_in_kernel=True)
+
+    def run(**extra):
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        o, s = _chunk(**leaves, output_final_state=True, **kw, **extra)
+        torch.manual_seed(7)
+        ((o * torch.randn_like(o)).sum() + (s * torch.randn_like(s)).sum()).backward()
+        return [o, s] + [leaves[n].grad for n in sorted(leaves)]
+    default, kept = run(), run(disable_recompute=True)
+    for a, b in zip(default, kept):
+        assert torch.equal(a, b)
+
+    def ref_gates(r):
+        out = _plain(r)
+        out["g"] = kda_gate(r["g"], r["A_log"], r["dt_bias"], None)
+        return out
+    _check_grads(x, ref_gates, F32, disable_recompute=True, **kw)
+
+
+@needs_triton
 def test_chunk_state_v_first_forward_and_gradients():
     """state_v_first: initial and final states [N, HV, V, K]; o, the final state and every gradient (d initial_state
     in that layout) against the reference on the transposed states."""

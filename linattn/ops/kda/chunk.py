@@ -4,10 +4,12 @@ Backends: "triton" (KDA's stage 2a, triton/intra.py, then GDN's stages in their 
 Triton runs on, the CPU under TRITON_INTERPRET=1) and "reference" (the token-by-token recurrence in PyTorch, by name
 only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with a fake
 implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host (CUDA-graph
-safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: the forward recomputed, GDN's
-reverse state pass, KDA's local backward kernel), registered as the forward op's autograd.
+safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: GDN's reverse state pass, KDA's
+local backward kernels), registered as the forward op's autograd. The autograd forward keeps stage 2a's outputs
+(gcum, the effective beta, Tinv, Aqk: about FLA's default memory) and the backward rebuilds the rest from them; with
+disable_recompute it keeps everything the backward reads, as FLA does.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -24,46 +26,86 @@ OP = "chunk_kda"
 _backends = op_backends(OP)
 
 
+# What the autograd forward keeps for the backward (custom op argument `save`): nothing (no autograd), FLA's default
+# set (gcum, the effective beta, fp32 Tinv, Aqk: stage 2a's outputs, its costly part; the backward rebuilds the
+# rest from them), or with disable_recompute everything the backward reads (nothing is recomputed).
+SAVE_NONE, SAVE_STAGE2A, SAVE_ALL = 0, 1, 2
+_T = torch.Tensor
+
+
+def _empty(q):
+    return q.new_empty(0, dtype=torch.float32)
+
+
+def _empties(q, n: int):
+    """n distinct empty tensors: a custom op's outputs may not alias each other."""
+    return tuple(_empty(q) for _ in range(n))
+
+
 @torch.library.custom_op("linattn::chunk_kda_fwd", mutates_args=())
-def _chunk_kda_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool,
-                   state_v_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
+                   output_final_state: bool, cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T],
+                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool,
+                   save: int) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
+    """(o, final, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew): what `save` does not keep is an empty [0]
+    tensor (a custom op's outputs cannot be None)."""
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
-    o, final = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
-                             gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first=state_v_first)
-    return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
+            lower_bound, beta_sigmoid, neg_eigval)
+    if save == SAVE_NONE:
+        o, final = chunk_kda_fwd(*args, state_v_first=state_v_first)
+        return (o, final if final is not None else _empty(q)) + _empties(q, 9)
+    o, final, it = chunk_kda_fwd(*args, keep=True, keep_output=True, state_v_first=state_v_first)
+    rest = (it.kdec, it.qdec, it.w, it.h, it.vnew) if save == SAVE_ALL else _empties(q, 5)
+    return (o, final if final is not None else _empty(q), it.gcum, it.beta, it.tinv, it.aqk) + rest
 
 
 @_chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-      beta_sigmoid, neg_eigval, state_v_first):
+      beta_sigmoid, neg_eigval, state_v_first, save):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     shape = ((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,)
-    return v.new_empty(B, T, HV, V), q.new_empty(shape, dtype=torch.float32)
+    out = (v.new_empty(B, T, HV, V), q.new_empty(shape, dtype=torch.float32))
+    if save == SAVE_NONE:
+        return out + _empties(q, 9)
+    T_tot, f32 = B * T, torch.float32
+    out += (q.new_empty(T_tot, HV, K, dtype=f32), q.new_empty(T_tot, HV, dtype=f32),
+            q.new_empty(T_tot, HV, 64, dtype=f32), q.new_empty(T_tot, HV, 64))
+    if save != SAVE_ALL:
+        return out + _empties(q, 5)
+    slots = max(B * -(-T // 64) if cu_seqlens is None else T // 64 + N, 1)      # make_chunk_plan's num_slots
+    return out + (q.new_empty(T_tot, HV, K), q.new_empty(T_tot, HV, K), q.new_empty(T_tot, HV, K),
+                  q.new_empty(slots, HV, K, V), q.new_empty(T_tot, HV, V))
 
 
 @torch.library.custom_op("linattn::chunk_kda_bwd", mutates_args=())
-def _chunk_kda_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                   A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str, lower_bound: float,
-                   beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: torch.Tensor,
-                   dht: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                              torch.Tensor, torch.Tensor]:
+def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
+                   cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T], gate: str,
+                   lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: _T,
+                   dht: Optional[_T], saved: List[_T]) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
+    """saved: the forward's kept tensors in _chunk_kda_fwd's order from gcum on (4 or 9 of them), or none (then the
+    forward is recomputed)."""
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
+    from linattn.ops.kda.triton.forward import KdaIntermediates, kda_recompute
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    it = None
+    if len(saved) == 9:
+        plan = make_chunk_plan(q.shape[0], q.shape[1], cu_seqlens, 64, q.device)
+        it = KdaIntermediates(plan, *saved)
+    elif len(saved) == 4:
+        it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first)
     grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
                           beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
-                          state_v_first=state_v_first)
+                          state_v_first=state_v_first, saved=it)
     # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
     return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
 
 
 @_chunk_kda_bwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-      neg_eigval, state_v_first, do, dht):
+      neg_eigval, state_v_first, do, dht, saved):
     empty0 = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta),
@@ -74,21 +116,22 @@ def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-     beta_sigmoid, neg_eigval, state_v_first) = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
+     beta_sigmoid, neg_eigval, state_v_first, save) = inputs
+    kept = output[2:6] if save == SAVE_STAGE2A else output[2:] if save == SAVE_ALL else ()
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *kept)
     ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
 
 
-def _backward(ctx, do, dht):
-    q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias = ctx.saved_tensors
+def _backward(ctx, do, dht, *_):
+    q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *saved = ctx.saved_tensors
     scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state = ctx.args
     use_dht = output_final_state and dht is not None and dht.numel() > 0
     dq, dk, dv, dg, dbeta, dh0, dA, dbias = torch.ops.linattn.chunk_kda_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-        neg_eigval, state_v_first, do, dht if use_dht else None)
+        neg_eigval, state_v_first, do, dht if use_dht else None, saved)
     return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
             dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
-            None, None, None, None, None)
+            None, None, None, None, None, None)
 
 
 _chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -103,18 +146,21 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 
 
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                 lower_bound, beta_sigmoid, neg_eigval, state_v_first):
+                 lower_bound, beta_sigmoid, neg_eigval, state_v_first, disable_recompute=False):
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
         return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first)
-    o, final = _chunk_kda_fwd(*args)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    save = (SAVE_ALL if disable_recompute else SAVE_STAGE2A) if grad else SAVE_NONE
+    o, final = _chunk_kda_fwd(*args, save)[:2]
     return o, (final if output_final_state else None)
 
 
 def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                    lower_bound, beta_sigmoid, neg_eigval, state_v_first):
+                    lower_bound, beta_sigmoid, neg_eigval, state_v_first, disable_recompute=False):
     if gate:
         g = kda_gate(g, None if gate == "lower_bound_no_a" else A_log, dt_bias,
                      lower_bound if gate.startswith("lower_bound") else None)
@@ -161,8 +207,11 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
     Accepted without effect on the result: safe_gate (FLA's faster path for gates bounded by lower_bound; FLA's
     argument checks are kept: with use_gate_in_kernel it needs lower_bound in [-5, 0)), lower_bound without
-    use_gate_in_kernel (there FLA's promise that g >= lower_bound; linattn's kernels need no bound), disable_recompute (a memory
-    trade-off of FLA's backward), cu_seqlens_cpu and chunk_indices (FLA's varlen metadata; linattn builds its own).
+    use_gate_in_kernel (there FLA's promise that g >= lower_bound; linattn's kernels need no bound), cu_seqlens_cpu
+    and chunk_indices (FLA's varlen metadata; linattn builds its own). disable_recompute (as FLA): the autograd
+    forward keeps every intermediate the backward reads (W, h, Vnew, the decayed keys and queries besides stage 2a's
+    gcum, Tinv and Aqk), so the backward recomputes nothing; the kept bytes per token and value head go from ~900 to
+    ~2400 at K = V = 128 in bf16.
     cp_context: context parallelism (linattn.distributed.build_cp_context; docs/context-parallel.md), as for
     chunk_gated_delta_rule: this rank's T / W tokens of the packed stream, every option above included.
     return_intermediate_states (inference only: no input may require grad while grad is on, as FLA asks for
@@ -228,7 +277,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     A_log = None if A_log is None else A_log.contiguous()
     dt_bias = None if dt_bias is None else dt_bias.contiguous()
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
-                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
+                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first,
+                  bool(disable_recompute))
 
 
 

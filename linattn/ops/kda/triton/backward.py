@@ -32,7 +32,7 @@ from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, dot_precision, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
-from linattn.ops.kda.triton.forward import chunk_kda_fwd
+from linattn.ops.kda.triton.forward import KdaIntermediates, chunk_kda_fwd
 from linattn.runtime.alloc import empty
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps:
@@ -369,21 +369,25 @@ def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor,
-                  dht: Optional[torch.Tensor], state_v_first: bool = False, state_pass=None, state_bwd=None):
+                  dht: Optional[torch.Tensor], state_v_first: bool = False, state_pass=None, state_bwd=None,
+                  saved: Optional[KdaIntermediates] = None):
     """The inputs as chunk_kda_fwd takes them, do [B, T, HV, V] and dht [N, HV, K, V] (or None), contiguous.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, dA_log and ddt_bias
     (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K].
     state_pass: the recomputed forward's stage 3 (chunk_kda_fwd's hook); state_bwd: replaces the reverse state pass,
     called as GDN's hook, state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht, dh0, plan, scale) (the
-    context-parallel pass's; launch_kda_state_bwd is the default)."""
+    context-parallel pass's; launch_kda_state_bwd is the default). saved: the forward's intermediates where the
+    caller kept or rebuilt them (chunk_kda_fwd(keep=True) or kda_recompute); otherwise the forward is recomputed."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     dt = q.dtype
     dot_prec = dot_precision(dt)
-    _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
-                              lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first,
-                              state_pass=state_pass)
+    fwd = saved
+    if fwd is None:
+        _, _, fwd = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens, A_log, dt_bias, gate,
+                                  lower_bound, beta_sigmoid, neg_eigval, keep=True, state_v_first=state_v_first,
+                                  state_pass=state_pass)
     plan = fwd.plan
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     BK, BV = _pow2(K), _pow2(V)

@@ -11,7 +11,7 @@ from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
-from linattn.ops.kda.triton.intra import kda_intra_kernel
+from linattn.ops.kda.triton.intra import kda_decayed_qk_kernel, kda_intra_kernel
 from linattn.runtime.alloc import empty
 
 # key channels per block of kda_intra_kernel's walk over the key row: at 4 warps (the Akk layout tinv_blocks is
@@ -38,24 +38,22 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
                   beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False,
-                  state_pass=None, return_h: bool = False):
+                  state_pass=None, return_h: bool = False, keep_output: bool = False):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
-    contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the
-    fp32 final state or None); with keep=True (the backward's recompute) (None, final, KdaIntermediates): Tinv kept
-    in fp32 and no output stage. state_pass: replaces stage 3 (GDN's hook, called as state_pass(kdec, w, u, gcum,
-    h, vnew, initial_state, final, plan); the context-parallel pass's). return_h: (o, final, h) with h the
-    chunk-start states [slots, HV, K, V] in q's dtype (rows chunk_offsets[n] + c; FLA's return_intermediate_states)."""
+    contiguous or None. Returns (o [B, T, HV, V] in v's dtype, the fp32 final state or None); with keep=True (None,
+    final, KdaIntermediates): Tinv kept in fp32 (the backward's form), and no output stage unless keep_output (then
+    o in place of None: the autograd forward, which saves what the backward reads). state_pass: replaces stage 3
+    (GDN's hook, called as state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan); the context-parallel
+    pass's). return_h: (o, final, h) with h the chunk-start states [slots, HV, K, V] in q's dtype (rows
+    chunk_offsets[n] + c; FLA's return_intermediate_states)."""
     B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    HV = v.shape[2]
     dev = q.device
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
-    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    T_tot, slots = plan.T_total, plan.num_slots
     dt = q.dtype
-    dot_prec = dot_precision(dt)
-    BK = _pow2(K)
-
     gcum = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
     beta_eff = empty(T_tot, HV, dtype=torch.float32, device=dev)
     tinv = empty(T_tot, HV, CHUNK, dtype=torch.float32 if keep else dt, device=dev)
@@ -63,11 +61,41 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     kda_intra_kernel[(slots, HV)](
-        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, INTRA_BK), DOT_PREC=dot_prec, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
-        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=4)
+        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, plan.N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), GATE=gate,
+        HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
+        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=4)
+    return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
+                        qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h)
 
+
+def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                  gcum: torch.Tensor, beta_eff: torch.Tensor, tinv: torch.Tensor, aqk: torch.Tensor,
+                  state_v_first: bool = False, state_pass=None) -> KdaIntermediates:
+    """The backward's intermediates from the forward's saved gcum, effective beta, fp32 Tinv and Aqk (what stage 2a
+    writes, its costly part): the decayed keys and queries again (kda_decayed_qk_kernel), then W / U and the state
+    pass as chunk_kda_fwd(keep=True) runs them, so the backward reads the same values."""
+    B, T, H, K = q.shape
+    plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, q.device)
+    HV = v.shape[2]
+    kdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
+    qdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
+    kda_decayed_qk_kernel[(plan.num_slots, HV)](
+        q, k, gcum, kdec, qdec, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=CHUNK,
+        BK=min(_pow2(K), 64), num_warps=4)
+    return _after_intra(q, k, v, scale, initial_state, False, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
+                        state_v_first, state_pass, output=False, keep=True)[2]
+
+
+def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
+                 state_v_first, state_pass, output: bool, keep: bool, return_h: bool = False):
+    """Stages 2b-4 of chunk_kda_fwd after stage 2a: W and U, the state pass, the output where asked."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = q.device
+    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    dt = q.dtype
+    dot_prec = dot_precision(dt)
     cfg = split_intra_config(K, V)
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
     u = empty(T_tot, HV, V, dtype=dt, device=dev)
@@ -85,9 +113,11 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     else:
         state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan)
 
+    o = None
+    if output:
+        o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+        chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
+                     aqk=aqk)
     if keep:
-        return None, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
-    o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
-                 aqk=aqk)
+        return o, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
     return (o, final, h) if return_h else (o, final)

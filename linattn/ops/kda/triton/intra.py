@@ -48,6 +48,13 @@ def _kda_gate(x, A_log, dt_bias, hv, ck, mk, K: tl.constexpr, GATE: tl.constexpr
 
 
 @triton.jit
+def _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mask):
+    """The decayed keys and queries of the state and output stages: K * exp(gam_C - gam) and Q * exp(gam)."""
+    tl.store(kdec_ptr + off_hk, (kf * tl.exp(gam_last[None, :] - gam)).to(kdec_ptr.dtype.element_ty), mask=mask)
+    tl.store(qdec_ptr + off_hk, (qf * tl.exp(gam)).to(qdec_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def kda_intra_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
     gcum_ptr, beta_out_ptr, tinv_ptr, aqk_ptr,         # gcum [T_tot, HV, K] fp32, beta fp32, tinv / aqk [T_tot, HV, BT]
@@ -103,9 +110,7 @@ def kda_intra_kernel(
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
-        # the decayed keys and queries of the state and output stages
-        tl.store(kdec_ptr + off_hk, (kf * tl.exp(gam_last[None, :] - gam)).to(kdec_ptr.dtype.element_ty), mask=mrk)
-        tl.store(qdec_ptr + off_hk, (qf * tl.exp(gam)).to(qdec_ptr.dtype.element_ty), mask=mrk)
+        _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
         tl.debug_barrier()                                  # gcum's rows are read back below by other threads
         # rows past the sequence end read gam_C (the cumsum's value there): every factor stays <= 1
         mb = (rb < eos)[:, None] & mk[None, :]
@@ -141,3 +146,34 @@ def kda_intra_kernel(
     d, t1, t2, t3 = tinv_blocks(akk, DOT_PREC, LOWP)
     store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
     tl.store(aqk_ptr + (r * HV + hv)[:, None] * BT + i[None, :], aqk.to(aqk_ptr.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
+def kda_decayed_qk_kernel(
+    q_ptr, k_ptr, gcum_ptr, kdec_ptr, qdec_ptr,        # q, k [T_tot, H, K]; gcum [T_tot, HV, K] fp32; kdec, qdec
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    """Grid (chunk slots, HV): kda_intra_kernel's decayed keys and queries again from a saved gcum (the backward's
+    recompute when the forward kept gcum, Tinv and Aqk)."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)
+    r = t0 + tl.arange(0, BT)
+    m = r < eos
+    last = tl.minimum(eos, t0 + BT) - 1
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        gam = tl.load(gcum_ptr + off_hk, mask=mrk, other=0.)
+        gam_last = tl.load(gcum_ptr + (last * HV + hv) * K + ck, mask=mk, other=0.)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
