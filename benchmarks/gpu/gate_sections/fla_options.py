@@ -3,7 +3,8 @@
 chunk_gated_delta_rule with use_gate_in_kernel (A_log, dt_bias), use_beta_sigmoid_in_kernel (and allow_neg_eigval)
 and state_v_first, alone and combined: forward + backward on NaN-poisoned buffers, o, the final state and every
 gradient (the raw gate input, the beta logits, A_log, dt_bias, initial_state in its layout) against autograd through
-reference.chunk_gated_delta_rule in fp64, for backend "auto" and "triton" (auto runs Triton for these options).
+reference.chunk_gated_delta_rule in fp64, for backend "auto" and "triton" (auto runs Gluon with the gate
+prologue where it takes the call, Triton with state_v_first).
 fused_recurrent_gated_delta_rule (backend auto) with state_v_first pools and vLLM's speculative decoding (2-D
 state_indices, num_accepted_tokens, pad_slot_id=0), the fused gate and beta sigmoid, against
 fused_recurrent_reference in fp64. Inputs are fresh random draws; each case records its seed.
@@ -38,7 +39,9 @@ def chunk_cases():
             ("all options varlen 1-token H4/HV8 fp32", dict(mid, lengths=[1, 700, 65, 1], dtype=F32, gate=True,
                                                              beta=2, v_first=True)),
             ("all options no h0 B1 T8192 H16/HV32 bf16", dict(big, B=1, T=8192, dtype=BF, gate=True, beta=1,
-                                                               v_first=True, h0=False))]
+                                                               v_first=True, h0=False)),
+            # auto takes the Gluon forward here, with the gate and beta sigmoid as gate_prologue's pass
+            ("gate + beta sigmoid B1 T8192 H16/HV32 bf16", dict(big, B=1, T=8192, dtype=BF, gate=True, beta=1))]
 
 
 def _seed() -> int:

@@ -96,17 +96,13 @@ def _backward(ctx, do, dfinal):
 _chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=autograd.setup_context)
 
 
-def supports(q=None, v=None, cu_seqlens=None, use_gate_in_kernel=False, beta_sigmoid=False, state_v_first=False,
-             **_) -> Tuple[bool, str]:
+def supports(q=None, v=None, cu_seqlens=None, state_v_first=False, **_) -> Tuple[bool, str]:
     if q is None:
         return False, "the Gluon forward needs the call's tensors to decide"
-    # FLA's options run in the Triton kernels only: the Gluon stage 2a, the fused kernels and the segment planner read
-    # g and beta as the activated values, and the Gluon state passes load and store states [N, HV, K, V] by TMA
-    for name, on in (("use_gate_in_kernel", use_gate_in_kernel), ("use_beta_sigmoid_in_kernel", beta_sigmoid),
-                     ("state_v_first", state_v_first)):
-        if on:
-            return False, f"{name}=True runs on the Triton path only (the Gluon kernels read activated gates and " \
-                          f"[N, HV, K, V] states)"
+    # the Gluon state passes load and store states [N, HV, K, V] by TMA; FLA's gate and beta sigmoid run as one
+    # elementwise pass before the Gluon kernels, which read activated values (impl, triton/gate_prologue.py)
+    if state_v_first:
+        return False, "state_v_first=True runs on the Triton path only (the Gluon kernels store [N, HV, K, V] states)"
     from linattn.runtime.device import hopper_gluon_ready
     ok, reason = hopper_gluon_ready(q, "the Gluon forward")
     if not ok:
@@ -129,8 +125,14 @@ def supports(q=None, v=None, cu_seqlens=None, use_gate_in_kernel=False, beta_sig
     return True, ""
 
 
-def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
+         beta_scale=0):
+    """The Gluon forward (backward by its custom op's autograd). FLA's in-kernel gate (A_log, dt_bias) and beta
+    sigmoid (beta_scale 1 or 2) become g and beta in fp32 by gate_prologue.activate first, differentiably."""
     from linattn.runtime.device import eager_without_autograd
+    if A_log is not None or beta_scale:
+        from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
+        g, beta = activate(g, beta, A_log, dt_bias, beta_scale)
     if eager_without_autograd(q, k, v, g, beta, initial_state):     # no custom-op dispatch (api.py says why)
         from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
         res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
