@@ -14,7 +14,7 @@ tiles, never as tl.trans of the dot result Q K^T.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, store_tile
 
 
 @triton.jit
@@ -40,12 +40,8 @@ def chunk_dv_local_kernel(
     if DECAY == "scalar":
         kq = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
-            p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK),
-                                    (1, 0))
-            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK),
-                                    (1, 0))
-            b_q = tl.load(p_q, boundary_check=(0, 1))
-            b_k = tl.load(p_k, boundary_check=(0, 1))
+            b_q = load_tile(q_ptr + t0 * H * K + hk * K, 0, kb * BK, eos - t0, K, H * K, BT, BK)
+            b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, eos - t0, K, H * K, BT, BK)
             kq += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
         gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
         # P^T[i, j] = scale k_i . q_j exp(gam_j - gam_i) for i <= j (both valid); masked before exp (gam is 0 past
@@ -58,8 +54,6 @@ def chunk_dv_local_kernel(
                      other=0.).to(tl.float32)
         pt = (pt * scale).to(do_ptr.dtype.element_ty)
     for vb in range(0, tl.cdiv(V, BV)):
-        p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        b_do = tl.load(p_do, boundary_check=(0, 1))
+        b_do = load_tile(do_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
         dv = tl.dot(pt, b_do, input_precision=DOT_PREC)
-        p_dv = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        tl.store(p_dv, dv.to(dvnew_ptr.dtype.element_ty), boundary_check=(0, 1))
+        store_tile(dvnew_ptr + t0 * HV * V + hv * V, dv.to(dvnew_ptr.dtype.element_ty), 0, vb * BV, eos - t0, V, HV * V)

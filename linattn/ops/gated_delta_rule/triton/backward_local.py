@@ -29,11 +29,11 @@ head and phase (issued bytes, L1/L2 hits right after the first read: DRAM bytes 
 by each of the NK K-block programs.
 
 Register notes (ptxas, sm_90a): q and k are reloaded inside each head loop, and the row count is reloaded from
-cu_seqlens per head (`ntj`) for the masks and block-pointer bounds: otherwise Triton hoists the loop-invariant
+cu_seqlens per head (`ntj`) for the masks and the tiles' row bounds: otherwise Triton hoists the loop-invariant
 [64, 64] masks, the fp32 copies of q and k and the bounds masks out of the head loops and holds them across phases
 (the spill went 152 -> 0 B through these and the phase split). Padded rows of a partial chunk take the last valid
 row's gam (clamped index), so only the i >= j / i <= j masks are needed: every padded row and column of dP, dP^T
-and Vnew dS^T is zero (their loads are boundary-checked).
+and Vnew dS^T is zero (their loads are bounds-masked, zero-filled).
 
 Hazard (Triton 3.4-3.7 on Hopper, FLA issues 640/984): no tl.trans of a dot result; dP^T is accumulated from loaded
 tiles.
@@ -41,7 +41,7 @@ tiles.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, store_tile
 
 WARPS_LOCAL = 4
 STAGES_LOCAL = 1     # 2 stages: 255 registers and 4 B spilled, 56 KB; 1 stage: 0 B, 32 KB
@@ -78,22 +78,18 @@ def chunk_local_bwd_kernel(
     for j in range(0, G):
         hv = hk * G + j
         ntj = tl.load(cu_ptr + n + 1) - t0     # reloaded per head: the masks below stay loop-variant
-        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1))    # q, k reloaded per head and phase (L1/L2): never held across loops
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        # q, k reloaded per head and phase (L1/L2): never held across loops
+        b_q = load_tile(q_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
+        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
         rc = tl.minimum(rows, tl.minimum(ntj, BT) - 1)
         lower = rc[:, None] >= rows[None, :]
         gam = tl.load(gcum_ptr + (t0 + rc) * HV + hv)
         dp = tl.zeros([BT, BT], dtype=tl.float32)
         dos = tl.zeros([BT, BK], dtype=tl.float32)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_h = tl.make_block_ptr(h_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
-            b_do = tl.load(p_do, boundary_check=(0, 1))
-            b_vn = tl.load(p_vn, boundary_check=(0, 1))
-            b_h = tl.load(p_h, boundary_check=(0, 1))
+            b_do = load_tile(do_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
+            b_vn = load_tile(vnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
+            b_h = load_tile(h_ptr + (slot * HV + hv) * K * V, kb * BK, vb * BV, K, V, V, BK, BV)
             dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
             dos += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
         pm = tl.where(lower, dp * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
@@ -102,8 +98,7 @@ def chunk_local_bwd_kernel(
         tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
         dq += dqh
 
-    p_dq = tl.make_block_ptr(dq_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    tl.store(p_dq, dq.to(dq_ptr.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(dq_ptr + t0 * H * K + hk * K, dq.to(dq_ptr.dtype.element_ty), 0, kb * BK, nt, K, H * K)
     tl.debug_barrier()                         # phase A's dgam rows, read back below by other threads
 
     # ---- phase W: dW and the state part of dK' (group sum in registers), the gate term x
@@ -118,21 +113,15 @@ def chunk_local_bwd_kernel(
         dks = tl.zeros([BT, BK], dtype=tl.float32)
         sds = tl.zeros([BK], dtype=tl.float32)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_h = tl.make_block_ptr(h_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
-            p_dh = tl.make_block_ptr(dh_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0))
-            b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
-            b_vn = tl.load(p_vn, boundary_check=(0, 1))
-            b_h = tl.load(p_h, boundary_check=(0, 1))
-            b_dh = tl.load(p_dh, boundary_check=(0, 1))
+            b_dvn = load_tile(dvnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
+            b_vn = load_tile(vnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
+            b_h = load_tile(h_ptr + (slot * HV + hv) * K * V, kb * BK, vb * BV, K, V, V, BK, BV)
+            b_dh = load_tile(dh_ptr + (slot * HV + hv) * K * V, kb * BK, vb * BV, K, V, V, BK, BV)
             dw += tl.dot(b_dvn, tl.trans(b_h), input_precision=DOT_PREC)
             dks += tl.dot(b_vn, tl.trans(b_dh), input_precision=DOT_PREC)
             sds += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), axis=1)
-        p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (ntj, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        tl.store(p_dw, (-dw).to(dw_ptr.dtype.element_ty), boundary_check=(0, 1))
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        store_tile(dw_ptr + t0 * HV * K + hv * K, (-dw).to(dw_ptr.dtype.element_ty), 0, kb * BK, ntj, K, HV * K)
+        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
         dks = dks * tl.exp(gam_last - gam)[:, None]
         x = tl.sum(dks * b_k.to(tl.float32), axis=1)
         a = tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
@@ -150,20 +139,15 @@ def chunk_local_bwd_kernel(
         gam = tl.load(gcum_ptr + (t0 + rc) * HV + hv)
         dpt = tl.zeros([BT, BT], dtype=tl.float32)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (ntj, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-            b_do = tl.load(p_do, boundary_check=(0, 1))
-            b_vn = tl.load(p_vn, boundary_check=(0, 1))
+            b_do = load_tile(do_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
+            b_vn = load_tile(vnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
             dpt += tl.dot(b_vn, tl.trans(b_do), input_precision=DOT_PREC)
-        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1))
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (ntj, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
+        b_q = load_tile(q_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
+        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
         pmt = tl.where(upper, dpt * tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.)), 0.)
         dkh = tl.dot(pmt.to(b_q.dtype), b_q, input_precision=DOT_PREC) * scale
         a = tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
         a -= tl.sum(dkh * b_k.to(tl.float32), axis=1)
         tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
         dk += dkh
-    p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    tl.store(p_dk, dk, boundary_check=(0, 1))
+    store_tile(dk_ptr + t0 * H * K + hk * K, dk, 0, kb * BK, nt, K, H * K)

@@ -18,7 +18,7 @@ another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scale
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+from linattn.ops.gated_delta_rule.triton.common import load_tile, sequence_span, state_tile, tile
 
 
 @triton.jit
@@ -60,14 +60,10 @@ def chunk_state_bwd_kernel(
         if STORE_DH:
             tl.store(dh_ptr + (slot * HV + hv) * K * V + rk[:, None] * V + rv[None, :],
                      ds.to(dh_ptr.dtype.element_ty), mask=mkv)
-        p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_do = tl.make_block_ptr(do_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1))
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        b_w = tl.load(p_w, boundary_check=(0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1))
+        b_q = load_tile(q_ptr + t0 * H * K + hk * K, 0, 0, eos - t0, K, H * K, BT, BK)
+        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, 0, eos - t0, K, H * K, BT, BK)
+        b_w = load_tile(w_ptr + t0 * HV * K + hv * K, 0, 0, eos - t0, K, HV * K, BT, BK)
+        b_do = load_tile(do_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
         if DECAY == "scalar":
             valid = (t0 + rows) < eos
             gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
@@ -79,13 +75,13 @@ def chunk_state_bwd_kernel(
             last = tl.minimum(eos - t0, BT) - 1
             gam_last = tl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + rk, mask=rk < K, other=0.)
             kdec = b_k
-        p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
+        p_dvn, m_dvn = tile(dvnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
         # in place: this program alone reads and then writes this tile of dvnew (P^T dO from the dv_local stage)
-        dvnew = tl.load(p_dvn, boundary_check=(0, 1)).to(tl.float32) \
+        dvnew = tl.load(p_dvn, mask=m_dvn, other=0.).to(tl.float32) \
             + tl.dot(kdec, ds.to(b_k.dtype), input_precision=DOT_PREC)
         dvnew_op = dvnew.to(dvnew_ptr.dtype.element_ty)
         if STORE_DH:
-            tl.store(p_dvn, dvnew_op, boundary_check=(0, 1))
+            tl.store(p_dvn, dvnew_op, mask=m_dvn)
 
         if DECAY == "scalar":
             qg = (b_q.to(tl.float32) * (tl.exp(gam) * scale)[:, None]).to(b_q.dtype)

@@ -40,7 +40,8 @@ common.gate_chain).
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, gate_chain, load_vec_compact, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import (chunk_span, gate_chain, load_tile, load_vec_compact, slot_chunk,
+                                                         store_tile, tile)
 
 
 
@@ -90,36 +91,32 @@ def chunk_wy_bwd_kernel(
         # addresses and masks offset by it are computed in their phase, not hoisted out of the head loop or shared
         # between phases and kept live (the loop-invariant addresses were the rest of the spill)
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
-        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
+        p_tinv, m_tinv = tile(tinv_ptr + (t0 * HV + hv) * BT, z0, 0, nt, BT, HV * BT, BT, BT, CHECK_COLS=False)
         dtinv = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
-            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (nt, K), (HV * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            b_k = tl.load(p_k, boundary_check=(0, 1))
-            b_dw = tl.load(p_dw, boundary_check=(0, 1))
+            b_k = load_tile(k_ptr + t0 * H * K + hk * K, z0, kb * BK, nt, K, H * K, BT, BK)
+            b_dw = load_tile(dw_ptr + t0 * HV * K + hv * K, z0, kb * BK, nt, K, HV * K, BT, BK)
             dtinv += tl.dot(b_dw, tl.trans(b_k), input_precision=DOT_PREC)
-        rs_w = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)       # rowsum(K * Tinv^T dW)
+        rs_w = tl.sum(tl.load(p_tinv, mask=m_tinv, other=0.) * dtinv, axis=0)       # rowsum(K * Tinv^T dW)
         dtinv = dtinv * tl.exp(load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))[None, :]
-        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
+        tinv_op = tl.load(p_tinv, mask=m_tinv, other=0.).to(dt_op)
         for vb in range(0, tl.cdiv(V, BV)):
-            p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
-            p_dvn = tl.make_block_ptr(dvnew_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
-            b_v = tl.load(p_v, boundary_check=(0, 1))
-            b_dvn = tl.load(p_dvn, boundary_check=(0, 1))
+            b_v = load_tile(v_ptr + t0 * HV * V + hv * V, z0, vb * BV, nt, V, HV * V, BT, BV)
+            b_dvn = load_tile(dvnew_ptr + t0 * HV * V + hv * V, z0, vb * BV, nt, V, HV * V, BT, BV)
             dtinv += tl.dot(b_dvn, tl.trans(b_v), input_precision=DOT_PREC)
             tdu = tl.dot(tl.trans(tinv_op), b_dvn.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dU
             beta_r = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
-            p_dv = tl.make_block_ptr(dv_ptr + t0 * HV * V + hv * V, (nt, V), (HV * V, 1), (z0, vb * BV), (BT, BV), (1, 0))
-            tl.store(p_dv, (tdu * beta_r[:, None]).to(dv_ptr.dtype.element_ty), boundary_check=(0, 1))
+            store_tile(dv_ptr + t0 * HV * V + hv * V, (tdu * beta_r[:, None]).to(dv_ptr.dtype.element_ty), z0, vb * BV,
+                       nt, V, HV * V)
         # colsum(Tinv * (dW K^T diag(exp gam) + dU V^T)) = exp(gam) rowsum(K * Tinv^T dW) + rowsum(V * Tinv^T dU)
-        dbeta = tl.sum(tl.load(p_tinv, boundary_check=(0,)) * dtinv, axis=0)
+        dbeta = tl.sum(tl.load(p_tinv, mask=m_tinv, other=0.) * dtinv, axis=0)
         beta_c = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)
         dtinv = tl.where(rows[:, None] > (rows + z0)[None, :], dtinv * beta_c[None, :], 0.)
 
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
-        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
+        p_tinv, m_tinv = tile(tinv_ptr + (t0 * HV + hv) * BT, z0, 0, nt, BT, HV * BT, BT, BT, CHECK_COLS=False)
         # ---- phase 2: D = -(Tinv^T dTinv Tinv^T) * Gam (fp32 Tinv, DOT_PREC); K K^T; M = diag(beta) D; S = M + M^T
-        tinv = tl.load(p_tinv, boundary_check=(0,))
+        tinv = tl.load(p_tinv, mask=m_tinv, other=0.)
         z = tl.dot(dtinv, tl.trans(tinv), input_precision=DOT_PREC)                # dTinv Tinv^T
         da = tl.dot(tl.trans(tinv), z, input_precision=DOT_PREC)                   # Tinv^T dTinv Tinv^T
         gam_r = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
@@ -127,18 +124,19 @@ def chunk_wy_bwd_kernel(
         d = tl.where(rows[:, None] > (rows + z0)[None, :], -da * tl.exp(gam_r[:, None] - gam_c[None, :]), 0.)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
-            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            b_k = tl.load(p_k, boundary_check=(0, 1))
+            b_k = load_tile(k_ptr + t0 * H * K + hk * K, z0, kb * BK, nt, K, H * K, BT, BK)
             kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
         rs_d = tl.sum(d * kk, axis=1)                   # rowsum(D * K K^T)
         m = d * load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32)[:, None]
         rs_m = tl.sum(m * kk, axis=0)                   # colsum(M * K K^T)
-        p_m = tl.make_block_ptr(m_base, (nt if M_IN_DK else BT, BT), (m_row, 1), (z0, 0), (BT, BT), (1, 0))
-        tl.store(p_m, m.to(dt_op), boundary_check=(0,))
+        store_tile(m_base, m.to(dt_op), z0, 0, nt if M_IN_DK else BT, BT, m_row, CHECK_COLS=False)
         tl.debug_barrier()
-        # M^T: element (i, j) is M_ji, read back with transposed addresses (a loaded tile, not a transposed dot result)
-        p_mt = tl.make_block_ptr(m_base, (BT, nt if M_IN_DK else BT), (1, m_row), (0, z0), (BT, BT), (0, 1))
-        s_op = (m + tl.load(p_mt, boundary_check=(1,)).to(tl.float32)).to(dt_op)
+        # M^T: element (i, j) is M_ji, read back with transposed addresses (a loaded tile, not a transposed dot result):
+        # unit stride down the tile's rows, m_row across its columns, only the columns (M's rows) bounds-checked
+        mc = (z0 + rows).to(tl.int64)
+        m_t = tl.load(m_base + rows[:, None] + mc[None, :] * m_row, mask=mc[None, :] < (nt if M_IN_DK else BT),
+                      other=0.)
+        s_op = (m + m_t.to(tl.float32)).to(dt_op)
         tl.debug_barrier()           # every read of the scratch precedes phase 3's dk stores (M_IN_DK)
 
         # dg and dbeta are complete here: stored before phase 3, so no gate vector lives through it
@@ -161,25 +159,22 @@ def chunk_wy_bwd_kernel(
         tl.store(dbeta_ptr + (t0 + z0 + rows) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
 
         z0 = (tl.load(cu_ptr + n + 1) - eos).to(tl.int32)
-        p_tinv = tl.make_block_ptr(tinv_ptr + (t0 * HV + hv) * BT, (nt, BT), (HV * BT, 1), (z0, 0), (BT, BT), (1, 0))
+        p_tinv, m_tinv = tile(tinv_ptr + (t0 * HV + hv) * BT, z0, 0, nt, BT, HV * BT, BT, BT, CHECK_COLS=False)
         # ---- phase 3: dK = dk_part + S K + diag(beta exp gam) Tinv^T dW (group sum in dk_part)
-        tinv_op = tl.load(p_tinv, boundary_check=(0,)).to(dt_op)
+        tinv_op = tl.load(p_tinv, mask=m_tinv, other=0.).to(dt_op)
         for kb in range(0, NK):
-            p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            p_dw = tl.make_block_ptr(dw_ptr + t0 * HV * K + hv * K, (nt, K), (HV * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            p_dkp = tl.make_block_ptr(dk_part_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-            b_k = tl.load(p_k, boundary_check=(0, 1))
-            b_dw = tl.load(p_dw, boundary_check=(0, 1))
-            acc = tl.dot(s_op, b_k.to(dt_op), tl.load(p_dkp, boundary_check=(0, 1)), input_precision=DOT_PREC)
+            p_dkp, m_dkp = tile(dk_part_ptr + t0 * H * K + hk * K, z0, kb * BK, nt, K, H * K, BT, BK)
+            b_k = load_tile(k_ptr + t0 * H * K + hk * K, z0, kb * BK, nt, K, H * K, BT, BK)
+            b_dw = load_tile(dw_ptr + t0 * HV * K + hv * K, z0, kb * BK, nt, K, HV * K, BT, BK)
+            acc = tl.dot(s_op, b_k.to(dt_op), tl.load(p_dkp, mask=m_dkp, other=0.), input_precision=DOT_PREC)
             tdw = tl.dot(tl.trans(tinv_op), b_dw.to(dt_op), input_precision=DOT_PREC)      # Tinv^T dW
             bg = load_vec_compact(beta_ptr + (t0 + rows) * HV + hv, valid, BT).to(tl.float32) * tl.exp(
                 load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT))
             acc += tdw * bg[:, None]
             if j == G - 1:
-                p_dk = tl.make_block_ptr(dk_ptr + t0 * H * K + hk * K, (nt, K), (H * K, 1), (z0, kb * BK), (BT, BK), (1, 0))
-                tl.store(p_dk, acc.to(dk_ptr.dtype.element_ty), boundary_check=(0, 1))
+                store_tile(dk_ptr + t0 * H * K + hk * K, acc.to(dk_ptr.dtype.element_ty), z0, kb * BK, nt, K, H * K)
             else:
-                tl.store(p_dkp, acc, boundary_check=(0, 1))
+                tl.store(p_dkp, acc, mask=m_dkp)
 
         tl.debug_barrier()           # dk_part of this head is visible to the next head's loads
 

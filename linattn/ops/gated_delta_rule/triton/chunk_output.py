@@ -12,7 +12,7 @@ benchmarks/HISTORY.md).
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, store_tile
 
 OUTPUT_BK, OUTPUT_BV, OUTPUT_WARPS, OUTPUT_STAGES = 64, 128, 8, 2
 
@@ -63,25 +63,25 @@ def chunk_output_kernel(
     rows = tl.arange(0, BT)
     valid = (t0 + rows) < eos
 
-    p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-    p_q = tl.make_block_ptr(q_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-    p_h = tl.make_block_ptr(h_ptr + (slot * HV + hv) * K * V, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0))
+    # q and k tiles [BT, BK] and h tiles [BK, BV]: their corners step BK columns (h: BK rows) per K block, and the
+    # column (h: row) bound counts from the corner
+    q_base = q_ptr + t0 * H * K + hk * K
+    k_base = k_ptr + t0 * H * K + hk * K
+    h_base = h_ptr + (slot * HV + hv) * K * V
     acc_o = tl.zeros([BT, BV], dtype=tl.float32)
     acc_a = tl.zeros([BT, BT], dtype=tl.float32)
-    for _ in range(0, tl.cdiv(K, BK)):
-        b_q = tl.load(p_q, boundary_check=(0, 1))
+    for kb in range(0, tl.cdiv(K, BK)):
+        b_q = load_tile(q_base, 0, 0, eos - t0, K - kb * BK, H * K, BT, BK)
         if DECAY == "scalar":
-            b_k = tl.load(p_k, boundary_check=(0, 1))
-        b_h = tl.load(p_h, boundary_check=(0, 1))
+            b_k = load_tile(k_base, 0, 0, eos - t0, K - kb * BK, H * K, BT, BK)
+        b_h = load_tile(h_base, 0, vb * BV, K - kb * BK, V, V, BK, BV)
         acc_o = tl.dot(b_q, b_h, acc_o, input_precision=DOT_PREC)
         if DECAY == "scalar":
             acc_a = tl.dot(b_q, tl.trans(b_k), acc_a, input_precision=DOT_PREC)
-        p_q = tl.advance(p_q, (0, BK))
-        if DECAY == "scalar":
-            p_k = tl.advance(p_k, (0, BK))
-        p_h = tl.advance(p_h, (BK, 0))
-    b_vn = tl.load(p_vn, boundary_check=(0, 1))
+        q_base += BK
+        k_base += BK
+        h_base += BK * V
+    b_vn = load_tile(vnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
     if DECAY == "scalar":
         gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
         o_inter = acc_o * tl.exp(gam)[:, None]
@@ -91,8 +91,7 @@ def chunk_output_kernel(
         att = tl.load(aqk_ptr + (t0 + rows)[:, None] * HV * BT + hv * BT + rows[None, :], mask=valid[:, None],
                       other=0.).to(q_ptr.dtype.element_ty)
     o = chunk_output_combine(o_inter, att, b_vn, scale, DOT_PREC)
-    p_o = tl.make_block_ptr(o_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-    tl.store(p_o, o.to(o_ptr.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(o_ptr + t0 * HV * V + hv * V, o.to(o_ptr.dtype.element_ty), 0, vb * BV, eos - t0, V, HV * V)
 
 
 def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, BT: int = 64, aqk=None):

@@ -13,7 +13,7 @@ programs is exact (columns of S are independent) and fills more SMs when N * HV 
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import sequence_span, state_tile
+from linattn.ops.gated_delta_rule.triton.common import load_tile, sequence_span, state_tile, store_tile
 
 
 @triton.jit
@@ -24,12 +24,9 @@ def state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
     (0 past eos) and gam_C (the last valid row's). DECAY "channel" (KDA): gcum is [T_tot, HV, K] and k_ptr holds
     the decayed keys K * exp(gam_C - gam) per value head (H = HV); gam_C is the last row's [BK] (and gam, unused)."""
     rows = tl.arange(0, BT)
-    p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
-    p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-    b_w = tl.load(p_w, boundary_check=(0, 1))
-    b_u = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
-    b_k = tl.load(p_k, boundary_check=(0, 1))
+    b_w = load_tile(w_ptr + t0 * HV * K + hv * K, 0, 0, eos - t0, K, HV * K, BT, BK)
+    b_u = load_tile(u_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV).to(tl.float32)
+    b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, 0, eos - t0, K, H * K, BT, BK)
     if DECAY == "scalar":
         valid = (t0 + rows) < eos
         gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
@@ -96,9 +93,7 @@ def chunk_state_fwd_kernel(
         b_w, b_u, b_k, gam, gam_last = state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
                                                           H, HV, K, V, BT, BK, BV, DECAY)
         vnew = b_u - tl.dot(b_w, s.to(b_w.dtype), input_precision=DOT_PREC)
-        p_vn = tl.make_block_ptr(vnew_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        vnew_op = vnew.to(vnew_ptr.dtype.element_ty)
-        tl.store(p_vn, vnew_op, boundary_check=(0, 1))
+        store_tile(vnew_ptr + t0 * HV * V + hv * V, vnew.to(vnew_ptr.dtype.element_ty), 0, vb * BV, eos - t0, V, HV * V)
         s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC, DECAY)
 
     if STORE_HT:

@@ -1,5 +1,6 @@
 """Helpers shared by the chunked kernels: where a program's chunk or sequence lies in the packed batch, a state
-tile's offsets, compact vector loads, and FLA's gate function (softplus) with its chain rule (gate_chain).
+tile's offsets, bounds-masked 2-D tiles of row-major tensors (tile, load_tile, store_tile), compact vector loads,
+and FLA's gate function (softplus) with its chain rule (gate_chain).
 
 Every batch is packed sequences (chunk_indices.py): sequence n spans tokens cu[n]:cu[n+1]; chunk-parallel
 kernels get one program per chunk slot, and slots past the real chunk count carry sequence N (surplus slots of
@@ -55,6 +56,39 @@ def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK
     if V_FIRST:
         return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] + rv[None, :] * K
     return rk, rv, mkv, (n.to(tl.int64) * HV + hv) * K * V + rk[:, None] * V + rv[None, :]
+
+
+@triton.jit
+def tile(base, r0, c0, n_rows, n_cols, row_stride, BR: tl.constexpr, BC: tl.constexpr,
+         CHECK_COLS: tl.constexpr = True):
+    """Pointers and bounds mask of the [BR, BC] tile whose corner is (r0, c0) in a row-major [n_rows, n_cols] matrix
+    at base, with unit column stride (the offsets stay contiguous, so loads and stores vectorise) and row stride
+    row_stride. The mask keeps rows < n_rows and, with CHECK_COLS, columns < n_cols. Row offsets are int64, as is
+    the offset base carries (tokens times head strides can pass 2^31); ptxas also allocates the chunked stages'
+    registers best this way (int32 rows spilled 8 B in backward_local.py)."""
+    r = (r0 + tl.arange(0, BR)).to(tl.int64)
+    c = c0 + tl.arange(0, BC)
+    ptrs = base + r[:, None] * row_stride + c[None, :]
+    if CHECK_COLS:
+        mask = (r[:, None] < n_rows) & (c[None, :] < n_cols)
+    else:
+        mask = r[:, None] < n_rows
+    return ptrs, mask
+
+
+@triton.jit
+def load_tile(base, r0, c0, n_rows, n_cols, row_stride, BR: tl.constexpr, BC: tl.constexpr,
+              CHECK_COLS: tl.constexpr = True):
+    """The [BR, BC] tile of `tile`, zero outside the mask."""
+    ptrs, mask = tile(base, r0, c0, n_rows, n_cols, row_stride, BR, BC, CHECK_COLS)
+    return tl.load(ptrs, mask=mask, other=0.)
+
+
+@triton.jit
+def store_tile(base, x, r0, c0, n_rows, n_cols, row_stride, CHECK_COLS: tl.constexpr = True):
+    """Stores the [BR, BC] tile x at `tile`'s pointers, only where its mask holds."""
+    ptrs, mask = tile(base, r0, c0, n_rows, n_cols, row_stride, x.shape[0], x.shape[1], CHECK_COLS)
+    tl.store(ptrs, x, mask=mask)
 
 
 @triton.jit

@@ -7,8 +7,8 @@ same linear map, so M is the state pass run from S_in = I with U = 0 (v := 0), a
 real U: one launch computes both, as one [K, V + K] state [C | M] split into column blocks:
 
     block vb < cdiv(V, BV):  columns of C, started from h0 (USE_H0) or zero, U loaded
-    block vb >= cdiv(V, BV): columns of M, started from the identity's columns, U = 0 (its block pointer starts
-                             past column V, so the bounds check zero-fills it)
+    block vb >= cdiv(V, BV): columns of M, started from the identity's columns, U = 0 (its tile starts past
+                             column V, so the bounds mask zero-fills it)
 
 With per-key-channel decays (KDA, DECAY "channel") the map is the same with exp(g_t) a diagonal matrix, and the
 same launch computes it. Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, softplus, store_tile
 from linattn.runtime.alloc import empty
 
 CHUNK = 64
@@ -109,8 +109,7 @@ def _gam_of(g_rows, BT: tl.constexpr):
 @triton.jit
 def _k_block(k_ptr, t0, eos, hk, kb, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """The [BT, BK] block kb of one chunk's keys (key head hk); rows past the sequence end load as zeros."""
-    p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-    return tl.load(p_k, boundary_check=(0, 1))
+    return load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, eos - t0, K, H * K, BT, BK)
 
 
 @triton.jit
@@ -341,21 +340,21 @@ def wu_kernel(
     if DECAY == "scalar":
         bg = beta * tl.exp(gam)
     for kb in range(0, tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_ptr + t0 * H * K + hk * K, (eos - t0, K), (H * K, 1), (0, kb * BK), (BT, BK), (1, 0))
+        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, eos - t0, K, H * K, BT, BK)
         if DECAY == "scalar":
-            ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * bg[:, None]).to(op)
+            ks = (b_k.to(tl.float32) * bg[:, None]).to(op)
         else:
             ck = kb * BK + tl.arange(0, BK)
             gk = tl.load(gcum_ptr + (r * HV + hv)[:, None] * K + ck[None, :], mask=m[:, None] & (ck < K)[None, :],
                          other=0.)
-            ks = (tl.load(p_k, boundary_check=(0, 1)).to(tl.float32) * (beta[:, None] * tl.exp(gk))).to(op)
-        p_w = tl.make_block_ptr(w_ptr + t0 * HV * K + hv * K, (eos - t0, K), (HV * K, 1), (0, kb * BK), (BT, BK), (1, 0))
-        tl.store(p_w, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), boundary_check=(0, 1))
+            ks = (b_k.to(tl.float32) * (beta[:, None] * tl.exp(gk))).to(op)
+        store_tile(w_ptr + t0 * HV * K + hv * K, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), 0, kb * BK,
+                   eos - t0, K, HV * K)
     for vb in range(0, tl.cdiv(V, BV)):
-        p_v = tl.make_block_ptr(v_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        vs = (tl.load(p_v, boundary_check=(0, 1)).to(tl.float32) * beta[:, None]).to(op)
-        p_u = tl.make_block_ptr(u_ptr + t0 * HV * V + hv * V, (eos - t0, V), (HV * V, 1), (0, vb * BV), (BT, BV), (1, 0))
-        tl.store(p_u, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), boundary_check=(0, 1))
+        b_v = load_tile(v_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
+        vs = (b_v.to(tl.float32) * beta[:, None]).to(op)
+        store_tile(u_ptr + t0 * HV * V + hv * V, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), 0, vb * BV,
+                   eos - t0, V, HV * V)
 
 
 @dataclass(frozen=True)
