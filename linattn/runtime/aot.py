@@ -124,13 +124,24 @@ def compile_kernel(spec: AotKernel, arch: str = "sm_90a"):
     return triton.compile(src, target=GPUTarget("cuda", ARCHS[arch], 32), options=dict(options))
 
 
+def _ptxas(arch: str) -> str:
+    """The ptxas Triton's NVIDIA backend assembles `arch` with (Triton 3.9 takes its wheel's CUDA 13 ptxas, named
+    ptxas-blackwell, from sm_90 on: the PTX version it emits is one the wheel's CUDA 12 ptxas rejects); the wheel's
+    ptxas where the backend has no such chooser."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(ARCHS[arch]).path
+    except (ImportError, AttributeError, TypeError):
+        return _tool("ptxas")
+
+
 def ptxas_usage(ptx: str, arch: str) -> Tuple[int, int]:
-    """(registers, spill-store bytes) from the wheel's `ptxas -v`."""
+    """(registers, spill-store bytes) from `ptxas -v`, run with the ptxas Triton uses for `arch`."""
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         with open(p, "w") as f:
             f.write(ptx)
-        log = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", p, "-o", p + ".cubin"],
+        log = subprocess.run([_ptxas(arch), f"-arch={arch}", "-v", p, "-o", p + ".cubin"],
                              capture_output=True, text=True).stderr
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores", log)

@@ -15,6 +15,11 @@ tensor cores give each output element the same accumulation whatever the tile. T
 float64 and rounded once to float32 (then the accumulator added in float32, as before): shape independent, and the
 exact product to within that rounding. Always installed under the interpreter, since no probe can tell which shapes
 a BLAS treats differently.
+
+The interpreter's comparisons label their result with the operands' dtype (bool data, int64 label, say), so the splat
+of a scalar comparison, as `mask & (t0 + u < eos)` broadcasts it, fills an int64 array; the & then yields integer
+data for an int1 mask. Triton 3.6's load and store take that, 3.9's reject it ("mask has unsupported dtype"). We
+make every splat to an int1 type bool, installed only when a probe shows the bug.
 """
 import numpy as np
 
@@ -40,6 +45,19 @@ def _probe_bf16_cast_truncates(interp) -> bool:
     x = np.array([1.0 + 2.0 ** -8 + 2.0 ** -12], dtype=np.float32)       # rounds up to 1 + 2^-7 in bf16
     out = interp.InterpreterBuilder.cast_impl(b, interp.TensorHandle(x, tl.float32), tl.bfloat16)
     return int(out.data.view(np.uint16)[0]) != 0x3F81
+
+
+def _probe_bool_splat_not_bool(interp) -> bool:
+    import triton.language as tl
+    b = interp.InterpreterBuilder.__new__(interp.InterpreterBuilder)
+    one = interp.TensorHandle(np.array([1], dtype=np.int64), tl.int64)
+    two = interp.TensorHandle(np.array([2], dtype=np.int64), tl.int64)
+    try:
+        lt = interp.InterpreterBuilder.create_icmpSLT(b, one, two)
+        out = interp.InterpreterBuilder.create_splat(b, tl.block_type(tl.int1, [2]), lt)
+    except Exception:
+        return False
+    return out.data.dtype != np.bool_
 
 
 def _rtne_f32_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -72,6 +90,16 @@ def install() -> None:
             return original_cast(self, src, dst_type)
 
         interp.InterpreterBuilder.cast_impl = cast_impl
+    if _probe_bool_splat_not_bool(interp):
+        original_splat = interp.InterpreterBuilder.create_splat
+
+        def create_splat(self, ret_ty, arg):
+            out = original_splat(self, ret_ty, arg)
+            if ret_ty.scalar == tl.int1 and out.data.dtype != np.bool_:
+                return interp.TensorHandle(out.data.astype(np.bool_), tl.int1)
+            return out
+
+        interp.InterpreterBuilder.create_splat = create_splat
     original = interp.InterpreterBuilder.create_dot
     widen_bf16 = _probe_bf16_dot_broken(interp)
 
