@@ -81,3 +81,23 @@ def test_chunk_fed_by_the_prologue_matches_the_in_kernel_options():
     fused, composed = run(False), run(True)
     for n in fused:
         assert_close(n, composed[n], fused[n], F32)
+
+
+@needs_triton
+def test_traces_under_torch_compile_fullgraph():
+    """The pass as a compiled model calls it (the gluon backend under torch.compile): fullgraph=True traces its custom
+    op and fake (a graph break raises), and the compiled values and gradients equal the eager ones."""
+    from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
+    x = dict(g=torch.randn(1, 20, 2) * 3, beta=torch.randn(1, 20, 2), A_log=torch.randn(2), dt_bias=torch.randn(2))
+
+    def model(g, beta, A_log, dt_bias):
+        g_eff, beta_eff = activate(g, beta, A_log, dt_bias, 1)
+        return (g_eff * beta_eff).sum()
+
+    grads = []
+    for fn in (model, torch.compile(model, fullgraph=True)):
+        leaves = [t.clone().requires_grad_(True) for t in x.values()]
+        fn(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for name, a, b in zip(x, *grads):
+        assert torch.equal(a, b), name
