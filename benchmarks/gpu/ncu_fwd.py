@@ -6,6 +6,7 @@ Two roles:
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
         --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \\
         python3 benchmarks/gpu/ncu_fwd.py run --backend gluon --B 1 --T 65536 > $OUT/ncu_gluon_B1_T65536.csv
+        (--op kda: chunk_kda, e.g. --HV 32 --H 32 --T 32768; -k "regex:kda_intra" narrows ncu to one kernel)
     python3 benchmarks/gpu/ncu_fwd.py summarize --out $OUT $OUT/ncu_*.csv      # CSVs -> ncu_summary.json
 
 `run` makes the inputs (bf16, H16/HV32, K=V=128, initial and final state), calls the forward once outside the
@@ -126,22 +127,29 @@ def summarize(paths, out_dir):
     return res
 
 
-def run(backend: str, B: int, T: int, H: int, HV: int):
+def run(backend: str, B: int, T: int, H: int, HV: int, op: str = "gdn"):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import torch
 
     import linattn
     from linattn.testing import make_gdn_inputs
     x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device="cuda")
+    if op == "kda":                                  # the decay per key channel, [B, T, HV, K]
+        x["g"] = -(0.01 + 0.1 * torch.rand(B, T, HV, 128, device="cuda"))
     if backend == "fla":
         os.environ["FLA_FLASH_QLA"] = "0"
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_fn
+        if op == "kda":
+            from fla.ops.kda import chunk_kda as fla_fn
+        else:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_fn
 
         def fn():
             return fla_fn(**x, output_final_state=True)
     else:
+        lin_fn = linattn.chunk_kda if op == "kda" else linattn.chunk_gated_delta_rule
+
         def fn():
-            return linattn.chunk_gated_delta_rule(**x, output_final_state=True, backend=backend)
+            return lin_fn(**x, output_final_state=True, backend=backend)
     with torch.no_grad():
         fn()
         torch.cuda.synchronize()
@@ -149,7 +157,7 @@ def run(backend: str, B: int, T: int, H: int, HV: int):
         fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-    print(f"ncu_fwd: profiled one {backend} forward at B={B} T={T} H={H} HV={HV}")
+    print(f"ncu_fwd: profiled one {op} {backend} forward at B={B} T={T} H={H} HV={HV}")
 
 
 _SAMPLE = '''==PROF== Connected to process 1
@@ -169,6 +177,7 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
+    r.add_argument("--op", choices=["gdn", "kda"], default="gdn", help="chunk_gated_delta_rule or chunk_kda")
     r.add_argument("--backend", default="triton")
     r.add_argument("--B", type=int, default=1)
     r.add_argument("--T", type=int, default=65536)
@@ -180,7 +189,7 @@ def main():
     s.add_argument("csv", nargs="*")
     a = ap.parse_args()
     if a.cmd == "run":
-        run(a.backend, a.B, a.T, a.H, a.HV)
+        run(a.backend, a.B, a.T, a.H, a.HV, a.op)
         return
     if a.dry_run:
         os.makedirs(a.out, exist_ok=True)
