@@ -127,6 +127,20 @@ def test_run_child_records_a_process_that_dies(tmp_path):
     assert p["reason"] == "exit status 1" and any("nosuch_op" in line for line in p["stderr_tail"])
 
 
+def test_run_child_imports_the_parents_linattn_from_any_directory(tmp_path, monkeypatch):
+    """Started in a folder that holds another linattn (another checkout's), the child still imports the tree this
+    process imported: `python -m` puts the working directory ahead of PYTHONPATH, so the child runs in that tree."""
+    from linattn.bench.runner import run_child
+    fake = tmp_path / "linattn"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('imported the working directory\'s linattn')\n")
+    monkeypatch.chdir(tmp_path)
+    p = run_child(dict(op="nosuch_op", backend="triton", shapes=[], modes=["fwd"], device="cpu", repeats=1,
+                       warmup=0, round=1, compare_dir=None))
+    assert any("nosuch_op" in line for line in p["stderr_tail"]), p["stderr_tail"]
+    assert not any("working directory" in line for line in p["stderr_tail"]), p["stderr_tail"]
+
+
 def _proc(backend, rnd, rows, ceil=None):
     return dict(backend=backend, round=rnd, rows=rows, ceilings=ceil)
 

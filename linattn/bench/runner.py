@@ -23,7 +23,7 @@ from linattn.bench import child
 from linattn.bench.ops import get_bench_op
 from linattn.bench.presets import get_preset
 from linattn.bench.report import SCHEMA, fit
-from linattn.bench.timing import cold_start, floor_ms
+from linattn.bench.timing import child_env, cold_start, floor_ms, linattn_tree
 
 CHILD_TIMEOUT_S = 3600
 
@@ -34,16 +34,6 @@ def _order(op, backends: List[str]) -> List[str]:
     return mine + [b for b in backends if b in op.peers]
 
 
-def _child_env() -> Dict[str, str]:
-    """This environment, with the tree this process imported linattn from first on PYTHONPATH: the child times
-    the same code (an editable install elsewhere would otherwise win)."""
-    import linattn
-    root = os.path.dirname(os.path.dirname(os.path.abspath(linattn.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
 def run_child(job: Dict, timeout_s: float = CHILD_TIMEOUT_S) -> Dict:
     """Run one job in a fresh process; its stderr is passed through live, its stdout (one JSON object) parsed.
     A process that dies or times out gives a record with status "error", the reason and its last stderr lines."""
@@ -51,7 +41,8 @@ def run_child(job: Dict, timeout_s: float = CHILD_TIMEOUT_S) -> Dict:
     tail: collections.deque = collections.deque(maxlen=12)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, env=_child_env(), stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, env=child_env(), cwd=linattn_tree(), stdout=out, stderr=subprocess.PIPE,
+                                text=True)
         timer = threading.Timer(timeout_s, proc.kill)
         timer.start()
         try:

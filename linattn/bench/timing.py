@@ -159,6 +159,22 @@ def floor_ms(flops: float, nbytes: float, ceilings: Dict) -> Dict:
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR")
 
 
+def linattn_tree() -> str:
+    """The folder this process imported linattn from (the one that holds the package)."""
+    import linattn
+    return os.path.dirname(os.path.dirname(os.path.abspath(linattn.__file__)))
+
+
+def child_env(env: Dict[str, str] = None) -> Dict[str, str]:
+    """env (default this process's) with linattn_tree() first on PYTHONPATH, for a child that must time the code
+    this process imported. The children also run in that folder: `python -m` puts the working directory ahead of
+    PYTHONPATH, so a child started in another checkout would import that checkout's linattn."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([linattn_tree()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                             if p])
+    return env
+
+
 def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeout_s: float = 900,
                keep_caches: bool = True) -> Dict:
     """The first call of `backend` in a fresh process with the same python: import, compile and any
@@ -168,13 +184,13 @@ def cold_start(op: str, backend: str, mode: str, shape: Dict, device: str, timeo
     caller names them in the same variables: the bench that follows reuses it instead of compiling twice."""
     spec = json.dumps(dict(op=op, backend=backend, mode=mode, shape=shape, device=device))
     with tempfile.TemporaryDirectory(prefix="linattn-cold-") as tmp:
-        env = dict(os.environ)
+        env = child_env()
         for var in CACHE_VARS:
             env[var] = os.path.join(tmp, var.lower())
         t0 = time.perf_counter()
         try:
-            p = subprocess.run([sys.executable, "-m", "linattn.bench.cold", spec], env=env, capture_output=True,
-                               text=True, timeout=timeout_s)
+            p = subprocess.run([sys.executable, "-m", "linattn.bench.cold", spec], env=env, cwd=linattn_tree(),
+                               capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return dict(backend=backend, mode=mode, status="error", reason=f"timed out after {timeout_s:.0f} s")
         wall = time.perf_counter() - t0
