@@ -2,19 +2,16 @@
 kernels. Its values and every gradient against fp64 autograd of the formulas, on NaN-poisoned outputs; and the
 chunked op fed by it against the same op with the options in its Triton kernels (what the gluon backend composes,
 checked here on the Triton backend, which runs on a CPU)."""
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import linattn
 from linattn.runtime.alloc import poisoned_allocations
-from linattn.testing import assert_close
-from linattn.testing.inputs import make_gdn_inputs
+from linattn.testing import assert_close, make_gdn_inputs
 
-needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                  reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+from markers import needs_triton   # tests/ is on sys.path
+
 F32 = 2e-5
 
 

@@ -1,8 +1,6 @@
 """Kimi Delta Attention: the fp64 reference (linattn/ops/kda/reference.py) against Gated DeltaNet's where the
 per-channel decay is constant over K, and against an independent chunk form; the decode and chunked ops against
 the reference. Fresh random inputs every run, outputs poisoned with NaN before the kernels write them."""
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,8 +10,8 @@ from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, random_cu_seqlens
 
-needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                  reason="the Triton kernels need TRITON_INTERPRET=1 on a CPU")
+from markers import needs_triton   # tests/ is on sys.path
+
 F32 = TOL[torch.float32]
 
 

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from linattn.layers import GatedDeltaNet, RecurrentCache
 from linattn.testing import TOL, assert_close
 
+from layer_checks import check_inference_modes, check_prefill_then_decode   # tests/ is on sys.path
+
 TOL32 = TOL[torch.float32]
 
 # fla.layers.GatedDeltaNet's state dict (FLA 0.6.0), name -> shape, for hidden H, heads h of size d, value heads
@@ -182,34 +184,12 @@ def _reference_with_params(layer, p64, x64, **kw):
 
 @pytest.mark.parametrize("T", [5, 66])
 def test_inference_modes(T):
-    """No grad: T <= 64 runs the recurrent op, longer inputs the chunked op; both equal FLA's forward."""
-    torch.manual_seed(1)
-    layer = make_layer().eval()
-    x = torch.randn(2, T, 32)
-    with torch.no_grad():
-        o, _, _ = layer(x)
-    assert_close("o", o, fla_reference(layer, x)[0], TOL32)
+    check_inference_modes(make_layer(), fla_reference, T)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(allow_neg_eigval=True, conv_bias=True)])
 def test_prefill_then_decode(kw):
-    """A prefill with a cache, then tokens one at a time, equals the full forward; the cache holds FLA's states."""
-    torch.manual_seed(2)
-    layer = make_layer(**kw).eval()
-    x = torch.randn(2, 69, 32)
-    ref, ref_state, ref_conv = fla_reference(layer, x)
-    cache = RecurrentCache()
-    with torch.no_grad():
-        o0, _, cache = layer(x[:, :66], past_key_values=cache, use_cache=True)
-        outs = [o0]
-        for t in range(66, 69):
-            o, _, cache = layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)
-            outs.append(o)
-    assert_close("o", torch.cat(outs, 1), ref, TOL32)
-    assert cache.get_seq_length(0) == 69
-    assert_close("recurrent_state", cache[0]["recurrent_state"], ref_state, TOL32)
-    for got, want in zip(cache[0]["conv_state"], ref_conv):
-        assert_close("conv_state", got, want, TOL32)
+    check_prefill_then_decode(make_layer(**kw), fla_reference)
 
 
 def test_padding_mask_equals_varlen():

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from linattn.layers import KimiDeltaAttention, RecurrentCache
 from linattn.testing import TOL, assert_close
 
+from layer_checks import check_inference_modes, check_prefill_then_decode   # tests/ is on sys.path
+
 TOL32 = TOL[torch.float32]
 CFG = dict(hidden_size=32, head_dim=16, num_heads=1, num_v_heads=2, expand_v=1, conv_size=4, layer_idx=0)
 
@@ -142,32 +144,12 @@ def test_forward_and_gradients(kw, T):
 
 @pytest.mark.parametrize("T", [5, 66])
 def test_inference_modes(T):
-    """No grad: T <= 64 runs the recurrent op, longer inputs the chunked op; both equal FLA's forward."""
-    torch.manual_seed(1)
-    layer = make_layer().eval()
-    x = torch.randn(2, T, 32)
-    with torch.no_grad():
-        o, _, _ = layer(x)
-    assert_close("o", o, fla_reference(layer, x)[0], TOL32)
+    check_inference_modes(make_layer(), fla_reference, T)
 
 
 def test_prefill_then_decode():
-    """A prefill with a cache, then tokens one at a time (in place on the fp32 states), equals the full forward; the
-    cache holds FLA's states ([N, HV, V, K]) and conv windows."""
-    torch.manual_seed(2)
-    layer = make_layer(conv_bias=True).eval()
-    x = torch.randn(2, 69, 32)
-    ref, ref_state, ref_conv = fla_reference(layer, x)
-    cache = RecurrentCache()
-    with torch.no_grad():
-        outs = [layer(x[:, :66], past_key_values=cache, use_cache=True)[0]]
-        for t in range(66, 69):
-            outs.append(layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)[0])
-    assert_close("o", torch.cat(outs, 1), ref, TOL32)
-    assert cache.get_seq_length(0) == 69
-    assert_close("recurrent_state", cache[0]["recurrent_state"], ref_state, TOL32)
-    for got, want in zip(cache[0]["conv_state"], ref_conv):
-        assert_close("conv_state", got, want, TOL32)
+    """In place on the fp32 states; the cache holds FLA's states ([N, HV, V, K]) and conv windows."""
+    check_prefill_then_decode(make_layer(conv_bias=True), fla_reference)
 
 
 def test_padding_mask_equals_varlen_and_padded_decode():
