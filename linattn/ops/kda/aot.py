@@ -33,7 +33,7 @@ _register("kda_fwd_triton_intra_w4", "linattn.ops.kda.triton.intra", "kda_intra_
           dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
                kdec_ptr=_X, qdec_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", GATE="",
-               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
+               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False, FTZ=True), 4, 1,
           "forward stage 2a: gates, Akk / Aqk, Tinv, decayed keys and queries, in key blocks")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,

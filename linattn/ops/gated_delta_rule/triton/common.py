@@ -127,3 +127,21 @@ def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T
     if HAS_DT_BIAS:
         tl.store(dgate_ptr + (T_tot + r) * HV + hv, dx, mask=valid)
     return dx
+
+
+@triton.jit
+def exp2_fast(x, FTZ: tl.constexpr):
+    """2^x. FTZ (compiled for NVIDIA): one MUFU.EX2 by ex2.approx.ftz.f32, whose results below 2^-126 flush to 0
+    (a decay factor that small is 0 to every sum it enters); tl.exp2 adds a range fix-up for such results (FSETP and
+    two FMUL per element). Otherwise (the interpreter, other targets) tl.exp2."""
+    if FTZ:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.exp2(x)
+
+
+def ftz_exp2(t) -> bool:
+    """exp2_fast's FTZ for kernels on t's device: compiled for an NVIDIA GPU (inline PTX), not the interpreter."""
+    from linattn.runtime.settings import settings
+    return t.device.type == "cuda" and torch.version.hip is None and not settings.interpret

@@ -8,7 +8,7 @@ import torch
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
-from linattn.ops.gated_delta_rule.triton.common import dot_precision
+from linattn.ops.gated_delta_rule.triton.common import dot_precision, ftz_exp2
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
 from linattn.ops.kda.triton.intra import kda_decayed_qk_kernel, kda_intra_kernel
@@ -64,7 +64,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, plan.N,
         H=H, HV=HV, K=K, BT=CHUNK, BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), GATE=gate,
         HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=4)
+        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=4)
     return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
                         qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h)
 

@@ -23,7 +23,9 @@ whatever the decay.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import chunk_span, exp2_fast, slot_chunk, softplus
+
+LOG2E = tl.constexpr(1.4426950408889634)          # exp(x) = 2^(x log2 e)
 from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks
 
 
@@ -62,9 +64,10 @@ def kda_intra_kernel(
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr,
-    BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+    BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
 ):
-    """Grid (chunk slots, HV). Every quantity but Akk, Aqk and Tinv is per key channel, so the key row is walked in
+    """Grid (chunk slots, HV). FTZ: exponentials by exp2_fast's single instruction (the gate's cumsum is scaled
+    to base 2 once per key block). Every quantity but Akk, Aqk and Tinv is per key channel, so the key row is walked in
     blocks of BK channels (the live set is a few [BT, BK] tiles and the two [BT, BT] sums). Inside a 16-row block,
     step s pairs row i with row 16 (i // 16) + s of its block, read back from memory (gcum after a barrier); the
     in-block sums are kept as [BT, 16] (row i, step s) and placed in Akk / Aqk once after the walk."""
@@ -116,13 +119,14 @@ def kda_intra_kernel(
         mb = (rb < eos)[:, None] & mk[None, :]
         g0 = tl.where(mb, tl.load(gcum_ptr + (rb * HV + hv)[:, None] * K + ck[None, :], mask=mb, other=0.),
                       gam_last[None, :])
-        # ---- across 16-row blocks: row block I through its reference row 16 I, both factors <= 1
-        el = tl.exp(gam - g0)
+        # ---- across 16-row blocks: row block I through its reference row 16 I, both factors <= 1 (base 2 below)
+        gam2 = gam * LOG2E
+        el = exp2_fast(gam2 - g0 * LOG2E, FTZ)
         kl = kf * el
         ql = qf * el
         for blk in range(1, BT // 16):
-            ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam, 0.), axis=0)               # [BK]
-            kr = kf * tl.exp(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam, float("-inf")))
+            ref = tl.sum(tl.where(i[:, None] == 16 * blk, gam2, 0.), axis=0)              # [BK]
+            kr = kf * exp2_fast(tl.where((i < 16 * blk)[:, None], ref[None, :] - gam2, float("-inf")), FTZ)
             rows_in = (i // 16 == blk)[:, None]
             akk += tl.dot(tl.where(rows_in, kl, 0.), tl.trans(kr), input_precision=DOT_PREC)
             aqk += tl.dot(tl.where(rows_in, ql, 0.), tl.trans(kr), input_precision=DOT_PREC)
@@ -133,7 +137,7 @@ def kda_intra_kernel(
             gs = tl.where(ms, tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=ms, other=0.),
                           gam_last[None, :])
             ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=ms, other=0.).to(tl.float32)
-            e = ks * tl.exp(tl.where((i % 16 >= s)[:, None], gam - gs, float("-inf")))
+            e = ks * exp2_fast(tl.where((i % 16 >= s)[:, None], gam2 - gs * LOG2E, float("-inf")), FTZ)
             in_k += tl.where(s16[None, :] == s, tl.sum(kf * e, axis=1)[:, None], 0.)
             in_q += tl.where(s16[None, :] == s, tl.sum(qf * e, axis=1)[:, None], 0.)
     # place the in-block sums: column 16 (i // 16) + s of row i
