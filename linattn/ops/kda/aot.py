@@ -71,10 +71,11 @@ _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, beta_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
                dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32,
                N="i32"),
-          dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False),
+          dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False,
+               FTZ=True),
           PAIR_WARPS, 1,
           "backward stage 2b: pairwise gradients of Akk / Aqk for one 16-row block, in key blocks",
-          intended=("HMMA",), known_spill_bytes=12)      # the two-level in-block form: 12 B (16 channels: 24 B)
+          intended=("HMMA",))
 _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_kernel",
           dict(g_ptr=_F, dgam_ptr=_F, dg_ptr=_F, dA_ptr=_F, dbias_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, HV=HV, K=K, BT=BT, BK=DG_BK, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0),

@@ -141,6 +141,12 @@ def exp2_fast(x, FTZ: tl.constexpr):
         return tl.exp2(x)
 
 
+@triton.jit
+def exp_fast(x, FTZ: tl.constexpr):
+    """e^x as exp2_fast(x log2 e)."""
+    return exp2_fast(x * 1.4426950408889634, FTZ)
+
+
 def ftz_exp2(t) -> bool:
     """exp2_fast's FTZ for kernels on t's device: compiled for an NVIDIA GPU (inline PTX), not the interpreter."""
     from linattn.runtime.settings import settings

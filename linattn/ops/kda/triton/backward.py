@@ -30,7 +30,8 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, dot_precision, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import (chunk_span, dot_precision, exp_fast, ftz_exp2, slot_chunk,
+                                                        softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import KdaIntermediates, chunk_kda_fwd
 from linattn.runtime.alloc import empty
@@ -159,7 +160,7 @@ def kda_pair_bwd_kernel(
     dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # dq, dk, dgam: the partial sums, completed in place
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+    DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
 ):
     """Grid (4 * chunk slots, HV): one 16-row block I = program_id(0) % 4 of a chunk per program, the pairwise
     gradients of Akk and Aqk for its rows: dq and dk complete, dgam's per-row terms (kda_dg_kernel takes the reverse
@@ -226,15 +227,15 @@ def kda_pair_bwd_kernel(
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         # ---- across blocks: da through row 16 I (earlier columns), db through row 16 I + 15 (later rows)
         ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
-        kr = kf * tl.exp(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")))
-        el = tl.exp(gI - ref_a[None, :])
+        kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
+        el = exp_fast(gI - ref_a[None, :], FTZ)
         dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
         daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
         ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
         later = (i > last_b)[:, None]
-        el_b = tl.exp(tl.where(later, gam - ref_b[None, :], float("-inf")))
+        el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
         qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
-        eb = tl.exp(ref_b[None, :] - gI)
+        eb = exp_fast(ref_b[None, :] - gI, FTZ)
         dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
                           input_precision=DOT_PREC)
         dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
@@ -243,16 +244,16 @@ def kda_pair_bwd_kernel(
         for u in range(1, 4):
             g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u, eos, hv, ck, mk, gam_last, HV, K)
             rows_u = (li // 4 == u)[:, None]
-            kr_u = kI * tl.exp(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")))
-            ea_u = tl.exp(tl.where(rows_u, gI - g_u[None, :], float("-inf")))
+            kr_u = kI * exp_fast(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")), FTZ)
+            ea_u = exp_fast(tl.where(rows_u, gI - g_u[None, :], float("-inf")), FTZ)
             m_u = rows_u & (li < 4 * u)[None, :]
             dak += ea_u * tl.dot(tl.where(m_u, gk16, 0.), kr_u, input_precision=DOT_PREC)
             daq += ea_u * tl.dot(tl.where(m_u, gq16, 0.), kr_u, input_precision=DOT_PREC)
         for u in range(0, 3):
             g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u + 3, eos, hv, ck, mk, gam_last, HV, K)
             rows_u = (li // 4 == u)[:, None]
-            el_u = tl.exp(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")))
-            eb_u = tl.exp(tl.where(rows_u, g_u[None, :] - gI, float("-inf")))
+            el_u = exp_fast(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")), FTZ)
+            eb_u = exp_fast(tl.where(rows_u, g_u[None, :] - gI, float("-inf")), FTZ)
             m_u = rows_u & (li >= 4 * u + 4)[None, :]
             dbk += eb_u * tl.dot(tl.where(m_u, gk16t, 0.), beta[:, None] * kI * el_u, input_precision=DOT_PREC)
             dbq += eb_u * tl.dot(tl.where(m_u, gq16t, 0.), qI * el_u, input_precision=DOT_PREC)
@@ -268,8 +269,8 @@ def kda_pair_bwd_kernel(
             ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
             qs = tl.load(q_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
             bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
-            e_lo = tl.exp(tl.where((li % 4 >= s)[:, None], gI - gs, float("-inf")))         # row s is earlier
-            e_hi = tl.exp(tl.where((li % 4 <= s)[:, None], gs - gI, float("-inf")))         # row s is later
+            e_lo = exp_fast(tl.where((li % 4 >= s)[:, None], gI - gs, float("-inf")), FTZ)         # row s is earlier
+            e_hi = exp_fast(tl.where((li % 4 <= s)[:, None], gs - gI, float("-inf")), FTZ)         # row s is later
             gk = tl.load(dakk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)             # G[16 I + l, row s]
             gq = tl.load(daqk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)
             gkt = tl.load(dakk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)  # G[row s, 16 I + l]
@@ -423,7 +424,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kda_pair_bwd_kernel[(4 * slots, HV)](
         k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, plan.cu, plan.chunk_indices,
         N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=PAIR_WARPS)
+        NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS)
     kda_dg_kernel[(slots, HV)](
         g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N, HV=HV, K=K, BT=CHUNK,
         BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
