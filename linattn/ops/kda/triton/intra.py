@@ -130,7 +130,10 @@ def kda_intra_kernel(
             rows_in = (i // 16 == blk)[:, None]
             akk += tl.dot(tl.where(rows_in, kl, 0.), tl.trans(kr), input_precision=DOT_PREC)
             aqk += tl.dot(tl.where(rows_in, ql, 0.), tl.trans(kr), input_precision=DOT_PREC)
-        # ---- inside each 16-row block: the pair (i, 16 (i // 16) + s), token by token
+        # ---- inside each 16-row block: the pair (i, 16 (i // 16) + s), token by token; each step's sums are
+        # selected into place (every column is written once per key block) and added to the totals after the walk
+        step_k = tl.zeros([BT, 16], dtype=tl.float32)
+        step_q = tl.zeros([BT, 16], dtype=tl.float32)
         for s in range(0, 16):
             rs = rb + s
             ms = (rs < eos)[:, None] & mk[None, :]
@@ -138,8 +141,10 @@ def kda_intra_kernel(
                           gam_last[None, :])
             ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=ms, other=0.).to(tl.float32)
             e = ks * exp2_fast(tl.where((i % 16 >= s)[:, None], gam2 - gs * LOG2E, float("-inf")), FTZ)
-            in_k += tl.where(s16[None, :] == s, tl.sum(kf * e, axis=1)[:, None], 0.)
-            in_q += tl.where(s16[None, :] == s, tl.sum(qf * e, axis=1)[:, None], 0.)
+            step_k = tl.where(s16[None, :] == s, tl.sum(kf * e, axis=1)[:, None], step_k)
+            step_q = tl.where(s16[None, :] == s, tl.sum(qf * e, axis=1)[:, None], step_q)
+        in_k += step_k
+        in_q += step_q
     # place the in-block sums: column 16 (i // 16) + s of row i
     blk4 = (tl.arange(0, 4)[None, :, None] == (i // 16)[:, None, None])
     akk += tl.reshape(tl.where(blk4 & (s16[None, None, :] < (i % 16)[:, None, None]), in_k[:, None, :], 0.), [BT, BT])
