@@ -60,14 +60,18 @@ def _dry_section(section, tmp_path):
 
 
 def test_gate_dry_run_kda(tmp_path):
-    """The kda section at tiny sizes: chunk_kda's o, final state and every gradient (A_log and dt_bias with the gate
-    in the kernel) within the tolerance of their dtype against fp64; fused_recurrent_kda's serving calls (pools,
+    """The kda section at tiny sizes: chunk_kda's o, final state and every gradient within the tolerance of their
+    dtype against fp64 (A_log and dt_bias with the gate in the kernel against the fp64 chain of dg, and end to end); fused_recurrent_kda's serving calls (pools,
     padded rows, speculative decoding, state_v_first, the gate) against the fp64 reference."""
     cases = _dry_section("kda", tmp_path)
     grads = {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state"}
     assert set(cases["chunk B1 T70 bf16"]["errors"]) == grads
     gate = cases["chunk gate softplus + beta sigmoid neg eigval fp32"]["errors"]
-    assert set(gate) == grads | {"A_log", "dt_bias"} and all(e <= 1e-3 for e in gate.values())
+    chain = {"A_log (chain of dg)", "dt_bias (chain of dg)"}
+    assert set(gate) == grads | chain and all(e <= 1e-3 for e in gate.values())
+    params = cases["chunk gate softplus + beta sigmoid neg eigval fp32"]["gate_params"]
+    assert set(params["end_to_end"]) == {"A_log", "dt_bias"} and all(e <= 1e-3 for e in params["end_to_end"].values())
+    assert all(c >= 1 for c in params["cancellation"].values())
     spec = cases["decode spec T=4 state_v_first bf16 pool B=3"]
     assert spec["pad_rows_zero"] and spec["unused_slots_untouched"] and spec["slots_written"] > 0
     assert len(cases) == 10

@@ -22,7 +22,7 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
   matmul_triton  linattn matmul's Triton path against an fp32 product on ragged shapes, four operand layouts,
   matmul_gluon   the Gluon path on every config of its table and its heuristic (split-K on two shapes).
   kda            chunk_kda forward + backward (B2 T1000 H4/HV8 K = V = 128, T = 1, varlen with 1-token sequences and
-                 l2norm, the KDA gate in the kernel with beta sigmoid: every gradient incl. A_log / dt_bias,
+                 l2norm, the KDA gate in the kernel with beta sigmoid: every gradient (A_log / dt_bias through the chain of dg),
                  state_v_first) against autograd through naive_recurrent_kda in fp64; fused_recurrent_kda serving
                  calls (pools fp32 / bf16 at batch 1 / 32 / 256, padded rows, speculative T = 4, the gate forms,
                  state_v_first) against the fp64 reference; sync-free calls; a CUDA graph of forward + backward.
