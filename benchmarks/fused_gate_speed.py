@@ -47,4 +47,5 @@ for (B, T) in [(1, 32768), (8, 4096)]:
     row = {"shape": f"B{B} T{T} H{H}/HV{HV}", "rel_rms_fused_vs_precomputed": diff,
            "ms": {n: sorted(v)[1] for n, v in times.items()}, "all_ms": times}
     res["rows"].append(row); print(json.dumps({k: row[k] for k in ("shape", "rel_rms_fused_vs_precomputed", "ms")}), flush=True)
+os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
 json.dump(res, open(os.path.join(os.environ.get("OUT", "."), "gate_speed.json"), "w"), indent=1)

@@ -92,6 +92,7 @@ def main():
             for p in ("fwd", "bwd"):
                 for kname, ms in list(res[p].items())[:8]:
                     print(f"   {p} {ms:8.3f} ms  {kname[:90]}")
+        os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
         path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}.json")
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
