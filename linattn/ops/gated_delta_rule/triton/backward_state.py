@@ -18,7 +18,7 @@ another tl.dot is miscompiled; every tl.trans below is of a loaded tile (Q scale
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import load_tile, sequence_span, state_tile, tile
+from linattn.ops.gated_delta_rule.triton.common import load_tile, sequence_span, state_program, state_tile, tile
 
 
 @triton.jit
@@ -36,13 +36,7 @@ def chunk_state_bwd_kernel(
     """DECAY "channel" (KDA's per-key-channel decays): q_ptr and k_ptr hold Q * exp(gam) and K * exp(gam_C - gam)
     per value head (H = HV, KDA's intra kernel), gcum is [T_tot, HV, K], and dS decays by rows:
     dS <- diag(exp(gam_C)) dS + ..."""
-    # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
-    # sequence-head, which read the same k and w tiles, are dispatched next to each other
-    NV: tl.constexpr = (V + BV - 1) // BV
-    vb = tl.program_id(0) % NV
-    nh = tl.program_id(0) // NV
-    n = nh // HV
-    hv = nh % HV
+    n, hv, vb = state_program(HV, V, BV)
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 

@@ -13,7 +13,8 @@ programs is exact (columns of S are independent) and fills more SMs when N * HV 
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import load_tile, sequence_span, state_tile, store_tile
+from linattn.ops.gated_delta_rule.triton.common import (load_tile, sequence_span, state_program, state_tile,
+                                                       store_tile)
 
 
 @triton.jit
@@ -69,13 +70,7 @@ def chunk_state_fwd_kernel(
 ):
     """DECAY: "scalar" (GDN) or "channel" (KDA: k_ptr the decayed keys [T_tot, HV, K] with H = HV, gcum
     [T_tot, HV, K]; state_chunk_inputs / state_update)."""
-    # one grid axis (x: up to 2^31 - 1 programs; y and z stop at 65535), V blocks fastest: the programs of one
-    # sequence-head, which read the same k and w tiles, are dispatched next to each other
-    NV: tl.constexpr = (V + BV - 1) // BV
-    vb = tl.program_id(0) % NV
-    nh = tl.program_id(0) // NV
-    n = nh // HV
-    hv = nh % HV
+    n, hv, vb = state_program(HV, V, BV)
     hk = hv // (HV // H)
     bos, eos, slot0, nchunks = sequence_span(cu_ptr, chunk_off_ptr, n, BT)
 

@@ -45,6 +45,16 @@ def sequence_span(cu_ptr, chunk_off_ptr, n, BT: tl.constexpr):
 
 
 @triton.jit
+def state_program(HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """(sequence, value head, V block) of a state-pass program. One grid axis (x: up to 2^31 - 1 programs; y and z
+    stop at 65535), V blocks fastest: the programs of one sequence-head, which read the same k and w tiles, are
+    dispatched next to each other."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    nh = tl.program_id(0) // NV
+    return nh // HV, nh % HV, tl.program_id(0) % NV
+
+
+@triton.jit
 def state_tile(n, hv, vb, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                V_FIRST: tl.constexpr = False):
     """Rows, columns, mask and int64 offsets of the [BK, BV] block vb of state [n, hv] in an [N, HV, K, V] tensor, or
