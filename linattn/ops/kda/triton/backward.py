@@ -225,20 +225,27 @@ def kda_pair_bwd_kernel(
         kI = tl.load(k_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         qI = tl.load(q_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        # ---- across blocks: da through row 16 I (earlier columns), db through row 16 I + 15 (later rows)
-        ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
-        kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
-        el = exp_fast(gI - ref_a[None, :], FTZ)
-        dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
-        daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
-        ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
-        later = (i > last_b)[:, None]
-        el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
-        qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
-        eb = exp_fast(ref_b[None, :] - gI, FTZ)
-        dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
-                          input_precision=DOT_PREC)
-        dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
+        # ---- across blocks: da through row 16 I (earlier columns; none for the first block), db through row
+        # 16 I + 15 (later rows; none for the last block)
+        dak = tl.zeros([16, BK], dtype=tl.float32)
+        daq = tl.zeros([16, BK], dtype=tl.float32)
+        dbk = tl.zeros([16, BK], dtype=tl.float32)
+        dbq = tl.zeros([16, BK], dtype=tl.float32)
+        if blk > 0:
+            ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
+            kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
+            el = exp_fast(gI - ref_a[None, :], FTZ)
+            dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+            daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+        if blk < 3:
+            ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
+            later = (i > last_b)[:, None]
+            el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
+            qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
+            eb = exp_fast(ref_b[None, :] - gI, FTZ)
+            dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
+                              input_precision=DOT_PREC)
+            dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
         # ---- inside the block, across its 4-row sub-blocks: da of sub-block u through its first row, db of
         # sub-block u through its last row, both factors <= 1, as [16, 16] x [16, BK] products
         for u in range(1, 4):
