@@ -78,7 +78,8 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
           "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks")
 _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, beta_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
-               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32,
+               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, dq_out_ptr=_X, dk_out_ptr=_X,
+               cu_ptr=_I64, chunk_idx_ptr=_I32,
                N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False,
                FTZ=True),
