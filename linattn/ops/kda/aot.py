@@ -6,7 +6,7 @@ of the registry (tests/test_aot_gluon.py) fails any build that spills or lacks i
 from __future__ import annotations
 
 from linattn.ops.kda.triton.backward import DG_BK, PAIR_BK, PAIR_WARPS, WY_BK, WY_WARPS
-from linattn.ops.kda.triton.forward import INTRA_BK
+from linattn.ops.kda.triton.forward import CUMSUM_BK, DIAG_BH, INTRA_BK
 from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -29,12 +29,21 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
 
 
 _GDN = "linattn.ops.gated_delta_rule.triton"
-_register("kda_fwd_triton_intra_w4", "linattn.ops.kda.triton.intra", "kda_intra_kernel",
-          dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
-               kdec_ptr=_X, qdec_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", GATE="",
-               HAS_DT_BIAS=False, LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False, FTZ=True), 4, 1,
-          "forward stage 2a: gates, Akk / Aqk, Tinv, decayed keys and queries, in key blocks")
+_register("kda_fwd_triton_cumsum_w4", "linattn.ops.kda.triton.intra", "kda_cumsum_kernel",
+          dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X,
+               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=CUMSUM_BK, GATE="", HAS_DT_BIAS=False,
+               LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
+          "forward stage 2a (1/3): gates' cumsum, effective beta, decayed keys and queries", intended=("LDG",))
+_register(f"kda_fwd_triton_diag_w{DIAG_BH}", "linattn.ops.kda.triton.intra", "kda_diag_kernel",
+          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, akkd_ptr=_F, aqkd_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, 1,
+          "forward stage 2a (2/3): in-block pairs of Akk / Aqk, token by token", intended=("LDG",))
+_register("kda_fwd_triton_inter_solve_w4", "linattn.ops.kda.triton.intra", "kda_inter_solve_kernel",
+          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, akkd_ptr=_F, aqkd_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
+               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", FTZ=True), 4, 1,
+          "forward stage 2a (3/3): Akk / Aqk across 16-row blocks, Tinv")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),
@@ -69,7 +78,8 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
           "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks")
 _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, beta_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
-               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32,
+               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, dq_out_ptr=_X, dk_out_ptr=_X,
+               cu_ptr=_I64, chunk_idx_ptr=_I32,
                N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False,
                FTZ=True),

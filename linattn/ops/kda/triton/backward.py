@@ -157,7 +157,8 @@ def _gam_row(gcum_ptr, t0, u, eos, hv, ck, mk, gam_last, HV: tl.constexpr, K: tl
 def kda_pair_bwd_kernel(
     k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, beta_ptr,
     dakk_ptr, daqk_ptr, dbeta_in_ptr,                          # kda_wy_bwd_kernel's outputs (fp32)
-    dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # dq, dk, dgam: the partial sums, completed in place
+    dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # dq, dk, dgam: the partial sums (fp32); dgam completed
+    dq_out_ptr, dk_out_ptr,                                    # in place, dq / dk stored complete here
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
@@ -225,20 +226,27 @@ def kda_pair_bwd_kernel(
         kI = tl.load(k_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         qI = tl.load(q_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        # ---- across blocks: da through row 16 I (earlier columns), db through row 16 I + 15 (later rows)
-        ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
-        kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
-        el = exp_fast(gI - ref_a[None, :], FTZ)
-        dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
-        daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
-        ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
-        later = (i > last_b)[:, None]
-        el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
-        qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
-        eb = exp_fast(ref_b[None, :] - gI, FTZ)
-        dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
-                          input_precision=DOT_PREC)
-        dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
+        # ---- across blocks: da through row 16 I (earlier columns; none for the first block), db through row
+        # 16 I + 15 (later rows; none for the last block)
+        dak = tl.zeros([16, BK], dtype=tl.float32)
+        daq = tl.zeros([16, BK], dtype=tl.float32)
+        dbk = tl.zeros([16, BK], dtype=tl.float32)
+        dbq = tl.zeros([16, BK], dtype=tl.float32)
+        if blk > 0:
+            ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
+            kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
+            el = exp_fast(gI - ref_a[None, :], FTZ)
+            dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+            daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
+        if blk < 3:
+            ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
+            later = (i > last_b)[:, None]
+            el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
+            qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
+            eb = exp_fast(ref_b[None, :] - gI, FTZ)
+            dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
+                              input_precision=DOT_PREC)
+            dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
         # ---- inside the block, across its 4-row sub-blocks: da of sub-block u through its first row, db of
         # sub-block u through its last row, both factors <= 1, as [16, 16] x [16, BK] products
         for u in range(1, 4):
@@ -285,8 +293,8 @@ def kda_pair_bwd_kernel(
         dk = tl.load(dk_ptr + off_I, mask=mIk, other=0.) + beta[:, None] * dak + dbk + dbq
         dgam = tl.load(dgam_ptr + off_I, mask=mIk, other=0.)
         dgam += beta[:, None] * kI * dak - kI * dbk + qI * daq - kI * dbq
-        tl.store(dq_ptr + off_I, dq, mask=mIk)
-        tl.store(dk_ptr + off_I, dk, mask=mIk)
+        tl.store(dq_out_ptr + off_I, dq.to(dq_out_ptr.dtype.element_ty), mask=mIk)
+        tl.store(dk_out_ptr + off_I, dk.to(dk_out_ptr.dtype.element_ty), mask=mIk)
         tl.store(dgam_ptr + off_I, dgam, mask=mIk)
     if BETA_SIGMOID:
         sb = tl.sigmoid(tl.load(beta_ptr + rI * HV + hv, mask=mI, other=0.).to(tl.float32))
@@ -421,17 +429,21 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
     dbias = empty(slots, HV, K, dtype=torch.float32, device=dev) if gate else None
+    # without GVA (HV = H) the pair kernel stores dq / dk complete in their inputs' dtypes; with it, in place in
+    # fp32, and each key head's gradient sums those of the value heads that read it afterwards
+    G = HV // H
+    dq_out = dq_hv if G > 1 else empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_out = dk_hv if G > 1 else empty(B, T, H, K, dtype=k.dtype, device=dev)
     kda_pair_bwd_kernel[(4 * slots, HV)](
-        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, plan.cu, plan.chunk_indices,
-        N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS)
+        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, dq_out, dk_out, plan.cu,
+        plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec,
+        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS)
     kda_dg_kernel[(slots, HV)](
         g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N, HV=HV, K=K, BT=CHUNK,
         BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
         LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4)
-    # a key head's gradient sums those of the value heads that read it (GVA)
-    dq = dq_hv.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
-    dk = dk_hv.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
+    dq = dq_hv.view(B, T, H, G, K).sum(3).to(q.dtype) if G > 1 else dq_out
+    dk = dk_hv.view(B, T, H, G, K).sum(3).to(k.dtype) if G > 1 else dk_out
     dA_log = dA.sum(0).to(A_log.dtype) if gate and A_log is not None else None
     ddt_bias = dbias.sum(0).reshape(dt_bias.shape).to(dt_bias.dtype) if gate and dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias

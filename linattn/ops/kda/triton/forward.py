@@ -11,11 +11,16 @@ from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.common import dot_precision, ftz_exp2
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
-from linattn.ops.kda.triton.intra import kda_decayed_qk_kernel, kda_intra_kernel
+from linattn.ops.kda.triton.intra import (kda_cumsum_kernel, kda_decayed_qk_kernel, kda_diag_kernel,
+                                          kda_inter_solve_kernel)
 from linattn.runtime.alloc import empty
 
-# key channels per block of kda_intra_kernel's walk over the key row: at 4 warps (the Akk layout tinv_blocks is
-# written for) 16 leaves no spill at K = 128 on sm_90a, 32 spills
+# Stage 2a's three kernels: the gates' cumsum and the decayed keys / queries in blocks of CUMSUM_BK key channels;
+# the in-block pairs token by token, DIAG_BH value heads per program (a head's key row in one warp, so its sums stay
+# in the warp); the pairs across blocks and the inverse in blocks of INTRA_BK channels (at 4 warps, the Akk layout
+# tinv_blocks is written for: 16 leaves no spill at K = 128 on sm_90a)
+CUMSUM_BK = 32
+DIAG_BH = 4
 INTRA_BK = 16
 
 
@@ -60,11 +65,21 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
-    kda_intra_kernel[(slots, HV)](
-        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, tinv, aqk, kdec, qdec, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), GATE=gate,
-        HAS_DT_BIAS=dt_bias is not None, LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=4)
+    cu, idx, N = plan.cu, plan.chunk_indices, plan.N
+    kda_cumsum_kernel[(slots, HV)](
+        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
+        BK=min(_pow2(K), CUMSUM_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
+        NEG_EIGVAL=neg_eigval, num_warps=4)
+    akkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
+    aqkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
+    ftz = ftz_exp2(q)
+    kda_diag_kernel[(slots * CHUNK, -(-HV // DIAG_BH))](
+        q, k, gcum, akkd, aqkd, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K), BH=DIAG_BH, FTZ=ftz,
+        num_warps=DIAG_BH)
+    kda_inter_solve_kernel[(slots, HV)](
+        q, k, gcum, beta_eff, akkd, aqkd, tinv, aqk, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
+        BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), FTZ=ftz, num_warps=4)
     return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
                         qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h)
 

@@ -9,16 +9,17 @@ With gam [64, K] the cumulative log decay of the chunk per key channel (gcum, fp
     Vnew = U - W S,   S_next = diag(exp(gam_C)) S + (K * exp(gam_C - gam))^T Vnew     (chunk_state, "channel")
     O = ((Q * exp(gam)) S + Aqk Vnew) * scale                           (chunk_output, "channel")
 
-This kernel computes gcum (the gate first where it is fused), the effective beta, Akk -> Tinv (GDN's block
-substitution, tinv_blocks), Aqk, and the decayed keys and queries that the shared GDN stages read: K * exp(gam_C -
-gam) and Q * exp(gam), both <= 1 in their factors.
+Three kernels compute it: kda_cumsum_kernel the gates' cumsum gcum (the gate first where it is fused), the
+effective beta and the decayed keys and queries that the shared GDN stages read (K * exp(gam_C - gam) and
+Q * exp(gam), both <= 1 in their factors); kda_diag_kernel the pairs inside each 16-row block, token by token (one
+token and a few value heads per program: only the pairs that exist, with the head's key row in one warp);
+kda_inter_solve_kernel the pairs across blocks, Akk -> Tinv (GDN's block substitution, tinv_blocks) and Aqk.
 
 Numerical safety (FLA's approach): exp(gam_i - gam_j) is never formed from exp(+gam). Across 16-row blocks, row
 block I's products go through the reference row r = 16 I: (k_i exp(gam_i - gam_r)) . (k_j exp(gam_r - gam_j)) with
 both factors <= 1 (gam decreases along the chunk, j < r <= i), as [64, BK] x [BK, 64] products summed over the
-key blocks. Inside a 16-row
-block the pairs are formed token by token (16 columns, exp of the masked difference), so no factor can overflow
-whatever the decay.
+key blocks. Inside a 16-row block each pair is exp of its own difference (<= 0), so no factor can overflow whatever
+the decay.
 """
 import triton
 import triton.language as tl
@@ -57,20 +58,105 @@ def _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mask):
 
 
 @triton.jit
-def kda_intra_kernel(
+def kda_cumsum_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
-    gcum_ptr, beta_out_ptr, tinv_ptr, aqk_ptr,         # gcum [T_tot, HV, K] fp32, beta fp32, tinv / aqk [T_tot, HV, BT]
-    kdec_ptr, qdec_ptr,                                # K * exp(gam_C - gam), Q * exp(gam): [T_tot, HV, K]
+    gcum_ptr, beta_out_ptr, kdec_ptr, qdec_ptr,        # gcum [T_tot, HV, K] fp32, beta fp32; kdec, qdec [T_tot, HV, K]
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr,
-    BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
+    GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr,
+    BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
 ):
-    """Grid (chunk slots, HV). FTZ: exponentials by exp2_fast's single instruction (the gate's cumsum is scaled
-    to base 2 once per key block). Every quantity but Akk, Aqk and Tinv is per key channel, so the key row is walked in
-    blocks of BK channels (the live set is a few [BT, BK] tiles and the two [BT, BT] sums). Inside a 16-row block,
-    step s pairs row i with row 16 (i // 16) + s of its block, read back from memory (gcum after a barrier); the
-    in-block sums are kept as [BT, 16] (row i, step s) and placed in Akk / Aqk once after the walk."""
+    """Grid (chunk slots, HV): the per-token part of stage 2a. The effective beta, the decay per key channel (the
+    gate first where it is fused; 0 past the sequence end), its cumsum over the chunk (gcum), and the decayed keys
+    and queries of the state and output stages."""
+    p = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, c = slot_chunk(chunk_idx_ptr, p)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    hk = hv // (HV // H)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    m = r < eos
+    last = tl.minimum(eos - t0, BT) - 1
+    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    if BETA_SIGMOID:
+        beta = tl.sigmoid(beta)
+        if NEG_EIGVAL:
+            beta = beta * 2.
+    tl.store(beta_out_ptr + r * HV + hv, tl.where(m, beta, 0.), mask=m)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ck = kb * BK + tl.arange(0, BK)
+        mk = ck < K
+        mrk = m[:, None] & mk[None, :]
+        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
+        x = tl.where(mrk, _kda_gate(x, A_log, dt_bias, hv, ck, mk, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
+        gam = tl.cumsum(x, axis=0)
+        tl.store(gcum_ptr + off_hk, gam, mask=mrk)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
+        _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
+
+
+@triton.jit
+def kda_diag_kernel(
+    q_ptr, k_ptr, gcum_ptr,                            # q, k [T_tot, H, K]; gcum [T_tot, HV, K] fp32
+    akkd_ptr, aqkd_ptr,                                # [T_tot, HV, 16] fp32: the in-block sums of row t
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
+    FTZ: tl.constexpr,
+):
+    """Grid (chunk slots * BT, cdiv(HV, BH)): one token t of a chunk and BH value heads per program, the pairs of
+    Akk / Aqk inside t's 16-row block: for each earlier-or-same row j of the block,
+    sum_d k_jd exp(gam_td - gam_jd) times k_td (Akk, column j < t) and q_td (Aqk, column j <= t), into column
+    j - (t's block start) of akkd / aqkd. Token by token, only the pairs that exist (no masked half), every factor
+    exp of a difference <= 0. Columns after t are not written: kda_inter_solve_kernel masks them."""
+    p = tl.program_id(0)
+    n, c = slot_chunk(chunk_idx_ptr, p // BT)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    row = p % BT
+    t = t0 + row
+    if t >= eos:
+        return
+    s0 = t0 + 16 * (row // 16)                 # the first row of t's 16-row block
+    hvs = tl.program_id(1) * BH + tl.arange(0, BH)
+    mh = hvs < HV
+    hks = hvs // (HV // H)
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    mhk = mh[:, None] & mk[None, :]
+    off_g = hvs[:, None] * K + ck[None, :]     # within a token's [HV, K] row
+    off_k = hks[:, None] * K + ck[None, :]
+    gt = tl.load(gcum_ptr + t * HV * K + off_g, mask=mhk, other=0.) * LOG2E
+    kt = tl.load(k_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    qt = tl.load(q_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    for j in range(s0, t + 1):
+        gj = tl.load(gcum_ptr + j * HV * K + off_g, mask=mhk, other=0.)
+        kj = tl.load(k_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+        e = kj * exp2_fast(tl.where(mhk, gt - gj * LOG2E, float("-inf")), FTZ)
+        col = (t * HV + hvs) * 16 + (j - s0)
+        tl.store(akkd_ptr + col, tl.sum(kt * e, axis=1), mask=mh)
+        tl.store(aqkd_ptr + col, tl.sum(qt * e, axis=1), mask=mh)
+
+
+@triton.jit
+def kda_inter_solve_kernel(
+    q_ptr, k_ptr, gcum_ptr, beta_eff_ptr, akkd_ptr, aqkd_ptr,
+    tinv_ptr, aqk_ptr,                                 # tinv / aqk [T_tot, HV, BT]
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr, FTZ: tl.constexpr,
+):
+    """Grid (chunk slots, HV): Akk and Aqk across the chunk's 16-row blocks, the in-block sums of kda_diag_kernel
+    placed beside them, then Tinv = (I + diag(beta) Akk)^-1 (GDN's block substitution) and Aqk stored. Across
+    blocks, row block I's products go through its first row r = 16 I: (x_i exp(gam_i - gam_r)) . (k_j exp(gam_r -
+    gam_j)), both factors <= 1, as [64, BK] x [BK, 64] products over the key blocks."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
     p = tl.program_id(0)
     hv = tl.program_id(1)
@@ -85,41 +171,22 @@ def kda_intra_kernel(
     last = tl.minimum(eos - t0, BT) - 1
     rb = t0 + 16 * (i // 16)                   # the first row of row i's 16-row block
     s16 = tl.arange(0, 16)
-
-    # ---- the effective beta
-    beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
-    if BETA_SIGMOID:
-        beta = tl.sigmoid(beta)
-        if NEG_EIGVAL:
-            beta = beta * 2.
-    beta = tl.where(m, beta, 0.)
-    tl.store(beta_out_ptr + r * HV + hv, beta, mask=m)
-
     akk = tl.zeros([BT, BT], dtype=tl.float32)
     aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    in_k = tl.zeros([BT, 16], dtype=tl.float32)           # [i, s]: Akk's pair (i, 16 (i // 16) + s)
-    in_q = tl.zeros([BT, 16], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
         mrk = m[:, None] & mk[None, :]
-        off_hk = (r * HV + hv)[:, None] * K + ck[None, :]      # [T_tot, HV, K] offsets of the chunk's rows
-        off_q = (r * H + hk)[:, None] * K + ck[None, :]
-        # ---- gates: the decay per key channel (0 past the sequence end and past K), its cumsum
-        x = tl.load(g_ptr + off_hk, mask=mrk, other=0.).to(tl.float32)
-        x = tl.where(mrk, _kda_gate(x, A_log, dt_bias, hv, ck, mk, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
-        gam = tl.cumsum(x, axis=0)
-        tl.store(gcum_ptr + off_hk, gam, mask=mrk)
-        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        gam_last = tl.sum(tl.where(i[:, None] == last, gam, 0.), axis=0)
-        _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
-        tl.debug_barrier()                                  # gcum's rows are read back below by other threads
+        gam_last = tl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + ck, mask=mk, other=0.)
         # rows past the sequence end read gam_C (the cumsum's value there): every factor stays <= 1
+        gam = tl.where(m[:, None], tl.load(gcum_ptr + (r * HV + hv)[:, None] * K + ck[None, :], mask=mrk, other=0.),
+                       gam_last[None, :])
         mb = (rb < eos)[:, None] & mk[None, :]
         g0 = tl.where(mb, tl.load(gcum_ptr + (rb * HV + hv)[:, None] * K + ck[None, :], mask=mb, other=0.),
                       gam_last[None, :])
-        # ---- across 16-row blocks: row block I through its reference row 16 I, both factors <= 1 (base 2 below)
+        off_q = (r * H + hk)[:, None] * K + ck[None, :]
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         gam2 = gam * LOG2E
         el = exp2_fast(gam2 - g0 * LOG2E, FTZ)
         kl = kf * el
@@ -130,25 +197,14 @@ def kda_intra_kernel(
             rows_in = (i // 16 == blk)[:, None]
             akk += tl.dot(tl.where(rows_in, kl, 0.), tl.trans(kr), input_precision=DOT_PREC)
             aqk += tl.dot(tl.where(rows_in, ql, 0.), tl.trans(kr), input_precision=DOT_PREC)
-        # ---- inside each 16-row block: the pair (i, 16 (i // 16) + s), token by token; each step's sums are
-        # selected into place (every column is written once per key block) and added to the totals after the walk
-        step_k = tl.zeros([BT, 16], dtype=tl.float32)
-        step_q = tl.zeros([BT, 16], dtype=tl.float32)
-        for s in range(0, 16):
-            rs = rb + s
-            ms = (rs < eos)[:, None] & mk[None, :]
-            gs = tl.where(ms, tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=ms, other=0.),
-                          gam_last[None, :])
-            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=ms, other=0.).to(tl.float32)
-            e = ks * exp2_fast(tl.where((i % 16 >= s)[:, None], gam2 - gs * LOG2E, float("-inf")), FTZ)
-            step_k = tl.where(s16[None, :] == s, tl.sum(kf * e, axis=1)[:, None], step_k)
-            step_q = tl.where(s16[None, :] == s, tl.sum(qf * e, axis=1)[:, None], step_q)
-        in_k += step_k
-        in_q += step_q
-    # place the in-block sums: column 16 (i // 16) + s of row i
+    # the in-block sums: column 16 (i // 16) + s of row i
+    off_d = (r * HV + hv)[:, None] * 16 + s16[None, :]
+    in_k = tl.load(akkd_ptr + off_d, mask=m[:, None] & (s16[None, :] < (i % 16)[:, None]), other=0.)
+    in_q = tl.load(aqkd_ptr + off_d, mask=m[:, None] & (s16[None, :] <= (i % 16)[:, None]), other=0.)
     blk4 = (tl.arange(0, 4)[None, :, None] == (i // 16)[:, None, None])
-    akk += tl.reshape(tl.where(blk4 & (s16[None, None, :] < (i % 16)[:, None, None]), in_k[:, None, :], 0.), [BT, BT])
-    aqk += tl.reshape(tl.where(blk4 & (s16[None, None, :] <= (i % 16)[:, None, None]), in_q[:, None, :], 0.), [BT, BT])
+    akk += tl.reshape(tl.where(blk4, in_k[:, None, :], 0.), [BT, BT])
+    aqk += tl.reshape(tl.where(blk4, in_q[:, None, :], 0.), [BT, BT])
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
     akk = akk * beta[:, None]
 
     LOWP: tl.constexpr = tinv_ptr.dtype.element_ty == tl.bfloat16
@@ -163,7 +219,7 @@ def kda_decayed_qk_kernel(
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): kda_intra_kernel's decayed keys and queries again from a saved gcum (the backward's
+    """Grid (chunk slots, HV): kda_cumsum_kernel's decayed keys and queries again from a saved gcum (the backward's
     recompute when the forward kept gcum, Tinv and Aqk)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
