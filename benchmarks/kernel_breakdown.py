@@ -1,10 +1,15 @@
 """Kernel breakdown of a chunked op's forward and backward on a GPU (torch.profiler: CUDA time per kernel name, mean
 of 3 calls), H16/HV32 (GDN) or H = HV = 32 (KDA), K = V = 128, bf16, initial and final state. The backward is
-torch.autograd.grad of (o, final state) on a kept graph. Kernels a backend launches on side streams are counted too,
+torch.autograd.grad of (o, final state) on a kept graph. --op layer_gdn / layer_kda: the same for the training step
+of linattn's GatedDeltaNet / KimiDeltaAttention layer or FLA's (`--backend fla`; fla.layers from the
+flash-linear-attention wheel) at the sizes of linattn.integrations.transformers_check (hidden 2048, 16 q/k heads,
+32 v heads, head dim 128), gradients of the input and every parameter; a linattn backend name reaches the layer's
+ops through LINATTN_BACKEND. Kernels a backend launches on side streams are counted too,
 but the columns then sum more than the wall time. Writes $OUT/breakdown_<op>_<backend>.json (default: this folder).
 
     python3 benchmarks/kernel_breakdown.py --op gdn --backend gluon      # linattn installed (or PYTHONPATH=$PWD)
     python3 benchmarks/kernel_breakdown.py --op kda --backend triton fla  # fla: FLA's own op (FLA_FLASH_QLA=0)
+    python3 benchmarks/kernel_breakdown.py --op layer_gdn --backend auto fla
 """
 import argparse
 import collections
@@ -18,7 +23,8 @@ import linattn
 from linattn.bench.env import collect_env, env_line
 
 SHAPES = {"gdn": [(1, 65536, 16, 32), (8, 4096, 16, 32), (1, 8192, 16, 32)],
-          "kda": [(1, 32768, 32, 32), (8, 4096, 32, 32)]}
+          "kda": [(1, 32768, 32, 32), (8, 4096, 32, 32)],
+          "layer_gdn": [(1, 8192), (8, 4096)], "layer_kda": [(1, 8192), (8, 4096)]}
 
 
 def make_call(op, backend, B, T, H, HV, dev="cuda"):
@@ -46,23 +52,38 @@ def make_call(op, backend, B, T, H, HV, dev="cuda"):
     return (lambda: fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)), ins
 
 
+def make_layer_call(op, backend, B, T, dev="cuda"):
+    """A training step of linattn's layer or FLA's (backend "fla"): outputs (y,), inputs x and the parameters."""
+    from linattn.integrations.transformers_check import LAYER
+    name = "KimiDeltaAttention" if op == "layer_kda" else "GatedDeltaNet"
+    if backend == "fla":
+        os.environ.setdefault("FLA_FLASH_QLA", "0")
+        import fla.layers as layers
+    else:
+        os.environ["LINATTN_BACKEND"] = backend
+        import linattn.layers as layers
+    layer = getattr(layers, name)(**LAYER, layer_idx=0).to(device=dev, dtype=torch.bfloat16).train()
+    x = torch.randn(B, T, LAYER["hidden_size"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    return (lambda: (layer(x)[0],)), [x] + [p for p in layer.parameters() if p.requires_grad]
+
+
 def breakdown(fwd, ins):
-    o, hT = fwd()
-    do, dhT = torch.randn_like(o), torch.randn_like(hT)
+    outs = fwd()
+    cot = tuple(torch.randn_like(t) for t in outs)
     for _ in range(3):
-        o, hT = fwd()
-        torch.autograd.grad((o, hT), ins, (do, dhT))
+        outs = fwd()
+        torch.autograd.grad(outs, ins, cot)
     torch.cuda.synchronize()
     res = {}
     for phase in ("fwd", "bwd"):
-        o, hT = fwd()
+        outs = fwd()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 if phase == "fwd":
-                    o, hT = fwd()
+                    outs = fwd()
                 else:
-                    torch.autograd.grad((o, hT), ins, (do, dhT), retain_graph=True)
+                    torch.autograd.grad(outs, ins, cot, retain_graph=True)
             torch.cuda.synchronize()
         agg = collections.defaultdict(float)
         for ev in prof.key_averages():
@@ -84,13 +105,18 @@ def main():
             out = dict(env=env_line(collect_env(torch.device("cuda"))), op=args.op, backend=backend)
         except Exception as e:  # the environment line is informative, not required
             out = dict(env=repr(e), op=args.op, backend=backend)
-        for (B, T, H, HV) in SHAPES[args.op]:
+        for shape in SHAPES[args.op]:
             torch.manual_seed(0)
-            res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV))
+            if args.op.startswith("layer"):
+                B, T = shape
+                res = out[f"B{B} T{T}"] = breakdown(*make_layer_call(args.op, backend, B, T))
+            else:
+                B, T, H, HV = shape
+                res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV))
             print(args.op, backend, B, T, json.dumps({p: round(res[p + "_total_ms"], 3) for p in ("fwd", "bwd")}),
                   flush=True)
             for p in ("fwd", "bwd"):
-                for kname, ms in list(res[p].items())[:8]:
+                for kname, ms in list(res[p].items())[:12 if args.op.startswith("layer") else 8]:
                     print(f"   {p} {ms:8.3f} ms  {kname[:90]}")
         os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
         path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}.json")
