@@ -20,6 +20,7 @@ from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
+from linattn.ops.norm.l2norm import l2norm
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
@@ -189,8 +190,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if state_v_first:
         options["state_v_first"] = True
     if use_qk_l2norm_in_kernel:
-        q = _ref.l2norm(q.float()).to(q.dtype)
-        k = _ref.l2norm(k.float()).to(k.dtype)
+        q = l2norm(q)
+        k = l2norm(k)
     if b.name == "reference":
         return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **options)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
@@ -217,8 +218,8 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     if scale is None:
         scale = dims["K"] ** -0.5
     if use_qk_l2norm_in_kernel:
-        q = _ref.l2norm(q.float()).to(q.dtype)
-        k = _ref.l2norm(k.float()).to(k.dtype)
+        q = l2norm(q)
+        k = l2norm(k)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()

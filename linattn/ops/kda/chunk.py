@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.ops.gated_delta_rule.reference import l2norm
+from linattn.ops.norm.l2norm import l2norm
 from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_size, check_gdn_inputs,
                                                     fla_state_v_first)
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
@@ -262,8 +262,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
                          output_final_state=output_final_state)
     if use_qk_l2norm_in_kernel:
-        q = l2norm(q.float()).to(q.dtype)
-        k = l2norm(k.float()).to(k.dtype)
+        q = l2norm(q)
+        k = l2norm(k)
     gate = gate_mode(use_gate_in_kernel, A_log, lower_bound) if use_gate_in_kernel else ""
     lb = float(lower_bound) if lower_bound is not None else 0.0
     if dt_bias is not None:
@@ -287,8 +287,8 @@ def _kernel_inputs(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel, use
     """The Triton kernels' inputs of the CP and intermediate-states calls: q and k L2-normalised where asked, every
     tensor contiguous, the initial state fp32, the gate mode string, A_log (only with the gate) and dt_bias flat."""
     if use_qk_l2norm_in_kernel:
-        q = l2norm(q.float()).to(q.dtype)
-        k = l2norm(k.float()).to(k.dtype)
+        q = l2norm(q)
+        k = l2norm(k)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
