@@ -21,15 +21,14 @@ from linattn.distributed import build_cp_context
 from linattn.distributed.chunk import compose_incoming, compose_outgoing
 from linattn.distributed.comm import SimulatedComm
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
-from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.settings import settings
 from linattn.testing.compare import TOL, assert_close
+from linattn.testing.cp_cases import NAMES, check, expected, make_case, one_process, rank_call
 from linattn.testing.inputs import make_gdn_inputs, random_cu_seqlens
 
 pytestmark = pytest.mark.skipif(not settings.interpret, reason="runs the CPU path under TRITON_INTERPRET=1")
 H, HV, K, V = 1, 2, 16, 16
-NAMES = ("q", "k", "v", "g", "beta")
 # CP against the one-process call in fp32: the same kernels on the same tokens, the incoming state composed by fp32
 # products in another order, so the two agree to rounding (measured about 1e-7); 1e-5 leaves room and no more
 SAME_CALL_TOL = 1e-5
@@ -52,84 +51,11 @@ def _worker(rank, world, init_file, cases, out_dir, run_case):
 
 def _chunk_case(rank, case):
     """The chunked op on this rank's slice: o, the final states and every gradient."""
-    cp = build_cp_context(case["cu"])
-    P = cp.part_len
-    sl = slice(rank * P, (rank + 1) * P)
-    x = {n: case[n][:, sl].detach().clone().requires_grad_(True) for n in NAMES}
-    h0 = case["h0"]
-    if h0 is not None:
-        h0 = h0.detach().clone().requires_grad_(True)
-    params = {n: t.detach().clone().requires_grad_(True) for n, t in case["params"].items()}
-    with poisoned_allocations():
-        o, fin = _op(case)(**x, initial_state=h0, output_final_state=case["final"], cp_context=cp,
-                           **case["opts"], **params)
-        loss = (o.float() * case["do"][:, sl]).sum()
-        if case["final"]:
-            loss = loss + (fin * case["dfin"][rank]).sum()      # each rank's own gradient of the states
-        loss.backward()
-    return dict(o=o.detach(), fin=None if fin is None else fin.detach(), dh0=None if h0 is None else h0.grad,
-                **{"d" + n: x[n].grad for n in NAMES}, **{"d" + n: t.grad for n, t in params.items()})
-
-
-def _op(case):
-    return linattn.chunk_kda if case["op"] == "kda" else linattn.chunk_gated_delta_rule
+    return rank_call(rank, case)
 
 
 def _case(lengths, world, dtype, with_h0, final, op="gdn", fla_options=False):
-    """One packed stream's inputs; op "kda": g a log decay per key channel [1, T, HV, K], half of each head's
-    channels near 1 and half down to e^-4 per token. fla_options: FLA's in-kernel gate (g its raw input, A_log and
-    dt_bias parameters) and beta sigmoid with allow_neg_eigval (beta a logit), and states [N, HV, V, K]
-    (state_v_first): how FLA's KDA layer calls chunk_kda."""
-    cu = random_cu_seqlens(lengths)
-    T, N = int(cu[-1]), len(lengths)
-    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=dtype, num_states=N, initial_state=with_h0)
-    if op == "kda":
-        weak = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, K) + 4.0) * 2.0
-        x["g"] = torch.where(torch.rand(1, 1, 1, K) < 0.5, weak, -4.0 * torch.rand(1, T, HV, K))
-    opts, params, state = {}, {}, (N, HV, K, V)
-    if fla_options:
-        x["g"] = torch.randn_like(x["g"]) * 2
-        x["beta"] = torch.randn_like(x["beta"]) * 2
-        opts = dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
-                    state_v_first=True)
-        params = dict(A_log=torch.randn(HV) * 0.5, dt_bias=torch.randn(HV * K if op == "kda" else HV))
-        state = (N, HV, V, K)
-        if with_h0:
-            x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
-    return dict(**{n: x[n] for n in NAMES}, h0=x["initial_state"], cu=cu, final=final, op=op, opts=opts,
-                params=params, do=torch.randn(1, T, HV, V), dfin=torch.randn(world, *state))
-
-
-def _one_process(case, reference: bool):
-    """(o, final, grads) of the whole stream in one process: the fp64 reference or linattn's own call."""
-    cast = (lambda t: t.detach().to(torch.float64)) if reference else (lambda t: t.detach().clone())
-    x = {n: cast(case[n]).requires_grad_(True) for n in NAMES}
-    h0 = None if case["h0"] is None else cast(case["h0"]).requires_grad_(True)
-    params = {n: cast(t).requires_grad_(True) for n, t in case["params"].items()}
-    if reference:
-        ref = naive_recurrent_kda if case["op"] == "kda" else naive_recurrent
-        g, beta, h0_kv = x["g"], x["beta"], h0
-        if params:                      # FLA's options written out: the gate, 2 sigmoid(beta), [N, HV, V, K] states
-            if case["op"] == "kda":
-                g = kda_gate(g, params["A_log"], params["dt_bias"])
-            else:
-                g = -params["A_log"].exp() * torch.nn.functional.softplus(g + params["dt_bias"])
-            beta = 2 * torch.sigmoid(beta)
-            h0_kv = None if h0 is None else h0.transpose(-1, -2)
-        o, fin = ref(x["q"], x["k"], x["v"], g, beta, K ** -0.5, h0_kv, True, case["cu"])
-        if params:
-            fin = fin.transpose(-1, -2)
-    else:
-        o, fin = _op(case)(**x, initial_state=h0, output_final_state=True, cu_seqlens=case["cu"], **case["opts"],
-                           **params)
-    loss = (o.double() * case["do"].double()).sum()
-    if case["final"]:
-        loss = loss + (fin.double() * case["dfin"].double().sum(0)).sum()
-    loss.backward()
-    grads = {"d" + n: x[n].grad for n in NAMES}
-    grads["dh0"] = None if h0 is None else h0.grad
-    grads.update({"d" + n: t.grad for n, t in params.items()})
-    return o, fin, grads
+    return make_case(lengths, world, dtype, with_h0, final, op=op, fla_options=fla_options, dims=(H, HV, K, V))
 
 
 def _run_world(world, cases, run_case=_chunk_case):
@@ -144,38 +70,14 @@ def _run_world(world, cases, run_case=_chunk_case):
 
 
 def _expected(case):
-    """[(name, tolerance, (o, final, grads))]: the fp64 reference, and in fp32 the one-process call too."""
-    dtype = case["q"].dtype
-    out = [("reference", TOL[dtype], _one_process(case, reference=True))]
-    if dtype == torch.float32:
-        out.append(("one-process call", SAME_CALL_TOL, _one_process(case, reference=False)))
-    return out
+    """The fp64 reference, and in fp32 the one-process call too (computed before the ranks are forked)."""
+    return expected(case, same_call=case["q"].dtype == torch.float32)
 
 
-def _check(case, expected, ranks, world):
-    P = int(case["cu"][-1]) // world
-    for against, tol, (o, fin, grads) in expected:
-        for r in range(world):
-            assert_close(f"rank {r} o vs {against}", ranks[r]["o"], o[:, r * P:(r + 1) * P], tol)
-            if case["final"]:
-                assert_close(f"rank {r} final states vs {against}", ranks[r]["fin"], fin, tol)
-            else:
-                assert ranks[r]["fin"] is None
-        for n in NAMES:
-            got = torch.cat([ranks[r]["d" + n] for r in range(world)], dim=1)
-            assert got.dtype == case[n].dtype
-            assert_close(f"d{n} vs {against}", got, grads["d" + n], tol)
-        if case["h0"] is not None:
-            assert_close(f"d initial_state (summed over ranks) vs {against}", sum(rk["dh0"] for rk in ranks),
-                         grads["dh0"], tol)
-        if against == "reference":
-            # a parameter's gradient (each rank's from its tokens, summed over ranks) against fp64 only: it sums
-            # every token's terms, of both signs, and the one-process call adds the same terms in another order, so
-            # their difference is the sum's cancellation (measured up to 4e-5 of its norm over 11 draws, and
-            # unbounded where a head's sum is near zero), not a bound SAME_CALL_TOL can hold
-            for n in case["params"]:
-                assert_close(f"d{n} (summed over ranks) vs {against}", sum(rk["d" + n] for rk in ranks),
-                             grads["d" + n], tol)
+def _check(case, exp, ranks, world):
+    """Against the fp64 reference (the dtype's tolerance) and, in fp32, the one-process call (SAME_CALL_TOL)."""
+    res = check(case, ranks, world, SAME_CALL_TOL if "one-process call" in exp else None, exp=exp)
+    assert not res["failures"], "\n".join(res["failures"])
 
 
 def test_two_ranks_match_the_one_process_call():
@@ -184,8 +86,8 @@ def test_two_ranks_match_the_one_process_call():
     crossing the boundary, no initial state, no final state."""
     cases = [_case([40, 110, 1, 69], 2, torch.float32, True, True),
              _case([220], 2, torch.bfloat16, False, False)]
-    expected = [_expected(case) for case in cases]
-    for case, exp, ranks in zip(cases, expected, _run_world(2, cases)):
+    exps = [_expected(case) for case in cases]
+    for case, exp, ranks in zip(cases, exps, _run_world(2, cases)):
         _check(case, exp, ranks, 2)
 
 
@@ -194,8 +96,8 @@ def test_three_ranks_with_a_rank_spanned_by_one_sequence():
     through rank 1's transition M, its final-state gradient back through M^T), a 1-token sequence, an empty one
     inside rank 2, [191, 240), and an empty one at the end; fp32, initial and final states."""
     case = _case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True)
-    expected = _expected(case)
-    _check(case, expected, _run_world(3, [case])[0], 3)
+    exp = _expected(case)
+    _check(case, exp, _run_world(3, [case])[0], 3)
 
 
 def test_kda_three_ranks():
@@ -204,8 +106,8 @@ def test_kda_three_ranks():
     cases3 = [_case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True, op="kda")]
     cases2 = [_case([220], 2, torch.bfloat16, False, True, op="kda")]
     for world, cases in ((3, cases3), (2, cases2)):
-        expected = [_expected(case) for case in cases]
-        for case, exp, ranks in zip(cases, expected, _run_world(world, cases)):
+        exps = [_expected(case) for case in cases]
+        for case, exp, ranks in zip(cases, exps, _run_world(world, cases)):
             _check(case, exp, ranks, world)
 
 
@@ -216,8 +118,8 @@ def test_fla_options_three_ranks():
     options written out in fp64, and all but A_log's and dt_bias's against the one-process call."""
     lengths = [30, 160, 1, 0, 49, 0]
     cases = [_case(lengths, 3, torch.float32, True, True, op=op, fla_options=True) for op in ("kda", "gdn")]
-    expected = [_expected(case) for case in cases]
-    for case, exp, ranks in zip(cases, expected, _run_world(3, cases)):
+    exps = [_expected(case) for case in cases]
+    for case, exp, ranks in zip(cases, exps, _run_world(3, cases)):
         _check(case, exp, ranks, 3)
 
 
@@ -366,7 +268,7 @@ def test_world_of_one_is_the_plain_call():
     h0 = case["h0"].clone().requires_grad_(True)
     o, fin = linattn.chunk_gated_delta_rule(**x, initial_state=h0, output_final_state=True, cp_context=cp)
     ((o * case["do"]).sum() + (fin * case["dfin"][0]).sum()).backward()
-    o1, fin1, grads = _one_process(case, reference=False)
+    o1, fin1, grads = one_process(case, reference=False)
     assert torch.equal(o, o1) and torch.equal(fin, fin1)
     for n in NAMES:
         assert torch.equal(x[n].grad, grads["d" + n]), n
