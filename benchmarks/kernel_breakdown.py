@@ -3,8 +3,9 @@ of 3 calls), H16/HV32 (GDN) or H = HV = 32 (KDA), K = V = 128, bf16, initial and
 torch.autograd.grad of (o, final state) on a kept graph. --op layer_gdn / layer_kda: the same for the training step
 of linattn's GatedDeltaNet / KimiDeltaAttention layer or FLA's (`--backend fla`; fla.layers from the
 flash-linear-attention wheel) at the sizes of linattn.integrations.transformers_check (hidden 2048, 16 q/k heads,
-32 v heads, head dim 128), gradients of the input and every parameter; a linattn backend name reaches the layer's
-ops through LINATTN_BACKEND. Kernels a backend launches on side streams are counted too,
+32 v heads, head dim 128), gradients of the input and every parameter, then one decode step after a 16-token
+prefill into the cache at batch 1 and 64 (the kernels a CUDA graph of the step replays, each timed eagerly); a
+linattn backend name reaches the layer's ops through LINATTN_BACKEND. Kernels a backend launches on side streams are counted too,
 but the columns then sum more than the wall time. Writes $OUT/breakdown_<op>_<backend>.json (default: this folder).
 
     python3 benchmarks/kernel_breakdown.py --op gdn --backend gluon      # linattn installed (or PYTHONPATH=$PWD)
@@ -52,8 +53,8 @@ def make_call(op, backend, B, T, H, HV, dev="cuda"):
     return (lambda: fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)), ins
 
 
-def make_layer_call(op, backend, B, T, dev="cuda"):
-    """A training step of linattn's layer or FLA's (backend "fla"): outputs (y,), inputs x and the parameters."""
+def make_layer(op, backend, dev="cuda"):
+    """linattn's GatedDeltaNet / KimiDeltaAttention layer, or FLA's (backend "fla"), bf16."""
     from linattn.integrations.transformers_check import LAYER
     name = "KimiDeltaAttention" if op == "layer_kda" else "GatedDeltaNet"
     if backend == "fla":
@@ -62,9 +63,45 @@ def make_layer_call(op, backend, B, T, dev="cuda"):
     else:
         os.environ["LINATTN_BACKEND"] = backend
         import linattn.layers as layers
-    layer = getattr(layers, name)(**LAYER, layer_idx=0).to(device=dev, dtype=torch.bfloat16).train()
-    x = torch.randn(B, T, LAYER["hidden_size"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    return getattr(layers, name)(**LAYER, layer_idx=0).to(device=dev, dtype=torch.bfloat16)
+
+
+def make_layer_call(op, backend, B, T, dev="cuda"):
+    """A training step of the layer: outputs (y,), inputs x and the parameters."""
+    layer = make_layer(op, backend, dev).train()
+    x = torch.randn(B, T, layer.hidden_size, device=dev, dtype=torch.bfloat16, requires_grad=True)
     return (lambda: (layer(x)[0],)), [x] + [p for p in layer.parameters() if p.requires_grad]
+
+
+def decode_breakdown(op, backend, N, dev="cuda"):
+    """CUDA time per kernel of one decode step (mean of 3) after a 16-token prefill into a RecurrentCache."""
+    from linattn.layers import RecurrentCache
+    layer = make_layer(op, backend, dev).eval()
+    H = layer.hidden_size
+    prompt = torch.randn(N, 16, H, device=dev, dtype=torch.bfloat16)
+    x1 = torch.randn(N, 1, H, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        cache = RecurrentCache()
+        layer(prompt, past_key_values=cache, use_cache=True)
+        for _ in range(3):
+            layer(x1, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                layer(x1, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+    agg = _per_kernel(prof)
+    return dict(decode=dict(sorted(agg.items(), key=lambda kv: -kv[1])), decode_total_ms=sum(agg.values()))
+
+
+def _per_kernel(prof):
+    """ms per call of each kernel name (3 calls profiled)."""
+    agg = collections.defaultdict(float)
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t and ev.key and not ev.key.startswith("aten::") and "Memcpy" not in ev.key:
+            agg[ev.key] += t / 3 / 1000.0
+    return agg
 
 
 def breakdown(fwd, ins):
@@ -85,11 +122,7 @@ def breakdown(fwd, ins):
                 else:
                     torch.autograd.grad(outs, ins, cot, retain_graph=True)
             torch.cuda.synchronize()
-        agg = collections.defaultdict(float)
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t and ev.key and not ev.key.startswith("aten::") and "Memcpy" not in ev.key:
-                agg[ev.key] += t / 3 / 1000.0
+        agg = _per_kernel(prof)
         res[phase] = dict(sorted(agg.items(), key=lambda kv: -kv[1]))
         res[phase + "_total_ms"] = sum(agg.values())
     return res
@@ -118,6 +151,13 @@ def main():
             for p in ("fwd", "bwd"):
                 for kname, ms in list(res[p].items())[:12 if args.op.startswith("layer") else 8]:
                     print(f"   {p} {ms:8.3f} ms  {kname[:90]}")
+        if args.op.startswith("layer"):
+            for N in (1, 64):
+                torch.manual_seed(0)
+                res = out[f"decode batch {N}"] = decode_breakdown(args.op, backend, N)
+                print(args.op, backend, "decode batch", N, round(res["decode_total_ms"], 4), "ms", flush=True)
+                for kname, ms in list(res["decode"].items())[:16]:
+                    print(f"   decode {ms * 1e3:8.1f} us  {kname[:90]}")
         os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
         path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}.json")
         with open(path, "w") as f:
