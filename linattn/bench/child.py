@@ -47,6 +47,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den else num
 
 
+def _lead(inputs: Dict) -> torch.Tensor:
+    """The input that names the row's device and dtype: q (the ops), x (the layer)."""
+    return inputs["q"] if "q" in inputs else inputs["x"]
+
+
 def _collect(runner, outs, grads, mode) -> Dict[str, torch.Tensor]:
     named = {n: t.detach().clone() for n, t in zip(runner.out_names, outs) if t is not None}
     if mode == "fwdbwd":
@@ -61,6 +66,8 @@ def _compare(out: Dict, ref: Dict) -> Dict[str, float]:
 def _reference_check(op, backend, shape, inputs, mode, out) -> Dict:
     if op.reference == backend:
         return dict(status="is the reference")
+    if not op.reference:
+        return dict(status="no reference for this op: compared between backends only")
     if shape["B"] * shape["T"] * shape["HV"] > REFERENCE_LIMIT:
         return dict(status=f"skipped: B*T*HV above {REFERENCE_LIMIT} (slow reference); `linattn verify` checks "
                            "this backend against fp64 on its case matrix")
@@ -70,7 +77,7 @@ def _reference_check(op, backend, shape, inputs, mode, out) -> Dict:
     except Exception as e:
         return dict(status=f"error: {type(e).__name__}: {e}")
     errors = _compare(out, ref)
-    tol = TOL.get(inputs["q"].dtype, 1e-3)
+    tol = TOL.get(_lead(inputs).dtype, 1e-3)
     return dict(status="pass" if all(e <= tol for e in errors.values()) else "FAIL", errors=errors, tol=tol)
 
 
@@ -80,12 +87,13 @@ def _check(op, backend, shape, key, sets, mode, runner, out, compare_dir) -> Dic
         return dict(compared_to="not compared: another function")
     path = os.path.join(compare_dir, key + ".pt")
     if os.path.exists(path):
-        anchor = torch.load(path, map_location=sets[0]["q"].device, weights_only=True)
+        anchor = torch.load(path, map_location=_lead(sets[0]).device, weights_only=True)
         name = anchor.pop("_backend")
         return dict(compared_to=name, errors=_compare(out, anchor))
     torch.save(dict({n: t.cpu() for n, t in out.items()}, _backend=backend), path)
     ref = _reference_check(op, backend, shape, sets[0], mode, out)
-    return dict(compared_to="reference", reference_check=ref, errors=ref.get("errors", {}))
+    return dict(compared_to="reference" if op.reference else "anchor",
+                reference_check=ref, errors=ref.get("errors", {}))
 
 
 def _first_line(e: Exception) -> str:
@@ -104,12 +112,12 @@ def run_row(op, backend: str, shape: Dict, key: str, sets, mode: str, job: Dict)
         arg_sets = [runner.args(s, mode) for s in sets]
         t0 = time.perf_counter()
         first = step(runner.fn, *arg_sets[0])
-        if sets[0]["q"].device.type == "cuda":
+        if _lead(sets[0]).device.type == "cuda":
             torch.cuda.synchronize()
         row["first_call_s"] = time.perf_counter() - t0
         out = _collect(runner, *first, mode) if job.get("compare_dir") else None
         del first
-        dev = sets[0]["q"].device
+        dev = _lead(sets[0]).device
         row["eager"] = time_eager(runner.fn, arg_sets, job["repeats"], job["warmup"], dev)
     except Exception as e:
         return dict(row, status="error", reason=_first_line(e), traceback=traceback.format_exc(limit=6))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
 from linattn.bench.kda import KDA
+from linattn.bench.layer import LAYER_GDN
 
 CHUNK = 64                      # C in gdn-math.md's FLOP formula
 GDN_GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -239,6 +240,7 @@ BENCH_OPS["gated_delta_rule_decode"] = GATED_DELTA_RULE_DECODE
 BENCH_OPS["fused_recurrent_gated_delta_rule"] = GATED_DELTA_RULE_DECODE
 BENCH_OPS["kda"] = KDA
 BENCH_OPS["chunk_kda"] = KDA
+BENCH_OPS["layer_gdn"] = LAYER_GDN
 
 
 def get_bench_op(name: str) -> BenchOp:

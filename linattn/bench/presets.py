@@ -68,7 +68,11 @@ PRESETS["decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32), _decode(2, "bfloat1
 PRESETS["kda_production"] = [_dense(1, 32768, 32, 32), _dense(8, 4096, 32, 32), _dense(4, 16384, 32, 32)]
 PRESETS["kda_tiny"] = [_dense(1, 100, 1, 2, 16, 16), varlen_shape([1, 70, 5], 1, 2, 16, 16)]
 
-CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny")
+# the GatedDeltaNet layer (`--op layer_gdn`): issue 34's sizes (hidden 2048, 16 q/k heads, 32 v heads, head dim 128)
+PRESETS["layer"] = [dict(_dense(1, 8192, 16, 32), hidden=2048), dict(_dense(8, 4096, 16, 32), hidden=2048)]
+PRESETS["layer_tiny"] = [dict(_dense(1, 80, 2, 4, 16, 16), hidden=64)]
+
+CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny", "layer_tiny")
 
 
 def shape_label(s: Dict) -> str:
@@ -79,7 +83,8 @@ def shape_label(s: Dict) -> str:
     if "state" in s:                               # a decode shape (linattn.bench.decode)
         mode = "pool in place" if s.get("pool") else "no pool"
         return f"B{s['B']} T{s['T']} {head} {s['state']} state, {mode}"
-    return f"B{s['B']} T{s['T']} {head}{decay}"
+    layer = f" hidden {s['hidden']}" if "hidden" in s else ""
+    return f"B{s['B']} T{s['T']} {head}{decay}{layer}"
 
 
 def get_preset(name: str) -> List[Dict]:

@@ -9,14 +9,15 @@ from linattn.bench.presets import CPU_PRESETS, PRESETS
 
 def add_arguments(p):
     p.add_argument("--op", default=None, help="bench op (linattn.bench.ops.BENCH_OPS; default gated_delta_rule, "
-                   "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's)")
+                   "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's; layer_gdn: the "
+                   "GatedDeltaNet layer against FLA's)")
     p.add_argument("--backends", nargs="+", default=None,
                    help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
                    "default triton fla sdpa, and auto triton gluon fla with --modes decode")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode"],
                    help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
-                   "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda)")
+                   "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda; layer and layer_tiny with --op layer_gdn)")
     p.add_argument("--procs", type=int, default=None,
                    help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
                    "GPU, 2 on the CPU)")
@@ -81,7 +82,8 @@ def run(args) -> int:
         print(f"linattn bench: op {op_name} has no mode {bad[0]!r} (its modes: {', '.join(BENCH_OPS[op_name].modes)})",
               file=sys.stderr)
         return 2
-    backends = args.backends or (["auto", "triton", "gluon", "fla"] if decode else ["triton", "fla", "sdpa"])
+    backends = args.backends or (["auto", "triton", "gluon", "fla"] if decode else
+                                 ["auto", "fla"] if op_name == "layer_gdn" else ["triton", "fla", "sdpa"])
     if decode:
         preset = args.preset or ("decode" if on_gpu else "decode_tiny")
     else:
