@@ -193,8 +193,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                    warmup=0 if a.dry_run else 2)
     result = dict(env=env, world=a.world, backend="nccl" if cuda else "gloo", gate=[], scaling=[])
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_worker, args=(a.world, os.path.join(d, "store"), d, cases, scaling), nprocs=a.world,
-                           start_method="spawn" if cuda else "fork")
+        # the worker by its module's name (run with -m this module is __main__, which a spawned child does not
+        # import under that name)
+        from linattn.distributed import multi_gpu
+        mp.start_processes(multi_gpu._worker, args=(a.world, os.path.join(d, "store"), d, cases, scaling),
+                           nprocs=a.world, start_method="spawn" if cuda else "fork")
         for i, (case, exp) in enumerate(zip(cases, exps)):
             ranks = [torch.load(os.path.join(d, f"case{i}_rank{r}.pt")) for r in range(a.world)]
             res = check(case, ranks, a.world, same_call_tol=TOL[case["q"].dtype], exp=exp)
