@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 
 
+CHUNK = 64                      # C in gdn-math.md's FLOP formula
+
+
 class Unavailable(Exception):
     """This backend cannot be timed here; str(exc) says why."""
 
@@ -77,3 +80,14 @@ def delta_rule_inputs(shape: Dict, device, seed: int, mode: str, dtype, leaves: 
         for name in leaves:
             out[name].requires_grad_(True)
     return out
+
+
+def gdn_flops(shape: Dict, mode: str, runner: str = "") -> float:
+    """gdn-math.md: forward ~ 2*C*(3K+2V) + 6*K*V per token and value head; fwd+bwd counted as 3.5x forward
+    (the backward does about 2.5x the forward's work). SDPA: causal QK^T and PV, 2*B*HV*T^2*D forward."""
+    B, T, HV, K, V = (shape[x] for x in ("B", "T", "HV", "K", "V"))
+    if runner == "sdpa":
+        fwd = 2.0 * B * HV * T * T * K
+    else:
+        fwd = float(B * T * HV) * (2 * CHUNK * (3 * K + 2 * V) + 6 * K * V)
+    return fwd * (3.5 if mode == "fwdbwd" else 1.0)

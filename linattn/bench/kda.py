@@ -15,10 +15,9 @@ from typing import Dict
 
 import torch
 
-from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs
+from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs, gdn_flops
 
 OP = "chunk_kda"
-CHUNK = 64                      # C in gdn-math.md's FLOP formula
 GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 LEAVES = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -39,9 +38,7 @@ def kda_inputs(shape: Dict, device, seed: int, mode: str = "fwd", dtype=torch.bf
 def kda_flops(shape: Dict, mode: str, runner: str = "") -> float:
     """GDN's chunked count (gdn-math.md): forward ~ 2*C*(3K+2V) + 6*K*V per token and value head, C = 64; fwd+bwd
     3.5x forward (the backward does about 2.5x the forward's work)."""
-    B, T, HV, K, V = (shape[x] for x in ("B", "T", "HV", "K", "V"))
-    fwd = float(B * T * HV) * (2 * CHUNK * (3 * K + 2 * V) + 6 * K * V)
-    return fwd * (3.5 if mode == "fwdbwd" else 1.0)
+    return gdn_flops(shape, mode)
 
 
 def kda_bytes(shape: Dict, mode: str, runner: str = "") -> float:

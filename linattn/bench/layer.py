@@ -18,7 +18,7 @@ from typing import Dict
 
 import torch
 
-from linattn.bench.base import BenchOp, Runner, Unavailable
+from linattn.bench.base import BenchOp, Runner, Unavailable, gdn_flops
 
 OP = "chunk_gated_delta_rule"
 
@@ -36,8 +36,7 @@ def _projections(shape: Dict) -> int:
 
 def layer_flops(shape: Dict, mode: str, runner: str = "") -> float:
     """The projections' matmuls (2 per weight and token forward, 3x that with the backward's two) plus the chunk op's
-    count (linattn.bench.ops.gdn_flops); convolutions and norms (a few FLOPs per element) left out."""
-    from linattn.bench.ops import gdn_flops       # (ops imports this module)
+    count (linattn.bench.base.gdn_flops); convolutions and norms (a few FLOPs per element) left out."""
     tokens = shape["B"] * shape["T"]
     mm = 2.0 * tokens * _projections(shape)
     return mm * (3.0 if mode == "fwdbwd" else 1.0) + gdn_flops(shape, mode)

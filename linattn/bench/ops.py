@@ -12,12 +12,11 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs  # noqa: F401  (re-exported: the bench's types)
+from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs, gdn_flops  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
 from linattn.bench.kda import KDA
 from linattn.bench.layer import LAYER_GDN
 
-CHUNK = 64                      # C in gdn-math.md's FLOP formula
 GDN_GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 GDN_LEAVES = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -29,17 +28,6 @@ def gdn_inputs(shape: Dict, device, seed: int, mode: str = "fwd", dtype=torch.bf
     shape's "g_scale" where given: a slow-decay row), fp32 beta in (0, 1), fp32 initial state; with mode "fwdbwd" also the output gradients do, dht. Drawn on the device (production sizes are
     gigabytes: a CPU generator would dominate the run)."""
     return delta_rule_inputs(shape, device, seed, mode, dtype, GDN_LEAVES)
-
-
-def gdn_flops(shape: Dict, mode: str, runner: str = "") -> float:
-    """gdn-math.md: forward ~ 2*C*(3K+2V) + 6*K*V per token and value head; fwd+bwd counted as 3.5x forward
-    (the backward does about 2.5x the forward's work). SDPA: causal QK^T and PV, 2*B*HV*T^2*D forward."""
-    B, T, HV, K, V = (shape[x] for x in ("B", "T", "HV", "K", "V"))
-    if runner == "sdpa":
-        fwd = 2.0 * B * HV * T * T * K
-    else:
-        fwd = float(B * T * HV) * (2 * CHUNK * (3 * K + 2 * V) + 6 * K * V)
-    return fwd * (3.5 if mode == "fwdbwd" else 1.0)
 
 
 GDN_BYTES_MODEL = (
