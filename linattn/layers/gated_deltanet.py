@@ -13,22 +13,12 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from linattn.layers.cache import RecurrentCache
 from linattn.layers.norm import FusedRMSNormGated
 from linattn.layers.recurrent import RecurrentLayer
 from linattn.layers.rmsnorm import RMSNorm
 from linattn.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-
-
-
-def gdn_decay(a: torch.Tensor, A_log: torch.Tensor, dt_bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """The log decay -exp(A_log) * softplus(a + dt_bias), in fp32 (FLA's gate)."""
-    a = a.float()
-    if dt_bias is not None:
-        a = a + dt_bias.float()
-    return -A_log.float().exp() * F.softplus(a)
 
 
 class GatedDeltaNet(RecurrentLayer):
@@ -76,10 +66,6 @@ class GatedDeltaNet(RecurrentLayer):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
     # ------------------------------------------------------------------------------------------------ forward
-    def _beta(self, b: torch.Tensor) -> torch.Tensor:
-        beta = torch.sigmoid(b.float())
-        return beta * 2.0 if self.allow_neg_eigval else beta
-
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 past_key_values: Optional[RecurrentCache] = None, use_cache: Optional[bool] = False,
                 output_attentions: Optional[bool] = False, **kwargs):
@@ -92,22 +78,21 @@ class GatedDeltaNet(RecurrentLayer):
         q, k, v = self._qkv(s, use_cache)
         a, b = self.a_proj(x), self.b_proj(x)
 
+        # FLA's gate options in the ops, as FLA's layer calls them: the decay -exp(A_log) * softplus(a + dt_bias)
+        # and beta = sigmoid(b) (2 sigmoid(b) with allow_neg_eigval) computed inside the kernels (on Hopper `auto`
+        # takes them through the Gluon forward's gate prologue)
+        gate = dict(g=a, beta=b, use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias,
+                    use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval)
         if s["mode"] == "chunk":
-            # the decay and beta computed here (FLA's layer does the same), not by the op's in-kernel options: on
-            # Hopper `auto` runs the Gluon forward only for activated gates, 3.1x faster than the Triton forward
-            # with the gate in the kernel at B1 T32768 (benchmarks/RESULTS.md, "FLA's in-kernel gate ...: cost")
-            gate = dict(g=gdn_decay(a, self.A_log, self.dt_bias), beta=self._beta(b))
             o, recurrent_state = chunk_gated_delta_rule(
                 q=q, k=k, v=v, initial_state=recurrent_state, output_final_state=use_cache,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gate)
         else:
-            # the decode op computes the decay -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) (2 sigmoid(b)
-            # with allow_neg_eigval) itself; a fp32 state is updated in place
+            # a fp32 state is updated in place
             inplace = recurrent_state is not None and use_cache and recurrent_state.dtype == torch.float32
             o, recurrent_state = fused_recurrent_gated_delta_rule(
-                q=q, k=k, v=v, g=a, beta=b, initial_state=recurrent_state, output_final_state=use_cache,
-                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias,
-                use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval, cu_seqlens=cu_seqlens,
-                inplace=inplace, state_indices=s["slots"])
+                q=q, k=k, v=v, initial_state=recurrent_state, output_final_state=use_cache,
+                use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, inplace=inplace, state_indices=s["slots"],
+                **gate)
 
         return self._finish(o, recurrent_state, s, past_key_values, use_cache), None, past_key_values
