@@ -55,15 +55,11 @@ def gate_cases(world: int, dry_run: bool) -> List[dict]:
             for name, kw in specs]
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _step_times(fn, dev, reps: int, warmup: int) -> List[float]:
     """Seconds of each of `reps` steps, each the slowest rank's: a barrier, fn(), a device sync, the max over
     ranks."""
     import torch.distributed as dist
+    from linattn.distributed.model import _sync
     for _ in range(warmup):
         fn()
     _sync(dev)
@@ -82,18 +78,15 @@ def _step_times(fn, dev, reps: int, warmup: int) -> List[float]:
 def _scaling(rank: int, world: int, dev, T: int, dims, dtype, reps: int, warmup: int, op: str) -> dict:
     """The one-GPU call (every rank runs it on its own GPU at once, the slowest counted) and the W-rank call."""
     import linattn
+    from linattn.bench.base import delta_rule_inputs
     from linattn.distributed import build_cp_context
     H, HV, K, V = dims
     fn = linattn.chunk_kda if op == "kda" else linattn.chunk_gated_delta_rule
-    g = torch.Generator(device=dev).manual_seed(1234)        # the same stream on every rank
-    q = torch.randn(1, T, H, K, device=dev, generator=g).to(dtype)
-    k = torch.nn.functional.normalize(torch.randn(1, T, H, K, device=dev, generator=g), dim=-1).to(dtype)
-    v = torch.randn(1, T, HV, V, device=dev, generator=g).to(dtype)
-    gshape = (1, T, HV, K) if op == "kda" else (1, T, HV)
-    gate = -(0.01 + 0.1 * torch.rand(*gshape, device=dev, generator=g))
-    beta = torch.rand(1, T, HV, device=dev, generator=g).to(dtype)
-    do = torch.randn(1, T, HV, V, device=dev, generator=g).to(dtype)
-    full = dict(q=q, k=k, v=v, g=gate, beta=beta)
+    # the bench's inputs, drawn on the device from one seed: the same stream on every rank
+    shape = dict(B=1, T=T, H=H, HV=HV, K=K, V=V)
+    x = delta_rule_inputs(shape, dev, 1234, "fwdbwd", dtype, (), channel_gate=op == "kda")
+    full = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
+    do = x["do"]
 
     def call(x, dout, **kw):
         x = {n: t.detach().requires_grad_(True) for n, t in x.items()}

@@ -10,6 +10,7 @@ from typing import Tuple
 
 import torch
 
+from linattn.ops.norm.reference import l2norm as l2norm_plain
 from linattn.runtime.settings import settings
 
 MAX_D = 1024                 # one row is one register tile of the kernels (the chunk ops' K is at most 256)
@@ -51,8 +52,7 @@ _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _reference(x: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x if x.dtype == torch.float64 else x.float()
-    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
+    return l2norm_plain(x if x.dtype == torch.float64 else x.float(), eps).to(x.dtype)
 
 
 def _triton_ok(x: torch.Tensor) -> bool:

@@ -1,7 +1,13 @@
-"""The gated RMS norm in plain PyTorch (fp64-capable, differentiable by plain autograd): the "reference" backend
-of `rms_norm_gated` and the ground truth of its tests."""
+"""The norms in plain PyTorch (fp64-capable, differentiable by plain autograd): the gated RMS norm (the "reference"
+backend of `rms_norm_gated` and the ground truth of its tests) and the L2 norm of q and k (the chunk ops'
+use_qk_l2norm_in_kernel; `l2norm`'s path where its Triton pass does not run, and the reference ops')."""
 import torch
 import torch.nn.functional as F
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) along the last dim, in x's dtype."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 def gate_activation(g: torch.Tensor, activation: str) -> torch.Tensor:

@@ -139,6 +139,9 @@ def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T
     return dx
 
 
+LOG2E = tl.constexpr(1.4426950408889634)          # exp(x) = 2^(x log2 e)
+
+
 @triton.jit
 def exp2_fast(x, FTZ: tl.constexpr):
     """2^x. FTZ (compiled for NVIDIA): one MUFU.EX2 by ex2.approx.ftz.f32, whose results below 2^-126 flush to 0
@@ -154,7 +157,7 @@ def exp2_fast(x, FTZ: tl.constexpr):
 @triton.jit
 def exp_fast(x, FTZ: tl.constexpr):
     """e^x as exp2_fast(x log2 e)."""
-    return exp2_fast(x * 1.4426950408889634, FTZ)
+    return exp2_fast(x * LOG2E, FTZ)
 
 
 def ftz_exp2(t) -> bool:

@@ -24,9 +24,7 @@ the decay.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import chunk_span, exp2_fast, slot_chunk, softplus
-
-LOG2E = tl.constexpr(1.4426950408889634)          # exp(x) = 2^(x log2 e)
+from linattn.ops.gated_delta_rule.triton.common import LOG2E, chunk_span, exp2_fast, slot_chunk, softplus
 from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks
 
 
