@@ -4,8 +4,10 @@ Stages: (0) the forward recomputed (forward.py with keep=True: gcum, the effecti
 keys and queries, W, the chunk-start states h and Vnew); (1a) the intra-chunk part of dVnew, scale Aqk^T dO
 (GDN's chunk_dv_local_kernel, DECAY "channel"); (1) the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY
 "channel": dS per chunk, the state term of dVnew, d initial_state); (2) everything else per chunk in
-two kernels below (kda_wy_bwd_kernel up to dAkk and dAqk, kda_pair_bwd_kernel from them on: split so that each
-fits sm_90's shared memory at K = V = 128). Per chunk and value head, with dS the gradient into S_next (dh) and gam [C, K]:
+the kernels below (kda_wy_bwd_kernel up to dAkk and dAqk, split from the rest so that each fits sm_90's shared
+memory at K = V = 128; then the pairwise products' gradients, as the forward splits them: kda_pair_diag_bwd_kernel
+inside 16-row blocks token by token, kda_pair_bwd_kernel across blocks). Per chunk and value head, with dS the
+gradient into S_next (dh) and gam [C, K]:
 
     dQdec = scale dO S^T,  dKdec = Vnew dS^T,  dgam_C += sum_v S * dS * exp(gam_C) + sum_rows dKdec * Kdec
     dW = -dVnew S^T,  dTinv = dW (beta K e^gam)^T + dVnew (beta V)^T,  dAkk = -Tinv^T dTinv Tinv^T (strict lower)
@@ -13,9 +15,9 @@ fits sm_90's shared memory at K = V = 128). Per chunk and value head, with dS th
 
 then through the pairwise products Akk_ij = beta_i sum_d k_id k_jd e^(gam_id - gam_jd) and Aqk_ij (q for the
 left k): for P_ij = sum_d a_id b_jd e^(gam_id - gam_jd) with upstream G, da_i = sum_j G_ij b_j e^(..),
-db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (kda_pair_bwd_kernel: the forward's numerically
-safe form, reference rows across 16-row blocks and token pairs inside them). dg is the reverse cumsum of dgam inside
-the chunk, then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial sums reduced by the launcher)
+db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (the forward's numerically safe form:
+reference rows across 16-row blocks, token pairs inside them). dg is the reverse cumsum of dgam inside the chunk,
+then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial sums reduced by the launcher)
 and the beta sigmoid.
 
 Every tl.trans here is of a loaded tile or of an elementwise function of loaded tiles, never of a dot result fed to
@@ -30,10 +32,10 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.common import (chunk_span, dot_precision, exp_fast, ftz_exp2, slot_chunk,
-                                                        softplus)
+from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_precision, exp2_fast, exp_fast,
+                                                        ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
-from linattn.ops.kda.triton.forward import KdaIntermediates, chunk_kda_fwd
+from linattn.ops.kda.triton.forward import DIAG_BH, KdaIntermediates, chunk_kda_fwd
 from linattn.runtime.alloc import empty
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps:
@@ -154,6 +156,71 @@ def _gam_row(gcum_ptr, t0, u, eos, hv, ck, mk, gam_last, HV: tl.constexpr, K: tl
 
 
 @triton.jit
+def kda_pair_diag_bwd_kernel(
+    k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, dakk_ptr, daqk_ptr,
+    dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # fp32 partial sums, the in-block terms added in place
+    cu_ptr, chunk_idx_ptr, N,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
+    FTZ: tl.constexpr,
+):
+    """Grid (chunk slots * BT, cdiv(HV, BH)): one token t of a chunk and BH value heads per program, the pairwise
+    gradients of Akk and Aqk (kda_pair_bwd_kernel's da / db) over the pairs inside t's 16-row block, token by token:
+    t's da from the rows j <= t of the block (G[t, j] b_j exp(gam_t - gam_j)), t's db from the rows j >= t
+    (G[j, t] a_j exp(gam_j - gam_t)), every factor exp of a difference <= 0 (the diagonal's G is masked as P's
+    pairs are: zero for Akk). They go into dq, dk, dgam and dbeta's partial sums in place (this program owns row t
+    of its heads), before kda_pair_bwd_kernel adds the pairs across blocks and stores the results."""
+    p = tl.program_id(0)
+    n, c = slot_chunk(chunk_idx_ptr, p // BT)
+    if n >= N:                                 # surplus slot of the varlen bound
+        return
+    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
+    row = p % BT
+    t = t0 + row
+    if t >= eos:
+        return
+    s0 = t0 + 16 * (row // 16)                 # the first row of t's 16-row block
+    s1 = tl.minimum(s0 + 16, eos)
+    hvs = tl.program_id(1) * BH + tl.arange(0, BH)
+    mh = hvs < HV
+    hks = hvs // (HV // H)
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    mhk = mh[:, None] & mk[None, :]
+    off_g = hvs[:, None] * K + ck[None, :]     # within a token's [HV, K] row
+    off_k = hks[:, None] * K + ck[None, :]
+    gt = tl.load(gcum_ptr + t * HV * K + off_g, mask=mhk, other=0.) * LOG2E
+    kt = tl.load(k_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    qt = tl.load(q_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    bt = tl.load(beta_eff_ptr + t * HV + hvs, mask=mh, other=0.)
+    g_row = (t * HV + hvs) * BT - t0           # G[t, j] at g_row + j
+    dak = tl.zeros([BH, BK], dtype=tl.float32)
+    daq = tl.zeros([BH, BK], dtype=tl.float32)
+    for j in range(s0, t + 1):
+        gj = tl.load(gcum_ptr + j * HV * K + off_g, mask=mhk, other=0.)
+        e = tl.load(k_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32) * \
+            exp2_fast(tl.where(mhk, gt - gj * LOG2E, float("-inf")), FTZ)
+        dak += tl.load(dakk_ptr + g_row + j, mask=mh, other=0.)[:, None] * e
+        daq += tl.load(daqk_ptr + g_row + j, mask=mh, other=0.)[:, None] * e
+    dbk = tl.zeros([BH, BK], dtype=tl.float32)
+    dbq = tl.zeros([BH, BK], dtype=tl.float32)
+    for j in range(t, s1):
+        gj = tl.load(gcum_ptr + j * HV * K + off_g, mask=mhk, other=0.)
+        e = exp2_fast(tl.where(mhk, gj * LOG2E - gt, float("-inf")), FTZ)
+        g_col = (j * HV + hvs) * BT + (t - t0)     # G[j, t]
+        wk = tl.load(dakk_ptr + g_col, mask=mh, other=0.) * tl.load(beta_eff_ptr + j * HV + hvs, mask=mh, other=0.)
+        wq = tl.load(daqk_ptr + g_col, mask=mh, other=0.)
+        dbk += wk[:, None] * tl.load(k_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32) * e
+        dbq += wq[:, None] * tl.load(q_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32) * e
+    off_t = (t * HV + hvs)[:, None] * K + ck[None, :]
+    tl.store(dq_ptr + off_t, tl.load(dq_ptr + off_t, mask=mhk, other=0.) + daq, mask=mhk)
+    tl.store(dk_ptr + off_t, tl.load(dk_ptr + off_t, mask=mhk, other=0.) + bt[:, None] * dak + dbk + dbq, mask=mhk)
+    dgam = bt[:, None] * kt * dak - kt * dbk + qt * daq - kt * dbq
+    tl.store(dgam_ptr + off_t, tl.load(dgam_ptr + off_t, mask=mhk, other=0.) + dgam, mask=mhk)
+    db = tl.load(dbeta_ptr + t * HV + hvs, mask=mh, other=0.) + tl.sum(kt * dak, axis=1)
+    tl.store(dbeta_ptr + t * HV + hvs, db, mask=mh)
+
+
+@triton.jit
 def kda_pair_bwd_kernel(
     k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, beta_ptr,
     dakk_ptr, daqk_ptr, dbeta_in_ptr,                          # kda_wy_bwd_kernel's outputs (fp32)
@@ -164,17 +231,15 @@ def kda_pair_bwd_kernel(
     DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
 ):
     """Grid (4 * chunk slots, HV): one 16-row block I = program_id(0) % 4 of a chunk per program, the pairwise
-    gradients of Akk and Aqk for its rows: dq and dk complete, dgam's per-row terms (kda_dg_kernel takes the reverse
+    gradients of Akk and Aqk for its rows across 16-row blocks (kda_pair_diag_bwd_kernel added the pairs inside
+    each block to the partial sums first): dq and dk complete, dgam's per-row terms (kda_dg_kernel takes the reverse
     cumsum), dbeta complete (through the beta sigmoid).
 
     With P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) and upstream G masked to P's pairs: da_i = sum_j G_ij b_j
     exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k, G = dAkk) and Aqk
     (a = q, b = k, G = dAqk). The key row is walked in blocks of BK channels. Pairs across blocks go through a
     reference row between the two tokens, so both factors are <= 1: row 16 I for the block's da (the earlier blocks'
-    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product. Inside the block the same
-    one level down, across its 4-row sub-blocks ([16, 16] x [16, BK] products through each sub-block's first and
-    last rows), and inside a sub-block token by token: step s pairs row l with row 4 (l // 4) + s, read from memory
-    (the earlier row for da, the later one for db), so any decay is safe (exp of a masked difference <= 0)."""
+    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     blk = p % 4
@@ -202,14 +267,6 @@ def kda_pair_bwd_kernel(
     m_g = mI[:, None] & (i < first_b)[None, :]
     off_gt = (r * HV + hv)[None, :] * BT + (first_b + li)[:, None]            # [l, i] = G[i, 16 I + l]
     m_gt = (m & (i > last_b))[None, :] & mI[:, None]
-    # the block's own [16, 16] tiles of G and G^T: [l, c] = G[16 I + l, 16 I + c], and G[16 I + c, 16 I + l]
-    off_g16 = (rI * HV + hv)[:, None] * BT + (first_b + li)[None, :]
-    off_g16t = (rI * HV + hv)[None, :] * BT + (first_b + li)[:, None]
-    m16 = mI[:, None] & mI[None, :]
-    gk16 = tl.load(dakk_ptr + off_g16, mask=m16, other=0.)
-    gq16 = tl.load(daqk_ptr + off_g16, mask=m16, other=0.)
-    gk16t = tl.load(dakk_ptr + off_g16t, mask=m16, other=0.)
-    gq16t = tl.load(daqk_ptr + off_g16t, mask=m16, other=0.)
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
@@ -247,47 +304,6 @@ def kda_pair_bwd_kernel(
             dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
                               input_precision=DOT_PREC)
             dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
-        # ---- inside the block, across its 4-row sub-blocks: da of sub-block u through its first row, db of
-        # sub-block u through its last row, both factors <= 1, as [16, 16] x [16, BK] products
-        for u in range(1, 4):
-            g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u, eos, hv, ck, mk, gam_last, HV, K)
-            rows_u = (li // 4 == u)[:, None]
-            kr_u = kI * exp_fast(tl.where((li < 4 * u)[:, None], g_u[None, :] - gI, float("-inf")), FTZ)
-            ea_u = exp_fast(tl.where(rows_u, gI - g_u[None, :], float("-inf")), FTZ)
-            m_u = rows_u & (li < 4 * u)[None, :]
-            dak += ea_u * tl.dot(tl.where(m_u, gk16, 0.), kr_u, input_precision=DOT_PREC)
-            daq += ea_u * tl.dot(tl.where(m_u, gq16, 0.), kr_u, input_precision=DOT_PREC)
-        for u in range(0, 3):
-            g_u = _gam_row(gcum_ptr, t0, first_b + 4 * u + 3, eos, hv, ck, mk, gam_last, HV, K)
-            rows_u = (li // 4 == u)[:, None]
-            el_u = exp_fast(tl.where((li >= 4 * u + 4)[:, None], gI - g_u[None, :], float("-inf")), FTZ)
-            eb_u = exp_fast(tl.where(rows_u, g_u[None, :] - gI, float("-inf")), FTZ)
-            m_u = rows_u & (li >= 4 * u + 4)[None, :]
-            dbk += eb_u * tl.dot(tl.where(m_u, gk16t, 0.), beta[:, None] * kI * el_u, input_precision=DOT_PREC)
-            dbq += eb_u * tl.dot(tl.where(m_u, gq16t, 0.), qI * el_u, input_precision=DOT_PREC)
-        # ---- inside each 4-row sub-block, token by token: step s pairs row l with row 4 (l // 4) + s of the block,
-        # read from memory (the earlier row for da, the later one for db), so any decay is safe
-        for s in range(0, 4):
-            ps = first_b + 4 * (li // 4) + s                     # the partner row in the chunk
-            rs = t0 + ps
-            ms = rs < eos
-            mks = ms[:, None] & mk[None, :]
-            gs = tl.where(mks, tl.load(gcum_ptr + (rs * HV + hv)[:, None] * K + ck[None, :], mask=mks, other=0.),
-                          gam_last[None, :])
-            ks = tl.load(k_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
-            qs = tl.load(q_ptr + (rs * H + hk)[:, None] * K + ck[None, :], mask=mks, other=0.).to(tl.float32)
-            bs = tl.load(beta_eff_ptr + rs * HV + hv, mask=ms, other=0.)
-            e_lo = exp_fast(tl.where((li % 4 >= s)[:, None], gI - gs, float("-inf")), FTZ)         # row s is earlier
-            e_hi = exp_fast(tl.where((li % 4 <= s)[:, None], gs - gI, float("-inf")), FTZ)         # row s is later
-            gk = tl.load(dakk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)             # G[16 I + l, row s]
-            gq = tl.load(daqk_ptr + (rI * HV + hv) * BT + ps, mask=mI, other=0.)
-            gkt = tl.load(dakk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)  # G[row s, 16 I + l]
-            gqt = tl.load(daqk_ptr + (rs * HV + hv) * BT + first_b + li, mask=mI & ms, other=0.)
-            ke = ks * e_lo
-            dak += gk[:, None] * ke
-            daq += gq[:, None] * ke
-            dbk += (gkt * bs)[:, None] * ks * e_hi
-            dbq += gqt[:, None] * qs * e_hi
         dbeta += tl.sum(kI * dak, axis=1)
         dq = tl.load(dq_ptr + off_I, mask=mIk, other=0.) + daq
         dk = tl.load(dk_ptr + off_I, mask=mIk, other=0.) + beta[:, None] * dak + dbk + dbq
@@ -434,6 +450,9 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     G = HV // H
     dq_out = dq_hv if G > 1 else empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dk_hv if G > 1 else empty(B, T, H, K, dtype=k.dtype, device=dev)
+    kda_pair_diag_bwd_kernel[(slots * CHUNK, -(-HV // DIAG_BH))](
+        k, q, fwd.gcum, fwd.beta, dakk, daqk, dq_hv, dk_hv, dgam, dbeta_part, plan.cu, plan.chunk_indices, N,
+        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, BH=DIAG_BH, FTZ=ftz_exp2(q), num_warps=DIAG_BH)
     kda_pair_bwd_kernel[(4 * slots, HV)](
         k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, dq_out, dk_out, plan.cu,
         plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec,
