@@ -32,7 +32,10 @@ def test_kernel_compiles_with_intended_instructions(name):
     if not spec.known_spill_bytes:
         assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
     if rep.arch == "sm_90a":
-        assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
+        assert rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
+        # a tensor-core or TMA kernel stages its tiles in shared memory: 0 there means the report was not read
+        if any(i in ("HGMMA", "UTMALDG", "HMMA") for i in spec.intended):
+            assert rep.smem > 0, f"{name}: no shared memory reported"
 
 
 def test_gluon_matmul_persistent_ws_shape():
