@@ -2,11 +2,12 @@
 
 Grid (D blocks, token blocks, batch rows). Under cu_seqlens every token finds its sequence by a binary search of
 the offsets on the device (common.seq_of), so no chunk table is built and nothing is read back on the host. The
-backward recomputes the pre-activation where it needs it (x, weight and the initial state are all it keeps):
+backward recomputes the pre-activation (x, weight and the initial state are all it keeps) in two passes: the first
+stores da = dy silu'(a) once per token and sums dweight and dbias per program over a strided set of token blocks into
+fp32 partials (deterministic, reduced by torch); the second reads da at W shifts for
 dx[t] = sum_i weight[:, W - 1 - i] * da[t + i] over the tokens t + i of t's sequence, plus the final state's
-gradient for a sequence's last W tokens; dweight and dbias are summed per program over a strided set of token
-blocks into fp32 partials (deterministic) and reduced by torch; d initial_state comes from one small program per
-(D block, sequence), as does the final state."""
+gradient for a sequence's last W tokens. d initial_state comes from one small program per (D block, sequence), as
+does the final state."""
 import torch
 import triton
 import triton.language as tl
@@ -85,50 +86,64 @@ def conv1d_final_kernel(x, h0, cu_seqlens, final, T, D, stride_b, stride_t, stri
 
 
 @triton.jit
-def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_part, T, N, D, NTB,
-                      stride_b, stride_t, stride_d, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr,
-                      BD: tl.constexpr, LOG_N: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """dx of token blocks i_t = program_id(1) + k * num_programs(1); the dweight / dbias partial of this program."""
+def conv1d_da_kernel(x, weight, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, NTB, stride_b, stride_t,
+                     stride_d, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     LOG_N: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
+                     IS_VARLEN: tl.constexpr):
+    """Backward, first pass over token blocks i_t = program_id(1) + k * num_programs(1): da = dy silu'(a) stored in
+    fp32 (with SILU; without it da is dy and nothing is stored), and this program's dweight / dbias partial sums
+    dweight[:, j] += sum_t da(t) input(t - (W - 1) + j), from the inputs the pre-activation loaded."""
     i_d, i_p, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G = tl.num_programs(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     o_w = tl.arange(0, BW)
     x_row = x + i_b.to(tl.int64) * stride_b
+    row = i_b.to(tl.int64) * T
     dw_acc = tl.zeros((BD, BW), dtype=tl.float32)
     db_acc = tl.zeros((BD,), dtype=tl.float32)
     for i_t in range(i_p, NTB, G):
         t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t, T, N, BT, LOG_N, IS_VARLEN)
-        row = i_b.to(tl.int64) * T
-        b_dx = tl.zeros((BT, BD), dtype=tl.float32)
-        for i in tl.static_range(W):
-            ti = t + i
-            m_i = m_tok & (ti < eos)
-            da = tl.load(dy + (row + ti)[:, None] * D + o_d[None, :], mask=m_i[:, None] & m_d[None, :],
-                         other=0.).to(tl.float32)
-            if SILU:
-                a = preact(x_row, h0, weight, bias, ti, bos, n, o_d, m_i, D, stride_t, stride_d, W, HAS_H0,
-                           HAS_BIAS)
-                da = da * silu_grad(a)
-            w = tl.load(weight + o_d * W + (W - 1 - i), mask=m_d, other=0.).to(tl.float32)
-            b_dx += da * w[None, :]
-            if i == 0:
-                for j in tl.static_range(W):
-                    src = load_src(x_row, h0, t - (W - 1) + j, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0)
-                    dw_acc += tl.where(o_w[None, :] == j, tl.sum(da * src, 0)[:, None], 0.)
-                db_acc += tl.sum(da, 0)
-        if HAS_DHT:
-            k = t - eos + W
-            m_k = m_tok & (k >= 0) & (t >= bos)
-            b_dx += tl.load(dht + (n * D * W + k)[:, None] + o_d[None, :] * W, mask=m_k[:, None] & m_d[None, :],
-                            other=0.).to(tl.float32)
-        tl.store(dx + (row + t)[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
-                 mask=m_tok[:, None] & m_d[None, :])
+        off = (row + t)[:, None] * D + o_d[None, :]
+        m = m_tok[:, None] & m_d[None, :]
+        b_da = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
+        if SILU:
+            a = preact(x_row, h0, weight, bias, t, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
+            b_da = b_da * silu_grad(a)
+            tl.store(da + off, b_da, mask=m)
+        for j in tl.static_range(W):
+            src = load_src(x_row, h0, t - (W - 1) + j, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0)
+            dw_acc += tl.where(o_w[None, :] == j, tl.sum(b_da * src, 0)[:, None], 0.)
+        db_acc += tl.sum(b_da, 0)
     p = (i_b * G + i_p).to(tl.int64)
     tl.store(dw_part + p * D * W + o_d[:, None] * W + o_w[None, :], dw_acc, mask=m_d[:, None] & (o_w < W)[None, :])
     if HAS_BIAS:
         tl.store(db_part + p * D + o_d, db_acc, mask=m_d)
+
+
+@triton.jit
+def conv1d_dx_kernel(weight, cu_seqlens, da, dht, dx, T, N, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     LOG_N: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Backward, second pass: dx(t) = sum_i weight[:, W - 1 - i] da(t + i) over the tokens t + i of t's sequence,
+    plus the final state's gradient for a sequence's last W tokens."""
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t, T, N, BT, LOG_N, IS_VARLEN)
+    row = i_b.to(tl.int64) * T
+    b_dx = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in tl.static_range(W):
+        m_i = m_tok & (t + i < eos)
+        w = tl.load(weight + o_d * W + (W - 1 - i), mask=m_d, other=0.).to(tl.float32)
+        b_dx += w[None, :] * tl.load(da + (row + t + i)[:, None] * D + o_d[None, :],
+                                     mask=m_i[:, None] & m_d[None, :], other=0.).to(tl.float32)
+    if HAS_DHT:
+        k = t - eos + W
+        m_k = m_tok & (k >= 0) & (t >= bos)
+        b_dx += tl.load(dht + (n * D * W + k)[:, None] + o_d[None, :] * W, mask=m_k[:, None] & m_d[None, :],
+                        other=0.).to(tl.float32)
+    tl.store(dx + (row + t)[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
+             mask=m_tok[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -207,16 +222,21 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     BD = _block_d(D)
     BW = triton.next_power_of_2(W)
     nd, ntb = triton.cdiv(D, BD), triton.cdiv(T, BT)
-    # programs along the token blocks: enough for about 4 per SM, each summing its blocks' dweight / dbias terms
-    G = max(1, min(ntb, triton.cdiv(4 * device_facts(x.device).num_sms, nd * B)))
+    # the first pass's programs along the token blocks: about 8 per SM, each summing its blocks' dweight / dbias terms
+    G = max(1, min(ntb, triton.cdiv(8 * device_facts(x.device).num_sms, nd * B)))
     dx = empty(B, T, D, dtype=x.dtype, device=x.device)
     dw_part = empty(B * G, D, W, dtype=torch.float32, device=x.device)
     db_part = empty(B * G, D, dtype=torch.float32, device=x.device) if bias is not None else None
     if T > 0:
-        conv1d_bwd_kernel[(nd, G, B)](
-            x, w, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W, BW=BW,
-            BT=BT, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
-            HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None)
+        # with SiLU, da = dy silu'(a) goes through HBM in fp32 (a transient of 4 bytes per element): computing it
+        # once per token costs less than recomputing it at each of the W shifts dx reads it at
+        da = empty(B, T, D, dtype=torch.float32, device=x.device) if silu else dy
+        flags = dict(LOG_N=_log_n(N), IS_VARLEN=cu_seqlens is not None)
+        conv1d_da_kernel[(nd, G, B)](
+            x, w, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W, BW=BW, BT=BT,
+            BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None, **flags)
+        conv1d_dx_kernel[(nd, ntb, B)](w, cu_seqlens, da, dht, dx, T, N, D, W=W, BT=BT, BD=BD,
+                                       HAS_DHT=dht is not None, **flags)
         dw = dw_part.sum(0)
         db = db_part.sum(0) if bias is not None else None
     else:

@@ -2,8 +2,8 @@
 
 x, g and y are [R, D] rows; a program takes BR rows of one group of G columns (grid: row blocks, D // G groups),
 the whole group in one register tile, the math in fp32. The backward recomputes the norm from x and g (nothing is
-saved) and sums the dweight / dbias terms of a strided set of row blocks per program into fp32 partials, reduced
-by torch (deterministic). With n = z * rstd, h = n * w + b:
+saved) and sums the dweight / dbias terms of a strided set of row blocks per program into fp32 partials (element-wise
+over the blocks, across rows once), reduced by torch (deterministic). With n = z * rstd, h = n * w + b:
     before the gate: y = h * act(g); dh = dy * act(g); dg = dy * h * act'(g); dz = dx
     gate first (z = x * act(g)): y = h; dh = dy; dx = dz * act(g); dg = dz * x * act'(g)
     dz = rstd * (dn - n * mean(dn * n)), dn = dh * w."""
@@ -64,8 +64,9 @@ def rms_norm_gated_bwd_kernel(x, g, weight, bias, dy, dx, dg, dw_part, db_part, 
                               HAS_W: tl.constexpr, HAS_B: tl.constexpr):
     i_p, i_g = tl.program_id(0), tl.program_id(1)
     P = tl.num_programs(0)
-    dw_acc = tl.zeros((BG,), tl.float32)
-    db_acc = tl.zeros((BG,), tl.float32)
+    # the dweight / dbias terms summed element-wise over the row blocks, across rows once at the end
+    dw_acc = tl.zeros((BR, BG), tl.float32)
+    db_acc = tl.zeros((BR, BG), tl.float32)
     for i_r in range(i_p, NRB, P):
         off, m, cols, m_c, bx, bg, w, b = _load(x, g, weight, bias, i_r, i_g, R, D, G, BR, BG, HAS_W, HAS_B)
         bdy = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
@@ -79,8 +80,8 @@ def rms_norm_gated_bwd_kernel(x, g, weight, bias, dy, dx, dg, dw_part, db_part, 
             bdg = bdy * h * da
         else:
             dh = bdy
-        dw_acc += tl.sum(dh * n, 0)
-        db_acc += tl.sum(dh, 0)
+        dw_acc += dh * n
+        db_acc += dh
         dn = dh * w[None, :]
         dz = rstd[:, None] * (dn - n * (tl.sum(dn * n, 1) / G)[:, None])
         if NORM_FIRST:
@@ -91,9 +92,11 @@ def rms_norm_gated_bwd_kernel(x, g, weight, bias, dy, dx, dg, dw_part, db_part, 
         tl.store(dx + off, bdx.to(dx.dtype.element_ty), mask=m)
         tl.store(dg + off, bdg.to(dg.dtype.element_ty), mask=m)
     if HAS_W:
-        tl.store(dw_part + i_p.to(tl.int64) * D + i_g * G + tl.arange(0, BG), dw_acc, mask=tl.arange(0, BG) < G)
+        tl.store(dw_part + i_p.to(tl.int64) * D + i_g * G + tl.arange(0, BG), tl.sum(dw_acc, 0),
+                 mask=tl.arange(0, BG) < G)
     if HAS_B:
-        tl.store(db_part + i_p.to(tl.int64) * D + i_g * G + tl.arange(0, BG), db_acc, mask=tl.arange(0, BG) < G)
+        tl.store(db_part + i_p.to(tl.int64) * D + i_g * G + tl.arange(0, BG), tl.sum(db_acc, 0),
+                 mask=tl.arange(0, BG) < G)
 
 
 def _config(G: int):
@@ -128,8 +131,8 @@ def rms_norm_gated_bwd(x, g, weight, bias, eps, group_size, activation, norm_bef
     BR, BG, warps = _config(group_size)
     ngroups = D // group_size
     nrb = triton.cdiv(R, BR)
-    # programs along the rows: about 4 per SM, each summing its row blocks' dweight / dbias terms
-    P = max(1, min(nrb, triton.cdiv(4 * device_facts(x.device).num_sms, ngroups)))
+    # programs along the rows: about 8 per SM, each summing its row blocks' dweight / dbias terms
+    P = max(1, min(nrb, triton.cdiv(8 * device_facts(x.device).num_sms, ngroups)))
     dx = empty(R, D, dtype=x.dtype, device=x.device)
     dg = empty(R, D, dtype=g.dtype, device=x.device)
     dw_part = empty(P, D, dtype=torch.float32, device=x.device) if weight is not None else None

@@ -1,0 +1,39 @@
+"""AOT registrations of the causal convolution's Triton kernels (`linattn inspect`): the forward and backward at the
+configs the launchers pick for the GatedDeltaNet layer's value convolution (D = 4096 channels, W = 4, SiLU, bf16, no
+bias or states, equal-length sequences, x contiguous: the JIT makes a unit stride a constant; the q / k
+convolutions differ only in D)."""
+from __future__ import annotations
+
+from linattn.runtime.aot import AotKernel, register
+
+MOD = "linattn.ops.conv1d.triton.conv1d"
+D, W = 4096, 4
+_X, _F, _I64 = "*bf16", "*fp32", "*i64"
+
+
+def _build(kname: str, sig: dict, const: dict, warps: int):
+    def build():
+        import importlib
+        fn = getattr(importlib.import_module(MOD), kname)
+        return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": 1}
+    return build
+
+
+def _register(name: str, kname: str, sig: dict, const: dict, warps: int, what: str):
+    register(AotKernel(name, _build(kname, sig, const, warps), ("LDG.E",), archs=("sm_90a",), language="triton",
+                       div16=tuple(n for n, t in sig.items() if t.startswith("*") or n in ("D", "stride_b", "stride_t")),
+                       description=f"causal_conv1d {what}, Triton, D={D} W={W} SiLU bf16, {warps} warps"))
+
+
+_OFF = dict(W=W, LOG_N=0, SILU=True, HAS_BIAS=False, HAS_H0=False, IS_VARLEN=False)
+_register("conv1d_fwd_w4", "conv1d_fwd_kernel",
+          dict(x=_X, weight=_X, bias=_X, residual=_X, h0=_X, cu_seqlens=_I64, y=_X, T="i32", N="i32", D="i32",
+               stride_b="i32", stride_t="i32"),
+          dict(_OFF, stride_d=1, BT=64, BD=64, HAS_RES=False), 4, "forward")
+_register("conv1d_da_w4", "conv1d_da_kernel",
+          dict(x=_X, weight=_X, bias=_X, h0=_X, cu_seqlens=_I64, dy=_X, da=_F, dw_part=_F, db_part=_F,
+               T="i32", N="i32", D="i32", NTB="i32", stride_b="i32", stride_t="i32"),
+          dict(_OFF, stride_d=1, BW=4, BT=64, BD=64), 4, "backward pass 1: da and the dweight partials")
+_register("conv1d_dx_w4", "conv1d_dx_kernel",
+          dict(weight=_X, cu_seqlens=_I64, da=_F, dht=_X, dx=_X, T="i32", N="i32", D="i32"),
+          dict(W=W, BT=64, BD=64, LOG_N=0, HAS_DHT=False, IS_VARLEN=False), 4, "backward pass 2: dx from da")
