@@ -16,11 +16,15 @@ from linattn.ops.conv1d.triton.common import load_src, preact, seq_of, silu_grad
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 
-BT = 64
+# tokens per block: the forward's (32 ran 6% faster than 64 on an H200 at the layer's shapes) and the backward's
+BT = 32
+BT_BWD = 64
 
 
-def _block_d(D: int) -> int:
-    return min(64, triton.next_power_of_2(D))
+def _block_d(D: int, bwd: bool = False) -> int:
+    """Channels per block: 64, or 32 in the backward, whose first pass holds the pre-activation's input tiles and
+    the dweight products (168 registers at 64 x 64: three programs per SM; 32 channels ran 8% faster on an H200)."""
+    return min(32 if bwd else 64, triton.next_power_of_2(D))
 
 
 def _log_n(N: int) -> int:
@@ -219,9 +223,9 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     h0 = initial_state.contiguous() if initial_state is not None else None
     dy = dy.contiguous()
     dht = dfinal.contiguous() if dfinal is not None else None
-    BD = _block_d(D)
+    BD = _block_d(D, bwd=True)
     BW = triton.next_power_of_2(W)
-    nd, ntb = triton.cdiv(D, BD), triton.cdiv(T, BT)
+    nd, ntb = triton.cdiv(D, BD), triton.cdiv(T, BT_BWD)
     # the first pass's programs along the token blocks: about 8 per SM, each summing its blocks' dweight / dbias terms
     G = max(1, min(ntb, triton.cdiv(8 * device_facts(x.device).num_sms, nd * B)))
     dx = empty(B, T, D, dtype=x.dtype, device=x.device)
@@ -233,9 +237,9 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
         da = empty(B, T, D, dtype=torch.float32, device=x.device) if silu else dy
         flags = dict(LOG_N=_log_n(N), IS_VARLEN=cu_seqlens is not None)
         conv1d_da_kernel[(nd, G, B)](
-            x, w, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W, BW=BW, BT=BT,
-            BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None, **flags)
-        conv1d_dx_kernel[(nd, ntb, B)](w, cu_seqlens, da, dht, dx, T, N, D, W=W, BT=BT, BD=BD,
+            x, w, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W, BW=BW,
+            BT=BT_BWD, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None, **flags)
+        conv1d_dx_kernel[(nd, ntb, B)](w, cu_seqlens, da, dht, dx, T, N, D, W=W, BT=BT_BWD, BD=BD,
                                        HAS_DHT=dht is not None, **flags)
         dw = dw_part.sum(0)
         db = db_part.sum(0) if bias is not None else None
