@@ -115,6 +115,36 @@ def test_update_equals_full_call(device, W, dtype, state_dtype):
     assert bool(torch.isnan(pool[[1, 3, 5]]).all()), "a slot nobody selected was written"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_update3_equals_three_full_calls(device, dtype):
+    """causal_conv1d_update3 (three updates in one launch, different widths D, shared slots with a padded row):
+    each output and each selected slot against its own fp64 full call after a prefill; unselected slots untouched."""
+    from linattn.ops.conv1d import causal_conv1d_update3
+    W, N, P, slots = 4, 3, 5, 5
+    Ds = (D, 16, 2 * D + 3)
+    xs = [torch.randn(N, P + 1, d, device=device).to(dtype) for d in Ds]
+    ws = [(torch.randn(d, W, device=device) * 0.5).to(dtype) for d in Ds]
+    bs = [torch.randn(d, device=device).to(dtype) for d in Ds]
+    live = torch.tensor([3, 0, 1], device=device)
+    idx = torch.tensor([3, -1, 0, 1], device=device, dtype=torch.int32)        # row 1 is padding
+    rows = torch.tensor([0, 0, 1, 2], device=device)
+    pools, fulls = [], []
+    for x, w, b, d in zip(xs, ws, bs, Ds):
+        _, f_pre = linattn.causal_conv1d(x[:, :P], w, b, None, None, True, "silu")
+        pool = torch.full((slots, d, W), float("nan"), device=device, dtype=torch.float32)
+        pool[live] = f_pre.float()
+        pools.append(pool)
+        fulls.append(linattn.causal_conv1d(x.double(), w.double(), b.double(), None, None, True, "silu",
+                                           backend="reference"))
+    with torch.no_grad(), poisoned_allocations():
+        ys = causal_conv1d_update3([x[rows, P] for x in xs], pools, ws, bs, activation="silu", state_indices=idx)
+    for i, (y, pool, (y_full, f_full)) in enumerate(zip(ys, pools, fulls)):
+        assert y.shape == (4, Ds[i]) and y.dtype == dtype and bool((y[1] == 0).all())
+        assert_close(f"y{i}", y[[0, 2, 3]], y_full[:, P], TOL[dtype])
+        assert_close(f"pool{i}", pool[live], f_full, TOL[dtype])
+        assert bool(torch.isnan(pool[[2, 4]]).all()), "a slot nobody selected was written"
+
+
 def test_update_without_indices(device):
     """state_indices=None: row n uses slot n; no bias, no activation."""
     W = 3
@@ -139,6 +169,11 @@ def test_custom_ops_opcheck(device):
     pool = torch.randn(3, 6, W, device=device)
     torch.library.opcheck(torch.ops.linattn.causal_conv1d_update,
                           (x[0, :2].detach(), pool, w, b, "silu", torch.tensor([2, -1], device=device)),
+                          test_utils=("test_schema", "test_faketensor"))
+    w2, pool2 = torch.randn(4, W, device=device), torch.randn(3, 4, W, device=device)
+    torch.library.opcheck(torch.ops.linattn.causal_conv1d_update3,
+                          (x[0, :2].detach(), x[0, 2:4].detach(), torch.randn(2, 4, device=device), pool.clone(),
+                           pool.clone(), pool2, w, w, w2, b, b, torch.randn(4, device=device), "silu", torch.tensor([2, -1], device=device)),
                           test_utils=("test_schema", "test_faketensor"))
 
 

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from linattn.ops.conv1d import causal_conv1d, causal_conv1d_update
+from linattn.ops.conv1d import causal_conv1d, causal_conv1d_update, causal_conv1d_update3
 
 
 class ShortConvolution(nn.Conv1d):
@@ -64,3 +64,18 @@ class ShortConvolution(nn.Conv1d):
         if residual is not None:
             y = y + residual
         return y, (cache if output_final_state else None)
+
+
+def step3(convs, xs, caches, output_final_state: bool = False, state_indices: Optional[torch.Tensor] = None):
+    """ShortConvolution.step of three convolutions over the same rows (a layer's q, k and v in a decode step): one
+    kernel launch where they share an activation (causal_conv1d_update3). xs [B, 1, D_i]; caches [N, D_i, W] or
+    None (zeros), updated in place. Returns ([y_i], [cache_i] if output_final_state else [None] * 3)."""
+    if len({c.activation for c in convs}) != 1:
+        outs = [c.step(x, cache=k, output_final_state=output_final_state, state_indices=state_indices)
+                for c, x, k in zip(convs, xs, caches)]
+        return [o[0] for o in outs], [o[1] for o in outs]
+    caches = [k if k is not None else x.new_zeros(x.shape[0], x.shape[-1], c.kernel_size[0])
+              for c, x, k in zip(convs, xs, caches)]
+    ys = causal_conv1d_update3(xs, caches, [c.weight.squeeze(1) for c in convs], [c.bias for c in convs],
+                               activation=convs[0].activation, state_indices=state_indices)
+    return ys, (caches if output_final_state else [None] * 3)

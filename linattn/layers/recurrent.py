@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from linattn.layers.conv import ShortConvolution
+from linattn.layers.conv import ShortConvolution, step3
 from linattn.layers.padding import repad, unpad
 
 
@@ -132,14 +132,19 @@ class RecurrentLayer(nn.Module):
         if self.use_short_conv:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
             projs = (self.q_proj, self.k_proj, self.v_proj)
-            out, new_states = [], []
-            for conv, proj, cache in zip(convs, projs, conv_states):
-                if slots is None:
+            # a one-token step (padded slots, or one token per row without packing): the three window updates in
+            # one launch; ShortConvolution's forward would take its step path for each
+            one_step = slots is not None or (not torch.is_grad_enabled() and s["cu_seqlens"] is None
+                                             and x.shape[1] == 1)
+            if not one_step:
+                out, new_states = [], []
+                for conv, proj, cache in zip(convs, projs, conv_states):
                     y, c = conv(proj(x), cache=cache, output_final_state=use_cache, cu_seqlens=s["cu_seqlens"])
-                else:
-                    y, c = conv.step(proj(x), cache=cache, output_final_state=use_cache, state_indices=slots)
-                out.append(y)
-                new_states.append(c)
+                    out.append(y)
+                    new_states.append(c)
+            else:
+                out, new_states = step3(convs, [proj(x) for proj in projs], conv_states, output_final_state=use_cache,
+                                        state_indices=slots)
             q, k, v = out
             s["conv_states"] = tuple(new_states)
         else:

@@ -99,3 +99,64 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
 # Calls whose checks passed and that chose Triton (backends.CheckedCalls). Not remembered: traced calls, and calls
 # with state_indices on the CPU, whose values the checks read.
 _CHECKED = CheckedCalls()
+_CHECKED3 = CheckedCalls()
+
+
+@torch.library.custom_op("linattn::causal_conv1d_update3", mutates_args=("s0", "s1", "s2"))
+def _update3_op(x0: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor,
+                s2: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b0: Optional[torch.Tensor],
+                b1: Optional[torch.Tensor], b2: Optional[torch.Tensor], activation: str,
+                state_indices: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from linattn.ops.conv1d.triton.update import conv1d_update3
+    return tuple(conv1d_update3((x0, x1, x2), (s0, s1, s2), (w0, w1, w2), (b0, b1, b2), activation == "silu",
+                                state_indices))
+
+
+@_update3_op.register_fake
+def _(x0, x1, x2, s0, s1, s2, w0, w1, w2, b0, b1, b2, activation, state_indices):
+    return x0.new_empty(x0.shape), x1.new_empty(x1.shape), x2.new_empty(x2.shape)
+
+
+def _same_launch(xs, conv_states, weights, biases) -> bool:
+    """Whether three updates can share one launch: the same rows and tokens, one dtype per role, one W, biases all
+    present or all absent."""
+    x0, s0, w0 = xs[0], conv_states[0], weights[0]
+    return (all(x.dim() == x0.dim() and x.shape[:-1] == x0.shape[:-1] and x.dtype == x0.dtype for x in xs)
+            and all(c.dtype == s0.dtype for c in conv_states) and all(c.shape[0] == s0.shape[0] for c in conv_states)
+            and all(w.dtype == w0.dtype and w.dim() == 2 and w.shape[-1] == w0.shape[-1] for w in weights)
+            and len({b is None for b in biases}) == 1 and all(b is None or b.dtype == biases[0].dtype for b in biases))
+
+
+def causal_conv1d_update3(xs, conv_states, weights, biases=(None, None, None), activation: Optional[str] = None,
+                          state_indices: Optional[torch.Tensor] = None, *, backend: str = "auto"):
+    """Three causal_conv1d_update calls with the same rows and slots (a layer's q, k and v convolutions in a decode
+    step) in one kernel launch where they share dtypes and W; each triple element as causal_conv1d_update's
+    argument, every check of it applied. Returns the three outputs."""
+    xs, conv_states, weights, biases = tuple(xs), tuple(conv_states), tuple(weights), tuple(biases)
+    if not (len(xs) == len(conv_states) == len(weights) == len(biases) == 3):
+        raise ValueError("causal_conv1d_update3: xs, conv_states, weights and biases must be triples")
+    key = None
+    if all(_eager(x) for x in xs) and (state_indices is None or state_indices.is_cuda) and (
+            activation is None or isinstance(activation, str)):
+        key = _CHECKED3.key(backend, xs + conv_states + weights + biases + (state_indices,), (activation,))
+    fused = _CHECKED3.get(key)
+    if fused is None:
+        for x, c, w, b in zip(xs, conv_states, weights, biases):
+            check_update_inputs(OP, x, c, w, b, activation, state_indices)
+        choices = {_backends.select(backend, x=x, conv_state=c, weight=w, bias=b, state_indices=state_indices).name
+                   for x, c, w, b in zip(xs, conv_states, weights, biases)}
+        fused = choices == {"triton"} and _same_launch(xs, conv_states, weights, biases)
+        if fused:
+            _CHECKED3.put(key, True)
+    if not fused:
+        return [causal_conv1d_update(x, c, w, b, activation, state_indices, backend=backend)
+                for x, c, w, b in zip(xs, conv_states, weights, biases)]
+    act = "" if activation is None else "silu"
+    if all(_eager(x) for x in xs):
+        from linattn.ops.conv1d.triton.update import conv1d_update3
+        ys = conv1d_update3(xs, conv_states, weights, biases, act == "silu", state_indices)
+        for c in conv_states:
+            if not c.is_inference():                 # as the mutating custom op would
+                torch.autograd.graph.increment_version(c)
+        return ys
+    return list(_update3_op(*xs, *conv_states, *weights, *biases, act, state_indices))
