@@ -75,8 +75,11 @@ class GatedDeltaNet(RecurrentLayer):
         packed sequences with B = 1, instead of a mask. Returns (o [B, T, hidden_size], None, past_key_values)."""
         s = self._forward_setup(hidden_states, attention_mask, past_key_values, use_cache, kwargs)
         x, cu_seqlens, recurrent_state = s["x"], s["cu_seqlens"], s["recurrent_state"]
-        q, k, v = self._qkv(s, use_cache)
-        a, b = self.a_proj(x), self.b_proj(x)
+        mods = (self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj) + \
+            ((self.g_proj,) if self.g_proj is not None else ())
+        proj = self._projections(x, *mods)
+        q, k, v = self._qkv(s, use_cache, proj[:3])
+        a, b = proj[3], proj[4]
 
         # FLA's gate options in the ops, as FLA's layer calls them: the decay -exp(A_log) * softplus(a + dt_bias)
         # and beta = sigmoid(b) (2 sigmoid(b) with allow_neg_eigval) computed inside the kernels (on Hopper `auto`
@@ -95,4 +98,5 @@ class GatedDeltaNet(RecurrentLayer):
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, inplace=inplace, state_indices=s["slots"],
                 **gate)
 
-        return self._finish(o, recurrent_state, s, past_key_values, use_cache), None, past_key_values
+        return (self._finish(o, recurrent_state, s, past_key_values, use_cache, proj[5] if len(proj) > 5 else None),
+                None, past_key_values)

@@ -74,9 +74,13 @@ class KimiDeltaAttention(RecurrentLayer):
         state in the cache is [N, HV, V, K], FLA's. Returns (o [B, T, hidden_size], None, past_key_values)."""
         s = self._forward_setup(hidden_states, attention_mask, past_key_values, use_cache, kwargs)
         x, recurrent_state = s["x"], s["recurrent_state"]
-        q, k, v = self._qkv(s, use_cache)
-        g = self.f_proj(x).unflatten(-1, (self.num_v_heads, self.head_k_dim))
-        beta = self.b_proj(x)
+        # the projections of x (the gate's and the output gate's first, low-rank halves among them) in one launch
+        # at a decode step
+        proj = self._projections(x, self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj,
+                                 self.g_proj[0])
+        q, k, v = self._qkv(s, use_cache, proj[:3])
+        g = self.f_proj[1](proj[3]).unflatten(-1, (self.num_v_heads, self.head_k_dim))
+        beta = proj[4]
         common = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=self.A_log, dt_bias=self.dt_bias,
                       output_final_state=use_cache, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                       use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval,
@@ -88,4 +92,5 @@ class KimiDeltaAttention(RecurrentLayer):
             inplace = recurrent_state is not None and use_cache and recurrent_state.dtype == torch.float32
             o, recurrent_state = fused_recurrent_kda(initial_state=recurrent_state, inplace=inplace,
                                                      state_indices=s["slots"], **common)
-        return self._finish(o, recurrent_state, s, past_key_values, use_cache), None, past_key_values
+        return (self._finish(o, recurrent_state, s, past_key_values, use_cache, self.g_proj[1](proj[5])), None,
+                past_key_values)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from linattn.layers.conv import ShortConvolution, step3
 from linattn.layers.padding import repad, unpad
+from linattn.ops.matmul.linear_group import LinearGroup
 
 
 class RecurrentLayer(nn.Module):
@@ -24,6 +25,7 @@ class RecurrentLayer(nn.Module):
         """The sizes and options every layer has (FLA's attribute names), checked, and the q/k/v projections with
         their short convolutions."""
         super().__init__()
+        self._linear_group = LinearGroup()       # the projections of a decode step in one launch (_projections)
         self._slot_rows = {}            # (batch, device) -> (arange, all -1): _decode_slots' operands
         self.mode = mode
         self.hidden_size = hidden_size
@@ -125,43 +127,52 @@ class RecurrentLayer(nn.Module):
         return dict(x=x, indices=indices, cu_seqlens=cu_seqlens, slots=slots, recurrent_state=recurrent_state,
                     conv_states=conv_states, mode=mode, batch_size=batch_size, q_len=q_len)
 
-    def _qkv(self, s: dict, use_cache: bool):
-        """q, k [.., num_heads, head_k_dim] and v [.., num_v_heads, head_v_dim]: the projections through the short
-        convolutions with SiLU (their windows updated in s["conv_states"]), or SiLU alone without them."""
+    def _projections(self, x: torch.Tensor, *mods: nn.Module):
+        """mods(x) for bias-free projections of x: one launch for all of them in an inference call of at most 64
+        rows (LinearGroup: a decode step reads each weight once), each module's own call otherwise."""
+        return self._linear_group(x, mods)
+
+    def _qkv(self, s: dict, use_cache: bool, projected=None):
+        """q, k [.., num_heads, head_k_dim] and v [.., num_v_heads, head_v_dim]: the projections (or `projected`,
+        the three already computed) through the short convolutions with SiLU (their windows updated in
+        s["conv_states"]), or SiLU alone without them."""
         x, slots, conv_states = s["x"], s["slots"], s["conv_states"]
+        if projected is None:
+            projected = (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         if self.use_short_conv:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-            projs = (self.q_proj, self.k_proj, self.v_proj)
             # a one-token step (padded slots, or one token per row without packing): the three window updates in
             # one launch; ShortConvolution's forward would take its step path for each
             one_step = slots is not None or (not torch.is_grad_enabled() and s["cu_seqlens"] is None
                                              and x.shape[1] == 1)
             if not one_step:
                 out, new_states = [], []
-                for conv, proj, cache in zip(convs, projs, conv_states):
-                    y, c = conv(proj(x), cache=cache, output_final_state=use_cache, cu_seqlens=s["cu_seqlens"])
+                for conv, p, cache in zip(convs, projected, conv_states):
+                    y, c = conv(p, cache=cache, output_final_state=use_cache, cu_seqlens=s["cu_seqlens"])
                     out.append(y)
                     new_states.append(c)
             else:
-                out, new_states = step3(convs, [proj(x) for proj in projs], conv_states, output_final_state=use_cache,
+                out, new_states = step3(convs, list(projected), conv_states, output_final_state=use_cache,
                                         state_indices=slots)
             q, k, v = out
             s["conv_states"] = tuple(new_states)
         else:
-            q, k, v = F.silu(self.q_proj(x)), F.silu(self.k_proj(x)), F.silu(self.v_proj(x))
+            q, k, v = (F.silu(p) for p in projected)
         return (q.unflatten(-1, (self.num_heads, self.head_k_dim)), k.unflatten(-1, (self.num_heads, self.head_k_dim)),
                 v.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
     def _finish(self, o: torch.Tensor, recurrent_state: Optional[torch.Tensor], s: dict, past_key_values,
-                use_cache: bool):
-        """Stores the new states in the cache, then the gated norm (g_proj(x) as the gate; a plain norm where the
+                use_cache: bool, gate: Optional[torch.Tensor] = None):
+        """Stores the new states in the cache, then the gated norm (`gate`, or g_proj(x), as the gate; a plain norm where
+        the
         layer has no g_proj), o_proj, and the padded batch restored. Returns the layer's output."""
         if past_key_values is not None:
             past_key_values.update(layer_idx=self.layer_idx, recurrent_state=recurrent_state,
                                    conv_state=s["conv_states"] if self.use_short_conv and use_cache else None,
                                    offset=s["q_len"])
         if self.g_proj is not None:
-            o = self.o_norm(o, self.g_proj(s["x"]).unflatten(-1, (self.num_v_heads, self.head_v_dim)))
+            gate = self.g_proj(s["x"]) if gate is None else gate
+            o = self.o_norm(o, gate.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
         else:
             o = self.o_norm(o)
         o = self.o_proj(o.flatten(-2))

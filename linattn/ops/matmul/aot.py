@@ -59,3 +59,21 @@ register(AotKernel("matmul_triton_128x256x64_s3_w8", _triton_build("128x256x64_s
                    div16=("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"),
                    description="textbook grouped Triton GEMM (Triton pipelines it with WGMMA on sm_90a)"))
 
+
+
+def _linear_group_build(BM: int):
+    def build():
+        from linattn.ops.matmul.linear_group import BK, BN
+        from linattn.ops.matmul.triton.linear_group import linear_group_kernel
+        sig = {"x": "*bf16", "table": "*i64", "out": "*bf16", "M": "i32", "K": "i32", "stride_xm": "i32",
+               "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "DOT_PREC": "constexpr"}
+        return linear_group_kernel, sig, {"BM": BM, "BN": BN, "BK": BK, "DOT_PREC": "tf32"}, \
+            {"num_warps": 4, "num_stages": 4}
+    return build
+
+
+# LinearGroup at a decode step's rows (1 -> 16, 64), K = 2048 (the GatedDeltaNet layer's hidden size), bf16
+for _bm, _mma in ((16, "HMMA"), (64, "HGMMA")):             # mma.sync below 64 rows, wgmma at 64
+    register(AotKernel(f"linear_group_bm{_bm}_w4", _linear_group_build(_bm), (_mma, "LDGSTS"), language="triton",
+                       div16=("x", "table", "out", "K", "stride_xm"),
+                       description=f"LinearGroup: a decode step's projections in one launch, {_bm} rows, bf16"))
