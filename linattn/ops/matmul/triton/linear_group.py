@@ -33,5 +33,5 @@ def linear_group_kernel(x, table, out, M, K, stride_xm, BM: tl.constexpr, BN: tl
         wb = tl.load(w + rn.to(tl.int64)[:, None] * K + (k0 + rk)[None, :], mask=m_n[:, None] & m_k[None, :],
                      other=0.)
         acc = tl.dot(xb, tl.trans(wb), acc, input_precision=DOT_PREC)
-    y = out + M.to(tl.int64) * start + rm.to(tl.int64)[:, None] * n_g + col[None, :]
+    y = out + start * M + rm.to(tl.int64)[:, None] * n_g + col[None, :]          # start: int64
     tl.store(y, acc.to(out.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
