@@ -36,6 +36,7 @@ from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_p
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import DIAG_BH, KdaIntermediates, chunk_kda_fwd
+from linattn.ops.kda.triton.intra import token_rows
 from linattn.runtime.alloc import empty
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps.
@@ -171,28 +172,11 @@ def kda_pair_diag_bwd_kernel(
     (G[j, t] a_j exp(gam_j - gam_t)), every factor exp of a difference <= 0 (the diagonal's G is masked as P's
     pairs are: zero for Akk). They go into dq, dk, dgam and dbeta's partial sums in place (this program owns row t
     of its heads), before kda_pair_bwd_kernel adds the pairs across blocks and stores the results."""
-    p = tl.program_id(0)
-    n, c = slot_chunk(chunk_idx_ptr, p // BT)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, t, t0, eos, s0, hvs, mh, mhk, off_g, off_k, gt, kt, qt = token_rows(
+        chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, H, HV, K, BT, BH, BK)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    row = p % BT
-    t = t0 + row
-    if t >= eos:
-        return
-    s0 = t0 + 16 * (row // 16)                 # the first row of t's 16-row block
     s1 = tl.minimum(s0 + 16, eos)
-    hvs = tl.program_id(1) * BH + tl.arange(0, BH)
-    mh = hvs < HV
-    hks = hvs // (HV // H)
-    ck = tl.arange(0, BK)
-    mk = ck < K
-    mhk = mh[:, None] & mk[None, :]
-    off_g = hvs[:, None] * K + ck[None, :]     # within a token's [HV, K] row
-    off_k = hks[:, None] * K + ck[None, :]
-    gt = tl.load(gcum_ptr + t * HV * K + off_g, mask=mhk, other=0.) * LOG2E
-    kt = tl.load(k_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
-    qt = tl.load(q_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
     bt = tl.load(beta_eff_ptr + t * HV + hvs, mask=mh, other=0.)
     g_row = (t * HV + hvs) * BT - t0           # G[t, j] at g_row + j
     dak = tl.zeros([BH, BK], dtype=tl.float32)
@@ -213,7 +197,7 @@ def kda_pair_diag_bwd_kernel(
         wq = tl.load(daqk_ptr + g_col, mask=mh, other=0.)
         dbk += wk[:, None] * tl.load(k_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32) * e
         dbq += wq[:, None] * tl.load(q_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32) * e
-    off_t = (t * HV + hvs)[:, None] * K + ck[None, :]
+    off_t = t * HV * K + off_g
     tl.store(dq_ptr + off_t, tl.load(dq_ptr + off_t, mask=mhk, other=0.) + daq, mask=mhk)
     tl.store(dk_ptr + off_t, tl.load(dk_ptr + off_t, mask=mhk, other=0.) + bt[:, None] * dak + dbk + dbq, mask=mhk)
     dgam = bt[:, None] * kt * dak - kt * dbk + qt * daq - kt * dbq

@@ -101,6 +101,34 @@ def kda_cumsum_kernel(
 
 
 @triton.jit
+def token_rows(chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, H: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
+    """What a per-token program of the in-block pairs starts from (kda_diag_kernel, kda_pair_diag_bwd_kernel):
+    program p takes row p % BT of chunk slot p // BT and BH value heads from program_id(1) * BH. Returns live (False
+    for a surplus slot of the varlen bound or a row past its sequence: the program returns), t, t0, eos, s0 (the
+    first row of t's 16-row block), the heads (hvs, mh), the [BH, BK] mask and offsets of a token's gate row (off_g)
+    and key / query row (off_k), and t's gate (times log2 e), key and query rows in fp32."""
+    n, c = slot_chunk(chunk_idx_ptr, tl.program_id(0) // BT)
+    live = n < N
+    bos, eos, t0 = chunk_span(cu_ptr, tl.minimum(n, N - 1), c, BT)
+    row = tl.program_id(0) % BT
+    t = t0 + row
+    live = live & (t < eos)
+    s0 = t0 + 16 * (row // 16)
+    hvs = tl.program_id(1) * BH + tl.arange(0, BH)
+    mh = hvs < HV
+    hks = hvs // (HV // H)
+    ck = tl.arange(0, BK)
+    mhk = mh[:, None] & (ck < K)[None, :] & live
+    off_g = hvs[:, None] * K + ck[None, :]     # within a token's [HV, K] row
+    off_k = hks[:, None] * K + ck[None, :]
+    gt = tl.load(gcum_ptr + t * HV * K + off_g, mask=mhk, other=0.) * LOG2E
+    kt = tl.load(k_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    qt = tl.load(q_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
+    return live, t, t0, eos, s0, hvs, mh, mhk, off_g, off_k, gt, kt, qt
+
+
+@triton.jit
 def kda_diag_kernel(
     q_ptr, k_ptr, gcum_ptr,                            # q, k [T_tot, H, K]; gcum [T_tot, HV, K] fp32
     akkd_ptr, aqkd_ptr,                                # [T_tot, HV, 16] fp32: the in-block sums of row t
@@ -113,27 +141,10 @@ def kda_diag_kernel(
     sum_d k_jd exp(gam_td - gam_jd) times k_td (Akk, column j < t) and q_td (Aqk, column j <= t), into column
     j - (t's block start) of akkd / aqkd. Token by token, only the pairs that exist (no masked half), every factor
     exp of a difference <= 0. Columns after t are not written: kda_inter_solve_kernel masks them."""
-    p = tl.program_id(0)
-    n, c = slot_chunk(chunk_idx_ptr, p // BT)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, t, t0, eos, s0, hvs, mh, mhk, off_g, off_k, gt, kt, qt = token_rows(
+        chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, H, HV, K, BT, BH, BK)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    row = p % BT
-    t = t0 + row
-    if t >= eos:
-        return
-    s0 = t0 + 16 * (row // 16)                 # the first row of t's 16-row block
-    hvs = tl.program_id(1) * BH + tl.arange(0, BH)
-    mh = hvs < HV
-    hks = hvs // (HV // H)
-    ck = tl.arange(0, BK)
-    mk = ck < K
-    mhk = mh[:, None] & mk[None, :]
-    off_g = hvs[:, None] * K + ck[None, :]     # within a token's [HV, K] row
-    off_k = hks[:, None] * K + ck[None, :]
-    gt = tl.load(gcum_ptr + t * HV * K + off_g, mask=mhk, other=0.) * LOG2E
-    kt = tl.load(k_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
-    qt = tl.load(q_ptr + t * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
     for j in range(s0, t + 1):
         gj = tl.load(gcum_ptr + j * HV * K + off_g, mask=mhk, other=0.)
         kj = tl.load(k_ptr + j * H * K + off_k, mask=mhk, other=0.).to(tl.float32)
