@@ -52,3 +52,26 @@ def test_models_and_fla():
         (tiny,) = get_preset("layer_tiny")
         with pytest.raises(Unavailable, match="fla.layers not importable"):
             LAYER_GDN.prepare("fla", tiny, LAYER_GDN.make_inputs(tiny, "cpu", 0, "fwd"), "fwd")
+
+
+def test_decode_step_mode(monkeypatch):
+    """Mode step: the runner prefills its layer's cache once, then each call is one token per sequence against it;
+    two linattn backends built from the same seed give the same step, and a call advances the cache (the second
+    step differs from the first)."""
+    monkeypatch.delenv("LINATTN_BACKEND", raising=False)
+    (shape,) = get_preset("layer_step_tiny")
+    inputs = LAYER_GDN.make_inputs(shape, "cpu", 4, "step")
+    assert inputs["x"].shape == (shape["B"], 1, shape["hidden"]) and inputs["prompt"].shape[1] > 1
+    firsts = {}
+    for backend in ("auto", "triton"):
+        monkeypatch.setenv("LINATTN_BACKEND", backend)
+        runner = LAYER_GDN.prepare(backend, shape, inputs, "step")
+        (y1,), grads = step(runner.fn, *runner.args(inputs, "step"))
+        (y2,), _ = step(runner.fn, *runner.args(inputs, "step"))
+        assert grads == () and y1.shape == inputs["x"].shape and torch.isfinite(y1).all()
+        assert not torch.equal(y1, y2)            # the cache advanced
+        firsts[backend] = y1
+    assert torch.equal(firsts["auto"], firsts["triton"])
+    assert layer_bytes(shape, "step") > 0 and layer_flops(shape, "step") > 0
+    with pytest.raises(ValueError, match="T must be 1"):
+        LAYER_GDN.make_inputs(get_preset("layer_tiny")[0], "cpu", 0, "step")

@@ -71,8 +71,11 @@ PRESETS["kda_tiny"] = [_dense(1, 100, 1, 2, 16, 16), varlen_shape([1, 70, 5], 1,
 # the GatedDeltaNet layer (`--op layer_gdn`): issue 34's sizes (hidden 2048, 16 q/k heads, 32 v heads, head dim 128)
 PRESETS["layer"] = [dict(_dense(1, 8192, 16, 32), hidden=2048), dict(_dense(8, 4096, 16, 32), hidden=2048)]
 PRESETS["layer_tiny"] = [dict(_dense(1, 80, 2, 4, 16, 16), hidden=64)]
+# the layer's decode step (`--op layer_gdn --modes step`): B sequences, one new token each after a 16-token prefill
+PRESETS["layer_step"] = [dict(_dense(1, 1, 16, 32), hidden=2048), dict(_dense(64, 1, 16, 32), hidden=2048)]
+PRESETS["layer_step_tiny"] = [dict(_dense(3, 1, 2, 4, 16, 16), hidden=64)]
 
-CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny", "layer_tiny")
+CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny", "layer_tiny", "layer_step_tiny")
 
 
 def shape_label(s: Dict) -> str:

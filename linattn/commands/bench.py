@@ -14,10 +14,13 @@ def add_arguments(p):
     p.add_argument("--backends", nargs="+", default=None,
                    help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
                    "default triton fla sdpa, and auto triton gluon fla with --modes decode")
-    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode"],
-                   help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode", "step"],
+                   help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone; step: a layer's "
+                   "decode step after a prefill (--op layer_gdn), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
-                   "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda; layer and layer_tiny with --op layer_gdn)")
+                   "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda; "
+                   "layer and layer_tiny with --op layer_gdn; layer_step and layer_step_tiny with --op layer_gdn "
+                   "--modes step)")
     p.add_argument("--procs", type=int, default=None,
                    help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
                    "GPU, 2 on the CPU)")
@@ -26,8 +29,10 @@ def add_arguments(p):
     p.add_argument("--json", default=None, help="write the full result here (every process's numbers included)")
     p.add_argument("--markdown", default=None, help="write markdown tables here (for RESULTS.md and README)")
     p.add_argument("--plot", default=None, help="write a PNG: ms vs T per backend, log-log (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per row and process (default 20 on a GPU, 3 on the CPU)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default 3 on a GPU, 1 on the CPU)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats per row and process (default 20 on a GPU, 3 on the CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls before timing (default 3 on a GPU, 1 on the CPU)")
     p.add_argument("--cold", dest="cold", action="store_true", default=None,
                    help="measure each backend's first call in a fresh process (first row only; default on a GPU)")
     p.add_argument("--no-cold", dest="cold", action="store_false")
@@ -84,8 +89,14 @@ def run(args) -> int:
         return 2
     backends = args.backends or (["auto", "triton", "gluon", "fla"] if decode else
                                  ["auto", "fla"] if op_name == "layer_gdn" else ["triton", "fla", "sdpa"])
+    if "step" in args.modes and args.modes != ["step"]:
+        print("linattn bench: --modes step times a layer's decode step on its own shapes (T = 1): run it alone",
+              file=sys.stderr)
+        return 2
     if decode:
         preset = args.preset or ("decode" if on_gpu else "decode_tiny")
+    elif args.modes == ["step"]:
+        preset = args.preset or ("layer_step" if on_gpu else "layer_step_tiny")
     else:
         preset = args.preset or BENCH_OPS[op_name].default_presets[0 if on_gpu else 1]
     if preset in PRESETS and any(("state" in s) != decode for s in PRESETS[preset]):
@@ -93,7 +104,8 @@ def run(args) -> int:
               f"({'use --modes decode' if not decode else 'decode presets: decode, decode_tiny'})", file=sys.stderr)
         return 2
     if not on_gpu and preset not in CPU_PRESETS:
-        cpu = ["decode_tiny"] if decode else [BENCH_OPS[op_name].default_presets[1]]
+        cpu = ["decode_tiny"] if decode else ["layer_step_tiny"] if args.modes == ["step"] else \
+            [BENCH_OPS[op_name].default_presets[1]]
         print(f"linattn bench: no GPU here; only the {', '.join(cpu)} preset runs on the CPU "
               f"(asked for {preset!r})", file=sys.stderr)
         return 2
