@@ -128,5 +128,29 @@ def test_decode_targets(b256_ms, pct):
     e = decode_targets(rows, "eager")                              # the eager column: its own numbers
     assert e["batch1_us"] == pytest.approx(33.0) and e["batch1_le_8us"] is False
     assert e["batch256_fp32_pct_of_copy"] == pytest.approx(pct / 10) and e["batch256_ge_90pct_copy"] is False
+    assert "kda_batch256_fp32_pct_of_copy" not in t                 # no KDA row
+    kda = dict(_row(256, "float32", "auto", 0.27, 91.0), shape=dict(B=256, state="float32", pool=True, decay="channel"))
+    tk = decode_targets(rows + [kda])
+    assert tk["kda_batch256_fp32_pct_of_copy"] == 91.0 and tk["kda_batch256_ge_90pct_copy"] is True
+    assert tk["batch256_fp32_pct_of_copy"] == pct                    # GDN's target still from GDN's row
     rows[5] = dict(rows[5], graph=dict(status="n/a", reason="capture failed"))
     assert "batch256_fp32_pct_of_copy" not in decode_targets(rows)   # a row without the column: target absent
+
+
+def test_bench_kda_decode_tiny(tmp_path):
+    """The KDA decode rows (preset kda_decode_tiny: per-key-channel decay, pool and FLA's mode): the first backend
+    checked against the fp64 reference (fused_recurrent_reference with gk), the roofline on the state's bytes."""
+    ours = _ours()
+    out = tmp_path / "kda_decode.json"
+    backends = [ours, "reference"]
+    rc = main(["bench", "--modes", "decode", "--preset", "kda_decode_tiny", "--backends", *backends, "--procs", "1",
+               "--repeats", "2", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    rows = [r for r in res["rows"] if r["backend"] == ours]
+    assert len(rows) == 2 and all(r["status"] == "ok" and "KDA" in r["shape_label"] for r in rows)
+    for r in rows:
+        shape = r["shape"]
+        assert r["bytes"] == 2 * shape["B"] * shape["HV"] * shape["K"] * shape["V"] * 4
+        if ours == "triton":
+            assert r["reference_check"]["status"] == "pass", r["reference_check"]

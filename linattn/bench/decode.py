@@ -9,6 +9,8 @@ A decode shape is a dict B, T (= 1), H, HV, K, V, `state` ("float32" or "bfloat1
   decode has no pool: it runs in its own mode on the same start states (gathered once, outside the timing) and
   writes a new final state; the same state bytes move.
 - pool=False, FLA's mode for both: initial_state [B, HV, K, V] read, a new final state written.
+A shape with decay="channel" times KDA's decode instead (`fused_recurrent_kda`, g [B, 1, HV, K] the log decay per
+key channel; FLA's peer fla.ops.kda.fused_recurrent_kda; presets kda_decode / kda_decode_tiny), the same modes.
 
 The roofline is the state's bandwidth: `bytes` counts the state read and written once (q, k, v, o and the gates,
 under 1% of the bytes at batch 256, are left out), so `% floor` is the percentage of the measured copy bandwidth
@@ -26,6 +28,11 @@ import torch.nn.functional as F
 from linattn.bench.base import BenchOp, Runner, Unavailable
 
 OP = "fused_recurrent_gated_delta_rule"
+KDA_OP = "fused_recurrent_kda"
+
+
+def _kda(shape: Dict) -> bool:
+    return shape.get("decay") == "channel"
 
 DECODE_BYTES_MODEL = ("decode: the state read and written once (B*HV*K*V elements of the state's dtype, twice); "
                       "q, k, v, o and the gates (< 1% at batch 256) are not counted, so % floor is the share of the "
@@ -49,8 +56,9 @@ def decode_inputs(shape: Dict, device, seed: int, mode: str = "decode", dtype=to
     def rnd(*s):
         return torch.randn(*s, device=dev, generator=gen, dtype=torch.float32)
 
+    g_shape = (B, 1, HV, K) if _kda(shape) else (B, 1, HV)
     out = dict(q=rnd(B, 1, H, K).to(dtype), k=F.normalize(rnd(B, 1, H, K), dim=-1).to(dtype),
-               v=rnd(B, 1, HV, V).to(dtype), g=F.logsigmoid(rnd(B, 1, HV) + 4.0),
+               v=rnd(B, 1, HV, V).to(dtype), g=F.logsigmoid(rnd(*g_shape) + 4.0),
                beta=torch.sigmoid(rnd(B, 1, HV)), h0=(rnd(B, HV, K, V) * 0.5).to(_state_dtype(shape)))
     if shape["pool"]:
         idx = torch.randperm(B, device=dev, generator=gen).to(torch.int32)
@@ -98,8 +106,12 @@ def _ours_args(shape: Dict):
 def _prepare_ours(name: str, shape: Dict, inputs: Dict) -> Runner:
     import linattn  # noqa: F401  (registers the op's backends)
     from linattn.backends import op_backends
-    from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule
-    reg = op_backends(OP)
+    if _kda(shape):
+        from linattn.ops.kda.fused_recurrent import fused_recurrent_kda as op_fn
+    else:
+        from linattn.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule as op_fn
+    op = KDA_OP if _kda(shape) else OP
+    reg = op_backends(op)
     kw = _ours_kwargs(shape, inputs)
     if name == "auto":
         try:
@@ -113,10 +125,9 @@ def _prepare_ours(name: str, shape: Dict, inputs: Dict) -> Runner:
             raise Unavailable(f"supports() rejects: {reason}")
         how = f"backend={name!r}"
     else:
-        raise Unavailable(f"not registered for {OP} (registered: {reg.names()})")
+        raise Unavailable(f"not registered for {op} (registered: {reg.names()})")
     notes = [how + (", pool updated in place" if shape["pool"] else ", FLA's mode (new final state)")]
-    return Runner(name, lambda **a: fused_recurrent_gated_delta_rule(**a, backend=name), _ours_args(shape),
-                  _outs(shape), (), notes=notes)
+    return Runner(name, lambda **a: op_fn(**a, backend=name), _ours_args(shape), _outs(shape), (), notes=notes)
 
 
 def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
@@ -125,6 +136,8 @@ def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
 
     def args(inp, mode):
         kw = {n: t.double() for n, t in _common(inp).items()}
+        if _kda(shape):                               # the per-key-channel log decay
+            kw.update(g=None, gk=kw["g"], gk_mode="log")
         return dict(kw, initial_state=inp["h0"].double(), output_final_state=True), (), ()
     return Runner("reference", fused_recurrent_reference, args, _outs(shape), (), notes=["fp64, from the start states"])
 
@@ -132,16 +145,20 @@ def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
 def _prepare_fla(shape: Dict, inputs: Dict) -> Runner:
     try:
         import fla
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_decode
+        if _kda(shape):
+            from fla.ops.kda import fused_recurrent_kda as fla_decode
+        else:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_decode
     except Exception as e:                            # ImportError, or a driver query failing on a CPU
         raise Unavailable(f"fla not importable: {type(e).__name__}: {e}")
+    what = "fla.ops.kda.fused_recurrent_kda" if _kda(shape) else "fused_recurrent_gated_delta_rule"
 
     def args(inp, mode):
         return dict(_common(inp), initial_state=inp["h0"], output_final_state=True), (), ()
     return Runner("fla", lambda **kw: fla_decode(**kw), args, _outs(shape), (), family="peer",
-                  notes=[f"fla {getattr(fla, '__version__', '?')} fused_recurrent_gated_delta_rule: its own mode "
+                  notes=[f"fla {getattr(fla, '__version__', '?')} {what}: its own mode "
                          "(h0 -> a new final state; no pool)" if shape["pool"] else
-                         f"fla {getattr(fla, '__version__', '?')} fused_recurrent_gated_delta_rule"])
+                         f"fla {getattr(fla, '__version__', '?')} {what}"])
 
 
 def decode_prepare(backend: str, shape: Dict, inputs: Dict, mode: str) -> Runner:
@@ -166,19 +183,25 @@ GATED_DELTA_RULE_DECODE = BenchOp(
 def decode_targets(rows, column: str = "graph") -> Dict:
     """Issue 6's targets from a decode bench's rows, in one timing column ("graph" or "eager"; the first linattn
     backend that ran each shape in that column): batch 256 fp32 pool >= 90% of copy, batch 1 and 32 fp32 pool no
-    slower than FLA, batch 1 <= 8 us, bf16 pool >= 1.7x fp32's speed at batch 256. A target whose rows did not run
-    is absent."""
+    slower than FLA, batch 1 <= 8 us, bf16 pool >= 1.7x fp32's speed at batch 256; from KDA rows (decay "channel")
+    issue 35's batch 256 fp32 pool >= 90% of copy. A target whose rows did not run is absent."""
     ours, fla = {}, {}
     for r in rows:
         col = r.get(column) or {}
         if r.get("status") != "ok" or col.get("status") != "ok" or r["mode"] != "decode" or not r["shape"].get("pool"):
             continue
         key = (r["shape"]["B"], r["shape"]["state"])
+        if _kda(r["shape"]):
+            key = ("kda",) + key
         if r["backend"] == "fla":
             fla[key] = col
         elif r.get("family") == "linattn" and r["backend"] != "reference" and key not in ours:
             ours[key] = col
     t = {}
+    c = ours.get(("kda", 256, "float32"))
+    if c and c.get("pct_of_floor") is not None:
+        t["kda_batch256_fp32_pct_of_copy"] = c["pct_of_floor"]
+        t["kda_batch256_ge_90pct_copy"] = c["pct_of_floor"] >= 90.0
     c = ours.get((256, "float32"))
     if c and c.get("pct_of_floor") is not None:
         t["batch256_fp32_pct_of_copy"] = c["pct_of_floor"]

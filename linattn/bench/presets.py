@@ -53,8 +53,11 @@ PRESETS = {
 PRESETS["production"] = PRESETS["production_hv32"] + PRESETS["production_hv64"] + PRESETS["production_hv8"]
 
 
-def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128) -> Dict:
-    return dict(B=B, T=1, H=H, HV=HV, K=K, V=V, state=state, pool=pool)
+def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128, decay=None) -> Dict:
+    s = dict(B=B, T=1, H=H, HV=HV, K=K, V=V, state=state, pool=pool)
+    if decay:                                      # "channel": KDA's decode (linattn.bench.decode)
+        s["decay"] = decay
+    return s
 
 
 # decode (`--modes decode`, issue 6's targets): H = HV = 32, K = V = 128, the serving pool at batch 1 / 32 / 256 with
@@ -62,6 +65,11 @@ def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128) -> Dict:
 PRESETS["decode"] = [_decode(1), _decode(32), _decode(256), _decode(256, "bfloat16"), _decode(256, pool=False)]
 PRESETS["decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32), _decode(2, "bfloat16", H=2, HV=2, K=32, V=32),
                           _decode(2, pool=False, H=1, HV=2, K=32, V=32)]
+# KDA's decode (`--modes decode --preset kda_decode`, issue 35's target: >= 90% of the copy bandwidth at batch 256)
+PRESETS["kda_decode"] = [_decode(1, decay="channel"), _decode(256, decay="channel"),
+                         _decode(256, pool=False, decay="channel")]
+PRESETS["kda_decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32, decay="channel"),
+                              _decode(2, pool=False, H=1, HV=2, K=32, V=32, decay="channel")]
 
 # chunk_kda (`--op kda`): Kimi Linear's heads, H = HV = 32, K = V = 128, with states; tiny for the interpreter (two
 # chunks with a ragged end, and varlen with a 1-token sequence)
@@ -75,7 +83,7 @@ PRESETS["layer_tiny"] = [dict(_dense(1, 80, 2, 4, 16, 16), hidden=64)]
 PRESETS["layer_step"] = [dict(_dense(1, 1, 16, 32), hidden=2048), dict(_dense(64, 1, 16, 32), hidden=2048)]
 PRESETS["layer_step_tiny"] = [dict(_dense(3, 1, 2, 4, 16, 16), hidden=64)]
 
-CPU_PRESETS = ("tiny", "decode_tiny", "kda_tiny", "layer_tiny", "layer_step_tiny")
+CPU_PRESETS = ("tiny", "decode_tiny", "kda_decode_tiny", "kda_tiny", "layer_tiny", "layer_step_tiny")
 
 
 def shape_label(s: Dict) -> str:
@@ -85,7 +93,8 @@ def shape_label(s: Dict) -> str:
         return f"varlen{len(s['lengths'])} T{s['T']} {head}{decay}"
     if "state" in s:                               # a decode shape (linattn.bench.decode)
         mode = "pool in place" if s.get("pool") else "no pool"
-        return f"B{s['B']} T{s['T']} {head} {s['state']} state, {mode}"
+        kda = "KDA " if s.get("decay") == "channel" else ""
+        return f"{kda}B{s['B']} T{s['T']} {head} {s['state']} state, {mode}"
     layer = f" hidden {s['hidden']}" if "hidden" in s else ""
     return f"B{s['B']} T{s['T']} {head}{decay}{layer}"
 

@@ -100,8 +100,9 @@ def run(args) -> int:
     else:
         preset = args.preset or BENCH_OPS[op_name].default_presets[0 if on_gpu else 1]
     if preset in PRESETS and any(("state" in s) != decode for s in PRESETS[preset]):
+        known = "decode presets: decode, decode_tiny, kda_decode, kda_decode_tiny"
         print(f"linattn bench: preset {preset!r} is {'not ' if decode else ''}a decode preset "
-              f"({'use --modes decode' if not decode else 'decode presets: decode, decode_tiny'})", file=sys.stderr)
+              f"({'use --modes decode' if not decode else known})", file=sys.stderr)
         return 2
     if not on_gpu and preset not in CPU_PRESETS:
         cpu = ["decode_tiny"] if decode else ["layer_step_tiny"] if args.modes == ["step"] else \
