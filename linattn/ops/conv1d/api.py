@@ -17,6 +17,7 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.conv1d.reference import causal_conv1d_reference
 from linattn.ops.conv1d.validation import check_conv_inputs, fail
+from linattn.runtime import eager_ops
 from linattn.runtime.settings import settings
 
 OP = "causal_conv1d"
@@ -31,7 +32,7 @@ def _act(activation: Optional[str]) -> str:
 # ---- the Triton path as torch custom ops. Optional outputs are not allowed in custom-op schemas: a state or a
 # gradient that does not exist is returned as an empty [0] tensor and mapped back to None by the caller.
 
-@torch.library.custom_op("linattn::causal_conv1d_fwd", mutates_args=())
+@eager_ops.custom_op("linattn::causal_conv1d_fwd")
 def _conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
               initial_state: Optional[torch.Tensor], output_final_state: bool, activation: str,
               cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +50,7 @@ def _(x, weight, bias, residual, initial_state, output_final_state, activation, 
     return y, final
 
 
-@torch.library.custom_op("linattn::causal_conv1d_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::causal_conv1d_bwd")
 def _conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
               initial_state: Optional[torch.Tensor], activation: str, cu_seqlens: Optional[torch.Tensor],
               dy: torch.Tensor, dfinal: Optional[torch.Tensor]

@@ -21,6 +21,7 @@ from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
 from linattn.ops.norm.l2norm import l2norm
+from linattn.runtime import eager_ops
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
@@ -35,7 +36,7 @@ _backends = op_backends(OP)
 # FLA's options travel as A_log / dt_bias ([HV] contiguous, or None: use_gate_in_kernel), beta_scale (0: beta as
 # given; 1 or 2: use_beta_sigmoid_in_kernel, 2 with allow_neg_eigval) and state_v_first.
 
-@torch.library.custom_op("linattn::chunk_gdn_fwd", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_gdn_fwd")
 def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                    cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],

@@ -12,10 +12,12 @@ from typing import Optional, Tuple
 
 import torch
 
+from linattn.runtime import eager_ops
+
 
 # Optional outputs are not allowed in custom-op schemas: a gradient that does not exist is returned as an empty
 # [0] tensor and mapped back to None by the caller.
-@torch.library.custom_op("linattn::chunk_gdn_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_gdn_bwd")
 def chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                   scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                   do: torch.Tensor, dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor],

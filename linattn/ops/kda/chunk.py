@@ -19,6 +19,7 @@ from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_
                                                     fla_state_v_first)
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+from linattn.runtime import eager_ops
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
@@ -42,7 +43,7 @@ def _empties(q, n: int):
     return tuple(_empty(q) for _ in range(n))
 
 
-@torch.library.custom_op("linattn::chunk_kda_fwd", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_kda_fwd")
 def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
                    output_final_state: bool, cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T],
                    gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool,
@@ -80,7 +81,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_
                   q.new_empty(slots, HV, K, V), q.new_empty(T_tot, HV, V))
 
 
-@torch.library.custom_op("linattn::chunk_kda_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_kda_bwd")
 def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
                    cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T], gate: str,
                    lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: _T,
@@ -126,7 +127,7 @@ def _backward(ctx, do, dht, *_):
     q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *saved = ctx.saved_tensors
     scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state = ctx.args
     use_dht = output_final_state and dht is not None and dht.numel() > 0
-    dq, dk, dv, dg, dbeta, dh0, dA, dbias = torch.ops.linattn.chunk_kda_bwd(
+    dq, dk, dv, dg, dbeta, dh0, dA, dbias = _chunk_kda_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
         neg_eigval, state_v_first, do, dht if use_dht else None, saved)
     return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,

@@ -14,6 +14,7 @@ import torch
 
 from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.norm.reference import rms_norm_gated_reference
+from linattn.runtime import eager_ops
 from linattn.runtime.settings import settings
 
 OP = "rms_norm_gated"
@@ -68,7 +69,7 @@ def _check(x, g, weight, bias, activation, eps, group_size):
 
 # ---- the Triton path as torch custom ops (a bias or weight gradient that does not exist is an empty [0] tensor)
 
-@torch.library.custom_op("linattn::rms_norm_gated_fwd", mutates_args=())
+@eager_ops.custom_op("linattn::rms_norm_gated_fwd")
 def _norm_fwd(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
               eps: float, group_size: int, activation: str, norm_before_gate: bool) -> torch.Tensor:
     from linattn.ops.norm.triton.rms_norm_gated import rms_norm_gated_fwd
@@ -80,7 +81,7 @@ def _(x, g, weight, bias, eps, group_size, activation, norm_before_gate):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("linattn::rms_norm_gated_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::rms_norm_gated_bwd")
 def _norm_bwd(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
               eps: float, group_size: int, activation: str, norm_before_gate: bool, dy: torch.Tensor
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

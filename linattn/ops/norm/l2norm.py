@@ -11,12 +11,13 @@ from typing import Tuple
 import torch
 
 from linattn.ops.norm.reference import l2norm as l2norm_plain
+from linattn.runtime import eager_ops
 from linattn.runtime.settings import settings
 
 MAX_D = 1024                 # one row is one register tile of the kernels (the chunk ops' K is at most 256)
 
 
-@torch.library.custom_op("linattn::l2norm_fwd", mutates_args=())
+@eager_ops.custom_op("linattn::l2norm_fwd")
 def _fwd(x: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     from linattn.ops.norm.triton.l2norm import l2norm_fwd
     return l2norm_fwd(x, eps)
@@ -27,7 +28,7 @@ def _(x, eps):
     return x.new_empty(x.shape), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
 
 
-@torch.library.custom_op("linattn::l2norm_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::l2norm_bwd")
 def _bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     from linattn.ops.norm.triton.l2norm import l2norm_bwd
     return l2norm_bwd(x, rstd, dy.contiguous())

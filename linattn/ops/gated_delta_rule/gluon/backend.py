@@ -19,12 +19,13 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
+from linattn.runtime import eager_ops
 
 OP = "chunk_gated_delta_rule"
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-@torch.library.custom_op("linattn::chunk_gdn_fwd_gluon", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_gdn_fwd_gluon")
 def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                          cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +44,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
     return v.new_empty(B, T, HV, V), final
 
 
-@torch.library.custom_op("linattn::chunk_gdn_bwd_gluon", mutates_args=())
+@eager_ops.custom_op("linattn::chunk_gdn_bwd_gluon")
 def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                          do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
@@ -87,7 +88,7 @@ def recompute_state_in_gluon(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optio
 
 def _backward(ctx, do, dfinal):
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors[:7]
-    grads = torch.ops.linattn.chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do,
+    grads = _chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do,
                                                   autograd.final_state_grad(ctx, dfinal),
                                                   recompute_state_in_gluon(q, v, cu_seqlens))
     return autograd.input_grads(ctx, *grads)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.common import softplus
+from linattn.runtime import eager_ops
 from linattn.runtime.alloc import empty
 
 BLOCK = 1024
@@ -102,7 +103,7 @@ def gate_prologue_bwd(g, beta, A_log, dt_bias, beta_scale: int, dg_eff, dbeta_ef
     return dg, dbeta, dA_log, ddt_bias
 
 
-@torch.library.custom_op("linattn::gdn_gate_prologue", mutates_args=())
+@eager_ops.custom_op("linattn::gdn_gate_prologue")
 def _prologue(g: torch.Tensor, beta: torch.Tensor, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
               beta_scale: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return gate_prologue_fwd(g, beta, A_log, dt_bias, beta_scale)
@@ -113,7 +114,7 @@ def _(g, beta, A_log, dt_bias, beta_scale):
     return g.new_empty(g.shape, dtype=torch.float32), beta.new_empty(beta.shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("linattn::gdn_gate_prologue_bwd", mutates_args=())
+@eager_ops.custom_op("linattn::gdn_gate_prologue_bwd")
 def _prologue_bwd(g: torch.Tensor, beta: torch.Tensor, A_log: Optional[torch.Tensor],
                   dt_bias: Optional[torch.Tensor], beta_scale: int, dg_eff: torch.Tensor,
                   dbeta_eff: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,7 +139,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dg_eff, dbeta_eff):
     g, beta, A_log, dt_bias = ctx.saved_tensors
-    dg, dbeta, dA_log, ddt_bias = torch.ops.linattn.gdn_gate_prologue_bwd(
+    dg, dbeta, dA_log, ddt_bias = _prologue_bwd(
         g, beta, A_log, dt_bias, ctx.beta_scale,
         dg_eff if dg_eff is not None else torch.zeros_like(g, dtype=torch.float32),
         dbeta_eff if dbeta_eff is not None else torch.zeros_like(beta, dtype=torch.float32))
