@@ -15,6 +15,7 @@ import triton.language as tl
 from linattn.ops.conv1d.triton.common import load_src, preact, seq_of, silu_grad
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import cdiv, next_power_of_2
 
 # tokens per block: the forward's (32 ran 6% faster than 64 on an H200 at the layer's shapes) and the backward's
 BT = 32
@@ -24,7 +25,7 @@ BT_BWD = 64
 def _block_d(D: int, bwd: bool = False) -> int:
     """Channels per block: 64, or 32 in the backward, whose first pass holds the pre-activation's input tiles and
     the dweight products (168 registers at 64 x 64: three programs per SM; 32 channels ran 8% faster on an H200)."""
-    return min(32 if bwd else 64, triton.next_power_of_2(D))
+    return min(32 if bwd else 64, next_power_of_2(D))
 
 
 def _log_n(N: int) -> int:
@@ -204,15 +205,15 @@ def conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, sil
     BD = _block_d(D)
     y = empty(B, T, D, dtype=x.dtype, device=x.device)
     if T > 0:
-        conv1d_fwd_kernel[(triton.cdiv(D, BD), triton.cdiv(T, BT), B)](
+        conv1d_fwd_kernel[(cdiv(D, BD), cdiv(T, BT), B)](
             x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, *x.stride(), W=W, BT=BT, BD=BD,
             LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
             HAS_H0=h0 is not None, IS_VARLEN=cu_seqlens is not None)
     final = None
     if output_final_state:
         final = empty(N, D, W, dtype=x.dtype, device=x.device)
-        conv1d_final_kernel[(triton.cdiv(D, BD), N)](
-            x, h0, cu_seqlens, final, T, D, *x.stride(), W=W, BW=triton.next_power_of_2(W), BD=BD,
+        conv1d_final_kernel[(cdiv(D, BD), N)](
+            x, h0, cu_seqlens, final, T, D, *x.stride(), W=W, BW=next_power_of_2(W), BD=BD,
             HAS_H0=h0 is not None, IS_VARLEN=cu_seqlens is not None)
     return y, final
 
@@ -224,10 +225,10 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     dy = dy.contiguous()
     dht = dfinal.contiguous() if dfinal is not None else None
     BD = _block_d(D, bwd=True)
-    BW = triton.next_power_of_2(W)
-    nd, ntb = triton.cdiv(D, BD), triton.cdiv(T, BT_BWD)
+    BW = next_power_of_2(W)
+    nd, ntb = cdiv(D, BD), cdiv(T, BT_BWD)
     # the first pass's programs along the token blocks: about 8 per SM, each summing its blocks' dweight / dbias terms
-    G = max(1, min(ntb, triton.cdiv(8 * device_facts(x.device).num_sms, nd * B)))
+    G = max(1, min(ntb, cdiv(8 * device_facts(x.device).num_sms, nd * B)))
     dx = empty(B, T, D, dtype=x.dtype, device=x.device)
     dw_part = empty(B * G, D, W, dtype=torch.float32, device=x.device)
     db_part = empty(B * G, D, dtype=torch.float32, device=x.device) if bias is not None else None

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
@@ -31,10 +30,11 @@ from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import cdiv, next_power_of_2
 
 
 def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
+    return max(lo, next_power_of_2(n))
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _configs(K: int, V: int, N: int, HV: int, device) -> BwdConfig:
     BV = _pow2(V)
     bv_state = min(BV, 64 if (K == BK and BK <= 128) else 32)
     sms = facts.num_sms if facts.kind == "cuda" else 1
-    while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
+    while bv_state > 32 and N * HV * cdiv(V, bv_state) < sms:
         bv_state //= 2
     return BwdConfig(BK_state=BK, BV_state=bv_state, BK=min(BK, 64), BV=min(BV, 64),
                      warps_state=8, stages_state=2 if BK <= 128 else 1, warps_dv_local=4)
@@ -73,7 +73,7 @@ def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], 
     H, K = q.shape[-2], q.shape[-1]
     HV, V = do.shape[-2], do.shape[-1]
     cfg = _configs(K, V, plan.N, HV, q.device)
-    chunk_state_bwd_kernel[(triton.cdiv(V, cfg.BV_state) * plan.N * HV,)](
+    chunk_state_bwd_kernel[(cdiv(V, cfg.BV_state) * plan.N * HV,)](
         q, k, w, gcum, do, dh, dvnew,
         dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
         plan.cu, plan.chunk_offsets, scale,
@@ -108,7 +108,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     cfg = _configs(K, V, N, HV, dev)
     dot_prec = dot_precision(q.dtype)
     dt = q.dtype
-    NK = triton.cdiv(K, cfg.BK)
+    NK = cdiv(K, cfg.BK)
 
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
                                      store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,

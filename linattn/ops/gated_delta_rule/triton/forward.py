@@ -9,7 +9,6 @@ from functools import lru_cache
 from typing import Callable, Optional
 
 import torch
-import triton
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
@@ -18,12 +17,13 @@ from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.intra_split import intra_split
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
+from linattn.runtime.host_path import cdiv, next_power_of_2
 
 CHUNK = 64
 
 
 def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
+    return max(lo, next_power_of_2(n))
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ def _configs_for(K: int, V: int, N: int, HV: int, kind: str, num_sms: int) -> Fw
     # state pass: [BK, BV] fp32 state in registers; split V so that N*HV*(V/BV) programs cover the SMs
     bv_state = min(BV, 64 if BK <= 128 else 32)
     sms = num_sms if kind == "cuda" else 1
-    while bv_state > 32 and N * HV * triton.cdiv(V, bv_state) < sms:
+    while bv_state > 32 and N * HV * cdiv(V, bv_state) < sms:
         bv_state //= 2
-    if bv_state == 32 and N * HV * triton.cdiv(V, 16) <= sms:
+    if bv_state == 32 and N * HV * cdiv(V, 16) <= sms:
         # 16 columns where even they fit one wave (bit-equal; forward 1.05-1.10x at B1-B2 H2/HV8 on an H200)
         bv_state = 16
     return FwdConfig(BV_state=bv_state, warps_state=8 if BK >= 256 else 4, stages=2)
@@ -78,7 +78,7 @@ def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     cfg = _configs(K, V, plan.N, HV, k.device)
-    chunk_state_fwd_kernel[(triton.cdiv(V, cfg.BV_state) * plan.N * HV,)](
+    chunk_state_fwd_kernel[(cdiv(V, cfg.BV_state) * plan.N * HV,)](
         k, w, u, gcum, h, vnew,
         initial_state if initial_state is not None else gcum, final if final is not None else gcum,
         plan.cu, plan.chunk_offsets,

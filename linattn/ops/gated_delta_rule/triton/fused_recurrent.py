@@ -10,13 +10,12 @@ from operator import itemgetter
 from typing import Callable, Optional
 
 import torch
-import triton
 
 from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_gdn_fwd_kernel,
                                                                 fused_recurrent_gdn_fwd_persistent_kernel)
 from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import MAX_PLANS, HostPath, cdiv, current_device, hooks_active, kept_direct, launch
+from linattn.runtime.host_path import HostPath, MAX_PLANS, cdiv, current_device, hooks_active, kept_direct, launch, next_power_of_2
 
 # Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
 # launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
@@ -36,13 +35,13 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     (fused_recurrent), iteration 1"): bf16 at batch 256 ran 231 us with BV = 64 against 281 us with BV = 32 (the
     same bytes per program as fp32 is what counts, not the same columns); fp32 at batch 1 ran 3.7-3.9 us with 16
     columns against 4.2 us with 8 and 5.3 us with 4 (rows narrower than 64 bytes waste half of each 64-byte fetch)."""
-    BK = triton.next_power_of_2(K)
+    BK = next_power_of_2(K)
     elem = torch.empty((), dtype=state_dtype).element_size()
-    vp2 = triton.next_power_of_2(V)
+    vp2 = next_power_of_2(V)
     bv_min = min(vp2, max(1, 64 // elem))
     BV = min(vp2, max(bv_min, 128 // elem))
     target = 4 * num_sms
-    while BV > bv_min and N * HV * triton.cdiv(V, BV) < target:
+    while BV > bv_min and N * HV * cdiv(V, BV) < target:
         BV //= 2
     # about 32 state bytes x 4 per thread: 4 warps for a [128, 128-byte] block
     num_warps = max(1, min(8, BK * BV * elem // 4096))
@@ -65,8 +64,8 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     SM."""
     if T != 1 or varlen or state_dtype != torch.float32 or K > 128:
         return None
-    BV = min(64, triton.next_power_of_2(V))
-    if N * HV * triton.cdiv(V, BV) < 32 * num_sms:
+    BV = min(64, next_power_of_2(V))
+    if N * HV * cdiv(V, BV) < 32 * num_sms:
         return None
     return BV, 4, 1, 2
 

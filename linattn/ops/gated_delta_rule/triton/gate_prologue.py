@@ -17,6 +17,7 @@ import triton.language as tl
 from linattn.ops.gated_delta_rule.triton.common import softplus
 from linattn.runtime import eager_ops
 from linattn.runtime.alloc import empty
+from linattn.runtime.host_path import cdiv
 
 BLOCK = 1024
 
@@ -70,7 +71,7 @@ def gate_prologue_bwd_kernel(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, dg_eff_ptr
 
 
 def _grid(n: int):
-    return (max(triton.cdiv(n, BLOCK), 1),)
+    return (max(cdiv(n, BLOCK), 1),)
 
 
 def gate_prologue_fwd(g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],

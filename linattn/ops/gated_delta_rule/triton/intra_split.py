@@ -29,6 +29,7 @@ import triton.language as tl
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, softplus, store_tile
 from linattn.runtime.alloc import empty
+from linattn.runtime.host_path import next_power_of_2
 
 CHUNK = 64
 
@@ -372,9 +373,9 @@ def split_intra_config(K: int, V: int) -> SplitIntraConfig:
     kkt_solve_kernel with K K^T in one K block of 128 (one k tile: its loads issued with the gates', EARLY_K); wu
     with W and U in 64-column blocks: 92 registers (BK = BV = 128: 126, fp32 Tinv 162), so memory traffic from up to
     5 CTAs per SM."""
-    return SplitIntraConfig(BK_kkt=max(16, min(128, triton.next_power_of_2(K))),
-                            BK=max(16, min(64, triton.next_power_of_2(K))),
-                            BV=max(16, min(64, triton.next_power_of_2(V))), warps_kkt=4, warps_wu=4)
+    return SplitIntraConfig(BK_kkt=max(16, min(128, next_power_of_2(K))),
+                            BK=max(16, min(64, next_power_of_2(K))),
+                            BV=max(16, min(64, next_power_of_2(V))), warps_kkt=4, warps_wu=4)
 
 
 def fla_gate_args(A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], beta_scale: int,

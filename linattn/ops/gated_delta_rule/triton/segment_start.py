@@ -29,6 +29,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.common import sequence_span
+from linattn.runtime.host_path import next_power_of_2
 
 CHUNK = 64
 THRESH = 20.0              # a window ends once its summed log decay is <= -THRESH (e^-20 = 2.1e-9)
@@ -154,7 +155,7 @@ def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: floa
     N = plan.N
     slow, flag, segw = out if out is not None else segment_window_buffers(N, S, HV, k.device)
     args = (k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh))
-    kwargs = dict(H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, triton.next_power_of_2(K)), MAXW=int(max_window),
+    kwargs = dict(H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, next_power_of_2(K)), MAXW=int(max_window),
                   num_warps=num_warps)
     if launch is None:
         segment_window_kernel[(N * S * HV,)](*args, **kwargs)

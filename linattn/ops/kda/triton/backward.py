@@ -38,6 +38,7 @@ from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import DIAG_BH, KdaIntermediates, chunk_kda_fwd
 from linattn.ops.kda.triton.intra import token_rows
 from linattn.runtime.alloc import empty
+from linattn.runtime.host_path import cdiv
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps.
 # At K = V = 128 on sm_90a (ptxas, Triton 3.6.0) the pair and dg kernels spill nothing; the WY kernel at 32 channels
@@ -369,7 +370,7 @@ def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch
     HV, K = kdec.shape[-2], kdec.shape[-1]
     V = do.shape[-1]
     bv_state = min(_pow2(V), 32)
-    chunk_state_bwd_kernel[(triton.cdiv(V, bv_state) * plan.N * HV,)](
+    chunk_state_bwd_kernel[(cdiv(V, bv_state) * plan.N * HV,)](
         qdec, kdec, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
         plan.cu, plan.chunk_offsets, scale,
         H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=bv_state, USE_DHT=dht is not None,

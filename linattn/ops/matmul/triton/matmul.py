@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.matmul.launch import PlanCache, launch
+from linattn.runtime.host_path import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -93,7 +94,7 @@ def kernel_source_hash() -> str:
 
 
 def _pow2_at_least_16(n: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(max(1, n))))
+    return max(16, min(cap, next_power_of_2(max(1, n))))
 
 
 def pick_config(M: int, N: int, K: int, num_sms: int, interpret: bool = False) -> TritonMatmulConfig:
@@ -123,7 +124,7 @@ def _make_plan(M, N, K, dtype, device, config):
         config = config or pick_config(M, N, K, facts.num_sms, interpret=interpret)
     p = _Plan()
     p.config = config
-    p.grid = (triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN), 1, 1)
+    p.grid = (cdiv(M, config.BM) * cdiv(N, config.BN), 1, 1)
     p.even_k = K % config.BK == 0
     p.handles = {}
     return p
@@ -170,5 +171,5 @@ def _cached_config(M, N, K, dtype, facts):
 
 def shape_key(M: int, N: int, K: int, dtype) -> str:
     """Bucket by powers of two so one tuned entry serves neighbouring shapes."""
-    b = lambda x: triton.next_power_of_2(max(1, x))  # noqa: E731
+    b = lambda x: next_power_of_2(max(1, x))  # noqa: E731
     return f"{b(M)}x{b(N)}x{b(K)}:{str(dtype).replace('torch.', '')}"

@@ -130,9 +130,9 @@ def rms_norm_gated_bwd(x, g, weight, bias, eps, group_size, activation, norm_bef
     R = x2.shape[0]
     BR, BG, warps = _config(group_size)
     ngroups = D // group_size
-    nrb = triton.cdiv(R, BR)
+    nrb = cdiv(R, BR)
     # programs along the rows: about 8 per SM, each summing its row blocks' dweight / dbias terms
-    P = max(1, min(nrb, triton.cdiv(8 * device_facts(x.device).num_sms, ngroups)))
+    P = max(1, min(nrb, cdiv(8 * device_facts(x.device).num_sms, ngroups)))
     dx = empty(R, D, dtype=x.dtype, device=x.device)
     dg = empty(R, D, dtype=g.dtype, device=x.device)
     dw_part = empty(P, D, dtype=torch.float32, device=x.device) if weight is not None else None
