@@ -36,7 +36,7 @@ from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_p
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
 from linattn.ops.kda.triton.forward import DIAG_BH, KdaIntermediates, chunk_kda_fwd
-from linattn.ops.kda.triton.intra import token_rows
+from linattn.ops.kda.triton.intra import chunk_rows, token_rows
 from linattn.runtime.alloc import empty
 from linattn.runtime.host_path import cdiv
 
@@ -67,21 +67,13 @@ def kda_wy_bwd_kernel(
     (fp32, gam_C's terms on the last row) and dbeta (fp32); dv final. The value side (dv, dAqk, U's part of dTinv)
     is done once; the key side walks the key row in blocks of BK channels (the state's rows S[ck, :] and dS[ck, :]
     with them), summing W's part of dTinv and dbeta over the blocks."""
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     slot = (tl.load(chunk_off_ptr + n) + c).to(tl.int64)
-    hk = hv // (HV // H)
-    i = tl.arange(0, BT)
-    r = t0 + i
-    m = r < eos
     cv = tl.arange(0, BV)
     mrv = m[:, None] & (cv < V)[None, :]
     off_v = (r * HV + hv)[:, None] * V + cv[None, :]
-    last = tl.minimum(eos - t0, BT) - 1
 
     beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
     vf = tl.load(v_ptr + off_v, mask=mrv, other=0.).to(tl.float32)

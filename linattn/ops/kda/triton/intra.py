@@ -56,6 +56,21 @@ def _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mask):
 
 
 @triton.jit
+def chunk_rows(chunk_idx_ptr, cu_ptr, N, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr):
+    """What a (chunk slot, value head) program of KDA's chunk kernels starts from: program (p, hv) takes chunk slot
+    p of value head hv. Returns live (False for a surplus slot of the varlen bound: the program returns), the
+    slot's sequence n and chunk c, t0, eos, hv, its key head hk, the row indices i, the tokens r = t0 + i, their
+    mask m (r < eos) and the chunk's last row `last` (relative to t0)."""
+    n, c = slot_chunk(chunk_idx_ptr, tl.program_id(0))
+    live = n < N
+    bos, eos, t0 = chunk_span(cu_ptr, tl.minimum(n, N - 1), c, BT)
+    hv = tl.program_id(1)
+    i = tl.arange(0, BT)
+    r = t0 + i
+    return live, n, c, t0, eos, hv, hv // (HV // H), i, r, r < eos, tl.minimum(eos - t0, BT) - 1
+
+
+@triton.jit
 def kda_cumsum_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
     gcum_ptr, beta_out_ptr, kdec_ptr, qdec_ptr,        # gcum [T_tot, HV, K] fp32, beta fp32; kdec, qdec [T_tot, HV, K]
@@ -67,17 +82,9 @@ def kda_cumsum_kernel(
     """Grid (chunk slots, HV): the per-token part of stage 2a. The effective beta, the decay per key channel (the
     gate first where it is fused; 0 past the sequence end), its cumsum over the chunk (gcum), and the decayed keys
     and queries of the state and output stages."""
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)
-    i = tl.arange(0, BT)
-    r = t0 + i
-    m = r < eos
-    last = tl.minimum(eos - t0, BT) - 1
     beta = tl.load(beta_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
     if BETA_SIGMOID:
         beta = tl.sigmoid(beta)
@@ -167,17 +174,9 @@ def kda_inter_solve_kernel(
     blocks, row block I's products go through its first row r = 16 I: (x_i exp(gam_i - gam_r)) . (k_j exp(gam_r -
     gam_j)), both factors <= 1, as [64, BK] x [BK, 64] products over the key blocks."""
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)
-    i = tl.arange(0, BT)
-    r = t0 + i
-    m = r < eos
-    last = tl.minimum(eos - t0, BT) - 1
     rb = t0 + 16 * (i // 16)                   # the first row of row i's 16-row block
     s16 = tl.arange(0, 16)
     akk = tl.zeros([BT, BT], dtype=tl.float32)
@@ -230,16 +229,10 @@ def kda_decayed_qk_kernel(
 ):
     """Grid (chunk slots, HV): kda_cumsum_kernel's decayed keys and queries again from a saved gcum (the backward's
     recompute when the forward kept gcum, Tinv and Aqk)."""
-    p = tl.program_id(0)
-    hv = tl.program_id(1)
-    n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
+    live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
+    if not live:
         return
-    bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
-    hk = hv // (HV // H)
-    r = t0 + tl.arange(0, BT)
-    m = r < eos
-    last = tl.minimum(eos, t0 + BT) - 1
+    last = t0 + last                           # absolute here
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
