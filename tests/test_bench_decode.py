@@ -133,13 +133,19 @@ def test_decode_targets(b256_ms, pct):
     tk = decode_targets(rows + [kda])
     assert tk["kda_batch256_fp32_pct_of_copy"] == 91.0 and tk["kda_batch256_ge_90pct_copy"] is True
     assert tk["batch256_fp32_pct_of_copy"] == pct                    # GDN's target still from GDN's row
+    vf = dict(_row(256, "float32", "auto", 0.30, 84.0),
+              shape=dict(B=256, state="float32", pool=True, decay="channel", v_first=True))
+    tv = decode_targets(rows + [vf, kda])                            # each state layout its own target
+    assert tv["kda_batch256_fp32_pct_of_copy"] == 91.0 and tv["kda_v_first_batch256_fp32_pct_of_copy"] == 84.0
+    assert tv["kda_v_first_batch256_ge_90pct_copy"] is False
     rows[5] = dict(rows[5], graph=dict(status="n/a", reason="capture failed"))
     assert "batch256_fp32_pct_of_copy" not in decode_targets(rows)   # a row without the column: target absent
 
 
 def test_bench_kda_decode_tiny(tmp_path):
-    """The KDA decode rows (preset kda_decode_tiny: per-key-channel decay, pool and FLA's mode): the first backend
-    checked against the fp64 reference (fused_recurrent_reference with gk), the roofline on the state's bytes."""
+    """The KDA decode rows (preset kda_decode_tiny: per-key-channel decay, pool and FLA's mode, K-first and V-first
+    states): the first backend checked against the fp64 reference (fused_recurrent_reference with gk), the roofline
+    on the state's bytes."""
     ours = _ours()
     out = tmp_path / "kda_decode.json"
     backends = [ours, "reference"]
@@ -148,7 +154,8 @@ def test_bench_kda_decode_tiny(tmp_path):
     assert rc == 0
     res = json.loads(out.read_text())
     rows = [r for r in res["rows"] if r["backend"] == ours]
-    assert len(rows) == 2 and all(r["status"] == "ok" and "KDA" in r["shape_label"] for r in rows)
+    assert len(rows) == 4 and all(r["status"] == "ok" and "KDA" in r["shape_label"] for r in rows)
+    assert sum("V-first" in r["shape_label"] for r in rows) == 2
     for r in rows:
         shape = r["shape"]
         assert r["bytes"] == 2 * shape["B"] * shape["HV"] * shape["K"] * shape["V"] * 4

@@ -279,6 +279,16 @@ def test_backends_and_launch_config():
     assert decode_launch_config(256, 32, 128, 128, torch.float32, 132) == (128, 32, 4)
     assert decode_launch_config(256, 32, 128, 128, torch.bfloat16, 132) == (128, 64, 4)   # 128-byte rows
     assert decode_launch_config(1, 32, 128, 128, torch.bfloat16, 132)[1] == 32   # 64-byte rows in bf16 too
+    # V-first states: one warp over 4 KB of whole K rows, at every batch
+    for n in (1, 256):
+        assert decode_launch_config(n, 32, 128, 128, torch.float32, 132, v_first=True) == (128, 8, 1)
+        assert decode_launch_config(n, 32, 128, 128, torch.bfloat16, 132, v_first=True) == (128, 16, 1)
+    assert decode_launch_config(4, 2, 32, 4, torch.float32, 132, v_first=True) == (32, 4, 1)   # BV capped at V
+    # K-first fp32 with a per-channel decay (KDA): 256-byte rows, 16 KB a warp; narrower rows at batch 1
+    assert decode_launch_config(256, 32, 128, 128, torch.float32, 132, channel_decay=True) == (128, 64, 2)
+    assert decode_launch_config(64, 32, 128, 128, torch.float32, 132, channel_decay=True) == (128, 64, 2)
+    assert decode_launch_config(1, 32, 128, 128, torch.float32, 132, channel_decay=True) == (128, 16, 1)
+    assert decode_launch_config(256, 32, 128, 128, torch.bfloat16, 132, channel_decay=True) == (128, 64, 4)
 
 
 def test_torch_compile_fullgraph():
@@ -463,6 +473,7 @@ def test_persistent_heuristic():
     assert decode_persistent_config(256, 32, 128, 128, 1, True, torch.float32, sms) is None             # varlen
     assert decode_persistent_config(4096, 32, 128, 16, 1, False, torch.float32, sms) == (16, 4, 1, 2)
     assert decode_persistent_config(256, 32, 256, 128, 1, False, torch.float32, sms) is None           # K = 256
+    assert decode_persistent_config(256, 32, 128, 128, 1, False, torch.float32, sms, v_first=True) is None
 
 
 def test_public_decode_takes_the_persistent_kernel_at_large_batch(monkeypatch):

@@ -45,7 +45,7 @@ def _state_dtype(shape: Dict) -> torch.dtype:
 
 def decode_inputs(shape: Dict, device, seed: int, mode: str = "decode", dtype=torch.bfloat16) -> Dict:
     """bf16 q, k (L2-normalised), v; fp32 g (log decay, mean about -0.02 per token) and beta in (0, 1); the start
-    states h0 [B, HV, K, V] (x 0.5, in the state's dtype) and, in pool mode, a pool of B slots holding them in a
+    states h0 [B, HV, K, V] ([B, HV, V, K] for a shape with v_first; x 0.5, in the state's dtype) and, in pool mode, a pool of B slots holding them in a
     random order (pool[idx[n]] = h0[n]). Drawn on the device."""
     if mode != "decode":
         raise ValueError(f"the decode bench op has only the 'decode' mode, got {mode!r}")
@@ -59,7 +59,8 @@ def decode_inputs(shape: Dict, device, seed: int, mode: str = "decode", dtype=to
     g_shape = (B, 1, HV, K) if _kda(shape) else (B, 1, HV)
     out = dict(q=rnd(B, 1, H, K).to(dtype), k=F.normalize(rnd(B, 1, H, K), dim=-1).to(dtype),
                v=rnd(B, 1, HV, V).to(dtype), g=F.logsigmoid(rnd(*g_shape) + 4.0),
-               beta=torch.sigmoid(rnd(B, 1, HV)), h0=(rnd(B, HV, K, V) * 0.5).to(_state_dtype(shape)))
+               beta=torch.sigmoid(rnd(B, 1, HV)),
+               h0=(rnd(*((B, HV, V, K) if shape.get("v_first") else (B, HV, K, V))) * 0.5).to(_state_dtype(shape)))
     if shape["pool"]:
         idx = torch.randperm(B, device=dev, generator=gen).to(torch.int32)
         pool = torch.empty_like(out["h0"])
@@ -82,6 +83,11 @@ def _common(inp: Dict) -> Dict:
     return {n: inp[n] for n in ("q", "k", "v", "g", "beta")}
 
 
+def _layout(shape: Dict) -> Dict:
+    """The state layout keyword of every runner: FLA, linattn and the reference all take state_v_first."""
+    return dict(state_v_first=True) if shape.get("v_first") else {}
+
+
 def _outs(shape: Dict) -> tuple:
     """The outputs compared: o, and the new final state in FLA's mode (in pool mode the states are in the pool)."""
     return ("o",) if shape["pool"] else ("o", "final_state")
@@ -90,7 +96,7 @@ def _outs(shape: Dict) -> tuple:
 def _ours_kwargs(shape: Dict, inp: Dict) -> Dict:
     state = (dict(initial_state=inp["pool"], state_indices=inp["idx"], inplace=True) if shape["pool"]
              else dict(initial_state=inp["h0"], output_final_state=True))
-    return dict(_common(inp), **state)
+    return dict(_common(inp), **state, **_layout(shape))
 
 
 def _ours_args(shape: Dict):
@@ -138,7 +144,7 @@ def _prepare_reference(shape: Dict, inputs: Dict) -> Runner:
         kw = {n: t.double() for n, t in _common(inp).items()}
         if _kda(shape):                               # the per-key-channel log decay
             kw.update(g=None, gk=kw["g"], gk_mode="log")
-        return dict(kw, initial_state=inp["h0"].double(), output_final_state=True), (), ()
+        return dict(kw, initial_state=inp["h0"].double(), output_final_state=True, **_layout(shape)), (), ()
     return Runner("reference", fused_recurrent_reference, args, _outs(shape), (), notes=["fp64, from the start states"])
 
 
@@ -154,7 +160,7 @@ def _prepare_fla(shape: Dict, inputs: Dict) -> Runner:
     what = "fla.ops.kda.fused_recurrent_kda" if _kda(shape) else "fused_recurrent_gated_delta_rule"
 
     def args(inp, mode):
-        return dict(_common(inp), initial_state=inp["h0"], output_final_state=True), (), ()
+        return dict(_common(inp), initial_state=inp["h0"], output_final_state=True, **_layout(shape)), (), ()
     return Runner("fla", lambda **kw: fla_decode(**kw), args, _outs(shape), (), family="peer",
                   notes=[f"fla {getattr(fla, '__version__', '?')} {what}: its own mode "
                          "(h0 -> a new final state; no pool)" if shape["pool"] else
@@ -184,13 +190,15 @@ def decode_targets(rows, column: str = "graph") -> Dict:
     """Issue 6's targets from a decode bench's rows, in one timing column ("graph" or "eager"; the first linattn
     backend that ran each shape in that column): batch 256 fp32 pool >= 90% of copy, batch 1 and 32 fp32 pool no
     slower than FLA, batch 1 <= 8 us, bf16 pool >= 1.7x fp32's speed at batch 256; from KDA rows (decay "channel")
-    issue 35's batch 256 fp32 pool >= 90% of copy. A target whose rows did not run is absent."""
+    issue 35's batch 256 fp32 pool >= 90% of copy (per state layout). A target whose rows did not run is absent."""
     ours, fla = {}, {}
     for r in rows:
         col = r.get(column) or {}
         if r.get("status") != "ok" or col.get("status") != "ok" or r["mode"] != "decode" or not r["shape"].get("pool"):
             continue
         key = (r["shape"]["B"], r["shape"]["state"])
+        if r["shape"].get("v_first"):
+            key = ("v_first",) + key
         if _kda(r["shape"]):
             key = ("kda",) + key
         if r["backend"] == "fla":
@@ -198,10 +206,12 @@ def decode_targets(rows, column: str = "graph") -> Dict:
         elif r.get("family") == "linattn" and r["backend"] != "reference" and key not in ours:
             ours[key] = col
     t = {}
-    c = ours.get(("kda", 256, "float32"))
-    if c and c.get("pct_of_floor") is not None:
-        t["kda_batch256_fp32_pct_of_copy"] = c["pct_of_floor"]
-        t["kda_batch256_ge_90pct_copy"] = c["pct_of_floor"] >= 90.0
+    for layout in ((), ("v_first",)):
+        c = ours.get(("kda",) + layout + (256, "float32"))
+        if c and c.get("pct_of_floor") is not None:
+            name = "kda_" + "".join(x + "_" for x in layout) + "batch256"
+            t[name + "_fp32_pct_of_copy"] = c["pct_of_floor"]
+            t[name + "_ge_90pct_copy"] = c["pct_of_floor"] >= 90.0
     c = ours.get((256, "float32"))
     if c and c.get("pct_of_floor") is not None:
         t["batch256_fp32_pct_of_copy"] = c["pct_of_floor"]

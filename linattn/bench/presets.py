@@ -53,23 +53,28 @@ PRESETS = {
 PRESETS["production"] = PRESETS["production_hv32"] + PRESETS["production_hv64"] + PRESETS["production_hv8"]
 
 
-def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128, decay=None) -> Dict:
+def _decode(B, state="float32", pool=True, H=32, HV=32, K=128, V=128, decay=None, v_first=False) -> Dict:
     s = dict(B=B, T=1, H=H, HV=HV, K=K, V=V, state=state, pool=pool)
     if decay:                                      # "channel": KDA's decode (linattn.bench.decode)
         s["decay"] = decay
+    if v_first:                                    # states [.., V, K] (state_v_first=True) in every runner
+        s["v_first"] = True
     return s
 
 
 # decode (`--modes decode`, issue 6's targets): H = HV = 32, K = V = 128, the serving pool at batch 1 / 32 / 256 with
-# an fp32 state, 256 with a bf16 state, and batch 256 in FLA's mode (no pool, a new final state)
-PRESETS["decode"] = [_decode(1), _decode(32), _decode(256), _decode(256, "bfloat16"), _decode(256, pool=False)]
+# an fp32 state, 256 with a bf16 state, batch 256 in FLA's mode (no pool, a new final state) and with V-first states
+PRESETS["decode"] = [_decode(1), _decode(32), _decode(256), _decode(256, "bfloat16"), _decode(256, pool=False),
+                     _decode(256, v_first=True)]
 PRESETS["decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32), _decode(2, "bfloat16", H=2, HV=2, K=32, V=32),
                           _decode(2, pool=False, H=1, HV=2, K=32, V=32)]
 # KDA's decode (`--modes decode --preset kda_decode`, issue 35's target: >= 90% of the copy bandwidth at batch 256)
 PRESETS["kda_decode"] = [_decode(1, decay="channel"), _decode(256, decay="channel"),
-                         _decode(256, pool=False, decay="channel")]
+                         _decode(256, pool=False, decay="channel"), _decode(256, decay="channel", v_first=True)]
 PRESETS["kda_decode_tiny"] = [_decode(3, H=2, HV=4, K=32, V=32, decay="channel"),
-                              _decode(2, pool=False, H=1, HV=2, K=32, V=32, decay="channel")]
+                              _decode(2, pool=False, H=1, HV=2, K=32, V=32, decay="channel"),
+                              _decode(2, H=1, HV=2, K=32, V=16, decay="channel", v_first=True),
+                              _decode(2, pool=False, H=1, HV=2, K=32, V=16, decay="channel", v_first=True)]
 
 # chunk_kda (`--op kda`): Kimi Linear's heads, H = HV = 32, K = V = 128, with states; tiny for the interpreter (two
 # chunks with a ragged end, and varlen with a 1-token sequence)
@@ -92,7 +97,7 @@ def shape_label(s: Dict) -> str:
     if s.get("lengths"):
         return f"varlen{len(s['lengths'])} T{s['T']} {head}{decay}"
     if "state" in s:                               # a decode shape (linattn.bench.decode)
-        mode = "pool in place" if s.get("pool") else "no pool"
+        mode = ("pool in place" if s.get("pool") else "no pool") + (", V-first" if s.get("v_first") else "")
         kda = "KDA " if s.get("decay") == "channel" else ""
         return f"{kda}B{s['B']} T{s['T']} {head} {s['state']} state, {mode}"
     layer = f" hidden {s['hidden']}" if "hidden" in s else ""

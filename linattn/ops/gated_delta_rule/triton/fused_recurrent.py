@@ -1,9 +1,9 @@
 """Gated DeltaNet decode on Triton: launch configs, the launcher and the AOT specs of the decode kernels
 (decode_kernels.py). Two kernels, chosen by shape:
-- the persistent kernel (decode_persistent_config): fp32 states, one token per sequence, no cu_seqlens, K <= 128,
-  and at least 32 tiles of BV = 64 per SM (large-batch serving);
-- the one-tile kernel (decode_launch_config) everywhere else: small batches, bf16 states, speculative T > 1,
-  varlen, K > 128.
+- the persistent kernel (decode_persistent_config): K-first fp32 states, one token per sequence, no cu_seqlens,
+  K <= 128, and at least 32 tiles of BV = 64 per SM (large-batch serving);
+- the one-tile kernel (decode_launch_config) everywhere else: V-first states, small batches, bf16 states,
+  speculative T > 1, varlen, K > 128.
 """
 import contextlib
 from operator import itemgetter
@@ -26,8 +26,24 @@ _CONFIGS: dict = {}
 _PLANS: dict = {}
 
 
-def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int):
+def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int,
+                         v_first: bool = False, channel_decay: bool = False):
     """(BK, BV, num_warps) of the one-tile kernel for N sequences.
+
+    V-first states ([.., V, K]): a BV block is BV whole rows of K, contiguous at any BV, so the block is sized for
+    one warp (4 KB of state, 32 fp32 values a thread; every reduction runs over K inside the warp). Measured on the
+    H200 (H = 16, HV = 32, K = V = 128, fp32 pool in place, graph replays; benchmarks/OPT_LOG.md, "Decode, V-first
+    block"): BV = 8 with one warp ran batch 256 in 263 us (96% of the copy bandwidth) against 362 us for the
+    persistent walk and 302 us for BV = 64 with 8 warps; batch 64 in 68 us against 85 us; batch 1 within noise
+    (3.8-4.0 us). Two warps at the same BV cost 25% at batch 256.
+
+    K-first fp32 states with a per-key-channel decay (gk: KDA): 256-byte rows (BV = 64 at fp32), halved while the
+    grid has fewer than 4 programs per SM, and 16 KB of state per warp. Measured on the H200 (H = HV = 32,
+    K = V = 128, pool in place, graph replays; OPT_LOG.md, "Decode, V-first block"): batch 256 ran 300 us with
+    (BV 64, 2 warps) against 341 us with the rule below (BV 32, 4 warps) and 297 us with (32, 1); batch 64 81 against
+    89 us; batch 1 4.2-4.5 us either way.
+
+    Other K-first states:
 
     BV: start at 128-byte state rows (32 fp32 or 64 bf16 columns: BK * 128 bytes of state per program, 4 warps
     at K = 128), and halve it while the grid has fewer than 4 programs per SM, down to 64-byte rows (16 fp32 or
@@ -38,6 +54,13 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     BK = next_power_of_2(K)
     elem = torch.empty((), dtype=state_dtype).element_size()
     vp2 = next_power_of_2(V)
+    if v_first:
+        return BK, max(1, min(vp2, 4096 // (BK * elem))), 1
+    if channel_decay and elem == 4:
+        BV = min(vp2, 64)
+        while BV > 16 and N * HV * cdiv(V, BV) < 4 * num_sms:
+            BV //= 2
+        return BK, BV, max(1, min(8, BK * BV * elem // 16384))
     bv_min = min(vp2, max(1, 64 // elem))
     BV = min(vp2, max(bv_min, 128 // elem))
     target = 4 * num_sms
@@ -49,7 +72,7 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
 
 
 def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bool, state_dtype: torch.dtype,
-                             num_sms: int):
+                             num_sms: int, v_first: bool = False):
     """(BV, num_warps, 1, programs per SM), the launcher's `config` form of the persistent kernel, or None for the
     one-tile kernel.
 
@@ -61,8 +84,8 @@ def decode_persistent_config(N: int, HV: int, K: int, V: int, T: int, varlen: bo
     register-prefetching one with 2 programs per SM (271.2 us, 93% of the copy bandwidth). So: fp32 states, one
     token per sequence, no cu_seqlens (T > 1 loops over tokens inside the one-tile kernel), K <= 128 (64 state
     values per thread at 4 warps: the measured size; larger K would spill), and at least 32 tiles of BV = 64 per
-    SM."""
-    if T != 1 or varlen or state_dtype != torch.float32 or K > 128:
+    SM. Not for V-first states: the one-warp one-tile block beats the walk there (decode_launch_config)."""
+    if v_first or T != 1 or varlen or state_dtype != torch.float32 or K > 128:
         return None
     BV = min(64, next_power_of_2(V))
     if N * HV * cdiv(V, BV) < 32 * num_sms:
@@ -124,7 +147,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         ht_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         ht = empty(*ht_shape, dtype=torch.float32, device=q.device) if final_out is None else final_out
     num_sms = device_facts(q).num_sms
-    (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms)
+    (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms,
+                                                    state_v_first, gk is not None)
     if config is None:                  # the persistent walk reads and writes one slot per row, and has no gk
         config = None if spec or gk is not None else auto_config
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
@@ -276,14 +300,14 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
     return call
 
 
-def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms):
+def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first, channel_decay):
     """(the one-tile kernel's (BK, BV, num_warps), the persistent kernel's config or None), computed once per call
-    shape and SM count."""
-    key = (N, HV, K, V, T, varlen, state_dtype, num_sms)
+    shape, state layout, decay kind and SM count."""
+    key = (N, HV, K, V, T, varlen, state_dtype, num_sms, v_first, channel_decay)
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        cfg = (decode_launch_config(N, HV, K, V, state_dtype, num_sms),
-               decode_persistent_config(N, HV, K, V, T, varlen, state_dtype, num_sms))
+        cfg = (decode_launch_config(N, HV, K, V, state_dtype, num_sms, v_first, channel_decay),
+               decode_persistent_config(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first))
         if len(_CONFIGS) >= 4096:
             _CONFIGS.clear()
         _CONFIGS[key] = cfg
