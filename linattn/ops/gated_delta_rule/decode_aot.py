@@ -34,13 +34,14 @@ for _n, _st, _bv, _w, _s, _h, _f, _p in DECODE_CONFIGS:
                     + (f", pad_slot_id={_p}" if _p >= 0 else "")))
 
 
-# ---- Triton decode kernels (triton/fused_recurrent.py): the batch-256 fp32 default (persistent, in place) and the
-# batch-1 bf16 one-tile config, so that `linattn inspect` reports them beside the Gluon builds. The registry counts
+# ---- Triton decode kernels (triton/fused_recurrent.py): the batch-256 fp32 default (persistent, in place), the
+# batch-1 bf16 one-tile config, the K-first fp32 one-tile config of batch 32-64 and the V-first fp32 one, so that `linattn inspect` reports them beside the Gluon builds. The registry counts
 # only SASS_FAMILIES opcodes, so the intended SASS is narrowed to the state loads (LDG.E.EL.128: the persistent
 # walk's L2::evict_last; LDG.E.128: the one-tile kernel); tests/test_fused_recurrent.py checks the stores.
 def _register_triton_decode():
     from linattn.ops.gated_delta_rule.triton.fused_recurrent import aot_specs
-    loads = {"gdn_decode_persistent_fp32_bv64_w4": "LDG.E.EL.128", "gdn_decode_bf16_bv32_w2": "LDG.E.128"}
+    loads = {"gdn_decode_persistent_fp32_bv64_w4": "LDG.E.EL.128", "gdn_decode_bf16_bv32_w2": "LDG.E.128",
+             "gdn_decode_fp32_bv64_w2": "LDG.E.128", "gdn_decode_vfirst_fp32_bv8_w1": "LDG.E.128"}
     for spec in aot_specs():
         if spec.name in loads:
             register(dataclasses.replace(spec, intended=(loads[spec.name],)))

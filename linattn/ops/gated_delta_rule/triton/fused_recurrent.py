@@ -27,25 +27,24 @@ _PLANS: dict = {}
 
 
 def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dtype, num_sms: int,
-                         v_first: bool = False, channel_decay: bool = False):
+                         v_first: bool = False):
     """(BK, BV, num_warps) of the one-tile kernel for N sequences.
 
     V-first states ([.., V, K]): a BV block is BV whole rows of K, contiguous at any BV, so the block is sized for
     one warp (4 KB of state, 32 fp32 values a thread; every reduction runs over K inside the warp). Measured on the
     H200 (H = 16, HV = 32, K = V = 128, fp32 pool in place, graph replays; benchmarks/OPT_LOG.md, "Decode, V-first
-    block"): BV = 8 with one warp ran batch 256 in 263 us (96% of the copy bandwidth) against 362 us for the
+    blocks by state layout"): BV = 8 with one warp ran batch 256 in 263 us (96% of the copy bandwidth) against 362 us for the
     persistent walk and 302 us for BV = 64 with 8 warps; batch 64 in 68 us against 85 us; batch 1 within noise
     (3.8-4.0 us). Two warps at the same BV cost 25% at batch 256.
 
-    K-first fp32 states with a per-key-channel decay (gk: KDA): 256-byte rows (BV = 64 at fp32), halved while the
-    grid has fewer than 4 programs per SM, and 16 KB of state per warp. Measured on the H200 (H = HV = 32,
-    K = V = 128, pool in place, graph replays; OPT_LOG.md, "Decode, V-first block"): batch 256 ran 300 us with
-    (BV 64, 2 warps) against 341 us with the rule below (BV 32, 4 warps) and 297 us with (32, 1); batch 64 81 against
-    89 us; batch 1 4.2-4.5 us either way.
+    K-first fp32 states ([.., K, V]): 256-byte rows (BV = 64), halved while the grid has fewer than 4 programs per
+    SM, down to 64-byte rows, and 16 KB of state per warp (fewer warps than bf16's rule below: the reductions over K
+    cross fewer warps). Measured on the H200 (K = V = 128, pool in place, graph replays; OPT_LOG.md, "Decode: one-tile
+    blocks by state layout"), against bf16's rule applied to fp32 (BV 32, 4 warps): KDA (H = HV = 32, per-channel
+    decay) batch 256 300 against 341 us, batch 64 81 against 89; GDN (H16/HV32) batch 64 76.5 against 84.1, batch 32
+    43.0 against 44.5; batch 1 within noise for both (4.2-5.0 us). GDN's batch 256 takes the persistent walk.
 
-    Other K-first states:
-
-    BV: start at 128-byte state rows (32 fp32 or 64 bf16 columns: BK * 128 bytes of state per program, 4 warps
+    bf16 K-first states: start at 128-byte state rows (32 fp32 or 64 bf16 columns: BK * 128 bytes of state per program, 4 warps
     at K = 128), and halve it while the grid has fewer than 4 programs per SM, down to 64-byte rows (16 fp32 or
     32 bf16 columns). Measured on the H200 (H = HV = 32, K = V = 128; benchmarks/OPT_LOG.md, "Decode
     (fused_recurrent), iteration 1"): bf16 at batch 256 ran 231 us with BV = 64 against 281 us with BV = 32 (the
@@ -56,7 +55,7 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     vp2 = next_power_of_2(V)
     if v_first:
         return BK, max(1, min(vp2, 4096 // (BK * elem))), 1
-    if channel_decay and elem == 4:
+    if elem == 4:
         BV = min(vp2, 64)
         while BV > 16 and N * HV * cdiv(V, BV) < 4 * num_sms:
             BV //= 2
@@ -148,7 +147,7 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         ht = empty(*ht_shape, dtype=torch.float32, device=q.device) if final_out is None else final_out
     num_sms = device_facts(q).num_sms
     (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms,
-                                                    state_v_first, gk is not None)
+                                                    state_v_first)
     if config is None:                  # the persistent walk reads and writes one slot per row, and has no gk
         config = None if spec or gk is not None else auto_config
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
@@ -300,13 +299,13 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
     return call
 
 
-def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first, channel_decay):
+def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first):
     """(the one-tile kernel's (BK, BV, num_warps), the persistent kernel's config or None), computed once per call
-    shape, state layout, decay kind and SM count."""
-    key = (N, HV, K, V, T, varlen, state_dtype, num_sms, v_first, channel_decay)
+    shape, state layout and SM count."""
+    key = (N, HV, K, V, T, varlen, state_dtype, num_sms, v_first)
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        cfg = (decode_launch_config(N, HV, K, V, state_dtype, num_sms, v_first, channel_decay),
+        cfg = (decode_launch_config(N, HV, K, V, state_dtype, num_sms, v_first),
                decode_persistent_config(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first))
         if len(_CONFIGS) >= 4096:
             _CONFIGS.clear()
@@ -315,7 +314,7 @@ def _shape_configs(N, HV, K, V, T, varlen, state_dtype, num_sms, v_first, channe
 
 
 # ------------------------------------------------------------------------------------------------------- AOT
-def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, persistent=False):
+def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, persistent=False, v_first=False):
     """(jit function, signature, constexprs, options) of one decode launch at K = V = 128, HV = 32, as the launcher
     makes it (bf16 q/k/v/o, fp32 g/beta, int32 state indices, the pool as initial_state)."""
     sp = {"fp32": "*fp32", "bf16": "*bf16"}[state]
@@ -328,7 +327,7 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     const = dict(H=H, HV=32, K=128, V=128, BK=128, BV=BV, USE_G=True, FUSED_GATE=fused, HAS_DT_BIAS=fused,
                  BETA_SIGMOID=fused, QK_L2NORM=False, HAS_H0=True, STORE_HT=True, INPLACE=inplace,
                  IS_VARLEN=varlen, INDEXED=True, SPEC=False, HAS_NAT=False, NEG_EIGVAL=False, PAD_SLOT=-1,
-                 V_FIRST=False, GK_MODE="", LOWER_BOUND=0.0)
+                 V_FIRST=v_first, GK_MODE="", LOWER_BOUND=0.0)
     constexprs = {n: None for n, t in sig.items() if t is None}
     constexprs.update(const)
     signature = {n: ("constexpr" if t is None else t) for n, t in sig.items()}
@@ -352,8 +351,10 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
 # H200. One-tile kernel: 16-byte state loads and stores. Persistent kernel: 16-byte state loads with L2::evict_last,
 # stores plain in place and streaming (STG.E.EF.128) for an out-of-place final state.
 AOT_CASES = [
-    ("fp32_bv32_w4", dict(state="fp32", BV=32, warps=4), ("LDG.E.128", "STG.E.128")),          # fp32, batch 32
-    ("fp32_bv16_w2", dict(state="fp32", BV=16, warps=2), ("LDG.E.128", "STG.E.128")),          # fp32, batch 1
+    ("fp32_bv64_w2", dict(state="fp32", BV=64, warps=2), ("LDG.E.128", "STG.E.128")),          # fp32, batch 32
+    ("fp32_bv16_w1", dict(state="fp32", BV=16, warps=1), ("LDG.E.128", "STG.E.128")),          # fp32, batch 1
+    ("vfirst_fp32_bv8_w1", dict(state="fp32", BV=8, warps=1, v_first=True), ("LDG.E.128", "STG.E.128")),
+    ("vfirst_bf16_bv16_w1", dict(state="bf16", BV=16, warps=1, v_first=True), ("LDG.E.128", "STG.E.128")),
     ("bf16_bv64_w4", dict(state="bf16", BV=64, warps=4), ("LDG.E.128", "STG.E.128")),          # bf16, batch 256
     ("bf16_bv32_w2", dict(state="bf16", BV=32, warps=2), ("LDG.E.128", "STG.E.128")),          # bf16, batch 1
     ("gva_varlen_gate_outofplace", dict(state="fp32", BV=32, warps=4, H=16, fused=True, varlen=True, inplace=False),
