@@ -1,10 +1,10 @@
-"""The host path of one eager GatedDeltaNet decode step on a CPU: linattn.layers.GatedDeltaNet after a 16-token
-prefill into a RecurrentCache, then one token per row, with every Triton launch recorded by the stand-in sm_90
+"""The host path of one eager GatedDeltaNet (or, with --layer kda, KimiDeltaAttention) decode step on a CPU: the
+linattn.layers layer after a 16-token prefill into a RecurrentCache, then one token per row, with every Triton launch recorded by the stand-in sm_90
 driver of linattn/runtime/hostsim.py instead of made (so the JIT's binding, the launch caches and the launchers'
 Python all run). Run without TRITON_INTERPRET (a child-free process: the kernels are compiled for sm_90a once).
 
-    python3 benchmarks/layer_decode_host.py [--hidden 256 --head-dim 16] [--batch 1] [--mask] [--dtype float32]
-                                            [--cpu-checks] [--profile]
+    python3 benchmarks/layer_decode_host.py [--layer gdn|kda] [--hidden 256 --head-dim 16] [--batch 1] [--mask]
+                                            [--dtype float32] [--cpu-checks] [--profile]
 
 Prints per step: Triton launches (and how many went through the JIT's run), torch ops (aten; device = those that
 launch a GPU kernel), custom-op dispatches, host syncs (linattn/ops/gated_delta_rule/triton/hostsim.py's counter),
@@ -28,6 +28,7 @@ import torch
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layer", default="gdn", choices=["gdn", "kda"])
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--head-dim", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)            # the CPU's matmul threads would spin against the other users of the machine
 
     from linattn.backends import op_backends
-    from linattn.layers import GatedDeltaNet, RecurrentCache
+    from linattn.layers import GatedDeltaNet, KimiDeltaAttention, RecurrentCache
     from linattn.ops.conv1d import validation as conv_validation
     from linattn.ops.gated_delta_rule import fused_recurrent, validation
     from linattn.ops.gated_delta_rule.triton import fused_recurrent as launcher
@@ -52,17 +53,20 @@ def main(argv=None) -> int:
 
     facts = DeviceFacts("cuda", "NVIDIA H200 (simulated)", (9, 0), H200_SMS, 232448, 0)
     patches = [(op_backends(op).backends["triton"], "supports", lambda **_: (True, "")) for op in
-               ("causal_conv1d_update", "causal_conv1d", "rms_norm_gated", "fused_recurrent_gated_delta_rule")]
+               ("causal_conv1d_update", "causal_conv1d", "rms_norm_gated", "fused_recurrent_gated_delta_rule",
+                "fused_recurrent_kda")]
     patches.append((launcher, "device_facts", lambda device=None: facts))
     if not a.cpu_checks:
         patches += [(validation, "check_gate_values", lambda *_, **__: None),
+                    (validation, "check_channel_decay_values", lambda *_, **__: None),
                     (fused_recurrent, "_memo_applies", lambda q: True),
                     (fused_recurrent, "_check_index_values", lambda *_, **__: None),
                     (conv_validation, "check_index_values", lambda *_, **__: None)]
     dtype = getattr(torch, a.dtype)
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden_size=a.hidden, head_dim=a.head_dim, num_heads=16, num_v_heads=32, expand_v=1,
-                          layer_idx=0).to(dtype).eval()
+    kind = GatedDeltaNet if a.layer == "gdn" else KimiDeltaAttention
+    layer = kind(hidden_size=a.hidden, head_dim=a.head_dim, num_heads=16, num_v_heads=32, expand_v=1,
+                 layer_idx=0).to(dtype).eval()
     B = a.batch
     prompt, token = torch.randn(B, 16, a.hidden, dtype=dtype), torch.randn(B, 1, a.hidden, dtype=dtype)
     mask = None
@@ -98,7 +102,7 @@ def main(argv=None) -> int:
         prof.disable()
         del drv.launches[:]
     stats = pstats.Stats(prof)
-    print(f"GatedDeltaNet decode step, batch {B}, hidden {a.hidden}, H16/HV32 head dim {a.head_dim}, {a.dtype}"
+    print(f"{kind.__name__} decode step, batch {B}, hidden {a.hidden}, H16/HV32 head dim {a.head_dim}, {a.dtype}"
           f"{', mask' if mask is not None else ''}{', CPU checks' if a.cpu_checks else ''}")
     print(f"  Triton launches {len(launches)} ({runs[0]} through the JIT's run): {', '.join(launches)}")
     print(f"  torch ops {ops['aten']} (device {ops['device']}: "

@@ -196,6 +196,12 @@ def check_channel_decay(name: str, t, dims: dict, q, *, op: str, log_decay: bool
         _fail(f"{op}: {name} must be a float tensor, got {t.dtype}")
     if t.device != q.device:
         _fail(f"{op}: {name} is on {t.device} but q is on {q.device}")
+    check_channel_decay_values(name, t, op, log_decay)
+
+
+def check_channel_decay_values(name: str, t: torch.Tensor, op: str, log_decay: bool):
+    """check_channel_decay's value check: CPU tensors, or every tensor with LINATTN_CHECK_INPUTS=1 (it reads the
+    values on the host, a sync on a GPU)."""
     if (t.device.type == "cpu" or CHECK_GPU_VALUES) and not torch.compiler.is_compiling():
         bad = ~(t <= 0) | torch.isneginf(t) if log_decay else torch.isnan(t)
         if bool(bad.any()):

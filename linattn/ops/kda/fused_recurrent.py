@@ -11,6 +11,7 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import fused_recurrent as gdn_decode
+from linattn.ops.gated_delta_rule.triton.fused_recurrent import direct_decode
 from linattn.ops.gated_delta_rule.validation import check_channel_decay, fla_state_v_first
 
 OP = "fused_recurrent_kda"
@@ -96,6 +97,20 @@ def fused_recurrent_kda(
     state_v_first; transpose_state_layout is its deprecated name), or a pool with state_indices [N] / [N, T_max]
     (num_accepted_tokens), inplace, pad_slot_id. backend: "auto" (Triton), "triton" or "reference". Forward only.
     """
+    key = None
+    if gdn_decode._memo_applies(q) and transpose_state_layout is None and \
+            (lower_bound is None or type(lower_bound) in (float, int)):
+        key = gdn_decode._call_key(backend, (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                             state_indices, num_accepted_tokens), scale, pad_slot_id,
+                                   (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
+                                    not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first,
+                                    not inplace, lower_bound))
+        direct = None if key is None else _DIRECT.get(key)
+        if direct is not None:
+            out = direct(q, k, v, None, g, beta, A_log, _flat(dt_bias), initial_state, cu_seqlens, state_indices,
+                         num_accepted_tokens)
+            if out is not None:
+                return out
     state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
@@ -113,9 +128,35 @@ def fused_recurrent_kda(
     call = dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_indices=state_indices, inplace=inplace,
-                A_log=A_log, dt_bias=None if dt_bias is None else dt_bias.reshape(-1),
+                A_log=A_log, dt_bias=_flat(dt_bias),
                 beta_sigmoid=bool(use_beta_sigmoid_in_kernel), num_accepted_tokens=num_accepted_tokens,
                 pad_slot_id=pad_slot_id, state_v_first=state_v_first, allow_neg_eigval=allow_neg_eigval,
                 gk_mode=gate_mode(use_gate_in_kernel, A_log, lower_bound),
                 lower_bound=None if lower_bound is None else float(lower_bound))
-    return _backends.select(backend, **call).impl(**call)
+    impl = _backends.select(backend, **call).impl
+    if key is None or impl is not _triton_impl:
+        return impl(**call)
+    # the checks passed and Triton runs it: keep the launch for a repeat of this signature (GDN's _DIRECT)
+    record = []
+    o, final = impl(**call, record=record)
+    tensors = (q, k, v, None, g, beta, A_log, call["dt_bias"], initial_state, cu_seqlens, state_indices,
+               num_accepted_tokens)
+    direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
+                           "pool" if inplace else "final" if output_final_state else "none")
+    if direct is not None:
+        if len(_DIRECT) >= 4096:
+            _DIRECT.clear()
+        _DIRECT[key] = direct
+    return o, final
+
+
+# Per call signature (GDN's _call_key over KDA's arguments and options), the direct launch of a call that passed the
+# checks and ran the Triton launcher on the caller's own tensors (direct_decode): a repeat call skips the checks, the
+# backend choice and the launcher, which cost ~10x the batch-1 kernel in host time. Plain eager calls on CUDA tensors
+# only (gdn_decode._memo_applies).
+_DIRECT: dict = {}
+
+
+def _flat(dt_bias):
+    """dt_bias as the kernels take it, [HV * K]; a 1-D tensor is passed as it is (the direct launch then keeps it)."""
+    return dt_bias if dt_bias is None or dt_bias.dim() == 1 else dt_bias.reshape(-1)
