@@ -10,12 +10,7 @@ switched on for CPU tensors as it is for CUDA ones:
   bad call still raises); a call whose launcher copies an input (non-contiguous q) never gets a direct launch;
 - the host path's options, a registered Triton launch hook and poisoned allocations are honoured per call.
 What a GPU adds (the C launcher running the kernel) is the same `run` call with the same arguments."""
-import json
-import os
-import subprocess
-import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from children import run_json_child   # tests/ is on sys.path
 
 CHILD = r"""
 import json, math, torch
@@ -160,12 +155,7 @@ print(json.dumps(out))
 
 
 def test_direct_launch_matches_the_launcher_and_never_hits_stale():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_json_child(CHILD)
     checks = res.pop("_checks")
     kernels = set()
     for name, r in res.items():

@@ -3,16 +3,10 @@ signature has been seen. Under a stand-in sm_90 driver (linattn.runtime.hostsim;
 TRITON_INTERPRET, which would turn the kernels into interpreted functions), for the one-tile and the persistent
 kernel, in place and out of place: the handle path makes the same launches (kernel, grid, every argument) as the
 JIT path, and skips the JIT's run on repeated calls."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from children import run_json_child   # tests/ is on sys.path
 from linattn.runtime.settings import settings
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, torch
@@ -57,12 +51,7 @@ print(json.dumps(out))
 
 
 def test_decode_handle_path_launches_as_the_jit():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_json_child(CHILD)
     assert len(res) == 4
     kernels = set()
     for name, rec in res.items():

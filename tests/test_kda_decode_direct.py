@@ -4,12 +4,7 @@ made (kernel, grid, every argument; fresh outputs of the same shape, strides and
 stand-in sm_90 driver (linattn.runtime.hostsim: launches recorded, not made; a child process without
 TRITON_INTERPRET), with the signature memo switched on for CPU tensors as it is for CUDA ones. No stale hit: another
 gate option, lower_bound or dt_bias shape goes through the launcher, and a bad call still raises."""
-import json
-import os
-import subprocess
-import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from children import run_json_child   # tests/ is on sys.path
 
 CHILD = r"""
 import json, torch
@@ -95,12 +90,7 @@ print(json.dumps(dict(cases=out, stale=stale, errors=errors)))
 
 
 def test_kda_direct_launch_matches_the_launcher_and_never_hits_stale():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_json_child(CHILD)
     for name, r in res["cases"].items():
         first, second, fresh, ref = r["first"], r["second"], r["fresh"], r["fresh_ref"]
         assert first["launcher"] == 1 and len(first["launches"]) == 1, (name, first)

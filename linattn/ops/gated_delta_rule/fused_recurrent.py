@@ -566,15 +566,23 @@ def fused_recurrent_gated_delta_rule(
             _CHECKED[key] = impl
     if key is None or impl is not _triton_impl:
         return impl(**call)
+    return run_and_keep(_DIRECT, key, impl, call, (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                                  state_indices, num_accepted_tokens))
+
+
+def run_and_keep(cache: dict, key, impl, call: dict, tensors: tuple):
+    """impl(**call) (a Triton decode impl taking `record`), keeping in cache[key] the direct launch of the call
+    (direct_decode) when it has one; tensors: the call's tensors in CALL_TENSORS order, as the launcher took them.
+    Returns impl's (o, final_state)."""
     record = []
     o, final = impl(**call, record=record)
-    tensors = (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, num_accepted_tokens)
+    inplace, output_final_state = call["inplace"], call["output_final_state"]
     direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
                            "pool" if inplace else "final" if output_final_state else "none")
     if direct is not None:
-        if len(_DIRECT) >= 4096:
-            _DIRECT.clear()
-        _DIRECT[key] = direct
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[key] = direct
     return o, final
 
 

@@ -11,7 +11,6 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import fused_recurrent as gdn_decode
-from linattn.ops.gated_delta_rule.triton.fused_recurrent import direct_decode
 from linattn.ops.gated_delta_rule.validation import check_channel_decay, fla_state_v_first
 
 OP = "fused_recurrent_kda"
@@ -137,18 +136,9 @@ def fused_recurrent_kda(
     if key is None or impl is not _triton_impl:
         return impl(**call)
     # the checks passed and Triton runs it: keep the launch for a repeat of this signature (GDN's _DIRECT)
-    record = []
-    o, final = impl(**call, record=record)
-    tensors = (q, k, v, None, g, beta, A_log, call["dt_bias"], initial_state, cu_seqlens, state_indices,
-               num_accepted_tokens)
-    direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
-                           "pool" if inplace else "final" if output_final_state else "none")
-    if direct is not None:
-        if len(_DIRECT) >= 4096:
-            _DIRECT.clear()
-        _DIRECT[key] = direct
-    return o, final
-
+    return gdn_decode.run_and_keep(_DIRECT, key, impl, call, (q, k, v, None, g, beta, A_log, call["dt_bias"],
+                                                              initial_state, cu_seqlens, state_indices,
+                                                              num_accepted_tokens))
 
 # Per call signature (GDN's _call_key over KDA's arguments and options), the direct launch of a call that passed the
 # checks and ran the Triton launcher on the caller's own tensors (direct_decode): a repeat call skips the checks, the
