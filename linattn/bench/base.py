@@ -48,6 +48,7 @@ class BenchOp:
     max_sets: int = 8                    # input sets cycled through at most (timing.num_input_sets)
     modes: Tuple[str, ...] = ("fwd", "fwdbwd")
     default_presets: Tuple[str, str] = ("quick", "tiny")   # `linattn bench`'s preset on a GPU, on the CPU
+    step_presets: Tuple[str, str] = ()   # the same for --modes step (the layer ops)
 
 
 def delta_rule_inputs(shape: Dict, device, seed: int, mode: str, dtype, leaves: Tuple[str, ...],

@@ -1,9 +1,10 @@
-"""`linattn bench --op layer_gdn`: the GatedDeltaNet layer (`linattn.layers.GatedDeltaNet`) against FLA 0.6's
-`fla.layers.GatedDeltaNet` on x [B, T, hidden], timed like every bench row (each backend in fresh processes,
+"""`linattn bench --op layer_gdn` / `--op layer_kda`: the GatedDeltaNet layer (`linattn.layers.GatedDeltaNet`) or the
+Kimi Delta Attention layer (`linattn.layers.KimiDeltaAttention`) against FLA 0.6's `fla.layers.GatedDeltaNet` /
+`fla.layers.KimiDeltaAttention` on x [B, T, hidden], timed like every bench row (each backend in fresh processes,
 alternated; eager and CUDA-graph columns; the spread between processes).
 
 Modes: fwd is a prefill without autograd (torch.no_grad, the chunk op), fwdbwd a training step (the forward with
-autograd, then dx and every parameter's gradient), step a decode step (presets layer_step / layer_step_tiny: B
+autograd, then dx and every parameter's gradient), step a decode step (presets layer_step / layer_kda_step and their _tiny forms: B
 sequences, one token each, after a PROMPT-token prefill into the layer's cache made when the runner is prepared; each
 call advances the cache, and in a CUDA graph linattn's in-place states advance on every replay while FLA's layer,
 which writes a new recurrent state, repeats the same step: the same work). Both layers hold the same weights
@@ -24,6 +25,8 @@ import torch
 from linattn.bench.base import BenchOp, Runner, Unavailable, gdn_flops
 
 OP = "chunk_gated_delta_rule"
+# per layer kind: the layer class (the same name in linattn.layers and fla.layers) and the chunked op it runs
+KINDS = {"gdn": ("GatedDeltaNet", OP), "kda": ("KimiDeltaAttention", "chunk_kda")}
 
 
 def layer_dims(shape: Dict) -> Dict:
@@ -31,21 +34,26 @@ def layer_dims(shape: Dict) -> Dict:
                 expand_v=shape["V"] / shape["K"])
 
 
-def _projections(shape: Dict) -> int:
-    """Weights of the seven projections: q, k [hidden, H K]; v, g [hidden, HV V]; a, b [hidden, HV]; o."""
+def _projections(shape: Dict, kind: str = "gdn") -> int:
+    """Weights of the projections. GDN: q, k [hidden, H K]; v, g [hidden, HV V]; a, b [hidden, HV]; o. KDA: q, k, v,
+    b as GDN's; the gate f and the output gate g each through a rank-V bottleneck ([hidden, V] then [V, HV K] /
+    [V, HV V]); o."""
     hid, H, HV, K, V = (shape[x] for x in ("hidden", "H", "HV", "K", "V"))
+    if kind == "kda":
+        return hid * (2 * H * K + HV * V + HV + 2 * V) + V * HV * (K + V) + HV * V * hid
     return hid * (2 * H * K + 2 * HV * V + 2 * HV) + HV * V * hid
 
 
 PROMPT = 16                 # the prefill before a timed decode step (mode "step")
 
 
-def layer_flops(shape: Dict, mode: str, runner: str = "") -> float:
+def layer_flops(shape: Dict, mode: str, runner: str = "", kind: str = "gdn") -> float:
     """The projections' matmuls (2 per weight and token forward, 3x that with the backward's two) plus the chunk op's
-    count (linattn.bench.base.gdn_flops); convolutions and norms (a few FLOPs per element) left out. A decode step:
-    the projections and the state update (about 6 FLOPs per state element)."""
+    count (linattn.bench.base.gdn_flops, KDA's too: its per-channel decay adds elementwise work only); convolutions
+    and norms (a few FLOPs per element) left out. A decode step: the projections and the state update (about 6 FLOPs
+    per state element)."""
     tokens = shape["B"] * shape["T"]
-    mm = 2.0 * tokens * _projections(shape)
+    mm = 2.0 * tokens * _projections(shape, kind)
     if mode == "step":
         return mm + 6.0 * shape["B"] * shape["HV"] * shape["K"] * shape["V"]
     return mm * (3.0 if mode == "fwdbwd" else 1.0) + gdn_flops(shape, mode)
@@ -58,12 +66,13 @@ LAYER_BYTES_MODEL = (
     "read and written once. A floor for a chain of kernels, not for one fused kernel.")
 
 
-def layer_bytes(shape: Dict, mode: str, runner: str = "") -> float:
-    """LAYER_BYTES_MODEL."""
+def layer_bytes(shape: Dict, mode: str, runner: str = "", kind: str = "gdn") -> float:
+    """LAYER_BYTES_MODEL (KDA's gate is per key channel: HV K values a token instead of none)."""
     B, T, hid, H, HV, K, V = (shape[x] for x in ("B", "T", "hidden", "H", "HV", "K", "V"))
     es = 2
-    acts = B * T * (2 * hid + 2 * (2 * H * K + 2 * HV * V + HV * V)) * es
-    weights = _projections(shape) * es
+    gate = HV * K if kind == "kda" else 0
+    acts = B * T * (2 * hid + 2 * (2 * H * K + 2 * HV * V + HV * V + gate)) * es
+    weights = _projections(shape, kind) * es
     if mode == "step":
         return float(weights + 2 * B * HV * K * V * 4)
     if mode == "fwd":
@@ -113,32 +122,41 @@ def _runner(name: str, layer, family: str, notes, prompt=None) -> Runner:
     return Runner(name, fn, args, ("y",), ("dx", *("d" + n for n, _ in params)), family=family, notes=notes)
 
 
-def layer_prepare(backend: str, shape: Dict, inputs: Dict, mode: str) -> Runner:
+def layer_prepare(backend: str, shape: Dict, inputs: Dict, mode: str, kind: str = "gdn") -> Runner:
     import linattn.layers
+    cls = KINDS[kind][0]
     dev, dtype = inputs["x"].device, inputs["x"].dtype
     torch.manual_seed(0)
-    lin = linattn.layers.GatedDeltaNet(**layer_dims(shape), layer_idx=0).to(device=dev, dtype=dtype)
+    lin = getattr(linattn.layers, cls)(**layer_dims(shape), layer_idx=0).to(device=dev, dtype=dtype)
     if backend == "fla":
         os.environ["FLA_FLASH_QLA"] = "0"
         try:
             import fla
             import fla.layers
-            peer = fla.layers.GatedDeltaNet(**layer_dims(shape), layer_idx=0).to(device=dev, dtype=dtype)
+            peer = getattr(fla.layers, cls)(**layer_dims(shape), layer_idx=0).to(device=dev, dtype=dtype)
         except Exception as e:                    # ImportError (fla.layers needs the flash-linear-attention wheel)
             raise Unavailable(f"fla.layers not importable: {type(e).__name__}: {str(e)[:200]}")
         peer.load_state_dict(lin.state_dict())
         return _runner("fla", peer.train(), "peer",
-                       [f"fla {getattr(fla, '__version__', '?')} fla.layers.GatedDeltaNet, FLA_FLASH_QLA=0"],
+                       [f"fla {getattr(fla, '__version__', '?')} fla.layers.{cls}, FLA_FLASH_QLA=0"],
                        inputs.get("prompt"))
     if backend not in ("auto", "triton", "gluon"):
         raise Unavailable(f"the layer runs linattn's backends auto, triton or gluon, or the peer fla; not {backend!r}")
     os.environ["LINATTN_BACKEND"] = backend
     return _runner(backend, lin.train(), "linattn",
-                   [f"linattn.layers.GatedDeltaNet, LINATTN_BACKEND={backend}"], inputs.get("prompt"))
+                   [f"linattn.layers.{cls}, LINATTN_BACKEND={backend}"], inputs.get("prompt"))
 
 
-LAYER_GDN = BenchOp(
-    name="layer_gdn", registry_op=OP, linattn_backends=("auto", "triton", "gluon"), peers=("fla",),
-    make_inputs=layer_inputs, flops=layer_flops, bytes=layer_bytes, bytes_model=LAYER_BYTES_MODEL,
-    prepare=layer_prepare, typical_call=lambda device: None, reference="", api_module="linattn.layers",
-    default_presets=("layer", "layer_tiny"), modes=("fwd", "fwdbwd", "step"))
+def _layer_op(kind: str, presets: tuple, step_presets: tuple) -> BenchOp:
+    return BenchOp(
+        name=f"layer_{kind}", registry_op=KINDS[kind][1], linattn_backends=("auto", "triton", "gluon"),
+        peers=("fla",), make_inputs=layer_inputs,
+        flops=lambda shape, mode, runner="": layer_flops(shape, mode, runner, kind),
+        bytes=lambda shape, mode, runner="": layer_bytes(shape, mode, runner, kind), bytes_model=LAYER_BYTES_MODEL,
+        prepare=lambda backend, shape, inputs, mode: layer_prepare(backend, shape, inputs, mode, kind),
+        typical_call=lambda device: None, reference="", api_module="linattn.layers", default_presets=presets,
+        modes=("fwd", "fwdbwd", "step"), step_presets=step_presets)
+
+
+LAYER_GDN = _layer_op("gdn", ("layer", "layer_tiny"), ("layer_step", "layer_step_tiny"))
+LAYER_KDA = _layer_op("kda", ("layer_kda", "layer_kda_tiny"), ("layer_kda_step", "layer_kda_step_tiny"))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs, gdn_flops  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
 from linattn.bench.kda import KDA
-from linattn.bench.layer import LAYER_GDN
+from linattn.bench.layer import LAYER_GDN, LAYER_KDA
 
 GDN_GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 GDN_LEAVES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -229,6 +229,7 @@ BENCH_OPS["fused_recurrent_gated_delta_rule"] = GATED_DELTA_RULE_DECODE
 BENCH_OPS["kda"] = KDA
 BENCH_OPS["chunk_kda"] = KDA
 BENCH_OPS["layer_gdn"] = LAYER_GDN
+BENCH_OPS["layer_kda"] = LAYER_KDA
 
 
 def get_bench_op(name: str) -> BenchOp:

@@ -87,8 +87,14 @@ PRESETS["layer_tiny"] = [dict(_dense(1, 80, 2, 4, 16, 16), hidden=64)]
 # the layer's decode step (`--op layer_gdn --modes step`): B sequences, one new token each after a 16-token prefill
 PRESETS["layer_step"] = [dict(_dense(1, 1, 16, 32), hidden=2048), dict(_dense(64, 1, 16, 32), hidden=2048)]
 PRESETS["layer_step_tiny"] = [dict(_dense(3, 1, 2, 4, 16, 16), hidden=64)]
+# the Kimi Delta Attention layer (`--op layer_kda`): Kimi Linear's heads (hidden 2304, 32 heads, head dim 128)
+PRESETS["layer_kda"] = [dict(_dense(1, 8192, 32, 32), hidden=2304), dict(_dense(8, 4096, 32, 32), hidden=2304)]
+PRESETS["layer_kda_tiny"] = [dict(_dense(1, 80, 2, 4, 16, 16), hidden=64)]
+PRESETS["layer_kda_step"] = [dict(_dense(1, 1, 32, 32), hidden=2304), dict(_dense(64, 1, 32, 32), hidden=2304)]
+PRESETS["layer_kda_step_tiny"] = [dict(_dense(3, 1, 2, 4, 16, 16), hidden=64)]
 
-CPU_PRESETS = ("tiny", "decode_tiny", "kda_decode_tiny", "kda_tiny", "layer_tiny", "layer_step_tiny")
+CPU_PRESETS = ("tiny", "decode_tiny", "kda_decode_tiny", "kda_tiny", "layer_tiny", "layer_step_tiny", "layer_kda_tiny",
+               "layer_kda_step_tiny")
 
 
 def shape_label(s: Dict) -> str:

@@ -9,18 +9,18 @@ from linattn.bench.presets import CPU_PRESETS, PRESETS
 
 def add_arguments(p):
     p.add_argument("--op", default=None, help="bench op (linattn.bench.ops.BENCH_OPS; default gated_delta_rule, "
-                   "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's; layer_gdn: the "
-                   "GatedDeltaNet layer against FLA's)")
+                   "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's; layer_gdn / "
+                   "layer_kda: the GatedDeltaNet / KimiDeltaAttention layer against FLA's)")
     p.add_argument("--backends", nargs="+", default=None,
                    help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
                    "default triton fla sdpa, and auto triton gluon fla with --modes decode")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd", "decode", "step"],
                    help="decode: the decode step (fused_recurrent_gated_delta_rule, T = 1), alone; step: a layer's "
-                   "decode step after a prefill (--op layer_gdn), alone")
+                   "decode step after a prefill (--op layer_gdn or layer_kda), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
                    "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda; "
-                   "layer and layer_tiny with --op layer_gdn; layer_step and layer_step_tiny with --op layer_gdn "
-                   "--modes step)")
+                   "layer and layer_tiny with --op layer_gdn, layer_kda and layer_kda_tiny with --op layer_kda; "
+                   "layer_step / layer_kda_step and their _tiny forms with --modes step)")
     p.add_argument("--procs", type=int, default=None,
                    help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
                    "GPU, 2 on the CPU)")
@@ -88,7 +88,7 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
     backends = args.backends or (["auto", "triton", "gluon", "fla"] if decode else
-                                 ["auto", "fla"] if op_name == "layer_gdn" else ["triton", "fla", "sdpa"])
+                                 ["auto", "fla"] if op_name.startswith("layer_") else ["triton", "fla", "sdpa"])
     if "step" in args.modes and args.modes != ["step"]:
         print("linattn bench: --modes step times a layer's decode step on its own shapes (T = 1): run it alone",
               file=sys.stderr)
@@ -96,7 +96,7 @@ def run(args) -> int:
     if decode:
         preset = args.preset or ("decode" if on_gpu else "decode_tiny")
     elif args.modes == ["step"]:
-        preset = args.preset or ("layer_step" if on_gpu else "layer_step_tiny")
+        preset = args.preset or BENCH_OPS[op_name].step_presets[0 if on_gpu else 1]
     else:
         preset = args.preset or BENCH_OPS[op_name].default_presets[0 if on_gpu else 1]
     if preset in PRESETS and any(("state" in s) != decode for s in PRESETS[preset]):
@@ -105,7 +105,7 @@ def run(args) -> int:
               f"({'use --modes decode' if not decode else known})", file=sys.stderr)
         return 2
     if not on_gpu and preset not in CPU_PRESETS:
-        cpu = ["decode_tiny"] if decode else ["layer_step_tiny"] if args.modes == ["step"] else \
+        cpu = ["decode_tiny"] if decode else [BENCH_OPS[op_name].step_presets[1]] if args.modes == ["step"] else \
             [BENCH_OPS[op_name].default_presets[1]]
         print(f"linattn bench: no GPU here; only the {', '.join(cpu)} preset runs on the CPU "
               f"(asked for {preset!r})", file=sys.stderr)
