@@ -62,17 +62,30 @@ def _cuda_facts(index: int) -> DeviceFacts:
 
 
 _FACTS_BY_INDEX: dict = {}
+_FACTS_BY_DEVICE: dict = {}
 
 
 def device_facts(device=None) -> DeviceFacts:
     """Facts about `device` (a torch.device, a string, a tensor or None for the current CUDA device, else CPU). A
-    tensor's are kept by its device index (-1: CPU), the launchers' per-call question without a torch.device."""
+    tensor's are kept by its device index (-1: CPU), a torch.device's by the device when it names one (a CPU, or a
+    GPU with its index; "cuda" alone means the current device, asked each time): the launchers' per-call question."""
     if isinstance(device, torch.Tensor):
         idx = device.get_device()
         facts = _FACTS_BY_INDEX.get(idx)
         if facts is None:
             facts = _FACTS_BY_INDEX[idx] = device_facts(device.device)
         return facts
+    if isinstance(device, torch.device):
+        facts = _FACTS_BY_DEVICE.get(device)
+        if facts is None:
+            facts = _facts(device)
+            if device.index is not None or device.type == "cpu":
+                _FACTS_BY_DEVICE[device] = facts
+        return facts
+    return _facts(device)
+
+
+def _facts(device) -> DeviceFacts:
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
