@@ -16,12 +16,13 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.ops.gated_delta_rule import autograd
+from linattn.ops.gated_delta_rule import autograd, call_memo
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
 from linattn.ops.norm.l2norm import l2norm
 from linattn.runtime import eager_ops
+from linattn.runtime.capture import capturing
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
@@ -162,24 +163,38 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     Differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias (the gradient of the final state flows
     in); each gradient comes back in its input's dtype.
     """
-    state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
-    check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                      state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                      dt_bias=dt_bias, chunk_size=chunk_size)
-    if cp_context is not None:
-        return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                                 cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias,
-                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
-    dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, raw_gate=use_gate_in_kernel,
-                            state_v_first=state_v_first)
-    if use_gate_in_kernel:
-        check_fla_gate_params(OP, A_log, dt_bias, dims["HV"], q.device)
+    key = b = None
+    if cp_context is None and transpose_state_layout is None and type(chunk_size) is int and \
+            call_memo.memo_applies(q):
+        # the auto choice reads CUDA-graph capture (gluon's auto filter), so the key does too
+        key = call_memo.call_key(backend, (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias), scale, None,
+                                 (not output_final_state, not use_qk_l2norm_in_kernel, not use_beta_sigmoid_in_kernel,
+                                  not allow_neg_eigval, not state_v_first, not use_gate_in_kernel, chunk_size,
+                                  capturing(q)))
+        b = None if key is None else _CHECKED.get(key)
+    if b is None:
+        state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
+        check_fla_options(OP, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                          allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                          use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size)
+        if cp_context is not None:
+            return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, cu_seqlens, cp_context, backend, use_gate_in_kernel,
+                                     A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
+        dims = check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, op=OP, raw_gate=use_gate_in_kernel,
+                                state_v_first=state_v_first)
+        if use_gate_in_kernel:
+            check_fla_gate_params(OP, A_log, dt_bias, dims["HV"], q.device)
+        b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                             cu_seqlens=cu_seqlens, output_final_state=output_final_state,
+                             use_gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                             state_v_first=state_v_first)
+        if key is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[key] = b
     if scale is None:
-        scale = dims["K"] ** -0.5
-    b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                         cu_seqlens=cu_seqlens, output_final_state=output_final_state,
-                         use_gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                         state_v_first=state_v_first)
+        scale = q.shape[-1] ** -0.5
     # FLA's options, passed on only when set (the Gluon impl, which declines them, takes the nine plain arguments);
     # A_log / dt_bias flattened to [HV] by torch ops, so autograd carries their gradients back to the given shapes
     options = {}
@@ -199,6 +214,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
+
+
+# Calls whose checks passed, by signature (call_memo.call_key), with the backend chosen: a repeat plain eager call on
+# CUDA tensors skips the checks and the choice (~25 us of host time on this project's CPU).
+_CHECKED: dict = {}
 
 
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,

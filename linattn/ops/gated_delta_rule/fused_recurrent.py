@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule import call_memo
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import direct_decode, fused_recurrent_gdn_fwd
-from linattn.ops.gated_delta_rule.validation import (CHECK_GPU_VALUES, _fail, check_channel_decay,
-                                                     check_fla_decode_options, check_gdn_inputs, fla_state_v_first)
+from linattn.ops.gated_delta_rule.validation import (_fail, check_channel_decay, check_fla_decode_options,
+                                                     check_gdn_inputs, fla_state_v_first)
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.settings import settings
 
@@ -594,23 +595,4 @@ def run_and_keep(cache: dict, key, impl, call: dict, tensors: tuple):
 # a repeat call then allocates its outputs and calls the compiled kernel's `run` with no other Python in between.
 _CHECKED: dict = {}
 _DIRECT: dict = {}
-
-
-def _memo_applies(q) -> bool:
-    """Plain eager calls on CUDA tensors, unless LINATTN_CHECK_INPUTS=1 asks for the values of every call checked."""
-    return type(q) is torch.Tensor and q.is_cuda and not CHECK_GPU_VALUES and not torch.compiler.is_compiling()
-
-
-def _call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optional[tuple]:
-    """Everything the checks, the backend choice and the launcher read: per tensor argument its shape, strides,
-    dtype, device, type and whether it requires grad; the grad mode; scale and pad_slot_id by value; the boolean options
-    by truth value (flags); the backend asked for and the process default. Values inside device tensors are never
-    checked on a GPU, so they are not part of it. None (checked afresh): a scale, pad_slot_id or backend of another
-    type (a tensor's hash is its id, which a later tensor can reuse)."""
-    if type(backend) is not str or not (scale is None or type(scale) is float or type(scale) is int) or \
-            not (pad_slot_id is None or type(pad_slot_id) is int):
-        return None
-    sigs = tuple([(type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
-                  if isinstance(t, torch.Tensor) else None if t is None else (type(t),) for t in tensors])
-    return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
-            pad_slot_id, flags, sigs)
+_memo_applies, _call_key = call_memo.memo_applies, call_memo.call_key    # module names: tests and tools patch them

@@ -1,0 +1,30 @@
+"""Per call signature, what a repeat eager call may skip: the input checks and the backend choice (the decode ops also
+keep a direct launch). A signature is everything the checks, the choice and the launchers read: per tensor argument
+its type, shape, strides, dtype, device and whether it requires grad; the grad mode; the options. Values inside
+device tensors are never read on a GPU (no host sync), so they are not part of it; CPU calls read them and are never
+remembered."""
+from typing import Optional
+
+import torch
+
+from linattn.ops.gated_delta_rule.validation import CHECK_GPU_VALUES
+from linattn.runtime.settings import settings
+
+
+def memo_applies(q) -> bool:
+    """Plain eager calls on CUDA tensors, unless LINATTN_CHECK_INPUTS=1 asks for the values of every call checked."""
+    return type(q) is torch.Tensor and q.is_cuda and not CHECK_GPU_VALUES and not torch.compiler.is_compiling()
+
+
+def call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optional[tuple]:
+    """The signature: per tensor argument its shape, strides, dtype, device, type and whether it requires grad; the
+    grad mode; scale and pad_slot_id by value; the options as the caller normalises them (flags, hashable); the
+    backend asked for and the process default. None (checked afresh): a scale, pad_slot_id or backend of another type
+    (a tensor's hash is its id, which a later tensor can reuse)."""
+    if type(backend) is not str or not (scale is None or type(scale) is float or type(scale) is int) or \
+            not (pad_slot_id is None or type(pad_slot_id) is int):
+        return None
+    sigs = tuple([(type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                  if isinstance(t, torch.Tensor) else None if t is None else (type(t),) for t in tensors])
+    return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
+            pad_slot_id, flags, sigs)
