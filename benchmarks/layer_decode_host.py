@@ -1,7 +1,8 @@
 """The host path of one eager GatedDeltaNet (or, with --layer kda, KimiDeltaAttention) decode step on a CPU: the
-linattn.layers layer after a 16-token prefill into a RecurrentCache, then one token per row, with every Triton launch recorded by the stand-in sm_90
-driver of linattn/runtime/hostsim.py instead of made (so the JIT's binding, the launch caches and the launchers'
-Python all run). Run without TRITON_INTERPRET (a child-free process: the kernels are compiled for sm_90a once).
+linattn.layers layer after a 16-token prefill into a RecurrentCache, then one token per row, with every Triton launch
+recorded by the stand-in sm_90 driver of linattn/runtime/hostsim.py instead of made (so the JIT's binding, the launch
+caches and the launchers' Python all run). Run without TRITON_INTERPRET (a child-free process: the kernels are compiled
+for sm_90a once).
 
     python3 benchmarks/layer_decode_host.py [--layer gdn|kda] [--hidden 256 --head-dim 16] [--batch 1] [--mask]
                                             [--dtype float32] [--cpu-checks] [--profile]
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     from linattn.backends import op_backends
     from linattn.layers import GatedDeltaNet, KimiDeltaAttention, RecurrentCache
     from linattn.ops.conv1d import validation as conv_validation
-    from linattn.ops.gated_delta_rule import fused_recurrent, validation
+    from linattn.ops.gated_delta_rule import call_memo, fused_recurrent, validation
     from linattn.ops.gated_delta_rule.triton import fused_recurrent as launcher
     from linattn.ops.gated_delta_rule.triton.hostsim import _patched, count_torch_ops
     from linattn.runtime.device import DeviceFacts
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     if not a.cpu_checks:
         patches += [(validation, "check_gate_values", lambda *_, **__: None),
                     (validation, "check_channel_decay_values", lambda *_, **__: None),
-                    (fused_recurrent, "_memo_applies", lambda q: True),
+                    (call_memo, "memo_applies", lambda q: True),
                     (fused_recurrent, "_check_index_values", lambda *_, **__: None),
                     (conv_validation, "check_index_values", lambda *_, **__: None)]
     dtype = getattr(torch, a.dtype)

@@ -1,6 +1,6 @@
-"""`linattn bench --op layer_gdn` and `--op layer_kda` (linattn/bench/layer.py) in process: the runner's forward (no autograd) and
-training step (dx and every parameter's gradient, named by parameter) on the tiny preset, the same results for
-two linattn backends built from the same seed, the FLOP and byte models, and FLA reported unavailable (not a crash)
+"""`linattn bench --op layer_gdn` and `--op layer_kda` (linattn/bench/layer.py) in process: the runner's forward (no
+autograd) and training step (dx and every parameter's gradient, named by parameter) on the tiny preset, the same results
+for two linattn backends built from the same seed, the FLOP and byte models, and FLA reported unavailable (not a crash)
 where fla.layers does not import."""
 import importlib.util
 import math

@@ -173,7 +173,8 @@ def test_custom_ops_opcheck(device):
     w2, pool2 = torch.randn(4, W, device=device), torch.randn(3, 4, W, device=device)
     torch.library.opcheck(torch.ops.linattn.causal_conv1d_update3,
                           (x[0, :2].detach(), x[0, 2:4].detach(), torch.randn(2, 4, device=device), pool.clone(),
-                           pool.clone(), pool2, w, w, w2, b, b, torch.randn(4, device=device), "silu", torch.tensor([2, -1], device=device)),
+                           pool.clone(), pool2, w, w, w2, b, b, torch.randn(4, device=device), "silu",
+                           torch.tensor([2, -1], device=device)),
                           test_utils=("test_schema", "test_faketensor"))
 
 

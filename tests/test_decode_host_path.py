@@ -107,8 +107,9 @@ def test_repeat_signature_skips_the_checks_and_keeps_refusing_bad_calls(monkeypa
     import torch
 
     import linattn
+    from linattn.ops.gated_delta_rule import call_memo
     from linattn.ops.gated_delta_rule import fused_recurrent as F
-    monkeypatch.setattr(F, "_memo_applies", lambda q: True)
+    monkeypatch.setattr(call_memo, "memo_applies", lambda q: True)
     monkeypatch.setattr(F, "_CHECKED", {})
     checks = []
     real = F.check_decode_inputs

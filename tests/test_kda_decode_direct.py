@@ -13,7 +13,8 @@ from linattn.runtime.hostsim import count_jit_runs, fake_hopper, normalise
 from linattn.ops.gated_delta_rule import fused_recurrent as F
 from linattn.ops.kda import fused_recurrent as KF
 
-F._memo_applies = lambda q: True
+from linattn.ops.gated_delta_rule import call_memo
+call_memo.memo_applies = lambda q: True
 KF._backends.backends["triton"].supports = lambda **_: (True, "")
 launcher_calls = [0]
 real_impl = F._triton_impl
@@ -81,7 +82,8 @@ with fake_hopper() as drv, torch.no_grad():
     errors = []
     for bad in (dict(g=torch.randn(2, 1, 4, 16)), dict(lower_bound=1.0), dict(lower_bound=True)):
         try:
-            run(drv, dict(x, **{k: v for k, v in bad.items() if k in x}), **{k: v for k, v in bad.items() if k not in x})
+            run(drv, dict(x, **{k: v for k, v in bad.items() if k in x}),
+                **{k: v for k, v in bad.items() if k not in x})
             errors.append(False)
         except ValueError as e:
             errors.append(True)

@@ -44,9 +44,10 @@ def _state_dtype(shape: Dict) -> torch.dtype:
 
 
 def decode_inputs(shape: Dict, device, seed: int, mode: str = "decode", dtype=torch.bfloat16) -> Dict:
-    """bf16 q, k (L2-normalised), v; fp32 g (log decay, mean about -0.02 per token) and beta in (0, 1); the start
-    states h0 [B, HV, K, V] ([B, HV, V, K] for a shape with v_first; x 0.5, in the state's dtype) and, in pool mode, a pool of B slots holding them in a
-    random order (pool[idx[n]] = h0[n]). Drawn on the device."""
+    """bf16 q, k (L2-normalised), v; fp32 g (log decay, mean about -0.02 per token; [B, 1, HV, K] for KDA) and beta
+    in (0, 1); the start states h0 [B, HV, K, V] ([B, HV, V, K] for a shape with v_first; x 0.5, in the state's
+    dtype) and, in pool mode, a pool of B slots holding them in a random order (pool[idx[n]] = h0[n]). Drawn on the
+    device."""
     if mode != "decode":
         raise ValueError(f"the decode bench op has only the 'decode' mode, got {mode!r}")
     B, H, HV, K, V = (shape[x] for x in ("B", "H", "HV", "K", "V"))

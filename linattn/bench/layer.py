@@ -4,14 +4,14 @@ Kimi Delta Attention layer (`linattn.layers.KimiDeltaAttention`) against FLA 0.6
 alternated; eager and CUDA-graph columns; the spread between processes).
 
 Modes: fwd is a prefill without autograd (torch.no_grad, the chunk op), fwdbwd a training step (the forward with
-autograd, then dx and every parameter's gradient), step a decode step (presets layer_step / layer_kda_step and their _tiny forms: B
-sequences, one token each, after a PROMPT-token prefill into the layer's cache made when the runner is prepared; each
-call advances the cache, and in a CUDA graph linattn's in-place states advance on every replay while FLA's layer,
-which writes a new recurrent state, repeats the same step: the same work). Both layers hold the same weights
-(linattn's layer initialised from a fixed seed, FLA's loaded with its state dict: the names are FLA's), so outputs
-and gradients are compared by name. linattn's backend name reaches the layer's ops through LINATTN_BACKEND ("auto":
-the dispatcher's choice). FLA runs its own Triton path (FLA_FLASH_QLA=0); on Hopper with triton < 3.7.1 FLA refuses
-its gated backward unless tilelang is installed (the row then reports FLA's error).
+autograd, then dx and every parameter's gradient), step a decode step (presets layer_step / layer_kda_step and their
+_tiny forms: B sequences, one token each, after a PROMPT-token prefill into the layer's cache made when the runner is
+prepared; each call advances the cache, and in a CUDA graph linattn's in-place states advance on every replay while
+FLA's layer, which writes a new recurrent state, repeats the same step: the same work). Both layers hold the same
+weights (linattn's layer initialised from a fixed seed, FLA's loaded with its state dict: the names are FLA's), so
+outputs and gradients are compared by name. linattn's backend name reaches the layer's ops through LINATTN_BACKEND
+("auto": the dispatcher's choice). FLA runs its own Triton path (FLA_FLASH_QLA=0); on Hopper with triton < 3.7.1 FLA
+refuses its gated backward unless tilelang is installed (the row then reports FLA's error).
 
 A shape is GDN's (B, T, H = num_heads, HV = num_v_heads, K = head_dim, V = head_dim * expand_v) plus `hidden`.
 """

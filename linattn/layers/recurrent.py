@@ -163,9 +163,8 @@ class RecurrentLayer(nn.Module):
 
     def _finish(self, o: torch.Tensor, recurrent_state: Optional[torch.Tensor], s: dict, past_key_values,
                 use_cache: bool, gate: Optional[torch.Tensor] = None):
-        """Stores the new states in the cache, then the gated norm (`gate`, or g_proj(x), as the gate; a plain norm where
-        the
-        layer has no g_proj), o_proj, and the padded batch restored. Returns the layer's output."""
+        """Stores the new states in the cache, then the gated norm (`gate`, or g_proj(x), as the gate; a plain norm
+        where the layer has no g_proj), o_proj, and the padded batch restored. Returns the layer's output."""
         if past_key_values is not None:
             past_key_values.update(layer_idx=self.layer_idx, recurrent_state=recurrent_state,
                                    conv_state=s["conv_states"] if self.use_short_conv and use_cache else None,

@@ -21,7 +21,8 @@ def _build(kname: str, sig: dict, const: dict, warps: int):
 
 def _register(name: str, kname: str, sig: dict, const: dict, warps: int, what: str):
     register(AotKernel(name, _build(kname, sig, const, warps), ("LDG.E",), archs=("sm_90a",), language="triton",
-                       div16=tuple(n for n, t in sig.items() if t.startswith("*") or n in ("D", "stride_b", "stride_t")),
+                       div16=tuple(n for n, t in sig.items()
+                                   if t.startswith("*") or n in ("D", "stride_b", "stride_t")),
                        description=f"causal_conv1d {what}, Triton, D={D} W={W} SiLU bf16, {warps} warps"))
 
 

@@ -35,7 +35,8 @@ for _n, _st, _bv, _w, _s, _h, _f, _p in DECODE_CONFIGS:
 
 
 # ---- Triton decode kernels (triton/fused_recurrent.py): the batch-256 fp32 default (persistent, in place), the
-# batch-1 bf16 one-tile config, the K-first fp32 one-tile config of batch 32-64 and the V-first fp32 one, so that `linattn inspect` reports them beside the Gluon builds. The registry counts
+# batch-1 bf16 one-tile config, the K-first fp32 one-tile config of batch 32-64 and the V-first fp32 one, so that
+# `linattn inspect` reports them beside the Gluon builds. The registry counts
 # only SASS_FAMILIES opcodes, so the intended SASS is narrowed to the state loads (LDG.E.EL.128: the persistent
 # walk's L2::evict_last; LDG.E.128: the one-tile kernel); tests/test_fused_recurrent.py checks the stores.
 def _register_triton_decode():

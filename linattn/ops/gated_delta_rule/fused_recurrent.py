@@ -1,11 +1,12 @@
 """Gated DeltaNet decode for serving: `fused_recurrent_gated_delta_rule`.
 
 Stack (DESIGN.md, "One op, one stack"): Triton kernels (triton/decode_kernels.py) -> launcher
-(triton/fused_recurrent.py) -> two torch custom ops (`linattn::fused_recurrent_gdn`, out of place, and `linattn::fused_recurrent_gdn_inplace`, which declares
-that it mutates the state pool; `mutates_args` is static, hence two ops) with fake implementations, so the op
-works under torch.compile(fullgraph=True) and inside CUDA graphs -> backends in the registry -> the public
-function below. `fused_recurrent_reference` is the same function in plain PyTorch (the "reference" backend).
-Forward only, as FLA's: inputs may require grad, and the outputs' backward raises NotImplementedError (forward_only).
+(triton/fused_recurrent.py) -> two torch custom ops (`linattn::fused_recurrent_gdn`, out of place, and
+`linattn::fused_recurrent_gdn_inplace`, which declares that it mutates the state pool; `mutates_args` is static, hence
+two ops) with fake implementations, so the op works under torch.compile(fullgraph=True) and inside CUDA graphs ->
+backends in the registry -> the public function below. `fused_recurrent_reference` is the same function in plain PyTorch
+(the "reference" backend). Forward only, as FLA's: inputs may require grad, and the outputs' backward raises
+NotImplementedError (forward_only).
 """
 from typing import Optional, Tuple
 
@@ -197,11 +198,12 @@ def fused_recurrent_reference(q, k, v, g, beta, scale=None, initial_state=None, 
                               A_log=None, dt_bias=None, beta_sigmoid=False, num_accepted_tokens=None,
                               pad_slot_id=None, state_v_first=False, allow_neg_eigval=False, gk=None, gk_mode="",
                               lower_bound=0.0):
-    """The op in plain PyTorch: gating formulas, pool gather/scatter, padding and the speculative-decoding slots
-    done explicitly, then `naive_recurrent` (with gk: the per-key-channel recurrence of KDA's reference, decay
-    g + gk per key channel; gk_mode as the kernel's, the KDA gates by linattn.ops.kda.reference.kda_gate). Computes in fp32 (fp64 when q is fp64); the state is kept in that
-    precision over the T tokens of the call and rounded to the pool's dtype only when written back, as the kernel
-    does. An out-of-place final state comes back in the compute dtype (fp32, as FLA)."""
+    """The op in plain PyTorch: gating formulas, pool gather/scatter, padding and the speculative-decoding slots done
+    explicitly, then `naive_recurrent` (with gk: the per-key-channel recurrence of KDA's reference, decay g + gk per key
+    channel; gk_mode as the kernel's, the KDA gates by linattn.ops.kda.reference.kda_gate). Computes in fp32 (fp64 when
+    q is fp64); the state is kept in that precision over the T tokens of the call and rounded to the pool's dtype only
+    when written back, as the kernel does. An out-of-place final state comes back in the compute dtype (fp32, as
+    FLA)."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     if g is None:
@@ -521,12 +523,12 @@ def fused_recurrent_gated_delta_rule(
     final_state, attached to a node whose backward raises NotImplementedError; train with chunk_gated_delta_rule).
     """
     key = None
-    if _memo_applies(q) and gv is None and transpose_state_layout is None:
-        key = _call_key(backend, (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices,
-                                  num_accepted_tokens), scale, pad_slot_id,
-                        (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
-                         not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first, not inplace,
-                         not beta_sigmoid))
+    if call_memo.memo_applies(q) and gv is None and transpose_state_layout is None:
+        key = call_memo.call_key(backend, (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                           state_indices, num_accepted_tokens), scale, pad_slot_id,
+                                 (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
+                                  not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first, not inplace,
+                                  not beta_sigmoid))
         if key is not None:
             direct = _DIRECT.get(key)
             if direct is not None:
@@ -587,12 +589,12 @@ def run_and_keep(cache: dict, key, impl, call: dict, tensors: tuple):
     return o, final
 
 
-# Calls whose checks passed and whose backend choice was Triton, by signature (_call_key): a repeat call skips the
-# checks and the choice, which cost more host time than the batch-1 kernel. Only for CUDA tensors (CPU calls read
-# index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon decode is
-# never remembered: its supports() also reads pointer alignment, which the signature leaves out. _DIRECT holds, per
-# signature, the direct launch of a call that ran the Triton launcher on the caller's own tensors (direct_decode):
-# a repeat call then allocates its outputs and calls the compiled kernel's `run` with no other Python in between.
+# Calls whose checks passed and whose backend choice was Triton, by signature (call_memo.call_key): a repeat call
+# skips the checks and the choice, which cost more host time than the batch-1 kernel. Only for CUDA tensors (CPU
+# calls read index and gate values on the host, which a signature cannot vouch for) in plain eager calls. The Gluon
+# decode is never remembered: its supports() also reads pointer alignment, which the signature leaves out. _DIRECT
+# holds, per signature, the direct launch of a call that ran the Triton launcher on the caller's own tensors
+# (direct_decode): a repeat call then allocates its outputs and calls the compiled kernel's `run` with no other Python
+# in between.
 _CHECKED: dict = {}
 _DIRECT: dict = {}
-_memo_applies, _call_key = call_memo.memo_applies, call_memo.call_key    # module names: tests and tools patch them

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule import call_memo
 from linattn.ops.gated_delta_rule import fused_recurrent as gdn_decode
 from linattn.ops.gated_delta_rule.validation import check_channel_decay, fla_state_v_first
 
@@ -97,13 +98,13 @@ def fused_recurrent_kda(
     (num_accepted_tokens), inplace, pad_slot_id. backend: "auto" (Triton), "triton" or "reference". Forward only.
     """
     key = None
-    if gdn_decode._memo_applies(q) and transpose_state_layout is None and \
+    if call_memo.memo_applies(q) and transpose_state_layout is None and \
             (lower_bound is None or type(lower_bound) in (float, int)):
-        key = gdn_decode._call_key(backend, (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                                             state_indices, num_accepted_tokens), scale, pad_slot_id,
-                                   (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
-                                    not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first,
-                                    not inplace, lower_bound))
+        key = call_memo.call_key(backend, (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                         state_indices, num_accepted_tokens), scale, pad_slot_id,
+                                 (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
+                                  not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not state_v_first,
+                                  not inplace, lower_bound))
         direct = None if key is None else _DIRECT.get(key)
         if direct is not None:
             out = direct(q, k, v, None, g, beta, A_log, _flat(dt_bias), initial_state, cu_seqlens, state_indices,
@@ -140,10 +141,11 @@ def fused_recurrent_kda(
                                                               initial_state, cu_seqlens, state_indices,
                                                               num_accepted_tokens))
 
-# Per call signature (GDN's _call_key over KDA's arguments and options), the direct launch of a call that passed the
+
+# Per call signature (call_memo.call_key over KDA's arguments and options), the direct launch of a call that passed the
 # checks and ran the Triton launcher on the caller's own tensors (direct_decode): a repeat call skips the checks, the
 # backend choice and the launcher, which cost ~10x the batch-1 kernel in host time. Plain eager calls on CUDA tensors
-# only (gdn_decode._memo_applies).
+# only (call_memo.memo_applies).
 _DIRECT: dict = {}
 
 

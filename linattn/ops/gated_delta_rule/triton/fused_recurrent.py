@@ -15,7 +15,8 @@ from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_
                                                                 fused_recurrent_gdn_fwd_persistent_kernel)
 from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import HostPath, MAX_PLANS, cdiv, current_device, hooks_active, kept_direct, launch, next_power_of_2
+from linattn.runtime.host_path import (HostPath, MAX_PLANS, cdiv, current_device, hooks_active, kept_direct, launch,
+                                       next_power_of_2)
 
 # Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
 # launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
@@ -32,10 +33,10 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
 
     V-first states ([.., V, K]): a BV block is BV whole rows of K, contiguous at any BV, so the block is sized for
     one warp (4 KB of state, 32 fp32 values a thread; every reduction runs over K inside the warp). Measured on the
-    H200 (H = 16, HV = 32, K = V = 128, fp32 pool in place, graph replays; benchmarks/OPT_LOG.md, "Decode, V-first
-    blocks by state layout"): BV = 8 with one warp ran batch 256 in 263 us (96% of the copy bandwidth) against 362 us for the
-    persistent walk and 302 us for BV = 64 with 8 warps; batch 64 in 68 us against 85 us; batch 1 within noise
-    (3.8-4.0 us). Two warps at the same BV cost 25% at batch 256.
+    H200 (H = 16, HV = 32, K = V = 128, fp32 pool in place, graph replays; benchmarks/OPT_LOG.md, "Decode: one-tile
+    blocks by state layout"): BV = 8 with one warp ran batch 256 in 263 us (96% of the copy bandwidth) against
+    362 us for the persistent walk and 302 us for BV = 64 with 8 warps; batch 64 in 68 us against 85 us; batch 1
+    within noise (3.8-4.0 us). Two warps at the same BV cost 25% at batch 256.
 
     K-first fp32 states ([.., K, V]): 256-byte rows (BV = 64), halved while the grid has fewer than 4 programs per
     SM, down to 64-byte rows, and 16 KB of state per warp (fewer warps than bf16's rule below: the reductions over K
@@ -44,12 +45,12 @@ def decode_launch_config(N: int, HV: int, K: int, V: int, state_dtype: torch.dty
     decay) batch 256 300 against 341 us, batch 64 81 against 89; GDN (H16/HV32) batch 64 76.5 against 84.1, batch 32
     43.0 against 44.5; batch 1 within noise for both (4.2-5.0 us). GDN's batch 256 takes the persistent walk.
 
-    bf16 K-first states: start at 128-byte state rows (32 fp32 or 64 bf16 columns: BK * 128 bytes of state per program, 4 warps
-    at K = 128), and halve it while the grid has fewer than 4 programs per SM, down to 64-byte rows (16 fp32 or
-    32 bf16 columns). Measured on the H200 (H = HV = 32, K = V = 128; benchmarks/OPT_LOG.md, "Decode
-    (fused_recurrent), iteration 1"): bf16 at batch 256 ran 231 us with BV = 64 against 281 us with BV = 32 (the
-    same bytes per program as fp32 is what counts, not the same columns); fp32 at batch 1 ran 3.7-3.9 us with 16
-    columns against 4.2 us with 8 and 5.3 us with 4 (rows narrower than 64 bytes waste half of each 64-byte fetch)."""
+    bf16 K-first states: start at 128-byte state rows (64 columns: BK * 128 bytes of state per program, 4 warps at
+    K = 128), and halve them while the grid has fewer than 4 programs per SM, down to 64-byte rows (32 columns).
+    Measured on the H200 (H = HV = 32, K = V = 128; benchmarks/OPT_LOG.md, "Decode (fused_recurrent), iteration
+    1"): bf16 at batch 256 ran 231 us with BV = 64 against 281 us with BV = 32; fp32 at batch 1 ran 3.7-3.9 us with
+    16 columns against 4.2 us with 8 and 5.3 us with 4, the 64-byte floor of both rules (rows narrower than 64 bytes
+    waste half of each 64-byte fetch)."""
     BK = next_power_of_2(K)
     elem = torch.empty((), dtype=state_dtype).element_size()
     vp2 = next_power_of_2(V)

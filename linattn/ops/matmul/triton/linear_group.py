@@ -1,10 +1,11 @@
 """Triton kernel of LinearGroup (linattn/ops/matmul/linear_group.py): y_g = x @ W_g^T for a few weights W_g
 [N_g, K] that share their input x [M, K], M small (a decode step's rows), in one launch.
 
-Each program takes BN output columns of one group (fewer in a group's last block) and all M rows: it streams its BN weight rows once (the bytes
-that bound a decode step's projections) through a pipelined K loop of BM x BK by BK x BN products. The weights stay
-separate tensors: a table holds per column block the address of its first weight row, its group's first column,
-the group's width and the block's first column inside the group. Group g's output is the contiguous [M, N_g] block at out + M * start_g."""
+Each program takes BN output columns of one group (fewer in a group's last block) and all M rows: it streams its BN
+weight rows once (the bytes that bound a decode step's projections) through a pipelined K loop of BM x BK by BK x BN
+products. The weights stay separate tensors: a table holds per column block the address of its first weight row, its
+group's first column, the group's width and the block's first column inside the group. Group g's output is the
+contiguous [M, N_g] block at out + M * start_g."""
 import triton
 import triton.language as tl
 
