@@ -402,3 +402,12 @@ def test_bench_kda_checks_triton_against_the_reference_and_names_fla(tmp_path, c
     assert rows["sdpa"]["status"] == "skipped" and "no KDA op" in rows["sdpa"]["reason"]
     assert main(["bench", "--op", "kda", "--preset", "kda_production", "--device", "cpu"]) == 2
     assert "only the kda_tiny preset" in capsys.readouterr().err
+
+
+def test_every_bench_op_documents_its_models():
+    """The runner writes each op's FLOP model (its docstring) and byte model into every result: an op registered
+    with an undocumented FLOP function (a lambda) failed only when a GPU run wrote its JSON."""
+    from linattn.bench.ops import BENCH_OPS
+    for name, op in BENCH_OPS.items():
+        assert (op.flops.__doc__ or "").strip(), f"{name}: FLOP model without a docstring"
+        assert op.bytes_model.strip(), f"{name}: byte model undocumented"

@@ -148,11 +148,16 @@ def layer_prepare(backend: str, shape: Dict, inputs: Dict, mode: str, kind: str 
 
 
 def _layer_op(kind: str, presets: tuple, step_presets: tuple) -> BenchOp:
+    def flops(shape: Dict, mode: str, runner: str = "") -> float:
+        return layer_flops(shape, mode, runner, kind)
+
+    def nbytes(shape: Dict, mode: str, runner: str = "") -> float:
+        return layer_bytes(shape, mode, runner, kind)
+    # the runner writes the FLOP model's docstring into every result
+    flops.__doc__, nbytes.__doc__ = layer_flops.__doc__, layer_bytes.__doc__
     return BenchOp(
         name=f"layer_{kind}", registry_op=KINDS[kind][1], linattn_backends=("auto", "triton", "gluon"),
-        peers=("fla",), make_inputs=layer_inputs,
-        flops=lambda shape, mode, runner="": layer_flops(shape, mode, runner, kind),
-        bytes=lambda shape, mode, runner="": layer_bytes(shape, mode, runner, kind), bytes_model=LAYER_BYTES_MODEL,
+        peers=("fla",), make_inputs=layer_inputs, flops=flops, bytes=nbytes, bytes_model=LAYER_BYTES_MODEL,
         prepare=lambda backend, shape, inputs, mode: layer_prepare(backend, shape, inputs, mode, kind),
         typical_call=lambda device: None, reference="", api_module="linattn.layers", default_presets=presets,
         modes=("fwd", "fwdbwd", "step"), step_presets=step_presets)
