@@ -11,10 +11,10 @@ chunk_kda (docs/context-parallel.md).
    dt_bias summed over ranks) against the fp64 reference at the dtype's tolerance and against the one-process call
    on one GPU at the same tolerance (on a GPU the two calls' fp32 products may round differently: TF32 units).
 2. Scaling: one sequence of T tokens, forward + backward (and forward alone), B1 H16/HV32 K = V = 128 bf16, no
-   initial or final state (FLA's CP form): W ranks on T / W tokens each, against the one-GPU call on all T tokens
-   (the Triton backend, the kernels CP runs, and `auto`, the fastest one-GPU path). A step's time is the slowest
-   rank's (the ranks start together after a barrier), median of --reps steps; efficiency = one-GPU time / (W *
-   W-rank time).
+   initial or final state (FLA's CP form): W ranks on T / W tokens each (backend "auto", and "triton" by name),
+   against the one-GPU call on all T tokens (the Triton backend and `auto`, the fastest one-GPU path). A step's time
+   is the slowest rank's (the ranks start together after a barrier), median of --reps steps; efficiency = one-GPU
+   time / (W * W-rank time).
 The ranks are spawned from this process; each writes its results to a temporary folder, this process compares
 them and writes one JSON (--out) with the environment. Exit status 1 when a gate case fails.
 """
@@ -110,14 +110,20 @@ def _scaling(rank: int, world: int, dev, T: int, dims, dtype, reps: int, warmup:
     P = T // world
     sl = slice(rank * P, (rank + 1) * P)
     cp = build_cp_context(torch.tensor([0, T], device=dev))
-    fwd, fwd_bwd = call({n: t[:, sl].contiguous() for n, t in full.items()}, do[:, sl].contiguous(), cp_context=cp)
-    row["cp_fwd_s"] = _step_times(fwd, dev, reps, warmup)
-    row["cp_fwd_bwd_s"] = _step_times(fwd_bwd, dev, reps, warmup)
+    local = {n: t[:, sl].contiguous() for n, t in full.items()}
+    # the CP call with backend "auto" (cp_*: the kernels it picks, linattn/distributed/chunk.py gdn_cp_op) and with
+    # the Triton kernels by name (cp_triton_*)
+    for key, backend in (("cp", "auto"), ("cp_triton", "triton")):
+        fwd, fwd_bwd = call(local, do[:, sl].contiguous(), cp_context=cp, backend=backend)
+        row[f"{key}_fwd_s"] = _step_times(fwd, dev, reps, warmup)
+        row[f"{key}_fwd_bwd_s"] = _step_times(fwd_bwd, dev, reps, warmup)
     for mode in ("fwd", "fwd_bwd"):
         cp_s = statistics.median(row[f"cp_{mode}_s"])
         for backend in ("triton", "auto"):
             one = statistics.median(row[f"one_gpu_{backend}_{mode}_s"])
             row[f"efficiency_{mode}_vs_{backend}"] = one / (world * cp_s)
+        row[f"efficiency_triton_{mode}_vs_triton"] = (statistics.median(row[f"one_gpu_triton_{mode}_s"])
+                                                     / (world * statistics.median(row[f"cp_triton_{mode}_s"])))
     return row
 
 
@@ -207,7 +213,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"W ranks {_median_ms(row['cp_fwd_bwd_s'])} ms (forward + backward); efficiency vs triton "
               f"{row['efficiency_fwd_bwd_vs_triton']:.2f}, vs auto {row['efficiency_fwd_bwd_vs_auto']:.2f}; "
               f"forward {_median_ms(row['cp_fwd_s'])} ms, efficiency {row['efficiency_fwd_vs_triton']:.2f} / "
-              f"{row['efficiency_fwd_vs_auto']:.2f}", flush=True)
+              f"{row['efficiency_fwd_vs_auto']:.2f}; CP on the Triton kernels {_median_ms(row['cp_triton_fwd_bwd_s'])}"
+              f" ms, efficiency vs triton {row['efficiency_triton_fwd_bwd_vs_triton']:.2f}", flush=True)
     result["passed"] = all(r["passed"] for r in result["gate"])
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -245,4 +245,5 @@ def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     return cp_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state, cp, A_log,
-                                     dt_bias, (2 if neg_eigval else 1) if beta_sigmoid else 0, state_v_first)
+                                     dt_bias, (2 if neg_eigval else 1) if beta_sigmoid else 0, state_v_first,
+                                     backend)
