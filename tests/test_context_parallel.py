@@ -209,7 +209,7 @@ def test_summary_kernel_c_and_m(with_h0):
     hm = torch.full((HV, K, V + K), float("nan"))
 
     def state_pass(k, w, u, gcum, h, vnew, init, final, plan):
-        launch_state_summary(k, w, u, gcum, h0, hm, plan.cu[1:].view(1, 2), with_transition=True)
+        launch_state_summary(k, w, u, gcum, h0, hm, plan.cu[1:], with_transition=True)
 
     chunk_gated_delta_rule_fwd(*(x[n] for n in NAMES), K ** -0.5, None, False, torch.tensor([0, lo, T]),
                                compute_output=False, state_pass=state_pass)
@@ -219,65 +219,6 @@ def test_summary_kernel_c_and_m(with_h0):
     s = torch.randn(1, HV, K, V, dtype=torch.float64)
     m_ref_action = _recurrent_map(x, lo, T, s) - _recurrent_map(x, lo, T, zero)
     assert_close("M S", hm[:, :, V:].double() @ s[0], m_ref_action, TOL[torch.float32])
-
-
-def test_summary_of_sub_segments_composes_to_the_whole():
-    """One launch over three ranges cutting tokens 37:185 at whole chunks from 37 (h0 on the first), composed by
-    compose_segments: the C and M of the whole range against fp64 (the pass's sub-segmented summary). 148 tokens:
-    over much longer ranges the inputs' decay leaves M below 1e-15, where a relative error measures nothing."""
-    from linattn.distributed.chunk import compose_segments, split_range
-    from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    T, lo = 185, 37
-    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=torch.float32, num_states=1)
-    h0 = x["initial_state"][0]
-    parts = split_range(lo, T, 3)
-    assert parts == [(lo, lo + 64), (lo + 64, lo + 128), (lo + 128, T)]
-    seg = torch.full((3, HV, K, V + K), float("nan"))
-
-    def state_pass(k, w, u, gcum, h, vnew, init, final, plan):
-        launch_state_summary(k, w, u, gcum, h0, seg, torch.tensor(parts), with_transition=True)
-
-    chunk_gated_delta_rule_fwd(*(x[n] for n in NAMES), K ** -0.5, None, False, torch.tensor([0, lo, T]),
-                               compute_output=False, state_pass=state_pass)
-    hm = compose_segments(seg, V, with_m=True)
-    zero = torch.zeros(1, HV, K, V, dtype=torch.float64)
-    assert_close("C", hm[:, :, :V], _recurrent_map(x, lo, T, h0[None].double()), TOL[torch.float32])
-    s = torch.randn(1, HV, K, V, dtype=torch.float64)
-    m_ref_action = _recurrent_map(x, lo, T, s) - _recurrent_map(x, lo, T, zero)
-    assert_close("M S", hm[:, :, V:].double() @ s[0], m_ref_action, TOL[torch.float32])
-    assert torch.equal(compose_segments(seg, V, with_m=False)[:, :, V:], torch.zeros(HV, K, K))
-
-
-def test_segment_count():
-    """Long boundary sequences are cut to fill the GPU, never below SEG_MIN_CHUNKS chunks a sub-segment."""
-    from linattn.distributed.chunk import SEG_MIN_CHUNKS, segment_count
-    assert segment_count(2 * SEG_MIN_CHUNKS - 1, 256, 132) == 1
-    assert segment_count(2048, 256, 132) >= 2                    # B1 HV32: 256 programs a range
-    assert segment_count(2048, 8, 132) == 66                       # 4 programs an SM: 66 ranges of 8
-    assert segment_count(2048, 1, 132) == 2048 // SEG_MIN_CHUNKS   # or as many as the length allows
-    assert segment_count(3 * SEG_MIN_CHUNKS, 8, 132) == 3
-
-
-@pytest.mark.parametrize("world,lengths", [(2, [40, 300, 60]), (3, [30, 500, 1, 69])])
-def test_sub_segmented_boundaries_match_the_one_process_call(monkeypatch, world, lengths):
-    """The boundary sequences cut into sub-segments of one chunk upward (SEG_MIN_CHUNKS = 1, as many as the chunks
-    allow): world 2 with a crossing sequence of 5 chunks, world 3 with one spanning rank 1 whole (its first and last
-    sequence the same, composed through the sub-segments' transitions both ways); fp32 with initial and final states
-    against fp64 and the one-process call. Slower decay and smaller beta than the default inputs: each chunk's
-    transition then keeps about a third of the state, far from both 0 (the default inputs' contraction, under which
-    a composition that drops M would pass) and the identity (under which one that adds instead would)."""
-    from linattn.distributed import chunk
-    monkeypatch.setattr(chunk, "SEG_MIN_CHUNKS", 1)
-    monkeypatch.setattr(chunk, "SEG_PROGRAMS_PER_SM", 10 ** 6)
-    case = _case(lengths, world, torch.float32, True, True)
-    case["g"] = -0.02 * torch.rand_like(case["g"])
-    case["beta"] = 0.2 * torch.rand_like(case["beta"])
-    cp = build_cp_context(case["cu"], rank=1, world_size=world, comm=SimulatedComm(1, world))
-    bd = chunk.boundary(cp, HV, K, V, "cpu")
-    assert bd.n_first > 1 and (world == 2 or bd.n_last > 1)    # the cases exercise the sub-segments
-    exp = _expected(case)
-    _check(case, exp, _run_world(world, [case])[0], world)
 
 
 def test_state_bwd_dh0_only_pass():

@@ -6,10 +6,7 @@ Forward on rank r (docs/context-parallel.md has the derivation):
   1. stage 2 of the local forward (gam, Tinv, W, U) as in the one-process call;
   2. if the rank's last local sequence continues on the next rank: its summary [C | M] (triton/cp_summary.py),
      C from the state it starts with here (its initial state where it starts on r, else zero), M only where it also
-     started before r (a rank it spans entirely). A long boundary sequence is cut into sub-segments whose summaries
-     run in one launch side by side (a B=1 state pass fills about one program per SM and runs its chunks one after
-     another) and are composed in fp32; the rank's first sequence, where it started before r, is cut the same way
-     and its sub-segments' transitions are kept for the backward;
+     started before r (a rank it spans entirely);
   3. one all-gather of the [HV, K, V + K] summaries; if the rank's first sequence started on rank s < r, its
      incoming state is S = C_s, then S = M_j S + C_j for the ranks j strictly between s and r;
   4. the local state pass and output with the true incoming state (the one-process kernels on the local stream);
@@ -19,7 +16,7 @@ Backward on rank r, symmetric (the gradient of a rank's incoming state flows bac
   0. with output_final_state: one all-reduce of d final_state (every rank's loss may read the replicated states);
   1. if the rank's first sequence started before r: D, the gradient of its incoming state given the local dO with
      zero gradient into its final state where it continues on the next rank (the reverse state pass over the first
-     sequence, writing nothing else; over its sub-segments side by side, composed through their transitions);
+     sequence, writing nothing else);
   2. one all-gather of D; if the rank's last sequence ends on rank e > r, the gradient into its final state is
      G = D_e, then G = M_j^T G + D_j for j from e - 1 down to r + 1 (the M_j kept from the forward's gather);
   3. the local backward with the saved incoming state and G as the last sequence's final-state gradient.
@@ -45,7 +42,7 @@ from linattn.distributed.comm import comm_of
 from linattn.distributed.context import CPContext
 from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd, launch_state_bwd
 from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
-from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd, launch_state_pass
+from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, launch_state_pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,97 +158,6 @@ def compose_outgoing(ag_d: torch.Tensor, m_next: Optional[torch.Tensor], rank: i
     return gr
 
 
-# Sub-segments of a boundary sequence: no sub-segment shorter than SEG_MIN_CHUNKS chunks (the fp32 composition of
-# two summaries costs about one chunk step), and enough of them that the summary launch holds about
-# SEG_PROGRAMS_PER_SM programs per SM (one range's programs, blocks x HV, fill about one per SM at HV = 32).
-SEG_MIN_CHUNKS = 16
-SEG_PROGRAMS_PER_SM = 4
-
-
-def segment_count(chunks: int, programs_per_range: int, num_sms: int) -> int:
-    """Sub-segments of a boundary sequence of `chunks` chunks whose summary launch runs programs_per_range programs
-    per range."""
-    if chunks < 2 * SEG_MIN_CHUNKS:
-        return 1
-    fill = -(-SEG_PROGRAMS_PER_SM * num_sms // max(1, programs_per_range))
-    return max(1, min(chunks // SEG_MIN_CHUNKS, max(2, fill)))
-
-
-def split_range(lo: int, hi: int, n: int) -> list:
-    """[lo, hi) cut into at most n non-empty ranges of whole chunks counted from lo (the last one may be partial)."""
-    chunks = -(-(hi - lo) // CHUNK)
-    per = -(-chunks // max(1, n)) * CHUNK
-    return [(a, min(a + per, hi)) for a in range(lo, hi, per)] or [(lo, hi)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Boundary:
-    """The summary ranges of rank r: the last sequence's sub-segments (if it continues on the next rank) at
-    ranges[:n_last], the first sequence's (if it started before r) at ranges[first_at:first_at + n_first] (the same
-    ranges when the rank holds one sequence); first_cu / first_chunks: the first sequence's sub-segments as the
-    offsets and chunk slots of a plan for the reverse state pass."""
-    ranges: Optional[torch.Tensor]
-    n_last: int
-    first_at: int
-    n_first: int
-    first_cu: Optional[torch.Tensor]
-    first_chunks: Optional[torch.Tensor]
-
-
-def boundary(cp: CPContext, HV: int, K: int, V: int, device) -> Boundary:
-    """The rank's summary ranges, built on the host from the context's offsets once per (context, shape)."""
-    key = ("boundary", HV, K, V, str(device))
-    if key in cp.cache:
-        return cp.cache[key]
-    from linattn.ops.gated_delta_rule.triton.cp_summary import summary_config
-    from linattn.runtime.device import device_facts
-    cu = [int(c) for c in cp.cu_seqlens_cpu.tolist()]
-    n_loc, pre, post = cp.num_seqs, cp.pre_num_ranks, cp.post_num_ranks
-    _, BV, _, _ = summary_config(K, V, HV, device)
-    programs = (-(-V // BV) + -(-K // BV)) * HV
-    sms = device_facts(device).num_sms if torch.device(device).type == "cuda" else 1
-
-    def cut(lo, hi):
-        return split_range(lo, hi, segment_count(-(-(hi - lo) // CHUNK), programs, sms))
-    last = cut(cu[n_loc - 1], cu[n_loc]) if post > 0 else []
-    first = (last if n_loc == 1 and post > 0 else cut(0, cu[1])) if pre > 0 else []
-    ranges = last + ([] if first is last else first)
-    first_at = 0 if first is last else len(last)
-    first_cu = first_chunks = None
-    if len(first) > 1:
-        offs = [a for a, _ in first] + [first[-1][1]]
-        first_cu = torch.tensor(offs, dtype=torch.int64).to(device)
-        first_chunks = torch.tensor([a // CHUNK for a in offs[:-1]] + [-(-offs[-1] // CHUNK)],
-                                    dtype=torch.int64).to(device)
-    b = Boundary(torch.tensor(ranges, dtype=torch.int64).reshape(-1, 2).to(device) if ranges else None, len(last),
-                 first_at, len(first), first_cu, first_chunks)
-    cp.cache[key] = b
-    return b
-
-
-def compose_segments(hm: torch.Tensor, V: int, with_m: bool) -> torch.Tensor:
-    """[C | M] of consecutive sub-segments hm [S, HV, K, V + K] composed into one [HV, K, V + K]: C = C_S + M_S C_(S-1)
-    ..., M = M_S ... M_1 (left zero without with_m)."""
-    out = hm[0].clone()
-    if not with_m:
-        out[:, :, V:] = 0
-    for i in range(1, hm.shape[0]):
-        out[:, :, :V] = torch.baddbmm(hm[i, :, :, :V], hm[i, :, :, V:], out[:, :, :V])
-        if with_m:
-            out[:, :, V:] = torch.bmm(hm[i, :, :, V:], out[:, :, V:])
-    return out
-
-
-def compose_segment_grads(d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The gradient of the state entering consecutive sub-segments from each one's own d [S, HV, K, V] (the last
-    one's taken with the gradient into the sequence's state after it) and their transitions m [S, HV, K, K]:
-    G = d_S, then G = d_i + M_i^T G back to the first."""
-    g = d[-1]
-    for i in range(d.shape[0] - 2, -1, -1):
-        g = torch.baddbmm(d[i], m[i].transpose(-1, -2), g)
-    return g
-
-
 def _layout(cp: CPContext):
     """(local sequences, global index of local 0, pre, post, local sequences that end here, first that starts here)"""
     n_loc, pre, post = cp.num_seqs, cp.pre_num_ranks, cp.post_num_ranks
@@ -261,8 +167,7 @@ def _layout(cp: CPContext):
 def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                cp: CPContext, op: CPOp = GDN, A_log=None, dt_bias=None, opts=None):
     """(o, final states [N, HV, K, V] or None, the local initial states with the incoming state in row 0 (or None),
-    the transitions of the ranks the last sequence spans after this one (or None), the transitions of the first
-    sequence's sub-segments (or None)) of rank cp.rank."""
+    the transitions of the ranks the last sequence spans after this one (or None)) of rank cp.rank."""
     comm = comm_of(cp)
     HV, K, V = v.shape[2], k.shape[3], v.shape[3]
     n_loc, lo, pre, post, n_end, _ = _layout(cp)
@@ -277,24 +182,13 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         if cp.any_crossing:
-            bd = boundary(cp, HV, K, V, dev)
-            starts_here = pre == 0 or n_loc > 1
-            # M where the last sequence started before r, or where sub-segments compose through theirs
-            need_m = (post > 0 and (not starts_here or bd.n_last > 1)) or bd.n_first > 1
-            if bd.ranges is not None:
-                seg = torch.empty(bd.ranges.shape[0], HV, K, V + K, dtype=torch.float32, device=dev)
-                # h0 starts range 0, the last sequence's first sub-segment, where that sequence starts here
-                launch_state_summary(k_, w, u, gcum,
-                                     h0[n_loc - 1] if (h0 is not None and starts_here and post > 0) else None,
-                                     seg, bd.ranges, with_transition=need_m, decay=op.decay)
-                if bd.n_first > 1:
-                    kept["m_first"] = seg[bd.first_at:bd.first_at + bd.n_first, :, :, V:].clone()
             # zeros: the parts not computed here (C and M of a rank whose last sequence ends on it, M of one that
             # starts on it) are never read, but go over the wire as zeros rather than stale memory
+            hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
             if post > 0:
-                hm = compose_segments(seg[:bd.n_last], V, with_m=not starts_here)
-            else:
-                hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
+                starts_here = pre == 0 or n_loc > 1
+                launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
+                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay)
             ag = comm.all_gather(hm)
             if pre > 0:
                 h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
@@ -309,15 +203,15 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
         final = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
         final[lo:lo + n_end] = fin_loc[:n_end]
         comm.all_reduce_(final)
-    return o, final, h0_loc, kept.get("m_next"), kept.get("m_first")
+    return o, final, h0_loc, kept.get("m_next")
 
 
 def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], m_next: Optional[torch.Tensor],
-                m_first: Optional[torch.Tensor], has_initial_state: bool, do: torch.Tensor,
-                dfinal: Optional[torch.Tensor], cp: CPContext, op: CPOp = GDN, A_log=None, dt_bias=None, opts=None):
+                has_initial_state: bool, do: torch.Tensor, dfinal: Optional[torch.Tensor], cp: CPContext,
+                op: CPOp = GDN, A_log=None, dt_bias=None, opts=None):
     """(dq, dk, dv, dg, dbeta, d initial_state [N, HV, K, V] or None, dA_log, ddt_bias) of rank cp.rank (the gate
     parameters' gradients from this rank's tokens, None without them); dfinal: this rank's gradient of the returned
-    final states (None where they were not returned); m_next, m_first: cp_forward's."""
+    final states (None where they were not returned)."""
     comm = comm_of(cp)
     HV, K, V = v.shape[2], k.shape[3], v.shape[3]
     n_loc, lo, pre, post, n_end, s0 = _layout(cp)
@@ -335,20 +229,9 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
             d_in = torch.zeros(1, HV, K, V, dtype=torch.float32, device=dev)
             if pre > 0:
                 first_ends_here = n_loc > 1 or post == 0
-                dht_first = dht_[:1] if first_ends_here and dht_ is not None else None
-                bd = boundary(cp, HV, K, V, dev)
-                if bd.n_first > 1:
-                    # the sub-segments side by side, each from zero gradient but the last's, composed through M^T
-                    first = dataclasses.replace(plan, cu=bd.first_cu, chunk_offsets=bd.first_chunks, N=bd.n_first)
-                    dht_seg = torch.zeros(bd.n_first, HV, K, V, dtype=torch.float32, device=dev)
-                    if dht_first is not None:
-                        dht_seg[-1:].copy_(dht_first)
-                    dseg = torch.empty_like(dht_seg)
-                    op.boundary_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_seg, dseg, first, scale_, store_dh=False)
-                    d_in[0].copy_(compose_segment_grads(dseg, m_first))
-                else:
-                    first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
-                    op.boundary_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_first, d_in, first, scale_, store_dh=False)
+                first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
+                op.boundary_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_[:1] if first_ends_here and dht_ is not None
+                                else None, d_in, first, scale_, store_dh=False)
             ag_d = comm.all_gather(d_in[0])
             if post > 0:
                 dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))
@@ -367,19 +250,19 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
 class _CPChunk(torch.autograd.Function):
     @staticmethod
     def forward(fctx, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, cp, op, opts):
-        o, final, h0_loc, m_next, m_first = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                                       cp, op, A_log, dt_bias, opts)
-        fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next, m_first, A_log, dt_bias)
+        o, final, h0_loc, m_next = cp_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cp, op,
+                                              A_log, dt_bias, opts)
+        fctx.save_for_backward(q, k, v, g, beta, h0_loc, m_next, A_log, dt_bias)
         fctx.scale, fctx.cp, fctx.output_final_state, fctx.op, fctx.opts = scale, cp, output_final_state, op, opts
         fctx.has_initial_state = initial_state is not None
         return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
 
     @staticmethod
     def backward(fctx, do, dfinal):
-        q, k, v, g, beta, h0_loc, m_next, m_first, A_log, dt_bias = fctx.saved_tensors
+        q, k, v, g, beta, h0_loc, m_next, A_log, dt_bias = fctx.saved_tensors
         if do is None:
             do = torch.zeros_like(v)
-        grads = cp_backward(q, k, v, g, beta, fctx.scale, h0_loc, m_next, m_first, fctx.has_initial_state, do,
+        grads = cp_backward(q, k, v, g, beta, fctx.scale, h0_loc, m_next, fctx.has_initial_state, do,
                             dfinal if fctx.output_final_state else None, fctx.cp, fctx.op, A_log, dt_bias, fctx.opts)
         return (*grads, None, None, None, None, None)
 

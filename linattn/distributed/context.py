@@ -21,7 +21,7 @@ exactly one rank as its ending rank and local index i maps to global index seq_o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -47,8 +47,6 @@ class CPContext:
     any_crossing: bool = False
     comm: object = None
     layout: str = "contiguous"
-    # what the op derives once per context (linattn/distributed/chunk.py: the boundary sub-segments on the device)
-    cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

@@ -11,10 +11,9 @@ real U: one launch computes both, as one [K, V + K] state [C | M] split into col
                              column V, so the bounds mask zero-fills it)
 
 With per-key-channel decays (KDA, DECAY "channel") the map is the same with exp(g_t) a diagonal matrix, and the
-same launch computes it. One launch takes several token ranges (a third grid axis): the pass cuts a long boundary
-sequence into sub-segments whose summaries run side by side and compose as S_out = M_2 (M_1 S_in + C_1) + C_2.
-Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the state rounded to the operand
-dtype for W S exactly as there); nothing but each range's final [C | M] is written (no h, no Vnew).
+same launch computes it. Per chunk the arithmetic is stage 3's (chunk_state.py: the same loads and update, the
+state rounded to the operand
+dtype for W S exactly as there); nothing but the final [C | M] is written (no h, no Vnew).
 """
 import torch
 import triton
@@ -28,19 +27,17 @@ from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 @triton.jit
 def chunk_state_summary_kernel(
     k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
-    h0_ptr, hm_ptr,                            # h0 [HV, K, V] fp32 (USE_H0), hm [R, HV, K, V + K] fp32 out: [C | M]
-    ranges_ptr,                                # [R, 2] int64: the token range of each summary
-    h0_range,                                  # the range that starts from h0 (USE_H0); the others from zero
+    h0_ptr, hm_ptr,                            # h0 [HV, K, V] fp32 (USE_H0), hm [HV, K, V + K] fp32 out: [C | M]
+    cu_ptr,                                    # [2] int64: the sequence's token range
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, DOT_PREC: tl.constexpr, DECAY: tl.constexpr = "scalar",
 ):
     vb = tl.program_id(0)
     hv = tl.program_id(1)
-    r = tl.program_id(2)
     hk = hv // (HV // H)
-    bos = tl.load(ranges_ptr + 2 * r)
-    eos = tl.load(ranges_ptr + 2 * r + 1)
+    bos = tl.load(cu_ptr)
+    eos = tl.load(cu_ptr + 1)
     nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
 
     NVB: tl.constexpr = (V + BV - 1) // BV
@@ -55,8 +52,8 @@ def chunk_state_summary_kernel(
         s = tl.where(mask_m & (rk[:, None] == col_m[None, :]), 1.0, 0.0).to(tl.float32)
     else:
         if USE_H0:
-            s = tl.load(h0_ptr + hv.to(tl.int64) * K * V + rk[:, None] * V + col_c[None, :],
-                        mask=mask_c & (r == h0_range), other=0.).to(tl.float32)
+            s = tl.load(h0_ptr + hv.to(tl.int64) * K * V + rk[:, None] * V + col_c[None, :], mask=mask_c,
+                        other=0.).to(tl.float32)
         else:
             s = tl.zeros([BK, BV], dtype=tl.float32)
 
@@ -68,7 +65,7 @@ def chunk_state_summary_kernel(
         s = state_update(s, b_k, vnew, gam, gam_last, DOT_PREC, DECAY)
 
     out_col = tl.where(is_m, V + col_m, col_c)
-    tl.store(hm_ptr + (r.to(tl.int64) * HV + hv) * K * (V + K) + rk[:, None] * (V + K) + out_col[None, :], s,
+    tl.store(hm_ptr + hv.to(tl.int64) * K * (V + K) + rk[:, None] * (V + K) + out_col[None, :], s,
              mask=tl.where(is_m, mask_m, mask_c))
 
 
@@ -78,18 +75,17 @@ def summary_config(K: int, V: int, HV: int, device):
     return _pow2(K), cfg.BV_state, cfg.warps_state, cfg.stages
 
 
-def launch_state_summary(k, w, u, gcum, h0, hm, ranges, with_transition: bool, decay: str = "scalar",
-                         h0_range: int = 0):
-    """[C | M] of each token range ranges[r] = (start, end) (an int64 device tensor [R, 2]) into hm [R, HV, K, V + K]
-    fp32. h0: [HV, K, V] fp32 or None (zero): the start of range h0_range, the others start from zero.
-    with_transition=False computes only C (hm's M columns are left unwritten): the M of a sequence that starts on
-    this rank is never read. decay "channel" (KDA): k the decayed keys and gcum per key channel, as the state pass
-    takes them."""
+def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool, decay: str = "scalar"):
+    """[C | M] of the sequence spanning tokens cu2[0]:cu2[1] (cu2: an int64 device view of two offsets) into hm
+    [HV, K, V + K] fp32. h0: [HV, K, V] fp32 or None (zero). with_transition=False computes only C (hm's M columns
+    are left unwritten): the M of a sequence that starts on this rank is never read. decay "channel" (KDA): k the
+    decayed keys and gcum per key channel, as the state pass takes them."""
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     BK, BV, warps, stages = summary_config(K, V, HV, k.device)
     blocks = triton.cdiv(V, BV) + (triton.cdiv(K, BV) if with_transition else 0)
-    chunk_state_summary_kernel[(blocks, HV, ranges.shape[0])](
-        k, w, u, gcum, h0 if h0 is not None else gcum, hm, ranges, h0_range,
+    chunk_state_summary_kernel[(blocks, HV)](
+        k, w, u, gcum, h0 if h0 is not None else gcum, hm, cu2,
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=h0 is not None,
         DOT_PREC=dot_precision(w.dtype), DECAY=decay, num_warps=warps, num_stages=stages)
+
