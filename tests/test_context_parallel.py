@@ -221,6 +221,70 @@ def test_summary_kernel_c_and_m(with_h0):
     assert_close("M S", hm[:, :, V:].double() @ s[0], m_ref_action, TOL[torch.float32])
 
 
+def _fast_decay(x, rate=0.5):
+    """g = -rate per token: a chunk's decay reaches e^-20 within a chunk or two (the summaries' windows)."""
+    x["g"] = torch.full_like(x["g"], -rate)
+    return x
+
+
+@pytest.mark.parametrize("expansive", [False, True])
+def test_summary_tail_window(expansive):
+    """Under fast decay the summary runs only the tail window (tokens before it poisoned with NaN: C stays finite,
+    equal to the fp64 state of the whole range, M below e^-20); a token in the window whose transition expands
+    (beta ||k||^2 > 2) makes every head run the whole range (the poison then reaches C)."""
+    from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    T, lo, win = 300, 37, 229                  # chunks of [37, 300) start at 37, 101, 165, 229, 293
+    x = _fast_decay(make_gdn_inputs(1, T, H, HV, K, V, dtype=torch.float32, num_states=1))
+    if expansive:
+        x["beta"][0, 250] = 3.0
+    h0 = x["initial_state"][0]
+    hm = torch.full((HV, K, V + K), float("nan"))
+
+    def state_pass(k, w, u, gcum, h, vnew, init, final, plan):
+        k = k.clone()                          # the call's own k: the reference reads it
+        for t in (w, u, k):
+            t.reshape(T, -1)[lo:win] = float("nan")
+        launch_state_summary(k, w, u, gcum, h0, hm, plan.cu[1:], with_transition=True, beta=x["beta"])
+
+    chunk_gated_delta_rule_fwd(*(x[n] for n in NAMES), K ** -0.5, None, False, torch.tensor([0, lo, T]),
+                               compute_output=False, state_pass=state_pass)
+    if expansive:
+        assert hm.isnan().all()
+        return
+    assert_close("C", hm[:, :, :V], _recurrent_map(x, lo, T, h0[None].double()), TOL[torch.float32])
+    assert hm[:, :, V:].abs().max() < 2e-9
+
+
+@pytest.mark.parametrize("case", ["fast", "slow", "expansive"])
+def test_head_window_range(case):
+    """The backward's dh0-only pass covers the head window of the first sequence: fast decay cuts [0, 300) to its
+    first chunk (64 tokens: -32 in log decay); slow decay (-3 over the sequence) or an expanding transition in the
+    window keep it whole."""
+    from linattn.ops.gated_delta_rule.triton.cp_summary import head_window_range
+    T = 300
+    x = make_gdn_inputs(1, T, H, HV, K, V, dtype=torch.float32, num_states=1)
+    x = _fast_decay(x, 0.01 if case == "slow" else 0.5)
+    if case == "expansive":
+        x["beta"][0, 10, 1] = 3.0
+    # gcum: the within-chunk cumulative log decay, as stage 2 writes it
+    g = x["g"][0]
+    gcum = torch.cat([g[i:i + 64].cumsum(0) for i in range(0, T, 64)])
+    cu = torch.tensor([0, T])
+    out = head_window_range(gcum, x["k"][0], x["beta"][0], cu)
+    assert out.tolist() == ([0, 64] if case == "fast" else [0, T])
+
+
+def test_windows_under_fast_decay_match_the_one_process_call():
+    """The pass end to end with both windows taken (fast decay: the summary's tail and the dh0-only pass's head
+    window), world 3 with a crossing sequence and one spanning rank 1: fp32 against fp64 and the one-process call
+    (the truncation is bounded by e^-20 of the state)."""
+    case = _case([40, 560, 48], 3, torch.float32, True, False)
+    case["g"] = -0.3 - 0.4 * torch.rand_like(case["g"])
+    exp = _expected(case)
+    _check(case, exp, _run_world(3, [case])[0], 3)
+
+
 def test_state_bwd_dh0_only_pass():
     """launch_state_bwd(store_dh=False) gives the full pass's dh0 and leaves dh and dvnew untouched."""
     from linattn.ops.gated_delta_rule.triton import backward

@@ -6,7 +6,10 @@ Forward on rank r (docs/context-parallel.md has the derivation):
   1. stage 2 of the local forward (gam, Tinv, W, U) as in the one-process call;
   2. if the rank's last local sequence continues on the next rank: its summary [C | M] (triton/cp_summary.py),
      C from the state it starts with here (its initial state where it starts on r, else zero), M only where it also
-     started before r (a rank it spans entirely);
+     started before r (a rank it spans entirely). GDN: each head runs only the tail of the range over which its
+     decay reaches e^-20 (at most 16 chunks, every token's transition a contraction; cp_summary.tail_window): what
+     comes before reaches the end damped below that bound, so C and M are the whole range's to 2e-9 of the state,
+     and a head with slower decay runs the whole range;
   3. one all-gather of the [HV, K, V + K] summaries; if the rank's first sequence started on rank s < r, its
      incoming state is S = C_s, then S = M_j S + C_j for the ranks j strictly between s and r;
   4. the local state pass and output with the true incoming state (the one-process kernels on the local stream);
@@ -16,7 +19,8 @@ Backward on rank r, symmetric (the gradient of a rank's incoming state flows bac
   0. with output_final_state: one all-reduce of d final_state (every rank's loss may read the replicated states);
   1. if the rank's first sequence started before r: D, the gradient of its incoming state given the local dO with
      zero gradient into its final state where it continues on the next rank (the reverse state pass over the first
-     sequence, writing nothing else);
+     sequence, writing nothing else; GDN without a final-state gradient into that sequence: only over its head
+     window, cp_summary.head_window_range, the same bound from the other end);
   2. one all-gather of D; if the rank's last sequence ends on rank e > r, the gradient into its final state is
      G = D_e, then G = M_j^T G + D_j for j from e - 1 down to r + 1 (the M_j kept from the forward's gather);
   3. the local backward with the saved incoming state and G as the last sequence's final-state gradient.
@@ -41,7 +45,7 @@ import torch
 from linattn.distributed.comm import comm_of
 from linattn.distributed.context import CPContext
 from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd, launch_state_bwd
-from linattn.ops.gated_delta_rule.triton.cp_summary import launch_state_summary
+from linattn.ops.gated_delta_rule.triton.cp_summary import head_window_range, launch_state_summary
 from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, launch_state_pass
 
 
@@ -172,6 +176,7 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
     HV, K, V = v.shape[2], k.shape[3], v.shape[3]
     n_loc, lo, pre, post, n_end, _ = _layout(cp)
     dev = q.device
+    beta_scale = (opts or {}).get("beta_scale", 0)
     if initial_state is not None:
         h0_loc = initial_state[lo:lo + n_loc].clone()
     elif pre > 0:
@@ -188,7 +193,8 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
             if post > 0:
                 starts_here = pre == 0 or n_loc > 1
                 launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
-                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay)
+                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay,
+                                     beta=beta, beta_scale=beta_scale)
             ag = comm.all_gather(hm)
             if pre > 0:
                 h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
@@ -216,6 +222,7 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
     HV, K, V = v.shape[2], k.shape[3], v.shape[3]
     n_loc, lo, pre, post, n_end, s0 = _layout(cp)
     dev = q.device
+    beta_scale = (opts or {}).get("beta_scale", 0)
     dht = None
     if dfinal is not None:
         dsum = comm.all_reduce_(dfinal.to(torch.float32).contiguous().clone())
@@ -229,9 +236,13 @@ def cp_backward(q, k, v, g, beta, scale: float, h0_loc: Optional[torch.Tensor], 
             d_in = torch.zeros(1, HV, K, V, dtype=torch.float32, device=dev)
             if pre > 0:
                 first_ends_here = n_loc > 1 or post == 0
-                first = dataclasses.replace(plan, cu=plan.cu[:2], chunk_offsets=plan.chunk_offsets[:2], N=1)
-                op.boundary_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_[:1] if first_ends_here and dht_ is not None
-                                else None, d_in, first, scale_, store_dh=False)
+                dht_first = dht_[:1] if first_ends_here and dht_ is not None else None
+                cu_first = plan.cu[:2]
+                if dht_first is None and op.decay == "scalar":
+                    # only the head window of the first sequence reaches its incoming state's gradient (to e^-20)
+                    cu_first = head_window_range(gcum, k_, beta, cu_first, beta_scale)
+                first = dataclasses.replace(plan, cu=cu_first, chunk_offsets=plan.chunk_offsets[:2], N=1)
+                op.boundary_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_first, d_in, first, scale_, store_dh=False)
             ag_d = comm.all_gather(d_in[0])
             if post > 0:
                 dht_[n_loc - 1].copy_(compose_outgoing(ag_d, m_next, cp.rank, post))

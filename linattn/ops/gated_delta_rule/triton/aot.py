@@ -108,6 +108,8 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
 # ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config
 # (BV = 32: 4 blocks of C and 4 of M per value head).
 _register("gdn_cp_triton_summary_bv32_w4", "cp_summary", "chunk_state_summary_kernel",
-          dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h0_ptr=_F, hm_ptr=_F, cu_ptr=_I64),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=32, USE_H0=True, DOT_PREC="tf32", DECAY="scalar"), 4, 2,
-          "context-parallel summary: C and the transition M of one sequence")
+          dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h0_ptr=_F, hm_ptr=_F, cu_ptr=_I64, beta_ptr=_F,
+               thresh="fp32"),
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=32, USE_H0=True, DOT_PREC="tf32", DECAY="scalar", WINDOW=True,
+               MAXW=16, BETA_SCALE=0), 4, 2,
+          "context-parallel summary: C and the transition M of one sequence, from its tail window")

@@ -24,14 +24,93 @@ from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 
 
+THRESH = 20.0      # a window's summed log decay reaches -20: what lies beyond it is damped by e^-20 = 2.1e-9
+MAX_WINDOW = 16    # chunks: a window that needs more is not taken (the whole range runs)
+
+
+@triton.jit
+def _contracts(k_ptr, beta_ptr, bos, eos, c_lo, c_hi, hv, hk, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BETA_SCALE: tl.constexpr):
+    """Whether every token of chunks [c_lo, c_hi) has 0 <= beta ||k||^2 <= 2 (its transition I - beta k k^T is a
+    contraction). beta: the input, a logit activated as BETA_SCALE * sigmoid(beta) where BETA_SCALE > 0."""
+    i = tl.arange(0, BT)
+    rk = tl.arange(0, BK)
+    bad = 0
+    for c in range(c_lo, c_hi):
+        r = bos + c * BT + i
+        m = r < eos
+        kf = tl.load(k_ptr + (r.to(tl.int64) * H + hk)[:, None] * K + rk[None, :], mask=m[:, None] & (rk[None, :] < K),
+                     other=0.).to(tl.float32)
+        b = tl.load(beta_ptr + r.to(tl.int64) * HV + hv, mask=m, other=0.).to(tl.float32)
+        if BETA_SCALE > 0:
+            b = BETA_SCALE * tl.sigmoid(b)
+        bkk = tl.where(m, b * tl.sum(kf * kf, axis=1), 0.)
+        bad = tl.maximum(bad, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
+    return bad == 0
+
+
+@triton.jit
+def _chunk_decays(gcum_ptr, bos, eos, c, valid, hv, HV: tl.constexpr, BT: tl.constexpr):
+    """The summed log decay of chunks c (a vector; gcum is the within-chunk cumulative log decay: its last row's)."""
+    last = tl.minimum(bos + (c.to(tl.int64) + 1) * BT, eos) - 1
+    return tl.load(gcum_ptr + last * HV + hv, mask=valid, other=0.)
+
+
+@triton.jit
+def tail_window(gcum_ptr, k_ptr, beta_ptr, bos, eos, nchunks, hv, hk, thresh, H: tl.constexpr, HV: tl.constexpr,
+                K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, MAXW: tl.constexpr, BETA_SCALE: tl.constexpr):
+    """The first chunk of the shortest tail [cw, nchunks) of at most MAXW chunks whose summed log decay is <= -thresh
+    and whose every token's transition is a contraction: the state the tail starts with then reaches its end damped
+    by e^-thresh or more, so the tail run from zero gives the range's final state (and its transition, ~0) to that
+    bound. 0 (the whole range) where no such tail exists."""
+    j = tl.arange(0, MAXW)                     # chunk nchunks - 1 - j
+    inside = j < nchunks
+    dec = _chunk_decays(gcum_ptr, bos, eos, nchunks - 1 - j, inside, hv, HV, BT)
+    hit = inside & (tl.cumsum(dec, 0) <= -thresh)
+    first = tl.min(tl.where(hit, j, MAXW), 0)
+    cw = tl.where(first < MAXW, nchunks - 1 - first, 0)
+    if cw > 0:
+        cw = tl.where(_contracts(k_ptr, beta_ptr, bos, eos, cw, nchunks, hv, hk, H, HV, K, BT, BK, BETA_SCALE), cw, 0)
+    return cw
+
+
+@triton.jit
+def head_window_kernel(
+    gcum_ptr, k_ptr, beta_ptr, cu_ptr,         # gcum [T_tot, HV], k [T_tot, H, K], beta [T_tot, HV], cu [2] int64
+    out_ptr, thresh,                           # out [1] int32 (zeroed): the max over heads of the window's end
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, MAXW: tl.constexpr,
+    BETA_SCALE: tl.constexpr,
+):
+    """Program hv: the end ce (in chunks) of the shortest head [0, ce) of at most MAXW chunks of the sequence
+    cu[0]:cu[1] whose summed log decay is <= -thresh and whose every token's transition is a contraction (the
+    gradient of the state entering the sequence then gets what lies past ce damped by e^-thresh or more), the
+    sequence's chunk count where none; the max over heads goes to out[0]."""
+    hv = tl.program_id(0)
+    hk = hv // (HV // H)
+    bos = tl.load(cu_ptr)
+    eos = tl.load(cu_ptr + 1)
+    nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+    j = tl.arange(0, MAXW)
+    inside = j < nchunks
+    dec = _chunk_decays(gcum_ptr, bos, eos, j, inside, hv, HV, BT)
+    hit = inside & (tl.cumsum(dec, 0) <= -thresh)
+    first = tl.min(tl.where(hit, j, MAXW), 0)
+    ce = tl.where(first < MAXW, first + 1, nchunks)
+    if ce < nchunks:
+        ce = tl.where(_contracts(k_ptr, beta_ptr, bos, eos, 0, ce, hv, hk, H, HV, K, BT, BK, BETA_SCALE), ce, nchunks)
+    tl.atomic_max(out_ptr, ce.to(tl.int32))
+
+
 @triton.jit
 def chunk_state_summary_kernel(
     k_ptr, w_ptr, u_ptr, gcum_ptr,             # k [T_tot, H, K], w [T_tot, HV, K], u [T_tot, HV, V], gcum [T_tot, HV]
     h0_ptr, hm_ptr,                            # h0 [HV, K, V] fp32 (USE_H0), hm [HV, K, V + K] fp32 out: [C | M]
     cu_ptr,                                    # [2] int64: the sequence's token range
+    beta_ptr, thresh,                          # beta [T_tot, HV] (the input) and the window's bound (WINDOW)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, DOT_PREC: tl.constexpr, DECAY: tl.constexpr = "scalar",
+    WINDOW: tl.constexpr = False, MAXW: tl.constexpr = 16, BETA_SCALE: tl.constexpr = 0,
 ):
     vb = tl.program_id(0)
     hv = tl.program_id(1)
@@ -39,6 +118,10 @@ def chunk_state_summary_kernel(
     bos = tl.load(cu_ptr)
     eos = tl.load(cu_ptr + 1)
     nchunks = tl.cdiv(tl.maximum(eos - bos, 0), BT)
+    c_start = 0
+    if WINDOW:                                 # scalar decay only: the chain from the tail window, from zero
+        c_start = tail_window(gcum_ptr, k_ptr, beta_ptr, bos, eos, nchunks, hv, hk, thresh, H, HV, K, BT, BK, MAXW,
+                              BETA_SCALE)
 
     NVB: tl.constexpr = (V + BV - 1) // BV
     is_m = vb >= NVB
@@ -52,12 +135,12 @@ def chunk_state_summary_kernel(
         s = tl.where(mask_m & (rk[:, None] == col_m[None, :]), 1.0, 0.0).to(tl.float32)
     else:
         if USE_H0:
-            s = tl.load(h0_ptr + hv.to(tl.int64) * K * V + rk[:, None] * V + col_c[None, :], mask=mask_c,
-                        other=0.).to(tl.float32)
+            s = tl.load(h0_ptr + hv.to(tl.int64) * K * V + rk[:, None] * V + col_c[None, :],
+                        mask=mask_c & (c_start == 0), other=0.).to(tl.float32)
         else:
             s = tl.zeros([BK, BV], dtype=tl.float32)
 
-    for c in range(0, nchunks):
+    for c in range(c_start, nchunks):
         t0 = bos + c * BT
         b_w, b_u, b_k, gam, gam_last = state_chunk_inputs(k_ptr, w_ptr, u_ptr, gcum_ptr, t0, eos, hv, hk, vb,
                                                           H, HV, K, V, BT, BK, BV, DECAY)
@@ -75,17 +158,33 @@ def summary_config(K: int, V: int, HV: int, device):
     return _pow2(K), cfg.BV_state, cfg.warps_state, cfg.stages
 
 
-def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool, decay: str = "scalar"):
+def launch_state_summary(k, w, u, gcum, h0, hm, cu2, with_transition: bool, decay: str = "scalar", beta=None,
+                         beta_scale: int = 0, thresh: float = THRESH):
     """[C | M] of the sequence spanning tokens cu2[0]:cu2[1] (cu2: an int64 device view of two offsets) into hm
     [HV, K, V + K] fp32. h0: [HV, K, V] fp32 or None (zero). with_transition=False computes only C (hm's M columns
     are left unwritten): the M of a sequence that starts on this rank is never read. decay "channel" (KDA): k the
-    decayed keys and gcum per key channel, as the state pass takes them."""
+    decayed keys and gcum per key channel, as the state pass takes them. beta (the call's beta [T, HV], a logit
+    with beta_scale 1 or 2), scalar decay only: each head runs only the tail window where one exists (tail_window;
+    a head whose decay is slower runs the whole range), to e^-thresh of the whole range's [C | M]."""
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     BK, BV, warps, stages = summary_config(K, V, HV, k.device)
     blocks = triton.cdiv(V, BV) + (triton.cdiv(K, BV) if with_transition else 0)
+    window = beta is not None and decay == "scalar"
     chunk_state_summary_kernel[(blocks, HV)](
-        k, w, u, gcum, h0 if h0 is not None else gcum, hm, cu2,
+        k, w, u, gcum, h0 if h0 is not None else gcum, hm, cu2, beta if window else gcum, float(thresh),
         H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, USE_H0=h0 is not None,
-        DOT_PREC=dot_precision(w.dtype), DECAY=decay, num_warps=warps, num_stages=stages)
+        DOT_PREC=dot_precision(w.dtype), DECAY=decay, WINDOW=window, MAXW=MAX_WINDOW, BETA_SCALE=beta_scale,
+        num_warps=warps, num_stages=stages)
 
+
+def head_window_range(gcum, k, beta, cu2, beta_scale: int = 0, thresh: float = THRESH) -> torch.Tensor:
+    """cu2 (an int64 device view of a sequence's two offsets) cut to the head window of head_window_kernel, the
+    widest over heads (device ops only): the range the context-parallel backward's dh0-only pass needs, to e^-thresh,
+    where no gradient enters the sequence's final state."""
+    H, K = k.shape[-2], k.shape[-1]
+    HV = gcum.shape[-1]
+    ce = torch.zeros(1, dtype=torch.int32, device=gcum.device)
+    head_window_kernel[(HV,)](gcum, k, beta, cu2, ce, float(thresh), H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K),
+                              MAXW=MAX_WINDOW, BETA_SCALE=beta_scale, num_warps=4)
+    return torch.cat([cu2[:1], torch.minimum(cu2[:1] + ce.to(torch.int64) * CHUNK, cu2[1:2])])
