@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import List, Optional
@@ -159,6 +160,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     res = run(a.T, a.H, a.HV, a.K, a.V, a.worlds, dtype, dev, a.reps, a.final, a.bandwidth, a.latency,
               warmup=0 if a.dry_run else 1, op=a.op)
     if a.json:
+        from linattn.bench.env import collect_env, env_line
+        env = collect_env(dev)
+        res.update(env=env, env_line=env_line(env), backend_env=os.environ.get("LINATTN_BACKEND", "auto"))
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
