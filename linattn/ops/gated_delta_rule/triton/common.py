@@ -164,3 +164,26 @@ def ftz_exp2(t) -> bool:
     """exp2_fast's FTZ for kernels on t's device: compiled for an NVIDIA GPU (inline PTX), not the interpreter."""
     from linattn.runtime.settings import settings
     return t.device.type == "cuda" and torch.version.hip is None and not settings.interpret
+
+
+@triton.jit
+def contracts(k_ptr, beta_ptr, bos, eos, c_lo, c_hi, hv, hk, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+              BT: tl.constexpr, BK: tl.constexpr, BETA_SCALE: tl.constexpr):
+    """Whether every token of chunks [c_lo, c_hi) of the sequence at tokens [bos, eos) has 0 <= beta ||k||^2 <= 2 for
+    head hv (its transition I - beta k k^T is a contraction): the condition of the gate-truncated windows
+    (segment_start.py's segments, cp_summary.py's boundary summaries). beta: the input, a logit activated as
+    BETA_SCALE * sigmoid(beta) where BETA_SCALE > 0."""
+    i = tl.arange(0, BT)
+    rk = tl.arange(0, BK)
+    bad = 0
+    for c in range(c_lo, c_hi):
+        r = bos + c * BT + i
+        m = r < eos
+        kf = tl.load(k_ptr + (r.to(tl.int64) * H + hk)[:, None] * K + rk[None, :], mask=m[:, None] & (rk[None, :] < K),
+                     other=0.).to(tl.float32)
+        b = tl.load(beta_ptr + r.to(tl.int64) * HV + hv, mask=m, other=0.).to(tl.float32)
+        if BETA_SCALE > 0:
+            b = BETA_SCALE * tl.sigmoid(b)
+        bkk = tl.where(m, b * tl.sum(kf * kf, axis=1), 0.)
+        bad = tl.maximum(bad, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
+    return bad == 0

@@ -20,33 +20,12 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_state import state_chunk_inputs, state_update
-from linattn.ops.gated_delta_rule.triton.common import dot_precision
+from linattn.ops.gated_delta_rule.triton.common import contracts, dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _configs, _pow2
 
 
 THRESH = 20.0      # a window's summed log decay reaches -20: what lies beyond it is damped by e^-20 = 2.1e-9
 MAX_WINDOW = 16    # chunks: a window that needs more is not taken (the whole range runs)
-
-
-@triton.jit
-def _contracts(k_ptr, beta_ptr, bos, eos, c_lo, c_hi, hv, hk, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-               BT: tl.constexpr, BK: tl.constexpr, BETA_SCALE: tl.constexpr):
-    """Whether every token of chunks [c_lo, c_hi) has 0 <= beta ||k||^2 <= 2 (its transition I - beta k k^T is a
-    contraction). beta: the input, a logit activated as BETA_SCALE * sigmoid(beta) where BETA_SCALE > 0."""
-    i = tl.arange(0, BT)
-    rk = tl.arange(0, BK)
-    bad = 0
-    for c in range(c_lo, c_hi):
-        r = bos + c * BT + i
-        m = r < eos
-        kf = tl.load(k_ptr + (r.to(tl.int64) * H + hk)[:, None] * K + rk[None, :], mask=m[:, None] & (rk[None, :] < K),
-                     other=0.).to(tl.float32)
-        b = tl.load(beta_ptr + r.to(tl.int64) * HV + hv, mask=m, other=0.).to(tl.float32)
-        if BETA_SCALE > 0:
-            b = BETA_SCALE * tl.sigmoid(b)
-        bkk = tl.where(m, b * tl.sum(kf * kf, axis=1), 0.)
-        bad = tl.maximum(bad, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
-    return bad == 0
 
 
 @triton.jit
@@ -70,7 +49,7 @@ def tail_window(gcum_ptr, k_ptr, beta_ptr, bos, eos, nchunks, hv, hk, thresh, H:
     first = tl.min(tl.where(hit, j, MAXW), 0)
     cw = tl.where(first < MAXW, nchunks - 1 - first, 0)
     if cw > 0:
-        cw = tl.where(_contracts(k_ptr, beta_ptr, bos, eos, cw, nchunks, hv, hk, H, HV, K, BT, BK, BETA_SCALE), cw, 0)
+        cw = tl.where(contracts(k_ptr, beta_ptr, bos, eos, cw, nchunks, hv, hk, H, HV, K, BT, BK, BETA_SCALE), cw, 0)
     return cw
 
 
@@ -97,7 +76,7 @@ def head_window_kernel(
     first = tl.min(tl.where(hit, j, MAXW), 0)
     ce = tl.where(first < MAXW, first + 1, nchunks)
     if ce < nchunks:
-        ce = tl.where(_contracts(k_ptr, beta_ptr, bos, eos, 0, ce, hv, hk, H, HV, K, BT, BK, BETA_SCALE), ce, nchunks)
+        ce = tl.where(contracts(k_ptr, beta_ptr, bos, eos, 0, ce, hv, hk, H, HV, K, BT, BK, BETA_SCALE), ce, nchunks)
     tl.atomic_max(out_ptr, ce.to(tl.int32))
 
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_chunk_plan
-from linattn.ops.gated_delta_rule.triton.common import sequence_span
+from linattn.ops.gated_delta_rule.triton.common import contracts, sequence_span
 from linattn.runtime.host_path import next_power_of_2
 
 CHUNK = 64
@@ -92,16 +92,7 @@ def segment_window_kernel(
                                  HV, BT, MAXW)
     expansive = 0
     if usable:
-        i = tl.arange(0, BT)
-        rk = tl.arange(0, BK)
-        for c in range(cw, c0):
-            r = bos + c * BT + i
-            m = r < eos
-            kf = tl.load(k_ptr + (r.to(tl.int64) * H + hk)[:, None] * K + rk[None, :],
-                         mask=m[:, None] & (rk[None, :] < K), other=0.).to(tl.float32)
-            beta = tl.load(beta_ptr + r.to(tl.int64) * HV + hv, mask=m, other=0.).to(tl.float32)
-            bkk = beta * tl.sum(kf * kf, axis=1)
-            expansive = tl.maximum(expansive, tl.max(((bkk < 0.) | (bkk > 2.)).to(tl.int32), axis=0))
+        expansive = tl.where(contracts(k_ptr, beta_ptr, bos, eos, cw, c0, hv, hk, H, HV, K, BT, BK, 0), 0, 1)
     flagged = (~usable) | ((expansive != 0) & (cw > 0))
     tl.store(flag_ptr + ns * HV + hv, flagged.to(tl.int32))
     word = (tl.where(flagged, 0, c0 - cw) | tl.where(cw == 0, SEGW_H0, 0) | tl.where(ns % S == S - 1, SEGW_LAST, 0)
