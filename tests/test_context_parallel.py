@@ -400,3 +400,26 @@ def test_cp_kernel_choice(monkeypatch):
     assert op is GDN and why.startswith("the Triton kernels: ") and len(why) > len("the Triton kernels: ")
     monkeypatch.setenv("LINATTN_BACKEND", "triton")
     assert gdn_cp_op(x["q"], x["v"], cp, "auto")[1] == "backend 'triton': the Triton kernels"
+
+
+@pytest.mark.parametrize("fla_options", [False, True])
+def test_local_forward_after_the_exchange(monkeypatch, fla_options):
+    """The pass's other form (CPOp.local_fwd, the gluon backend's fused forward on sm_90a): stage 2 for the summary
+    alone, the exchange, then the rank's whole forward with its incoming state. Here the local forward is the Triton
+    forward (the Gluon one does not run on a CPU): world 3 with a spanned rank, 1-token and empty sequences, fp32,
+    initial and final states (with FLA's options: its gate and beta sigmoid, states [N, HV, V, K]); against fp64 and
+    the one-process call."""
+    import dataclasses
+    from linattn.distributed import chunk
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+
+    def local_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, A_log, dt_bias, opts, n_loc):
+        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0, output_final_state, None if n_loc == 1 else cu,
+                                         A_log=A_log, dt_bias=dt_bias, **opts)
+        return res.o, res.final_state
+
+    op = dataclasses.replace(chunk.GDN, local_fwd=local_fwd)
+    monkeypatch.setattr(chunk, "gdn_cp_op", lambda q, v, cp, backend: (op, "test: the local forward"))
+    case = _case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True, fla_options=fla_options)
+    exp = _expected(case)
+    _check(case, exp, _run_world(3, [case])[0], 3)

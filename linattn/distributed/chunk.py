@@ -30,8 +30,9 @@ on rank r holds the rows of the sequences that start on r (zero elsewhere): summ
 gradient.
 
 Every rank must make the same call (the same output_final_state, initial_state given or not) and run the backward.
-The pass runs the Triton kernels, with backend "auto" the gluon backend's state passes in their place where it
-supports the call (gdn_cp_op), eagerly: the autograd function is excluded from torch.compile tracing (a graph break
+The pass runs the Triton kernels, with backend "auto" the gluon backend's kernels where it supports the call
+(gdn_cp_op: its fused forward once the incoming state is known, stage 2 first for the summary alone; its state
+passes in the backward), eagerly: the autograd function is excluded from torch.compile tracing (a graph break
 there), and no step reads device data on the host.
 """
 from __future__ import annotations
@@ -63,6 +64,11 @@ class CPOp:
     state_bwd: object
     decay: str
     boundary_bwd: object
+    # local_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, A_log, dt_bias, opts, n_loc) -> (o,
+    # final states): the rank's whole forward once its incoming state is known (the fused Gluon forward), where the
+    # pass then runs stage 2 first for the summary alone; None: the summary and the exchange run inside fwd's state
+    # pass hook
+    local_fwd: object = None
 
 
 def _gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, state_pass, A_log, dt_bias, opts):
@@ -111,10 +117,23 @@ def _gdn_bwd_gluon(q, k, v, g, beta, scale, h0, cu, do, dht, state_bwd, A_log, d
                                       state_bwd=state_bwd, A_log=A_log, dt_bias=dt_bias, **opts)
 
 
+def _gdn_fwd_fused(q, k, v, g, beta, scale, h0, output_final_state, cu, A_log, dt_bias, opts, n_loc):
+    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
+    if A_log is not None or opts.get("beta_scale"):
+        from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
+        g, beta = activate(g, beta, A_log, dt_bias, opts.get("beta_scale", 0))
+    # one local sequence spanning the rank's tokens: the fixed-length B = 1 call, which the fused forward cuts into
+    # segments across the SMs (a varlen call is not segmented)
+    res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None if n_loc == 1 else cu)
+    return res.o, res.final_state
+
+
 GDN = CPOp(_gdn_fwd, _gdn_bwd, launch_state_pass, launch_state_bwd, "scalar", launch_state_bwd)
-# the same pass with the gluon backend's state passes (forward, the backward's recompute and its reverse pass) on
-# sm_90a; the boundary gradient's reverse pass stays Triton's (its dh0-only form)
-GDN_GLUON = CPOp(_gdn_fwd, _gdn_bwd_gluon, _gluon_state_pass, _gluon_state_bwd, "scalar", launch_state_bwd)
+# the same pass with the gluon backend's kernels on sm_90a: its fused forward once the incoming state is known, its
+# state passes in the backward (the recompute and the reverse pass); the boundary gradient's reverse pass stays
+# Triton's (its dh0-only form)
+GDN_GLUON = CPOp(_gdn_fwd, _gdn_bwd_gluon, _gluon_state_pass, _gluon_state_bwd, "scalar", launch_state_bwd,
+                 _gdn_fwd_fused)
 KDA = CPOp(_kda_fwd, _kda_bwd, _kda_state_pass, _kda_state_bwd, "channel", _kda_state_bwd)
 
 
@@ -133,7 +152,7 @@ def gdn_cp_op(q: torch.Tensor, v: torch.Tensor, cp: CPContext, backend: str) -> 
         elif not gluon.recompute_state_in_gluon(q, v, cp.cu_seqlens):
             why = "the Triton kernels: more sequence-heads than the Gluon state pass is faster at"
         else:
-            op, why = GDN_GLUON, "the Gluon state passes (sm_90a)"
+            op, why = GDN_GLUON, "the Gluon fused forward and state passes (sm_90a)"
     if settings.log_choices and why not in _LOGGED:
         _LOGGED.add(why)
         print(f"[linattn] chunk_gated_delta_rule cp_context: {why}", file=sys.stderr, flush=True)
@@ -185,25 +204,41 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
         h0_loc = None
     kept = {}
 
+    def exchange(k_, w, u, gcum, h0, plan):
+        """The summary (where the last sequence continues), the all-gather, the incoming state into h0[0]."""
+        # zeros: the parts not computed here (C and M of a rank whose last sequence ends on it, M of one that starts
+        # on it) are never read, but go over the wire as zeros rather than stale memory
+        hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
+        if post > 0:
+            starts_here = pre == 0 or n_loc > 1
+            launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
+                                 hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay,
+                                 beta=beta, beta_scale=beta_scale)
+        ag = comm.all_gather(hm)
+        if pre > 0:
+            h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
+        if post > 1:
+            kept["m_next"] = ag[cp.rank + 1:cp.rank + post, :, :, V:].clone()
+
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         if cp.any_crossing:
-            # zeros: the parts not computed here (C and M of a rank whose last sequence ends on it, M of one that
-            # starts on it) are never read, but go over the wire as zeros rather than stale memory
-            hm = torch.zeros(HV, K, V + K, dtype=torch.float32, device=dev)
-            if post > 0:
-                starts_here = pre == 0 or n_loc > 1
-                launch_state_summary(k_, w, u, gcum, h0[n_loc - 1] if (h0 is not None and starts_here) else None,
-                                     hm, plan.cu[n_loc - 1:], with_transition=not starts_here, decay=op.decay,
-                                     beta=beta, beta_scale=beta_scale)
-            ag = comm.all_gather(hm)
-            if pre > 0:
-                h0[0].copy_(compose_incoming(ag, cp.rank, pre, V))
-            if post > 1:
-                kept["m_next"] = ag[cp.rank + 1:cp.rank + post, :, :, V:].clone()
+            exchange(k_, w, u, gcum, h0, plan)
         op.state_pass(k_, w, u, gcum, h, vnew, h0, final, plan)
 
-    o, fin_loc = op.fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, state_pass, A_log,
-                        dt_bias, opts or {})
+    if op.local_fwd is None:
+        o, fin_loc = op.fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, state_pass, A_log,
+                            dt_bias, opts or {})
+    else:
+        if cp.any_crossing:
+            if post > 0:        # stage 2 for the summary alone (no state pass, no output), then the exchange
+                chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0_loc, False, cp.cu_seqlens,
+                                           compute_output=False, A_log=A_log, dt_bias=dt_bias,
+                                           state_pass=lambda k_, w, u, gcum, h, vnew, h0, final, plan:
+                                           exchange(k_, w, u, gcum, h0, plan), **(opts or {}))
+            else:
+                exchange(None, None, None, None, h0_loc, None)
+        o, fin_loc = op.local_fwd(q, k, v, g, beta, scale, h0_loc, output_final_state, cp.cu_seqlens, A_log,
+                                  dt_bias, opts or {}, n_loc)
     final = None
     if output_final_state:
         final = torch.zeros(cp.num_seqs_global, HV, K, V, dtype=torch.float32, device=dev)
