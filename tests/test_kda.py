@@ -222,6 +222,57 @@ def test_decode_gate_in_kernel(form):
 
 
 @needs_triton
+@pytest.mark.parametrize("form", ["log", "softplus", "lower_bound", "lower_bound_no_a"])
+def test_decode_persistent_walk(monkeypatch, form):
+    """KDA's decode on the persistent kernel (the large-batch serving walk): a pool in place with a padded row,
+    each gate form, against the fp64 recurrence; the public call at a batch the heuristic gives the walk (on a
+    stand-in of 1 SM) launches it."""
+    from linattn.ops.gated_delta_rule.triton import fused_recurrent as fr
+    N, slots, HV, K, V = 16, 19, 2, 16, 16
+    x = kda_inputs(N, 1, 1, HV, K, V, h0=False)
+    del x["initial_state"]
+    opts = {}
+    ref = f64(x)
+    if form != "log":
+        x["g"] = torch.randn(N, 1, HV, K) * 2                        # the raw gate input
+        A_log = None if form == "lower_bound_no_a" else torch.randn(HV)
+        dt_bias = torch.randn(HV * K)
+        lb = None if form == "softplus" else -5.0
+        opts = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, lower_bound=lb)
+        ref["g"] = kda_gate(x["g"].double(), None if A_log is None else A_log.double(), dt_bias.double(), lb)
+    pool = torch.randn(slots, HV, K, V)
+    idx = torch.randperm(slots)[:N]
+    idx[3] = -1                                                      # a padded row
+    launched = []
+    real = fr.fused_recurrent_gdn_fwd_persistent_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+    monkeypatch.setattr(fr, "fused_recurrent_gdn_fwd_persistent_kernel", Spy())
+    monkeypatch.setattr(fr, "device_facts", lambda device=None: type("Facts", (), {"num_sms": 1})())
+    monkeypatch.setattr(fr.host_path, "handle", False)               # through the JIT, so the spy sees the launch
+    fr._CONFIGS.clear()
+    assert fr.decode_persistent_config(N, HV, K, V, 1, False, torch.float32, 1) is not None
+    stored = pool.clone()
+    o, _ = _decode(**x, **opts, initial_state=stored, state_indices=idx, inplace=True, backend="triton")
+    fr._CONFIGS.clear()
+    assert len(launched) == 1, "the persistent kernel must have run"
+    live = [n for n in range(N) if n != 3]
+    o_ref, s_ref = naive_recurrent_kda(**{n: t[live] for n, t in ref.items() if t is not None},
+                                       initial_state=pool[idx[live]].double(), output_final_state=True)
+    assert_close("o (live rows)", o[live], o_ref, F32)
+    assert torch.equal(o[3], torch.zeros_like(o[3])), "the padded row must get zero outputs"
+    assert_close("pool slots written", stored[idx[live]], s_ref, F32)
+    others = sorted(set(range(slots)) - set(idx[live].tolist()))
+    assert torch.equal(stored[others], pool[others]), "unused slots must stay untouched"
+
+
+@needs_triton
 def test_gdn_decode_gk_matches_reference():
     """GDN's decode with FLA's gk: the scalar decay g and the per-key-channel gk both apply (and the fused
     scalar gate on g with a raw gk)."""

@@ -1,7 +1,7 @@
 """Kimi Delta Attention decode for serving: `fused_recurrent_kda`, FLA 0.6's signature.
 
 It runs Gated DeltaNet's decode stack with the decay on the per-key-channel path (decode_kernels.py, GK_MODE): the
-same Triton one-tile kernel, custom ops (`linattn::fused_recurrent_gdn[_inplace]` with gk), state-pool and serving
+same Triton kernels (the one-tile kernel; the persistent walk at large batch), custom ops (`linattn::fused_recurrent_gdn[_inplace]` with gk), state-pool and serving
 conventions (state_indices, inplace, pad_slot_id, state_v_first, speculative decoding), and the same reference
 (fused_recurrent_reference with gk). Forward only, as GDN's decode.
 """

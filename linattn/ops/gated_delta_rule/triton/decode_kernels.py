@@ -22,7 +22,7 @@ read from slot state_indices[n, num_accepted[n] - 1] (column 0 without num_accep
 (a padded entry, or t >= idx_cols, skips that write). V_FIRST: states stored [.., V, K] (FLA's state_v_first); the
 register block stays [BK, BV], only the addressing changes.
 
-Per-key-channel decay (GK_MODE, one-tile kernel only): gk [.., HV, K] is loaded as a [BK] vector per token and
+Per-key-channel decay (GK_MODE): gk [.., HV, K] is loaded as a [BK] vector per token and
 scales the state's rows, S <- diag(exp(gk_t)) S, after the scalar decay of g (FLA's order). GK_MODE "" (the default:
 none, the GDN path's code unchanged), "log" (gk is the log decay: GDN's gk, or KDA's precomputed g), or a KDA gate on
 the raw input gk with dt_bias [HV * K] (FLA's kda gate): "softplus" -exp(A_log) softplus(gk + dt_bias);
@@ -280,9 +280,10 @@ def fused_recurrent_gdn_fwd_kernel(
 
 
 @triton.jit
-def _tile_inputs(q, k, v, g, beta, t, live, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, USE_G: tl.constexpr):
-    """Tile t's q, k rows (in their stored dtype), v columns, beta and g, all masked off unless `live`."""
+def _tile_inputs(q, k, v, g, gk, beta, t, live, o_k, mask_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, USE_G: tl.constexpr, GK_MODE: tl.constexpr):
+    """Tile t's q, k rows (in their stored dtype), v columns, beta, g and the raw gk row (0 without GK_MODE), all
+    masked off unless `live`."""
     i_v = t % NV
     i_hv = (t // NV) % HV
     i_n = (t // NV) // HV
@@ -296,17 +297,22 @@ def _tile_inputs(q, k, v, g, beta, t, live, o_k, mask_k, H: tl.constexpr, HV: tl
         r_g = tl.load(g + i_n * HV + i_hv, mask=live, other=0.0)
     else:
         r_g = 0.0
-    return r_q, r_k, r_v, r_beta, r_g
+    if GK_MODE != "":
+        r_gk = tl.load(gk + (i_n * HV + i_hv) * K + o_k, mask=mask_k & live, other=0.0)
+    else:
+        r_gk = 0.0
+    return r_q, r_k, r_v, r_beta, r_g, r_gk
 
 
 @triton.jit
-def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles,
+def _persistent_walk(q, k, v, g, gk, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                      BETA_SIGMOID: tl.constexpr, QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr,
                      STORE_HT: tl.constexpr, INPLACE: tl.constexpr, INDEXED: tl.constexpr,
                      STORE_CACHE: tl.constexpr, EVICT: tl.constexpr, NEG_EIGVAL: tl.constexpr,
-                     PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr):
+                     PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr, GK_MODE: tl.constexpr,
+                     LOWER_BOUND: tl.constexpr):
     """The persistent kernel's tile walk (its docstring says how); EVICT: the state load's L2 eviction policy,
     STORE_CACHE: the state stores' cache modifier."""
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -320,7 +326,8 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
     b_h, state_off, mask_io, mask_h, valid, o_v = _state_block(
         h0, state_indices, (tc // NV) // HV, (tc // NV) % HV, tc % NV, num_slots, HV, K, V, BK, BV, HAS_H0, INDEXED,
         (cols < BV) & live, EVICT, None, PAD_SLOT, V_FIRST)
-    c_q, c_k, c_v, c_beta, c_g = _tile_inputs(q, k, v, g, beta, tc, live, o_k, mask_k, H, HV, K, V, BV, NV, USE_G)
+    c_q, c_k, c_v, c_beta, c_g, c_gk = _tile_inputs(q, k, v, g, gk, beta, tc, live, o_k, mask_k, H, HV, K, V, BV, NV,
+                                                    USE_G, GK_MODE)
     t1 = tl.minimum(t + step, n_tiles - 1)
     if INDEXED:
         nxt_slot = tl.load(state_indices + (t1 // NV) // HV).to(tl.int64)
@@ -340,17 +347,21 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
             nxt_slot = tl.load(state_indices + (t2 // NV) // HV).to(tl.int64)
         else:
             nxt_slot = (t2 // NV) // HV
-        n_q, n_k, n_v, n_beta, n_g = _tile_inputs(q, k, v, g, beta, tnc, live_n, o_k, mask_k, H, HV, K, V, BV, NV,
-                                                  USE_G)
+        n_q, n_k, n_v, n_beta, n_g, n_gk = _tile_inputs(q, k, v, g, gk, beta, tnc, live_n, o_k, mask_k, H, HV, K, V,
+                                                        BV, NV, USE_G, GK_MODE)
         # ---- the current tile
         i_v = t % NV
         i_nh = t // NV
         i_n = i_nh // HV
         i_hv = i_nh % HV
         b_neg_a, b_dt = _gate_params(A_log, dt_bias, i_hv, FUSED_GATE, HAS_DT_BIAS)
+        b_gk = None
+        if GK_MODE != "":
+            b_gk = _channel_gate(c_gk.to(tl.float32), A_log, dt_bias, i_hv, o_k, mask_k, K, GK_MODE, HAS_DT_BIAS,
+                                 LOWER_BOUND)
         b_h, b_o = _decode_token(b_h, c_q.to(tl.float32), c_k.to(tl.float32), c_v.to(tl.float32),
                                  c_beta.to(tl.float32), c_g.to(tl.float32) if USE_G else 0.0, b_neg_a, b_dt, scale,
-                                 USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL)
+                                 USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, NEG_EIGVAL, b_gk)
         if INDEXED:
             b_o = tl.where(valid, b_o, 0.0)
         tl.store(o + (i_n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=o_v < V)
@@ -359,18 +370,19 @@ def _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
                          INDEXED, STORE_CACHE, V_FIRST)
         # ---- rotate
         b_h, state_off, mask_io, mask_h, valid, o_v = n_h, n_state_off, n_mask_io, n_mask_h, n_valid, n_o_v
-        c_q, c_k, c_v, c_beta, c_g = n_q, n_k, n_v, n_beta, n_g
+        c_q, c_k, c_v, c_beta, c_g, c_gk = n_q, n_k, n_v, n_beta, n_g, n_gk
 
 
 @triton.jit(do_not_specialize=["num_slots", "n_tiles"])
 def fused_recurrent_gdn_fwd_persistent_kernel(
-    q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices,
+    q, k, v, g, gk, beta, A_log, dt_bias, o, h0, ht, state_indices,
     scale, num_slots, n_tiles,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, FUSED_GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     QK_L2NORM: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INPLACE: tl.constexpr,
     INDEXED: tl.constexpr, NEG_EIGVAL: tl.constexpr, PAD_SLOT: tl.constexpr, V_FIRST: tl.constexpr,
+    GK_MODE: tl.constexpr = "", LOWER_BOUND: tl.constexpr = 0.0,
 ):
     """One token per sequence (the serving decode step), persistent: each program walks tiles (sequence, value
     head, V-block) t = pid, pid + G, ... (G = grid size). Same semantics and arithmetic (_decode_token) as
@@ -378,13 +390,13 @@ def fused_recurrent_gdn_fwd_persistent_kernel(
 
     The walk prefetches into registers, without Triton's software pipeliner: at the top of each iteration the next
     tile's state block is loaded by plain 16-byte loads, before the current tile's arithmetic and stores; its slot
-    index is loaded a tile further ahead and its small inputs (q, k, v, beta, g) a tile ahead, so no dependent load
+    index is loaded a tile further ahead and its small inputs (q, k, v, beta, g, gk) a tile ahead, so no dependent load
     waits inside an iteration. The state load carries L2::evict_last, a hint the pipeliner's cp.async copies cannot
     carry: in place, the block's lines then stay in the L2 until the tile writes them back (271.2 us against 282.0
     for the pipelined walk at batch 256, fp32 pool; benchmarks/OPT_LOG.md, "the decode pool's tile"). Tiles never
     overlap (distinct slots are required in place), so loading tile i+1 while tile i is written back is safe."""
     # out of place the written lines are not read again in this call: streaming stores (270.6 us against 277.0)
     STORE_CACHE: tl.constexpr = "" if INPLACE else ".cs"
-    _persistent_walk(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles, H, HV, K,
-                     V, BK, BV, USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT, INPLACE,
-                     INDEXED, STORE_CACHE, "evict_last", NEG_EIGVAL, PAD_SLOT, V_FIRST)
+    _persistent_walk(q, k, v, g, gk, beta, A_log, dt_bias, o, h0, ht, state_indices, scale, num_slots, n_tiles, H, HV,
+                     K, V, BK, BV, USE_G, FUSED_GATE, HAS_DT_BIAS, BETA_SIGMOID, QK_L2NORM, HAS_H0, STORE_HT,
+                     INPLACE, INDEXED, STORE_CACHE, "evict_last", NEG_EIGVAL, PAD_SLOT, V_FIRST, GK_MODE, LOWER_BOUND)

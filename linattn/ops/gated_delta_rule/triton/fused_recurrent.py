@@ -149,8 +149,8 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
     num_sms = device_facts(q).num_sms
     (BK, BV, num_warps), auto_config = _shape_configs(N, HV, K, V, T, cu_seqlens is not None, state_dtype, num_sms,
                                                     state_v_first)
-    if config is None:                  # the persistent walk reads and writes one slot per row, and has no gk
-        config = None if spec or gk is not None else auto_config
+    if config is None:                  # the persistent walk reads and writes one slot per row
+        config = None if spec else auto_config
     per_sm = None                                    # programs per SM of the persistent kernel; None: one-tile
     if config is not None:
         if len(config) not in (2, 4) or (len(config) == 4 and config[2] not in (0, 1)):
@@ -159,9 +159,9 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
         BV, num_warps = config[:2]
         if len(config) == 4 and config[2] == 1:
             per_sm = config[3]
-            if T != 1 or cu_seqlens is not None or spec or gk is not None:
-                raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens, a "
-                                 "1-D state_indices and no gk")
+            if T != 1 or cu_seqlens is not None or spec:
+                raise ValueError("the persistent decode kernel takes one token per sequence, no cu_seqlens and a "
+                                 "1-D state_indices")
     n_tiles = N * HV * cdiv(V, BV)
     if n_tiles == 0:
         return o, ht
@@ -171,21 +171,22 @@ def fused_recurrent_gdn_fwd(q, k, v, g, beta, scale: float, initial_state: Optio
                  BETA_SIGMOID=beta_sigmoid, QK_L2NORM=use_qk_l2norm, HAS_H0=initial_state is not None,
                  STORE_HT=inplace or output_final_state, INPLACE=inplace, INDEXED=state_indices is not None)
     serving = dict(NEG_EIGVAL=allow_neg_eigval, PAD_SLOT=pad_slot_id, V_FIRST=state_v_first)
+    channel = dict(GK_MODE=gk_mode if gk is not None else "",
+                   LOWER_BOUND=float(lower_bound) if gk is not None and gk_mode.startswith("lower_bound") else 0.0)
     # launches go to the current device: switch only when q lives on another one (a switch costs host time)
     other_device = q.is_cuda and q.get_device() != torch.cuda.current_device()
     with torch.cuda.device(q.device) if other_device else contextlib.nullcontext():
         if per_sm is not None:
             _launch(fused_recurrent_gdn_fwd_persistent_kernel, (min(n_tiles, per_sm * num_sms), 1, 1),
-                    (q, k, v, g, beta, A_log, dt_bias, o, initial_state, ht, state_indices), (num_slots, n_tiles),
-                    float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving), num_warps, record)
+                    (q, k, v, g, gk, beta, A_log, dt_bias, o, initial_state, ht, state_indices),
+                    (num_slots, n_tiles), float(scale),
+                    dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **flags, **serving, **channel), num_warps, record)
             return o, ht
         _launch(fused_recurrent_gdn_fwd_kernel, (n_tiles, 1, 1),
                 (q, k, v, g, gk, beta, A_log, dt_bias, o, initial_state, ht, cu_seqlens, state_indices,
                  num_accepted_tokens), (T, num_slots, idx_cols),
                 float(scale), dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, **flags,
-                                   SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving,
-                                   GK_MODE=gk_mode if gk is not None else "",
-                                   LOWER_BOUND=float(lower_bound) if gk_mode.startswith("lower_bound") else 0.0),
+                                   SPEC=spec, HAS_NAT=num_accepted_tokens is not None, **serving, **channel),
                 num_warps, record)
     return o, ht
 
@@ -229,7 +230,7 @@ def _launch(kernel, grid, tensors, ints, scale, constexprs, num_warps, record=No
 CALL_TENSORS = ("q", "k", "v", "g", "gk", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices",
                 "num_accepted_tokens")
 _KERNEL_TENSORS = {fused_recurrent_gdn_fwd_kernel: (0, 1, 2, 3, 4, 5, 6, 7, 12, 8, 13, 9, 10, 11),
-                   fused_recurrent_gdn_fwd_persistent_kernel: (0, 1, 2, 3, 5, 6, 7, 12, 8, 13, 10)}
+                   fused_recurrent_gdn_fwd_persistent_kernel: (0, 1, 2, 3, 4, 5, 6, 7, 12, 8, 13, 10)}
 
 
 def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[torch.Tensor],
@@ -336,13 +337,12 @@ def _aot_build(state, BV, warps, H=32, fused=False, varlen=False, inplace=True, 
     kernel = fused_recurrent_gdn_fwd_kernel
     if persistent:                # no T, no cu_seqlens; n_tiles
         kernel = fused_recurrent_gdn_fwd_persistent_kernel
-        one_tile_only = ("T", "cu_seqlens", "num_accepted", "idx_cols", "IS_VARLEN", "SPEC", "HAS_NAT", "gk",
-                         "GK_MODE", "LOWER_BOUND")
+        one_tile_only = ("T", "cu_seqlens", "num_accepted", "idx_cols", "IS_VARLEN", "SPEC", "HAS_NAT")
         for n in one_tile_only:
             signature.pop(n)
             constexprs.pop(n, None)
         signature = {**{n: t for n, t in signature.items() if n != "H" and n in
-                        ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
+                        ("q", "k", "v", "g", "gk", "beta", "A_log", "dt_bias", "o", "h0", "ht", "state_indices",
                          "scale", "num_slots")}, "n_tiles": "i32",
                      **{n: "constexpr" for n in const if n not in one_tile_only}}
     return kernel, signature, constexprs, dict(num_warps=warps, num_stages=1)
