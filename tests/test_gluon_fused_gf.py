@@ -190,16 +190,42 @@ def test_gf_segments_wanted():
     """gf_segment_plan's split where the call is captured into a CUDA graph or has at least GF_SEG_MIN_EAGER_TOKENS
     tokens (the eager host-time floor); a varlen call never. Off a GPU the plan assumes 132 SMs."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
-    assert gfm.GF_SEG_MIN_EAGER_TOKENS == 32768
+    assert gfm.GF_SEG_MIN_EAGER_TOKENS == 16384
     cu = torch.tensor([0, 65536])
     assert gfm.gf_segments_wanted(1, 65536, 32, None, "cpu") == (4, 256)
     assert gfm.gf_segments_wanted(1, 32768, 32, None, "cpu") == (4, 128)
     assert gfm.gf_segments_wanted(2, 16384, 32, None, "cpu") == (2, 128)
-    assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu") == (1, 256)                # eager, too short
+    assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu") == (4, 64)
+    assert gfm.gf_segments_wanted(2, 8192, 32, None, "cpu") == (2, 64)
+    assert gfm.gf_segments_wanted(1, 8192, 32, None, "cpu") == (1, 128)                 # eager, too short
     assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu", capturing=True) == (4, 64)
     assert gfm.gf_segments_wanted(1, 8192, 8, None, "cpu", capturing=True) == (8, 16)
     assert gfm.gf_segments_wanted(1, 65536, 32, cu, "cpu", capturing=True) == (1, 1024)
     assert gfm.gf_segments_wanted(8, 4096, 32, None, "cpu", capturing=True) == (1, 64)
+
+
+def test_gf_prepare_capture_builds_the_segment_plan_once():
+    """An eager call too short to segment builds, once per (B, T, HV, device), the segment plan that a CUDA-graph
+    capture of the same call will read (so the capture records none of its construction); nothing where capture
+    would not segment either (a full wave of sequence-heads)."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
+    from linattn.ops.gated_delta_rule.triton import segment_start as ss
+    dev = torch.device("cpu")
+    gfm._PREPARED.clear()
+    ss._SEG_PLANS.clear()
+    gfm.gf_prepare_capture(1, 8192, 32, dev)
+    S, L = gfm.gf_segments_wanted(1, 8192, 32, None, dev, capturing=True)
+    assert (S, L) == (4, 32)
+    key = (1, 8192, S, L, str(dev))
+    assert list(ss._SEG_PLANS) == [key]
+    plan = ss._SEG_PLANS[key]
+    assert plan.N == S and plan.cu.tolist() == [0, 2048, 4096, 6144, 8192]
+    gfm.gf_prepare_capture(1, 8192, 32, dev)                   # a repeat: the kept plan, not a new one
+    assert ss._SEG_PLANS[key] is plan
+    assert ss.segment_plan(1, 8192, S, L, dev) is plan        # what the captured call will take
+    gfm.gf_prepare_capture(8, 4096, 32, dev)                   # capture would not segment: nothing built
+    assert list(ss._SEG_PLANS) == [key]
+    gfm._PREPARED.clear()
 
 
 @needs_gluon

@@ -257,10 +257,11 @@ def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
 # not more: every further wave pays a whole segment chain again. B1-B2 HV32 forward 1.35-1.58x, flat where every
 # head decays slowly (those pairs run unsegmented; benchmarks/RESULTS.md).
 GF_SEG_MIN_CHUNKS = 16     # no segment shorter: a warm-up window (~3 chunks at production decay) stays <= ~20% of it
-# An eager call (not under CUDA-graph capture) is segmented only from this many tokens: the segment path's host time
-# (~0.55 ms per call on the H200 machine: two more launches, the side stream) exceeds the GPU time of shorter calls
-# (B1 H16/HV32 eager: T8192 0.566 vs 0.290 ms unsegmented, T32768 0.640 vs 0.994).
-GF_SEG_MIN_EAGER_TOKENS = 32768
+# An eager call (not under CUDA-graph capture) is segmented only from this many tokens: below, the segment path's
+# host time (two more launches, the side stream's events: ~0.2-0.3 ms a call on the H200 machine's host) exceeds
+# what it saves on the GPU. Eager B1 H16/HV32 (benchmarks/RESULTS.md): T16384 0.418 segmented vs 0.504 ms, B2 T8192
+# 0.49 vs 0.51, B1 T8192 0.60-0.68 vs 0.26-0.33, B1 T4096 0.25-0.32 vs 0.25.
+GF_SEG_MIN_EAGER_TOKENS = 16384
 
 
 def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
@@ -284,6 +285,26 @@ def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device, capturing: b
         return 1, nch
     facts = device_facts(device)
     return gf_segment_plan(B, T, HV, facts.num_sms if facts.kind == "cuda" else 132)
+
+
+_PREPARED: dict = {}
+
+
+def gf_prepare_capture(B: int, T: int, HV: int, device) -> None:
+    """On an eager call that runs unsegmented where a CUDA-graph capture of the same call would segment (fewer than
+    GF_SEG_MIN_EAGER_TOKENS tokens): build what the segment launch keeps across calls (its segment plan, the side
+    stream and its events) now, once per (B, T, HV, device), so that a capture after the usual eager warm-up
+    records none of the plan's construction (~35 us of small kernels in every replay at B1 T8192)."""
+    key = (B, T, HV, device)
+    if key in _PREPARED:
+        return
+    S, L = gf_segments_wanted(B, T, HV, None, device, capturing=True)
+    if S > 1:
+        from linattn.ops.gated_delta_rule.gluon.fused_forward import prepare_segments
+        prepare_segments(B, T, S, L, device)
+    if len(_PREPARED) >= 64:
+        _PREPARED.clear()
+    _PREPARED[key] = True
 
 
 def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,

@@ -177,6 +177,15 @@ def _side_stream(device) -> tuple:
     return _SIDE_STREAMS[key]
 
 
+def prepare_segments(B: int, T: int, S: int, L: int, device) -> None:
+    """Build the segment launch's kept state for (B, T, S, L) on device: the segment plan (segment_start's cache)
+    and, on a GPU, the side stream and its events (chunk_fused_gf.gf_prepare_capture calls it before a capture)."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    segment_plan(B, T, S, L, device)
+    if torch.device(device).type == "cuda":
+        _side_stream(device)
+
+
 def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                         fused_pass=None, segments=None, segment_pass=None):

@@ -148,12 +148,14 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
     # window kernel flags run unsegmented on the W/U kernel), else where a wave of sequence-heads fills the GPU
     # (gf_wanted); the W/U kernel otherwise.
     if gfm.gf_supported(q, v)[0]:
-        S, L = gfm.gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device,
-                                      capturing=capturing(q))
+        cap = capturing(q)
+        S, L = gfm.gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device, capturing=cap)
         if S > 1:
             return chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                        cu_seqlens, segments=(S, L),
                                                        segment_pass=gfm.chunk_fused_gf_gluon)
+        if not cap and cu_seqlens is None:
+            gfm.gf_prepare_capture(q.shape[0], q.shape[1], v.shape[2], q.device)
         N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         if gfm.gf_wanted(N, v.shape[2], device_facts(q.device).num_sms):
             return chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale, initial_state, output_final_state,
