@@ -423,3 +423,31 @@ def test_local_forward_after_the_exchange(monkeypatch, fla_options):
     case = _case([30, 160, 1, 0, 49, 0], 3, torch.float32, True, True, fla_options=fla_options)
     exp = _expected(case)
     _check(case, exp, _run_world(3, [case])[0], 3)
+
+
+def test_summary_stage2_allocates_no_state_buffers():
+    """The summary's stage 2 (chunk_gated_delta_rule_fwd with state_buffers=False): the hook gets the same k, w, u and
+    gcum as a call with the buffers and None for h and vnew (at B1 T131072 HV32 K = V = 128 those would be 3.2 GB
+    allocated for nothing); state_buffers=False without a hook, or with the output asked for, is refused."""
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    x = make_gdn_inputs(1, 150, H, HV, K, V, dtype=torch.float32, device="cpu")
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, x["initial_state"], False, None)
+    got = {}
+
+    def hook(name):
+        def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
+            got[name] = (w.clone(), u.clone(), gcum.clone(), h, vnew)
+        return state_pass
+
+    chunk_gated_delta_rule_fwd(*args, compute_output=False, state_buffers=False, state_pass=hook("bare"))
+    chunk_gated_delta_rule_fwd(*args, compute_output=False, state_pass=hook("full"))
+    w, u, gcum, h, vnew = got["bare"]
+    assert h is None and vnew is None
+    assert got["full"][3] is not None and got["full"][4] is not None
+    for a, b in zip((w, u, gcum), got["full"][:3]):
+        assert torch.equal(a, b)
+    assert torch.isfinite(w).all() and w.abs().max() > 0
+    with pytest.raises(ValueError, match="state_buffers"):
+        chunk_gated_delta_rule_fwd(*args, compute_output=False, state_buffers=False)
+    with pytest.raises(ValueError, match="state_buffers"):
+        chunk_gated_delta_rule_fwd(*args, state_buffers=False, state_pass=hook("x"))

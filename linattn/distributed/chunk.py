@@ -232,7 +232,7 @@ def cp_forward(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Ten
         if cp.any_crossing:
             if post > 0:        # stage 2 for the summary alone (no state pass, no output), then the exchange
                 chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, h0_loc, False, cp.cu_seqlens,
-                                           compute_output=False, A_log=A_log, dt_bias=dt_bias,
+                                           compute_output=False, state_buffers=False, A_log=A_log, dt_bias=dt_bias,
                                            state_pass=lambda k_, w, u, gcum, h, vnew, h0, final, plan:
                                            exchange(k_, w, u, gcum, h0, plan), **(opts or {}))
             else:

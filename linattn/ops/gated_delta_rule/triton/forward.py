@@ -94,7 +94,7 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
                                compute_output: bool = True, state_pass: Optional[Callable] = None,
                                fused_pass: Optional[Callable] = None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False) -> FwdResult:
+                               state_v_first: bool = False, state_buffers: bool = True) -> FwdResult:
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] any float dtype (contiguous);
     initial_state [N,HV,K,V] fp32 contiguous or None. Returns o [B,T,HV,V] in v's dtype and the fp32 final state.
     compute_output=False skips stage 4 (o is None): the backward recomputes only the intermediates.
@@ -108,7 +108,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     (use_beta_sigmoid_in_kernel, 2 with allow_neg_eigval: beta is a logit, stage 2a forms beta_scale * sigmoid(beta)
     and stores it for the later stages); state_v_first: initial_state and the final state are [N, HV, V, K], read and
     written through transposed strides by the state pass. The Gluon hooks (state_pass, fused_pass) take only the
-    default layout."""
+    default layout. state_buffers=False (with a state_pass hook and compute_output=False): h and vnew are not
+    allocated and the hook gets None for both (context parallelism's summary reads only k, w, u and gcum)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -137,8 +138,10 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale)
         return FwdResult(o, final, gcum, w, u, None, None, tinv, plan, beta_used)
 
-    h = empty(slots, HV, K, V, dtype=dt, device=dev)
-    vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    if not state_buffers and (state_pass is None or compute_output):
+        raise ValueError("state_buffers=False needs a state_pass hook and compute_output=False")
+    h = empty(slots, HV, K, V, dtype=dt, device=dev) if state_buffers else None
+    vnew = empty(T_tot, HV, V, dtype=dt, device=dev) if state_buffers else None
     if state_pass is not None:
         if state_v_first:
             raise NotImplementedError("state_v_first with a custom state pass (the Gluon state pass, context "
