@@ -1,30 +1,23 @@
-"""A stand-in for a kernel module that a launcher reaches through a module attribute (backward.py's `wy_v2`,
-`local_v2`): every attribute is the real module's, except one kernel whose launches `kernel[grid](*args, **kw)`
-are recorded (the value of one keyword, K by default) before the real kernel runs. Shared by the backward v2 tests."""
+"""A stand-in for a Triton kernel that a launcher reaches through a module attribute: `spy_grids` replaces it by one
+that records the grid of each launch `kernel[grid](...)` and launches the real kernel (tests prove which kernel ran)."""
 
 
-class ModuleSpy:
-    def __init__(self, module, kernel_name: str, calls: list, record: str = "K"):
-        self._module, self._kernel_name, self._calls, self._record = module, kernel_name, calls, record
+class _GridSpy:
+    """`spy[grid]` records the grid and returns the real kernel's launcher; every other attribute is the real
+    kernel's."""
+    def __init__(self, real, grids: list):
+        self._real, self._grids = real, grids
+
+    def __getitem__(self, grid):
+        self._grids.append(grid)
+        return self._real[grid]
 
     def __getattr__(self, name):
-        attr = getattr(self._module, name)
-        if name != self._kernel_name:
-            return attr
-        calls, record = self._calls, self._record
-
-        class _Launch:
-            def __getitem__(self, grid):
-                def run(*a, **kw):
-                    calls.append(kw[record])
-                    return attr[grid](*a, **kw)
-                return run
-        return _Launch()
+        return getattr(self._real, name)
 
 
-def spy_kernel(monkeypatch, owner, module_attr: str, kernel_name: str, record: str = "K") -> list:
-    """Replace owner.<module_attr> by a ModuleSpy recording launches of its kernel `kernel_name`; returns the list
-    the recorded values go to."""
-    calls = []
-    monkeypatch.setattr(owner, module_attr, ModuleSpy(getattr(owner, module_attr), kernel_name, calls, record))
-    return calls
+def spy_grids(monkeypatch, module, kernel_name: str) -> list:
+    """Replace module.<kernel_name> by a stand-in recording the grid of each launch; returns the list of grids."""
+    grids = []
+    monkeypatch.setattr(module, kernel_name, _GridSpy(getattr(module, kernel_name), grids))
+    return grids

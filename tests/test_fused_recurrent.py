@@ -19,6 +19,8 @@ from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.aot import kernel_asm
 from linattn.testing import TOL, assert_close, make_gdn_inputs, poison_, random_cu_seqlens
 
+from launch_spy import spy_grids   # tests/ is on sys.path
+
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="the Triton kernel needs TRITON_INTERPRET=1 on a CPU")
 
@@ -480,14 +482,7 @@ def test_public_decode_takes_the_persistent_kernel_at_large_batch(monkeypatch):
     from linattn.ops.gated_delta_rule.triton import fused_recurrent as fr
     N, H, HV, K, V = 16, 2, 4, 32, 64
     assert fr.decode_persistent_config(N, HV, K, V, 1, False, torch.float32, 2) is not None
-    launched = []
-    real = fr.fused_recurrent_gdn_fwd_persistent_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-    monkeypatch.setattr(fr, "fused_recurrent_gdn_fwd_persistent_kernel", Spy())
+    launched = spy_grids(monkeypatch, fr, "fused_recurrent_gdn_fwd_persistent_kernel")
     monkeypatch.setattr(fr, "device_facts", lambda dev: type("F", (), {"num_sms": 2})())
     x = _inputs(N, 1, H, HV, K, V, initial_state=False)
     pool = torch.randn(N + 3, HV, K, V)

@@ -10,7 +10,8 @@ from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.testing import TOL, assert_close, random_cu_seqlens
 
-from markers import needs_triton   # tests/ is on sys.path
+from launch_spy import spy_grids   # tests/ is on sys.path
+from markers import needs_triton
 
 F32 = TOL[torch.float32]
 
@@ -243,17 +244,7 @@ def test_decode_persistent_walk(monkeypatch, form):
     pool = torch.randn(slots, HV, K, V)
     idx = torch.randperm(slots)[:N]
     idx[3] = -1                                                      # a padded row
-    launched = []
-    real = fr.fused_recurrent_gdn_fwd_persistent_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-    monkeypatch.setattr(fr, "fused_recurrent_gdn_fwd_persistent_kernel", Spy())
+    launched = spy_grids(monkeypatch, fr, "fused_recurrent_gdn_fwd_persistent_kernel")
     monkeypatch.setattr(fr, "device_facts", lambda device=None: type("Facts", (), {"num_sms": 1})())
     monkeypatch.setattr(fr.host_path, "handle", False)               # through the JIT, so the spy sees the launch
     fr._CONFIGS.clear()
