@@ -205,9 +205,9 @@ def test_gf_segments_wanted():
 
 
 def test_gf_prepare_capture_builds_the_segment_plan_once():
-    """An eager call too short to segment builds, once per (B, T, HV, device), the segment plan that a CUDA-graph
-    capture of the same call will read (so the capture records none of its construction); nothing where capture
-    would not segment either (a full wave of sequence-heads)."""
+    """An eager call too short to segment builds the segment plan that a CUDA-graph capture of the same call will
+    read (so the capture records none of its construction), once per (B, T, HV, device) while the plan cache keeps
+    it; nothing where capture would not segment either (a full wave of sequence-heads)."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
     from linattn.ops.gated_delta_rule.triton import segment_start as ss
     dev = torch.device("cpu")
@@ -225,6 +225,9 @@ def test_gf_prepare_capture_builds_the_segment_plan_once():
     assert ss.segment_plan(1, 8192, S, L, dev) is plan        # what the captured call will take
     gfm.gf_prepare_capture(8, 4096, 32, dev)                   # capture would not segment: nothing built
     assert list(ss._SEG_PLANS) == [key]
+    ss._SEG_PLANS.clear()                                      # the plan cache dropped it: built again
+    gfm.gf_prepare_capture(1, 8192, 32, dev)
+    assert list(ss._SEG_PLANS) == [key] and ss._SEG_PLANS[key] is not plan
     gfm._PREPARED.clear()
 
 

@@ -287,24 +287,30 @@ def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device, capturing: b
     return gf_segment_plan(B, T, HV, facts.num_sms if facts.kind == "cuda" else 132)
 
 
-_PREPARED: dict = {}
+_PREPARED: dict = {}     # (B, T, HV, device) -> the segment plan's cache key, or None where capture would not segment
 
 
 def gf_prepare_capture(B: int, T: int, HV: int, device) -> None:
     """On an eager call that runs unsegmented where a CUDA-graph capture of the same call would segment (fewer than
     GF_SEG_MIN_EAGER_TOKENS tokens): build what the segment launch keeps across calls (its segment plan, the side
-    stream and its events) now, once per (B, T, HV, device), so that a capture after the usual eager warm-up
-    records none of the plan's construction (~35 us of small kernels in every replay at B1 T8192)."""
+    stream and its events) now, so that a capture after the usual eager warm-up records none of the plan's
+    construction (~35 us of small kernels in every replay at B1 T8192). A repeat call looks the plan up (it is built
+    again if the plan cache has dropped it since)."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan_cached
     key = (B, T, HV, device)
     if key in _PREPARED:
-        return
+        plan_key = _PREPARED[key]
+        if plan_key is None or segment_plan_cached(*plan_key):
+            return
     S, L = gf_segments_wanted(B, T, HV, None, device, capturing=True)
+    plan_key = None
     if S > 1:
         from linattn.ops.gated_delta_rule.gluon.fused_forward import prepare_segments
         prepare_segments(B, T, S, L, device)
+        plan_key = (B, T, S, L, device)
     if len(_PREPARED) >= 64:
         _PREPARED.clear()
-    _PREPARED[key] = True
+    _PREPARED[key] = plan_key
 
 
 def fused_gf_launch(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale: float,

@@ -121,6 +121,11 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
     return plan
 
 
+def segment_plan_cached(B: int, T: int, S: int, L: int, device) -> bool:
+    """Whether segment_plan(B, T, S, L, device) is in the plan cache (a call would not build it)."""
+    return (B, T, S, L, str(torch.device(device))) in _SEG_PLANS
+
+
 def segment_window_buffers(N: int, S: int, HV: int, device) -> tuple:
     """(slow [N, HV] zeroed, flag [N * S, HV], segw [N * S, HV]), int32: segment_window_kernel's outputs."""
     from linattn.runtime.alloc import empty
