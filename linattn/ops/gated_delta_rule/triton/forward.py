@@ -110,6 +110,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     written through transposed strides by the state pass. The Gluon hooks (state_pass, fused_pass) take only the
     default layout. state_buffers=False (with a state_pass hook and compute_output=False): h and vnew are not
     allocated and the hook gets None for both (context parallelism's summary reads only k, w, u and gcum)."""
+    if not state_buffers and (state_pass is None or compute_output):
+        raise ValueError("state_buffers=False needs a state_pass hook and compute_output=False")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -138,8 +140,6 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
         fused_pass(q, k, w, u, gcum, o, initial_state, final, plan, scale)
         return FwdResult(o, final, gcum, w, u, None, None, tinv, plan, beta_used)
 
-    if not state_buffers and (state_pass is None or compute_output):
-        raise ValueError("state_buffers=False needs a state_pass hook and compute_output=False")
     h = empty(slots, HV, K, V, dtype=dt, device=dev) if state_buffers else None
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev) if state_buffers else None
     if state_pass is not None:

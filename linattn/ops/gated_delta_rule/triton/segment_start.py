@@ -104,11 +104,15 @@ def segment_window_kernel(
 _SEG_PLANS: dict = {}
 
 
+def _seg_plan_key(B: int, T: int, S: int, L: int, device) -> tuple:
+    return (B, T, S, L, str(torch.device(device)))
+
+
 def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
     """The chunk plan of the N * S segments as sequences (sequence-major: segment s of sequence n is n * S + s): each
     starts at a chunk boundary of its sequence, the last one of each sequence ends with it. Device ops only (no host
     copy: capturable), cached per (B, T, S, L, device) as make_chunk_plan caches fixed-length plans."""
-    key = (B, T, S, L, str(torch.device(device)))
+    key = _seg_plan_key(B, T, S, L, device)
     plan = _SEG_PLANS.get(key)
     if plan is None:
         starts = (torch.arange(B, device=device, dtype=torch.int64)[:, None] * T
@@ -123,7 +127,7 @@ def segment_plan(B: int, T: int, S: int, L: int, device) -> ChunkPlan:
 
 def segment_plan_cached(B: int, T: int, S: int, L: int, device) -> bool:
     """Whether segment_plan(B, T, S, L, device) is in the plan cache (a call would not build it)."""
-    return (B, T, S, L, str(torch.device(device))) in _SEG_PLANS
+    return _seg_plan_key(B, T, S, L, device) in _SEG_PLANS
 
 
 def segment_window_buffers(N: int, S: int, HV: int, device) -> tuple:
