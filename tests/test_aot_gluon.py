@@ -93,3 +93,21 @@ def test_gluon_status_traces_under_torch_compile():
 
     out = torch.compile(f, fullgraph=True)(torch.ones(2))
     assert torch.equal(out, torch.full((2,), 2.0 if _GLUON_OK else 0.0))
+
+
+@pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+def test_sass_text_lists_the_whole_function():
+    """sass_text (what inspect counts) lists every instruction: consecutive 16-byte addresses from 0 to the
+    function's trailing self-branch, with the EXIT before it (a listing cut short, as triton's get_sass cuts a long
+    kernel, would end elsewhere)."""
+    import re
+
+    from linattn.runtime.aot import compile_kernel, sass_text
+    k = compile_kernel(REGISTRY["gdn_bwd_dh_gluon_bf16_bv64_w4_s2"])
+    lines = sass_text(k.asm["cubin"]).splitlines()
+    addrs = [int(line.split("\t")[0], 16) for line in lines]
+    assert addrs == list(range(0, 16 * len(lines), 16))
+    ops = [re.match(r"(@!?U?P\w+\s+)?([A-Z][\w.]+)", line.split("\t")[1])[2] for line in lines]
+    assert "EXIT" in ops and "HGMMA.64x64x16.F32.BF16" in ops
+    last = max(i for i, op in enumerate(ops) if op != "NOP")
+    assert ops[last] == "BRA" and ops.index("EXIT") < last

@@ -150,10 +150,30 @@ def ptxas_usage(ptx: str, arch: str) -> Tuple[int, int]:
     return int(regs[1]), int(spills[1])
 
 
+def _cuobjdump() -> str:
+    """Triton's cuobjdump (its own locator where the Triton has one, else the wheel's bin folder)."""
+    try:
+        from triton.tools.disasm import path_to_cuobjdump
+        return path_to_cuobjdump()
+    except Exception:  # noqa: BLE001 - a Triton without the locator (or with another signature)
+        return _tool("cuobjdump")
+
+
+def sass_text(cubin: bytes) -> str:
+    """The cubin's SASS, one instruction per line ("<address>\t<instruction>;"), every instruction of every function,
+    read from `cuobjdump -sass` directly: triton.tools.disasm.get_sass stops at the first line its pattern does not
+    expect, which drops the rest of a long kernel (8 of the 100 HGMMA of the Gluon local/WY backward, seen)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        raw = subprocess.run([_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    return "\n".join(f"{m[1]}\t{m[2].strip()}" for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*;)", raw))
+
+
 def sass_opcodes(cubin: bytes) -> Dict[str, int]:
     """Opcode -> count over the cubin's SASS (predicates stripped), every opcode."""
-    from triton.tools.disasm import get_sass
-    sass = get_sass(cubin)
+    sass = sass_text(cubin)
     return dict(collections.Counter(m[2] for m in re.finditer(r"^\S+\s+(@!?U?P\w+\s+)?([A-Z][\w.]+)", sass, re.M)))
 
 
@@ -223,8 +243,7 @@ def _asm_here(spec: AotKernel, what: str, arch: str) -> str:
     k = compile_kernel(spec, arch)
     if what == "ptx":
         return k.asm["ptx"]
-    from triton.tools.disasm import get_sass
-    return get_sass(k.asm["cubin"])
+    return sass_text(k.asm["cubin"])
 
 
 if __name__ == "__main__":
