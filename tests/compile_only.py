@@ -18,3 +18,19 @@ class CompileOnlyDriver:
 
 def use_compile_only_sm90_driver():
     driver.set_active(CompileOnlyDriver())
+
+
+def jit_child_rows(test_file: str, timeout: int = 900) -> list:
+    """Runs `python test_file jit` (the file's compile-only child: the real JIT path under this driver) with the
+    repository on PYTHONPATH and the interpreter off; returns the JSON lines it printed, failing on a non-zero exit."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, os.path.abspath(test_file), "jit"], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -226,17 +226,8 @@ def _jit_compile_main():
 def test_jit_launch_path_compiles_for_sm90():
     """The JIT path the GPU takes (launcher args -> binder -> specialisation -> compile) works for bf16 and fp16,
     with and without initial state, with the TMA boxes the launcher meant."""
-    import json
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "jit"], capture_output=True, text=True,
-                          env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    from compile_only import jit_child_rows      # tests/ is on sys.path
+    rows = jit_child_rows(__file__, timeout=900)
     assert len(rows) == 2
     for r in rows:
         assert r["num_warps"] == 4, r

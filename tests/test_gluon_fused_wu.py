@@ -7,7 +7,6 @@ kernel runs only on a GPU (benchmarks/gpu/gate.py). Run only this file: `python 
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -226,12 +225,8 @@ def test_jit_launch_path_compiles_for_sm90():
     messages, v [64,BV], Tinv [64,64]; every barrier inside a partition is partition-local (bar.sync id, 128:
     ids 0 state, 2 output, 3 wu), the only CTA-wide one is warp_specialize's (id 1); the expect counts the four
     full boxes."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "jit"], capture_output=True, text=True,
-                          env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    from compile_only import jit_child_rows      # tests/ is on sys.path
+    rows = jit_child_rows(__file__, timeout=900)
     assert [(r["B"], r["BV"], r["stages"]) for r in rows] == [(1, 32, 3), (8, 64, 2)]
     for r in rows:
         assert r["num_warps"] == 16 and r["reqntid"] == ["512"] and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
