@@ -159,16 +159,60 @@ def _cuobjdump() -> str:
         return _tool("cuobjdump")
 
 
+_SASS_INSN = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s*([^;]*;)\s*/\* 0x([0-9a-f]{16}) \*/")
+_SASS_ENC2 = re.compile(r"\s*/\* 0x([0-9a-f]{16}) \*/\s*$")
+_SASS_BRA = re.compile(r"(.*BRA(?:\.U)? )(0x[0-9a-f]+);")
+
+
+def _sass_ctrl(enc: int) -> str:
+    """The scheduling word of an instruction's second encoding half, as triton.tools.disasm prints it:
+    wait-mask:read-barrier:write-barrier:yield:stall."""
+    stall, yld = (enc >> 41) & 0xF, (enc >> 45) & 0x1
+    wr, rd, wait = (enc >> 46) & 0x7, (enc >> 49) & 0x7, (enc >> 52) & 0x3F
+    return (f"{'--' if wait == 0 else f'{wait:02d}'}:{'-' if rd == 7 else rd}:{'-' if wr == 7 else wr}:"
+            f"{'Y' if yld == 0 else '-'}:{stall:x}")
+
+
 def sass_text(cubin: bytes) -> str:
-    """The cubin's SASS, one instruction per line ("<address>\t<instruction>;"), every instruction of every function,
-    read from `cuobjdump -sass` directly: triton.tools.disasm.get_sass stops at the first line its pattern does not
-    expect, which drops the rest of a long kernel (8 of the 100 HGMMA of the Gluon local/WY backward, seen)."""
+    """The cubin's SASS in triton.tools.disasm.get_sass's format ("Function:<name>", "<ctrl>\t<instruction>;" lines,
+    branch targets as LBB<i> labels), every instruction of every function, read from `cuobjdump -sass` here:
+    get_sass expects 4-digit addresses and drops everything from 0x10000 on (the tail of a long kernel: 8 of the 100
+    HGMMA of the Gluon local/WY backward)."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
         raw = subprocess.run([_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
-    return "\n".join(f"{m[1]}\t{m[2].strip()}" for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*;)", raw))
+    out, body, lines = [], [], raw.splitlines()
+
+    def flush():
+        labels = {}
+        for _, asm, _ in body:
+            m = _SASS_BRA.match(asm)
+            if m:
+                labels.setdefault(int(m[2], 16), len(labels))
+        for addr, asm, ctrl in body:
+            if addr in labels:
+                out.append(f"LBB{labels[addr]}:")
+            m = _SASS_BRA.match(asm)
+            if m:
+                asm = f"{m[1]}LBB{labels[int(m[2], 16)]};"
+            out.append(f"{ctrl}\t{asm}")
+        body.clear()
+
+    for i, line in enumerate(lines):
+        fn = re.match(r"\s*Function : (\w+)", line)
+        if fn:
+            flush()
+            out.append(f"Function:{fn[1]}")
+            continue
+        m = _SASS_INSN.match(line)
+        if m and i + 1 < len(lines):
+            second = _SASS_ENC2.match(lines[i + 1])
+            asm = m[2][:-2] + ";" if m[2].endswith(" ;") else m[2]
+            body.append((int(m[1], 16), asm, _sass_ctrl(int(second[1], 16)) if second else "--:-:-:-:0"))
+    flush()
+    return "\n".join(out) + "\n"
 
 
 def sass_opcodes(cubin: bytes) -> Dict[str, int]:
