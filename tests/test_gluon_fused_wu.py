@@ -5,7 +5,6 @@ partitions interleaved at random at their mbarrier waits, the in-place buffers m
 forward's o and final state within TOL of the fp64 recurrence; a broken protocol deadlocks or gives wrong data. The
 kernel runs only on a GPU (benchmarks/gpu/gate.py). Run only this file: `python -m pytest tests/test_gluon_fused_wu.py`."""
 import json
-import os
 import re
 import sys
 
@@ -15,7 +14,6 @@ import torch
 from linattn.runtime.aot import inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()

@@ -3,7 +3,6 @@ host: every registered config compiles for sm_90a with WGMMA, TMA loads/store an
 in shared memory; the launcher's arguments are exactly what was compiled, through the real JIT path too. The kernel
 itself runs on the GPU only (benchmarks/gpu/gate.py)."""
 import json
-import os
 import re
 import sys
 
@@ -13,7 +12,6 @@ import torch
 from linattn.runtime.aot import inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
