@@ -111,3 +111,24 @@ def test_sass_text_lists_the_whole_function():
     last = [i for i in insns if not i.startswith("NOP")][-1]
     labels = [ln for ln in text.splitlines() if ln.startswith("LBB")]
     assert last.startswith("BRA LBB") and labels[-1] == last[4:-1] + ":"
+
+
+@pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
+def test_wgmma_operands_reads_the_descriptors_of_a_registered_kernel():
+    """benchmarks/wgmma_operands.py on the forward state pass (BV 64): its 16 wgmma (W S over 128 and K^T (d Vnew)
+    over 64, 8 k-steps each), every B operand's start resolved to a shared-memory offset inside the kernel's shared
+    memory, the k-steps of W S 2048 bytes apart (16 rows of S's 64 bf16 columns), and both warpgroups on the same B
+    (one warpgroup: the second's first thread is past the CTA, so the same offsets)."""
+    import os
+    import sys
+    from linattn.runtime.aot import kernel_asm
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import wgmma_operands
+    name = "gdn_state_gluon_wgmma_bf16_bv64_w4_s2"
+    rows, _ = wgmma_operands.report(kernel_asm(name, "ptx"))
+    assert len(rows) == 16 and all(shape.startswith("m64n64k16") for _, shape, _ in rows), rows
+    smem = inspect_kernel(REGISTRY[name]).smem
+    bs = [per[0][1] for _, _, per in rows]
+    assert all(isinstance(b, int) and 0 <= b < smem for b in bs), bs
+    assert [b - bs[0] for b in bs[:8]] == [2048 * s for s in range(8)], bs
+    assert all(per[0][1] == per[1][1] for _, _, per in rows)
