@@ -7,7 +7,7 @@ offsets in shared memory at which its A and B descriptors start (bits 0..13 of a
 thread of warpgroups 0 and 1 ("regs" for an A operand in registers); then, per source line, the offsets at which
 cp.async copies land for those threads. Compare them with where each tile should be: a view whose descriptor does
 not start where the copies or stores put the tile reads the wrong memory, which no CPU test of a compiled kernel
-sees (benchmarks/OPT_LOG.md: the local/WY kernel's first build).
+sees (the first build of the local/WY backward kernel read three tiles from the wrong places so).
 
 Values are found by following each register's single definition through the PTX's integer arithmetic, with
 %tid.x the thread and the shared base 0; a register defined more than once (a loop variable) stays unknown ("?"),
