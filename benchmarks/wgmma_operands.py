@@ -2,10 +2,10 @@
 kernel's PTX (CPU only): `python3 benchmarks/wgmma_operands.py AOT_NAME [--ptx FILE]` (AOT names from
 linattn.runtime.aot.kernels(), compiled for sm_90a here, without TRITON_INTERPRET).
 
-Prints, per wgmma.mma_async in PTX order: its source line (the nearest preceding `.loc`), its shape, and the byte
-offsets in shared memory at which its A and B descriptors start (bits 0..13 of a descriptor, times 16) for the first
-thread of warpgroups 0 and 1 ("regs" for an A operand in registers); then, per source line, the offsets at which
-cp.async copies land for those threads. Compare them with where each tile should be: a view whose descriptor does
+Prints, per wgmma.mma_async in PTX order: its source line (the nearest preceding `.loc`, at the outermost call site
+where it is inlined), its shape, and the byte offsets in shared memory at which its A and B descriptors start (bits
+0..13 of a descriptor, times 16) for the first thread of warpgroups 0 and 1 ("regs" for an A operand in registers);
+then, per source line, the offsets at which cp.async copies (TMA loads too) land for those threads. Compare them with where each tile should be: a view whose descriptor does
 not start where the copies or stores put the tile reads the wrong memory, which no CPU test of a compiled kernel
 sees (the first build of the local/WY backward kernel read three tiles from the wrong places so).
 
@@ -60,10 +60,13 @@ class Ptx:
         return fn(*vals) & M64
 
     def source_line(self, i: int) -> str:
+        """The source line of PTX line i: the nearest preceding `.loc`'s, or where it is inlined, its outermost call
+        site's (the comment Triton writes after it: `file:92:40 @[ file:171:75 ]`)."""
         for j in range(i, -1, -1):
             m = re.search(r"\.loc\s+\d+\s+(\d+)", self.lines[j])
             if m:
-                return m[1]
+                outer = re.findall(r"@\[ [^:\]]+:(\d+)", self.lines[j])
+                return outer[-1] if outer else m[1]
         return "?"
 
 
@@ -86,7 +89,7 @@ def report(ptx: str, tids=(0, 128)):
                 rows.append((p.source_line(i), shape[0] if shape else "?",
                              [(desc(m[1], t), desc(m[2], t)) for t in tids]))
         elif "cp.async" in line and "shared" in line:
-            m = re.search(r"\[(%r\w*)(\+(\d+))?\]", line)
+            m = re.search(r"\[\s*(%r\w*)\s*(\+\s*(\d+))?\s*\]", line)
             if m:
                 offs = []
                 for t in tids:
