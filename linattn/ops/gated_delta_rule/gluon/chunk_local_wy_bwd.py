@@ -31,8 +31,8 @@ Shared memory: every buffer is allocated from registers where its tile is ready 
 value), then fence_async_shared and a CTA barrier before any wgmma reads it; the allocator reuses a buffer's space
 once its last reader is done (every wgmma here is waited when it returns).
 
-Only K = V = 128, BT = 64, bf16/fp16 q/k/v/dO, fp32 Tinv and gcum, FLA's default gate and beta (the launcher keeps
-the options A_log / dt_bias / beta logits on the Triton kernels).
+Only K = V = 128, BT = 64, bf16/fp16 q/k/v/dO, fp32 Tinv and gcum, FLA's default gate and beta: the gluon backend's
+calls (its supports()); chunk_gated_delta_rule_bwd keeps FLA's options on the Triton kernels.
 """
 from __future__ import annotations
 
@@ -240,14 +240,6 @@ def local_wy_launch(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, d
     args = (q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, dv, dg, dbeta,
             plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, float(scale))
     return chunk_local_wy_bwd_kernel, (plan.num_slots, H), args, dict(H=H, HV=HV, K=K, V=V, BT=BT, num_warps=WARPS)
-
-
-def local_wy_supported(q, v, beta_scale: int = 0, gate_in_kernel: bool = False) -> bool:
-    """The shapes and options this kernel takes: K = V = 128, q/k/v in one 16-bit dtype, FLA's default gate and
-    beta (the options stay on the Triton WY kernel)."""
-    import torch
-    return (q.shape[-1] == 128 and v.shape[-1] == 128 and q.dtype in (torch.bfloat16, torch.float16)
-            and v.dtype == q.dtype and not beta_scale and not gate_in_kernel)
 
 
 def chunk_local_wy_bwd_gluon(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, dv, dg, dbeta, plan,
