@@ -15,7 +15,6 @@ from linattn.runtime.aot import inspect_kernel, kernels
 from linattn.runtime.gluon_compat import gluon_status
 from linattn.testing import rel_rms
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMEM_LIMIT_SM90 = 232448
 _GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
