@@ -53,6 +53,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     """The Triton backward with its reverse state pass (stage 1) and its local and WY stages (2, 3) in Gluon and,
     with recompute_state, its recompute of the forward's state pass in Gluon too."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
+    from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.gluon import launcher
     from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
@@ -70,7 +71,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
-        state_bwd=state_bwd_pass, local_wy=local_wy_pass)
+        state_bwd=state_bwd_pass, local_wy=local_wy_pass if gluon_compat.async_copy is not None else None)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

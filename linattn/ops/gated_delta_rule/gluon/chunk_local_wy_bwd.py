@@ -3,9 +3,9 @@ and the way back through the WY representation (triton/backward_wy.py), per (chu
 the HV // H value heads of the group. What the two Triton kernels pass through memory stays on chip: dW, the partial
 dK (dk_part), the dgam partials and M^T; K K^T is formed once per key head instead of once per value head.
 
-This is the literal step of the port: tiles come in by plain loads (masked: rows past the chunk's end read 0) and go
-to shared memory, every product is a synchronous warpgroup_mma, 8 warps (two warpgroups, each takes half of every
-product's columns). The formulas, rounding points and masks are the Triton kernels' (their docstrings derive them);
+Tiles come in by cp.async straight into shared memory (rows past the chunk's end zero-filled, so the next sequence's
+rows never enter), a head's tiles in two commit groups issued together; every product is a synchronous
+warpgroup_mma; 8 warps (two warpgroups, each takes half of every product's columns). The formulas, rounding points and masks are the Triton kernels' (their docstrings derive them);
 per value head hv of key head hk, with gam the chunk's cumulative gate (rows past the end take the last valid row's),
 Gam_ij = exp(gam_i - gam_j), lower = i >= j, strict = i > j:
 
@@ -20,23 +20,31 @@ Gam_ij = exp(gam_i - gam_j), lower = i >= j, strict = i > j:
           dbeta += rowsum(D * K K^T);  dgam += beta (exp(gam) rs_w + rowsum(D * K K^T)) - colsum(M * K K^T)
           dg = the in-chunk reverse cumsum of dgam;  dK += (M + M^T) K + diag(beta exp gam) Tinv^T dW
 where S = h[chunk] and dS = dh[chunk] (the state at the chunk's start and the gradient flowing into the chunk's
-S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the state term). dQ and dK are summed over
-the group in fp32 registers and stored once, in q's and k's dtype.
+S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the state term).
+
+Two passes over the group's value heads, so that one [64, 128] fp32 sum is live at a time: pass 1 forms dQ (summed
+in registers, stored at its end) and keeps each head's dQ gate term in dgam_s; pass 2 forms Pm again (one 64x64x128
+product) and everything else, dK summed in shared memory (fp32 [64, 128]; in registers through the loop it pushed
+the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 24 B spilled (0 at HV = H), 210 KB of
+shared memory, one CTA per SM.
 
 Transposed operands: a 16-bit tile is read transposed by wgmma through .permute of its shared buffer (MN-major A, or
 K-major B); the TF32 products need both operands K-major, so Tinv^T and z^T are written to shared memory from
 registers already transposed (gl.permute).
 
-Shared memory: every buffer is allocated from registers where its tile is ready (allocate_shared_memory with a
-value), then fence_async_shared and a CTA barrier before any wgmma reads it; the allocator reuses a buffer's space
-once its last reader is done (every wgmma here is waited when it returns).
+Shared memory: eleven [64, 128] 16-bit slots (q, k, do, vn, dvn, v, h as two, dh as two; Tinv fp32 as one) and the
+fp32 dK sum. The temporaries live in slots whose tile was read: pass 1's Pm in dvn's slot; in pass 2 Pm in do's,
+dW and (Tinv rounded, M + M^T) in h's, dTinv and Tinv^T (fp32) in dh's, z^T (fp32) in vn's. Every write of a
+shared buffer (cp.async landing, a register store) is followed by fence_async_shared and a CTA barrier before a
+wgmma reads it, and a store into a reused slot is preceded by a CTA barrier (every warp's reads of the old tile are
+done: each wgmma here is waited when it returns); the next head's copies are issued after a CTA barrier.
 
 Only K = V = 128, BT = 64, bf16/fp16 q/k/v/dO, fp32 Tinv and gcum, FLA's default gate and beta: the gluon backend's
 calls (its supports()); chunk_gated_delta_rule_bwd keeps FLA's options on the Triton kernels.
 """
 from __future__ import annotations
 
-from linattn.runtime.gluon_compat import GLUON_OK, fence_async_shared, gl, gluon, warpgroup_mma
+from linattn.runtime.gluon_compat import GLUON_OK, async_copy as cp, fence_async_shared, gl, gluon, warpgroup_mma
 
 BT = 64
 WARPS = 8
@@ -46,6 +54,11 @@ if GLUON_OK:
     def _acc(n, k):
         """wgmma accumulator of a [64, n] product over k-wide steps: one warpgroup along M, the two split the n."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, n // 2, k])
+
+    @gluon.constexpr_function
+    def _pow2(n):
+        """The smallest power of two >= n (shared buffers have power-of-two shapes)."""
+        return 1 << (n - 1).bit_length()
 
     @gluon.constexpr_function
     def _rows(ncols, elem_bits):
@@ -65,13 +78,6 @@ if GLUON_OK:
         return r, gl.expand_dims(r * row_stride, 1) + gl.expand_dims(c, 0)
 
     @gluon.jit
-    def _load_tile(base, row_stride, nrows, zero_ptr, zero_ref, R: gl.constexpr, C: gl.constexpr, L: gl.constexpr):
-        """The [R, C] tile at base (the tile's own offsets fit in int32; base carries the int64 part), rows >= nrows
-        read as 0."""
-        r, offs = _offsets(zero_ptr, zero_ref, row_stride, R, C, L)
-        return gl.load(base + offs, mask=gl.expand_dims(r < nrows, 1), other=0.)
-
-    @gluon.jit
     def _store_tile(base, x, row_stride, nrows, zero_ptr, zero_ref, R: gl.constexpr, C: gl.constexpr,
                     L: gl.constexpr):
         """Stores x [R, C] (layout L) at base, rows < nrows only."""
@@ -79,12 +85,28 @@ if GLUON_OK:
         gl.store(base + offs, x, mask=gl.expand_dims(r < nrows, 1))
 
     @gluon.jit
-    def _smem(x, layout: gl.constexpr):
-        """A shared buffer holding x, visible to the async proxy (wgmma) of every warp."""
-        s = gl.allocate_shared_memory(x.dtype, x.shape, layout, x)
+    def _copy(dst, base, row_stride, nrows, zero_ptr, zero_ref, R: gl.constexpr, C: gl.constexpr, L: gl.constexpr):
+        """cp.async of the [R, C] tile at base into dst (16-byte copies along the rows), rows >= nrows zero-filled."""
+        r, offs = _offsets(zero_ptr, zero_ref, row_stride, R, C, L)
+        c = gl.arange(0, C, layout=gl.SliceLayout(0, L))
+        cp.async_copy_global_to_shared(dst, base + offs, mask=gl.expand_dims(r < nrows, 1) & gl.expand_dims(c < C, 0))
+
+    @gluon.jit
+    def _landed(n_pending: gl.constexpr):
+        """This thread's cp.async groups but the last n_pending have landed, every thread's copies are visible to
+        the generic and the async proxy."""
+        cp.wait_group(n_pending)
         fence_async_shared()
         gl.thread_barrier()
-        return s
+
+    @gluon.jit
+    def _put(dst, x):
+        """x into dst, a view of a buffer whose earlier contents every warp is done with (the barrier first), then
+        visible to wgmma."""
+        gl.thread_barrier()
+        dst.store(x)
+        fence_async_shared()
+        gl.thread_barrier()
 
     @gluon.jit
     def chunk_local_wy_bwd_kernel(
@@ -107,10 +129,8 @@ if GLUON_OK:
         L16: gl.constexpr = _rows(K, 16)
         L32: gl.constexpr = _rows(BT, 32)
         S_TK: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], dt)
-        S_KV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], dt)
-        S_TT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
+        S_TT2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, BT], dt)
         S_TF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
-        S_ACC: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
 
         p = gl.program_id(0)
         hk = gl.program_id(1)
@@ -125,8 +145,32 @@ if GLUON_OK:
             nt = (eos - t0).to(gl.int32)                      # valid rows (>= BT unless this is the last chunk)
             last = gl.minimum(nt, BT) - 1
 
-            q_s = _smem(_load_tile(q_ptr + t0 * H * K + hk * K, H * K, nt, zp, eos, BT, K, L16), S_TK)
-            k_s = _smem(_load_tile(k_ptr + t0 * H * K + hk * K, H * K, nt, zp, eos, BT, K, L16), S_TK)
+            # shared memory: eleven [BT, 128] 16-bit slots in three buffers (power-of-two shapes): q, k, do, vn, dvn,
+            # v, h (two), then dh (two), then Tinv (fp32); the temporaries reuse slots already read (module docstring)
+            arena = gl.allocate_shared_memory(dt, [8 * BT, K], S_TK)
+            q_s = arena.slice(0, BT)
+            k_s = arena.slice(BT, BT)
+            do_s = arena.slice(2 * BT, BT)
+            vn_s = arena.slice(3 * BT, BT)
+            dvn_s = arena.slice(4 * BT, BT)
+            v_s = arena.slice(5 * BT, BT)
+            h_s = arena.slice(6 * BT, K)
+            dh_s = gl.allocate_shared_memory(dt, [K, V], S_TK)
+            ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)                # Tinv, fp32
+            pm1_s = dvn_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)             # pass 1: Pm
+            pm_s = do_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)               # pass 2: Pm (do is read)
+            dw_s = arena.slice(6 * BT, BT)                                               # dW (h is read)
+            t16_s = arena.slice(7 * BT, BT)._reinterpret(dt, [2 * BT, BT], S_TT2)
+            ti16_s = t16_s.slice(0, BT)                                                  # Tinv rounded
+            sm_s = t16_s.slice(BT, BT)                                                   # M + M^T
+            dti_s = dh_s.slice(0, BT)._reinterpret(gl.float32, [BT, BT], S_TF)           # dTinv (dS is read)
+            tit_s = dh_s.slice(BT, BT)._reinterpret(gl.float32, [BT, BT], S_TF)          # Tinv^T
+            zt_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                         # z^T (Vnew is read)
+            dgam_s = gl.allocate_shared_memory(gl.float32, [_pow2(G), BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+            _copy(q_s, q_ptr + t0 * H * K + hk * K, H * K, nt, zp, eos, BT, K, L16)
+            _copy(k_s, k_ptr + t0 * H * K + hk * K, H * K, nt, zp, eos, BT, K, L16)
+            cp.commit_group()
 
             r_t = gl.arange(0, BT, layout=RT)
             c_t = gl.arange(0, BT, layout=CT)
@@ -135,72 +179,95 @@ if GLUON_OK:
             r_k = gl.arange(0, BT, layout=RK)
             valid_t = r_t < nt
 
-            # the group's dQ and dK sums (fp32) wait in shared memory between their updates
-            dq_s = gl.allocate_shared_memory(gl.float32, [BT, K], S_ACC, gl.zeros([BT, K], gl.float32, A_TK))
-            dk_s = gl.allocate_shared_memory(gl.float32, [BT, K], S_ACC, gl.zeros([BT, K], gl.float32, A_TK))
+            # ---- pass 1: dQ (the group's sum in registers) and each head's dQ gate term, kept in dgam_s
+            dq = gl.zeros([BT, K], gl.float32, A_TK)
             for j in range(0, G):
                 hv = hk * G + j
-                gate_r = (t0 + gl.minimum(r_t, last)) * HV + hv
-                gam_r = gl.load(gcum_ptr + gate_r)
+                vrow = t0 * HV * V + hv * V
+                gl.thread_barrier()                           # the previous head's reads of do, vn, h, pm are done
+                _copy(do_s, do_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(vn_s, vnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(h_s, h_ptr + (slot.to(gl.int64) * HV + hv) * K * V, V, K, zp, eos, K, V, L16)
+                cp.commit_group()
+                gam_r = gl.load(gcum_ptr + (t0 + gl.minimum(r_t, last)) * HV + hv)
+                gam_c = gl.convert_layout(gam_r, CT)
+                _landed(0)
+                dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
+                dos = warpgroup_mma(do_s, h_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
+                gdiff = gl.where(lower, gl.expand_dims(gam_r, 1) - gl.expand_dims(gam_c, 0), 0.)
+                _put(pm1_s, gl.where(lower, dp * gl.exp(gdiff), 0.).to(dt))
+                dqh = warpgroup_mma(pm1_s, k_s, dos * gl.expand_dims(gl.exp(gl.convert_layout(gam_r, RK)), 1))
+                dqh = dqh * scale
+                dgam_s.index(j).store(gl.sum(dqh * q_s.load(A_TK).to(gl.float32), axis=1))
+                dq += dqh
+            _store_tile(dq_ptr + t0 * H * K + hk * K, dq.to(dq_ptr.dtype.element_ty), H * K, nt, zp, eos, BT, K, A_TK)
+
+            # ---- pass 2: per head, the rest of dK (the group's sum in registers), dV, dbeta, dg
+            # the group's dK sum (fp32) waits in shared memory between heads: held in registers through the loop it
+            # pushes the head's body over 255 registers
+            dk_s = gl.allocate_shared_memory(gl.float32, [BT, K], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+                                             gl.zeros([BT, K], gl.float32, A_TK))
+            for j in range(0, G):
+                hv = hk * G + j
+                vrow = t0 * HV * V + hv * V
+                state = (slot.to(gl.int64) * HV + hv) * K * V
+                gl.thread_barrier()                           # the previous head's (and pass 1's) reads are done
+                _copy(do_s, do_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(vn_s, vnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(dvn_s, dvnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(h_s, h_ptr + state, V, K, zp, eos, K, V, L16)
+                _copy(dh_s, dh_ptr + state, V, K, zp, eos, K, V, L16)
+                cp.commit_group()
+                _copy(v_s, v_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
+                _copy(ti_s, tinv_ptr + (t0 * HV + hv) * BT, HV * BT, nt, zp, eos, BT, BT, L32)
+                cp.commit_group()
+                gam_r = gl.load(gcum_ptr + (t0 + gl.minimum(r_t, last)) * HV + hv)
                 gam_c = gl.convert_layout(gam_r, CT)
                 gam_k = gl.convert_layout(gam_r, RK)
                 gam_last = gl.load(gcum_ptr + (t0 + last) * HV + hv)
                 beta_r = gl.load(beta_ptr + (t0 + r_t) * HV + hv, mask=valid_t, other=0.).to(gl.float32)
                 beta_c = gl.convert_layout(beta_r, CT)
-                vrow = t0 * HV * V + hv * V
-                state = (slot.to(gl.int64) * HV + hv) * K * V
+                _landed(1)                                    # do, vn, dvn, h, dh
 
-                # ---- local terms: dP, dQ_h and its gate term
-                do_s = _smem(_load_tile(do_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16), S_TK)
-                vn_s = _smem(_load_tile(vnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16), S_TK)
-                h_s = _smem(_load_tile(h_ptr + state, V, K, zp, eos, K, V, L16), S_KV)
+                # Pm again (pass 1's slot is dvn's now), dW, the state part of dK and the gate terms, dK_h
                 dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
-                dos = warpgroup_mma(do_s, h_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 gdiff = gl.where(lower, gl.expand_dims(gam_r, 1) - gl.expand_dims(gam_c, 0), 0.)
-                pm_s = _smem(gl.where(lower, dp * gl.exp(gdiff), 0.).to(dt), S_TT)
-                dqh = warpgroup_mma(pm_s, k_s, dos * gl.expand_dims(gl.exp(gam_k), 1)) * scale
-                dgam = gl.sum(dqh * q_s.load(A_TK).to(gl.float32), axis=1)
-                dq_s.store(dq_s.load(A_TK) + dqh)
-
-                # ---- dW, the state part of dK and its gate terms
-                dvn_s = _smem(_load_tile(dvnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16), S_TK)
-                dh_s = _smem(_load_tile(dh_ptr + state, V, K, zp, eos, K, V, L16), S_KV)
-                sds = gl.sum(gl.sum(h_s.load(L16).to(gl.float32) * dh_s.load(L16).to(gl.float32), axis=1), axis=0)
-                dw_s = _smem((-warpgroup_mma(dvn_s, h_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK),
-                                             use_acc=False)).to(dt), S_TK)
+                _put(pm_s, gl.where(lower, dp * gl.exp(gdiff), 0.).to(dt))
+                dw = warpgroup_mma(dvn_s, h_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dks = dks * gl.expand_dims(gl.exp(gam_last - gam_k), 1)
+                sds = gl.sum(gl.sum(h_s.load(L16).to(gl.float32) * dh_s.load(L16).to(gl.float32), axis=1), axis=0)
                 x = gl.sum(dks * k_s.load(A_TK).to(gl.float32), axis=1)
-                dgam = dgam - x + gl.where(r_k == last, gl.sum(x, axis=0) + gl.exp(gam_last) * sds, 0.)
-                dk = dk_s.load(A_TK) + dks
-
-                # ---- the intra-chunk part of dK: scale Pm^T Q
+                dgam = dgam_s.index(j).load(RK) - x + gl.where(r_k == last, gl.sum(x, axis=0) + gl.exp(gam_last) * sds,
+                                                               0.)
+                dk_s.store(dk_s.load(A_TK) + dks)             # each thread updates its own elements: no barrier
                 dkh = warpgroup_mma(pm_s.permute((1, 0)), q_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dkh = dkh * scale
                 dgam -= gl.sum(dkh * k_s.load(A_TK).to(gl.float32), axis=1)
-                dk_s.store(dk + dkh)
+                dk_s.store(dk_s.load(A_TK) + dkh)
+                _put(dw_s, (-dw).to(dt))                      # h, dh, vn and pm are read from here on
+                _landed(0)                                    # v, Tinv
 
-                # ---- WY phase 1: X, dV, dbeta, dTinv
-                tinv = gl.convert_layout(_load_tile(tinv_ptr + (t0 * HV + hv) * BT, HV * BT, nt, zp, eos, BT, BT, L32),
-                                         A_TT)
+                # WY phase 1: X, dV, dbeta, dTinv
+                tinv = ti_s.load(A_TT)
                 xw = warpgroup_mma(dw_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
                 rs_w = gl.sum(tinv * xw, axis=0)                               # rowsum(K * Tinv^T dW), per column
-                v_s = _smem(_load_tile(v_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16), S_TK)
                 xw = warpgroup_mma(dvn_s, v_s.permute((1, 0)), xw * gl.expand_dims(gl.exp(gam_c), 0))
-                tinv_s = _smem(tinv.to(dt), S_TT)
-                dvh = warpgroup_mma(tinv_s.permute((1, 0)), dvn_s, gl.zeros([BT, K], gl.float32, A_TK),
-                                    use_acc=False)
+                _put(ti16_s, tinv.to(dt))
+                dvh = warpgroup_mma(ti16_s.permute((1, 0)), dvn_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dvh = dvh * gl.expand_dims(gl.convert_layout(beta_r, RK), 1)
                 _store_tile(dv_ptr + vrow, dvh.to(dv_ptr.dtype.element_ty), HV * V, nt, zp, eos, BT, V, A_TK)
                 dbeta = gl.sum(tinv * xw, axis=0)
                 dtinv = gl.where(strict, xw * gl.expand_dims(beta_c, 0), 0.)
 
-                # ---- WY phase 2: D = -(Tinv^T dTinv Tinv^T) * Gam (TF32), M, the gate terms, dg, dbeta
-                dti_s = _smem(gl.convert_layout(dtinv, L32), S_TF)
-                tif_s = _smem(gl.convert_layout(tinv, L32), S_TF)
-                z = warpgroup_mma(dti_s, tif_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
-                tit_s = _smem(gl.convert_layout(gl.permute(tinv, (1, 0)), L32), S_TF)
-                zt_s = _smem(gl.convert_layout(gl.permute(z, (1, 0)), L32), S_TF)
+                # WY phase 2: D = -(Tinv^T dTinv Tinv^T) * Gam (TF32), M, the gate terms, dg, dbeta
+                gl.thread_barrier()
+                dti_s.store(dtinv)
+                tit_s.store(gl.permute(tinv, (1, 0)))
+                fence_async_shared()
+                gl.thread_barrier()
+                z = warpgroup_mma(dti_s, ti_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
+                _put(zt_s, gl.permute(z, (1, 0)))
                 da = warpgroup_mma(tit_s, zt_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
                 da = gl.convert_layout(da, A_TT)
                 gstrict = gl.where(strict, gl.expand_dims(gam_r, 1) - gl.expand_dims(gam_c, 0), 0.)
@@ -209,9 +276,11 @@ if GLUON_OK:
                 rs_d = gl.sum(d * kk, axis=1)
                 m = d * gl.expand_dims(beta_r, 1)
                 rs_m = gl.sum(m * kk, axis=0)
+                # M + M^T with M rounded first (as the Triton stage, which reads M back from memory): M^T through sm_s
                 m_op = m.to(dt)
-                s_s = _smem((m_op.to(gl.float32) + gl.convert_layout(gl.permute(m_op, (1, 0)), A_TT).to(gl.float32))
-                            .to(dt), S_TT)
+                _put(sm_s, m_op)
+                m_t = sm_s.permute((1, 0)).load(A_TT)
+                _put(sm_s, (m_op.to(gl.float32) + m_t.to(gl.float32)).to(dt))
                 dbeta = gl.convert_layout(dbeta, RT) + rs_d
                 dgam_t = (beta_r * (gl.exp(gam_r) * gl.convert_layout(rs_w, RT) + rs_d) - gl.convert_layout(rs_m, RT)
                           + gl.convert_layout(dgam, RT))
@@ -221,15 +290,15 @@ if GLUON_OK:
                 gl.store(dg_ptr + (t0 + r_t) * HV + hv, dg.to(dg_ptr.dtype.element_ty), mask=valid_t)
                 gl.store(dbeta_ptr + (t0 + r_t) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid_t)
 
-                # ---- WY phase 3: dK += (M + M^T) K + diag(beta exp gam) Tinv^T dW
-                tdw = warpgroup_mma(tinv_s.permute((1, 0)), dw_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
-                dk = tdw * gl.expand_dims(gl.convert_layout(beta_r, RK) * gl.exp(gam_k), 1) + dk_s.load(A_TK)
-                dk_s.store(warpgroup_mma(s_s, k_s, dk))
-                gl.thread_barrier()                           # this head's buffers are read by every warp
+                # WY phase 3: dK += (M + M^T) K + diag(beta exp gam) Tinv^T dW
+                tdw = warpgroup_mma(ti16_s.permute((1, 0)), dw_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
+                dk = warpgroup_mma(sm_s, k_s,
+                                   dk_s.load(A_TK) + tdw * gl.expand_dims(gl.convert_layout(beta_r, RK) * gl.exp(gam_k), 1))
+                dk_s.store(dk)
 
             gl.thread_barrier()
-            _store_tile(dq_ptr + t0 * H * K + hk * K, dq_s.load(A_TK).to(dq_ptr.dtype.element_ty), H * K, nt, zp, eos, BT, K, A_TK)
-            _store_tile(dk_ptr + t0 * H * K + hk * K, dk_s.load(A_TK).to(dk_ptr.dtype.element_ty), H * K, nt, zp, eos, BT, K, A_TK)
+            _store_tile(dk_ptr + t0 * H * K + hk * K, dk_s.load(A_TK).to(dk_ptr.dtype.element_ty), H * K, nt, zp, eos,
+                        BT, K, A_TK)
 
 
 def local_wy_launch(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, dv, dg, dbeta, plan, scale: float):
