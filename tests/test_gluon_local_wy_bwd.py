@@ -198,6 +198,31 @@ def test_formulas_give_the_triton_stages_gradients(B, T, H, HV, lens):
         assert rel_rms(a, b) < 1e-4, (name, rel_rms(a, b))
 
 
+@needs_gluon
+@pytest.mark.parametrize("has_cp_async", [True, False])
+def test_gluon_backward_takes_the_kernel_where_this_triton_has_cp_async(monkeypatch, has_cp_async):
+    """The gluon backend's backward op hands chunk_gated_delta_rule_bwd the local_wy hook (this kernel), and keeps the
+    Triton stages (no hook) on a Triton whose Gluon lacks cp.async; the reverse state pass stays Gluon either way."""
+    from linattn.ops.gated_delta_rule.gluon import backend
+    from linattn.ops.gated_delta_rule.triton import backward
+    from linattn.runtime import gluon_compat
+    seen = {}
+
+    def fake_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, **hooks):
+        seen.update(hooks)
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(g),
+                torch.zeros_like(beta), None, None, None)
+    monkeypatch.setattr(backward, "chunk_gated_delta_rule_bwd", fake_bwd)
+    if not has_cp_async:
+        monkeypatch.setattr(gluon_compat, "async_copy", None)
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
+    g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
+    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None, False)
+    assert callable(seen["state_bwd"])
+    assert callable(seen["local_wy"]) if has_cp_async else seen["local_wy"] is None
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["jit"]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     _jit_compile_main()
