@@ -218,7 +218,7 @@ register(AotKernel(
 
 # ---- Backward stages 2 + 3 in one Gluon kernel (gluon/chunk_local_wy_bwd.py): one program per (chunk slot, key
 # head) over its value heads in two passes, tiles by cp.async, every product a synchronous warpgroup_mma, the TF32 dA
-# chain included. Known spill: 24 B at HV = 2H (0 at HV = H): pass 2's loop body sits at 255 registers.
+# chain included. Known spill: 8 B at HV = 2H (0 at HV = H): pass 2's loop body sits at 255 registers.
 LOCAL_WY_PTRS = ("q_ptr", "k_ptr", "v_ptr", "vnew_ptr", "h_ptr", "dh_ptr", "gcum_ptr", "beta_ptr", "tinv_ptr",
                  "do_ptr", "dvnew_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "dg_ptr", "dbeta_ptr", "cu_ptr",
                  "chunk_idx_ptr", "chunk_off_ptr")
@@ -244,7 +244,7 @@ def _local_wy_build(dtype: str, hv: int):
     return build
 
 
-for _dt, _hv, _spill in (("bf16", HV, 24), ("fp16", HV, 24), ("bf16", H, 0)):
+for _dt, _hv, _spill in (("bf16", HV, 8), ("fp16", HV, 8), ("bf16", H, 0)):
     register(AotKernel(
         f"gdn_bwd_local_wy_gluon_{_dt}_hv{_hv}", _local_wy_build(_dt, _hv), ("HGMMA", "WARPGROUP", "LDGSTS"),
         div16=LOCAL_WY_PTRS, known_spill_bytes=_spill,

@@ -25,16 +25,21 @@ S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the st
 Two passes over the group's value heads, so that one [64, 128] fp32 sum is live at a time: pass 1 forms dQ (summed
 in registers, stored at its end) and keeps each head's dQ gate term in dgam_s; pass 2 forms Pm again (one 64x64x128
 product) and everything else, dK summed in shared memory (fp32 [64, 128]; in registers through the loop it pushed
-the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 24 B spilled (0 at HV = H), 210 KB of
+the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 8 B spilled (0 at HV = H), 210 KB of
 shared memory, one CTA per SM.
 
 Transposed operands: a 16-bit tile is read transposed by wgmma through .permute of its shared buffer (MN-major A, or
 K-major B); the TF32 products need both operands K-major, so Tinv^T and z^T are written to shared memory from
 registers already transposed (gl.permute).
 
-Shared memory: eleven [64, 128] 16-bit slots (q, k, do, vn, dvn, v, h as two, dh as two; Tinv fp32 as one) and the
-fp32 dK sum. The temporaries live in slots whose tile was read: pass 1's Pm in dvn's slot; in pass 2 Pm in do's,
-dW and (Tinv rounded, M + M^T) in h's, dTinv and Tinv^T (fp32) in dh's, z^T (fp32) in vn's. Every write of a
+Shared memory: eleven [64, 128] 16-bit slots (q, k, do, vn in one [256, 128] buffer; dvn, v, h as two in another;
+dh as two; Tinv fp32 as one) and the fp32 dK sum. No NVMMA buffer has more than 256 rows: past that, a .permute view
+addresses the 64-column slabs differently from the plain view that cp.async and stores write through. A 16-bit
+[64, 128] slot is two 8 KB slabs (columns 0..63, then 64..127, 32 KB apart in a [256, 128] buffer), so a 16 KB
+temporary reinterpreted from a row slice covers the slab of columns 0..63 of two consecutive slots, and column
+slices (dim=1) give one slab each. The temporaries live where their tiles were read: pass 1's Pm in dvn's first
+slab; in pass 2 Pm in do's, dW in h's first 64 rows, Tinv rounded and M + M^T in the two column slabs of h's last
+64 rows, dTinv and Tinv^T (fp32) in dh's two column halves, z^T (fp32) in do's and vn's first slabs. Every write of a
 shared buffer (cp.async landing, a register store) is followed by fence_async_shared and a CTA barrier before a
 wgmma reads it, and a store into a reused slot is preceded by a CTA barrier (every warp's reads of the old tile are
 done: each wgmma here is waited when it returns); the next head's copies are issued after a CTA barrier.
@@ -145,27 +150,28 @@ if GLUON_OK:
             nt = (eos - t0).to(gl.int32)                      # valid rows (>= BT unless this is the last chunk)
             last = gl.minimum(nt, BT) - 1
 
-            # shared memory: eleven [BT, 128] 16-bit slots in three buffers (power-of-two shapes): q, k, do, vn, dvn,
-            # v, h (two), then dh (two), then Tinv (fp32); the temporaries reuse slots already read (module docstring)
-            arena = gl.allocate_shared_memory(dt, [8 * BT, K], S_TK)
-            q_s = arena.slice(0, BT)
-            k_s = arena.slice(BT, BT)
-            do_s = arena.slice(2 * BT, BT)
-            vn_s = arena.slice(3 * BT, BT)
-            dvn_s = arena.slice(4 * BT, BT)
-            v_s = arena.slice(5 * BT, BT)
-            h_s = arena.slice(6 * BT, K)
+            # shared memory: eleven [BT, 128] 16-bit slots in four buffers of at most 256 rows (module docstring): q,
+            # k, do, vn; dvn, v, h (two); dh (two); Tinv (fp32). The temporaries reuse slabs already read.
+            S_TT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
+            lo = gl.allocate_shared_memory(dt, [4 * BT, K], S_TK)
+            hi = gl.allocate_shared_memory(dt, [4 * BT, K], S_TK)
+            q_s = lo.slice(0, BT)
+            k_s = lo.slice(BT, BT)
+            do_s = lo.slice(2 * BT, BT)
+            vn_s = lo.slice(3 * BT, BT)
+            dvn_s = hi.slice(0, BT)
+            v_s = hi.slice(BT, BT)
+            h_s = hi.slice(2 * BT, K)
             dh_s = gl.allocate_shared_memory(dt, [K, V], S_TK)
             ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)                # Tinv, fp32
-            pm1_s = dvn_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)             # pass 1: Pm
-            pm_s = do_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)               # pass 2: Pm (do is read)
-            dw_s = arena.slice(6 * BT, BT)                                               # dW (h is read)
-            t16_s = arena.slice(7 * BT, BT)._reinterpret(dt, [2 * BT, BT], S_TT2)
-            ti16_s = t16_s.slice(0, BT)                                                  # Tinv rounded
-            sm_s = t16_s.slice(BT, BT)                                                   # M + M^T
-            dti_s = dh_s.slice(0, BT)._reinterpret(gl.float32, [BT, BT], S_TF)           # dTinv (dS is read)
-            tit_s = dh_s.slice(BT, BT)._reinterpret(gl.float32, [BT, BT], S_TF)          # Tinv^T
-            zt_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                         # z^T (Vnew is read)
+            pm1_s = dvn_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)             # pass 1: Pm (dvn cols < 64)
+            pm_s = do_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)               # pass 2: Pm (do cols < 64)
+            dw_s = hi.slice(2 * BT, BT)                                                  # dW (h is read)
+            ti16_s = hi.slice(3 * BT, BT).slice(0, BT, dim=1)._reinterpret(dt, [BT, BT], S_TT)   # Tinv rounded
+            sm_s = hi.slice(3 * BT, BT).slice(BT, BT, dim=1)._reinterpret(dt, [BT, BT], S_TT)    # M + M^T
+            dti_s = dh_s.slice(0, BT, dim=1)._reinterpret(gl.float32, [BT, BT], S_TF)    # dTinv (dS is read)
+            tit_s = dh_s.slice(BT, BT, dim=1)._reinterpret(gl.float32, [BT, BT], S_TF)   # Tinv^T
+            zt_s = do_s._reinterpret(gl.float32, [BT, BT], S_TF)                         # z^T: do, vn cols < 64
             dgam_s = gl.allocate_shared_memory(gl.float32, [_pow2(G), BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
             _copy(q_s, q_ptr + t0 * H * K + hk * K, H * K, nt, zp, eos, BT, K, L16)
@@ -276,11 +282,10 @@ if GLUON_OK:
                 rs_d = gl.sum(d * kk, axis=1)
                 m = d * gl.expand_dims(beta_r, 1)
                 rs_m = gl.sum(m * kk, axis=0)
-                # M + M^T with M rounded first (as the Triton stage, which reads M back from memory): M^T through sm_s
-                m_op = m.to(dt)
-                _put(sm_s, m_op)
+                # M + M^T as the Triton stage forms it: fp32 M plus M^T read back rounded (through sm_s)
+                _put(sm_s, m.to(dt))
                 m_t = sm_s.permute((1, 0)).load(A_TT)
-                _put(sm_s, (m_op.to(gl.float32) + m_t.to(gl.float32)).to(dt))
+                _put(sm_s, (m + m_t.to(gl.float32)).to(dt))
                 dbeta = gl.convert_layout(dbeta, RT) + rs_d
                 dgam_t = (beta_r * (gl.exp(gam_r) * gl.convert_layout(rs_w, RT) + rs_d) - gl.convert_layout(rs_m, RT)
                           + gl.convert_layout(dgam, RT))
