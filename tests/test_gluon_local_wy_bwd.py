@@ -41,6 +41,24 @@ def test_compiles_with_intended_products(name):
     assert rep.sass.get("HGMMA.64x32x8.F32.TF32", 0) == 2 * 8, rep.sass
 
 
+@needs_gluon
+def test_no_transposed_view_of_a_shared_buffer_over_256_rows():
+    """Triton 3.6 lays an NVMMA shared buffer out in 64-column slabs of at most 256 rows; a .permute view of a buffer
+    with more rows addresses the slabs differently from the plain view that cp.async and stores write through (the
+    kernel's first build read h, k and v from the wrong places in six products: found by reading the wgmma
+    descriptors' addresses in its PTX). Every transposed view in the TTGIR comes from a buffer of <= 256 rows."""
+    import re
+    from linattn.runtime.aot import kernel_asm
+    ttgir = kernel_asm(NAMES[0], "ttgir")
+    trans = re.findall(r"ttg\.memdesc_trans [^\n]*?\} : !ttg\.memdesc<([^>]*)>", ttgir)
+    assert trans, "no transposed shared-memory view found: the pattern no longer matches this Triton's TTGIR"
+    for t in trans:
+        fields = [f.strip() for f in t.split(",")]
+        # a view of part of a buffer names the allocation's shape last; a view of a whole buffer only its own
+        shape = fields[-1] if re.fullmatch(r"\d+(x\d+)+", fields[-1]) else fields[0]
+        assert int(shape.split("x")[0]) <= 256, t
+
+
 def _plan_and_buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16, K=128):
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     cu = None
@@ -164,7 +182,7 @@ def _kernel_formulas(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, 
                 M = D * b[:, None]
                 rs_m = (M * KK).sum(0)
                 m_op = rnd(M)
-                s_op = rnd(m_op + m_op.T)
+                s_op = rnd(M + m_op.T)                        # fp32 M plus M^T read back rounded
                 db = db + rs_d
                 dgam = b * (gam.exp() * rs_w + rs_d) - rs_m + dgam
                 outs[3][rows, hv] = dgam.flip(0).cumsum(0).flip(0).to(dg.dtype)
