@@ -264,12 +264,12 @@ def _inspect_in_subprocess(name: str, arch: str) -> AotReport:
 
 
 def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
-    """The PTX ("ptx") or the SASS text ("sass") of a registered kernel. Under TRITON_INTERPRET compiled in a child
+    """The PTX ("ptx"), the SASS text ("sass") or the TTGIR ("ttgir") of a registered kernel. Under TRITON_INTERPRET compiled in a child
     process, as inspect_kernel: an interpreted Triton function leaves the language builtins that Gluon shares
     patched in this process (seen in CI: "'block_argument' object has no attribute 'get_element_ty'" from a Gluon
     kernel's pointer arithmetic), so no test compiles in the process that runs interpreted kernels."""
-    if what not in ("ptx", "sass"):
-        raise ValueError(f"what must be 'ptx' or 'sass', not {what!r}")
+    if what not in ("ptx", "sass", "ttgir"):
+        raise ValueError(f"what must be 'ptx', 'sass' or 'ttgir', not {what!r}")
     spec = kernels()[name]
     arch = arch or spec.archs[0]
     if not _interpreting():
@@ -285,8 +285,8 @@ def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
 
 def _asm_here(spec: AotKernel, what: str, arch: str) -> str:
     k = compile_kernel(spec, arch)
-    if what == "ptx":
-        return k.asm["ptx"]
+    if what in ("ptx", "ttgir"):
+        return k.asm[what]
     return sass_text(k.asm["cubin"])
 
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, Tuple
 gluon = gl = tma = mbarrier = None
 fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
 mma_v2 = None                       # ampere mma.sync (valid on sm_90 too); the GDN literal state pass uses it
+async_copy = None                   # cp.async (async_copy_global_to_shared, commit_group, wait_group), sm_80 and on
 TensorDescriptor = None
 tma_load = tma_store = tma_store_wait = None
 GluonASTSource = None
@@ -51,7 +52,7 @@ def _warp_specialize_form(fn) -> str:
 
 def _load() -> Tuple[bool, str, Dict[str, Any]]:
     global gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait
-    global TensorDescriptor, tma_load, tma_store, tma_store_wait, GluonASTSource, mma_v2
+    global TensorDescriptor, tma_load, tma_store, tma_store_wait, GluonASTSource, mma_v2, async_copy
     details: Dict[str, Any] = {}
     try:
         import triton
@@ -97,6 +98,9 @@ def _load() -> Tuple[bool, str, Dict[str, Any]]:
         chosen[alias] = name
         if fn is None:
             missing.append(f"{alias} (looked for {' / '.join(names)})")
+    # optional: only the backward's local/WY kernel uses cp.async (the gluon backend keeps the Triton stages without it)
+    async_copy = getattr(_hopper, "async_copy", None)
+    chosen["async_copy"] = "async_copy" if async_copy is not None else None
     for name in ("init", "expect", "wait", "arrive", "invalidate", "MBarrierLayout"):
         if mbarrier is None or not hasattr(mbarrier, name):
             missing.append(f"mbarrier.{name}")

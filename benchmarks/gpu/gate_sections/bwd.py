@@ -22,7 +22,10 @@ def bwd_sizes():
                       dict(name="varlen-mixed", lengths=[1, 4096, 1, 777, 8192, 63, 64, 65, 1, 3000, 2048, 1],
                            H=16, HV=32, K=128, V=128, l2norm=True),
                       dict(name="batch-fp16-mixed-K100-V60", B=4, T=1000, H=4, HV=12, K=100, V=60, dtype="float16",
-                           gate_dtype="bfloat16", beta_dtype="float32", h0=False)],
+                           gate_dtype="bfloat16", beta_dtype="float32", h0=False),
+                      # the Gluon local/WY kernel's group loop at HV = 4H and HV = H, T not a multiple of 64
+                      dict(name="gva4-B2-T1000", B=2, T=1000, H=2, HV=8, K=128, V=128),
+                      dict(name="mha-B3-T777", B=3, T=777, H=4, HV=4, K=128, V=128, l2norm=True)],
                 compile=dict(B=2, T=1024, H=4, HV=8, K=128, V=128), graph_lengths=[1, 1000, 64, 3000, 1, 31])
 
 

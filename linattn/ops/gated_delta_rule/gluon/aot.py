@@ -214,3 +214,39 @@ register(AotKernel(
     div16=("g_ptr", "beta_ptr", "gcum_ptr", "tinv_ptr", "cu_ptr", "chunk_idx_ptr"), known_spill_bytes=20,
     description="GDN forward stage 2a in Gluon: K K^T once per key head (TMA, warpgroup_mma), each value head's "
                 "Tinv by block substitution on mma.sync, H16/HV32 K=128 bf16, registers capped at 80"))
+
+
+# ---- Backward stages 2 + 3 in one Gluon kernel (gluon/chunk_local_wy_bwd.py): one program per (chunk slot, key
+# head) over its value heads in two passes, tiles by cp.async, every product a synchronous warpgroup_mma, the TF32 dA
+# chain included. Known spill: 8 B at HV = 2H (0 at HV = H): pass 2's loop body sits at 255 registers.
+LOCAL_WY_PTRS = ("q_ptr", "k_ptr", "v_ptr", "vnew_ptr", "h_ptr", "dh_ptr", "gcum_ptr", "beta_ptr", "tinv_ptr",
+                 "do_ptr", "dvnew_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "dg_ptr", "dbeta_ptr", "cu_ptr",
+                 "chunk_idx_ptr", "chunk_off_ptr")
+
+
+def local_wy_signature(dtype: str, gate: str = "fp32", beta: str = "fp32"):
+    """The argument types of chunk_local_wy_bwd_kernel as the JIT sees them for a local_wy_launch call (g and beta
+    in their own dtypes, fp32 from make_gdn_inputs)."""
+    sig = {name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "v_ptr", "vnew_ptr", "h_ptr", "dh_ptr")}
+    sig.update(gcum_ptr="*fp32", beta_ptr=f"*{beta}", tinv_ptr="*fp32", do_ptr=f"*{dtype}", dvnew_ptr=f"*{dtype}",
+               dq_ptr=f"*{dtype}", dk_ptr=f"*{dtype}", dv_ptr=f"*{dtype}", dg_ptr=f"*{gate}", dbeta_ptr=f"*{beta}",
+               cu_ptr="*i64", chunk_idx_ptr="*i32", chunk_off_ptr="*i64", N="i32", scale="fp32")
+    return sig
+
+
+def _local_wy_build(dtype: str, hv: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.chunk_local_wy_bwd import WARPS, chunk_local_wy_bwd_kernel as fn
+        const = dict(H=H, HV=hv, K=K, V=V, BT=BT)
+        sig = local_wy_signature(dtype)
+        sig.update({name: "constexpr" for name in const})
+        return fn, sig, const, {"num_warps": WARPS}
+    return build
+
+
+for _dt, _hv, _spill in (("bf16", HV, 8), ("fp16", HV, 8), ("bf16", H, 0)):
+    register(AotKernel(
+        f"gdn_bwd_local_wy_gluon_{_dt}_hv{_hv}", _local_wy_build(_dt, _hv), ("HGMMA", "WARPGROUP", "LDGSTS"),
+        div16=LOCAL_WY_PTRS, known_spill_bytes=_spill,
+        description=f"GDN backward stages 2+3 (local terms and WY) in one Gluon kernel per (chunk, key head), "
+                    f"cp.async tiles, synchronous warpgroup_mma, H16/HV{_hv} K=V=128 {_dt}, 8 warps"))

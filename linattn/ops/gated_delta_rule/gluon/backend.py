@@ -5,8 +5,9 @@ op_backends("chunk_gated_delta_rule") when this module is imported (api.py impor
 and either a long call or a CUDA-graph capture); by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every
 call supports() accepts. The forward is the torch custom op "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd
 as the Triton op's); its backward, "linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the
-intermediates from the saved inputs) with its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py) and, where
-N*HV <= 64, its recompute of the forward's state pass in Gluon too (launcher.chunk_state_gluon).
+intermediates from the saved inputs) with its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py), its local
+and WY stages (2, 3) in one Gluon kernel (chunk_local_wy_bwd.py) and, where N*HV <= 64, its recompute of the
+forward's state pass in Gluon too (launcher.chunk_state_gluon).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
@@ -49,8 +50,10 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                          do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward with its reverse state pass (stage 1) in Gluon and, with recompute_state, its recompute
-    of the forward's state pass in Gluon too."""
+    """The Triton backward with its reverse state pass (stage 1) and its local and WY stages (2, 3) in Gluon and,
+    with recompute_state, its recompute of the forward's state pass in Gluon too."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
+    from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.gluon import launcher
     from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
@@ -60,10 +63,15 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
         gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_)
+
+    def local_wy_pass(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv, do_, dvnew, dq, dk, dv, dg, dbeta, plan, scale_):
+        gluon_local_wy.chunk_local_wy_bwd_gluon(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv,
+                                                do_ if do_.dtype == q_.dtype else do_.to(q_.dtype), dvnew, dq, dk, dv,
+                                                dg, dbeta, plan, scale_)
     dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
-        state_bwd=state_bwd_pass)
+        state_bwd=state_bwd_pass, local_wy=local_wy_pass if gluon_compat.async_copy is not None else None)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

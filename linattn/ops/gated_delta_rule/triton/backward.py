@@ -87,7 +87,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False):
+                               state_v_first: bool = False, local_wy=None):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -129,6 +129,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
         state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale)
     else:
         launch_state_bwd(q, k, fwd.w, fwd.gcum, do, dh, dvnew, dht, dh0, plan, scale, state_v_first=state_v_first)
+
+    if local_wy is not None and A_log is None and not beta_scale:
+        dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
+        dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
+        dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+        dg = empty(B, T, HV, dtype=g.dtype, device=dev)
+        dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
+        local_wy(q, k, v, fwd.vnew, fwd.h, dh, fwd.gcum, fwd.beta, fwd.tinv, do, dvnew, dq, dk, dv, dg, dbeta, plan,
+                 scale)
+        return dq, dk, dv, dg, dbeta, dh0, None, None
 
     dq = empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
