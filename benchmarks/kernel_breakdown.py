@@ -28,13 +28,14 @@ SHAPES = {"gdn": [(1, 65536, 16, 32), (8, 4096, 16, 32), (1, 8192, 16, 32)],
           "layer_gdn": [(1, 8192), (8, 4096)], "layer_kda": [(1, 8192), (8, 4096)]}
 
 
-def make_call(op, backend, B, T, H, HV, dev="cuda"):
+def make_call(op, backend, B, T, H, HV, dev="cuda", g_scale=1.0):
+    """The op's call on fresh inputs; g_scale multiplies the log decays (-(0.01 + 0.1 U) per token by default)."""
     K = V = 128
     q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
     v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16)
     gshape = (B, T, HV, K) if op == "kda" else (B, T, HV)
-    g = -(0.01 + 0.1 * torch.rand(*gshape, device=dev))
+    g = -(0.01 + 0.1 * torch.rand(*gshape, device=dev)) * g_scale
     beta = torch.rand(B, T, HV, device=dev).to(torch.bfloat16)
     h0 = torch.randn(B, HV, K, V, device=dev) * 0.1
     ins = [q, k, v, g, beta, h0]
@@ -132,12 +133,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--op", choices=sorted(SHAPES), default="gdn")
     ap.add_argument("--backend", nargs="+", default=["gluon"], help="linattn backends and/or fla")
+    ap.add_argument("--g-scale", type=float, default=1.0,
+                    help="multiply the log decays (default -(0.01 + 0.1 U) per token) by this: steep decays")
     args = ap.parse_args()
     for backend in args.backend:
         try:
             out = dict(env=env_line(collect_env(torch.device("cuda"))), op=args.op, backend=backend)
         except Exception as e:  # the environment line is informative, not required
             out = dict(env=repr(e), op=args.op, backend=backend)
+        if args.g_scale != 1.0:
+            out["g_scale"] = args.g_scale
         for shape in SHAPES[args.op]:
             torch.manual_seed(0)
             if args.op.startswith("layer"):
@@ -145,7 +150,8 @@ def main():
                 res = out[f"B{B} T{T}"] = breakdown(*make_layer_call(args.op, backend, B, T))
             else:
                 B, T, H, HV = shape
-                res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV))
+                res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV,
+                                                                           g_scale=args.g_scale))
             print(args.op, backend, B, T, json.dumps({p: round(res[p + "_total_ms"], 3) for p in ("fwd", "bwd")}),
                   flush=True)
             for p in ("fwd", "bwd"):
@@ -159,7 +165,8 @@ def main():
                 for kname, ms in list(res["decode"].items())[:16]:
                     print(f"   decode {ms * 1e3:8.1f} us  {kname[:90]}")
         os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
-        path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}.json")
+        tag = "" if args.g_scale == 1.0 else f"_g{args.g_scale:g}"
+        path = os.path.join(os.environ.get("OUT", "."), f"breakdown_{args.op}_{backend}{tag}.json")
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
 

@@ -354,6 +354,43 @@ def test_chunk_gate_and_beta_sigmoid_in_kernel(form):
     assert_close("final_state", s, s_ref, F32)
 
 
+class _ArgSpy:
+    """Stands in for a Triton kernel of a launcher module: records each launch's positional arguments, then
+    launches the real kernel."""
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(args)
+            return self.real[grid](*args, **kwargs)
+        return launch
+
+
+@needs_triton
+def test_chunk_inblock_products_and_pairwise_chunks(monkeypatch):
+    """Stage 2a takes a chunk's in-block pairs in products through each block's first row unless a decay is too
+    steep for that (kda_cumsum_kernel flags the chunk, kda_diag_kernel forms its pairs one by one): weak decays
+    everywhere except one channel at e^-8 per token in chunk 1 of head 1 and in the last block of chunk 2 of head 3,
+    so one call (one kda_diag program group of 4 heads) mixes both ways. The flags are exactly those two, and o,
+    the state and every gradient match fp64."""
+    from linattn.ops.kda.triton import forward as fw
+    spy = _ArgSpy(fw.kda_inter_solve_kernel)
+    monkeypatch.setattr(fw, "kda_inter_solve_kernel", spy)
+    x = kda_inputs(1, 192, 1, 4, 32, 16, decay="weak")
+    g = x["g"].clone()
+    g[0, 64:128, 1, 3] = -8.0
+    g[0, 176:192, 3, 5] = -8.0
+    x["g"] = g
+    _check_grads(x, _plain, F32)
+    pairwise = [c[4] for c in spy.calls]           # kda_inter_solve_kernel's pairwise_ptr: the forward, the backward's
+    assert len(pairwise) >= 1
+    expected = torch.zeros(3, 4, dtype=torch.int8)
+    expected[1, 1] = expected[2, 3] = 1
+    for p in pairwise:
+        assert torch.equal(p.cpu(), expected), p
+
+
 def _check_grads(x, extra_ref, tol, **kw):
     """Every gradient of chunk_kda (Triton) against autograd through the fp64 reference; o and the final state get
     fresh random upstream gradients. extra_ref(inputs) maps the inputs to the reference's g and beta."""

@@ -32,19 +32,22 @@ def _register(name, mod, kname, sig, const, warps, stages, what, intended=("HGMM
 _GDN = "linattn.ops.gated_delta_rule.triton"
 _register("kda_fwd_triton_cumsum_w4", "linattn.ops.kda.triton.intra", "kda_cumsum_kernel",
           dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X,
-               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+               pairwise_ptr="*i8", cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=CUMSUM_BK, GATE="", HAS_DT_BIAS=False,
                LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
-          "forward stage 2a (1/3): gates' cumsum, effective beta, decayed keys and queries", intended=("LDG",))
+          "forward stage 2a (1/3): gates' cumsum, effective beta, decayed keys and queries, pairwise flag",
+          intended=("LDG",))
 _register(f"kda_fwd_triton_diag_w{DIAG_BH}", "linattn.ops.kda.triton.intra", "kda_diag_kernel",
-          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, akkd_ptr=_F, aqkd_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, pairwise_ptr="*i8", akkd_ptr=_F, aqkd_ptr=_F, cu_ptr=_I64,
+               chunk_idx_ptr=_I32, N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, 1,
-          "forward stage 2a (2/3): in-block pairs of Akk / Aqk, token by token", intended=("LDG",))
+          "forward stage 2a (2/3): in-block pairs of Akk / Aqk token by token, chunks flagged pairwise",
+          intended=("LDG",))
 _register("kda_fwd_triton_inter_solve_w4", "linattn.ops.kda.triton.intra", "kda_inter_solve_kernel",
-          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, akkd_ptr=_F, aqkd_ptr=_F, tinv_ptr=_X, aqk_ptr=_X,
-               cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, pairwise_ptr="*i8", akkd_ptr=_F, aqkd_ptr=_F,
+               tinv_ptr=_X, aqk_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", FTZ=True), 4, 1,
-          "forward stage 2a (3/3): Akk / Aqk across 16-row blocks, Tinv")
+          "forward stage 2a (3/3): Akk / Aqk through each block's first row, Tinv")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),

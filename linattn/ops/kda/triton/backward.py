@@ -166,7 +166,8 @@ def kda_pair_diag_bwd_kernel(
     pairs are: zero for Akk). They go into dq, dk, dgam and dbeta's partial sums in place (this program owns row t
     of its heads), before kda_pair_bwd_kernel adds the pairs across blocks and stores the results."""
     live, t, t0, eos, s0, hvs, mh, mhk, off_g, off_k, gt, kt, qt = token_rows(
-        chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, H, HV, K, BT, BH, BK)
+        chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, tl.program_id(0) // BT, tl.program_id(0) % BT, H, HV, K,
+        BT, BH, BK)
     if not live:
         return
     s1 = tl.minimum(s0 + 16, eos)

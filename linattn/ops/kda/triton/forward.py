@@ -15,11 +15,11 @@ from linattn.ops.kda.triton.intra import (kda_cumsum_kernel, kda_decayed_qk_kern
                                           kda_inter_solve_kernel)
 from linattn.runtime.alloc import empty
 
-# Stage 2a's three kernels: the gates' cumsum and the decayed keys / queries in blocks of CUMSUM_BK key channels;
-# the in-block pairs token by token, DIAG_BH value heads per program (a head's key row in one warp, so its sums stay
+# Stage 2a's three kernels: the gates' cumsum, the decayed keys / queries and the pairwise flag in blocks of CUMSUM_BK
+# key channels; the in-block pairs token by token where a chunk is flagged, DIAG_BH value heads per program (a head's key row in one warp, so its sums stay
 # in the warp); the pairs across blocks and the inverse in blocks of INTRA_BK channels (at 4 warps, the Akk layout
 # tinv_blocks is written for: 16 leaves no spill at K = 128 on sm_90a)
-CUMSUM_BK = 32
+CUMSUM_BK = 16
 DIAG_BH = 4
 INTRA_BK = 16
 
@@ -65,20 +65,21 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    pairwise = empty(slots, HV, dtype=torch.int8, device=dev)
     cu, idx, N = plan.cu, plan.chunk_indices, plan.N
     kda_cumsum_kernel[(slots, HV)](
-        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
+        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, pairwise, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
         BK=min(_pow2(K), CUMSUM_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
         LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
         NEG_EIGVAL=neg_eigval, num_warps=4)
     akkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
     aqkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
     ftz = ftz_exp2(q)
-    kda_diag_kernel[(slots * CHUNK, -(-HV // DIAG_BH))](
-        q, k, gcum, akkd, aqkd, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K), BH=DIAG_BH, FTZ=ftz,
+    kda_diag_kernel[(slots * (CHUNK // 16), -(-HV // DIAG_BH))](
+        q, k, gcum, pairwise, akkd, aqkd, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K), BH=DIAG_BH, FTZ=ftz,
         num_warps=DIAG_BH)
     kda_inter_solve_kernel[(slots, HV)](
-        q, k, gcum, beta_eff, akkd, aqkd, tinv, aqk, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
+        q, k, gcum, beta_eff, pairwise, akkd, aqkd, tinv, aqk, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
         BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), FTZ=ftz, num_warps=4)
     return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
                         qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h)
