@@ -11,25 +11,19 @@ import sys
 import pytest
 import torch
 
-from linattn.runtime.aot import inspect_kernel, kernels
-from linattn.runtime.gluon_compat import gluon_status
+from linattn.runtime.aot import kernels
+
+from markers import SMEM_LIMIT_SM90, built, needs_gluon   # tests/ is on sys.path
 from linattn.testing import rel_rms
 
-SMEM_LIMIT_SM90 = 232448
-_GLUON_OK, _GLUON_REASON, _ = gluon_status()
 REGISTRY = kernels()
 NAMES = sorted(n for n in REGISTRY if n.startswith("gdn_bwd_local_wy_gluon_"))
-needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
 @needs_gluon
 @pytest.mark.parametrize("name", NAMES)
 def test_compiles_with_intended_products(name):
-    spec = REGISTRY[name]
-    rep = inspect_kernel(spec)
-    assert not rep.missing, f"{name}: intended instructions missing: {rep.missing}; got {rep.sass}"
-    assert rep.spill_bytes <= spec.known_spill_bytes, f"{name}: {rep.spill_bytes} B spilled ({rep.regs} registers)"
-    assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
+    rep = built(name, REGISTRY[name].known_spill_bytes)
     assert rep.num_warps == 8 and rep.families["HMMA"] == 0
     suffix = ".BF16" if "_bf16_" in name else ""
     # [64, 128] results, each warpgroup 64 columns: dO S^T, dVnew S^T, Vnew dS^T over 128 (8 k-steps each);
