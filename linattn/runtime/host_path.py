@@ -23,6 +23,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Optional
 
+from linattn.runtime import launch_list
+
 MAX_PLANS = 4096
 
 
@@ -161,7 +163,10 @@ def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hash
                 run, function, packed, get_stream = raw
                 run(grid[0], grid[1], grid[2], get_stream(dev) if stream is None else stream.cuda_stream, function,
                     packed, None, None, None, *args)
-            elif stream is None:
+                launch_list.note_launch(raw, grid, stream, args)
+                return
+            launch_list.note_other_launch("a launch through the compiled kernel's launcher")
+            if stream is None:
                 k[grid](*args)
             elif with_stream:
                 k[grid](*args, stream=stream.cuda_stream)
@@ -170,6 +175,7 @@ def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hash
                 with torch.cuda.stream(stream):
                     k[grid](*args)
             return
+    launch_list.note_other_launch("a launch through the JIT")
     if stream is None:
         k = jit_fn[grid](*args, **options)
     else:
@@ -305,6 +311,7 @@ class LaunchCache:
                 derived = None
         if derived is None:
             self.jit_launches += 1
+            launch_list.note_other_launch("a launch through the JIT")
             if stream is None:
                 kernel[grid](*args, **kwargs)
             else:

@@ -124,6 +124,45 @@ def sync_free(backend):
     return out
 
 
+def eager_repeat(B, T, H, HV, backend, initial_state=True, output_final_state=True):
+    """Four plain eager calls of one signature on fresh inputs each (the first compiles, the second records the
+    signature's launch list, the later ones replay it: gluon/launcher.py fwd_eager), NaN-poisoned buffers, every
+    call's o and final state against the fp64 reference; then one call on a side stream (the replay declines another
+    stream and the host path runs it)."""
+    import linattn
+    from linattn.ops.gated_delta_rule.reference import chunk_reference
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, make_gdn_inputs, rel_rms
+    errs = []
+    for i in range(5):
+        x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device=base.DEV, initial_state=initial_state)
+        side = torch.cuda.Stream() if i == 4 else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), poisoned_allocations(), torch.cuda.stream(side):     # stream(None): no switch
+            o, ht = linattn.chunk_gated_delta_rule(**x, output_final_state=output_final_state, backend=backend)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        base.sync()
+        x64 = {k: (v.double() if v is not None else None) for k, v in x.items()}
+        with torch.no_grad():
+            ro, rh = chunk_reference(**x64, output_final_state=True)
+        if output_final_state:
+            errs.append((rel_rms(o, ro), rel_rms(ht, rh)))
+        else:
+            errs.append((rel_rms(o, ro), 0.0 if ht is None else float("inf")))
+    tol = TOL[torch.bfloat16]
+    return dict(B=B, T=T, H=H, HV=HV, initial_state=initial_state, output_final_state=output_final_state,
+                errors=errs, tol=tol, passed=all(a <= tol and b <= tol for a, b in errs))
+
+
+# eager_repeat's signatures: B1 T16384 segmented eagerly (side stream, events), B1 T8192, B4 T8192 at H2/HV8 (the
+# segment launch), B2 T1000 without states (the W/U kernel)
+REPEAT_CASES = (("repeat_B1_T16384", 1, 16384, 16, 32, {}), ("repeat_B1_T8192", 1, 8192, 16, 32, {}),
+                ("repeat_hv8_B4_T8192", 4, 8192, 2, 8, {}),
+                ("repeat_B2_T1000_no_states", 2, 1000, 16, 32, dict(initial_state=False, output_final_state=False)))
+
+
 def section(backend, save):
     cases = []
     run = case_runner(cases)
@@ -132,11 +171,15 @@ def section(backend, save):
         save(dict(cases=cases, incomplete=True))
         base.free()
     if not base.DRY:
+        for name, B, T, H, HV, kw in REPEAT_CASES:
+            run(name, eager_repeat, B, T, H, HV, backend, **kw)
+            save(dict(cases=cases, incomplete=True))
         run("sync_free", sync_free, backend)
     return dict(cases=cases)
 
 
 def case_names(backend):
+    repeat = [c[0] for c in REPEAT_CASES]
     if backend == "gluon":
-        return [c[0] for c in gluon_fwd_cases()] + ["sync_free"]
-    return [c[0] for c in fwd_cases()] + ([] if base.DRY else ["sync_free"])
+        return [c[0] for c in gluon_fwd_cases()] + repeat + ["sync_free"]
+    return [c[0] for c in fwd_cases()] + ([] if base.DRY else repeat + ["sync_free"])

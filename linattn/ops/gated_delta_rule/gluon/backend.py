@@ -143,8 +143,12 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
         from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
         g, beta = activate(g, beta, A_log, dt_bias, beta_scale)
     if eager_without_autograd(q, k, v, g, beta, initial_state):     # no custom-op dispatch (api.py says why)
-        from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
-        res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        from linattn.ops.gated_delta_rule.gluon import launcher
+        from linattn.runtime.capture import capturing
+        if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
+            return launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state)
+        res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                        cu_seqlens)
         return res.o, (res.final_state if output_final_state else None)
     o, final = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)

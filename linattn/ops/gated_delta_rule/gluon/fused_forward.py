@@ -206,9 +206,12 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.runtime.alloc import empty
+    from linattn.runtime.launch_list import keep
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = make_chunk_plan(B, T, cu_seqlens, BT, q.device)
+    if cu_seqlens is None:                     # a cached plan: a launch list may keep its tensors (launcher.py)
+        keep(plan)
     run = fused_pass or chunk_fused_wu_ws_gluon
     S, L = segments or (1, -(-T // BT))
     if S > 1:
@@ -241,9 +244,11 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     from linattn.ops.gated_delta_rule.gluon.host import launches
     from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_window_buffers, segment_windows
     from linattn.runtime.alloc import empty
+    from linattn.runtime.launch_list import keep, record_event, wait_event
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     splan = segment_plan(B, T, S, L, q.device)
+    keep(splan)
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     final = empty(B, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
 
@@ -261,19 +266,20 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     # Every buffer is allocated on the current stream, which waits for the side stream before returning: a buffer
     # freed after the call is reused only after the side stream's work. Launches name their stream (no switch of the
     # current stream, no per-call event or stream objects: they cost more host time than the launches).
+    # (the event steps through launch_list, which records them for a launch list of the call: launcher.py)
     side, inputs_ready, window_done, kkt_done, side_done = _side_stream(q.device)
     cur = torch.cuda.current_stream(q.device)
     slow, flag, segw = segment_window_buffers(plan.N, S, HV, q.device)
-    inputs_ready.record(cur)
-    side.wait_event(inputs_ready)
+    record_event(inputs_ready, cur)
+    wait_event(side, inputs_ready)
     segment_windows(k, beta, g, plan, S, L, launch=launches, out=(slow, flag, segw), stream=side)
-    window_done.record(side)
+    record_event(window_done, side)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
-    kkt_done.record(cur)
-    side.wait_event(kkt_done)
+    record_event(kkt_done, cur)
+    wait_event(side, kkt_done)
     run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow, stream=side)
-    side_done.record(side)
-    cur.wait_event(window_done)
+    record_event(side_done, side)
+    wait_event(cur, window_done)
     segment_launch()
-    cur.wait_event(side_done)
+    wait_event(cur, side_done)
     return o, final, gcum

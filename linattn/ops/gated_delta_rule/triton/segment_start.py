@@ -132,8 +132,8 @@ def segment_plan_cached(B: int, T: int, S: int, L: int, device) -> bool:
 
 def segment_window_buffers(N: int, S: int, HV: int, device) -> tuple:
     """(slow [N, HV] zeroed, flag [N * S, HV], segw [N * S, HV]), int32: segment_window_kernel's outputs."""
-    from linattn.runtime.alloc import empty
-    return (torch.zeros(N, HV, dtype=torch.int32, device=device), empty(N * S, HV, dtype=torch.int32, device=device),
+    from linattn.runtime.alloc import empty, zeros
+    return (zeros(N, HV, dtype=torch.int32, device=device), empty(N * S, HV, dtype=torch.int32, device=device),
             empty(N * S, HV, dtype=torch.int32, device=device))
 
 

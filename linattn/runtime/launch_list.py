@@ -1,0 +1,298 @@
+"""Per-signature launch lists: one call of a multi-launch host path recorded (its buffer allocations, its kernel
+launches through the host path's direct `run`, its event steps between streams) and replayed by later calls of the
+same signature with their own tensors.
+
+Why: an eager call of a host path that launches several kernels pays, per call, for the Python that builds each
+launch (chunk plans, configs, TensorDescriptors, launch keys, argument tuples), ~100 us on this project's CPU for the
+segmented Gluon forward against ~10 us for its four `run` calls. What a launch takes depends on the call's
+signature (shapes, strides, dtypes, options) except for the data pointers; a replay allocates the same buffers and
+makes the same launches with each pointer moved to the new tensor at the same offset.
+
+Recording (`recording()`): while a Recorder is active on this thread, runtime/alloc.py reports each buffer it
+allocates, runtime/host_path.py each direct launch (and fails the record for a launch through the JIT or the
+compiled kernel's own launcher), and `record_event` / `wait_event` the stream steps. `LaunchList.build` then
+attributes every pointer argument (a tensor or a TensorDescriptor's base) to exactly one source: an input of the
+call or a recorded buffer (by address range: the base lies inside one source's extent), or a tensor the caller
+declared long-lived (`keep`: cached chunk plans). A pointer it cannot attribute (a copy made on the way, a
+temporary), an address inside two sources, or an output that is neither a buffer nor an input: no list (None), and
+the caller keeps its host path. So a call whose host path copied an input never gets a list. A torch op that
+launches device work other than the recorded allocations has no place in a recorded path (its work would not be
+replayed): the paths that record are written without them.
+
+Replay (`LaunchList.__call__`) returns None, and the caller takes its host path, where the launch would not be the
+recorded one: another current device, a Triton launch hook registered (a profiler sees every launch), the host
+path's plan cache or handle off, an input pointer not 16-byte aligned (the recorded kernels are specialised on it).
+Poisoned allocations (runtime/alloc.py) are honoured per call.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+_local = threading.local()
+
+
+def active():
+    """The Recorder recording on this thread, or None."""
+    return getattr(_local, "rec", None)
+
+
+class Recorder:
+    """What one recorded call did: buffers (tensor, zero-filled), steps in host order, long-lived tensors, and the
+    first reason the record cannot become a list (None while it can)."""
+    __slots__ = ("allocs", "steps", "kept", "broken", "current")
+
+    def __init__(self, current_stream=None):
+        self.allocs: List[tuple] = []
+        self.steps: List[tuple] = []
+        self.kept: List[torch.Tensor] = []
+        self.broken: Optional[str] = None
+        self.current = current_stream     # the torch stream that was current (None: a call without streams)
+
+    def fail(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = why
+
+
+@contextlib.contextmanager
+def recording(current_stream=None):
+    """Within: this thread's host path reports to a new Recorder (yielded)."""
+    rec, prev = Recorder(current_stream), active()
+    _local.rec = rec
+    try:
+        yield rec
+    finally:
+        _local.rec = prev
+
+
+def note_alloc(t: torch.Tensor, zero: bool = False) -> None:
+    rec = active()
+    if rec is not None:
+        rec.allocs.append((t, zero))
+
+
+def note_launch(raw, grid, stream, args) -> None:
+    """A direct launch: raw = (run, function, packed metadata, stream query), grid a 3-tuple, stream a torch stream
+    or None (the current one), args every kernel argument in order (constexprs included)."""
+    rec = active()
+    if rec is not None:
+        rec.steps.append(("launch", raw, tuple(grid), stream, tuple(args)))
+
+
+def note_other_launch(why: str) -> None:
+    rec = active()
+    if rec is not None:
+        rec.fail(why)
+
+
+def keep(*objs) -> None:
+    """Declare long-lived tensors (or objects whose tensor attributes are, such as a cached ChunkPlan) that launches
+    of the recorded call may read: a list keeps them and passes their pointers unchanged."""
+    rec = active()
+    if rec is None:
+        return
+    for o in objs:
+        if isinstance(o, torch.Tensor):
+            rec.kept.append(o)
+        elif o is not None:
+            names = getattr(o, "__dataclass_fields__", None) or getattr(o, "__dict__", {})
+            rec.kept.extend(t for t in (getattr(o, n, None) for n in names) if isinstance(t, torch.Tensor))
+
+
+def record_event(event, stream) -> None:
+    """event.record(stream), recorded."""
+    event.record(stream)
+    rec = active()
+    if rec is not None:
+        rec.steps.append(("record", event, stream))
+
+
+def wait_event(stream, event) -> None:
+    """stream.wait_event(event), recorded."""
+    stream.wait_event(event)
+    rec = active()
+    if rec is not None:
+        rec.steps.append(("wait", event, stream))
+
+
+class _Ptr(int):
+    """A device address standing in for a TensorDescriptor's base: the C launcher takes it as the pointer, Triton's
+    descriptor wrapper asks its data_ptr()."""
+    __slots__ = ()
+
+    def data_ptr(self) -> int:
+        return int(self)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to one past its last (0 for an empty tensor)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _is_desc(a) -> bool:
+    return hasattr(a, "block_shape") and hasattr(a, "base") and hasattr(a, "layout")
+
+
+class LaunchList:
+    """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
+    __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "n_inputs", "hp", "hooks_active",
+                 "streams", "current_query", "stream_handle")
+
+    @classmethod
+    def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
+              host_path, get_device, hooks_active) -> Optional["LaunchList"]:
+        """The list of rec's call, whose tensors were `inputs` (None where absent) and which returned `outputs`
+        (tensors, or None); None where the record cannot be replayed (the module doc says when)."""
+        if rec.broken is not None or not any(s[0] == "launch" for s in rec.steps):
+            return None
+        srcs = list(inputs) + [t for t, _ in rec.allocs]
+        ranges = [(i, t.data_ptr(), t.data_ptr() + _extent(t)) for i, t in enumerate(srcs)
+                  if t is not None and _extent(t) > 0]
+        kept = {t.data_ptr(): t for t in rec.kept}
+
+        def place(t: torch.Tensor):
+            """('src', index, offset) or ('kept', pointer) of a tensor argument (or a descriptor's base), else None."""
+            p, n = t.data_ptr(), _extent(t)
+            hits = [(i, p - lo) for i, lo, hi in ranges if lo <= p and p + n <= hi]
+            if len(hits) == 1:
+                return ("src",) + hits[0]
+            if not hits and p in kept and n <= _extent(kept[p]):
+                return ("kept", p)
+            return None
+
+        self = cls()
+        self.n_inputs = len(inputs)
+        self.steps = []
+        current = rec.current
+        for step in rec.steps:
+            if step[0] != "launch":
+                _, event, stream = step
+                self.steps.append((step[0], event, None if current is not None and stream == current else stream))
+                continue
+            _, raw, grid, stream, args = step
+            template, ptrs, descs = list(args), [], []
+            for pos, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    where = place(a)
+                    if where is None:
+                        return None
+                    if where[0] == "kept":
+                        template[pos] = where[1]
+                    else:
+                        ptrs.append((pos, where[1], where[2]))
+                elif _is_desc(a):
+                    where = place(a.base)
+                    if where is None:
+                        return None
+                    shell = object.__new__(type(a))
+                    shell.__dict__.update(a.__dict__)
+                    if where[0] == "kept":
+                        shell.base = _Ptr(where[1])
+                        template[pos] = shell
+                    else:
+                        descs.append((pos, shell, where[1], where[2]))
+                elif a is not None and type(a) not in (int, float, bool, str):
+                    return None
+            run, function, packed, _ = raw
+            self.steps.append(("launch", run, function, packed, grid, None if stream is current else stream,
+                               template, tuple(ptrs), tuple(descs)))
+        outs = []
+        for o in outputs:
+            if o is None:
+                outs.append(None)
+                continue
+            idx = next((i for i, t in enumerate(srcs) if t is o), None)
+            if idx is None:
+                return None
+            outs.append(idx)
+        self.outputs = tuple(outs)
+        self.allocs = tuple((tuple(t.shape), t.stride(), t.dtype, t.device, zero, t.is_floating_point())
+                            for t, zero in rec.allocs)
+        if any(a[1] != _contiguous_strides(a[0]) for a in self.allocs):
+            return None                     # only contiguous buffers (what torch.empty gives) are re-made
+        self.kept = tuple(rec.kept)
+        self.device = device
+        self.get_device = get_device
+        self.hp = host_path
+        self.hooks_active = hooks_active
+        self.streams = {}
+        self.current_query = next(s[1][3] for s in rec.steps if s[0] == "launch")
+        # the stream the call ran on: a replay on another stream takes the host path (the kept plans' tensors were
+        # made on this one, runtime's chunk-plan cache keys plans by stream for the same reason)
+        self.stream_handle = self.current_query(device)
+        return self
+
+    def __call__(self, *inputs) -> Optional[tuple]:
+        """The recorded call on these inputs (same order and signature as the recorded ones): its outputs, or None
+        (nothing launched) where the replay would not make the recorded launches."""
+        dev = self.get_device()
+        if dev != self.device or self.hooks_active() or not (self.hp.plan_cache and self.hp.handle):
+            return None
+        handle = self.current_query(dev)
+        if handle != self.stream_handle:
+            return None
+        p = 0
+        for t in inputs:
+            if t is not None:
+                p |= t.data_ptr()
+        if p & 15:
+            return None
+        from linattn.runtime.alloc import poisoning
+        nan = poisoning()
+        bufs = []
+        for shape, _, dtype, device, zero, floating in self.allocs:
+            if zero:
+                bufs.append(torch.zeros(shape, dtype=dtype, device=device))
+            else:
+                b = torch.empty(shape, dtype=dtype, device=device)
+                if nan and floating:
+                    b.fill_(float("nan"))
+                bufs.append(b)
+        srcs = list(inputs) + bufs
+        ptrs = [0 if t is None else t.data_ptr() for t in srcs]
+        current = None
+        for step in self.steps:
+            if step[0] == "launch":
+                _, run, function, packed, grid, stream, template, pp, dd = step
+                a = list(template)
+                for pos, i, off in pp:
+                    a[pos] = ptrs[i] + off
+                for pos, shell, i, off in dd:
+                    shell.base = _Ptr(ptrs[i] + off)
+                    a[pos] = shell
+                run(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, packed,
+                    None, None, None, *a)
+            else:
+                kind, event, stream = step
+                if stream is None:
+                    if current is None:
+                        current = self._current_stream(handle)
+                    stream = current
+                if kind == "record":
+                    event.record(stream)
+                else:
+                    stream.wait_event(event)
+        return tuple(None if i is None else srcs[i] for i in self.outputs)
+
+    def _current_stream(self, handle):
+        """The current stream as a torch stream object, kept per raw handle (torch.cuda.current_stream costs more
+        host time than the launches it orders)."""
+        s = self.streams.get(handle)
+        if s is None:
+            if len(self.streams) >= 64:
+                self.streams.clear()
+            s = self.streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
+        return s
