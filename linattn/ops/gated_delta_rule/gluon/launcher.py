@@ -5,6 +5,10 @@ then stages 2b + 3 + 4 in one warp-specialised launch (fused_forward.py): the ga
 (chunk_fused_gf.py) where a wave of sequence-heads fills the GPU (gf_wanted), in segments where the batch leaves
 SMs idle (gf_segments_wanted), else the W/U kernel (chunk_fused_wu_ws.py).
 
+`fwd_eager` is that forward for a plain eager fixed-length call (backend.impl): per call signature it records the
+call's buffers, launches and event steps once and replays them on later calls with their pointers
+(runtime/launch_list.py), so a repeat call costs its allocations and four `run` calls of host time.
+
 `chunk_state_gluon` is the backward's recompute of the forward's state pass (triton/backward.py's `state_pass`
 hook): the same tensors in (k, w, u, gcum, initial state, chunk plan) and out (h, vnew, final state) as the Triton
 state kernel, K == V == 128 and 16-bit operands (backend.py checks the call). It keeps a launch plan per call

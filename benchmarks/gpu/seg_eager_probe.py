@@ -1,0 +1,92 @@
+"""Eager forward of the gluon backend against its CUDA-graph time (issue 37: within 1.10x at B1 T8192), per tree and
+eager segmentation threshold, each (tree, threshold, shape) in a fresh process, alternated, 2 rounds.
+
+    python3 benchmarks/gpu/seg_eager_probe.py OUT.json [--variants .:-1 .:0 OTHER_TREE:-1]
+
+A variant is TREE:MIN_TOKENS: the child imports linattn from TREE (PYTHONPATH; the JSON row says which file) and,
+for MIN_TOKENS >= 0, patches gluon/chunk_fused_gf.py's GF_SEG_MIN_EAGER_TOKENS (eager calls segment from that many
+tokens; -1 keeps the tree's own). Per row: eager_ms (median of 5 x 100 back-to-back calls after 20 warm-up calls),
+host_us (one call with the GPU idle, median of 30), graph_ms (a capture made after the eager warm-up, replayed).
+H16/HV32, K = V = 128, bf16, initial and final state, backend auto. (Also `--child MIN B T`: one row.)"""
+import json, os, statistics, subprocess, sys, time
+
+SHAPES = [(1, 4096), (1, 8192), (1, 16384), (2, 8192)]
+
+
+def child(min_tokens, B, T):
+    import torch
+    import linattn
+    row_file = linattn.__file__
+    from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
+    if min_tokens >= 0:
+        gfm.GF_SEG_MIN_EAGER_TOKENS = min_tokens
+    min_tokens = gfm.GF_SEG_MIN_EAGER_TOKENS
+    H, HV, K = 16, 32, 128
+    dev = "cuda"
+    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, T, HV, K, device=dev, dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev) + 4.0) * 4.0
+    beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
+    h0 = torch.randn(B, HV, K, K, device=dev) * 0.1
+    fn = lambda: linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    eager = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        eager.append((time.perf_counter() - t) * 10)
+    host = []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        t = time.perf_counter(); fn(); host.append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        fn()
+    gt = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(100):
+            gr.replay()
+        b.record(); torch.cuda.synchronize(); gt.append(a.elapsed_time(b) / 100)
+    print(json.dumps(dict(linattn=row_file, min_tokens=min_tokens, B=B, T=T, eager_ms=statistics.median(eager), eager_all=eager,
+                          host_us=statistics.median(host), graph_ms=statistics.median(gt))))
+
+
+VARIANTS = ((".", -1), (".", 0))
+
+def main(outfile, variants=VARIANTS):
+    rows = []
+    for rnd in range(2):
+        for B, T in SHAPES:
+            for tree, m in variants:
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))   # replaces the parent's
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(m), str(B), str(T)],
+                                   capture_output=True, text=True, timeout=120, cwd=os.path.abspath(tree), env=env)
+                line = [l for l in r.stdout.splitlines() if l.startswith("{")]
+                row = json.loads(line[-1]) if line else dict(min_tokens=m, B=B, T=T, error=r.stderr[-400:])
+                row["round"] = rnd
+                row["tree"] = tree
+                rows.append(row); print(row, flush=True)
+    from linattn.bench.env import collect_env
+    json.dump(dict(env=collect_env("cuda"), rows=rows, probe_source=open(__file__).read().splitlines()),
+              open(outfile, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--child":
+        child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    elif len(sys.argv) > 3 and sys.argv[2] == "--variants":
+        main(sys.argv[1], [(v.rsplit(":", 1)[0], int(v.rsplit(":", 1)[1])) for v in sys.argv[3:]])
+    else:
+        main(sys.argv[1])
