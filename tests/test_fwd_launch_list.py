@@ -121,6 +121,16 @@ with fake_hopper() as drv, torch.no_grad():
     for _ in range(L.MAX_RECORDINGS + 2):
         L.fwd_eager(*xs[:5], 128 ** -0.5, xs[5], True)
     out["strided_entries"] = list(L._LISTS.values())
+    # a list keeps no tensor of the call it was recorded from (inputs, outputs, buffers)
+    import gc, weakref
+    L.clear_launch_lists()
+    y = inputs(1, 4096)
+    o_y, h_y = L.fwd_eager(*y[:5], 128 ** -0.5, y[5], True)
+    refs = [weakref.ref(t) for t in y + (o_y, h_y)]
+    del y, o_y, h_y, drv.launches[:]            # (the stand-in driver keeps each launch's arguments)
+    gc.collect()
+    out["list_recorded"] = [type(v).__name__ for v in L._LISTS.values()]
+    out["alive_after_record"] = sum(r() is not None for r in refs)
     out["hooked"] = hooked
     del drv.launches[:]
 print(json.dumps(out))
@@ -147,3 +157,4 @@ def test_forward_launch_list():
     assert r["unaligned_declined"]
     assert r["poisoned"]
     assert r["strided_entries"] == [3], r["strided_entries"]
+    assert r["list_recorded"] == ["LaunchList"] and r["alive_after_record"] == 0, r

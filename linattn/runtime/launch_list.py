@@ -191,7 +191,8 @@ class LaunchList:
                         return None
                     if where[0] == "kept":
                         template[pos] = where[1]
-                    else:
+                    else:                       # patched per replay; the list keeps no tensor of this call
+                        template[pos] = None
                         ptrs.append((pos, where[1], where[2]))
                 elif _is_desc(a):
                     where = place(a.base)
@@ -203,6 +204,7 @@ class LaunchList:
                         shell.base = _Ptr(where[1])
                         template[pos] = shell
                     else:
+                        shell.base = template[pos] = None
                         descs.append((pos, shell, where[1], where[2]))
                 elif a is not None and type(a) not in (int, float, bool, str):
                     return None
