@@ -149,13 +149,14 @@ def _is_desc(a) -> bool:
 class LaunchList:
     """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
     __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "n_inputs", "hp", "hooks_active",
-                 "streams", "current_query", "stream_handle")
+                 "streams", "current_query", "stream_handle", "poisoning")
 
     @classmethod
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
-              host_path, get_device, hooks_active) -> Optional["LaunchList"]:
+              host_path, get_device, hooks_active, poisoning) -> Optional["LaunchList"]:
         """The list of rec's call, whose tensors were `inputs` (None where absent) and which returned `outputs`
-        (tensors, or None); None where the record cannot be replayed (the module doc says when)."""
+        (tensors, or None); None where the record cannot be replayed (the module doc says when). get_device,
+        hooks_active and poisoning (runtime/alloc.py's) are asked per replay."""
         if rec.broken is not None or not any(s[0] == "launch" for s in rec.steps):
             return None
         srcs = list(inputs) + [t for t, _ in rec.allocs]
@@ -230,6 +231,7 @@ class LaunchList:
         self.get_device = get_device
         self.hp = host_path
         self.hooks_active = hooks_active
+        self.poisoning = poisoning
         self.streams = {}
         self.current_query = next(s[1][3] for s in rec.steps if s[0] == "launch")
         # the stream the call ran on: a replay on another stream takes the host path (the kept plans' tensors were
@@ -252,8 +254,7 @@ class LaunchList:
                 p |= t.data_ptr()
         if p & 15:
             return None
-        from linattn.runtime.alloc import poisoning
-        nan = poisoning()
+        nan = self.poisoning()
         bufs = []
         for shape, _, dtype, device, zero, floating in self.allocs:
             if zero:

@@ -180,6 +180,7 @@ def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
     """(o, final state or None) of chunk_gated_delta_rule_fwd_gluon for a plain eager call without cu_seqlens (not
     under CUDA-graph capture; the caller checks), through the signature's launch list when it has one."""
     from linattn.runtime import launch_list
+    from linattn.runtime.alloc import poisoning
     from linattn.runtime.host_path import current_device, hooks_active
     h0 = initial_state
     key = (q.shape, q.stride(), k.stride(), v.shape, v.stride(), g.stride(), beta.stride(), q.dtype, k.dtype,
@@ -196,7 +197,7 @@ def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
             res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None)
         final = res.final_state if output_final_state else None
         made = launch_list.LaunchList.build(rec, (q, k, v, g, beta, h0), (res.o, final), current_device(), host_path,
-                                            current_device, hooks_active)
+                                            current_device, hooks_active, poisoning)
         if len(_LISTS) >= 256:
             _LISTS.clear()
         _LISTS[key] = made if made is not None else (entry or 0) + 1

@@ -1,7 +1,7 @@
 """Eager forward of the gluon backend against its CUDA-graph time (issue 37: within 1.10x at B1 T8192), per tree and
 eager segmentation threshold, each (tree, threshold, shape) in a fresh process, alternated, 2 rounds.
 
-    python3 benchmarks/gpu/seg_eager_probe.py OUT.json [--variants .:-1 .:0 OTHER_TREE:-1]
+    python3 benchmarks/seg_eager_probe.py OUT.json [--variants .:-1 .:0 OTHER_TREE:-1]
 
 A variant is TREE:MIN_TOKENS: the child imports linattn from TREE (PYTHONPATH; the JSON row says which file) and,
 for MIN_TOKENS >= 0, patches gluon/chunk_fused_gf.py's GF_SEG_MIN_EAGER_TOKENS (eager calls segment from that many
