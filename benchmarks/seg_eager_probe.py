@@ -6,7 +6,7 @@ eager segmentation threshold, each (tree, threshold, shape) in a fresh process, 
 A variant is TREE:MIN_TOKENS: the child imports linattn from TREE (PYTHONPATH; the JSON row says which file) and,
 for MIN_TOKENS >= 0, patches gluon/chunk_fused_gf.py's GF_SEG_MIN_EAGER_TOKENS (eager calls segment from that many
 tokens; -1 keeps the tree's own). Per row: eager_ms (median of 5 x 100 back-to-back calls after 20 warm-up calls),
-host_us (one call with the GPU idle, median of 30), graph_ms (a capture made after the eager warm-up, replayed).
+host_us (one call with the GPU idle, median of 30), graph_ms (a capture made after the eager warm-up, median of 100 replays: linattn.bench.timing.time_graph).
 H16/HV32, K = V = 128, bf16, initial and final state, backend auto. (Also `--child MIN B T`: one row.)"""
 import json, os, statistics, subprocess, sys, time
 
@@ -21,14 +21,14 @@ def child(min_tokens, B, T):
     if min_tokens >= 0:
         gfm.GF_SEG_MIN_EAGER_TOKENS = min_tokens
     min_tokens = gfm.GF_SEG_MIN_EAGER_TOKENS
-    H, HV, K = 16, 32, 128
-    dev = "cuda"
-    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
-    v = torch.randn(B, T, HV, K, device=dev, dtype=torch.bfloat16)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev) + 4.0) * 4.0
-    beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
-    h0 = torch.randn(B, HV, K, K, device=dev) * 0.1
+    # eager_probe.py's inputs (loaded by path after linattn, so linattn stays the tree's own)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "eager_probe", os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "eager_probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    x = probe._inputs("fwd", B, T, 16, 32, torch)
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     fn = lambda: linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     for _ in range(20):
         fn()
@@ -44,23 +44,11 @@ def child(min_tokens, B, T):
     for _ in range(30):
         torch.cuda.synchronize()
         t = time.perf_counter(); fn(); host.append((time.perf_counter() - t) * 1e6)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
-    gt = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(100):
-            gr.replay()
-        b.record(); torch.cuda.synchronize(); gt.append(a.elapsed_time(b) / 100)
+    from linattn.bench.timing import time_graph          # side-stream warm-up, capture, replays
+    graph = time_graph(lambda **kw: fn(), [({}, (), ())], 100, "cuda")
     print(json.dumps(dict(linattn=row_file, min_tokens=min_tokens, B=B, T=T, eager_ms=statistics.median(eager), eager_all=eager,
-                          host_us=statistics.median(host), graph_ms=statistics.median(gt))))
+                          host_us=statistics.median(host), graph_ms=graph.get("median_ms"),
+                          graph_status=graph.get("reason", "ok"))))
 
 
 VARIANTS = ((".", -1), (".", 0))

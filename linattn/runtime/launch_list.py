@@ -148,8 +148,8 @@ def _is_desc(a) -> bool:
 
 class LaunchList:
     """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
-    __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "n_inputs", "hp", "hooks_active",
-                 "streams", "current_query", "stream_handle", "poisoning")
+    __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "hp", "hooks_active", "current_query",
+                 "stream_handle", "stream", "poisoning")
 
     @classmethod
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
@@ -175,7 +175,6 @@ class LaunchList:
             return None
 
         self = cls()
-        self.n_inputs = len(inputs)
         self.steps = []
         current = rec.current
         for step in rec.steps:
@@ -232,7 +231,7 @@ class LaunchList:
         self.hp = host_path
         self.hooks_active = hooks_active
         self.poisoning = poisoning
-        self.streams = {}
+        self.stream = None                  # the current stream as a torch object, made at the first event step
         self.current_query = next(s[1][3] for s in rec.steps if s[0] == "launch")
         # the stream the call ran on: a replay on another stream takes the host path (the kept plans' tensors were
         # made on this one, runtime's chunk-plan cache keys plans by stream for the same reason)
@@ -266,7 +265,6 @@ class LaunchList:
                 bufs.append(b)
         srcs = list(inputs) + bufs
         ptrs = [0 if t is None else t.data_ptr() for t in srcs]
-        current = None
         for step in self.steps:
             if step[0] == "launch":
                 _, run, function, packed, grid, stream, template, pp, dd = step
@@ -281,21 +279,11 @@ class LaunchList:
             else:
                 kind, event, stream = step
                 if stream is None:
-                    if current is None:
-                        current = self._current_stream(handle)
-                    stream = current
+                    if self.stream is None:      # kept: torch.cuda.current_stream costs more than the launches
+                        self.stream = torch.cuda.ExternalStream(handle, device=self.device)
+                    stream = self.stream
                 if kind == "record":
                     event.record(stream)
                 else:
                     stream.wait_event(event)
         return tuple(None if i is None else srcs[i] for i in self.outputs)
-
-    def _current_stream(self, handle):
-        """The current stream as a torch stream object, kept per raw handle (torch.cuda.current_stream costs more
-        host time than the launches it orders)."""
-        s = self.streams.get(handle)
-        if s is None:
-            if len(self.streams) >= 64:
-                self.streams.clear()
-            s = self.streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
-        return s
