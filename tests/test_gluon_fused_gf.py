@@ -190,14 +190,16 @@ def test_gf_segments_wanted():
     """gf_segment_plan's split where the call is captured into a CUDA graph or has at least GF_SEG_MIN_EAGER_TOKENS
     tokens (the eager host-time floor); a varlen call never. Off a GPU the plan assumes 132 SMs."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
-    assert gfm.GF_SEG_MIN_EAGER_TOKENS == 16384
+    assert gfm.GF_SEG_MIN_EAGER_TOKENS == 8192
     cu = torch.tensor([0, 65536])
     assert gfm.gf_segments_wanted(1, 65536, 32, None, "cpu") == (4, 256)
     assert gfm.gf_segments_wanted(1, 32768, 32, None, "cpu") == (4, 128)
     assert gfm.gf_segments_wanted(2, 16384, 32, None, "cpu") == (2, 128)
     assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu") == (4, 64)
     assert gfm.gf_segments_wanted(2, 8192, 32, None, "cpu") == (2, 64)
-    assert gfm.gf_segments_wanted(1, 8192, 32, None, "cpu") == (1, 128)                 # eager, too short
+    assert gfm.gf_segments_wanted(1, 8192, 32, None, "cpu") == (4, 32)
+    assert gfm.gf_segments_wanted(1, 4096, 32, None, "cpu") == (1, 64)                  # eager, too short
+    assert gfm.gf_segments_wanted(1, 4096, 32, None, "cpu", capturing=True) == (4, 16)
     assert gfm.gf_segments_wanted(1, 16384, 32, None, "cpu", capturing=True) == (4, 64)
     assert gfm.gf_segments_wanted(1, 8192, 8, None, "cpu", capturing=True) == (8, 16)
     assert gfm.gf_segments_wanted(1, 65536, 32, cu, "cpu", capturing=True) == (1, 1024)

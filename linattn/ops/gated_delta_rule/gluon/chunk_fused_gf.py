@@ -258,10 +258,11 @@ def gf_wanted(N: int, HV: int, num_sms: int) -> bool:
 # head decays slowly (those pairs run unsegmented; benchmarks/RESULTS.md).
 GF_SEG_MIN_CHUNKS = 16     # no segment shorter: a warm-up window (~3 chunks at production decay) stays <= ~20% of it
 # An eager call (not under CUDA-graph capture) is segmented only from this many tokens: below, the segment path's
-# host time (two more launches, the side stream's events: ~0.2-0.3 ms a call on the H200 machine's host) exceeds
-# what it saves on the GPU. Eager B1 H16/HV32 (benchmarks/RESULTS.md): T16384 0.418 segmented vs 0.504 ms, B2 T8192
-# 0.49 vs 0.51, B1 T8192 0.60-0.68 vs 0.26-0.33, B1 T4096 0.25-0.32 vs 0.25.
-GF_SEG_MIN_EAGER_TOKENS = 16384
+# host time (four launches and the side stream's events, replayed from the signature's launch list: ~0.16-0.27 ms a
+# call on the H100 machine's host) is not covered by what it saves on the GPU. Eager B1 H16/HV32 with the launch list
+# (benchmarks/RESULTS.md, "Eager forward"): T8192 0.170-0.245 ms segmented vs 0.258 unsegmented (CUDA graph 0.205-
+# 0.214), T16384 0.306 vs 0.307, B2 T8192 0.310-0.338 vs 0.311. Shorter eager calls go to Triton under `auto`.
+GF_SEG_MIN_EAGER_TOKENS = 8192
 
 
 def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
