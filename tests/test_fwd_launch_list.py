@@ -69,23 +69,23 @@ gfm.GF_SEG_MIN_EAGER_TOKENS = 0                    # the segment path for every 
 with fake_hopper() as drv, torch.no_grad():
     for name, (B, T, h0, final) in {"segmented": (1, 4096, True, True), "unsegmented_no_states": (2, 300, False, False),
                                     "unsegmented_h0": (3, 200, True, True)}.items():
-        L.clear_launch_lists()
+        L.EAGER_LISTS.clear()
         for _ in range(2):                             # compile, then record
             L.fwd_eager(*inputs(B, T, h0=h0)[:5], 128 ** -0.5, inputs(B, T, h0=h0)[5], final)
         del drv.launches[:]
-        kinds = [type(v).__name__ for v in L._LISTS.values()]
+        kinds = [type(v).__name__ for v in L.EAGER_LISTS.lists.values()]
         out[name] = dict(kinds=kinds, fresh=replay_vs_host(drv, inputs(B, T, h0=h0), final=final))
 
     # the segmented signature again: variants
-    L.clear_launch_lists()
+    L.EAGER_LISTS.clear()
     x = inputs(1, 4096)
     for _ in range(3):
         L.fwd_eager(*x[:5], 128 ** -0.5, x[5], True)
     del drv.launches[:]
-    n0 = len(L._LISTS)
+    n0 = len(L.EAGER_LISTS.lists)
     out["scale"] = replay_vs_host(drv, x, scale=0.25)
     out["scale_again"] = replay_vs_host(drv, x, scale=0.25)
-    out["lists_after_scale"] = len(L._LISTS) - n0
+    out["lists_after_scale"] = len(L.EAGER_LISTS.lists) - n0
     declined = {}
     real_call = LaunchList.__call__
     def spy(self, *a):
@@ -115,21 +115,21 @@ with fake_hopper() as drv, torch.no_grad():
         o_p, h_p = L.fwd_eager(*x[:5], 128 ** -0.5, x[5], True)
     out["poisoned"] = bool(o_p.isnan().all()) and bool(h_p.isnan().all())
     # a strided q: the host path copies it, so no list (MAX_RECORDINGS tries, then the host path only)
-    L.clear_launch_lists()
+    L.EAGER_LISTS.clear()
     qs = torch.randn(1, 4096, 128, 16).to(torch.bfloat16).transpose(-1, -2)
     xs = (qs,) + x[1:]
-    for _ in range(L.MAX_RECORDINGS + 2):
+    for _ in range(L.EAGER_LISTS.MAX_RECORDINGS + 2):
         L.fwd_eager(*xs[:5], 128 ** -0.5, xs[5], True)
-    out["strided_entries"] = list(L._LISTS.values())
+    out["strided_entries"] = list(L.EAGER_LISTS.lists.values())
     # a list keeps no tensor of the call it was recorded from (inputs, outputs, buffers)
     import gc, weakref
-    L.clear_launch_lists()
+    L.EAGER_LISTS.clear()
     y = inputs(1, 4096)
     o_y, h_y = L.fwd_eager(*y[:5], 128 ** -0.5, y[5], True)
     refs = [weakref.ref(t) for t in y + (o_y, h_y)]
     del y, o_y, h_y, drv.launches[:]            # (the stand-in driver keeps each launch's arguments)
     gc.collect()
-    out["list_recorded"] = [type(v).__name__ for v in L._LISTS.values()]
+    out["list_recorded"] = [type(v).__name__ for v in L.EAGER_LISTS.lists.values()]
     out["alive_after_record"] = sum(r() is not None for r in refs)
     out["hooked"] = hooked
     del drv.launches[:]

@@ -287,3 +287,47 @@ class LaunchList:
                 else:
                     stream.wait_event(event)
         return tuple(None if i is None else srcs[i] for i in self.outputs)
+
+
+def signature(t: Optional[torch.Tensor]):
+    """What a launch list's signature holds of one tensor argument: its shape, strides and dtype (None for None)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+class SignatureLists:
+    """Per call signature of an eager host path, the LaunchList of one recorded call, or the number of recordings
+    that gave none: a first call compiles through the JIT (so its record never gives a list), and a call whose host
+    path copies an input never gives one, so a signature is recorded at most MAX_RECORDINGS times. At most
+    MAX_SIGNATURES signatures are kept (then all are forgotten). host_path, get_device, hooks_active and poisoning
+    are the host path's (runtime/host_path.py) and runtime/alloc.py's, passed by the caller."""
+    MAX_RECORDINGS = 3
+    MAX_SIGNATURES = 256
+
+    def __init__(self, host_path, get_device, hooks_active, poisoning):
+        self.lists: dict = {}
+        self.host_path, self.get_device, self.hooks_active, self.poisoning = \
+            host_path, get_device, hooks_active, poisoning
+
+    def __call__(self, key, inputs: Sequence[Optional[torch.Tensor]], run, outputs_of) -> tuple:
+        """The outputs of a call whose signature is `key` and whose tensors are `inputs` (None where absent): a replay
+        of key's list where it has one that applies, else `run()` (the host path), recorded while key may still get a
+        list. outputs_of maps run()'s result to the tuple of outputs (tensors or None)."""
+        entry = self.lists.get(key)
+        if entry is not None and type(entry) is not int:
+            out = entry(*inputs)
+            if out is not None:
+                return out
+        if entry is not None and (type(entry) is not int or entry >= self.MAX_RECORDINGS):
+            return outputs_of(run())
+        q = inputs[0]
+        with recording(torch.cuda.current_stream(q.device) if q.is_cuda else None) as rec:
+            outs = outputs_of(run())
+        made = None if rec.broken is not None else LaunchList.build(   # (the interpreter: no device to ask)
+            rec, inputs, outs, self.get_device(), self.host_path, self.get_device, self.hooks_active, self.poisoning)
+        if len(self.lists) >= self.MAX_SIGNATURES:
+            self.lists.clear()
+        self.lists[key] = made if made is not None else (entry or 0) + 1
+        return outs
+
+    def clear(self) -> None:
+        self.lists.clear()

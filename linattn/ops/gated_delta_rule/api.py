@@ -77,7 +77,10 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
                  beta_scale=0, state_v_first=False):
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
-        from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+        from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, fwd_eager
+        if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
+            return fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, beta_scale,
+                             state_v_first)
         res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                          A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
                                          state_v_first=state_v_first)

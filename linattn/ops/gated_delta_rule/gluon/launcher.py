@@ -24,7 +24,9 @@ from typing import Optional
 import torch
 
 from linattn.ops.gated_delta_rule.gluon.host import aligned, gl_dtype, host_path
-from linattn.runtime.host_path import DescriptorFactory, PlanCache, launch
+from linattn.runtime.alloc import poisoning
+from linattn.runtime.host_path import DescriptorFactory, PlanCache, current_device, hooks_active, launch
+from linattn.runtime.launch_list import SignatureLists, signature
 
 BT = 64
 
@@ -168,44 +170,18 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
                                                cu_seqlens)
 
 
-# Per call signature of a plain eager fixed-length forward: its launch list (runtime/launch_list.py), or the number of
-# recordings that gave none (a first call compiles through the JIT; a call whose host path copies an input never
-# gives one). A repeat call then allocates its buffers and makes the recorded launches and event steps with its own
-# pointers: ~4 launches' worth of host time instead of the host path's plans, descriptors and launch keys.
-_LISTS: dict = {}
-MAX_RECORDINGS = 3
+# Per call signature of a plain eager fixed-length forward: its launch list (runtime/launch_list.py). A repeat call
+# then allocates its buffers and makes the recorded launches and event steps with its own pointers: ~4 launches'
+# worth of host time instead of the host path's plans, descriptors and launch keys.
+EAGER_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
 
 
 def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
     """(o, final state or None) of chunk_gated_delta_rule_fwd_gluon for a plain eager call without cu_seqlens (not
     under CUDA-graph capture; the caller checks), through the signature's launch list when it has one."""
-    from linattn.runtime import launch_list
-    from linattn.runtime.alloc import poisoning
-    from linattn.runtime.host_path import current_device, hooks_active
     h0 = initial_state
     key = (q.shape, q.stride(), k.stride(), v.shape, v.stride(), g.stride(), beta.stride(), q.dtype, k.dtype,
-           v.dtype, g.dtype, beta.dtype, q.device, None if h0 is None else (h0.shape, h0.stride(), h0.dtype),
-           scale, output_final_state)
-    entry = _LISTS.get(key)
-    if entry is not None and type(entry) is not int:
-        out = entry(q, k, v, g, beta, h0)
-        if out is not None:
-            return out
-    if entry is None or (type(entry) is int and entry < MAX_RECORDINGS):
-        current = torch.cuda.current_stream(q.device) if q.is_cuda else None
-        with launch_list.recording(current) as rec:
-            res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None)
-        final = res.final_state if output_final_state else None
-        made = launch_list.LaunchList.build(rec, (q, k, v, g, beta, h0), (res.o, final), current_device(), host_path,
-                                            current_device, hooks_active, poisoning)
-        if len(_LISTS) >= 256:
-            _LISTS.clear()
-        _LISTS[key] = made if made is not None else (entry or 0) + 1
-        return res.o, final
-    res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None)
-    return res.o, (res.final_state if output_final_state else None)
-
-
-def clear_launch_lists() -> None:
-    """Forget every forward launch list."""
-    _LISTS.clear()
+           v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state)
+    return EAGER_LISTS(key, (q, k, v, g, beta, h0),
+                       lambda: chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None),
+                       lambda res: (res.o, res.final_state if output_final_state else None))

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, store_tile
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.runtime.host_path import cdiv, next_power_of_2
 
 OUTPUT_BK, OUTPUT_BV, OUTPUT_WARPS, OUTPUT_STAGES = 64, 128, 8, 2
@@ -96,13 +97,13 @@ def chunk_output_kernel(
 
 
 def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, BT: int = 64, aqk=None):
-    """Launch stage 4 into o. Returns what the Triton launch returns (the compiled kernel on a GPU). aqk: KDA's
-    intra-chunk attention [T_tot, HV, BT] (DECAY "channel": q is then Q * exp(gam) [.., HV, K] and H = HV)."""
+    """Launch stage 4 into o. aqk: KDA's intra-chunk attention [T_tot, HV, BT] (DECAY "channel": q is then
+    Q * exp(gam) [.., HV, K] and H = HV)."""
     BKp = max(16, next_power_of_2(K))
     BK = min(OUTPUT_BK, BKp)
     BV = min(OUTPUT_BV, max(16, next_power_of_2(V)))
     nvb = cdiv(V, BV)
-    return chunk_output_kernel[(plan.num_slots * nvb * (HV // H), H)](
-        q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, scale,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=OUTPUT_WARPS,
-        num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel", aqk_ptr=aqk)))
+    launches(chunk_output_kernel, (plan.num_slots * nvb * (HV // H), H),
+             (q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, scale),
+             dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=OUTPUT_WARPS,
+                  num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel", aqk_ptr=aqk))))

@@ -14,10 +14,12 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan, make_ch
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.chunk_state import chunk_state_fwd_kernel
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
+from linattn.ops.gated_delta_rule.triton.host import host_path, launches
 from linattn.ops.gated_delta_rule.triton.intra_split import intra_split
-from linattn.runtime.alloc import empty
+from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import cdiv, next_power_of_2
+from linattn.runtime.host_path import cdiv, current_device, hooks_active, next_power_of_2
+from linattn.runtime.launch_list import SignatureLists, keep, signature
 
 CHUNK = 64
 
@@ -78,14 +80,13 @@ def launch_state_pass(k, w, u, gcum, h, vnew, initial_state: Optional[torch.Tens
     H, K = k.shape[-2], k.shape[-1]
     HV, V = u.shape[1], u.shape[2]
     cfg = _configs(K, V, plan.N, HV, k.device)
-    chunk_state_fwd_kernel[(cdiv(V, cfg.BV_state) * plan.N * HV,)](
-        k, w, u, gcum, h, vnew,
-        initial_state if initial_state is not None else gcum, final if final is not None else gcum,
-        plan.cu, plan.chunk_offsets,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
-        USE_H0=initial_state is not None, STORE_HT=final is not None,
-        DOT_PREC=dot_precision(w.dtype), DECAY=decay,
-        num_warps=cfg.warps_state, num_stages=cfg.stages, **({"V_FIRST": True} if state_v_first else {}))
+    launches(chunk_state_fwd_kernel, (cdiv(V, cfg.BV_state) * plan.N * HV,),
+             (k, w, u, gcum, h, vnew, initial_state if initial_state is not None else gcum,
+              final if final is not None else gcum, plan.cu, plan.chunk_offsets),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=cfg.BV_state,
+                  USE_H0=initial_state is not None, STORE_HT=final is not None,
+                  DOT_PREC=dot_precision(w.dtype), DECAY=decay,
+                  num_warps=cfg.warps_state, num_stages=cfg.stages, **({"V_FIRST": True} if state_v_first else {})))
 
 
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -117,6 +118,8 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     dev = q.device
     if plan is None:
         plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+        if cu_seqlens is None:
+            keep(plan)                  # cached per (B, T, device, stream): a launch list may pass its tensors on
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     dot_prec = dot_precision(q.dtype)
     dt = q.dtype
@@ -155,3 +158,23 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
     o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
     chunk_output(q, k, vnew, h, gcum, o, plan, scale, H=H, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK)
     return FwdResult(o, final, gcum, w, u, vnew, h, tinv, plan, beta_used)
+
+
+# Per call signature of a plain eager fixed-length forward: its launch list (runtime/launch_list.py). A repeat call
+# allocates its buffers and makes the four recorded launches with its own pointers, instead of the chunk plan lookup,
+# the configs and the host path's launch keys.
+EAGER_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
+
+
+def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+              A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
+              state_v_first: bool = False):
+    """(o, final state or None) of chunk_gated_delta_rule_fwd for a plain eager call without cu_seqlens (not under
+    CUDA-graph capture; the caller checks), through the signature's launch list when it has one."""
+    ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    key = (tuple([signature(t) for t in ins]), q.device, scale, output_final_state, beta_scale, state_v_first)
+    return EAGER_LISTS(key, ins,
+                       lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                          None, A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+                                                          state_v_first=state_v_first),
+                       lambda res: (res.o, res.final_state if output_final_state else None))

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.chunk_indices import ChunkPlan
 from linattn.ops.gated_delta_rule.triton.common import chunk_span, load_tile, slot_chunk, softplus, store_tile
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.runtime.alloc import empty
 from linattn.runtime.host_path import next_power_of_2
 
@@ -405,13 +406,12 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     grid = (plan.num_slots, HV)
-    kkt_solve_kernel[grid](
-        k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
-        **kkt_order(plan.num_slots), **fla_gate_args(A_log, dt_bias, beta_scale, beta_out))
-    wu_kernel[grid](
-        k, v, beta_out if beta_scale else beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices, plan.N,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu)
+    launches(kkt_solve_kernel, grid, (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
+                  **kkt_order(plan.num_slots), **fla_gate_args(A_log, dt_bias, beta_scale, beta_out)))
+    launches(wu_kernel, grid, (k, v, beta_out if beta_scale else beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices,
+                               plan.N),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu))
 
 
 # chunk slots from which kkt_solve_kernel numbers its programs head-fastest (HEADS_FAST). In the default order the
