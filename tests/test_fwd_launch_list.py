@@ -13,7 +13,7 @@ What a GPU adds (the C launcher, the event steps between the two streams) is che
 cases (benchmarks/gpu/gate_sections/fwd.py)."""
 from children import run_json_child   # tests/ is on sys.path
 
-CHILD = r"""
+COMMON = r"""
 import json, torch
 from linattn.runtime.alloc import poisoned_allocations
 from linattn.runtime.hostsim import count_jit_runs, fake_hopper
@@ -51,6 +51,9 @@ def canon(drv, ins, outs):
     res = [[n, list(g), [one(a) for a in args]] for n, g, args in drv.launches]
     del drv.launches[:]
     return res
+"""
+
+CHILD = COMMON + r"""
 
 def replay_vs_host(drv, ins, scale=128 ** -0.5, final=True):
     # the call through fwd_eager, then the host path on the same tensors; JIT runs and launch-key computations of
@@ -158,3 +161,64 @@ def test_forward_launch_list():
     assert r["poisoned"]
     assert r["strided_entries"] == [3], r["strided_entries"]
     assert r["list_recorded"] == ["LaunchList"] and r["alive_after_record"] == 0, r
+
+
+TRITON_CHILD = COMMON + r"""
+from linattn.ops.gated_delta_rule.triton import forward as TF
+from linattn.ops.gated_delta_rule.triton.host import host_path as thp, launches as tcache
+
+def t_replay_vs_host(drv, ins, opts=None, final=True):
+    opts = opts or {}
+    keys0 = tcache.jit_launches
+    with count_jit_runs() as jit:
+        o, ht = TF.fwd_eager(*ins[:5], 128 ** -0.5, ins[5], final, *(opts.get(n) for n in ("A_log", "dt_bias")),
+                             opts.get("beta_scale", 0))
+    all_ins = ins + (opts.get("A_log"), opts.get("dt_bias"))
+    a = canon(drv, all_ins, (o, ht))
+    res = TF.chunk_gated_delta_rule_fwd(*ins[:5], 128 ** -0.5, ins[5], final, None, **opts)
+    b = canon(drv, all_ins, (res.o, res.final_state if final else None))
+    return dict(same=a == b, launches=[x[0] for x in a], jit=jit[0], host_path_jit=tcache.jit_launches - keys0,
+                final_none=ht is None, diff=[(x, y) for x, y in zip(a, b) if x != y][:2])
+
+out = {}
+with fake_hopper() as drv, torch.no_grad():
+    gate = dict(A_log=torch.randn(32), dt_bias=torch.randn(32), beta_scale=2)
+    for name, (B, T, h0, final, opts) in {"states": (1, 4096, True, True, None), "no_states": (2, 300, False, False, None),
+                                          "fla_gate": (3, 200, True, True, gate)}.items():
+        TF.EAGER_LISTS.clear()
+        for _ in range(2):                             # compile, then record
+            x = inputs(B, T, h0=h0)
+            TF.fwd_eager(*x[:5], 128 ** -0.5, x[5], final, *((opts or {}).get(n) for n in ("A_log", "dt_bias")),
+                         (opts or {}).get("beta_scale", 0))
+        del drv.launches[:]
+        kinds = [type(v).__name__ for v in TF.EAGER_LISTS.lists.values()]
+        out[name] = dict(kinds=kinds, fresh=t_replay_vs_host(drv, inputs(B, T, h0=h0), opts, final=final))
+    # the host path's options off: the replay declines and the host path's launches follow
+    x = inputs(1, 4096)
+    with thp.options(handle=False):
+        out["handle_off"] = t_replay_vs_host(drv, x)
+    with poisoned_allocations():
+        o_p, h_p = TF.fwd_eager(*x[:5], 128 ** -0.5, x[5], True)
+    out["poisoned"] = bool(o_p.isnan().all()) and bool(h_p.isnan().all())
+    del drv.launches[:]
+print(json.dumps(out))
+"""
+
+
+def test_triton_forward_launch_list():
+    """The Triton forward's list (triton/forward.py fwd_eager, launches through triton/host.py): a replay makes the
+    host path's four launches on the same tensors, with and without states and with FLA's in-kernel gate and beta
+    sigmoid (A_log, dt_bias as inputs), without a JIT run; the host path's options off make it decline; poisoned
+    allocations are honoured."""
+    r = run_json_child(TRITON_CHILD)
+    for name in ("states", "no_states", "fla_gate"):
+        case = r[name]
+        assert case["kinds"] == ["LaunchList"], (name, case)
+        fresh = case["fresh"]
+        assert fresh["same"], (name, fresh["diff"])
+        assert fresh["jit"] == 0 and fresh["host_path_jit"] == 0, (name, fresh)
+        assert fresh["launches"] == ["kkt_solve_kernel", "wu_kernel", "chunk_state_fwd_kernel",
+                                     "chunk_output_kernel"], (name, fresh)
+    assert r["no_states"]["fresh"]["final_none"]
+    assert r["handle_off"]["same"] and r["handle_off"]["jit"] == 4, r["handle_off"]
+    assert r["poisoned"]

@@ -130,3 +130,37 @@ def test_handle_launches_call_run_directly_unless_a_launch_hook_is_registered(mo
                                                           launch_exit_hook=SimpleNamespace(calls=[])))
     cache(kern, (4, 2), (x, 5), dict(A=3, num_warps=8))
     assert kern.log[2] == ("handle", (4, 2, 1), (x, 5, 3, 7))
+
+
+class _KernelPtrAfter(_Kernel):
+    """A stand-in JIT function with parameters (x, n, A, B=7, p=None, C=0): an optional pointer after constexprs."""
+
+    def __init__(self):
+        super().__init__()
+        self.params += [_Param("p", True, None), _Param("C", True, 0)]
+        self.arg_names = [q.name for q in self.params]
+
+
+def test_launch_cache_takes_runtime_tensors_by_keyword(monkeypatch):
+    """`tensors`: pointer parameters passed by keyword go in their place in the argument list, keyed as positional
+    ones (dtype, alignment), so a new tensor of the same kind takes the same plan; a tensor among the constexpr
+    keywords instead launches through the JIT every time and keeps no entry per tensor."""
+    import linattn.runtime.host_path as hp_mod
+    monkeypatch.setattr(hp_mod, "current_device", lambda: 0)
+    kern, cache = _KernelPtrAfter(), LaunchCache(HostPath())
+    x = torch.randn(32)
+    ps = [torch.randn(8) for _ in range(3)]
+    for p in ps:
+        cache(kern, (2,), (x, 5), dict(A=3, C=1), tensors=dict(p=p))
+    assert kern.log[0] == ("jit", (2, 1, 1), (x, 5, 3, 7, ps[0], 1), {})
+    assert kern.log[1:] == [("handle", (2, 1, 1), (x, 5, 3, 7, p, 1)) for p in ps[1:]]
+    assert len(cache) == 1 and cache.jit_launches == 1
+    cache(kern, (2,), (x, 5), dict(A=3, C=1), tensors=dict(p=ps[0].double()))       # another dtype: a new plan
+    cache(kern, (2,), (x, 5), dict(A=3, C=1), tensors=dict(p=ps[0][1:]))            # unaligned: a new plan
+    assert len(cache) == 3 and cache.jit_launches == 3
+    kern.log.clear()
+    derived = len(cache._derived)
+    for p in ps:
+        cache(kern, (2,), (x, 5), dict(A=3, C=1, p=p))
+    assert [e[0] for e in kern.log] == ["jit"] * 3 and len(cache._derived) == derived
+    assert kern.log[0][3] == dict(A=3, C=1, p=ps[0])

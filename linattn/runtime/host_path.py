@@ -265,9 +265,11 @@ class LaunchCache:
     """`kernel[grid](*args, **kwargs)` through the host path: per (kernel, argument keys, constexprs, options) the
     compiled kernel of the first launch is kept and later launches go through its handle (runtime/host_path.py's
     `launch`), skipping the JIT's binding and specialisation. kwargs are the kernel's remaining parameters (one not
-    given takes its default, as the JIT's binder does) and the launch options (LAUNCH_OPTIONS). A parameter without
-    a default left out, an unknown keyword, an argument without a key (arg_key), a kernel without `params` (a Triton
-    without them) or the host path's plan cache or handle off: launched through the JIT, as given."""
+    given takes its default, as the JIT's binder does) and the launch options (LAUNCH_OPTIONS), keyed by value;
+    `tensors` the runtime arguments the caller passes by keyword (pointer parameters after constexprs, such as an
+    optional input), keyed as positional ones. A parameter without a default left out, an unknown keyword, a tensor
+    among kwargs (it would key a plan per tensor), an argument without a key (arg_key), a kernel without `params` (a
+    Triton without them) or the host path's plan cache or handle off: launched through the JIT, as given."""
 
     def __init__(self, host_path: HostPath):
         self.plans = PlanCache(host_path)
@@ -280,49 +282,71 @@ class LaunchCache:
         self._tokens = itertools.count()         # never reused, also across clear()
 
     @staticmethod
-    def _derive(kernel, nargs: int, kwargs: dict):
+    def _derive(kernel, nargs: int, kwargs: dict, tensors: tuple):
+        """(the remaining parameters' values in order, None where a runtime tensor goes; the launch options; their
+        key; (position, name) of each runtime tensor), or None where the launch cannot be planned (False: a tensor
+        among kwargs, which would key an entry per tensor, so none is kept)."""
+        import torch
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return False
         try:
             params = kernel.params[nargs:]
-            consts = tuple(kwargs[p.name] if p.name in kwargs else _default(p) for p in params)
+            consts = tuple(None if p.name in tensors else kwargs[p.name] if p.name in kwargs else _default(p)
+                           for p in params)
         except (AttributeError, KeyError, TypeError):
             return None
         options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
         if len(options) + sum(p.name in kwargs for p in params) != len(kwargs):
             return None                  # a keyword that is neither a parameter nor a launch option
-        return consts, options, tuple(sorted(options.items()))
+        places = tuple((i, p.name) for i, p in enumerate(params) if p.name in tensors)
+        if len(places) != len(tensors) or any(p.name in kwargs for p in params if p.name in tensors):
+            return None                  # a runtime tensor that is not a parameter, or given twice
+        return consts, options, tuple(sorted(options.items())), places
 
-    def __call__(self, kernel, grid, args, kwargs, stream=None) -> None:
+    def __call__(self, kernel, grid, args, kwargs, stream=None, tensors=None) -> None:
         hp = self.plans.host_path
         derived = None
         if hp.plan_cache and hp.handle:
             try:
                 # the kernel by id (a JITFunction's hash is computed in Python on every call); the entry keeps the
                 # kernel alive, so no other object takes its id while plans keyed by it exist (cleared together)
-                dkey = (id(kernel), len(args), tuple(kwargs.items()))
+                names = () if tensors is None else tuple(tensors)
+                dkey = (id(kernel), len(args), tuple(kwargs.items()), names)
                 entry = self._derived.get(dkey)
                 if entry is None or entry[0] is not kernel:
-                    if len(self._derived) >= MAX_PLANS:
-                        self.clear()
-                    entry = self._derived[dkey] = (kernel, self._derive(kernel, len(args), kwargs))
+                    made = self._derive(kernel, len(args), kwargs, names)
+                    if made is not False:
+                        if len(self._derived) >= MAX_PLANS:
+                            self.clear()
+                        self._derived[dkey] = (kernel, made)
+                    entry = (kernel, made or None)
                 derived = entry[1]
                 if derived is not None:
-                    key = (dkey[0], tuple([self._arg_key(a) for a in args]), derived[0], derived[2])
+                    consts = derived[0]
+                    key = (dkey[0], tuple([self._arg_key(a) for a in args]), consts, derived[2])
+                    if names:
+                        consts = list(consts)
+                        for pos, name in derived[3]:
+                            consts[pos] = tensors[name]
+                        consts = tuple(consts)
+                        key += (tuple([arg_key(tensors[n]) for n in names]),)
             except TypeError:            # an unhashable keyword value, an argument without a key
                 derived = None
         if derived is None:
             self.jit_launches += 1
             launch_list.note_other_launch("a launch through the JIT")
+            kw = kwargs if not tensors else dict(kwargs, **tensors)
             if stream is None:
-                kernel[grid](*args, **kwargs)
+                kernel[grid](*args, **kw)
             else:
                 import torch
                 with torch.cuda.stream(stream):
-                    kernel[grid](*args, **kwargs)
+                    kernel[grid](*args, **kw)
             return
         handles = self.plans.get(key, dict)
         if not handles:
             self.jit_launches += 1
-        launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + derived[0],
+        launch(hp, kernel, handles, "launch", tuple(grid) + (1,) * (3 - len(grid)), tuple(args) + consts,
                derived[1], device_of=current_device, stream=stream)
 
     def _arg_key(self, a):

@@ -106,4 +106,5 @@ def chunk_output(q, k, vnew, h, gcum, o, plan, scale, *, H, HV, K, V, dot_prec, 
     launches(chunk_output_kernel, (plan.num_slots * nvb * (HV // H), H),
              (q, k, vnew, h, gcum, o, plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, scale),
              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=dot_prec, num_warps=OUTPUT_WARPS,
-                  num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel", aqk_ptr=aqk))))
+                  num_stages=OUTPUT_STAGES, **({} if aqk is None else dict(DECAY="channel"))),
+             tensors=None if aqk is None else dict(aqk_ptr=aqk))

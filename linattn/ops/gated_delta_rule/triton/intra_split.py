@@ -406,9 +406,11 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     grid = (plan.num_slots, HV)
+    gate = fla_gate_args(A_log, dt_bias, beta_scale, beta_out)
     launches(kkt_solve_kernel, grid, (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
              dict(H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
-                  **kkt_order(plan.num_slots), **fla_gate_args(A_log, dt_bias, beta_scale, beta_out)))
+                  **kkt_order(plan.num_slots), **{n: a for n, a in gate.items() if not n.endswith("_ptr")}),
+             tensors={n: a for n, a in gate.items() if n.endswith("_ptr")} or None)
     launches(wu_kernel, grid, (k, v, beta_out if beta_scale else beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices,
                                plan.N),
              dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu))
