@@ -380,17 +380,20 @@ def split_intra_config(K: int, V: int) -> SplitIntraConfig:
 
 
 def fla_gate_args(A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], beta_scale: int,
-                  beta_out: Optional[torch.Tensor]) -> dict:
-    """kkt_solve_kernel's keyword arguments for FLA's gate and beta options; {} for the defaults (the launch is then
-    the default path's, argument for argument)."""
-    args = {}
+                  beta_out: Optional[torch.Tensor]) -> tuple:
+    """kkt_solve_kernel's keyword arguments for FLA's gate and beta options: (constexprs, pointers), both {} for the
+    defaults (the launch is then the default path's, argument for argument)."""
+    consts, ptrs = {}, {}
     if A_log is not None:
-        args.update(A_log_ptr=A_log, GATE_IN_KERNEL=True)
+        consts.update(GATE_IN_KERNEL=True)
+        ptrs.update(A_log_ptr=A_log)
         if dt_bias is not None:
-            args.update(dt_bias_ptr=dt_bias, HAS_DT_BIAS=True)
+            consts.update(HAS_DT_BIAS=True)
+            ptrs.update(dt_bias_ptr=dt_bias)
     if beta_scale:
-        args.update(beta_out_ptr=beta_out, BETA_SCALE=beta_scale)
-    return args
+        consts.update(BETA_SCALE=beta_scale)
+        ptrs.update(beta_out_ptr=beta_out)
+    return consts, ptrs
 
 
 def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: ChunkPlan, *, H: int, HV: int,
@@ -406,11 +409,10 @@ def intra_split(k, v, g, beta, gcum, w, u, tinv: Optional[torch.Tensor], plan: C
     if tinv is None:
         tinv = empty(plan.T_total, HV, CHUNK, dtype=k.dtype, device=k.device)
     grid = (plan.num_slots, HV)
-    gate = fla_gate_args(A_log, dt_bias, beta_scale, beta_out)
+    gate, gate_tensors = fla_gate_args(A_log, dt_bias, beta_scale, beta_out)
     launches(kkt_solve_kernel, grid, (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
              dict(H=H, HV=HV, K=K, BT=CHUNK, BK=cfg.BK_kkt, DOT_PREC=dot_prec, num_warps=cfg.warps_kkt,
-                  **kkt_order(plan.num_slots), **{n: a for n, a in gate.items() if not n.endswith("_ptr")}),
-             tensors={n: a for n, a in gate.items() if n.endswith("_ptr")} or None)
+                  **kkt_order(plan.num_slots), **gate), tensors=gate_tensors or None)
     launches(wu_kernel, grid, (k, v, beta_out if beta_scale else beta, gcum, tinv, w, u, plan.cu, plan.chunk_indices,
                                plan.N),
              dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, num_warps=cfg.warps_wu))
