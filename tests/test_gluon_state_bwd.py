@@ -21,14 +21,16 @@ needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 def test_launcher_configs_are_registered():
     from linattn.ops.gated_delta_rule.aot import BWD_DH_CONFIGS, bwd_dh_kernel_name
-    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_config
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import BwdStateConfig, state_bwd_config
     names = {bwd_dh_kernel_name(*c) for c in BWD_DH_CONFIGS}
     assert names == set(NAMES)
     for N in (1, 8):                      # B1 T65536 and B8 T4096 at H16/HV32 on an H200 (132 SMs)
-        cfg = state_bwd_config(N, 32, 128, 132)
-        assert bwd_dh_kernel_name("bf16", cfg.BV, cfg.num_warps, cfg.stages) in names
-    assert state_bwd_config(1, 32, 128, 132).BV == 32 and state_bwd_config(1, 32, 128, 132).stages == 3
-    assert state_bwd_config(8, 32, 128, 132).BV == 64 and state_bwd_config(8, 32, 128, 132).stages == 2
+        for local in (True, False):
+            cfg = state_bwd_config(N, 32, 128, 132, local)
+            assert bwd_dh_kernel_name("bf16", cfg.BV, cfg.num_warps, cfg.stages, local) in names
+    assert state_bwd_config(1, 32, 128, 132) == state_bwd_config(1, 32, 128, 132, True) == BwdStateConfig(32, 4, 3)
+    assert state_bwd_config(8, 32, 128, 132) == BwdStateConfig(64, 4, 2)
+    assert state_bwd_config(8, 32, 128, 132, True) == BwdStateConfig(64, 8, 2)
 
 
 @needs_gluon
@@ -39,14 +41,22 @@ def test_compiles_without_spill_with_intended_instructions(name):
     assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
     assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
-    assert rep.num_warps == 4 and rep.families["HMMA"] == 0 and rep.families["LDGSTS"] == 0
     bv = int(name.split("_bv")[1].split("_")[0])
-    stages = int(name.rsplit("_s", 1)[1])
-    # dVnew: 64 x BV x 128 (8 k-steps); dS: 128 x BV x 64 twice (2 M-halves x 4 k-steps each) -> 24 HGMMA 64xBVx16
-    op = f"HGMMA.64x{bv}x16.F32" + (".BF16" if "_bf16_" in name else "")
-    assert rep.sass.get(op, 0) == 24, rep.sass
-    # five TMA loads (q, k, w, dO, dVnew) per issue: STAGES-1 prologue issues and one in the loop
-    assert rep.sass.get("UTMALDG.2D", 0) == 5 * stages, rep.sass
+    warps = int(name.split("_w")[1].split("_")[0])
+    stages = int(name.split("_s")[-1].split("_")[0])
+    local = name.endswith("_local")
+    assert rep.num_warps == warps and rep.families["HMMA"] == 0 and rep.families["LDGSTS"] == 0
+    # per warpgroup, n = BV / (warps / 4) columns: dVnew 64 x n x 128 (8 k-steps); dS 128 x n x 64 twice (2 M-halves x
+    # 4 k-steps each) -> 24 HGMMA 64xnx16; with stage 1a also K Q^T 64 x 64/(warps/4) x 128 (8) and P^T dO 64 x n x 64 (4)
+    sfx = ".F32" + (".BF16" if "_bf16_" in name else "")
+    n, nt = bv // (warps // 4), 64 // (warps // 4)
+    counts = {}
+    for op, c in ((f"HGMMA.64x{n}x16{sfx}", 24 + 4 * local), (f"HGMMA.64x{nt}x16{sfx}", 8 * local)):
+        counts[op] = counts.get(op, 0) + c
+    assert {op: rep.sass.get(op, 0) for op in counts} == counts, rep.sass
+    assert sum(v for op, v in rep.sass.items() if op.startswith("HGMMA.")) == 24 + 12 * local, rep.sass
+    # TMA loads per issue: q, k, w, dO and (without stage 1a) dVnew; STAGES-1 prologue issues and one in the loop
+    assert rep.sass.get("UTMALDG.2D", 0) == (4 if local else 5) * stages, rep.sass
     assert rep.sass.get("UTMASTG.2D", 0) == 1                     # dh[chunk] by TMA store
     assert rep.sass.get("SYNCS.PHASECHK.TRANS64.TRYWAIT", 0) >= 1  # waits on the ready barriers
     assert rep.sass.get("SYNCS.EXCH.64", 0) == stages              # one mbarrier init per ring slot
@@ -68,8 +78,9 @@ def _plan_and_buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16, dht=True, dh
 
 
 @needs_gluon
+@pytest.mark.parametrize("dv_local", [True, False])
 @pytest.mark.parametrize("B,T,lens", [(1, 4096, None), (8, 512, None), (1, 3000, [1, 63, 65, 1000, 1871])])
-def test_launch_matches_aot_signature(B, T, lens):
+def test_launch_matches_aot_signature(B, T, lens, dv_local):
     """state_bwd_launch's arguments (descriptors build on CPU tensors) mangle to exactly the AOT signature; grid,
     constexprs, descriptor views and boxes are the intended ones."""
     from triton.runtime.jit import mangle_type
@@ -77,15 +88,15 @@ def test_launch_matches_aot_signature(B, T, lens):
     from linattn.ops.gated_delta_rule.aot import bwd_dh_signature
     from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_config, state_bwd_launch
     plan, bufs = _plan_and_buffers(B, T, 16, 32, lens)
-    cfg = state_bwd_config(plan.N, 32, 128, 132)
-    kernel, grid, args, kwargs = state_bwd_launch(*bufs, plan, 128 ** -0.5, cfg)
+    cfg = state_bwd_config(plan.N, 32, 128, 132, dv_local)
+    kernel, grid, args, kwargs = state_bwd_launch(*bufs, plan, 128 ** -0.5, cfg, dv_local)
     sig = bwd_dh_signature("bf16", cfg.BV)
     assert len(args) == len(sig)
     for (name, want), arg in zip(sig.items(), args):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert grid == (128 // cfg.BV, plan.N * 32)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, USE_DHT=True, STORE_DH0=True,
-                          STAGES=cfg.stages, num_warps=4)
+                          STAGES=cfg.stages, DV_LOCAL=dv_local, num_warps=8 if dv_local and cfg.BV == 64 else 4)
     T_tot, slots = plan.T_total, plan.num_slots
     shapes = [list(a.shape) for a in args[:5]] + [list(args[6].shape)]
     assert shapes == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128]] + [[T_tot, 32 * 128]] * 2 + [[slots * 32 * 128, 128]]
@@ -107,12 +118,13 @@ def _jit_compile_main():
     from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_config, state_bwd_launch
 
     use_compile_only_sm90_driver()
-    for B, T, dtype, states in ((1, 300, torch.bfloat16, True), (8, 100, torch.float16, False)):
+    for B, T, dtype, states, local in ((1, 300, torch.bfloat16, True, True), (8, 100, torch.float16, False, True),
+                                       (8, 100, torch.bfloat16, True, False)):
         plan, bufs = _plan_and_buffers(B, T, 16, 32, dtype=dtype, dht=states, dh0=states)
-        cfg = state_bwd_config(plan.N, 32, 128, 132)
-        kernel, grid, args, kwargs = state_bwd_launch(*bufs, plan, 128 ** -0.5, cfg)
+        cfg = state_bwd_config(plan.N, 32, 128, 132, local)
+        kernel, grid, args, kwargs = state_bwd_launch(*bufs, plan, 128 ** -0.5, cfg, local)
         k = kernel.warmup(*args, grid=grid, **kwargs)
-        print(json.dumps(dict(B=B, BV=cfg.BV, stages=cfg.stages, num_warps=k.metadata.num_warps,
+        print(json.dumps(dict(B=B, BV=cfg.BV, stages=cfg.stages, local=local, num_warps=k.metadata.num_warps,
                               shared=k.metadata.shared,
                               tma_boxes=[m["block_size"] for m in (k.metadata.tensordesc_meta or [])],
                               expect_tx=re.findall(r"mbarrier\.arrive\.expect_tx\S*\s+_,\s*\[[^\]]+\],\s*(\d+)",
@@ -123,15 +135,17 @@ def _jit_compile_main():
 def test_jit_launch_path_compiles_for_sm90():
     from compile_only import jit_child_rows      # tests/ is on sys.path
     rows = jit_child_rows(__file__, timeout=900)
-    assert [(r["B"], r["BV"], r["stages"]) for r in rows] == [(1, 32, 3), (8, 64, 2)]
+    assert [(r["B"], r["BV"], r["stages"], r["local"], r["num_warps"]) for r in rows] == \
+        [(1, 32, 3, True, 4), (8, 64, 2, True, 8), (8, 64, 2, False, 4)]
     for r in rows:
-        assert r["num_warps"] == 4 and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
+        assert 0 < r["shared"] <= SMEM_LIMIT_SM90, r
         # q, k, w [64,128] boxes go as [64,64] messages (128-byte swizzle); dO, dVnew [64,BV]; dh [128,BV]
         assert r["tma_boxes"] == [[64, 64]] * 3 + [[64, r["BV"]]] * 2 + [[128, r["BV"]]], r
-        # review 2026-11-29: every expect (STAGES-1 prologue issues + 1 in the loop) counts the five full boxes q, k, w
-        # [64,128] and dO, dVnew [64,BV]: TMA counts the zero-filled rows past T_tot too, so a clipped last box
-        # still completes the phase
-        assert r["expect_tx"] == [str(2 * (3 * 64 * 128 + 2 * 64 * r["BV"]))] * r["stages"], r
+        # review 2026-11-29: every expect (STAGES-1 prologue issues + 1 in the loop) counts the full boxes q, k, w
+        # [64,128], dO [64,BV] and (without stage 1a in the kernel) dVnew [64,BV]: TMA counts the zero-filled rows
+        # past T_tot too, so a clipped last box still completes the phase
+        nbytes = 2 * (3 * 64 * 128 + (1 if r["local"] else 2) * 64 * r["BV"])
+        assert r["expect_tx"] == [str(nbytes)] * r["stages"], r
 
 
 if __name__ == "__main__":

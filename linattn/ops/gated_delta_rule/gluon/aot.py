@@ -57,11 +57,13 @@ for _dt, _bv, _w, _s in CONFIGS:
 # ---- Backward stage 1 (the reverse state pass) in Gluon (gluon/chunk_state_bwd.py): q, k, w, dO, dVnew tiles by TMA
 # into a STAGES-deep mbarrier ring (reverse chunk order), three wgmma products per chunk (dVnew with the decayed K as
 # register A operand; dS with Q^T dO and W^T dVnew from shared memory), dh[chunk] by a TMA store. One warpgroup.
-# Configs: state_bwd_config's (BV=32 with 3 stages at B=1 H16/HV32, BV=64 with 2 stages at B >= 3). dht fp32 (the
-# gradient of an fp32 final state).
+# Configs: state_bwd_config's (BV=32 with 3 stages at B=1 H16/HV32, BV=64 with 2 stages at B >= 3), each with stage
+# 1a in the kernel (dv_local: the gluon backend's backward; 8 warps at BV=64) and without (context parallelism's
+# reverse pass). dht fp32 (the gradient of an fp32 final state).
 BWD_DH_INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
 BWD_DH_DIV16 = ("gcum_ptr", "dvnew_ptr", "dht_ptr", "dh0_ptr", "cu_ptr", "chunk_off_ptr")
-BWD_DH_CONFIGS = [("bf16", 32, 4, 3), ("bf16", 64, 4, 2), ("fp16", 64, 4, 2)]   # (dtype, BV, warps, stages)
+BWD_DH_CONFIGS = [(dt, bv, 8 if local and bv == 64 else 4, st, local)       # (dtype, BV, warps, stages, dv_local)
+                  for dt, bv, st in (("bf16", 32, 3), ("bf16", 64, 2), ("fp16", 64, 2)) for local in (True, False)]
 
 
 def bwd_dh_signature(dtype: str, BV: int):
@@ -72,25 +74,27 @@ def bwd_dh_signature(dtype: str, BV: int):
             "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
 
 
-def bwd_dh_kernel_name(dtype: str, BV: int, warps: int, stages: int) -> str:
-    return f"gdn_bwd_dh_gluon_{dtype}_bv{BV}_w{warps}_s{stages}"
+def bwd_dh_kernel_name(dtype: str, BV: int, warps: int, stages: int, dv_local: bool) -> str:
+    return f"gdn_bwd_dh_gluon_{dtype}_bv{BV}_w{warps}_s{stages}" + ("_local" if dv_local else "")
 
 
-def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int):
+def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int, dv_local: bool):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
-        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages)
+        const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages,
+                     DV_LOCAL=dv_local)
         sig = bwd_dh_signature(dtype, BV)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": warps}
     return build
 
 
-for _dt, _bv, _w, _s in BWD_DH_CONFIGS:
+for _dt, _bv, _w, _s, _local in BWD_DH_CONFIGS:
     register(AotKernel(
-        bwd_dh_kernel_name(_dt, _bv, _w, _s), _bwd_dh_build(_dt, _bv, _w, _s), BWD_DH_INTENDED, div16=BWD_DH_DIV16,
-        description=f"GDN backward stage 1 (reverse state pass), Gluon TMA ring + wgmma, H16/HV32 K=V=128 {_dt}, "
-                    f"BV={_bv}, {_w} warps, {_s}-stage ring"))
+        bwd_dh_kernel_name(_dt, _bv, _w, _s, _local), _bwd_dh_build(_dt, _bv, _w, _s, _local), BWD_DH_INTENDED,
+        div16=BWD_DH_DIV16,
+        description=f"GDN backward stage 1 (reverse state pass{', with stage 1a' if _local else ''}), Gluon TMA ring "
+                    f"+ wgmma, H16/HV32 K=V=128 {_dt}, BV={_bv}, {_w} warps, {_s}-stage ring"))
 
 
 # ---- Stages 2b + 3 + 4 of the forward in one warp-specialised Gluon kernel that forms W and U itself from kkt_solve's

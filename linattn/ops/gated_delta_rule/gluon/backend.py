@@ -50,8 +50,8 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                          do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward with its reverse state pass (stage 1) and its local and WY stages (2, 3) in Gluon and,
-    with recompute_state, its recompute of the forward's state pass in Gluon too."""
+    """The Triton backward with its stages 1a + 1 (P^T dO and the reverse state pass, one kernel) and its local and
+    WY stages (2, 3) in Gluon and, with recompute_state, its recompute of the forward's state pass in Gluon too."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
@@ -62,7 +62,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
         launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan)
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
-        gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_)
+        gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_, dv_local=True)
 
     def local_wy_pass(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv, do_, dvnew, dq, dk, dv, dg, dbeta, plan, scale_):
         gluon_local_wy.chunk_local_wy_bwd_gluon(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv,
@@ -71,7 +71,8 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     dq, dk, dv, dg, dbeta, dh0, _, _ = chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, do.contiguous(),
         None if dht is None else dht.contiguous(), state_pass=state_pass if recompute_state else None,
-        state_bwd=state_bwd_pass, local_wy=local_wy_pass if gluon_compat.async_copy is not None else None)
+        state_bwd=state_bwd_pass, local_wy=local_wy_pass if gluon_compat.async_copy is not None else None,
+        state_bwd_dv_local=True)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

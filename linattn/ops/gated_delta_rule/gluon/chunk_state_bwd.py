@@ -23,6 +23,18 @@ Products (one warpgroup, 4 warps; accumulator layout NVMMA v3 [4, 1] x [16, BV, 
   P3  dS += W^T @ (-dVnew)   A = W ring tile permuted (MN-major A), B = -dVnew.to(dt) in dvn_smem (negation is exact
                              in 16 bits; rows past the end 0), accumulator = P2's result: [128 x BV x 64]
 P1 and P2 are independent: both are issued asynchronously and waited together; P3 needs P1's dVnew.
+
+DV_LOCAL (the gluon backend's backward): stage 1a (triton/backward_dv_local.py, dVnew_in = P^T dO) is formed here
+instead of read, so dVnew never makes the round trip through HBM between the two stages:
+  P0  K Q^T                  A = k ring tile, B = q ring tile permuted (K-major B): [64 x 64 x 128], issued right
+                             after the ring wait (it does not depend on dS), waited once qg is formed
+      P^T = (scale K Q^T) * exp(gam_j - gam_i) on i <= j, q row j valid (masked before exp), rounded to dt as the
+                             Triton stage rounds it, into pt_smem [64, 64]
+  P0b dVnew_in = P^T @ dO    A = pt_smem, B = dO ring tile, zero accumulator: [64 x BV x 64]; P1 then accumulates
+                             onto P0b's result (an in-flight token), so dVnew_in stays fp32 where the Triton stage
+                             stores it rounded to dvnew's dtype (one rounding fewer)
+The dVnew ring tile is then not loaded (the expect counts four boxes) and dvnew's contents on entry are not read.
+Every V block recomputes P0 (the Triton stage forms it once per chunk and head): 1 MFLOP per chunk off the chain.
 Triton sums exp(gam_C) dS + dot(qg^T, dO) - dot(W^T, dVnew) from two separate fp32 products; here the two
 products accumulate into one fp32 accumulator (same operands, fp32-level reassociation only).
 
@@ -51,8 +63,8 @@ Shared-memory buffers, who owns them and when they are reused:
     thread barrier before the TMA store of dh[chunk] is issued (so the issuing thread's copy follows every thread's
     fence); also read by P1 (wgmma). Before it is rewritten, tma.store_wait(0) + the thread barrier make sure
     the previous dh store finished reading it; the previous P1 was waited.
-  qg_smem [BT, K], dvn_smem [BT, BV]: P2's and P3's operands, written (generic) then fenced; their previous readers
-    (P2, P3 of the previous iteration) were waited before the rewrite.
+  qg_smem [BT, K], dvn_smem [BT, BV], pt_smem [BT, BT]: P2's, P3's and P0b's operands, written (generic) then
+    fenced; their previous readers (P2, P3, P0b of the previous iteration) were waited before the rewrite.
 """
 from __future__ import annotations
 
@@ -79,19 +91,21 @@ if GLUON_OK:
     def _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem, ready,
                          i, nchunks, bos, hv, hk, vb,
                          K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                         STAGES: gl.constexpr):
-        """TMA loads of iteration i's tiles (chunk nchunks-1-i) into ring slot i % STAGES (nothing past the end)."""
+                         STAGES: gl.constexpr, DV_LOCAL: gl.constexpr):
+        """TMA loads of iteration i's tiles (chunk nchunks-1-i) into ring slot i % STAGES (nothing past the end);
+        the dVnew tile only where stage 1a wrote it (not DV_LOCAL)."""
         s = i % STAGES
         p = i < nchunks
         row = (bos + (nchunks - 1 - i) * BT).to(gl.int32)
         nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + w_desc.block_type.nbytes
-                                + do_desc.block_type.nbytes + dv_desc.block_type.nbytes)
+                                + do_desc.block_type.nbytes + (0 if DV_LOCAL else dv_desc.block_type.nbytes))
         mbarrier.expect(ready.index(s), nbytes, pred=p)
         tma_load(q_desc, [row, hk * K], ready.index(s), q_smem.index(s), pred=p)
         tma_load(k_desc, [row, hk * K], ready.index(s), k_smem.index(s), pred=p)
         tma_load(w_desc, [row, hv * K], ready.index(s), w_smem.index(s), pred=p)
         tma_load(do_desc, [row, hv * V + vb * BV], ready.index(s), do_smem.index(s), pred=p)
-        tma_load(dv_desc, [row, hv * V + vb * BV], ready.index(s), dv_smem.index(s), pred=p)
+        if not DV_LOCAL:
+            tma_load(dv_desc, [row, hv * V + vb * BV], ready.index(s), dv_smem.index(s), pred=p)
 
     @gluon.jit
     def chunk_state_bwd_tma_kernel(
@@ -102,7 +116,7 @@ if GLUON_OK:
         cu_ptr, chunk_off_ptr, scale,               # the chunk plan (triton/chunk_indices.py), the q scale
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, BV: gl.constexpr, USE_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
-        STAGES: gl.constexpr,
+        STAGES: gl.constexpr, DV_LOCAL: gl.constexpr = False,
     ):
         NW: gl.constexpr = gl.num_warps()
         dt: gl.constexpr = w_desc.dtype
@@ -114,6 +128,9 @@ if GLUON_OK:
         LQ: gl.constexpr = bwd_rows_layout(K, 16, NW)             # the q tile, scaled in registers
         QROWS: gl.constexpr = gl.SliceLayout(1, LQ)
         LS: gl.constexpr = bwd_rows_layout(BV, 32, NW)            # fp32 states [K, BV] in global memory
+        ACC_T: gl.constexpr = bwd_acc_layout(BT, NW)              # K Q^T [BT, BT] (DV_LOCAL)
+        TI: gl.constexpr = gl.SliceLayout(1, ACC_T)
+        TJ: gl.constexpr = gl.SliceLayout(0, ACC_T)
 
         vb = gl.program_id(0)
         nh = gl.program_id(1)
@@ -123,17 +140,18 @@ if GLUON_OK:
         k_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
         w_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], w_desc.layout)
         do_smem = gl.allocate_shared_memory(dt, [STAGES, BT, BV], do_desc.layout)
-        dv_smem = gl.allocate_shared_memory(dt, [STAGES, BT, BV], dv_desc.layout)
+        dv_smem = gl.allocate_shared_memory(dt, [1 if DV_LOCAL else STAGES, BT, BV], dv_desc.layout)
         ds_smem = gl.allocate_shared_memory(dt, [K, BV], dh_desc.layout)
         qg_smem = gl.allocate_shared_memory(dt, [BT, K], q_desc.layout)
         dvn_smem = gl.allocate_shared_memory(dt, [BT, BV], dv_desc.layout)
+        pt_smem = gl.allocate_shared_memory(dt, [BT if DV_LOCAL else 8, BT], q_desc.layout)   # P^T (DV_LOCAL)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(STAGES):
             mbarrier.init(ready.index(j), count=1)
         fence_async_shared()                                        # barrier inits visible to the async proxy
         for j in gl.static_range(STAGES - 1):                       # prologue: iterations 0 .. STAGES-2 in flight
             _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem,
-                             ready, j, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES)
+                             ready, j, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES, DV_LOCAL)
 
         sk = gl.arange(0, K, layout=gl.SliceLayout(1, LS))
         sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LS))
@@ -147,6 +165,8 @@ if GLUON_OK:
         r_a = gl.arange(0, BT, layout=AROWS)
         r_q = gl.arange(0, BT, layout=QROWS)
         c_v = vb * BV + gl.arange(0, BV, layout=COLS)
+        r_i = gl.arange(0, BT, layout=TI)
+        r_j = gl.arange(0, BT, layout=TJ)
 
         # gates of the last chunk; each iteration then loads the next one's (an earlier chunk) while it computes
         t_n = bos + (nchunks - 1) * BT
@@ -160,7 +180,8 @@ if GLUON_OK:
             fence_async_shared()
             gl.thread_barrier()
             _issue_bwd_chunk(q_desc, k_desc, w_desc, do_desc, dv_desc, q_smem, k_smem, w_smem, do_smem, dv_smem,
-                             ready, i + STAGES - 1, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES)
+                             ready, i + STAGES - 1, nchunks, bos, hv, hk, vb, K, V, BT, BV, STAGES,
+                             DV_LOCAL)
             # gates of chunk c - 1 (a whole chunk when c > 0), consumed next iteration
             t1 = t0 - BT
             gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=c > 0, other=0.)
@@ -173,6 +194,9 @@ if GLUON_OK:
 
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            if DV_LOCAL:   # P0: K Q^T, independent of dS: in flight while qg is formed
+                tok_kq = warpgroup_mma(k_smem.index(s), q_smem.index(s).permute((1, 0)),
+                                       gl.zeros([BT, BT], gl.float32, ACC_T), use_acc=False, is_async=True)
             rows = t0 + r_t
             valid = rows < eos
             # qg = (Q * exp(gam) * scale).to(dt), rows past the end 0, through qg_smem (P2's A operand)
@@ -180,19 +204,34 @@ if GLUON_OK:
             valid_q = gl.expand_dims((t0 + r_q) < eos, 1)
             qv = q_smem.index(s).load(LQ).to(gl.float32) * gl.expand_dims(gl.exp(gam_q) * scale, 1)
             qg_smem.store(gl.where(valid_q, qv, 0.).to(dt))
+            if DV_LOCAL:
+                # P^T = (scale K Q^T) * exp(gam_j - gam_i) on i <= j with q row j valid (masked before exp: gam is
+                # 0 past the end), rounded to the operand dtype, through pt_smem (P0b's A operand); formed before
+                # kdec so that K Q^T and kdec are never live together
+                kq = warpgroup_mma_wait(0, deps=[tok_kq])
+                upper = (gl.expand_dims(r_i, 1) <= gl.expand_dims(r_j, 0)) & gl.expand_dims((t0 + r_j) < eos, 0)
+                gdiff = gl.expand_dims(gl.convert_layout(gam, TJ), 0) - gl.expand_dims(gl.convert_layout(gam, TI), 1)
+                pt = gl.where(upper, kq * gl.exp(gl.where(upper, gdiff, 0.)) * scale, 0.)
+                pt_smem.store(pt.to(dt))
             # kdec = (K * exp(gam_C - gam)).to(dt) in registers, rows past the end 0 (P1's A operand)
             gam_a = gl.convert_layout(gam, AROWS)
             valid_a = gl.expand_dims((t0 + r_a) < eos, 1)
             kv = k_smem.index(s).load(OPA).to(gl.float32) * gl.expand_dims(gl.exp(gam_last - gam_a), 1)
             kdec = gl.where(valid_a, kv, 0.).to(dt)
-            dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
-            fence_async_shared()                                    # ds_smem, qg_smem -> TMA store / wgmma
+            if not DV_LOCAL:
+                dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
+            fence_async_shared()                                    # ds_smem, qg_smem, pt_smem -> TMA store / wgmma
             gl.thread_barrier()                                     # every thread's fence before the store issue
             tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
 
             # P2 (dS side, independent of dS's new terms) and P1 (dVnew) in flight together
             tok_s = warpgroup_mma(qg_smem.permute((1, 0)), do_smem.index(s), ds * gl.exp(gam_last), is_async=True)
-            tok_v = warpgroup_mma(kdec, ds_smem, dv_in, is_async=True)
+            if DV_LOCAL:   # P0b: dVnew = P^T dO (fp32), then P1 accumulates kdec dS onto it
+                tok_l = warpgroup_mma(pt_smem, do_smem.index(s), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False,
+                                      is_async=True)
+                tok_v = warpgroup_mma(kdec, ds_smem, tok_l, is_async=True)
+            else:
+                tok_v = warpgroup_mma(kdec, ds_smem, dv_in, is_async=True)
             acc_s, dvn = warpgroup_mma_wait(0, deps=[tok_s, tok_v])
             dvn_op = dvn.to(dt)
             uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
@@ -200,6 +239,8 @@ if GLUON_OK:
             # P3: dS = acc_s + W^T (-dVnew), rows past the end 0
             dvn_smem.store(gl.where(gl.expand_dims(valid, 1), -dvn_op.to(gl.float32), 0.).to(dt))
             fence_async_shared()
+            if NW > 4:     # two warpgroups: each one's stores visible to the other's wgmma
+                gl.thread_barrier()
             ds = warpgroup_mma(w_smem.index(s).permute((1, 0)), dvn_smem, acc_s)
             gam = gam_n
             gam_last = gam_last_n
@@ -226,15 +267,16 @@ class BwdStateConfig:
     stages: int          # TMA ring depth
 
 
-def state_bwd_config(N: int, HV: int, V: int, num_sms: int) -> BwdStateConfig:
+def state_bwd_config(N: int, HV: int, V: int, num_sms: int, dv_local: bool = False) -> BwdStateConfig:
     """V split as the Triton backward's state pass (backward._configs): BV=64 unless N*HV*V/64 programs would
-    leave SMs idle, then 32. One warpgroup (4 warps: wgmma's unit, the forward's Gluon state pass's choice).
+    leave SMs idle, then 32. One warpgroup (4 warps: wgmma's unit, the forward's Gluon state pass's choice), but
+    two at BV=64 with stage 1a in the kernel (dv_local: one warpgroup needs 255 registers and spills there).
     Ring depth: 3 at BV=32 (217 KB of smem, one CTA per SM: there are <= 2 x num_sms programs there), 2 at BV=64
     (188 KB; 3 would not fit in 227 KB). AOT: gluon/aot.py."""
     bv = 64
     while bv > 32 and N * HV * (V // bv) < num_sms:
         bv //= 2
-    return BwdStateConfig(bv, 4, 3 if bv == 32 else 2)
+    return BwdStateConfig(bv, 8 if dv_local and bv == 64 else 4, 3 if bv == 32 else 2)
 
 
 def _gl_dtype(dtype):
@@ -249,10 +291,13 @@ def _aligned(t):
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig):
+def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig,
+                     dv_local: bool = False):
     """(kernel, grid, args, kwargs) of one launch of chunk_state_bwd_tma_kernel; the arguments mirror the Triton
     launch of chunk_state_bwd_kernel in triton/backward.py. Separate from the launch so that a CPU test can check
     them (descriptors build on CPU tensors) against the AOT signature (aot.py, bwd_dh_signature).
+    dv_local: the kernel forms dVnew's in-chunk part P^T dO itself (stage 1a, backward_dv_local.py) and only writes
+    dvnew (its contents on entry are not read); else it adds the state term to the dvnew that stage 1a wrote.
     q, k [B,T,H,K], w [T_tot,HV,K], do [B,T,HV,V], gcum [T_tot,HV] fp32, dh [slots,HV,K,V], dvnew [T_tot,HV,V] (all
     contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None."""
     from linattn.runtime.gluon_compat import TensorDescriptor, gl
@@ -279,19 +324,20 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
             dht if dht is not None else gcum, dh0 if dh0 is not None else gcum, plan.cu, plan.chunk_offsets,
             float(scale))
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STAGES=cfg.stages, num_warps=cfg.num_warps)
+                  STAGES=cfg.stages, DV_LOCAL=bool(dv_local), num_warps=cfg.num_warps)
     grid = (V // cfg.BV, N * HV)
     return chunk_state_bwd_tma_kernel, grid, args, kwargs
 
 
 def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
-                          config: Optional[BwdStateConfig] = None) -> None:
+                          config: Optional[BwdStateConfig] = None, dv_local: bool = False) -> None:
     """Backward stage 1 on sm_90a, a drop-in for the Triton launch of chunk_state_bwd_kernel (the `state_bwd` hook
     of triton/backward.py chunk_gated_delta_rule_bwd): writes dh, adds the state term to dvnew in place, writes dh0
-    when given. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call)."""
+    when given. With dv_local, stages 1a and 1 in one launch: dvnew is written whole (P^T dO + the state term), its
+    contents on entry unread. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call)."""
     from linattn.runtime.device import device_facts
-    cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms)
+    cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms, dv_local)
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
-    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg)
+    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local)
     kernel[grid](*args, **kwargs)

@@ -87,7 +87,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False, local_wy=None):
+                               state_v_first: bool = False, local_wy=None, state_bwd_dv_local: bool = False):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -99,7 +99,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     plugs its Gluon state pass in here).
     state_bwd: replaces the launch of stage 1 (chunk_state_bwd_kernel), called as state_bwd(q, k, w, gcum, do, dh,
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
-    state backward, gluon/chunk_state_bwd.py, in here)."""
+    state backward, gluon/chunk_state_bwd.py, in here).
+    state_bwd_dv_local: the state_bwd hook forms stage 1a's P^T dO itself and writes dvnew whole (the gluon kernel's
+    dv_local), so chunk_dv_local_kernel is not launched and dvnew reaches the hook uninitialised."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -118,10 +120,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
-    chunk_dv_local_kernel[(slots, HV)](
-        q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-        num_warps=cfg.warps_dv_local, num_stages=2)
+    if not (state_bwd_dv_local and state_bwd is not None):
+        chunk_dv_local_kernel[(slots, HV)](
+            q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+            num_warps=cfg.warps_dv_local, num_stages=2)
     if state_bwd is not None:
         if state_v_first:
             raise NotImplementedError("state_v_first with a custom reverse state pass (the Gluon one, context "
