@@ -148,6 +148,97 @@ def test_jit_launch_path_compiles_for_sm90():
         assert r["expect_tx"] == [str(nbytes)] * r["stages"], r
 
 
+def _state_bwd_local_formulas(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale):
+    """The DV_LOCAL kernel's formulas (its docstring) in torch, per sequence and value head, chunks last to first;
+    the operand roundings are identities on the fp32 inputs of the test below. dvnew's contents are not read."""
+    dt = q.dtype
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = dvnew.shape[1], dvnew.shape[2]
+    T_tot = plan.T_total
+    q2, k2, do2 = q.reshape(T_tot, H, K).float(), k.reshape(T_tot, H, K).float(), do.reshape(T_tot, HV, V).float()
+    cu, off = plan.cu.tolist(), plan.chunk_offsets.tolist()
+    for n in range(plan.N):
+        bos, eos = cu[n], cu[n + 1]
+        for hv in range(HV):
+            hk = hv // (HV // H)
+            dS = dht[n, hv].float() if dht is not None else torch.zeros(K, V)
+            for c in reversed(range(-(-(eos - bos) // 64))):
+                rows = slice(bos + 64 * c, min(bos + 64 * c + 64, eos))
+                nt = rows.stop - rows.start
+                gam = gcum[rows, hv]
+                gl_ = gam[-1]
+                Q, Kt, dO, W = q2[rows, hk], k2[rows, hk], do2[rows, hv], w[rows, hv].float()
+                dh[off[n] + c, hv] = dS.to(dh.dtype)
+                upper = torch.ones(nt, nt).triu().bool()
+                pt = torch.where(upper, scale * (Kt @ Q.T) * torch.where(upper, gam[None, :] - gam[:, None],
+                                                                         torch.zeros(())).exp(), torch.zeros(()))
+                kdec = (Kt * (gl_ - gam).exp()[:, None]).to(dt).float()
+                dvn = pt.to(dt).float() @ dO + kdec @ dS.to(dt).float()
+                dvnew[rows, hv] = dvn.to(dvnew.dtype)
+                qg = (Q * (gam.exp() * scale)[:, None]).to(dt).float()
+                dS = gl_.exp() * dS + qg.T @ dO - W.T @ dvn.to(dt).float()
+            if dh0 is not None:
+                dh0[n, hv] = dS
+
+
+@pytest.mark.parametrize("B,T,H,HV,lens", [(2, 150, 2, 4, None), (1, 300, 1, 2, [1, 63, 65, 171]),
+                                           (1, 129, 2, 2, None)])
+def test_dv_local_formulas_give_the_triton_stages_gradients(B, T, H, HV, lens):
+    """fp32 inputs, fresh random values: the DV_LOCAL kernel's formulas as the state_bwd hook with
+    state_bwd_dv_local (so chunk_dv_local_kernel is skipped and dvnew reaches the hook NaN-poisoned) against the
+    Triton stages 1a + 1 on the same recompute; every gradient, partial last chunks and varlen boundaries included."""
+    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import make_gdn_inputs, rel_rms
+    K = V = 32
+    cu = None
+    if lens is not None:
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    N = B if cu is None else len(lens)
+    x = make_gdn_inputs(B, T, H, HV, K, V, dtype=torch.float32, device="cpu", num_states=N)
+    do = torch.randn(B, T, HV, V)
+    dht = torch.randn(N, HV, K, V)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], K ** -0.5, x["initial_state"], cu, do, dht)
+    seen = []
+
+    def hook(q, k, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale):
+        seen.append(bool(torch.isnan(dvnew).all()))
+        _state_bwd_local_formulas(q, k, w, gcum, do_, dh, dvnew, dht_, dh0, plan, scale)
+    with poisoned_allocations():
+        want = chunk_gated_delta_rule_bwd(*args)
+        got = chunk_gated_delta_rule_bwd(*args, state_bwd=hook, state_bwd_dv_local=True)
+    assert seen == [True]                 # stage 1a did not run: the hook got the poisoned buffer
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got[:6], want[:6]):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < 1e-4, (name, rel_rms(a, b))
+
+
+def test_gluon_backward_runs_stage_1a_in_the_state_pass(monkeypatch):
+    """The gluon backend's backward asks chunk_gated_delta_rule_bwd to skip stage 1a and its state_bwd hook launches
+    the DV_LOCAL kernel; context parallelism's hook (distributed/chunk.py) keeps the two-kernel form."""
+    from linattn.ops.gated_delta_rule.gluon import backend
+    from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as sb
+    from linattn.ops.gated_delta_rule.triton import backward
+    seen = {}
+
+    def fake_bwd(q, k, v, g, beta, scale, h0, cu, do, dht, **hooks):
+        seen.update(hooks)
+        hooks["state_bwd"](q, k, None, None, do, None, None, None, None, None, scale)
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(g),
+                torch.zeros_like(beta), None, None, None)
+    monkeypatch.setattr(backward, "chunk_gated_delta_rule_bwd", fake_bwd)
+    monkeypatch.setattr(sb, "chunk_state_bwd_gluon", lambda *a, **kw: seen.update(launch_kwargs=kw))
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
+    g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
+    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None, False)
+    assert seen["state_bwd_dv_local"] is True and seen["launch_kwargs"] == {"dv_local": True}
+    from linattn.distributed import chunk as cp_chunk
+    seen.clear()
+    cp_chunk._gluon_state_bwd(q, q, None, None, v, None, None, None, None, None, 0.1)
+    assert seen["launch_kwargs"] == {}
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["jit"]:
         _jit_compile_main()
