@@ -144,7 +144,7 @@ if GLUON_OK:
         ds_smem = gl.allocate_shared_memory(dt, [K, BV], dh_desc.layout)
         qg_smem = gl.allocate_shared_memory(dt, [BT, K], q_desc.layout)
         dvn_smem = gl.allocate_shared_memory(dt, [BT, BV], dv_desc.layout)
-        pt_smem = gl.allocate_shared_memory(dt, [BT if DV_LOCAL else 8, BT], q_desc.layout)   # P^T (DV_LOCAL)
+        pt_smem = gl.allocate_shared_memory(dt, [BT if DV_LOCAL else 8, BT], q_desc.layout)   # P^T; unused w/o DV_LOCAL
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(STAGES):
             mbarrier.init(ready.index(j), count=1)
