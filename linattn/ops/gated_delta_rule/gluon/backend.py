@@ -158,10 +158,11 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
 # Where `auto` sends a call the Gluon forward supports (H200, benchmarks/RESULTS.md):
 # - N*HV <= 768 sequence-heads: gluon / triton forward 1.35-1.45x from N*HV = 32 to 768 (B1 T8192-65536, B8 T4096,
 #   B4 T16384, the varlen mix of 24 sequences). More sequence-heads were not timed and stay on Triton.
-# - an eager call (not under CUDA-graph capture) also needs T_total >= 8192 tokens: eager B1 T8192 1.36x Triton
-#   with the host path cached; shorter eager calls were not timed and stay on Triton.
+# - an eager call (not under CUDA-graph capture) also needs T_total >= 256 tokens. Eager, H100, H16/HV32, each in
+#   a fresh process: gluon 0.07-0.14 ms against Triton's 0.09-0.29 from 256 to 4096 tokens (B1-B16), B1 T8192 1.36x;
+#   below 256 tokens both are host-bound (~0.1 ms a call, kernels 0.035 ms) and neither wins in every process.
 GLUON_AUTO_MAX_SEQ_HEADS = 768
-GLUON_AUTO_MIN_EAGER_TOKENS = 8192
+GLUON_AUTO_MIN_EAGER_TOKENS = 256
 
 
 def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
@@ -173,8 +174,8 @@ def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
                        f"1.35-1.45x Triton up to N*HV = 768); backend='gluon' by name")
     tokens = q.shape[0] * q.shape[1]
     if tokens < GLUON_AUTO_MIN_EAGER_TOKENS and not capturing(q):
-        return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: not timed eager below "
-                       f"that; taken under CUDA-graph capture; backend='gluon' by name")
+        return False, (f"eager call with {tokens} < {GLUON_AUTO_MIN_EAGER_TOKENS} tokens: host-bound, no faster "
+                       f"eagerly there; taken under CUDA-graph capture; backend='gluon' by name")
     return True, ""
 
 
