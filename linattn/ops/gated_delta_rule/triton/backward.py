@@ -28,6 +28,7 @@ from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY,
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import cdiv, next_power_of_2
@@ -73,14 +74,13 @@ def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], 
     H, K = q.shape[-2], q.shape[-1]
     HV, V = do.shape[-2], do.shape[-1]
     cfg = _configs(K, V, plan.N, HV, q.device)
-    chunk_state_bwd_kernel[(cdiv(V, cfg.BV_state) * plan.N * HV,)](
-        q, k, w, gcum, do, dh, dvnew,
-        dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
-        plan.cu, plan.chunk_offsets, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
-        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
-        DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {}))
+    launches(chunk_state_bwd_kernel, (cdiv(V, cfg.BV_state) * plan.N * HV,),
+             (q, k, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
+              plan.cu, plan.chunk_offsets, scale),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
+                  USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
+                  DOT_PREC=dot_precision(q.dtype),
+                  num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {})))
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -121,10 +121,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
     dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
     if not (state_bwd_dv_local and state_bwd is not None):
-        chunk_dv_local_kernel[(slots, HV)](
-            q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-            num_warps=cfg.warps_dv_local, num_stages=2)
+        launches(chunk_dv_local_kernel, (slots, HV), (q, k, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale),
+                 dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+                      num_warps=cfg.warps_dv_local, num_stages=2))
     if state_bwd is not None:
         if state_v_first:
             raise NotImplementedError("state_v_first with a custom reverse state pass (the Gluon one, context "
@@ -147,11 +146,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dk_part = empty(T_tot, H, K, dtype=torch.float32, device=dev)
     dw = empty(T_tot, HV, K, dtype=dt, device=dev)
     dgam = empty(NK, T_tot, HV, dtype=torch.float32, device=dev)
-    chunk_local_bwd_kernel[(NK * slots, H)](
-        q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
-        plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
-        num_warps=WARPS_LOCAL, num_stages=STAGES_LOCAL)
+    launches(chunk_local_bwd_kernel, (NK * slots, H),
+             (q, k, fwd.vnew, fwd.h, fwd.gcum, do, dvnew, dh, dq, dk_part, dw, dgam,
+              plan.cu, plan.chunk_indices, plan.chunk_offsets, N, T_tot, scale),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec,
+                  num_warps=WARPS_LOCAL, num_stages=STAGES_LOCAL))
 
     dk = empty(B, T, H, K, dtype=k.dtype, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
@@ -162,19 +161,22 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
     # FLA's options: the WY stage reads the activated beta of the recompute's stage 2a and takes dbeta / dg on to
     # the raw inputs; the per-token terms of dA_log and d dt_bias (dgate) are summed over tokens here
-    opts, dgate = {}, None
+    opts, tensors, dgate = {}, {}, None
     if A_log is not None:
         dgate = empty(2 if dt_bias is not None else 1, T_tot, HV, dtype=torch.float32, device=dev)
-        opts.update(g_raw_ptr=g, A_log_ptr=A_log, dgate_ptr=dgate, GATE_IN_KERNEL=True)
+        tensors.update(g_raw_ptr=g, A_log_ptr=A_log, dgate_ptr=dgate)
+        opts.update(GATE_IN_KERNEL=True)
         if dt_bias is not None:
-            opts.update(dt_bias_ptr=dt_bias, HAS_DT_BIAS=True)
+            tensors.update(dt_bias_ptr=dt_bias)
+            opts.update(HAS_DT_BIAS=True)
     if beta_scale:
-        opts.update(beta_raw_ptr=beta, BETA_SCALE=beta_scale)
-    chunk_wy_bwd_kernel[(slots, H)](
-        k, v, fwd.beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
-        plan.cu, plan.chunk_indices, N, T_tot,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk, DOT_PREC=dot_prec,
-        num_warps=WARPS_WY, num_stages=STAGES_WY, **opts)
+        tensors.update(beta_raw_ptr=beta)
+        opts.update(BETA_SCALE=beta_scale)
+    launches(chunk_wy_bwd_kernel, (slots, H),
+             (k, v, fwd.beta, fwd.gcum, fwd.tinv, dvnew, dw, dk_part, dgam, dk, dv, dg, dbeta, scratch,
+              plan.cu, plan.chunk_indices, N, T_tot),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk,
+                  DOT_PREC=dot_prec, num_warps=WARPS_WY, num_stages=STAGES_WY, **opts), tensors=tensors or None)
     dA_log = dgate[0].sum(0) if dgate is not None else None
     ddt_bias = dgate[1].sum(0) if dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
