@@ -50,3 +50,91 @@ def test_triton_backward_launches_through_the_host_path():
         assert c["jit"] == 0, (name, c)                 # every launch of the repeat through a kept handle
         assert c["jit_off"] == len(c["launches"]), (name, c)
         assert c["same"], (name, c["diff"])
+
+
+LIST_CHILD = COMMON + r"""
+from linattn.runtime.alloc import poisoned_allocations
+from linattn.runtime.hostsim import count_jit_runs, fake_hopper
+from linattn.ops.gated_delta_rule.triton import backward as TB
+from linattn.ops.gated_delta_rule.triton.hostsim import count_torch_ops
+from linattn.ops.gated_delta_rule.triton.host import host_path as thp, launches as tcache
+
+def case(B, T, h0, opts):
+    x = inputs(B, T, h0=h0)
+    return x, torch.randn_like(x[2]), (torch.randn_like(x[5]) if h0 else None)
+
+def eager(x, do, dht, opts):
+    return TB.bwd_eager(*x[:5], 128 ** -0.5, x[5], do, dht, *(opts.get(n) for n in ("A_log", "dt_bias")),
+                        opts.get("beta_scale", 0))
+
+out = {}
+with fake_hopper() as drv, torch.no_grad():
+    gate = dict(A_log=torch.randn(32), dt_bias=torch.randn(32), beta_scale=2)
+    for name, (B, T, h0, opts) in {"states": (1, 1024, True, {}), "no_states": (2, 300, False, {}),
+                                   "fla_gate": (2, 200, True, gate)}.items():
+        TB.BWD_LISTS.clear()
+        for _ in range(2):                             # compile, then record
+            eager(*case(B, T, h0, opts), opts)
+        kinds = [type(v).__name__ for v in TB.BWD_LISTS.lists.values()]
+        del drv.launches[:]
+        x, do, dht = case(B, T, h0, opts)
+        keys0 = tcache.jit_launches
+        with count_jit_runs() as jit:
+            res = eager(x, do, dht, opts)
+        ins = x + (do, dht) + tuple(opts.get(n) for n in ("A_log", "dt_bias"))
+        a = canon(drv, ins, res)
+        res2 = TB.chunk_gated_delta_rule_bwd(*x[:5], 128 ** -0.5, x[5], None, do, dht, **opts)
+        b = canon(drv, ins, res2)
+        # the host path that a list records makes no torch op that launches device work
+        ops = count_torch_ops(lambda: TB.chunk_gated_delta_rule_bwd(*x[:5], 128 ** -0.5, x[5], None, do, dht,
+                                                                    free_u=False, **opts))
+        del drv.launches[:]
+        out[name] = dict(kinds=kinds, same=a == b, launches=[l[0] for l in a], jit=jit[0],
+                         host_path_jit=tcache.jit_launches - keys0, device_ops=ops["device_ops"],
+                         outs=[t is not None for t in res], diff=[(p, q) for p, q in zip(a, b) if p != q][:2])
+    # a call above BWD_LIST_MAX_TOKEN_HEADS takes the host path and records nothing
+    TB.BWD_LISTS.clear()
+    saved, TB.BWD_LIST_MAX_TOKEN_HEADS = TB.BWD_LIST_MAX_TOKEN_HEADS, 1024 * 32 - 1
+    for _ in range(2):
+        eager(*case(1, 1024, True, {}), {})
+    out["large_lists"] = len(TB.BWD_LISTS.lists)
+    TB.BWD_LIST_MAX_TOKEN_HEADS = saved
+    # the host path's options off: the replay declines and the host path's launches follow
+    for _ in range(2):
+        eager(*case(1, 1024, True, {}), {})
+    x, do, dht = case(1, 1024, True, {})
+    del drv.launches[:]
+    with thp.options(handle=False), count_jit_runs() as jit:
+        eager(x, do, dht, {})
+    out["handle_off_jit"] = jit[0]
+    with poisoned_allocations():
+        r = eager(x, do, dht, {})
+    out["poisoned"] = all(bool(t.isnan().all()) for t in r[:6])
+    del drv.launches[:]
+print(json.dumps(out))
+"""
+
+
+def test_triton_backward_launch_list():
+    """bwd_eager (triton/backward.py): a fixed-length backward's second call of a signature records a list, and a
+    replay makes the host path's seven launches on the same tensors (each pointer the same input or output at the
+    same offset, the buffers in the same pattern) without a JIT run or a launch key, with and without states; the
+    recorded host path launches no torch device op; FLA's in-kernel gate (dA_log / d dt_bias from torch sums) gets no
+    list and keeps the host path; a call above BWD_LIST_MAX_TOKEN_HEADS records nothing; the host path's options off
+    make the replay decline; poisoned allocations are honoured (every gradient NaN: the stand-in driver runs no
+    kernel)."""
+    r = run_json_child(LIST_CHILD)
+    seven = ["kkt_solve_kernel", "wu_kernel", "chunk_state_fwd_kernel", "chunk_dv_local_kernel",
+             "chunk_state_bwd_kernel", "chunk_local_bwd_kernel", "chunk_wy_bwd_kernel"]
+    for name in ("states", "no_states"):
+        c = r[name]
+        assert c["kinds"] == ["LaunchList"], (name, c)
+        assert c["launches"] == seven and c["same"], (name, c["launches"], c["diff"])
+        assert c["jit"] == 0 and c["host_path_jit"] == 0, (name, c)
+        assert c["device_ops"] == [], (name, c["device_ops"])
+    assert r["no_states"]["outs"] == [True] * 5 + [False] * 3
+    g = r["fla_gate"]
+    assert g["kinds"] == ["int"] and g["launches"] == seven and g["same"], g
+    assert r["large_lists"] == 0
+    assert r["handle_off_jit"] == 7
+    assert r["poisoned"]

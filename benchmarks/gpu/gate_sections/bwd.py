@@ -81,6 +81,32 @@ def bwd_case(case, ref, do, dht, inp, cu, backend):
     return dict(shape=case, backend=backend, errors=errs, passed=ok, first_call_s=round(time.time() - t0, 2))
 
 
+def bwd_repeat_case(case, backend, calls=5):
+    """Forward + backward of one signature `calls` times on fresh inputs (the first compiles, the second records the
+    backward's launch list, the later ones replay it: triton/backward.py bwd_eager), NaN-poisoned buffers, every call
+    against its own fp64 gradients; the last call on a side stream (a replay declines another stream)."""
+    errs, ok = [], True
+    for i in range(calls):
+        inp, cu = _bwd_inputs(case, seed=10 + i)
+        ref, do, dht = _reference_grads(inp, cu, case.get("l2norm", False), seed=20 + i)
+        side = torch.cuda.Stream() if i == calls - 1 else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                    # stream(None): no switch
+            r = bwd_case(case, ref, do, dht, inp, cu, backend)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        base.sync()
+        errs.append(r["errors"])
+        ok = ok and r["passed"]
+    return dict(shape=case, backend=backend, errors=errs, passed=ok)
+
+
+# bwd_repeat_case's signatures (under triton/backward.py BWD_LIST_MAX_TOKEN_HEADS): with states, and without
+REPEAT_CASES = (dict(name="repeat-B2-T1000", B=2, T=1000, H=16, HV=32, K=128, V=128),
+                dict(name="repeat-B1-T2048-no-states", B=1, T=2048, H=4, HV=8, K=128, V=128, h0=False, l2norm=True))
+
+
 def compile_case(sz):
     """torch.compile(fullgraph=True) forward + backward of a small model against autograd through the fp64
     reference of the same model (the gate's tolerance rule)."""
@@ -171,6 +197,9 @@ def section(save):
         prepared.clear()
         base.free()
     if not base.DRY:
+        for case in REPEAT_CASES:
+            run(f"{case['name']} triton", bwd_repeat_case, case, "triton")
+            save(dict(cases=cases, incomplete=True))
         run("torch.compile fullgraph fwd+bwd", compile_case, sz)
         run("CUDA graph fwd+bwd varlen", graph_bwd_case, sz)
     return dict(cases=cases, reference="autograd through chunk_reference in fp64 on the same device, full problem")
@@ -182,4 +211,5 @@ def case_names():
         names += [f"{c['name']} fp64 reference", f"{c['name']} triton"]
         if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
             names.append(f"{c['name']} gluon")
-    return names + ([] if base.DRY else ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])
+    return names + ([] if base.DRY else [f"{c['name']} triton" for c in REPEAT_CASES]
+                    + ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])

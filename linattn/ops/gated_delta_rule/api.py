@@ -42,11 +42,16 @@ def _chunk_gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                    cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                    beta_scale: int, state_v_first: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
-    res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
-    final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
-    return res.o, final
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, fwd_eager
+    if cu_seqlens is None and not capturing(q):                       # through the signature's launch list
+        o, final = fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, beta_scale,
+                             state_v_first)
+    else:
+        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                         A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+                                         state_v_first=state_v_first)
+        o, final = res.o, res.final_state
+    return o, final if output_final_state else q.new_empty(0, dtype=torch.float32)
 
 
 @_chunk_gdn_fwd.register_fake

@@ -28,10 +28,11 @@ from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY,
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
-from linattn.ops.gated_delta_rule.triton.host import launches
-from linattn.runtime.alloc import empty
+from linattn.ops.gated_delta_rule.triton.host import host_path, launches
+from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
-from linattn.runtime.host_path import cdiv, next_power_of_2
+from linattn.runtime.host_path import cdiv, current_device, hooks_active, next_power_of_2
+from linattn.runtime.launch_list import SignatureLists, keep, signature
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -87,7 +88,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
                                cu_seqlens: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
-                               state_v_first: bool = False, local_wy=None, state_bwd_dv_local: bool = False):
+                               state_v_first: bool = False, local_wy=None, state_bwd_dv_local: bool = False,
+                               free_u: bool = True):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -106,6 +108,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    if cu_seqlens is None:
+        keep(plan)                  # cached per (B, T, device, stream): a launch list may pass its tensors on
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
     cfg = _configs(K, V, N, HV, dev)
     dot_prec = dot_precision(q.dtype)
@@ -115,7 +119,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
                                      store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
                                      A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
-    fwd.u = None            # consumed by the recomputed state pass; freed before the backward's own buffers
+    if free_u:
+        fwd.u = None        # consumed by the recomputed state pass; freed before the backward's own buffers
 
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
@@ -180,3 +185,30 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dA_log = dgate[0].sum(0) if dgate is not None else None
     ddt_bias = dgate[1].sum(0) if dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
+
+
+# Per call signature of a fixed-length backward outside CUDA-graph capture: its launch list (runtime/launch_list.py).
+# A repeat call allocates the recorded buffers and makes the seven recorded launches (the recompute's three, stages
+# 1a to 3) with its own pointers, instead of the chunk plan lookup, the configs and the host path's launch keys.
+# A replay holds every buffer for the whole call (U included), so lists serve calls up to BWD_LIST_MAX_TOKEN_HEADS
+# token-heads (B * T * HV; U is then at most 64 MB at V = 128 in bf16): the host-bound sizes, where a training step's
+# eager backward waits on its host path. FLA's in-kernel gate returns dA_log / d dt_bias from torch sums, which a list
+# cannot replay: those calls keep the host path (LaunchList.build gives no list).
+BWD_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
+BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
+
+
+def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], do: torch.Tensor,
+              dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
+              dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0, state_v_first: bool = False):
+    """chunk_gated_delta_rule_bwd's outputs for a fixed-length call (not under CUDA-graph capture; the caller
+    checks), through the signature's launch list when it has one and the call is small enough (above)."""
+    def run(free_u=True):
+        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, None, do, dht, A_log=A_log,
+                                          dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first,
+                                          free_u=free_u)
+    if q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS:
+        return run()
+    ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias)
+    key = (tuple([signature(t) for t in ins]), q.device, scale, beta_scale, state_v_first)
+    return BWD_LISTS(key, ins, lambda: run(free_u=False), lambda res: res)
