@@ -18,8 +18,9 @@ def bwd(x, do, dht, cu, opts):
 out = {}
 with fake_hopper() as drv, torch.no_grad():
     gate = dict(A_log=torch.randn(32), dt_bias=torch.randn(32), beta_scale=2)
-    for name, (B, T, h0, varlen, opts) in {"states": (1, 1024, True, False, {}), "no_states": (2, 300, False, False, {}),
-                                           "varlen": (1, 700, True, True, {}), "fla_gate": (2, 200, True, False, gate)}.items():
+    cases = {"states": (1, 1024, True, False, {}), "no_states": (2, 300, False, False, {}),
+             "varlen": (1, 700, True, True, {}), "fla_gate": (2, 200, True, False, gate)}
+    for name, (B, T, h0, varlen, opts) in cases.items():
         x = inputs(B, T, h0=h0)
         cu = torch.tensor([0, 130, 450, 700]) if varlen else None
         if varlen:
@@ -138,3 +139,54 @@ def test_triton_backward_launch_list():
     assert r["large_lists"] == 0
     assert r["handle_off_jit"] == 7
     assert r["poisoned"]
+
+
+GLUON_CHILD = COMMON + r"""
+from linattn.runtime.hostsim import count_jit_runs, fake_hopper
+from linattn.ops.gated_delta_rule.triton import backward as TB
+from linattn.ops.gated_delta_rule.triton.hostsim import count_torch_ops
+from linattn.ops.gated_delta_rule.gluon import backend as GB
+
+def call(x, do, dht, recompute):
+    return GB._chunk_gdn_bwd_gluon.impl(*x[:5], 128 ** -0.5, x[5], None, do, dht, recompute)
+
+out = {}
+with fake_hopper() as drv, torch.no_grad():
+    for name, (B, T, h0, recompute) in {"states_gluon_recompute": (1, 1024, True, True),
+                                        "no_states": (2, 300, False, False)}.items():
+        TB.BWD_LISTS.clear()
+        for _ in range(2):                             # compile, then record
+            x = inputs(B, T, h0=h0)
+            call(x, torch.randn_like(x[2]), torch.randn_like(x[5]) if h0 else None, recompute)
+        kinds = [type(v).__name__ for v in TB.BWD_LISTS.lists.values()]
+        x = inputs(B, T, h0=h0)
+        do, dht = torch.randn_like(x[2]), (torch.randn_like(x[5]) if h0 else None)
+        del drv.launches[:]
+        with count_jit_runs() as jit:
+            res = call(x, do, dht, recompute)
+        ins = x + (do, dht)
+        a = canon(drv, ins, res)
+        saved, TB.BWD_LIST_MAX_TOKEN_HEADS = TB.BWD_LIST_MAX_TOKEN_HEADS, 0      # the host path
+        b = canon(drv, ins, call(x, do, dht, recompute))
+        ops = count_torch_ops(lambda: call(x, do, dht, recompute))
+        TB.BWD_LIST_MAX_TOKEN_HEADS = saved
+        del drv.launches[:]
+        out[name] = dict(kinds=kinds, same=a == b, launches=[l[0] for l in a], jit=jit[0],
+                         device_ops=ops["device_ops"], diff=[(p, q) for p, q in zip(a, b) if p != q][:2])
+print(json.dumps(out))
+"""
+
+
+def test_gluon_backward_launch_list():
+    """The gluon backend's backward (Triton stages with its Gluon hooks) through bwd_eager: the second call of a
+    signature records a list, a replay makes the host path's launches (the Gluon state passes' and local/WY kernel's
+    TMA descriptors by their fields and base) without a JIT run, and the host path it records launches no torch
+    device op (the empty [0] stand-in for an absent dh0 only)."""
+    r = run_json_child(GLUON_CHILD)
+    for name, c in r.items():
+        assert c["kinds"] == ["LaunchList"], (name, c)
+        assert c["same"] and c["jit"] == 0, (name, c["launches"], c["diff"])
+        assert "chunk_state_bwd_tma_kernel" in c["launches"], (name, c["launches"])
+        assert set(c["device_ops"]) <= {"aten.new_empty.default"}, (name, c["device_ops"])
+    assert "chunk_state_fwd_tma_kernel" in r["states_gluon_recompute"]["launches"]
+    assert "chunk_state_fwd_kernel" in r["no_states"]["launches"]

@@ -322,7 +322,8 @@ class SignatureLists:
         q = inputs[0]
         with recording(torch.cuda.current_stream(q.device) if q.is_cuda else None) as rec:
             outs = outputs_of(run())
-        made = None if rec.broken is not None else LaunchList.build(   # (the interpreter: no device to ask)
+        launched = rec.broken is None and any(s[0] == "launch" for s in rec.steps)
+        made = None if not launched else LaunchList.build(     # (nothing launched directly: no device to ask)
             rec, inputs, outs, self.get_device(), self.host_path, self.get_device, self.hooks_active, self.poisoning)
         if len(self.lists) >= self.MAX_SIGNATURES:
             self.lists.clear()

@@ -320,6 +320,7 @@ def chunk_local_wy_bwd_gluon(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, 
                              scale: float) -> None:
     """Stages 2 and 3 of triton/backward.py chunk_gated_delta_rule_bwd on sm_90a (its `local_wy` hook): writes dq,
     dk, dv, dg, dbeta from the recompute's vnew, h, gcum, tinv and stage 1's dh, dvnew."""
+    from linattn.ops.gated_delta_rule.gluon.host import launches
     kernel, grid, args, kwargs = local_wy_launch(q, k, v, vnew, h, dh, gcum, beta, tinv, do, dvnew, dq, dk, dv, dg,
                                                  dbeta, plan, scale)
-    kernel[grid](*args, **kwargs)
+    launches(kernel, grid, args, kwargs)

@@ -257,6 +257,8 @@ if GLUON_OK:
 from dataclasses import dataclass  # noqa: E402
 from typing import Optional  # noqa: E402
 
+from linattn.ops.gated_delta_rule.gluon.host import aligned, fused_desc, gl_dtype, launches  # noqa: E402
+
 BT = 64
 
 
@@ -279,18 +281,6 @@ def state_bwd_config(N: int, HV: int, V: int, num_sms: int, dv_local: bool = Fal
     return BwdStateConfig(bv, 8 if dv_local and bv == 64 else 4, 3 if bv == 32 else 2)
 
 
-def _gl_dtype(dtype):
-    import torch
-
-    from linattn.runtime.gluon_compat import gl
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
-def _aligned(t):
-    """TMA needs a 16-byte aligned base; a view at an odd offset is copied (read-only operands only)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig,
                      dv_local: bool = False):
     """(kernel, grid, args, kwargs) of one launch of chunk_state_bwd_tma_kernel; the arguments mirror the Triton
@@ -300,7 +290,7 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
     dvnew (its contents on entry are not read); else it adds the state term to the dvnew that stage 1a wrote.
     q, k [B,T,H,K], w [T_tot,HV,K], do [B,T,HV,V], gcum [T_tot,HV] fp32, dh [slots,HV,K,V], dvnew [T_tot,HV,V] (all
     contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None."""
-    from linattn.runtime.gluon_compat import TensorDescriptor, gl
+    from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
     HV, V = dvnew.shape[1], dvnew.shape[2]
     N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
@@ -310,16 +300,16 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
             raise ValueError(f"{name} is {t.dtype}, q is {dt}: the Gluon state backward takes one 16-bit dtype")
     if dh.data_ptr() % 16:
         raise ValueError("dh must be 16-byte aligned for the TMA store (the backward allocates it)")
-    gdt = _gl_dtype(dt)
+    gdt = gl_dtype(dt)
 
-    def desc(t2d, block):
-        return TensorDescriptor.from_tensor(t2d, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+    def desc(t2d, block):             # templates per (shape, strides, box, dtype): one layout object for the key
+        return fused_desc(TensorDescriptor, t2d, block, gdt)
 
     dv2d = dvnew.view(T_tot, HV * V)
     if dv2d.data_ptr() % 16:
         raise ValueError("dvnew must be 16-byte aligned (read by TMA, updated in place)")
-    args = (desc(_aligned(q.reshape(T_tot, H * K)), [BT, K]), desc(_aligned(k.reshape(T_tot, H * K)), [BT, K]),
-            desc(_aligned(w.reshape(T_tot, HV * K)), [BT, K]), desc(_aligned(do.reshape(T_tot, HV * V)), [BT, cfg.BV]),
+    args = (desc(aligned(q.reshape(T_tot, H * K)), [BT, K]), desc(aligned(k.reshape(T_tot, H * K)), [BT, K]),
+            desc(aligned(w.reshape(T_tot, HV * K)), [BT, K]), desc(aligned(do.reshape(T_tot, HV * V)), [BT, cfg.BV]),
             desc(dv2d, [BT, cfg.BV]), gcum, desc(dh.view(slots * HV * K, V), [K, cfg.BV]), dvnew,
             dht if dht is not None else gcum, dh0 if dh0 is not None else gcum, plan.cu, plan.chunk_offsets,
             float(scale))
@@ -340,4 +330,4 @@ def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: f
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local)
-    kernel[grid](*args, **kwargs)
+    launches(kernel, grid, args, kwargs)

@@ -17,7 +17,7 @@ No host synchronisation: grids come from shapes and the chunk plan's host-side b
 device, so the backward can be captured in a CUDA graph.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Hashable, Optional
 
 import torch
 
@@ -81,7 +81,8 @@ def launch_state_bwd(q, k, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor], 
              dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK_state, BV=cfg.BV_state,
                   USE_DHT=dht is not None, STORE_DH0=dh0 is not None, STORE_DH=store_dh,
                   DOT_PREC=dot_precision(q.dtype),
-                  num_warps=cfg.warps_state, num_stages=cfg.stages_state, **({"V_FIRST": True} if state_v_first else {})))
+                  num_warps=cfg.warps_state, num_stages=cfg.stages_state,
+                  **({"V_FIRST": True} if state_v_first else {})))
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -200,15 +201,18 @@ BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
 
 def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], do: torch.Tensor,
               dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
-              dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0, state_v_first: bool = False):
+              dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0, state_v_first: bool = False,
+              variant: Hashable = None, **hooks):
     """chunk_gated_delta_rule_bwd's outputs for a fixed-length call (not under CUDA-graph capture; the caller
-    checks), through the signature's launch list when it has one and the call is small enough (above)."""
+    checks), through the signature's launch list when it has one and the call is small enough (above). hooks:
+    chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local, made afresh per call by a
+    backend; variant names what they launch (it keys the lists with the signature)."""
     def run(free_u=True):
         return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, None, do, dht, A_log=A_log,
                                           dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first,
-                                          free_u=free_u)
+                                          free_u=free_u, **hooks)
     if q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS:
         return run()
     ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias)
-    key = (tuple([signature(t) for t in ins]), q.device, scale, beta_scale, state_v_first)
+    key = (variant, tuple([signature(t) for t in ins]), q.device, scale, beta_scale, state_v_first)
     return BWD_LISTS(key, ins, lambda: run(free_u=False), lambda res: res)
