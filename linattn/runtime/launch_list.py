@@ -17,7 +17,9 @@ declared long-lived (`keep`: cached chunk plans). A pointer it cannot attribute 
 temporary), an address inside two sources, or an output that is neither a buffer nor an input: no list (None), and
 the caller keeps its host path. So a call whose host path copied an input never gets a list. A torch op that
 launches device work other than the recorded allocations has no place in a recorded path (its work would not be
-replayed): the paths that record are written without them.
+replayed): the paths that record are written without them. Nor has a Triton launch made outside the host path
+(`kernel[grid](...)` directly): a recording does not see it, so a replay would skip it. The tests of each list
+compare its replay's launches with its host path's under the stand-in driver (runtime/hostsim.py), which catches both.
 
 Replay (`LaunchList.__call__`) returns None, and the caller takes its host path, where the launch would not be the
 recorded one: another current device, a Triton launch hook registered (a profiler sees every launch), the host

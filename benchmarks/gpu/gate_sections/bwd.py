@@ -83,8 +83,9 @@ def bwd_case(case, ref, do, dht, inp, cu, backend):
 
 def bwd_repeat_case(case, backend, calls=5):
     """Forward + backward of one signature `calls` times on fresh inputs (the first compiles, the second records the
-    backward's launch list, the later ones replay it: triton/backward.py bwd_eager), NaN-poisoned buffers, every call
-    against its own fp64 gradients; the last call on a side stream (a replay declines another stream)."""
+    backward's launch list, the later ones replay it: triton/backward.py bwd_eager, both backends), NaN-poisoned
+    buffers, every call against its own fp64 gradients; the last call on a side stream (a replay declines another
+    stream)."""
     errs, ok = [], True
     for i in range(calls):
         inp, cu = _bwd_inputs(case, seed=10 + i)
@@ -198,8 +199,9 @@ def section(save):
         base.free()
     if not base.DRY:
         for case in REPEAT_CASES:
-            run(f"{case['name']} triton", bwd_repeat_case, case, "triton")
-            save(dict(cases=cases, incomplete=True))
+            for b in ("triton", "gluon"):
+                run(f"{case['name']} {b}", bwd_repeat_case, case, b)
+                save(dict(cases=cases, incomplete=True))
         run("torch.compile fullgraph fwd+bwd", compile_case, sz)
         run("CUDA graph fwd+bwd varlen", graph_bwd_case, sz)
     return dict(cases=cases, reference="autograd through chunk_reference in fp64 on the same device, full problem")
@@ -211,5 +213,5 @@ def case_names():
         names += [f"{c['name']} fp64 reference", f"{c['name']} triton"]
         if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
             names.append(f"{c['name']} gluon")
-    return names + ([] if base.DRY else [f"{c['name']} triton" for c in REPEAT_CASES]
+    return names + ([] if base.DRY else [f"{c['name']} {b}" for c in REPEAT_CASES for b in ("triton", "gluon")]
                     + ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])
