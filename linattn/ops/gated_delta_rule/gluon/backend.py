@@ -2,12 +2,14 @@
 op_backends("chunk_gated_delta_rule") when this module is imported (api.py imports it).
 
 `auto` takes it only for the calls where it is faster than the Triton forward (_auto_filter: few sequence-heads,
-and either a long call or a CUDA-graph capture); by name (backend="gluon" or LINATTN_BACKEND=gluon) it takes every
-call supports() accepts. The forward is the torch custom op "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd
-as the Triton op's); its backward, "linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the
-intermediates from the saved inputs) with its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py), its local
-and WY stages (2, 3) in one Gluon kernel (chunk_local_wy_bwd.py) and, where N*HV <= 64, its recompute of the
-forward's state pass in Gluon too (launcher.chunk_state_gluon).
+and an eager call of 256 tokens or more, or a CUDA-graph capture); by name (backend="gluon" or
+LINATTN_BACKEND=gluon) it takes every call supports() accepts. The forward is the torch custom op
+"linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward,
+"linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the intermediates from the saved inputs) with
+its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py), its local and WY stages (2, 3) in one Gluon kernel
+(chunk_local_wy_bwd.py) and, where N*HV <= 64, its recompute of the forward's state pass in Gluon too
+(launcher.chunk_state_gluon); a fixed-length call outside CUDA-graph capture goes through the backward's launch
+list (triton/backward.py bwd_eager).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
