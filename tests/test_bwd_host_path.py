@@ -190,3 +190,35 @@ def test_gluon_backward_launch_list():
         assert set(c["device_ops"]) <= {"aten.new_empty.default"}, (name, c["device_ops"])
     assert "chunk_state_fwd_tma_kernel" in r["states_gluon_recompute"]["launches"]
     assert "chunk_state_fwd_kernel" in r["no_states"]["launches"]
+
+
+FWD_OPS_CHILD = COMMON + r"""
+from linattn.runtime.hostsim import count_jit_runs, fake_hopper
+from linattn.ops.gated_delta_rule import api
+from linattn.ops.gated_delta_rule.gluon import backend as GB
+from linattn.ops.gated_delta_rule.triton import forward as TF
+
+out = {}
+with fake_hopper() as drv, torch.no_grad():
+    for name, op, lists in (("triton", api._chunk_gdn_fwd, TF.EAGER_LISTS),
+                            ("gluon", GB._chunk_gdn_fwd_gluon, L.EAGER_LISTS)):
+        lists.clear()
+        extra = (None, None, 0, False) if name == "triton" else ()
+        for i in range(3):                             # compile, record, replay
+            x = inputs(1, 1024)
+            with count_jit_runs() as jit:
+                o, ht = op.impl(*x[:5], 128 ** -0.5, x[5], True, None, *extra)
+            del drv.launches[:]
+        out[name] = dict(kinds=[type(v).__name__ for v in lists.lists.values()], jit_last=jit[0],
+                         shapes=[list(o.shape), list(ht.shape)])
+print(json.dumps(out))
+"""
+
+
+def test_forward_ops_take_their_launch_lists():
+    """The forward custom ops' implementations (what autograd calls for a training step) go through the forward's
+    launch list for a fixed-length call: after a compile and a record, the third call makes no JIT run."""
+    r = run_json_child(FWD_OPS_CHILD)
+    for name in ("triton", "gluon"):
+        assert r[name]["kinds"] == ["LaunchList"] and r[name]["jit_last"] == 0, (name, r[name])
+        assert r[name]["shapes"] == [[1, 1024, 32, 128], [1, 32, 128, 128]], r[name]

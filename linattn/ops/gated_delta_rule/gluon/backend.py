@@ -32,10 +32,15 @@ DTYPES = (torch.bfloat16, torch.float16)
 def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                          cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    from linattn.ops.gated_delta_rule.gluon.launcher import chunk_gated_delta_rule_fwd_gluon
-    res = chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-    final = res.final_state if output_final_state else q.new_empty(0, dtype=torch.float32)
-    return res.o, final
+    from linattn.ops.gated_delta_rule.gluon import launcher
+    from linattn.runtime.capture import capturing
+    if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
+        o, final = launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state)
+    else:
+        res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                        cu_seqlens)
+        o, final = res.o, res.final_state
+    return o, final if output_final_state else q.new_empty(0, dtype=torch.float32)
 
 
 @_chunk_gdn_fwd_gluon.register_fake
