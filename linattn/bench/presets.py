@@ -47,6 +47,8 @@ PRESETS = {
     "production_hv64": _production_part("hv64"),
     "production_hv8": _production_part("hv8"),
     "quick": [_dense(1, 8192, 16, 32), _dense(8, 4096, 16, 32), PRODUCTION_VARLEN],
+    # short calls, where an eager call is host-bound (a decode-time prefill chunk, a small training batch)
+    "short": [_dense(1, 256, 16, 32), _dense(1, 1024, 16, 32), _dense(1, 4096, 16, 32), _dense(8, 512, 16, 32)],
     # interpreter-sized: one dense row of two chunks and a varlen row with a 1-token sequence
     "tiny": [_dense(1, 128, 2, 4, 32, 32), varlen_shape([1] + varlen_lengths(2, 20, 90, seed=7), 2, 4, 32, 32)],
 }
