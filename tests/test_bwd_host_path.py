@@ -1,9 +1,12 @@
-"""The Triton backward's launches through the host path (triton/host.py `launches`: the compiled kernel's handle per
-launch signature instead of the JIT's binding). Under the stand-in sm_90 driver (linattn.runtime.hostsim: launches
-recorded, not made; a child process without TRITON_INTERPRET): a repeated backward of one signature makes no JIT run,
-and its launches (kernel, grid, every argument, each pointer by the input or buffer it lies in) are the ones the JIT
-path makes on the same tensors, with states, without them, varlen, and with FLA's in-kernel gate and beta sigmoid
-(their tensors passed as the WY kernel's optional pointers)."""
+"""A training step's host path under the stand-in sm_90 driver (linattn.runtime.hostsim: launches recorded, not made;
+a child process without TRITON_INTERPRET):
+- the Triton backward's launches go through triton/host.py's `launches` (the compiled kernel's handle per launch
+  signature): a repeated backward makes no JIT run and the JIT path's launches (kernel, grid, every argument, each
+  pointer by the input or buffer it lies in), with states, without, varlen, with FLA's in-kernel gate;
+- bwd_eager's launch lists (triton/backward.py) for both backends' backward ops replay the host path's launches with
+  no JIT run and no torch device op in what they record; FLA's gate, a large call, the host path's options off and
+  poisoned allocations as launch_list.py says;
+- both forward ops, as autograd calls them, replay the forward's launch list."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
 
