@@ -24,15 +24,10 @@ def chunk_gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   dt_bias: Optional[torch.Tensor], beta_scale: int, state_v_first: bool
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor, torch.Tensor]:
-    from linattn.ops.gated_delta_rule.triton.backward import bwd_eager, chunk_gated_delta_rule_bwd
-    from linattn.runtime.capture import capturing
-    do, dht = do.contiguous(), None if dht is None else dht.contiguous()
-    if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
-        grads = bwd_eager(q, k, v, g, beta, scale, initial_state, do, dht, A_log, dt_bias, beta_scale, state_v_first)
-    else:
-        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, A_log=A_log,
-                                           dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
-    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = grads
+    from linattn.ops.gated_delta_rule.triton.backward import bwd_eager
+    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = bwd_eager(
+        q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
+        A_log, dt_bias, beta_scale, state_v_first, cu_seqlens=cu_seqlens)
     def empty0():                  # one tensor per absent output: outputs of a custom op may not alias each other
         return q.new_empty(0, dtype=torch.float32)
     return (dq, dk, dv, dg, dbeta, empty0() if dh0 is None else dh0,

@@ -63,7 +63,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.gluon import launcher
-    from linattn.ops.gated_delta_rule.triton.backward import bwd_eager, chunk_gated_delta_rule_bwd
+    from linattn.ops.gated_delta_rule.triton.backward import bwd_eager
 
     def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
         launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan)
@@ -75,17 +75,12 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
         gluon_local_wy.chunk_local_wy_bwd_gluon(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv,
                                                 do_ if do_.dtype == q_.dtype else do_.to(q_.dtype), dvnew, dq, dk, dv,
                                                 dg, dbeta, plan, scale_)
-    from linattn.runtime.capture import capturing
-    do, dht = do.contiguous(), None if dht is None else dht.contiguous()
     local_wy = gluon_compat.async_copy is not None
-    hooks = dict(state_pass=state_pass if recompute_state else None, state_bwd=state_bwd_pass,
-                 local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
-    if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
-        grads = bwd_eager(q, k, v, g, beta, scale, initial_state, do, dht, variant=("gluon", recompute_state, local_wy),
-                          **hooks)
-    else:
-        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, **hooks)
-    dq, dk, dv, dg, dbeta, dh0, _, _ = grads
+    dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
+        q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
+        variant=("gluon", recompute_state, local_wy), cu_seqlens=cu_seqlens,
+        state_pass=state_pass if recompute_state else None, state_bwd=state_bwd_pass,
+        local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0

@@ -202,16 +202,19 @@ BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
 def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], do: torch.Tensor,
               dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
               dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0, state_v_first: bool = False,
-              variant: Hashable = None, **hooks):
-    """chunk_gated_delta_rule_bwd's outputs for a fixed-length call (not under CUDA-graph capture; the caller
-    checks), through the signature's launch list when it has one and the call is small enough (above). hooks:
-    chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local, made afresh per call by a
-    backend; variant names what they launch (it keys the lists with the signature)."""
+              variant: Hashable = None, cu_seqlens: Optional[torch.Tensor] = None, **hooks):
+    """chunk_gated_delta_rule_bwd's outputs, through the signature's launch list where one applies: a fixed-length
+    call (no cu_seqlens) outside CUDA-graph capture, small enough (above); every other call takes the host path.
+    hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local, made afresh per call
+    by a backend; variant names what they launch (it keys the lists with the signature)."""
+    from linattn.runtime.capture import capturing
+
     def run(free_u=True):
-        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, None, do, dht, A_log=A_log,
+        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, A_log=A_log,
                                           dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first,
                                           free_u=free_u, **hooks)
-    if q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS:
+    if (cu_seqlens is not None or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS
+            or capturing(q)):
         return run()
     ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias)
     key = (variant, tuple([signature(t) for t in ins]), q.device, scale, beta_scale, state_v_first)
