@@ -16,7 +16,9 @@ def bwd_sizes():
         return dict(gate=[dict(name="long", B=1, T=130, H=1, HV=2, K=32, V=32),
                           dict(name="varlen", lengths=[1, 64, 1, 65], H=1, HV=2, K=32, V=48, l2norm=True),
                           dict(name="batch-fp16-mixed", B=2, T=70, H=1, HV=1, K=20, V=36, dtype="float16",
-                               gate_dtype="bfloat16", beta_dtype="float32", h0=False)],
+                               gate_dtype="bfloat16", beta_dtype="float32", h0=False),
+                          dict(name="strong-decay", B=1, T=70, H=1, HV=2, K=32, V=32, l2norm=True,
+                               strong_decay=True)],
                     compile=dict(B=1, T=70, H=1, HV=2, K=32, V=32), graph_lengths=[1, 64, 5])
     return dict(gate=[dict(name="long-T65536", B=1, T=65536, H=16, HV=32, K=128, V=128),
                       dict(name="varlen-mixed", lengths=[1, 4096, 1, 777, 8192, 63, 64, 65, 1, 3000, 2048, 1],
@@ -25,7 +27,11 @@ def bwd_sizes():
                            gate_dtype="bfloat16", beta_dtype="float32", h0=False),
                       # the Gluon local/WY kernel's group loop at HV = 4H and HV = H, T not a multiple of 64
                       dict(name="gva4-B2-T1000", B=2, T=1000, H=2, HV=8, K=128, V=128),
-                      dict(name="mha-B3-T777", B=3, T=777, H=4, HV=4, K=128, V=128, l2norm=True)],
+                      dict(name="mha-B3-T777", B=3, T=777, H=4, HV=4, K=128, V=128, l2norm=True),
+                      # a trained layer's gates (g down to -60): dg far below the pairs its cumsum cancels, and
+                      # A_log's gradient (sum_t dg_t g_t per head) checked as one more output
+                      dict(name="strong-decay-B2-T1000", B=2, T=1000, H=4, HV=8, K=128, V=128, l2norm=True,
+                           strong_decay=True)],
                 compile=dict(B=2, T=1024, H=4, HV=8, K=128, V=128), graph_lengths=[1, 1000, 64, 3000, 1, 31])
 
 
@@ -41,6 +47,8 @@ def _bwd_inputs(case, seed=0):
                           beta_dtype=dt(case.get("beta_dtype"), None),
                           num_states=len(lengths) if lengths else None, initial_state=case.get("h0", True),
                           normalize_k=not case.get("l2norm", False), generator=gen)
+    if case.get("strong_decay"):
+        inp["g"] = -torch.empty(inp["g"].shape).uniform_(0.3, 60, generator=gen).to(inp["g"].dtype)
     inp = {n: (None if t is None else t.to(base.DEV).requires_grad_()) for n, t in inp.items()}
     cu = random_cu_seqlens(lengths, device=base.DEV) if lengths else None
     return inp, cu
@@ -61,6 +69,11 @@ def _reference_grads(inp, cu, l2norm, seed=1):
     return out, do, dht
 
 
+def gate_sum(dg, g):
+    """FLA's A_log gradient for g = -exp(A_log) softplus(.): sum over tokens of dg * g, per head, in fp64."""
+    return (dg.double() * g.detach().double()).sum((0, 1))
+
+
 def bwd_case(case, ref, do, dht, inp, cu, backend):
     """Forward + backward of `backend` on NaN-poisoned buffers against the fp64 gradients `ref`."""
     import linattn
@@ -77,6 +90,9 @@ def bwd_case(case, ref, do, dht, inp, cu, backend):
         torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
     got = {"o": o.detach(), "final_state": ht.detach()}
     got.update({n: inp[n].grad for n in base.GRADS if inp[n] is not None})
+    if case.get("strong_decay"):
+        ref = dict(ref, dA_log=gate_sum(ref["g"], inp["g"]))
+        got["dA_log"] = gate_sum(got["g"], inp["g"])
     errs, ok = base.errors(got, ref, inp["q"].dtype)
     return dict(shape=case, backend=backend, errors=errs, passed=ok, first_call_s=round(time.time() - t0, 2))
 

@@ -7,22 +7,24 @@ Per (K block, chunk, query/key head) (grid axis 0: K block fastest, then chunk s
 the HV // H value heads of the group in each phase:
 
   phase A  (live: dq, dp, dos)   one V loop: dP = dO Vnew^T, dOS = dO S^T
-           Pm = (dP * Gam) masked i >= j;  dQ_h = scale (diag(exp gam) dOS + Pm K);  dQ += dQ_h
-           dgam := rowsum(Q * dQ_h)        (= O's inter-chunk gate term + rowsum(dP * P)); dQ stored after the loop
+           Pm = (dP * Gam) masked i >= j;  dQ += scale (diag(exp gam) dOS + Pm K)
+           M = scale Pm * (Q K^T) masked i > j  (the intra-chunk pairs of O's gate term, dP * P)
+           dgam := scale rowsum(Q * diag(exp gam) dOS) + rowsum(M) - colsum(M);  dQ stored after the loop
   phase W  (live: dk, dw, dks)   one V loop: dW = -dVnew S^T (stored), Vnew dS^T, sum(dS * S)
            D = diag(exp(gam_C - gam)) Vnew dS^T;  dK += D;  x = rowsum(K * D)
            dgam -= x;  on the last row dgam += sum(x) + exp(gam_C) sum(dS * S)
   phase B  (live: dk, dpt, dk_h) one V loop: dP^T = Vnew dO^T
-           dK_h = scale (dP^T * Gam^T masked i <= j) Q;  dK += dK_h;  dgam -= rowsum(K * dK_h) (= colsum(dP * P))
+           dK += scale (dP^T * Gam^T masked i <= j) Q
            dK stored after the loop (fp32, the WY stage adds the rest)
 
-Why the gate terms are the same: with P = scale (Q K^T) * Gam masked, rowsum(dP * P)_i = sum_j Pm_ij scale q_i.k_j =
-q_i . (scale Pm K)_i and colsum(dP * P)_j = k_j . (scale Pm^T Q)_j, so both come from the dQ and dK contributions
-themselves and no Q K^T tile is needed. Exact rewrites; in 16-bit Pm enters them rounded to the operand dtype, as it
-enters dQ and dK.
+Why the pairs go through M: each pair (i > j) of dP * P reaches dgam twice, +M_ij on row i and -M_ij on row j, and
+dg (the reverse cumsum of dgam) keeps it only where the cumsum separates them. As one fp32 number (here, once per
+K block) the two cancel exactly wherever they should; formed twice, as q_i . (Pm K)_i and k_j . (Pm^T Q)_j, the two
+roundings (as large as the pair, times the cancellation of a near-orthogonal q_i . k_j) do not, and under strong
+decay dg's true value is far below them. The diagonal pairs (dP_ii P_ii) cancel on their row and are left out. Q K^T costs one [64, BK] x [BK, 64] product per head.
 
-The dgam row of each (K block, head) is the program's own: phase A writes it, W and B read-modify-write it; a CTA
-barrier between the phases makes the writes of other threads visible (L2-resident, 3 x 256 B per head).
+The dgam row of each (K block, head) is the program's own: phase A writes it, W read-modifies-writes it; a CTA
+barrier between the two makes the writes of other threads visible (L2-resident, 2 x 256 B per head).
 
 Costs of the phase split: dO is loaded in two phases, Vnew in all three, S in two, q and k once per
 head and phase (issued bytes, L1/L2 hits right after the first read: DRAM bytes unchanged). dP is still computed
@@ -73,7 +75,7 @@ def chunk_local_bwd_kernel(
     last = tl.minimum(eos - t0, BT) - 1
     nt = eos - t0
 
-    # ---- phases A and W: dQ (group sum in registers), the dQ side of the gate terms, dW
+    # ---- phase A: dQ (group sum in registers), the gate terms of O
     dq = tl.zeros([BT, BK], dtype=tl.float32)
     for j in range(0, G):
         hv = hk * G + j
@@ -93,10 +95,13 @@ def chunk_local_bwd_kernel(
             dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
             dos += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
         pm = tl.where(lower, dp * tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.)), 0.)
-        dqh = dos * (tl.exp(gam) * scale)[:, None] + tl.dot(pm.to(b_k.dtype), b_k, input_precision=DOT_PREC) * scale
-        a = tl.sum(dqh * b_q.to(tl.float32), axis=1)
+        dqh = dos * (tl.exp(gam) * scale)[:, None]
+        a = tl.sum(dqh * b_q.to(tl.float32), axis=1)            # O's inter-chunk gate term
+        # the intra-chunk pairs: M = Pm * P on this K block, each pair once, +M_ij on row i and -M_ij on row j
+        mm = tl.where(rc[:, None] > rows[None, :], pm * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC), 0.)
+        a += (tl.sum(mm, axis=1) - tl.sum(mm, axis=0)) * scale
         tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
-        dq += dqh
+        dq += dqh + tl.dot(pm.to(b_k.dtype), b_k, input_precision=DOT_PREC) * scale
 
     store_tile(dq_ptr + t0 * H * K + hk * K, dq.to(dq_ptr.dtype.element_ty), 0, kb * BK, nt, K, H * K)
     tl.debug_barrier()                         # phase A's dgam rows, read back below by other threads
@@ -128,9 +133,8 @@ def chunk_local_bwd_kernel(
         a = a - x + tl.where(rows == last, tl.sum(x, axis=0) + tl.exp(gam_last) * tl.sum(sds, axis=0), 0.)
         tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
         dk += dks
-    tl.debug_barrier()                         # phase W's dgam rows, read back below by other threads
 
-    # ---- phase B: the intra-chunk part of dK' and its gate term colsum(dP * P)
+    # ---- phase B: the intra-chunk part of dK'
     for j in range(0, G):
         hv = hk * G + j
         ntj = tl.load(cu_ptr + n + 1) - t0     # reloaded per head: the masks below stay loop-variant
@@ -143,11 +147,6 @@ def chunk_local_bwd_kernel(
             b_vn = load_tile(vnew_ptr + t0 * HV * V + hv * V, 0, vb * BV, ntj, V, HV * V, BT, BV)
             dpt += tl.dot(b_vn, tl.trans(b_do), input_precision=DOT_PREC)
         b_q = load_tile(q_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
-        b_k = load_tile(k_ptr + t0 * H * K + hk * K, 0, kb * BK, ntj, K, H * K, BT, BK)
         pmt = tl.where(upper, dpt * tl.exp(tl.where(upper, gam[None, :] - gam[:, None], 0.)), 0.)
-        dkh = tl.dot(pmt.to(b_q.dtype), b_q, input_precision=DOT_PREC) * scale
-        a = tl.load(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, mask=valid, other=0.)
-        a -= tl.sum(dkh * b_k.to(tl.float32), axis=1)
-        tl.store(dgam_ptr + (kb * T_tot + t0 + rows) * HV + hv, a, mask=valid)
-        dk += dkh
+        dk += tl.dot(pmt.to(b_q.dtype), b_q, input_precision=DOT_PREC) * scale
     store_tile(dk_ptr + t0 * H * K + hk * K, dk, 0, kb * BK, nt, K, H * K)
