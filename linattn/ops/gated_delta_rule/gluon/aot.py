@@ -248,7 +248,7 @@ def _local_wy_build(dtype: str, hv: int):
     return build
 
 
-for _dt, _hv, _spill in (("bf16", HV, 20), ("fp16", HV, 20), ("bf16", H, 0)):
+for _dt, _hv, _spill in (("bf16", HV, 8), ("fp16", HV, 8), ("bf16", H, 0)):
     register(AotKernel(
         f"gdn_bwd_local_wy_gluon_{_dt}_hv{_hv}", _local_wy_build(_dt, _hv), ("HGMMA", "WARPGROUP", "LDGSTS"),
         div16=LOCAL_WY_PTRS, known_spill_bytes=_spill,

@@ -5,16 +5,19 @@ dK (dk_part), the dgam partials and M^T; K K^T is formed once per key head inste
 
 Tiles come in by cp.async straight into shared memory (rows past the chunk's end zero-filled, so the next sequence's
 rows never enter), a head's tiles in two commit groups issued together; every product is a synchronous
-warpgroup_mma; 8 warps (two warpgroups, each takes half of every product's columns). The formulas, rounding points and masks are the Triton kernels' (their docstrings derive them);
+warpgroup_mma; 8 warps (two warpgroups, each takes half of every product's columns). The formulas, rounding points
+and masks are the Triton kernels' (their docstrings derive them) but one: the intra-chunk pairs of O's gate term come
+through q.dQ and k.dK here, not once as M = Pm * Q K^T (the Triton local stage's device for fp32 precision; at 16-bit
+inputs their rounding dominates, the gate's strong-decay case gives the same dg and A_log errors either way, and
+Q K^T per head costs 3% of this kernel);
 per value head hv of key head hk, with gam the chunk's cumulative gate (rows past the end take the last valid row's),
 Gam_ij = exp(gam_i - gam_j), lower = i >= j, strict = i > j:
 
   local   dP = dO Vnew^T;  Pm = (dP * Gam) on lower, rounded to the operand dtype
-          dQ += scale (diag(exp gam) dO S^T + Pm K);  M = scale (dP * Gam) * (Q K^T) on strict (fp32)
-          dgam = scale rowsum(Q * diag(exp gam) dO S^T) + rowsum(M) - colsum(M)
+          dQ_h = scale (diag(exp gam) dO S^T + Pm K);  dQ += dQ_h;  dgam = rowsum(Q * dQ_h)
           dW = -(dVnew S^T), rounded;  Dk = diag(exp(gam_C - gam)) Vnew dS^T;  dK += Dk;  x = rowsum(K * Dk)
           dgam += -x, and on the last valid row sum(x) + exp(gam_C) sum(dS * S)
-          dK += scale Pm^T Q
+          dK_h = scale Pm^T Q;  dK += dK_h;  dgam -= rowsum(K * dK_h)
   WY      X = dW K^T;  rs_w = colsum(Tinv * X);  X = X diag(exp gam) + dVnew V^T
           dV = diag(beta) Tinv^T dVnew (Tinv rounded);  dbeta = colsum(Tinv * X);  dTinv = (X diag(beta)) on strict
           D = -(Tinv^T (dTinv Tinv^T)) * Gam on strict (fp32 Tinv, TF32 products);  M = diag(beta) D
@@ -23,11 +26,10 @@ Gam_ij = exp(gam_i - gam_j), lower = i >= j, strict = i > j:
 where S = h[chunk] and dS = dh[chunk] (the state at the chunk's start and the gradient flowing into the chunk's
 S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the state term).
 
-Two passes over the group's value heads, so that one [64, 128] fp32 sum is live at a time: pass 1 forms Q K^T once
-(fp32, in registers through the pass), dQ (summed in registers, stored at its end) and keeps each head's gate terms
-of O in dgam_s (the pairs through M, each once: why, triton/backward_local.py); pass 2 forms Pm again (one 64x64x128
+Two passes over the group's value heads, so that one [64, 128] fp32 sum is live at a time: pass 1 forms dQ (summed
+in registers, stored at its end) and keeps each head's dQ gate term in dgam_s; pass 2 forms Pm again (one 64x64x128
 product) and everything else, dK summed in shared memory (fp32 [64, 128]; in registers through the loop it pushed
-the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 20 B spilled (0 at HV = H), 210 KB of
+the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 8 B spilled (0 at HV = H), 210 KB of
 shared memory, one CTA per SM.
 
 Transposed operands: a 16-bit tile is read transposed by wgmma through .permute of its shared buffer (MN-major A, or
@@ -187,7 +189,7 @@ if GLUON_OK:
             r_k = gl.arange(0, BT, layout=RK)
             valid_t = r_t < nt
 
-            # ---- pass 1: dQ (the group's sum in registers) and each head's gate terms of O, kept in dgam_s
+            # ---- pass 1: dQ (the group's sum in registers) and each head's dQ gate term, kept in dgam_s
             dq = gl.zeros([BT, K], gl.float32, A_TK)
             for j in range(0, G):
                 hv = hk * G + j
@@ -200,18 +202,14 @@ if GLUON_OK:
                 gam_r = gl.load(gcum_ptr + (t0 + gl.minimum(r_t, last)) * HV + hv)
                 gam_c = gl.convert_layout(gam_r, CT)
                 _landed(0)
-                qk = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
                 dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
-                gdiff = gl.where(lower, gl.expand_dims(gam_r, 1) - gl.expand_dims(gam_c, 0), 0.)
-                pm = gl.where(lower, dp * gl.exp(gdiff), 0.)
-                _put(pm1_s, pm.to(dt))
-                mm = gl.where(strict, pm * qk, 0.)             # the intra-chunk pairs, each once
-                pairs = gl.sum(mm, axis=1) - gl.convert_layout(gl.sum(mm, axis=0), RT)
                 dos = warpgroup_mma(do_s, h_s.permute((1, 0)), gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
-                dos = dos * gl.expand_dims(gl.exp(gl.convert_layout(gam_r, RK)), 1)
-                gate = gl.sum(dos * q_s.load(A_TK).to(gl.float32), axis=1) + gl.convert_layout(pairs, RK)
-                dgam_s.index(j).store(gate * scale)
-                dq += warpgroup_mma(pm1_s, k_s, dos) * scale
+                gdiff = gl.where(lower, gl.expand_dims(gam_r, 1) - gl.expand_dims(gam_c, 0), 0.)
+                _put(pm1_s, gl.where(lower, dp * gl.exp(gdiff), 0.).to(dt))
+                dqh = warpgroup_mma(pm1_s, k_s, dos * gl.expand_dims(gl.exp(gl.convert_layout(gam_r, RK)), 1))
+                dqh = dqh * scale
+                dgam_s.index(j).store(gl.sum(dqh * q_s.load(A_TK).to(gl.float32), axis=1))
+                dq += dqh
             _store_tile(dq_ptr + t0 * H * K + hk * K, dq.to(dq_ptr.dtype.element_ty), H * K, nt, zp, eos, BT, K, A_TK)
 
             # ---- pass 2: per head, the rest of dK (the group's sum in registers), dV, dbeta, dg
@@ -254,7 +252,9 @@ if GLUON_OK:
                                                                0.)
                 dk_s.store(dk_s.load(A_TK) + dks)             # each thread updates its own elements: no barrier
                 dkh = warpgroup_mma(pm_s.permute((1, 0)), q_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
-                dk_s.store(dk_s.load(A_TK) + dkh * scale)
+                dkh = dkh * scale
+                dgam -= gl.sum(dkh * k_s.load(A_TK).to(gl.float32), axis=1)
+                dk_s.store(dk_s.load(A_TK) + dkh)
                 _put(dw_s, (-dw).to(dt))                      # h, dh, vn and pm are read from here on
                 _landed(0)                                    # v, Tinv
 

@@ -21,7 +21,8 @@ Why the pairs go through M: each pair (i > j) of dP * P reaches dgam twice, +M_i
 dg (the reverse cumsum of dgam) keeps it only where the cumsum separates them. As one fp32 number (here, once per
 K block) the two cancel exactly wherever they should; formed twice, as q_i . (Pm K)_i and k_j . (Pm^T Q)_j, the two
 roundings (as large as the pair, times the cancellation of a near-orthogonal q_i . k_j) do not, and under strong
-decay dg's true value is far below them. The diagonal pairs (dP_ii P_ii) cancel on their row and are left out. Q K^T costs one [64, BK] x [BK, 64] product per head.
+decay dg's true value is far below them. The diagonal pairs (dP_ii P_ii) cancel on their row and are left out.
+Q K^T costs one [64, BK] x [BK, 64] product per head.
 
 The dgam row of each (K block, head) is the program's own: phase A writes it, W read-modifies-writes it; a CTA
 barrier between the two makes the writes of other threads visible (L2-resident, 2 x 256 B per head).
