@@ -31,10 +31,7 @@ _register("conv1d_fwd_w4", "conv1d_fwd_kernel",
           dict(x=_X, weight=_X, bias=_X, residual=_X, h0=_X, cu_seqlens=_I64, y=_X, T="i32", N="i32", D="i32",
                stride_b="i32", stride_t="i32"),
           dict(_OFF, stride_d=1, BT=32, BD=64, HAS_RES=False), 4, "forward")
-_register("conv1d_da_w4", "conv1d_da_kernel",
-          dict(x=_X, weight=_X, bias=_X, h0=_X, cu_seqlens=_I64, dy=_X, da=_F, dw_part=_F, db_part=_F,
-               T="i32", N="i32", D="i32", NTB="i32", stride_b="i32", stride_t="i32"),
-          dict(_OFF, stride_d=1, BW=4, BT=64, BD=32), 4, "backward pass 1: da and the dweight partials")
-_register("conv1d_dx_w4", "conv1d_dx_kernel",
-          dict(weight=_X, cu_seqlens=_I64, da=_F, dht=_X, dx=_X, T="i32", N="i32", D="i32"),
-          dict(W=W, BT=64, BD=32, LOG_N=0, HAS_DHT=False, IS_VARLEN=False), 4, "backward pass 2: dx from da")
+_register("conv1d_bwd_w4", "conv1d_bwd_kernel",
+          dict(x=_X, weight=_X, bias=_X, h0=_X, cu_seqlens=_I64, dy=_X, dht=_X, dx=_X, scratch=_F, dw_part=_F,
+               db_part=_F, T="i32", N="i32", D="i32", NTB="i32", stride_b="i32", stride_t="i32"),
+          dict(_OFF, stride_d=1, BW=4, BT=64, BD=32, HAS_DHT=False), 4, "backward: da, dx and the dweight partials")

@@ -2,12 +2,12 @@
 
 Grid (D blocks, token blocks, batch rows). Under cu_seqlens every token finds its sequence by a binary search of
 the offsets on the device (common.seq_of), so no chunk table is built and nothing is read back on the host. The
-backward recomputes the pre-activation (x, weight and the initial state are all it keeps) in two passes: the first
-stores da = dy silu'(a) once per token and sums dweight and dbias per program over a strided set of token blocks into
-fp32 partials (deterministic, reduced by torch); the second reads da at W shifts for
-dx[t] = sum_i weight[:, W - 1 - i] * da[t + i] over the tokens t + i of t's sequence, plus the final state's
-gradient for a sequence's last W tokens. d initial_state comes from one small program per (D block, sequence), as
-does the final state."""
+backward (one kernel) recomputes the pre-activation (x, weight and the initial state are all it keeps): per token
+block, da = dy silu'(a) for the block and its next W - 1 tokens goes through a per-program scratch in L2 and is read
+back at the W shifts of dx[t] = sum_i weight[:, W - 1 - i] * da[t + i] over the tokens t + i of t's sequence, plus
+the final state's gradient for a sequence's last W tokens; dweight and dbias are summed per program over a strided set
+of token blocks into fp32 partials (deterministic, reduced by torch). d initial_state comes from one small program
+per (D block, sequence), as does the final state."""
 import torch
 import triton
 import triton.language as tl
@@ -33,9 +33,9 @@ def _log_n(N: int) -> int:
 
 
 @triton.jit
-def _tokens(cu_seqlens, i_b, i_t, T, N, BT: tl.constexpr, LOG_N: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Token positions of block i_t (int64), their mask, and per token its sequence, start and end."""
-    t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)        # i_t * BT < T < 2^31
+def _tokens(cu_seqlens, i_b, t0, T, N, BT: tl.constexpr, LOG_N: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Token positions t0 .. t0 + BT - 1 (int64), their mask, and per token its sequence, start and end."""
+    t = (t0 + tl.arange(0, BT)).to(tl.int64)              # t0 + BT < T + 2 BT < 2^31
     m_tok = t < T
     if IS_VARLEN:
         n = seq_of(cu_seqlens, t, N, LOG_N)
@@ -56,7 +56,7 @@ def conv1d_fwd_kernel(x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, str
     i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t, T, N, BT, LOG_N, IS_VARLEN)
+    t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t * BT, T, N, BT, LOG_N, IS_VARLEN)
     x_row = x + i_b.to(tl.int64) * stride_b
     a = preact(x_row, h0, weight, bias, t, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
     if SILU:
@@ -91,64 +91,69 @@ def conv1d_final_kernel(x, h0, cu_seqlens, final, T, D, stride_b, stride_t, stri
 
 
 @triton.jit
-def conv1d_da_kernel(x, weight, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, NTB, stride_b, stride_t,
-                     stride_d, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                     LOG_N: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
-                     IS_VARLEN: tl.constexpr):
-    """Backward, first pass over token blocks i_t = program_id(1) + k * num_programs(1): da = dy silu'(a) stored in
-    fp32 (with SILU; without it da is dy and nothing is stored), and this program's dweight / dbias partial sums
-    dweight[:, j] += sum_t da(t) input(t - (W - 1) + j), from the inputs the pre-activation loaded."""
+def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, NTB, stride_b,
+                      stride_t, stride_d, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                      LOG_N: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
+                      HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Backward over token blocks i_t = program_id(1) + k * num_programs(1): per block, da = dy silu'(a) (a the
+    pre-activation, recomputed) for its BT tokens and for the next W - 1 tokens (the halo, recomputed again by the
+    next block's program), written to this program's own [BT + BW, BD] fp32 scratch (L2-resident) and read back at
+    the W shifts of dx(t) = sum_i weight[:, W - 1 - i] da(t + i) over the tokens t + i of t's sequence, plus the
+    final state's gradient for a sequence's last W tokens; and this program's dweight / dbias partial sums
+    dweight[:, j] += sum_t da(t) input(t - (W - 1) + j), from the inputs the pre-activation loaded. Without SiLU da
+    is dy, read at the shifts directly."""
     i_d, i_p, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G = tl.num_programs(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     o_w = tl.arange(0, BW)
+    r = tl.arange(0, BT)
+    c = tl.arange(0, BD)
     x_row = x + i_b.to(tl.int64) * stride_b
     row = i_b.to(tl.int64) * T
+    sc = scratch + ((i_b * G + i_p).to(tl.int64) * tl.num_programs(0) + i_d) * (BT + BW) * BD
     dw_acc = tl.zeros((BD, BW), dtype=tl.float32)
     db_acc = tl.zeros((BD,), dtype=tl.float32)
     for i_t in range(i_p, NTB, G):
-        t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t, T, N, BT, LOG_N, IS_VARLEN)
+        t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t * BT, T, N, BT, LOG_N, IS_VARLEN)
         off = (row + t)[:, None] * D + o_d[None, :]
         m = m_tok[:, None] & m_d[None, :]
         b_da = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
         if SILU:
             a = preact(x_row, h0, weight, bias, t, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
             b_da = b_da * silu_grad(a)
-            tl.store(da + off, b_da, mask=m)
+            th, m_th, nh, bh, eh = _tokens(cu_seqlens, i_b, (i_t + 1) * BT, T, N, BW, LOG_N, IS_VARLEN)
+            ah = preact(x_row, h0, weight, bias, th, bh, nh, o_d, m_th, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
+            dah = tl.load(dy + (row + th)[:, None] * D + o_d[None, :], mask=m_th[:, None] & m_d[None, :],
+                          other=0.).to(tl.float32) * silu_grad(ah)
+            tl.debug_barrier()                  # the previous block's reads of the scratch are done
+            tl.store(sc + r[:, None] * BD + c[None, :], b_da)
+            tl.store(sc + (BT + o_w)[:, None] * BD + c[None, :], dah)
+            tl.debug_barrier()                  # visible to every thread of the program
         for j in tl.static_range(W):
             src = load_src(x_row, h0, t - (W - 1) + j, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0)
             dw_acc += tl.where(o_w[None, :] == j, tl.sum(b_da * src, 0)[:, None], 0.)
         db_acc += tl.sum(b_da, 0)
+        b_dx = tl.zeros((BT, BD), dtype=tl.float32)
+        for i in tl.static_range(W):
+            m_i = m_tok & (t + i < eos)
+            w = tl.load(weight + o_d * W + (W - 1 - i), mask=m_d, other=0.).to(tl.float32)
+            if SILU:
+                sh = tl.load(sc + (r + i)[:, None] * BD + c[None, :], mask=m_i[:, None], other=0.)
+            else:
+                sh = tl.load(dy + (row + t + i)[:, None] * D + o_d[None, :], mask=m_i[:, None] & m_d[None, :],
+                             other=0.).to(tl.float32)
+            b_dx += w[None, :] * sh
+        if HAS_DHT:
+            k = t - eos + W
+            m_k = m_tok & (k >= 0) & (t >= bos)
+            b_dx += tl.load(dht + (n * D * W + k)[:, None] + o_d[None, :] * W, mask=m_k[:, None] & m_d[None, :],
+                            other=0.).to(tl.float32)
+        tl.store(dx + off, b_dx.to(dx.dtype.element_ty), mask=m)
     p = (i_b * G + i_p).to(tl.int64)
     tl.store(dw_part + p * D * W + o_d[:, None] * W + o_w[None, :], dw_acc, mask=m_d[:, None] & (o_w < W)[None, :])
     if HAS_BIAS:
         tl.store(db_part + p * D + o_d, db_acc, mask=m_d)
-
-
-@triton.jit
-def conv1d_dx_kernel(weight, cu_seqlens, da, dht, dx, T, N, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                     LOG_N: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Backward, second pass: dx(t) = sum_i weight[:, W - 1 - i] da(t + i) over the tokens t + i of t's sequence,
-    plus the final state's gradient for a sequence's last W tokens."""
-    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t, T, N, BT, LOG_N, IS_VARLEN)
-    row = i_b.to(tl.int64) * T
-    b_dx = tl.zeros((BT, BD), dtype=tl.float32)
-    for i in tl.static_range(W):
-        m_i = m_tok & (t + i < eos)
-        w = tl.load(weight + o_d * W + (W - 1 - i), mask=m_d, other=0.).to(tl.float32)
-        b_dx += w[None, :] * tl.load(da + (row + t + i)[:, None] * D + o_d[None, :],
-                                     mask=m_i[:, None] & m_d[None, :], other=0.).to(tl.float32)
-    if HAS_DHT:
-        k = t - eos + W
-        m_k = m_tok & (k >= 0) & (t >= bos)
-        b_dx += tl.load(dht + (n * D * W + k)[:, None] + o_d[None, :] * W, mask=m_k[:, None] & m_d[None, :],
-                        other=0.).to(tl.float32)
-    tl.store(dx + (row + t)[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
-             mask=m_tok[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -233,15 +238,13 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     dw_part = empty(B * G, D, W, dtype=torch.float32, device=x.device)
     db_part = empty(B * G, D, dtype=torch.float32, device=x.device) if bias is not None else None
     if T > 0:
-        # with SiLU, da = dy silu'(a) goes through HBM in fp32 (a transient of 4 bytes per element): computing it
-        # once per token costs less than recomputing it at each of the W shifts dx reads it at
-        da = empty(B, T, D, dtype=torch.float32, device=x.device) if silu else dy
-        flags = dict(LOG_N=_log_n(N), IS_VARLEN=cu_seqlens is not None)
-        conv1d_da_kernel[(nd, G, B)](
-            x, w, bias, h0, cu_seqlens, dy, da, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W, BW=BW,
-            BT=BT_BWD, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None, **flags)
-        conv1d_dx_kernel[(nd, ntb, B)](w, cu_seqlens, da, dht, dx, T, N, D, W=W, BT=BT_BWD, BD=BD,
-                                       HAS_DHT=dht is not None, **flags)
+        # the program's own [BT + BW, BD] fp32 scratch for da (with SiLU): written and read back per block, in L2
+        ng = nd * G * B
+        scratch = empty(ng * (BT_BWD + BW) * BD, dtype=torch.float32, device=x.device) if silu else dy
+        conv1d_bwd_kernel[(nd, G, B)](
+            x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W,
+            BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
+            HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None)
         dw = dw_part.sum(0)
         db = db_part.sum(0) if bias is not None else None
     else:
