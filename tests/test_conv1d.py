@@ -183,9 +183,9 @@ def test_bad_inputs_are_named(device):
     cases = [
         (dict(x=x[0], weight=w), ValueError, "x must be"),
         (dict(x=x, weight=w[:, None]), ValueError, "weight must be"),
-        (dict(x=x, weight=w, bias=torch.randn(5)), ValueError, "bias must be"),
+        (dict(x=x, weight=w, bias=torch.randn(5, device=device)), ValueError, "bias must be"),
         (dict(x=x, weight=w, activation="relu"), ValueError, "activation"),
-        (dict(x=x, weight=w, initial_state=torch.randn(2, 6, 3)), ValueError, "initial_state"),
+        (dict(x=x, weight=w, initial_state=torch.randn(2, 6, 3, device=device)), ValueError, "initial_state"),
         (dict(x=x, weight=w, cu_seqlens=torch.tensor([0, 3, 7])), ValueError, "cu_seqlens"),
         (dict(x=x, weight=w, cu_seqlens=torch.tensor([0.0, 8.0])), TypeError, "cu_seqlens"),
         (dict(x=x, weight=w, cp_context=object()), TypeError, "cp_context"),
