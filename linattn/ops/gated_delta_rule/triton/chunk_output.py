@@ -20,12 +20,14 @@ OUTPUT_BK, OUTPUT_BV, OUTPUT_WARPS, OUTPUT_STAGES = 64, 128, 8, 2
 
 
 @triton.jit
-def chunk_attention_from_qk(qk, gam, BT: tl.constexpr, OP_DTYPE: tl.constexpr):
+def chunk_attention_from_qk(qk, gam, nrows, BT: tl.constexpr, OP_DTYPE: tl.constexpr):
     """(Q K^T) * Gam * lower_incl from the fp32 q k^T [BT, BT] accumulated over the K blocks, in OP_DTYPE (the left
-    operand of att Vnew); gam [BT] fp32 (0 past the sequence end). Unscaled: the scale multiplies O."""
+    operand of att Vnew); gam [BT] fp32 (0 past the sequence end), nrows the chunk's valid rows. Unscaled: the scale
+    multiplies O."""
     rows = tl.arange(0, BT)
-    lower = rows[:, None] >= rows[None, :]
-    # mask before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+    lower = (rows[:, None] >= rows[None, :]) & (rows[:, None] < nrows)
+    # mask before exp: above the diagonal, and on the rows past the sequence end (gam 0 there), gam_i - gam_j > 0
+    # could overflow for very negative g
     gmat = tl.exp(tl.where(lower, gam[:, None] - gam[None, :], 0.))
     return tl.where(lower, qk * gmat, 0.).to(OP_DTYPE)
 
@@ -87,7 +89,7 @@ def chunk_output_kernel(
     if DECAY == "scalar":
         gam = tl.load(gcum_ptr + (t0 + rows) * HV + hv, mask=valid, other=0.)
         o_inter = acc_o * tl.exp(gam)[:, None]
-        att = chunk_attention_from_qk(acc_a, gam, BT, q_ptr.dtype.element_ty)
+        att = chunk_attention_from_qk(acc_a, gam, eos - t0, BT, q_ptr.dtype.element_ty)
     else:
         o_inter = acc_o
         att = tl.load(aqk_ptr + (t0 + rows)[:, None] * HV * BT + hv * BT + rows[None, :], mask=valid[:, None],
