@@ -239,8 +239,7 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     db_part = empty(B * G, D, dtype=torch.float32, device=x.device) if bias is not None else None
     if T > 0:
         # the program's own [BT + BW, BD] fp32 scratch for da (with SiLU): written and read back per block, in L2
-        ng = nd * G * B
-        scratch = empty(ng * (BT_BWD + BW) * BD, dtype=torch.float32, device=x.device) if silu else dy
+        scratch = empty(nd * G * B * (BT_BWD + BW) * BD, dtype=torch.float32, device=x.device) if silu else dy
         conv1d_bwd_kernel[(nd, G, B)](
             x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W,
             BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
