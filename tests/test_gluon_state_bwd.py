@@ -221,7 +221,7 @@ def test_gluon_backward_runs_stage_1a_in_the_state_pass(monkeypatch):
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
     v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
     g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
-    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None, False)
+    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None)
     assert seen["state_bwd_dv_local"] is True and seen["launch_kwargs"] == {"dv_local": True}
     from linattn.distributed import chunk as cp_chunk
     seen.clear()

@@ -193,7 +193,8 @@ def test_aot_registration_is_the_launchers(name):
     tinv, heads_fast = AOT[name]
     assert const == dict(H=16, HV=32, K=128, BT=64, BK=cfg.BK_kkt, DOT_PREC="tf32", HEADS_FAST=heads_fast,
                          A_log_ptr=None, dt_bias_ptr=None, beta_out_ptr=None, GATE_IN_KERNEL=False,
-                         HAS_DT_BIAS=False, BETA_SCALE=0)      # FLA's options off: the default path's kernel
+                         HAS_DT_BIAS=False, BETA_SCALE=0,      # FLA's options off: the default path's kernel
+                         tinv16_ptr=None)                      # no 16-bit copy of Tinv (the gluon backward's)
     assert opts["num_warps"] == cfg.warps_kkt and sig["k_ptr"] == "*bf16" and sig["tinv_ptr"] == tinv
     assert getattr(fn, "fn", fn) is sm.kkt_solve_kernel.fn
 

@@ -16,7 +16,7 @@ def desc_sig(dtype_name: str, block):
     return f"tensordesc<{dtype_name}[{', '.join(map(str, block))}],{layout!r}>"
 
 
-# ---- The forward's state pass (gluon/chunk_state_tma.py; the backward's recompute where N*HV <= 64): TMA ring,
+# ---- The state pass from W and U (gluon/chunk_state_tma.py; context parallelism's where N*HV <= 64): TMA ring,
 # warpgroup_mma, the TMA store of h. Configs: launcher.state_config's for K=V=128.
 INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
 # the pointer arguments the JIT marks 16-divisible (torch allocations are 256-byte aligned)
@@ -254,3 +254,40 @@ for _dt, _hv, _spill in (("bf16", HV, 8), ("fp16", HV, 8), ("bf16", H, 0)):
         div16=LOCAL_WY_PTRS, known_spill_bytes=_spill,
         description=f"GDN backward stages 2+3 (local terms and WY) in one Gluon kernel per (chunk, key head), "
                     f"cp.async tiles, synchronous warpgroup_mma, H16/HV{_hv} K=V=128 {_dt}, 8 warps"))
+
+
+# ---- The backward's recompute of h and Vnew in the gate-free form (gluon/chunk_state_gf.py): chunk_fused_gf's two
+# state partitions, a store partition (TMA stores of h and Vnew), the k / v / Tinv producer. The plain launch with an
+# initial state and no final state (the backward's), and the segment launch (seg_ptr, sel_ptr, seq_len).
+def state_gf_signature(dtype: str, warm: bool = False):
+    sig = {"k_desc": desc_sig(dtype, [BT, K]), "v_desc": desc_sig(dtype, [BT, V]), "t_desc": desc_sig(dtype, [BT, BT]),
+           "h_desc": desc_sig(dtype, [K, V]), "vn_desc": desc_sig(dtype, [BT, V]), "beta_ptr": "*fp32",
+           "gcum_ptr": "*fp32", "vnew_ptr": f"*{dtype}", "h0_ptr": "*fp32", "ht_ptr": "constexpr", "cu_ptr": "*i64",
+           "chunk_off_ptr": "*i64", "sel_ptr": "*i32" if warm else "constexpr",
+           "seg_ptr": "*i32" if warm else "constexpr", "seq_len": "i32"}
+    return sig
+
+
+def _state_gf_build(dtype: str, warm: bool = False):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon import chunk_state_gf as m
+        const = dict(ht_ptr=None, H=H, HV=HV, K=K, V=V, BT=BT, BV=m.SGF_BV, STAGES=m.SGF_STAGES, NPUB=m.SGF_NPUB,
+                     USE_H0=True, STORE_HT=False, SPLIT=m.SGF_SPLIT, STATE_REGS=m.SGF_STATE_REGS,
+                     STORE_REGS=m.SGF_STORE_REGS, PRODUCER_REGS=m.PRODUCER_REGS)
+        if not warm:
+            const.update(sel_ptr=None, seg_ptr=None)
+        sig = state_gf_signature(dtype, warm=warm)
+        sig.update({name: "constexpr" for name in const})
+        return m.chunk_state_gf_kernel, sig, const, {"num_warps": 4}
+    return build
+
+
+for _warm in (False, True):
+    register(AotKernel(
+        "gdn_bwd_recompute_state_gf_gluon_bf16" + ("_warm" if _warm else ""), _state_gf_build("bf16", warm=_warm),
+        ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP"),
+        div16=("beta_ptr", "gcum_ptr", "vnew_ptr", "h0_ptr", "cu_ptr", "chunk_off_ptr")
+        + (("sel_ptr", "seg_ptr") if _warm else ()),
+        description="GDN backward's recompute of h and Vnew in the gate-free form (no W, no U): two state partitions "
+                    "of 64 columns, a TMA-store partition, H16/HV32 K=V=128 bf16"
+                    + (", the segment launch" if _warm else "")))

@@ -6,10 +6,10 @@ and an eager call of 256 tokens or more, or a CUDA-graph capture); by name (back
 LINATTN_BACKEND=gluon) it takes every call supports() accepts. The forward is the torch custom op
 "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward,
 "linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the intermediates from the saved inputs) with
-its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py), its local and WY stages (2, 3) in one Gluon kernel
-(chunk_local_wy_bwd.py) and, where N*HV <= 64, its recompute of the forward's state pass in Gluon too
-(launcher.chunk_state_gluon); a fixed-length call outside CUDA-graph capture goes through the backward's launch
-list (triton/backward.py bwd_eager).
+its recompute of h and Vnew in the gate-free form (chunk_state_gf.py: no U; in segments as the forward where a
+B1-B2 batch leaves SMs idle), its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py) and its local and WY
+stages (2, 3) in one Gluon kernel (chunk_local_wy_bwd.py); a fixed-length call outside CUDA-graph capture goes
+through the backward's launch list (triton/backward.py bwd_eager).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
 """
@@ -55,18 +55,15 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
 @eager_ops.custom_op("linattn::chunk_gdn_bwd_gluon")
 def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                         do: torch.Tensor, dht: Optional[torch.Tensor], recompute_state: bool
+                         do: torch.Tensor, dht: Optional[torch.Tensor]
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton backward with its stages 1a + 1 (P^T dO and the reverse state pass, one kernel) and its local and
-    WY stages (2, 3) in Gluon and, with recompute_state, its recompute of the forward's state pass in Gluon too."""
+    """The Triton backward with its recompute in the gate-free form (gluon/chunk_state_gf.py: h and Vnew without U,
+    segmented as the forward where recompute_segments says so), its stages 1a + 1 (P^T dO and the reverse state pass,
+    one kernel) and its local and WY stages (2, 3) in Gluon."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
-    from linattn.ops.gated_delta_rule.gluon import launcher
     from linattn.ops.gated_delta_rule.triton.backward import bwd_eager
-
-    def state_pass(k_, w, u, gcum, h, vnew, h0, final, plan):
-        launcher.chunk_state_gluon(k_, w, u, gcum, h, vnew, h0, final, plan)
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
         gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_, dv_local=True)
@@ -76,38 +73,50 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                                                 do_ if do_.dtype == q_.dtype else do_.to(q_.dtype), dvnew, dq, dk, dv,
                                                 dg, dbeta, plan, scale_)
     local_wy = gluon_compat.async_copy is not None
+    segments = recompute_segments(q, v, cu_seqlens)
+
+    def recompute(q_, k_, v_, g_, beta_, h0_, plan):
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
+        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments)
     dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
         q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
-        variant=("gluon", recompute_state, local_wy), cu_seqlens=cu_seqlens,
-        state_pass=state_pass if recompute_state else None, state_bwd=state_bwd_pass,
-        local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
+        variant=("gluon", local_wy, segments), cu_seqlens=cu_seqlens, recompute=recompute,
+        state_bwd=state_bwd_pass, local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dg, dbeta, dh0
 
 
 @_chunk_gdn_bwd_gluon.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, recompute_state):
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
     return autograd.fake_grads(q, k, v, g, beta, initial_state)
 
 
-# The backward's recompute of the forward state pass goes to the Gluon kernel where the Gluon state pass beats
-# Triton's: N*HV <= 64 sequence-heads (backward 1.05x at B1 T8192-65536 H16/HV32; at B8 T4096, N*HV = 256, the
-# Gluon state pass is 0.92x Triton's; benchmarks/RESULTS.md).
+# Context parallelism's local state pass (distributed/chunk.py) goes to the Gluon W/U state pass
+# (launcher.chunk_state_gluon) where it beats Triton's: N*HV <= 64 sequence-heads (1.05x at B1 T8192-65536 H16/HV32;
+# at B8 T4096, N*HV = 256, 0.92x; benchmarks/RESULTS.md).
 GLUON_BWD_STATE_MAX_SEQ_HEADS = 64
 
 
 def recompute_state_in_gluon(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> bool:
-    """Whether the backward recomputes the state pass with the Gluon kernel."""
+    """Whether context parallelism's state pass runs on the Gluon W/U kernel."""
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     return N * v.shape[2] <= GLUON_BWD_STATE_MAX_SEQ_HEADS
+
+
+def recompute_segments(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
+    """(S, L) of the backward's segmented recompute (the forward's segment plan: chunk_fused_gf.gf_segments_wanted),
+    or None where it runs unsegmented."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import gf_segments_wanted
+    from linattn.runtime.capture import capturing
+    S, L = gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device, capturing=capturing(q))
+    return (S, L) if S > 1 else None
 
 
 def _backward(ctx, do, dfinal):
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors[:7]
     grads = _chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do,
-                                                  autograd.final_state_grad(ctx, dfinal),
-                                                  recompute_state_in_gluon(q, v, cu_seqlens))
+                                 autograd.final_state_grad(ctx, dfinal))
     return autograd.input_grads(ctx, *grads)
 
 

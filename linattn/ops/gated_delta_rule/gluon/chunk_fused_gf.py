@@ -165,6 +165,22 @@ if GLUON_OK:
                 gl.store(ht_ptr + (n * HV + hv).to(gl.int64) * (K * V) + state_off, s)
 
     @gluon.jit
+    def _gf_shared(k_desc, v_desc, t_desc, STAGES: gl.constexpr, NPUB: gl.constexpr, CONSUMERS: gl.constexpr,
+                   K: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr):
+        """The state partitions' shared memory and barriers (also chunk_state_gf.py's): the ring's k, v, Tinv tiles
+        and its barriers (empty: CONSUMERS arrivals per use), the published pairs s_pub / v_pub (s_full, v_full: one
+        arrival per state partition) and vn_s (x, then d * vnew)."""
+        dt: gl.constexpr = k_desc.dtype
+        k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, CONSUMERS, 2)
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        return k_s, v_s, t_s, ready, empty, s_full, v_full, pub_empty, s_pub, v_pub, vn_s
+
+    @gluon.jit
     def chunk_fused_gf_kernel(
         q_desc, k_desc, v_desc, t_desc,        # TMA over q, k [T_tot, H*K], v [T_tot, HV*V], Tinv [T_tot, HV*BT]
         beta_ptr, gcum_ptr, o_ptr,             # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; o [T_tot, HV, V]
@@ -195,14 +211,9 @@ if GLUON_OK:
                     ht_on = 0
 
         q_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
-        k_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
-        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
-        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
-        # empty: the two state partitions + the output; s_full / v_full: one arrival per state partition
-        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3, 2)
-        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
-        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
-        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        # empty: the two state partitions + the output
+        k_s, v_s, t_s, ready, empty, s_full, v_full, pub_empty, s_pub, v_pub, vn_s = _gf_shared(
+            k_desc, v_desc, t_desc, STAGES, NPUB, 3, K, BV, BT)
         # two state partitions (the default and worker 0), each the [K, BV / 2] half of S's columns: the chain's
         # serial elementwise work per chunk (S's publication, x, d * vnew) halves, its products run at N = BV / 2
         HALF: gl.constexpr = BV // 2
@@ -278,8 +289,9 @@ def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
 
 
 def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device, capturing: bool = False) -> tuple:
-    """(S, L) for the gluon forward: gf_segment_plan's under CUDA-graph capture or from GF_SEG_MIN_EAGER_TOKENS tokens,
-    else (1, chunks); fixed-length batches only (the segment plan cuts equal sequences)."""
+    """(S, L) for the gluon forward and its backward's recompute (backend.recompute_segments): gf_segment_plan's
+    under CUDA-graph capture or from GF_SEG_MIN_EAGER_TOKENS tokens, else (1, chunks); fixed-length batches only (the
+    segment plan cuts equal sequences)."""
     from linattn.runtime.device import device_facts
     nch = -(-max(T, 0) // BT)
     if cu_seqlens is not None or not (capturing or B * T >= GF_SEG_MIN_EAGER_TOKENS):

@@ -52,14 +52,15 @@ if GLUON_OK:
     def _wu_ring_load(q_desc, k_desc, v_desc, t_desc, q_s, k_s, v_s, t_s, ready, empty, c, bos, hv, hk, vb,
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
         """Chunk c's q, k, v, Tinv boxes into ring slot c % STAGES once its consumers released use c - STAGES
-        (one producer iteration; chunk_fused_gf._gf_producer_g adds its gate staging after it). Returns the slot."""
-        nbytes: gl.constexpr = (q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                + t_desc.block_type.nbytes)
+        (one producer iteration). Returns the slot. q_desc None (the recompute, chunk_state_gf.py): no q box."""
+        QB: gl.constexpr = 0 if q_desc is None else q_desc.block_type.nbytes
+        nbytes: gl.constexpr = QB + k_desc.block_type.nbytes + v_desc.block_type.nbytes + t_desc.block_type.nbytes
         s = c % STAGES
         mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # the consumers released use c - STAGES
         row = (bos + c * BT).to(gl.int32)
         mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
-        tma_load(q_desc, [row, hk * K], ready.index(s), q_s.index(s))
+        if q_desc is not None:
+            tma_load(q_desc, [row, hk * K], ready.index(s), q_s.index(s))
         tma_load(k_desc, [row, hk * K], ready.index(s), k_s.index(s))
         tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
         tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))

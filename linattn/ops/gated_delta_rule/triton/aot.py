@@ -36,7 +36,7 @@ def _register(name: str, mod: str, kname: str, sig: dict, const: dict, warps: in
 _KKT_SIG = dict(k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32")
 # FLA's options at their defaults (the pointers None, the switches off): compiled out, the default path's kernel
 _KKT_FLA_OFF = dict(A_log_ptr=None, dt_bias_ptr=None, beta_out_ptr=None, GATE_IN_KERNEL=False, HAS_DT_BIAS=False,
-                    BETA_SCALE=0)
+                    BETA_SCALE=0, tinv16_ptr=None)   # (and no 16-bit copy of Tinv: the gluon backward's adds one store)
 _KKT_CONST = dict(H=H, HV=HV, K=K, BT=BT, BK=128, DOT_PREC="tf32", **_KKT_FLA_OFF)
 for _name, _tinv, _hf, _what in (
         ("gdn_fwd_triton_kkt_solve_w4", _X, False, "stage 2a: gcum and Tinv (bf16)"),

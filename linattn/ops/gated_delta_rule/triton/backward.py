@@ -90,7 +90,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
                                state_pass=None, state_bwd=None, A_log: Optional[torch.Tensor] = None,
                                dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
                                state_v_first: bool = False, local_wy=None, state_bwd_dv_local: bool = False,
-                               free_u: bool = True):
+                               free_u: bool = True, recompute=None):
     """q, k [B,T,H,K], v [B,T,HV,V] contiguous in one dtype; g, beta [B,T,HV] contiguous, any float dtype;
     initial_state [N,HV,K,V] fp32 contiguous or None; do [B,T,HV,V] contiguous; dht [N,HV,K,V] or None.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, and dA_log, d dt_bias
@@ -104,7 +104,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dvnew, dht, dh0, plan, scale) with the same tensors the Triton launch gets (the gluon backend plugs its Gluon
     state backward, gluon/chunk_state_bwd.py, in here).
     state_bwd_dv_local: the state_bwd hook forms stage 1a's P^T dO itself and writes dvnew whole (the gluon kernel's
-    dv_local), so chunk_dv_local_kernel is not launched and dvnew reaches the hook uninitialised."""
+    dv_local), so chunk_dv_local_kernel is not launched and dvnew reaches the hook uninitialised.
+    recompute: replaces stage 0, called as recompute(q, k, v, g, beta, initial_state, plan) for a FwdResult with gcum,
+    w, vnew, h, tinv (fp32) and beta (the gluon backend's gate-free recompute, gluon/chunk_state_gf.py); not with
+    FLA's options."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -117,9 +120,16 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     dt = q.dtype
     NK = cdiv(K, cfg.BK)
 
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
-                                     store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
-                                     A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale, state_v_first=state_v_first)
+    if recompute is not None:
+        if A_log is not None or beta_scale or state_v_first:
+            raise NotImplementedError("a recompute hook takes the default options only (no in-kernel gate or beta "
+                                      "sigmoid, [N, HV, K, V] states)")
+        fwd = recompute(q, k, v, g, beta, initial_state, plan)
+    else:
+        fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, False, cu_seqlens,
+                                         store_tinv=True, plan=plan, compute_output=False, state_pass=state_pass,
+                                         A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
+                                         state_v_first=state_v_first)
     if free_u:
         fwd.u = None        # consumed by the recomputed state pass; freed before the backward's own buffers
 
@@ -205,7 +215,7 @@ def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
               variant: Hashable = None, cu_seqlens: Optional[torch.Tensor] = None, **hooks):
     """chunk_gated_delta_rule_bwd's outputs, through the signature's launch list where one applies: a fixed-length
     call (no cu_seqlens) outside CUDA-graph capture, small enough (above); every other call takes the host path.
-    hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local, made afresh per call
+    hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local / recompute, made afresh per call
     by a backend; variant names what they launch (it keys the lists with the signature)."""
     from linattn.runtime.capture import capturing
 

@@ -213,13 +213,13 @@ def _select_above(xa, s: tl.constexpr):
 
 
 @triton.jit
-def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
+def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, tinv16_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                           DOT_PREC: tl.constexpr, LOWP: tl.constexpr, EARLY_K: tl.constexpr,
                           A_log_ptr, dt_bias_ptr, beta_out_ptr, GATE_IN_KERNEL: tl.constexpr,
                           HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr):
     """The program of kkt_solve_kernel for chunk slot p and value head hv: _chunk_a (gcum stored, the gated A), then
-    Tinv = (I + A)^-1 (tinv_blocks) stored."""
+    Tinv = (I + A)^-1 (tinv_blocks) stored, to tinv16_ptr too where it is not None."""
     n, c = slot_chunk(chunk_idx_ptr, p)
     if n < N:                                  # else a surplus slot of the varlen bound
         t0, eos, r, m, a = _chunk_a(k_ptr, g_ptr, beta_ptr, gcum_ptr, cu_ptr, n, c, hv, H, HV, K, BT, BK, DOT_PREC,
@@ -227,6 +227,8 @@ def _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, ch
                                     BETA_SCALE)
         d, t1, t2, t3 = tinv_blocks(a, DOT_PREC, LOWP)
         store_tinv_blocks(tinv_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
+        if tinv16_ptr is not None:
+            store_tinv_blocks(tinv16_ptr, t0, eos, hv, d, t1, t2, t3, HV, BT)
 
 
 @triton.jit
@@ -282,6 +284,8 @@ def kkt_solve_kernel(
     DOT_PREC: tl.constexpr, HEADS_FAST: tl.constexpr = False,
     A_log_ptr=None, dt_bias_ptr=None,         # FLA's gate parameters [HV] (GATE_IN_KERNEL; dt_bias with HAS_DT_BIAS)
     beta_out_ptr=None,                        # the activated beta, fp32 [T_tot, HV] (BETA_SCALE != 0)
+    tinv16_ptr=None,                          # optional: Tinv again in k's dtype [T_tot, HV, BT] (the gluon
+                                              # backward's recompute: fp32 for its WY stage, 16-bit for its chain)
     GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,
 ):
     """Stage 2a, grid (chunk slots, HV): gcum and Tinv (_tinv_by_substitution). The inverse's products take bf16
@@ -304,7 +308,7 @@ def kkt_solve_kernel(
     else:
         p = tl.program_id(0)
         hv = tl.program_id(1)
-    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
+    _tinv_by_substitution(k_ptr, g_ptr, beta_ptr, gcum_ptr, tinv_ptr, tinv16_ptr, cu_ptr, chunk_idx_ptr, N, p, hv,
                           H, HV, K, BT, BK, DOT_PREC, LOWP, K <= BK, A_log_ptr, dt_bias_ptr, beta_out_ptr,
                           GATE_IN_KERNEL, HAS_DT_BIAS, BETA_SCALE)
 
@@ -312,7 +316,7 @@ def kkt_solve_kernel(
 @triton.jit
 def wu_kernel(
     k_ptr, v_ptr, beta_ptr, gcum_ptr, tinv_ptr,   # k [T_tot, H, K], v [T_tot, HV, V], beta/gcum [T_tot, HV], tinv [T_tot, HV, BT]
-    w_ptr, u_ptr,                                 # w [T_tot, HV, K], u [T_tot, HV, V] in k's dtype
+    w_ptr, u_ptr,                                 # w [T_tot, HV, K], u [T_tot, HV, V] (or None) in k's dtype
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -320,7 +324,8 @@ def wu_kernel(
 ):
     """Stage 2b, grid (chunk slots, HV): W = Tinv diag(beta) (K * exp(gam)) and U = Tinv diag(beta) V. DECAY "scalar":
     gcum [T_tot, HV] (GDN); "channel": gcum [T_tot, HV, K], a decay per key channel (KDA, whose beta here is the
-    effective beta its intra kernel stored)."""
+    effective beta its intra kernel stored). u_ptr None: W only (the gluon backward's recompute, whose chain forms
+    Vnew without U)."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
@@ -352,11 +357,12 @@ def wu_kernel(
             ks = (b_k.to(tl.float32) * (beta[:, None] * tl.exp(gk))).to(op)
         store_tile(w_ptr + t0 * HV * K + hv * K, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), 0, kb * BK,
                    eos - t0, K, HV * K)
-    for vb in range(0, tl.cdiv(V, BV)):
-        b_v = load_tile(v_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
-        vs = (b_v.to(tl.float32) * beta[:, None]).to(op)
-        store_tile(u_ptr + t0 * HV * V + hv * V, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), 0, vb * BV,
-                   eos - t0, V, HV * V)
+    if u_ptr is not None:
+        for vb in range(0, tl.cdiv(V, BV)):
+            b_v = load_tile(v_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
+            vs = (b_v.to(tl.float32) * beta[:, None]).to(op)
+            store_tile(u_ptr + t0 * HV * V + hv * V, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), 0, vb * BV,
+                       eos - t0, V, HV * V)
 
 
 @dataclass(frozen=True)
