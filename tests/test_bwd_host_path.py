@@ -155,7 +155,8 @@ def call(x, do, dht):
 
 out = {}
 with fake_hopper() as drv, torch.no_grad():
-    for name, (B, T, h0) in {"states": (1, 1024, True), "no_states": (2, 300, False)}.items():
+    for name, (B, T, h0) in {"states": (1, 1024, True), "no_states": (2, 300, False),
+                             "segments": (1, 8192, True)}.items():
         TB.BWD_LISTS.clear()
         for _ in range(2):                             # compile, then record
             x = inputs(B, T, h0=h0)
@@ -183,15 +184,23 @@ def test_gluon_backward_launch_list():
     """The gluon backend's backward (Triton stages with its Gluon hooks) through bwd_eager: the second call of a
     signature records a list, a replay makes the host path's launches (the Gluon state passes' and local/WY kernel's
     TMA descriptors by their fields and base) without a JIT run, and the host path it records launches no torch
-    device op (the empty [0] stand-in for an absent dh0 only)."""
+    device op (the empty [0] stand-in for an absent dh0 and the window kernels' zeroed flags only); at B1 T8192 both
+    passes in segments (the GPU gate's repeat case replays them against fp64)."""
     r = run_json_child(GLUON_CHILD)
     for name, c in r.items():
         assert c["kinds"] == ["LaunchList"], (name, c)
         assert c["same"] and c["jit"] == 0, (name, c["launches"], c["diff"])
         assert "chunk_state_bwd_tma_kernel" in c["launches"], (name, c["launches"])
-        assert set(c["device_ops"]) <= {"aten.new_empty.default"}, (name, c["device_ops"])
-        # the gate-free recompute: kkt_solve (fp32 and 16-bit Tinv), W alone, h and Vnew without U
-        assert c["launches"][:3] == ["kkt_solve_kernel", "chunk_state_gf_kernel", "wu_kernel"], (name, c["launches"])
+        # (the segment windows' zeroed flags: recorded allocations, remade by a replay)
+        assert set(c["device_ops"]) <= {"aten.new_empty.default", "aten.zeros.default"}, (name, c["device_ops"])
+    # the gate-free recompute: kkt_solve (fp32 and 16-bit Tinv), h and Vnew without U, W alone; at B1 T8192 in
+    # segments: the window kernels, the flagged pairs' launches and the segment launches of both passes, one stream
+    for name in ("states", "no_states"):
+        assert r[name]["launches"][:3] == ["kkt_solve_kernel", "chunk_state_gf_kernel", "wu_kernel"], r[name]
+    assert r["segments"]["launches"] == ["segment_window_kernel", "kkt_solve_kernel", "chunk_state_gf_kernel",
+                                         "chunk_state_gf_kernel", "wu_kernel", "segment_window_kernel",
+                                         "chunk_state_bwd_tma_kernel", "chunk_state_bwd_tma_kernel",
+                                         "chunk_local_wy_bwd_kernel"], r["segments"]["launches"]
 
 
 FWD_OPS_CHILD = COMMON + r"""

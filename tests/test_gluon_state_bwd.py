@@ -22,10 +22,13 @@ needs_gluon = pytest.mark.skipif(not _GLUON_OK, reason=_GLUON_REASON)
 
 
 def test_launcher_configs_are_registered():
-    from linattn.ops.gated_delta_rule.aot import BWD_DH_CONFIGS, bwd_dh_kernel_name
-    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import BwdStateConfig, state_bwd_config
+    from linattn.ops.gated_delta_rule.aot import BWD_DH_CONFIGS, BWD_DH_SEG_CONFIGS, bwd_dh_kernel_name
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import SEG_BV, BwdStateConfig, state_bwd_config
     names = {bwd_dh_kernel_name(*c) for c in BWD_DH_CONFIGS}
-    assert names == set(NAMES)
+    assert names | {bwd_dh_kernel_name(*c) for c in BWD_DH_SEG_CONFIGS} == set(NAMES)
+    # the segment launch's config (chunk_state_bwd._segments) and the slow pairs' (B1's plain config, selected)
+    assert bwd_dh_kernel_name("bf16", SEG_BV, 8, 2, True, "seg") in NAMES
+    assert bwd_dh_kernel_name("bf16", 32, 4, 3, True, "sel") in NAMES
     for N in (1, 8):                      # B1 T65536 and B8 T4096 at H16/HV32 on an H200 (132 SMs)
         for local in (True, False):
             cfg = state_bwd_config(N, 32, 128, 132, local)
@@ -43,10 +46,8 @@ def test_compiles_without_spill_with_intended_instructions(name):
     assert rep.spill_bytes == 0, f"{name}: {rep.spill_bytes} bytes spilled ({rep.regs} registers)"
     assert rep.families["LDL"] == 0 and rep.families["STL"] == 0, f"{name}: local memory traffic {rep.sass}"
     assert 0 < rep.smem <= SMEM_LIMIT_SM90, f"{name}: {rep.smem} B of shared memory"
-    bv = int(name.split("_bv")[1].split("_")[0])
-    warps = int(name.split("_w")[1].split("_")[0])
-    stages = int(name.split("_s")[-1].split("_")[0])
-    local = name.endswith("_local")
+    bv, warps, stages = map(int, re.search(r"_bv(\d+)_w(\d+)_s(\d+)", name).groups())
+    local = "_local" in name
     assert rep.num_warps == warps and rep.families["HMMA"] == 0 and rep.families["LDGSTS"] == 0
     # per warpgroup, n = BV / (warps / 4) columns: dVnew 64 x n x 128 (8 k-steps); dS 128 x n x 64 twice (2 M-halves x
     # 4 k-steps each) -> 24 HGMMA 64xnx16; with stage 1a also K Q^T 64 x 64/(warps/4) x 128 (8) and P^T dO 64 x n x 64 (4)
@@ -111,6 +112,52 @@ def test_launch_matches_aot_signature(B, T, lens, dv_local):
     assert args[5] is gcum and args[8] is dht and args[9] is dh0 and args[10] is plan.cu
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
+
+
+@needs_gluon
+@pytest.mark.parametrize("launch", ["seg", "sel"])
+def test_segment_launches_match_aot_signature(launch):
+    """The reverse pass's segment launch (B2 T8192 in 2 segments: the segment plan, select over the sequences, the
+    reverse words over the segments, seq_len; dh on the sequence plan's slots) and the slow pairs' unsegmented launch
+    (select over the sequences' pairs) mangle to their AOT signatures; grids over the segments / sequences."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import bwd_dh_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import SEG_BV, BwdStateConfig, state_bwd_launch
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan
+    B, T, S, L = 2, 8192, 2, 64
+    plan, bufs = _plan_and_buffers(B, T, 16, 32)
+    select = torch.zeros(B, 32, dtype=torch.int32)
+    if launch == "seg":
+        splan = segment_plan(B, T, S, L, "cpu")
+        cfg = BwdStateConfig(SEG_BV, 8, 2)
+        kernel, grid, args, kwargs = state_bwd_launch(*bufs, splan, 0.1, cfg, True, select=select,
+                                                      seg=torch.zeros(B * S * 32, dtype=torch.int32), seq_len=T)
+        assert grid == (2, B * S * 32) and args[-1] == T
+    else:
+        cfg = BwdStateConfig(32, 4, 3)
+        kernel, grid, args, kwargs = state_bwd_launch(*bufs, plan, 0.1, cfg, True, select=select)
+        assert grid == (4, B * 32) and args[-1] == 0
+    sig = bwd_dh_signature("bf16", cfg.BV, launch)
+    assert len(args) == len(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert list(args[6].shape) == [plan.num_slots * 32 * 128, 128]        # dh over the sequence plan's slots
+
+
+def test_reverse_segment_rule():
+    """state_bwd_segments: one wave of SEG_BV CTAs (B1 H16/HV32: 2 segments on 132 SMs, 4 at HV16), none shorter
+    than 16 chunks; none for varlen, for B * HV * 2 >= SMs / 2, or for eager calls under 8192 tokens (taken under
+    capture)."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_segments
+    assert state_bwd_segments(1, 65536, 32, 128, None, "cpu") == (2, 512)
+    assert state_bwd_segments(1, 65536, 16, 128, None, "cpu") == (4, 256)
+    assert state_bwd_segments(1, 8192, 32, 128, None, "cpu") == (2, 64)
+    assert state_bwd_segments(1, 8191, 32, 128, None, "cpu") is None
+    assert state_bwd_segments(1, 4096, 32, 128, None, "cpu", capturing=True) == (2, 32)
+    assert state_bwd_segments(1, 1024, 32, 128, None, "cpu", capturing=True) is None       # 16 chunks: one segment
+    assert state_bwd_segments(2, 65536, 32, 128, None, "cpu") is None
+    assert state_bwd_segments(1, 65536, 32, 128, torch.tensor([0, 65536]), "cpu") is None
 
 
 def _jit_compile_main():
@@ -222,7 +269,10 @@ def test_gluon_backward_runs_stage_1a_in_the_state_pass(monkeypatch):
     v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
     g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
     backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None)
-    assert seen["state_bwd_dv_local"] is True and seen["launch_kwargs"] == {"dv_local": True}
+    kw = seen["launch_kwargs"]
+    assert seen["state_bwd_dv_local"] is True and kw["dv_local"] is True
+    # 64 tokens: no segments; the window kernel's inputs are the op's own g and beta
+    assert kw["segments"] is None and kw["g"] is g and kw["beta"] is beta
     from linattn.distributed import chunk as cp_chunk
     seen.clear()
     cp_chunk._gluon_state_bwd(q, q, None, None, v, None, None, None, None, None, 0.1)

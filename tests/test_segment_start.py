@@ -226,6 +226,78 @@ def test_windows_follow_the_rule(decay):
         assert slow.all()
 
 
+def _reference_windows_after(x, S, L, thresh=20.0, max_window=ss.MAX_WINDOW):
+    """The reverse pass's window rule in Python (fp64 sums): per (n, s, hv), (cwe, flagged). Walk forward from the
+    segment's end c1 = min((s + 1) * L, chunks) over chunks (the last one may be partial), no further than lim =
+    min(c1 + min(L, max_window), chunks), to the first chunk c where the sum over [c1, c] is <= -thresh (cwe = c + 1;
+    lim if none); usable if found or cwe == chunks; flagged if not usable, or if a token of a truncated window
+    (cwe < chunks) has beta ||k||^2 outside [0, 2]."""
+    B, T, H = x["k"].shape[:3]
+    HV = x["g"].shape[-1]
+    nch = -(-T // 64)
+    g, beta = x["g"].double(), x["beta"].double()
+    out = {}
+    for n in range(B):
+        for s in range(S):
+            c1 = min((s + 1) * L, nch)
+            lim = min(c1 + min(L, max_window), nch)
+            for hv in range(HV):
+                acc, cwe, found = 0.0, lim, False
+                for c in range(c1, lim):
+                    acc += float(g[n, c * 64:(c + 1) * 64, hv].sum())
+                    if acc <= -thresh:
+                        cwe, found = c + 1, True
+                        break
+                usable = found or cwe == nch
+                kk = x["k"][n, c1 * 64:cwe * 64, hv // (HV // H)].double().pow(2).sum(-1)
+                bkk = beta[n, c1 * 64:cwe * 64, hv] * kk
+                expansive = bool(((bkk < 0) | (bkk > 2)).any())
+                out[n, s, hv] = (cwe, (not usable) or (expansive and cwe < nch))
+    return out
+
+
+@pytest.mark.parametrize("decay,T", [("fast", 64 * 12), ("steep", 64 * 12 - 20), ("slow", 64 * 12), ("mixed", 700)])
+def test_reverse_windows_follow_the_rule(decay, T):
+    """segment_windows(reverse=True) (the backward's reverse state pass) against _reference_windows_after on two
+    sequences, fresh gates each run: the flags, slow, and the mirrored segment words: the warm-up cwe - c1 after the
+    segment's end (0 where flagged), the H0 bit exactly where an unflagged window reaches the sequence end (d
+    final_state enters there), the LAST bit on the first segment only (it alone stores d initial_state), the
+    sequence index. T not a multiple of 64: the last chunk's rows past the end are not summed."""
+    B, S, L, HV = 2, 4, 3, 2
+    x = _inputs(B, T, 1, HV, seed=int(torch.randint(0, 2 ** 31 - 1, ())), steep=decay == "steep")
+    if decay == "slow":
+        x["g"] = x["g"] * 0.01
+    elif decay == "mixed":
+        x["g"][..., 1] = 0.
+    plan = make_chunk_plan(B, T, None, 64, "cpu")
+    with poisoned_allocations():
+        slow, flag, segw = ss.segment_windows(x["k"], x["beta"], x["g"], plan, S, L, reverse=True)
+    nch = -(-T // 64)
+    ref = _reference_windows_after(x, S, L)
+    for n in range(B):
+        for s in range(S):
+            c1 = min((s + 1) * L, nch)
+            for hv in range(HV):
+                cwe, flagged = ref[n, s, hv]
+                word = int(segw[n * S + s, hv])
+                assert int(flag[n * S + s, hv]) == int(flagged), (n, s, hv)
+                assert word >> ss.SEGW_SEQ_SHIFT.value == n
+                assert bool(word & ss.SEGW_LAST.value) == (s == 0)
+                wl = word & ss.SEGW_WL_MASK.value
+                if not flagged:
+                    assert wl == cwe - c1, (n, s, hv, wl, cwe, c1)
+                    assert bool(word & ss.SEGW_H0.value) == (cwe == nch), (n, s, hv)
+                else:
+                    assert wl == 0
+    assert torch.equal(slow, flag.view(B, S, HV).amax(1))
+    if decay == "steep":      # one chunk of ~-20 after each segment's end but the last one's (at the end: none)
+        wls = (segw.view(B, S, HV) & ss.SEGW_WL_MASK.value)
+        assert wls[:, :S - 1].flatten().tolist() == [1] * (B * (S - 1) * HV)
+        assert wls[:, S - 1].flatten().tolist() == [0] * (B * HV)
+    if decay == "slow":
+        assert slow.all()
+
+
 def _forward_gf(x, segments, seed, plain="gf"):
     """The forward with the gate-free kernel's segment launch (the schedule model with gate_free at BV = 128, a
     2-stage ring and one published buffer, seg and select) and the unsegmented pairs on the W/U kernel's model at the

@@ -49,6 +49,8 @@ def _bwd_inputs(case, seed=0):
                           normalize_k=not case.get("l2norm", False), generator=gen)
     if case.get("strong_decay"):
         inp["g"] = -torch.empty(inp["g"].shape).uniform_(0.3, 60, generator=gen).to(inp["g"].dtype)
+    if case.get("slow_heads"):          # every odd head decays ~1000x slower: its segment windows are flagged
+        inp["g"][..., 1::2] *= 1e-3
     inp = {n: (None if t is None else t.to(base.DEV).requires_grad_()) for n, t in inp.items()}
     cu = random_cu_seqlens(lengths, device=base.DEV) if lengths else None
     return inp, cu
@@ -119,9 +121,13 @@ def bwd_repeat_case(case, backend, calls=5):
     return dict(shape=case, backend=backend, errors=errs, passed=ok)
 
 
-# bwd_repeat_case's signatures (under triton/backward.py BWD_LIST_MAX_TOKEN_HEADS): with states, and without
+# bwd_repeat_case's signatures (under triton/backward.py BWD_LIST_MAX_TOKEN_HEADS): with states, and without; B1
+# T8192 H16/HV32 with slow odd heads: the gluon backward's segment launches (its recompute and its reverse pass, the
+# slow heads unsegmented on the side stream) recorded and replayed by the launch list
 REPEAT_CASES = (dict(name="repeat-B2-T1000", B=2, T=1000, H=16, HV=32, K=128, V=128),
-                dict(name="repeat-B1-T2048-no-states", B=1, T=2048, H=4, HV=8, K=128, V=128, h0=False, l2norm=True))
+                dict(name="repeat-B1-T2048-no-states", B=1, T=2048, H=4, HV=8, K=128, V=128, h0=False, l2norm=True),
+                dict(name="repeat-B1-T8192-segments-slow-heads", B=1, T=8192, H=16, HV=32, K=128, V=128,
+                     slow_heads=True))
 
 
 def compile_case(sz):

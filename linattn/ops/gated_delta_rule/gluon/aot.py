@@ -59,31 +59,41 @@ for _dt, _bv, _w, _s in CONFIGS:
 # register A operand; dS with Q^T dO and W^T dVnew from shared memory), dh[chunk] by a TMA store. One warpgroup.
 # Configs: state_bwd_config's (BV=32 with 3 stages at B=1 H16/HV32, BV=64 with 2 stages at B >= 3), each with stage
 # 1a in the kernel (dv_local: the gluon backend's backward; 8 warps at BV=64) and without (context parallelism's
-# reverse pass). dht fp32 (the gradient of an fp32 final state).
+# reverse pass). dht fp32 (the gradient of an fp32 final state). The segment launch (seg: its reverse segment words and
+# the slow pairs' selection, BV=64) and the unsegmented launch of the slow pairs (sel: BV=32) at B1 H16/HV32.
 BWD_DH_INTENDED = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")
 BWD_DH_DIV16 = ("gcum_ptr", "dvnew_ptr", "dht_ptr", "dh0_ptr", "cu_ptr", "chunk_off_ptr")
 BWD_DH_CONFIGS = [(dt, bv, 8 if local and bv == 64 else 4, st, local)       # (dtype, BV, warps, stages, dv_local)
                   for dt, bv, st in (("bf16", 32, 3), ("bf16", 64, 2), ("fp16", 64, 2)) for local in (True, False)]
+BWD_DH_SEG_CONFIGS = [("bf16", 64, 8, 2, True, "seg"), ("bf16", 32, 4, 3, True, "sel")]
 
 
-def bwd_dh_signature(dtype: str, BV: int):
-    """The argument types of chunk_state_bwd_tma_kernel as the JIT sees them for a state_bwd_launch call."""
+def bwd_dh_signature(dtype: str, BV: int, launch: str = ""):
+    """The argument types of chunk_state_bwd_tma_kernel as the JIT sees them for a state_bwd_launch call; launch
+    "seg" (selection and segment words) or "sel" (selection only)."""
     return {"q_desc": desc_sig(dtype, [BT, K]), "k_desc": desc_sig(dtype, [BT, K]), "w_desc": desc_sig(dtype, [BT, K]),
             "do_desc": desc_sig(dtype, [BT, BV]), "dv_desc": desc_sig(dtype, [BT, BV]), "gcum_ptr": "*fp32",
             "dh_desc": desc_sig(dtype, [K, BV]), "dvnew_ptr": f"*{dtype}", "dht_ptr": "*fp32", "dh0_ptr": "*fp32",
-            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32"}
+            "cu_ptr": "*i64", "chunk_off_ptr": "*i64", "scale": "fp32",
+            "sel_ptr": "*i32" if launch else "constexpr", "seg_ptr": "*i32" if launch == "seg" else "constexpr",
+            "seq_len": "i32"}
 
 
-def bwd_dh_kernel_name(dtype: str, BV: int, warps: int, stages: int, dv_local: bool) -> str:
-    return f"gdn_bwd_dh_gluon_{dtype}_bv{BV}_w{warps}_s{stages}" + ("_local" if dv_local else "")
+def bwd_dh_kernel_name(dtype: str, BV: int, warps: int, stages: int, dv_local: bool, launch: str = "") -> str:
+    return (f"gdn_bwd_dh_gluon_{dtype}_bv{BV}_w{warps}_s{stages}" + ("_local" if dv_local else "")
+            + (f"_{launch}" if launch else ""))
 
 
-def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int, dv_local: bool):
+def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int, dv_local: bool, launch: str = ""):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages,
                      DV_LOCAL=dv_local)
-        sig = bwd_dh_signature(dtype, BV)
+        if launch != "seg":
+            const["seg_ptr"] = None
+        if not launch:
+            const["sel_ptr"] = None
+        sig = bwd_dh_signature(dtype, BV, launch)
         sig.update({name: "constexpr" for name in const})
         return fn, sig, const, {"num_warps": warps}
     return build
@@ -95,6 +105,13 @@ for _dt, _bv, _w, _s, _local in BWD_DH_CONFIGS:
         div16=BWD_DH_DIV16,
         description=f"GDN backward stage 1 (reverse state pass{', with stage 1a' if _local else ''}), Gluon TMA ring "
                     f"+ wgmma, H16/HV32 K=V=128 {_dt}, BV={_bv}, {_w} warps, {_s}-stage ring"))
+for _dt, _bv, _w, _s, _local, _launch in BWD_DH_SEG_CONFIGS:
+    register(AotKernel(
+        bwd_dh_kernel_name(_dt, _bv, _w, _s, _local, _launch), _bwd_dh_build(_dt, _bv, _w, _s, _local, _launch),
+        BWD_DH_INTENDED, div16=BWD_DH_DIV16 + (("sel_ptr", "seg_ptr") if _launch == "seg" else ("sel_ptr",)),
+        description=f"GDN backward stage 1 with stage 1a, Gluon, H16/HV32 K=V=128 {_dt}, BV={_bv}, {_w} warps, "
+                    + ("the segment launch (reverse segment words, warm-ups past each segment's end)"
+                       if _launch == "seg" else "the unsegmented launch of the selected (slow) pairs")))
 
 
 # ---- Stages 2b + 3 + 4 of the forward in one warp-specialised Gluon kernel that forms W and U itself from kkt_solve's

@@ -64,9 +64,11 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
     from linattn.ops.gated_delta_rule.triton.backward import bwd_eager
+    from linattn.runtime.capture import capturing
 
     def state_bwd_pass(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
-        gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_, dv_local=True)
+        gluon_bwd.chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_, dv_local=True,
+                                        segments=reverse_segments, g=g, beta=beta)
 
     def local_wy_pass(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv, do_, dvnew, dq, dk, dv, dg, dbeta, plan, scale_):
         gluon_local_wy.chunk_local_wy_bwd_gluon(q_, k_, v_, vnew, h, dh, gcum, beta_, tinv,
@@ -74,13 +76,15 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                                                 dg, dbeta, plan, scale_)
     local_wy = gluon_compat.async_copy is not None
     segments = recompute_segments(q, v, cu_seqlens)
+    reverse_segments = gluon_bwd.state_bwd_segments(q.shape[0], q.shape[1], v.shape[2], v.shape[3], cu_seqlens,
+                                                    q.device, capturing(q))
 
     def recompute(q_, k_, v_, g_, beta_, h0_, plan):
         from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
         return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments)
     dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
         q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
-        variant=("gluon", local_wy, segments), cu_seqlens=cu_seqlens, recompute=recompute,
+        variant=("gluon", local_wy, segments, reverse_segments), cu_seqlens=cu_seqlens, recompute=recompute,
         state_bwd=state_bwd_pass, local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)

@@ -73,6 +73,7 @@ from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_a
 
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
+    from linattn.ops.gated_delta_rule.triton.segment_start import SEGW_H0, SEGW_LAST, SEGW_SEQ_SHIFT, SEGW_WL_MASK
 
     @gluon.constexpr_function
     def bwd_acc_layout(BV, num_warps):
@@ -108,12 +109,43 @@ if GLUON_OK:
             tma_load(dv_desc, [row, hv * V + vb * BV], ready.index(s), dv_smem.index(s), pred=p)
 
     @gluon.jit
+    def _reverse_segment(sel_ptr, seg_ptr, seq_len, nh, n, hv, bos, eos, nchunks, slot0, HV: gl.constexpr,
+                         BT: gl.constexpr):
+        """The chain of program row nh: (the dht / dh0 row, the end of the rows it stores, the chain's end, its chunk
+        count, the dh slot of its first chunk, dht flag, dh0 flag). Without seg_ptr the plain sequence's (sel_ptr:
+        [N * HV], the pairs with 0 run no chunk and store no dh0). With seg_ptr (segment_start.segment_windows'
+        reverse words; fixed-length sequences of seq_len tokens in one packed stream), row nh is a segment whose chain
+        runs wl warm-up chunks past its end (clipped at its sequence's end) from 0, or from d final_state where the
+        window reaches the sequence end; it stores dh and dVnew of its own rows only, dh0 only as its sequence's
+        first segment; sel_ptr [sequences * HV]: its segments run where 0 (the others run unsegmented)."""
+        if seg_ptr is not None:
+            word = gl.load(seg_ptr + nh)
+            state_n = word >> SEGW_SEQ_SHIFT
+            chain_eos = gl.minimum(eos + (word & SEGW_WL_MASK) * BT, (state_n + 1) * seq_len)
+            nch = gl.cdiv(chain_eos - bos, BT).to(gl.int32)
+            dh0_on = word & SEGW_LAST
+            if sel_ptr is not None:
+                if gl.load(sel_ptr + state_n * HV + hv) != 0:
+                    nch = 0
+                    dh0_on = 0
+            slot = state_n * gl.cdiv(seq_len, BT) + (bos - state_n * seq_len) // BT
+            return state_n, eos, chain_eos, nch, slot, word & SEGW_H0, dh0_on
+        else:
+            dh0_on = 1
+            if sel_ptr is not None:
+                run = (gl.load(sel_ptr + nh) != 0).to(gl.int32)
+                nchunks = nchunks * run
+                dh0_on = dh0_on * run
+            return n, eos, eos, nchunks, slot0, 1, dh0_on
+
+    @gluon.jit
     def chunk_state_bwd_tma_kernel(
         q_desc, k_desc, w_desc, do_desc, dv_desc,   # TMA over q, k [T_tot, H*K], w [T_tot, HV*K], do, dvnew [T_tot, HV*V]
         gcum_ptr,                                   # gcum [T_tot, HV] fp32
         dh_desc, dvnew_ptr,                         # TMA over dh [slots*HV*K, V]; dvnew [T_tot, HV, V] (in place)
         dht_ptr, dh0_ptr,                           # d final_state (any float) / d initial_state (fp32) [N, HV, K, V]
         cu_ptr, chunk_off_ptr, scale,               # the chunk plan (triton/chunk_indices.py), the q scale
+        sel_ptr, seg_ptr, seq_len,                  # optional selection / segment words (or None), segment launch's T
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, BV: gl.constexpr, USE_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
         STAGES: gl.constexpr, DV_LOCAL: gl.constexpr = False,
@@ -135,6 +167,9 @@ if GLUON_OK:
         vb = gl.program_id(0)
         nh = gl.program_id(1)
         n, hv, hk, bos, eos, slot0, nchunks = _sequence_span(nh, cu_ptr, chunk_off_ptr, H, HV, BT)
+        WARM: gl.constexpr = seg_ptr is not None
+        n, seg_end, eos, nchunks, slot0, dht_on, dh0_on = _reverse_segment(sel_ptr, seg_ptr, seq_len, nh, n, hv, bos,
+                                                                           eos, nchunks, slot0, HV, BT)
 
         q_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dt, [STAGES, BT, K], k_desc.layout)
@@ -156,10 +191,10 @@ if GLUON_OK:
         sk = gl.arange(0, K, layout=gl.SliceLayout(1, LS))
         sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LS))
         state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        ds = gl.zeros([K, BV], gl.float32, ACC)
         if USE_DHT:
-            ds = gl.convert_layout(gl.load(dht_ptr + state_off).to(gl.float32), ACC)
-        else:
-            ds = gl.zeros([K, BV], gl.float32, ACC)
+            if dht_on != 0:
+                ds = gl.convert_layout(gl.load(dht_ptr + state_off).to(gl.float32), ACC)
 
         r_t = gl.arange(0, BT, layout=ROWS)
         r_a = gl.arange(0, BT, layout=AROWS)
@@ -222,7 +257,11 @@ if GLUON_OK:
                 dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
             fence_async_shared()                                    # ds_smem, qg_smem, pt_smem -> TMA store / wgmma
             gl.thread_barrier()                                     # every thread's fence before the store issue
-            tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
+            if WARM:
+                if t0 < seg_end:                                    # not a warm-up chunk past the segment's end
+                    tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
+            else:
+                tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
 
             # P2 (dS side, independent of dS's new terms) and P1 (dVnew) in flight together
             tok_s = warpgroup_mma(qg_smem.permute((1, 0)), do_smem.index(s), ds * gl.exp(gam_last), is_async=True)
@@ -235,7 +274,10 @@ if GLUON_OK:
             acc_s, dvn = warpgroup_mma_wait(0, deps=[tok_s, tok_v])
             dvn_op = dvn.to(dt)
             uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
-            gl.store(dvnew_ptr + uv_off, dvn_op, mask=gl.expand_dims(valid, 1))
+            if WARM:
+                gl.store(dvnew_ptr + uv_off, dvn_op, mask=gl.expand_dims(rows < seg_end, 1))
+            else:
+                gl.store(dvnew_ptr + uv_off, dvn_op, mask=gl.expand_dims(valid, 1))
             # P3: dS = acc_s + W^T (-dVnew), rows past the end 0
             dvn_smem.store(gl.where(gl.expand_dims(valid, 1), -dvn_op.to(gl.float32), 0.).to(dt))
             fence_async_shared()
@@ -249,7 +291,8 @@ if GLUON_OK:
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(j))
         if STORE_DH0:
-            gl.store(dh0_ptr + state_off, gl.convert_layout(ds, LS))
+            if dh0_on != 0:
+                gl.store(dh0_ptr + state_off, gl.convert_layout(ds, LS))
 
 
 # ---------------------------------------------------------------- host side: config and launch
@@ -282,18 +325,22 @@ def state_bwd_config(N: int, HV: int, V: int, num_sms: int, dv_local: bool = Fal
 
 
 def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig,
-                     dv_local: bool = False):
+                     dv_local: bool = False, select=None, seg=None, seq_len: int = 0):
     """(kernel, grid, args, kwargs) of one launch of chunk_state_bwd_tma_kernel; the arguments mirror the Triton
     launch of chunk_state_bwd_kernel in triton/backward.py. Separate from the launch so that a CPU test can check
     them (descriptors build on CPU tensors) against the AOT signature (aot.py, bwd_dh_signature).
     dv_local: the kernel forms dVnew's in-chunk part P^T dO itself (stage 1a, backward_dv_local.py) and only writes
     dvnew (its contents on entry are not read); else it adds the state term to the dvnew that stage 1a wrote.
     q, k [B,T,H,K], w [T_tot,HV,K], do [B,T,HV,V], gcum [T_tot,HV] fp32, dh [slots,HV,K,V], dvnew [T_tot,HV,V] (all
-    contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None."""
+    contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None.
+    select / seg / seq_len: the segment launch (plan: segment_start.segment_plan's; seg: segment_windows' reverse
+    words over its segments, select [sequences, HV] their slow pairs, seq_len the sequences' T; dh the sequence
+    plan's slots) or the unsegmented launch of the selected pairs (select [N, HV], no seg)."""
+    from linattn.ops.gated_delta_rule.gluon.fused_forward import selection_args
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
     HV, V = dvnew.shape[1], dvnew.shape[2]
-    N, T_tot, slots = plan.N, plan.T_total, plan.num_slots
+    N, T_tot, slots = plan.N, plan.T_total, dh.shape[0]
     dt = q.dtype
     for name, t in (("k", k), ("w", w), ("do", do), ("dh", dh), ("dvnew", dvnew)):
         if t.dtype != dt:
@@ -312,15 +359,41 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
             desc(aligned(w.reshape(T_tot, HV * K)), [BT, K]), desc(aligned(do.reshape(T_tot, HV * V)), [BT, cfg.BV]),
             desc(dv2d, [BT, cfg.BV]), gcum, desc(dh.view(slots * HV * K, V), [K, cfg.BV]), dvnew,
             dht if dht is not None else gcum, dh0 if dh0 is not None else gcum, plan.cu, plan.chunk_offsets,
-            float(scale))
+            float(scale)) + selection_args(select, seg, plan.N, HV) + (int(seq_len),)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
                   STAGES=cfg.stages, DV_LOCAL=bool(dv_local), num_warps=cfg.num_warps)
     grid = (V // cfg.BV, N * HV)
     return chunk_state_bwd_tma_kernel, grid, args, kwargs
 
 
+# The segment launch of the reverse pass: BV = 64 (two warpgroups with stage 1a) in as many segments per sequence as
+# one wave of CTAs holds. Unsegmented, B1 H16/HV32 runs BV = 32 (128 CTAs, ~2.65 us a chunk on an H100): each CTA
+# repeats the chunk's dV-independent work (K Q^T, the decayed q and k tiles) for its quarter of V. In two segments at
+# BV = 64 the same 128 CTAs walk half the chain each (plus a warm-up of a few chunks) at ~3.5 us a chunk.
+SEG_BV = 64
+
+
+def state_bwd_segments(B: int, T: int, HV: int, V: int, cu_seqlens, device, capturing: bool = False):
+    """(S, L) of the reverse pass's segment launch (chunk_state_bwd_gluon's segments), or None: fixed-length batches
+    whose B * HV * V / SEG_BV CTAs leave at least half a wave idle, segments of at least
+    chunk_fused_gf.GF_SEG_MIN_CHUNKS chunks; eager calls from GF_SEG_MIN_EAGER_TOKENS tokens (as the forward)."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import GF_SEG_MIN_CHUNKS, GF_SEG_MIN_EAGER_TOKENS
+    from linattn.runtime.device import device_facts
+    if cu_seqlens is not None or V % SEG_BV or not (capturing or B * T >= GF_SEG_MIN_EAGER_TOKENS):
+        return None
+    facts = device_facts(device)
+    sms = facts.num_sms if facts.kind == "cuda" else 132
+    nch = -(-T // BT)
+    S = min(sms // max(B * HV * (V // SEG_BV), 1), nch // GF_SEG_MIN_CHUNKS)
+    if S < 2:
+        return None
+    L = -(-nch // S)
+    return -(-nch // L), L
+
+
 def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
-                          config: Optional[BwdStateConfig] = None, dv_local: bool = False) -> None:
+                          config: Optional[BwdStateConfig] = None, dv_local: bool = False, segments=None, g=None,
+                          beta=None) -> None:
     """Backward stage 1 on sm_90a, a drop-in for the Triton launch of chunk_state_bwd_kernel (the `state_bwd` hook
     of triton/backward.py chunk_gated_delta_rule_bwd): writes dh, adds the state term to dvnew in place, writes dh0
     when given. With dv_local, stages 1a and 1 in one launch: dvnew is written whole (P^T dO + the state term), its
@@ -329,5 +402,35 @@ def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: f
     cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms, dv_local)
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
+    if segments is not None:
+        _segments(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local, g, beta, *segments)
+        return
     kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local)
+    launches(kernel, grid, args, kwargs)
+
+
+def _segments(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool, g,
+              beta, S: int, L: int) -> None:
+    """The reverse pass in S segments of L chunks per sequence (fixed-length q [B, T, ...]; g, beta the inputs whose
+    chunk decays choose the windows), on the current stream: segment_windows(reverse=True); the (sequence, head)
+    pairs it flags unsegmented (cfg's launch on the sequence plan, selected: it exits at once where none is flagged);
+    the others' segments (BV = SEG_BV on the segment plan; each chain runs its window past the segment's end first,
+    stores only its own rows, the first segment dh0). One stream, as recompute_gf (chunk_state_gf.py) says why."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_window_buffers, \
+        segment_windows
+    from linattn.runtime.launch_list import keep
+    B, T, H, K = q.shape
+    HV = dvnew.shape[1]
+    dev = q.device
+    splan = segment_plan(B, T, S, L, dev)
+    keep(splan)
+    slow, flag, segw = segment_window_buffers(plan.N, S, HV, dev)
+    segment_windows(k, beta, g, plan, S, L, launch=launches, out=(slow, flag, segw), reverse=True)
+    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local,
+                                                  select=slow)
+    launches(kernel, grid, args, kwargs)
+    seg_cfg = BwdStateConfig(SEG_BV, 8 if dv_local else 4, 2)
+    kernel, grid, args, kwargs = state_bwd_launch(
+        q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), w, gcum, do.reshape(1, B * T, HV, -1), dh, dvnew, dht,
+        dh0, splan, scale, seg_cfg, dv_local, select=slow, seg=segw, seq_len=T)
     launches(kernel, grid, args, kwargs)

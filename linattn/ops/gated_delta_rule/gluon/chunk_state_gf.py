@@ -191,9 +191,11 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
     reverse state pass), then h and Vnew by chunk_state_gf_kernel. Returns triton/forward.py's FwdResult (o, the
     final state and u None).
     segments = (S, L) (chunk_fused_gf.gf_segments_wanted; fixed-length batches): the chain in segments with their
-    gate-truncated warm-ups, as the gluon forward runs it (fused_forward._segments: the window kernel on the side
-    stream next to kkt_solve, the pairs it flags unsegmented on the side stream, the segment launch on the current
-    one), so h and Vnew carry the forward's error contract (segment_start.py)."""
+    gate-truncated warm-ups, as the gluon forward runs it, so h and Vnew carry the forward's error contract
+    (segment_start.py): the window kernel, then the pairs it flags unsegmented (sequence plan, selected), then the
+    others' segments (segment plan), all on the current stream. (The forward runs its unsegmented pairs on a side
+    stream; a launch-list replay of the backward with side-stream launches gave wrong gradients where heads were
+    flagged, so the backward keeps one stream: the flagged pairs' launch exits at once where none is flagged.)"""
     from linattn.ops.gated_delta_rule.triton.common import dot_precision
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.ops.gated_delta_rule.triton.host import launches
@@ -208,20 +210,14 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
     S, L = segments or (1, 0)
     seg = None
     if S > 1:
-        from linattn.ops.gated_delta_rule.gluon.fused_forward import _side_stream
         from linattn.ops.gated_delta_rule.gluon.host import launches as gluon_launches
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_window_buffers, \
             segment_windows
-        from linattn.runtime.launch_list import keep, record_event, wait_event
+        from linattn.runtime.launch_list import keep
         splan = segment_plan(B, T, S, L, dev)
         keep(splan)
-        side, inputs_ready, window_done, kkt_done, side_done = _side_stream(dev)
-        cur = torch.cuda.current_stream(dev)
-        seg = segment_window_buffers(plan.N, S, HV, dev)
-        record_event(inputs_ready, cur)
-        wait_event(side, inputs_ready)
-        segment_windows(k, beta, g, plan, S, L, launch=gluon_launches, out=seg, stream=side)
-        record_event(window_done, side)
+        seg = segment_windows(k, beta, g, plan, S, L, launch=gluon_launches,
+                              out=segment_window_buffers(plan.N, S, HV, dev))
     gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)
     tinv = empty(T_tot, HV, BT, dtype=torch.float32, device=dev)
     tinv16 = empty(T_tot, HV, BT, dtype=dt, device=dev)
@@ -235,17 +231,10 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
         chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan)
     else:
         slow, _, segw = seg
-        record_event(kkt_done, cur)
-        wait_event(side, kkt_done)
-        chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan, select=slow,
-                             stream=side)
-        record_event(side_done, side)
-        wait_event(cur, window_done)
+        chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan, select=slow)
         chunk_state_gf_gluon(k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V), beta, gcum, tinv16, h, vnew,
                              initial_state, None, splan, select=slow, seg=segw, seq_len=T)
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
     launches(wu_kernel, grid, (k, v, beta, gcum, tinv16, w, None, plan.cu, plan.chunk_indices, plan.N),
              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, DOT_PREC=prec, num_warps=cfg.warps_wu))
-    if seg is not None:
-        wait_event(cur, side_done)
     return FwdResult(None, None, gcum, w, None, vnew, h, tinv, plan, beta)

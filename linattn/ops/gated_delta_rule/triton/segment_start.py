@@ -64,6 +64,24 @@ def _segment_window(g_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.co
 
 
 @triton.jit
+def _segment_window_after(g_ptr, bos, eos, c1, lim, nchunks, hv, thresh, HV: tl.constexpr, BT: tl.constexpr,
+                          MAXW: tl.constexpr):
+    """The reverse pass's warm-up window of the segment ending at chunk c1 (exclusive), walking forward no further
+    than chunk lim (lim - c1 <= MAXW): (cwe, whether the window [c1, cwe) is usable: its summed log decay reached
+    -thresh, or it reached the sequence end, where nothing is dropped). As _segment_window, mirrored; the sequence's
+    last chunk may be partial (its rows past eos are masked)."""
+    j = tl.arange(0, MAXW)                     # chunk c1 + j
+    inside = j < lim - c1
+    tok = bos + (c1 + j).to(tl.int64)[:, None] * BT + tl.arange(0, BT)[None, :]
+    dec = tl.sum(tl.load(g_ptr + tok * HV + hv, mask=inside[:, None] & (tok < eos), other=0.).to(tl.float32), 1)
+    hit = inside & (tl.cumsum(dec, 0) <= -thresh)
+    first = tl.min(tl.where(hit, j, MAXW), 0)  # the shortest window reaching -thresh (MAXW: none)
+    cwe = tl.where(first < MAXW, c1 + first + 1, lim)
+    cwe = tl.where(thresh <= 0., c1, cwe)      # nothing to reach: no window
+    return cwe, (first < MAXW) | (thresh <= 0.) | (cwe == nchunks)
+
+
+@triton.jit
 def _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT: tl.constexpr):
     """Segment ns = n * S + s: (n, its sequence's first token, end, chunk count, the segment's first chunk c0)."""
     n = ns // S
@@ -78,24 +96,38 @@ def segment_window_kernel(
                                                   # segment of (n, hv) is flagged), flag / segw [N * S, HV] int32
     cu_ptr, chunk_off_ptr, S, seg_chunks, thresh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, MAXW: tl.constexpr,
+    REVERSE: tl.constexpr = False,
 ):
     """Program (n * S + s) * HV + hv finds the window of segment s of sequence n for head hv and its flag, and stores
     the segment word (SEGW_*: the window's length wl = c0 - cw, 0 where flagged; whether the window reaches the
     sequence start, cw == 0, so that the chain starts from h0; whether s is the last segment; n) for the fused kernel
     to run the warm-up itself (chunk_fused_wu_ws's seg_ptr), and slow[n, hv] = 1 where flagged. Loads only: the
-    window's chunk decays, then k and beta of its tokens for the contraction check."""
+    window's chunk decays, then k and beta of its tokens for the contraction check.
+    REVERSE (the backward's reverse state pass, gluon/chunk_state_bwd.py): the window follows the segment's end c1,
+    [c1, cwe), and the word's bits mirror: SEGW_WL_MASK the window's length cwe - c1, SEGW_H0 that it reaches the
+    sequence end (the chain starts from d final_state), SEGW_LAST that s is the first segment (the only one storing
+    d initial_state)."""
     hv = tl.program_id(0) % HV
     ns = tl.program_id(0) // HV
     hk = hv // (HV // H)
     n, bos, eos, nchunks, c0 = _segment_of(cu_ptr, chunk_off_ptr, ns, S, seg_chunks, BT)
-    cw, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
-                                 HV, BT, MAXW)
+    if REVERSE:
+        c1 = tl.minimum(c0 + seg_chunks, nchunks)
+        lo = c1
+        hi, usable = _segment_window_after(g_ptr, bos, eos, c1, tl.minimum(c1 + tl.minimum(seg_chunks, MAXW), nchunks),
+                                           nchunks, hv, thresh, HV, BT, MAXW)
+        wl, edge, own = hi - c1, hi == nchunks, ns % S == 0
+    else:
+        lo, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
+                                     HV, BT, MAXW)
+        hi = c0
+        wl, edge, own = c0 - lo, lo == 0, ns % S == S - 1
     expansive = 0
     if usable:
-        expansive = tl.where(contracts(k_ptr, beta_ptr, bos, eos, cw, c0, hv, hk, H, HV, K, BT, BK, 0), 0, 1)
-    flagged = (~usable) | ((expansive != 0) & (cw > 0))
+        expansive = tl.where(contracts(k_ptr, beta_ptr, bos, eos, lo, hi, hv, hk, H, HV, K, BT, BK, 0), 0, 1)
+    flagged = (~usable) | ((expansive != 0) & (~edge))
     tl.store(flag_ptr + ns * HV + hv, flagged.to(tl.int32))
-    word = (tl.where(flagged, 0, c0 - cw) | tl.where(cw == 0, SEGW_H0, 0) | tl.where(ns % S == S - 1, SEGW_LAST, 0)
+    word = (tl.where(flagged, 0, wl) | tl.where(edge, SEGW_H0, 0) | tl.where(own, SEGW_LAST, 0)
             | (n << SEGW_SEQ_SHIFT))
     tl.store(segw_ptr + ns * HV + hv, word)
     tl.store(slow_ptr + n * HV + hv, 1, mask=flagged)   # every writer stores 1: no atomic needed
@@ -138,14 +170,16 @@ def segment_window_buffers(N: int, S: int, HV: int, device) -> tuple:
 
 
 def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: float = THRESH,
-                    max_window: int = MAX_WINDOW, num_warps: int = 4, launch=None, out=None, stream=None):
+                    max_window: int = MAX_WINDOW, num_warps: int = 4, launch=None, out=None, stream=None,
+                    reverse: bool = False):
     """(slow [N, HV] int32, flag [N * S, HV] int32, segw [N * S, HV] int32): segment_window_kernel's outputs for the
     segment-parallel forward (chunk_fused_wu_ws._segments): slow[n, hv] = 1 where any segment of (n, hv) is flagged
     (that pair runs unsegmented), the flags, the segment words (SEGW_*). k [B,T,H,K], beta / g [B,T,HV] (g: the
     per-token log decays, whose chunk sums choose the windows); plan: the per-sequence chunk plan. launch: None (the
     JIT) or a launcher called as launch(kernel, grid, args, kwargs[, stream=stream]) (the gluon forward's host
     path, gluon/host.launches). out: the buffers (segment_window_buffers), allocated here when None. stream: where
-    `launch` runs the kernel (None: the current stream)."""
+    `launch` runs the kernel (None: the current stream). reverse: the windows after each segment's end, for the
+    backward's reverse state pass (segment_window_kernel's REVERSE)."""
     if max_window > SEGW_WL_MASK.value:
         raise ValueError(f"max_window={max_window}: the segment word holds at most {SEGW_WL_MASK.value} chunks")
     if plan.N >= 1 << (31 - SEGW_SEQ_SHIFT.value):
@@ -156,7 +190,7 @@ def segment_windows(k, beta, g, plan: ChunkPlan, S: int, L: int, *, thresh: floa
     slow, flag, segw = out if out is not None else segment_window_buffers(N, S, HV, k.device)
     args = (k, beta, g, slow, flag, segw, plan.cu, plan.chunk_offsets, S, L, float(thresh))
     kwargs = dict(H=H, HV=HV, K=K, BT=CHUNK, BK=max(16, next_power_of_2(K)), MAXW=int(max_window),
-                  num_warps=num_warps)
+                  num_warps=num_warps, **({"REVERSE": True} if reverse else {}))
     if launch is None:
         segment_window_kernel[(N * S * HV,)](*args, **kwargs)
     elif stream is None:
