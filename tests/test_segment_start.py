@@ -160,11 +160,15 @@ def test_segment_plan():
     assert plan.cu.tolist() == [0, 192, 384, 576, 700, 892, 1084, 1276, 1400]
 
 
-def _reference_windows(x, S, L, thresh=20.0, max_window=ss.MAX_WINDOW):
+def _reference_windows(x, S, L, thresh=20.0, max_window=ss.MAX_WINDOW, reverse=False):
     """The window rule in Python (fp64 sums): per (sequence n, segment s, head hv), (cw, flagged). Walk back from
     c0 = min(s * L, chunks) over whole chunks, no further than lim = max(c0 - min(L, max_window), 0), summing each
     chunk's log decay, to the first chunk where the sum is <= -thresh (cw = lim if none); usable if found or cw == 0;
-    flagged if not usable, or if a token of a truncated window (cw > 0) has beta ||k||^2 outside [0, 2]."""
+    flagged if not usable, or if a token of a truncated window (cw > 0) has beta ||k||^2 outside [0, 2].
+    reverse (the backward's reverse pass): mirrored, (cwe, flagged): walk forward from the segment's end c1 =
+    min((s + 1) * L, chunks) (the last chunk may be partial), no further than lim = min(c1 + min(L, max_window),
+    chunks), to the first chunk c where the sum over [c1, c] is <= -thresh (cwe = c + 1; lim if none); the edge is
+    the sequence end (cwe == chunks)."""
     B, T, H = x["k"].shape[:3]
     HV = x["g"].shape[-1]
     nch = -(-T // 64)
@@ -172,22 +176,30 @@ def _reference_windows(x, S, L, thresh=20.0, max_window=ss.MAX_WINDOW):
     out = {}
     for n in range(B):
         for s in range(S):
-            c0 = min(s * L, nch)
-            lim = max(c0 - min(L, max_window), 0)
+            if reverse:
+                edge = min((s + 1) * L, nch)
+                lim = min(edge + min(L, max_window), nch)
+                walk = range(edge, lim)
+            else:
+                edge = min(s * L, nch)
+                lim = max(edge - min(L, max_window), 0)
+                walk = range(edge - 1, lim - 1, -1)
             for hv in range(HV):
-                acc, cw, found = 0.0, lim, False
-                for c in range(c0 - 1, lim - 1, -1):
+                acc, end, found = 0.0, lim, False
+                for c in walk:
                     acc += float(g[n, c * 64:(c + 1) * 64, hv].sum())
                     if acc <= -thresh:
-                        cw, found = c, True
+                        end, found = (c + 1 if reverse else c), True
                         break
-                usable = found or cw == 0 or thresh <= 0
+                at_edge = end == (nch if reverse else 0)
+                usable = found or at_edge or thresh <= 0
                 if thresh <= 0:
-                    cw = c0
-                kk = x["k"][n, cw * 64:c0 * 64, hv // (HV // H)].double().pow(2).sum(-1)
-                bkk = beta[n, cw * 64:c0 * 64, hv] * kk
+                    end = edge
+                lo, hi = (edge, end) if reverse else (end, edge)
+                kk = x["k"][n, lo * 64:hi * 64, hv // (HV // H)].double().pow(2).sum(-1)
+                bkk = beta[n, lo * 64:hi * 64, hv] * kk
                 expansive = bool(((bkk < 0) | (bkk > 2)).any())
-                out[n, s, hv] = (cw, (not usable) or (expansive and cw > 0))
+                out[n, s, hv] = (end, (not usable) or (expansive and not at_edge))
     return out
 
 
@@ -226,40 +238,10 @@ def test_windows_follow_the_rule(decay):
         assert slow.all()
 
 
-def _reference_windows_after(x, S, L, thresh=20.0, max_window=ss.MAX_WINDOW):
-    """The reverse pass's window rule in Python (fp64 sums): per (n, s, hv), (cwe, flagged). Walk forward from the
-    segment's end c1 = min((s + 1) * L, chunks) over chunks (the last one may be partial), no further than lim =
-    min(c1 + min(L, max_window), chunks), to the first chunk c where the sum over [c1, c] is <= -thresh (cwe = c + 1;
-    lim if none); usable if found or cwe == chunks; flagged if not usable, or if a token of a truncated window
-    (cwe < chunks) has beta ||k||^2 outside [0, 2]."""
-    B, T, H = x["k"].shape[:3]
-    HV = x["g"].shape[-1]
-    nch = -(-T // 64)
-    g, beta = x["g"].double(), x["beta"].double()
-    out = {}
-    for n in range(B):
-        for s in range(S):
-            c1 = min((s + 1) * L, nch)
-            lim = min(c1 + min(L, max_window), nch)
-            for hv in range(HV):
-                acc, cwe, found = 0.0, lim, False
-                for c in range(c1, lim):
-                    acc += float(g[n, c * 64:(c + 1) * 64, hv].sum())
-                    if acc <= -thresh:
-                        cwe, found = c + 1, True
-                        break
-                usable = found or cwe == nch
-                kk = x["k"][n, c1 * 64:cwe * 64, hv // (HV // H)].double().pow(2).sum(-1)
-                bkk = beta[n, c1 * 64:cwe * 64, hv] * kk
-                expansive = bool(((bkk < 0) | (bkk > 2)).any())
-                out[n, s, hv] = (cwe, (not usable) or (expansive and cwe < nch))
-    return out
-
-
 @pytest.mark.parametrize("decay,T", [("fast", 64 * 12), ("steep", 64 * 12 - 20), ("slow", 64 * 12), ("mixed", 700)])
 def test_reverse_windows_follow_the_rule(decay, T):
-    """segment_windows(reverse=True) (the backward's reverse state pass) against _reference_windows_after on two
-    sequences, fresh gates each run: the flags, slow, and the mirrored segment words: the warm-up cwe - c1 after the
+    """segment_windows(reverse=True) (the backward's reverse state pass) against _reference_windows(reverse=True)
+    on two sequences, fresh gates each run: the flags, slow, and the mirrored segment words: the warm-up cwe - c1 after the
     segment's end (0 where flagged), the H0 bit exactly where an unflagged window reaches the sequence end (d
     final_state enters there), the LAST bit on the first segment only (it alone stores d initial_state), the
     sequence index. T not a multiple of 64: the last chunk's rows past the end are not summed."""
@@ -273,7 +255,7 @@ def test_reverse_windows_follow_the_rule(decay, T):
     with poisoned_allocations():
         slow, flag, segw = ss.segment_windows(x["k"], x["beta"], x["g"], plan, S, L, reverse=True)
     nch = -(-T // 64)
-    ref = _reference_windows_after(x, S, L)
+    ref = _reference_windows(x, S, L, reverse=True)
     for n in range(B):
         for s in range(S):
             c1 = min((s + 1) * L, nch)

@@ -81,7 +81,8 @@ if GLUON_OK:
     def chunk_state_gf_kernel(
         k_desc, v_desc, t_desc,                # TMA over k [T_tot, H*K], v [T_tot, HV*V], Tinv [T_tot, HV*BT] (16-bit)
         h_desc, vn_desc,                       # TMA over h [slots*HV*K, V] and Vnew [T_tot, HV*V] (stores)
-        beta_ptr, gcum_ptr, vnew_ptr,          # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32; Vnew [T_tot, HV, V]
+        beta_ptr, gcum_ptr, vnew_ptr,          # beta [T_tot, HV] (any float), gcum [T_tot, HV] fp32, Vnew [T_tot, HV,
+                                               # V] (the partial chunks' generic stores)
         h0_ptr, ht_ptr,                        # optional: initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr,                 # the chunk plan (triton/chunk_indices.py): sequences, or segments
         sel_ptr,                               # optional int32 (or None): without seg_ptr [N * HV], pairs run where

@@ -10,8 +10,9 @@ call's buffers, launches and event steps once and replays them on later calls wi
 (runtime/launch_list.py), so a repeat call costs its allocations and four `run` calls of host time.
 
 `chunk_state_gluon` is a state pass from W and U (triton/forward.py's `state_pass` hook; context parallelism's local
-pass, distributed/chunk.py, where few sequence-heads run): the same tensors in (k, w, u, gcum, initial state, chunk plan) and out (h, vnew, final state) as the Triton
-state kernel, K == V == 128 and 16-bit operands (backend.py checks the call). It keeps a launch plan per call
+pass, distributed/chunk.py, where few sequence-heads run): the same tensors in (k, w, u, gcum, initial state, chunk
+plan) and out (h, vnew, final state) as the Triton state kernel, K == V == 128 and 16-bit operands (backend.py
+checks the call). It keeps a launch plan per call
 signature (config, grid, constexprs, one descriptor template per TMA operand) and launches through the compiled
 kernel's handle after the first call (gluon/host.py), instead of four TensorDescriptor.from_tensor and the JIT's
 binding per call.
