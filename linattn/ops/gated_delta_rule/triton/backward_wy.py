@@ -121,7 +121,9 @@ def chunk_wy_bwd_kernel(
         da = tl.dot(tl.trans(tinv), z, input_precision=DOT_PREC)                   # Tinv^T dTinv Tinv^T
         gam_r = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
         gam_c = load_vec_compact(gcum_ptr + r_gate + hv, rows < BT, BT)
-        d = tl.where(rows[:, None] > (rows + z0)[None, :], -da * tl.exp(gam_r[:, None] - gam_c[None, :]), 0.)
+        # masked before exp: above the diagonal gam_i - gam_j > 0 could overflow for very negative g
+        lower = rows[:, None] > (rows + z0)[None, :]
+        d = tl.where(lower, -da * tl.exp(tl.where(lower, gam_r[:, None] - gam_c[None, :], 0.)), 0.)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, NK):
             b_k = load_tile(k_ptr + t0 * H * K + hk * K, z0, kb * BK, nt, K, H * K, BT, BK)
