@@ -124,11 +124,12 @@ def sync_free(backend):
     return out
 
 
-def eager_repeat(B, T, H, HV, backend, initial_state=True, output_final_state=True):
+def eager_repeat(B, T, H, HV, backend, initial_state=True, output_final_state=True, slow_heads=False):
     """Four plain eager calls of one signature on fresh inputs each (the first compiles, the second records the
     signature's launch list, the later ones replay it: gluon/launcher.py fwd_eager), NaN-poisoned buffers, every
     call's o and final state against the fp64 reference; then one call on a side stream (the replay declines another
-    stream and the host path runs it)."""
+    stream and the host path runs it). slow_heads: every odd head decays ~1000x slower (its segment windows are flagged:
+    the unsegmented launch on the side stream does work)."""
     import linattn
     from linattn.ops.gated_delta_rule.reference import chunk_reference
     from linattn.runtime.alloc import poisoned_allocations
@@ -136,6 +137,8 @@ def eager_repeat(B, T, H, HV, backend, initial_state=True, output_final_state=Tr
     errs = []
     for i in range(5):
         x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, device=base.DEV, initial_state=initial_state)
+        if slow_heads:
+            x["g"][..., 1::2] *= 1e-3
         side = torch.cuda.Stream() if i == 4 else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
@@ -156,9 +159,12 @@ def eager_repeat(B, T, H, HV, backend, initial_state=True, output_final_state=Tr
                 errors=errs, tol=tol, passed=all(a <= tol and b <= tol for a, b in errs))
 
 
-# eager_repeat's signatures: B1 T16384 segmented eagerly (side stream, events), B1 T8192, B4 T8192 at H2/HV8 (the
-# segment launch), B2 T1000 without states (the W/U kernel)
-REPEAT_CASES = (("repeat_B1_T16384", 1, 16384, 16, 32, {}), ("repeat_B1_T8192", 1, 8192, 16, 32, {}),
+# eager_repeat's signatures: B1 T16384 segmented eagerly (side stream, events; also with flagged heads, whose
+# unsegmented launch runs on the side stream), B1 T8192, B4 T8192 at H2/HV8 (the segment launch), B2 T1000 without
+# states (the W/U kernel)
+REPEAT_CASES = (("repeat_B1_T16384", 1, 16384, 16, 32, {}),
+                ("repeat_B1_T16384_slow_heads", 1, 16384, 16, 32, dict(slow_heads=True)),
+                ("repeat_B1_T8192", 1, 8192, 16, 32, {}),
                 ("repeat_hv8_B4_T8192", 4, 8192, 2, 8, {}),
                 ("repeat_B2_T1000_no_states", 2, 1000, 16, 32, dict(initial_state=False, output_final_state=False)))
 
