@@ -282,3 +282,40 @@ def test_gluon_backward_runs_stage_1a_in_the_state_pass(monkeypatch):
 if __name__ == "__main__":
     if sys.argv[1:] == ["jit"]:
         _jit_compile_main()
+
+
+@pytest.mark.parametrize("B,T,segs,rsegs,slow_odd", [(1, 64 * 12 - 9, (3, 4), (3, 4), True),
+                                                      (2, 64 * 10, (2, 5), (2, 5), False)])
+def test_segmented_backward_with_the_kernel_models_gives_the_triton_gradients(B, T, segs, rsegs, slow_odd):
+    """The gluon backward's segment paths on a CPU: its recompute (recompute_gf with the chunk_state_gf model) and its
+    reverse pass (chunk_state_bwd_gluon's segment launch with the DV_LOCAL kernel's model, testing/state_models.py:
+    the window kernel's reverse words, the segment chains past their ends, the flagged pairs' unsegmented launch),
+    fresh fp32 inputs at ~-20 of log decay per chunk (one-chunk windows; slow_odd: every odd head ~1000x slower,
+    flagged in both passes), outputs NaN-poisoned: every gradient within 1e-4 of the Triton backward's."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_gluon
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
+    from linattn.ops.gated_delta_rule.triton.backward import chunk_gated_delta_rule_bwd
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing.state_models import emulate_state_bwd
+    from linattn.testing.state_models import emulate_state_gf
+    args = list(fp32_bwd_args(B, T, 2, 4, None))
+    g = args[3] * 0 - 0.32
+    if slow_odd:
+        g[..., 1::2] *= 1e-3
+    args[3] = g
+    q, k, v, g, beta = args[:5]
+
+    def recompute(q_, k_, v_, g_, beta_, h0_, plan):
+        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segs, state_pass=emulate_state_gf)
+
+    def state_bwd(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_):
+        if slow_odd:       # the case reaches the flagged pairs' launch
+            slow = segment_windows(k_, beta, g, plan, *rsegs, reverse=True)[0]
+            assert slow[:, 1::2].all() and not slow[:, 0::2].any()
+        chunk_state_bwd_gluon(q_, k_, w, gcum, do_, dh, dvnew, dht_, dh0_, plan, scale_, dv_local=True,
+                              segments=rsegs, g=g, beta=beta, run=emulate_state_bwd)
+    with poisoned_allocations():
+        want = chunk_gated_delta_rule_bwd(*args)
+        got = chunk_gated_delta_rule_bwd(*args, recompute=recompute, state_bwd=state_bwd, state_bwd_dv_local=True)
+    assert_same_grads(got, want)

@@ -1,8 +1,10 @@
 """The gluon backward's gate-free recompute (gluon/chunk_state_gf.py) on a CPU host: its sm_90a builds, its launch
 arguments against the AOT signatures, and the Triton pieces it launches around the kernel (kkt_solve_kernel's 16-bit
-copy of Tinv, wu_kernel's W-only launch) under the interpreter. The kernel itself runs only on a GPU: the gate's
-`bwd` section checks every gradient of the gluon backend against fp64 through it (benchmarks/gpu/gate.py); the host
-path's launch list of the backward is checked in test_bwd_host_path.py."""
+copy of Tinv, wu_kernel's W-only launch) under the interpreter, and recompute_gf's host side (plans, segment words,
+selections, h slots) with the kernel's torch model (testing/state_models.py) against the Triton recompute. The
+kernel itself runs only on a GPU: the gate's `bwd` section checks every gradient of the gluon backend against fp64
+through it (benchmarks/gpu/gate.py); the host path's launch list of the backward is checked in
+test_bwd_host_path.py."""
 import pytest
 import torch
 
@@ -130,3 +132,56 @@ def test_recompute_hook_takes_the_default_options_only():
         with pytest.raises(NotImplementedError, match="recompute hook"):
             chunk_gated_delta_rule_bwd(q, q, v, g, beta, 0.25, None, None, torch.randn_like(v), None, recompute=hook,
                                        **kw)
+
+
+@pytest.mark.parametrize("B,T,lens,h0,segments,decay", [
+    (1, 150, None, True, None, "default"),
+    (2, 130, None, False, None, "default"),            # T % 64 != 0: the next sequence's rows in the last box
+    (1, 260, [1, 63, 65, 1, 130], True, None, "default"),   # varlen with 1-token sequences
+    (1, 64 * 20, None, True, (4, 5), "steep"),          # segments with one-chunk warm-ups
+    (2, 64 * 12 - 9, None, True, (4, 3), "steep_slow_odd"),   # segments, the odd heads flagged (run unsegmented)
+])
+def test_recompute_gf_with_the_kernel_model_matches_the_triton_recompute(device, B, T, lens, h0, segments, decay):
+    """recompute_gf's host side (kkt_solve with the 16-bit Tinv, W alone, the window kernel, the segment plan and
+    words, the flagged pairs' selection, the h slots) with testing/state_models.py in place of the Gluon kernel, on
+    fresh inputs, outputs NaN-poisoned: h and Vnew within the bf16 tolerance of the Triton recompute's (W and U
+    formed; fp32 Tinv), gcum and the fp32 Tinv equal to its, W within it; every h slot and Vnew row written."""
+    if device != "cpu":
+        pytest.skip("CPU model check")
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, make_gdn_inputs, rel_rms
+    from linattn.testing.state_models import emulate_state_gf
+    H, HV, K, V = 2, 4, 32, 32
+    N = B if lens is None else len(lens)
+    x = make_gdn_inputs(B, T if lens is None else sum(lens), H, HV, K, V, dtype=torch.bfloat16, num_states=N,
+                        initial_state=h0, generator=torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31 - 1, ()))))
+    if decay.startswith("steep"):       # ~-20 of log decay per chunk: warm-up windows of one chunk
+        x["g"] = x["g"] * 0 - 0.32
+    if decay.endswith("slow_odd"):
+        x["g"][..., 1::2] *= 1e-3
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    q, k, v, g, beta, hs = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    plan = make_chunk_plan(q.shape[0], q.shape[1], cu, 64, device)
+    with poisoned_allocations():
+        got = recompute_gf(q, k, v, g, beta, hs, plan, segments=segments, state_pass=emulate_state_gf)
+        ref = chunk_gated_delta_rule_fwd(q, k, v, g, beta, K ** -0.5, hs, False, cu, store_tinv=True,
+                                         compute_output=False)
+    tol = TOL[torch.bfloat16]
+    # the chunk slots the sequences fill (a varlen plan bounds its slot count from above: surplus slots stay unwritten)
+    cus, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
+    used = [o + c for n, o in enumerate(offs[:plan.N]) for c in range(-(-(cus[n + 1] - cus[n]) // 64))]
+    for name in ("h", "vnew", "w"):
+        a, b = getattr(got, name), getattr(ref, name)
+        if name == "h":
+            a, b = a[used], b[used]
+        err = rel_rms(a, b)
+        assert err < tol, (name, err)
+    assert torch.equal(got.gcum, ref.gcum) and torch.equal(got.tinv, ref.tinv)
+    if decay.endswith("slow_odd"):      # the case reaches the flagged pairs' launch
+        from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
+        slow, _, _ = segment_windows(k, beta, g, plan, *segments)
+        assert slow[:, 1::2].all() and not slow[:, 0::2].any()
+    assert got.u is None and got.o is None

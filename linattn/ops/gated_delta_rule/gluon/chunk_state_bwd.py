@@ -391,26 +391,36 @@ def state_bwd_segments(B: int, T: int, HV: int, V: int, cu_seqlens, device, capt
     return -(-nch // L), L
 
 
+def _launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool,
+            select=None, seg=None, seq_len: int = 0) -> None:
+    """One launch of chunk_state_bwd_tma_kernel (state_bwd_launch's arguments) through the host path."""
+    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local,
+                                                  select=select, seg=seg, seq_len=seq_len)
+    launches(kernel, grid, args, kwargs)
+
+
 def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
                           config: Optional[BwdStateConfig] = None, dv_local: bool = False, segments=None, g=None,
-                          beta=None) -> None:
+                          beta=None, run=None) -> None:
     """Backward stage 1 on sm_90a, a drop-in for the Triton launch of chunk_state_bwd_kernel (the `state_bwd` hook
     of triton/backward.py chunk_gated_delta_rule_bwd): writes dh, adds the state term to dvnew in place, writes dh0
     when given. With dv_local, stages 1a and 1 in one launch: dvnew is written whole (P^T dO + the state term), its
-    contents on entry unread. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call)."""
+    contents on entry unread. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call).
+    segments = (S, L) (state_bwd_segments) with g and beta, the op's inputs: the segment launch (_segments). run
+    replaces _launch (same arguments; CPU tests pass testing/state_models.py's model)."""
     from linattn.runtime.device import device_facts
     cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms, dv_local)
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
+    run = run or _launch
     if segments is not None:
-        _segments(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local, g, beta, *segments)
+        _segments(run, q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local, g, beta, *segments)
         return
-    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local)
-    launches(kernel, grid, args, kwargs)
+    run(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local)
 
 
-def _segments(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool, g,
-              beta, S: int, L: int) -> None:
+def _segments(run, q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool,
+              g, beta, S: int, L: int) -> None:
     """The reverse pass in S segments of L chunks per sequence (fixed-length q [B, T, ...]; g, beta the inputs whose
     chunk decays choose the windows), on the current stream: segment_windows(reverse=True); the (sequence, head)
     pairs it flags unsegmented (cfg's launch on the sequence plan, selected: it exits at once where none is flagged);
@@ -426,11 +436,7 @@ def _segments(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: B
     keep(splan)
     slow, flag, segw = segment_window_buffers(plan.N, S, HV, dev)
     segment_windows(k, beta, g, plan, S, L, launch=launches, out=(slow, flag, segw), reverse=True)
-    kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local,
-                                                  select=slow)
-    launches(kernel, grid, args, kwargs)
-    seg_cfg = BwdStateConfig(SEG_BV, 8 if dv_local else 4, 2)
-    kernel, grid, args, kwargs = state_bwd_launch(
-        q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), w, gcum, do.reshape(1, B * T, HV, -1), dh, dvnew, dht,
-        dh0, splan, scale, seg_cfg, dv_local, select=slow, seg=segw, seq_len=T)
-    launches(kernel, grid, args, kwargs)
+    run(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local, select=slow)
+    run(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), w, gcum, do.reshape(1, B * T, HV, -1), dh, dvnew, dht,
+        dh0, splan, scale, BwdStateConfig(SEG_BV, 8 if dv_local else 4, 2), dv_local, select=slow, seg=segw,
+        seq_len=T)

@@ -186,7 +186,7 @@ def chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, final
 
 
 
-def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
+def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pass=None):
     """The gluon backward's recompute of the forward's intermediates (triton/backward.py's `recompute` hook): gcum and
     Tinv (fp32 for the WY stage, 16-bit for the chain) by the Triton kkt_solve_kernel, W alone by wu_kernel (for the
     reverse state pass), then h and Vnew by chunk_state_gf_kernel. Returns triton/forward.py's FwdResult (o, the
@@ -196,7 +196,8 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
     (segment_start.py): the window kernel, then the pairs it flags unsegmented (sequence plan, selected), then the
     others' segments (segment plan), all on the current stream. (The forward runs its unsegmented pairs on a side
     stream; a launch-list replay of the backward with side-stream launches gave wrong gradients where heads were
-    flagged, so the backward keeps one stream: the flagged pairs' launch exits at once where none is flagged.)"""
+    flagged, so the backward keeps one stream: the flagged pairs' launch exits at once where none is flagged.)
+    state_pass: replaces chunk_state_gf_gluon (same arguments; CPU tests pass testing/state_models.py's model)."""
     from linattn.ops.gated_delta_rule.triton.common import dot_precision
     from linattn.ops.gated_delta_rule.triton.forward import FwdResult
     from linattn.ops.gated_delta_rule.triton.host import launches
@@ -228,13 +229,14 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None):
                   **kkt_order(plan.num_slots)), tensors=dict(tinv16_ptr=tinv16))
     h = empty(plan.num_slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
+    run = state_pass or chunk_state_gf_gluon
     if seg is None:
-        chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan)
+        run(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan)
     else:
         slow, _, segw = seg
-        chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan, select=slow)
-        chunk_state_gf_gluon(k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V), beta, gcum, tinv16, h, vnew,
-                             initial_state, None, splan, select=slow, seg=segw, seq_len=T)
+        run(k, v, beta, gcum, tinv16, h, vnew, initial_state, None, plan, select=slow)
+        run(k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V), beta, gcum, tinv16, h, vnew, initial_state, None,
+            splan, select=slow, seg=segw, seq_len=T)
     w = empty(T_tot, HV, K, dtype=dt, device=dev)
     launches(wu_kernel, grid, (k, v, beta, gcum, tinv16, w, None, plan.cu, plan.chunk_indices, plan.N),
              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, DOT_PREC=prec, num_warps=cfg.warps_wu))
