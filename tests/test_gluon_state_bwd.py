@@ -319,3 +319,20 @@ def test_segmented_backward_with_the_kernel_models_gives_the_triton_gradients(B,
         want = chunk_gated_delta_rule_bwd(*args)
         got = chunk_gated_delta_rule_bwd(*args, recompute=recompute, state_bwd=state_bwd, state_bwd_dv_local=True)
     assert_same_grads(got, want)
+
+
+def test_an_eager_backward_prepares_the_capture_time_segment_plan():
+    """state_bwd_prepare_capture: an eager B1 T4096 H16/HV32 backward (unsegmented eagerly, 2 segments under
+    capture) builds the capture's segment plan, so that a capture after the warm-up records none of its
+    construction; nothing where a capture would not segment either (B1 T1024: 16 chunks)."""
+    from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as sb
+    from linattn.ops.gated_delta_rule.triton import segment_start as ss
+    ss._SEG_PLANS.clear()
+    sb._PREPARED.clear()
+    sb.state_bwd_prepare_capture(1, 4096, 32, 128, "cpu")
+    assert ss.segment_plan_cached(1, 4096, 2, 32, "cpu")
+    sb.state_bwd_prepare_capture(1, 1024, 32, 128, "cpu")
+    assert sb._PREPARED[(1, 1024, 32, 128, "cpu")] is None and len(ss._SEG_PLANS) == 1
+    ss._SEG_PLANS.clear()                        # dropped from the plan cache: built again on the next call
+    sb.state_bwd_prepare_capture(1, 4096, 32, 128, "cpu")
+    assert ss.segment_plan_cached(1, 4096, 2, 32, "cpu")

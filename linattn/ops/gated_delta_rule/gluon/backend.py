@@ -76,8 +76,11 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                                                 dg, dbeta, plan, scale_)
     local_wy = gluon_compat.async_copy is not None
     segments = recompute_segments(q, v, cu_seqlens)
+    cap = capturing(q)
     reverse_segments = gluon_bwd.state_bwd_segments(q.shape[0], q.shape[1], v.shape[2], v.shape[3], cu_seqlens,
-                                                    q.device, capturing(q))
+                                                    q.device, cap)
+    if reverse_segments is None and cu_seqlens is None and not cap:
+        gluon_bwd.state_bwd_prepare_capture(q.shape[0], q.shape[1], v.shape[2], v.shape[3], q.device)
 
     def recompute(q_, k_, v_, g_, beta_, h0_, plan):
         from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf

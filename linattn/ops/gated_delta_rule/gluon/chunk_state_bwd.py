@@ -391,6 +391,27 @@ def state_bwd_segments(B: int, T: int, HV: int, V: int, cu_seqlens, device, capt
     return -(-nch // L), L
 
 
+_PREPARED: dict = {}      # (B, T, HV, V, device) -> the capture-time segment plan's (S, L), or None
+
+
+def state_bwd_prepare_capture(B: int, T: int, HV: int, V: int, device) -> None:
+    """On an eager fixed-length backward that runs unsegmented where a CUDA-graph capture of it would segment (under
+    GF_SEG_MIN_EAGER_TOKENS tokens): build the capture's segment plan now (segment_start's cache), so that a capture
+    after the eager warm-up records none of its construction (as chunk_fused_gf.gf_prepare_capture for the forward;
+    the recompute's segments are the forward's, prepared there). A repeat call looks the key up (the plan is built
+    again if the plan cache has dropped it since)."""
+    from linattn.ops.gated_delta_rule.triton.segment_start import segment_plan, segment_plan_cached
+    key = (B, T, HV, V, device)
+    segs = _PREPARED.get(key, False)
+    if segs is False:
+        segs = state_bwd_segments(B, T, HV, V, None, device, capturing=True)
+        if len(_PREPARED) >= 64:
+            _PREPARED.clear()
+        _PREPARED[key] = segs
+    if segs is not None and not segment_plan_cached(B, T, *segs, device):
+        segment_plan(B, T, *segs, device)
+
+
 def _launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool,
             select=None, seg=None, seq_len: int = 0) -> None:
     """One launch of chunk_state_bwd_tma_kernel (state_bwd_launch's arguments) through the host path."""
