@@ -194,6 +194,46 @@ def graph_bwd_case(sz):
     return dict(graph_vs_eager=errs, passed=all(v <= 1e-6 for v in errs.values()))
 
 
+def graph_bwd_segments_case():
+    """A CUDA graph of the gluon forward + backward at B1 T4096 H16/HV32 with the odd heads slow: fixed length, so
+    under capture the forward and both backward passes run in segments (the flagged heads unsegmented), which an
+    eager call of this size does not; replayed on fresh values copied into the captured buffers (inputs and upstream
+    gradients), against the fp64 gradients of those values."""
+    import linattn
+    case = dict(name="graph-B1-T4096-slow-heads", B=1, T=4096, H=16, HV=32, K=128, V=128, slow_heads=True)
+    inp, _ = _bwd_inputs(case)
+    leaves = list(inp.values())
+    do = torch.randn(1, case["T"], case["HV"], case["V"], device=base.DEV, dtype=torch.bfloat16)
+    dht = torch.randn_like(inp["initial_state"])
+
+    def step():
+        o, ht = linattn.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                               backend="gluon")
+        return (o, ht) + torch.autograd.grad([o, ht], leaves, [do, dht])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):                         # warm-up: every kernel compiled outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    fresh, _ = _bwd_inputs(case, seed=7)
+    ref, do64, dht64 = _reference_grads(fresh, None, False, seed=8)
+    with torch.no_grad():
+        for t, f in zip(leaves, fresh.values()):
+            t.copy_(f)
+        do.copy_(do64)
+        dht.copy_(dht64)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = dict(zip(("o", "final_state") + base.GRADS, static))
+    errs, ok = base.errors(got, ref, torch.bfloat16)
+    return dict(shape=case, errors=errs, passed=ok)
+
+
 def section(save):
     """Each gate case's fp64 reference is computed once (a case of its own, so that a failure there is on record)
     and checked against both backends where the gluon backend runs (K = V = 128, bf16 inputs)."""
@@ -226,6 +266,7 @@ def section(save):
                 save(dict(cases=cases, incomplete=True))
         run("torch.compile fullgraph fwd+bwd", compile_case, sz)
         run("CUDA graph fwd+bwd varlen", graph_bwd_case, sz)
+        run("CUDA graph fwd+bwd gluon B1 T4096 segments", graph_bwd_segments_case)
     return dict(cases=cases, reference="autograd through chunk_reference in fp64 on the same device, full problem")
 
 
@@ -236,4 +277,5 @@ def case_names():
         if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
             names.append(f"{c['name']} gluon")
     return names + ([] if base.DRY else [f"{c['name']} {b}" for c in REPEAT_CASES for b in ("triton", "gluon")]
-                    + ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen"])
+                    + ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen",
+                       "CUDA graph fwd+bwd gluon B1 T4096 segments"])
