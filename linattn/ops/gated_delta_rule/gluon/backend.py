@@ -6,9 +6,9 @@ and an eager call of 256 tokens or more, or a CUDA-graph capture); by name (back
 LINATTN_BACKEND=gluon) it takes every call supports() accepts. The forward is the torch custom op
 "linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward,
 "linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the intermediates from the saved inputs) with
-its recompute of h and Vnew in the gate-free form (chunk_state_gf.py: no U; in segments as the forward where a
-B1-B2 batch leaves SMs idle), its reverse state pass (stage 1) in Gluon (chunk_state_bwd.py) and its local and WY
-stages (2, 3) in one Gluon kernel (chunk_local_wy_bwd.py); a fixed-length call outside CUDA-graph capture goes
+its recompute of h and Vnew in the gate-free form (chunk_state_gf.py: no U), its reverse state pass (stage 1) in
+Gluon (chunk_state_bwd.py), both in segments where a B1-B2 batch leaves SMs idle, and its local and WY stages (2, 3)
+in one Gluon kernel (chunk_local_wy_bwd.py); a fixed-length call outside CUDA-graph capture goes
 through the backward's launch list (triton/backward.py bwd_eager).
 
 Nothing here imports Gluon at import time: supports() asks gluon_compat, the impl imports the launcher.
@@ -59,7 +59,8 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton backward with its recompute in the gate-free form (gluon/chunk_state_gf.py: h and Vnew without U,
     segmented as the forward where recompute_segments says so), its stages 1a + 1 (P^T dO and the reverse state pass,
-    one kernel) and its local and WY stages (2, 3) in Gluon."""
+    one kernel; segmented where chunk_state_bwd.state_bwd_segments says so) and its local and WY stages (2, 3) in
+    Gluon."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
