@@ -214,7 +214,7 @@ def graph_bwd_segments_case():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(2):                         # warm-up: every kernel compiled outside the capture
+        for _ in range(2):     # warm-up: eagerly unsegmented here, so the segment launches compile under capture
             step()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
