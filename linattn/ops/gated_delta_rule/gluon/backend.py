@@ -76,8 +76,8 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                                                 do_ if do_.dtype == q_.dtype else do_.to(q_.dtype), dvnew, dq, dk, dv,
                                                 dg, dbeta, plan, scale_)
     local_wy = gluon_compat.async_copy is not None
-    segments = recompute_segments(q, v, cu_seqlens)
     cap = capturing(q)
+    segments = recompute_segments(q, v, cu_seqlens, cap)
     reverse_segments = gluon_bwd.state_bwd_segments(q.shape[0], q.shape[1], v.shape[2], v.shape[3], cu_seqlens,
                                                     q.device, cap)
     if reverse_segments is None and cu_seqlens is None and not cap:
@@ -112,12 +112,11 @@ def recompute_state_in_gluon(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optio
     return N * v.shape[2] <= GLUON_BWD_STATE_MAX_SEQ_HEADS
 
 
-def recompute_segments(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
+def recompute_segments(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor], capturing: bool):
     """(S, L) of the backward's segmented recompute (the forward's segment plan: chunk_fused_gf.gf_segments_wanted),
     or None where it runs unsegmented."""
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import gf_segments_wanted
-    from linattn.runtime.capture import capturing
-    S, L = gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device, capturing=capturing(q))
+    S, L = gf_segments_wanted(q.shape[0], q.shape[1], v.shape[2], cu_seqlens, q.device, capturing=capturing)
     return (S, L) if S > 1 else None
 
 

@@ -289,7 +289,8 @@ def gf_segment_plan(B: int, T: int, HV: int, num_sms: int) -> tuple:
 
 
 def gf_segments_wanted(B: int, T: int, HV: int, cu_seqlens, device, capturing: bool = False) -> tuple:
-    """(S, L) for the gluon forward and its backward's recompute (backend.recompute_segments): gf_segment_plan's
+    """(S, L) for the gluon forward, its backward's recompute (backend.recompute_segments) and, with HV the CTAs per
+    sequence, its reverse pass (chunk_state_bwd.state_bwd_segments): gf_segment_plan's
     under CUDA-graph capture or from GF_SEG_MIN_EAGER_TOKENS tokens, else (1, chunks); fixed-length batches only (the
     segment plan cuts equal sequences)."""
     from linattn.runtime.device import device_facts

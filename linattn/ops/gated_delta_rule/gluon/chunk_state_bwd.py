@@ -374,21 +374,15 @@ SEG_BV = 64
 
 
 def state_bwd_segments(B: int, T: int, HV: int, V: int, cu_seqlens, device, capturing: bool = False):
-    """(S, L) of the reverse pass's segment launch (chunk_state_bwd_gluon's segments), or None: fixed-length batches
-    whose B * HV * V / SEG_BV CTAs leave at least half a wave idle, segments of at least
-    chunk_fused_gf.GF_SEG_MIN_CHUNKS chunks; eager calls from GF_SEG_MIN_EAGER_TOKENS tokens (as the forward)."""
-    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import GF_SEG_MIN_CHUNKS, GF_SEG_MIN_EAGER_TOKENS
-    from linattn.runtime.device import device_facts
-    if cu_seqlens is not None or V % SEG_BV or not (capturing or B * T >= GF_SEG_MIN_EAGER_TOKENS):
+    """(S, L) of the reverse pass's segment launch (chunk_state_bwd_gluon's segments), or None: the forward's rule
+    (chunk_fused_gf.gf_segments_wanted: fixed-length batches, one wave of CTAs, segments of at least
+    GF_SEG_MIN_CHUNKS chunks, eager calls from GF_SEG_MIN_EAGER_TOKENS tokens) for HV * V / SEG_BV CTAs per
+    sequence."""
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_gf import gf_segments_wanted
+    if V % SEG_BV:
         return None
-    facts = device_facts(device)
-    sms = facts.num_sms if facts.kind == "cuda" else 132
-    nch = -(-T // BT)
-    S = min(sms // max(B * HV * (V // SEG_BV), 1), nch // GF_SEG_MIN_CHUNKS)
-    if S < 2:
-        return None
-    L = -(-nch // S)
-    return -(-nch // L), L
+    S, L = gf_segments_wanted(B, T, HV * (V // SEG_BV), cu_seqlens, device, capturing=capturing)
+    return (S, L) if S > 1 else None
 
 
 _PREPARED: dict = {}      # (B, T, HV, V, device) -> the capture-time segment plan's (S, L), or None

@@ -132,16 +132,6 @@ if GLUON_OK:
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
 
 
-def state_gf_supported(k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """Whether the gate-free recompute takes the call (on top of the gluon backend's supports()): K == V == 128 in
-    one 16-bit dtype."""
-    if k.shape[-1] != 128 or v.shape[-1] != SGF_BV:
-        return False, f"K={k.shape[-1]}, V={v.shape[-1]}: the gate-free recompute is built for K == V == 128"
-    if k.dtype not in (torch.bfloat16, torch.float16) or v.dtype != k.dtype:
-        return False, f"k {k.dtype}, v {v.dtype}: the gate-free recompute takes one 16-bit dtype"
-    return True, ""
-
-
 def state_gf_launch(k, v, beta, gcum, tinv16, h, vnew, initial_state, final, plan,
                     select: Optional[torch.Tensor] = None, seg: Optional[torch.Tensor] = None, seq_len: int = 0):
     """(kernel, grid, args, kwargs) of one launch of chunk_state_gf_kernel. k [.., H, K], v [.., HV, V] over plan's

@@ -215,8 +215,8 @@ def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
               variant: Hashable = None, cu_seqlens: Optional[torch.Tensor] = None, **hooks):
     """chunk_gated_delta_rule_bwd's outputs, through the signature's launch list where one applies: a fixed-length
     call (no cu_seqlens) outside CUDA-graph capture, small enough (above); every other call takes the host path.
-    hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local / recompute, made afresh per call
-    by a backend; variant names what they launch (it keys the lists with the signature)."""
+    hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local / recompute, made
+    afresh per call by a backend; variant names what they launch (it keys the lists with the signature)."""
     from linattn.runtime.capture import capturing
 
     def run(free_u=True):

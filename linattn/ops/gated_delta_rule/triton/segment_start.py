@@ -45,40 +45,36 @@ SEGW_SEQ_SHIFT = tl.constexpr(10)  # bits 10-30: the sequence index n (the h0 / 
 
 
 @triton.jit
-def _segment_window(g_ptr, bos, c0, lim, hv, thresh, HV: tl.constexpr, BT: tl.constexpr, MAXW: tl.constexpr):
-    """The warm-up window of the segment starting at chunk c0, walking back no further than chunk lim (c0 - lim <=
-    MAXW): (cw, whether
-    the window is usable: its summed log decay reached -thresh, or it reached the sequence start, where nothing is
-    dropped). Each chunk's decay is the sum of its tokens' g (the inputs, not kkt_solve's gcum: so that the window
-    kernel can run next to kkt_solve), the MAXW chunks before c0 in one [MAXW, BT] load and a cumulative sum (a loop
-    of dependent loads cost ~1 us per chunk walked, all of MAXW at slow decay; chunks before c0 are whole)."""
-    j = tl.arange(0, MAXW)                     # chunk c0 - 1 - j
-    inside = j < c0 - lim
-    tok = bos + (c0 - 1 - j).to(tl.int64)[:, None] * BT + tl.arange(0, BT)[None, :]
-    dec = tl.sum(tl.load(g_ptr + tok * HV + hv, mask=inside[:, None], other=0.).to(tl.float32), 1)
+def _segment_window(g_ptr, bos, eos, edge, lim, nchunks, hv, thresh, HV: tl.constexpr, BT: tl.constexpr,
+                    MAXW: tl.constexpr, REVERSE: tl.constexpr = False):
+    """The warm-up window of the segment starting at chunk edge = c0, walking back no further than chunk lim
+    (c0 - lim <= MAXW): (cw, whether the window [cw, c0) is usable: its summed log decay reached -thresh, or it
+    reached the sequence start, where nothing is dropped). REVERSE (the backward's reverse pass): the window of the
+    segment ending at chunk edge = c1 (exclusive), walking forward no further than chunk lim (lim - c1 <= MAXW):
+    (cwe, whether [c1, cwe) is usable: it reached -thresh or the sequence end, chunk nchunks; the last chunk may be
+    partial, its rows past eos masked). Each chunk's decay is the sum of its tokens' g (the inputs, not kkt_solve's
+    gcum: so that the window kernel can run next to kkt_solve), the MAXW chunks next to the edge in one [MAXW, BT]
+    load and a cumulative sum (a loop of dependent loads cost ~1 us per chunk walked, all of MAXW at slow decay)."""
+    j = tl.arange(0, MAXW)
+    if REVERSE:
+        inside = j < lim - edge
+        c = edge + j                           # chunk c1 + j
+    else:
+        inside = j < edge - lim
+        c = edge - 1 - j                       # chunk c0 - 1 - j (whole: before c0)
+    tok = bos + c.to(tl.int64)[:, None] * BT + tl.arange(0, BT)[None, :]
+    m = inside[:, None]
+    if REVERSE:
+        m = m & (tok < eos)
+    dec = tl.sum(tl.load(g_ptr + tok * HV + hv, mask=m, other=0.).to(tl.float32), 1)
     hit = inside & (tl.cumsum(dec, 0) <= -thresh)
     first = tl.min(tl.where(hit, j, MAXW), 0)  # the shortest window reaching -thresh (MAXW: none)
-    cw = tl.where(first < MAXW, c0 - 1 - first, lim)
-    cw = tl.where(thresh <= 0., c0, cw)        # nothing to reach: no window (as the walk's loop test)
-    return cw, (first < MAXW) | (thresh <= 0.) | (cw == 0)
-
-
-@triton.jit
-def _segment_window_after(g_ptr, bos, eos, c1, lim, nchunks, hv, thresh, HV: tl.constexpr, BT: tl.constexpr,
-                          MAXW: tl.constexpr):
-    """The reverse pass's warm-up window of the segment ending at chunk c1 (exclusive), walking forward no further
-    than chunk lim (lim - c1 <= MAXW): (cwe, whether the window [c1, cwe) is usable: its summed log decay reached
-    -thresh, or it reached the sequence end, where nothing is dropped). As _segment_window, mirrored; the sequence's
-    last chunk may be partial (its rows past eos are masked)."""
-    j = tl.arange(0, MAXW)                     # chunk c1 + j
-    inside = j < lim - c1
-    tok = bos + (c1 + j).to(tl.int64)[:, None] * BT + tl.arange(0, BT)[None, :]
-    dec = tl.sum(tl.load(g_ptr + tok * HV + hv, mask=inside[:, None] & (tok < eos), other=0.).to(tl.float32), 1)
-    hit = inside & (tl.cumsum(dec, 0) <= -thresh)
-    first = tl.min(tl.where(hit, j, MAXW), 0)  # the shortest window reaching -thresh (MAXW: none)
-    cwe = tl.where(first < MAXW, c1 + first + 1, lim)
-    cwe = tl.where(thresh <= 0., c1, cwe)      # nothing to reach: no window
-    return cwe, (first < MAXW) | (thresh <= 0.) | (cwe == nchunks)
+    if REVERSE:
+        end = tl.where(first < MAXW, edge + first + 1, lim)
+    else:
+        end = tl.where(first < MAXW, edge - 1 - first, lim)
+    end = tl.where(thresh <= 0., edge, end)    # nothing to reach: no window (as the walk's loop test)
+    return end, (first < MAXW) | (thresh <= 0.) | (end == (nchunks if REVERSE else 0))
 
 
 @triton.jit
@@ -114,12 +110,12 @@ def segment_window_kernel(
     if REVERSE:
         c1 = tl.minimum(c0 + seg_chunks, nchunks)
         lo = c1
-        hi, usable = _segment_window_after(g_ptr, bos, eos, c1, tl.minimum(c1 + tl.minimum(seg_chunks, MAXW), nchunks),
-                                           nchunks, hv, thresh, HV, BT, MAXW)
+        hi, usable = _segment_window(g_ptr, bos, eos, c1, tl.minimum(c1 + tl.minimum(seg_chunks, MAXW), nchunks),
+                                     nchunks, hv, thresh, HV, BT, MAXW, REVERSE=True)
         wl, edge, own = hi - c1, hi == nchunks, ns % S == 0
     else:
-        lo, usable = _segment_window(g_ptr, bos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), hv, thresh,
-                                     HV, BT, MAXW)
+        lo, usable = _segment_window(g_ptr, bos, eos, c0, tl.maximum(c0 - tl.minimum(seg_chunks, MAXW), 0), nchunks,
+                                     hv, thresh, HV, BT, MAXW)
         hi = c0
         wl, edge, own = c0 - lo, lo == 0, ns % S == S - 1
     expansive = 0
