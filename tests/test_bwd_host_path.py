@@ -191,8 +191,9 @@ def test_gluon_backward_launch_list():
         assert c["kinds"] == ["LaunchList"], (name, c)
         assert c["same"] and c["jit"] == 0, (name, c["launches"], c["diff"])
         assert "chunk_state_bwd_tma_kernel" in c["launches"], (name, c["launches"])
-        # (the segment windows' zeroed flags: recorded allocations, remade by a replay)
-        assert set(c["device_ops"]) <= {"aten.new_empty.default", "aten.zeros.default"}, (name, c["device_ops"])
+        # (and, segmented, the window kernels' zeroed flags: recorded allocations, remade by a replay)
+        allowed = {"aten.new_empty.default"} | ({"aten.zeros.default"} if name == "segments" else set())
+        assert set(c["device_ops"]) <= allowed, (name, c["device_ops"])
     # the gate-free recompute: kkt_solve (fp32 and 16-bit Tinv), h and Vnew without U, W alone; at B1 T8192 in
     # segments: the window kernels, the flagged pairs' launches and the segment launches of both passes, one stream
     for name in ("states", "no_states"):
