@@ -29,6 +29,21 @@ def free():
         torch.cuda.empty_cache()
 
 
+def captured(step, warmups: int = 2):
+    """(graph, its static outputs): `warmups` eager calls of step on a side stream (every kernel compiled outside the
+    capture, as torch's graph docs require), then a CUDA graph of one call."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    return graph, static
+
+
 def rel(out, ref) -> float:
     """linattn.testing.rel_rms computed on the tensors' device (no multi-GB host copies at T = 65536)."""
     if out.shape != ref.shape:

@@ -158,20 +158,6 @@ def compile_case(sz):
     return dict(compile_s=round(compile_s, 1), errors=errs, passed=ok)
 
 
-def _captured(step):
-    """(graph, its static outputs): two eager calls of step on a side stream (warm-up), then a CUDA graph of one."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-    return graph, static
-
-
 def graph_bwd_case(sz):
     """A CUDA graph of forward + backward (varlen, cu_seqlens on the device: no host sync allowed), replayed on
     fresh values copied into the captured buffers, equals eager."""
@@ -188,7 +174,7 @@ def graph_bwd_case(sz):
                                                cu_seqlens=cu, backend="triton")
         return (o,) + torch.autograd.grad([o, ht], leaves, [do, dht])
 
-    graph, static = _captured(step)             # warm-up: every kernel compiled outside the capture
+    graph, static = base.captured(step)             # warm-up: every kernel compiled outside the capture
     fresh, _ = _bwd_inputs(case, seed=7)
     with torch.no_grad():
         for t, f in zip(leaves, fresh.values()):
@@ -217,7 +203,7 @@ def graph_bwd_segments_case():
                                                backend="gluon")
         return (o, ht) + torch.autograd.grad([o, ht], leaves, [do, dht])
 
-    graph, static = _captured(step)     # the warm-up runs unsegmented: the segment launches compile under capture
+    graph, static = base.captured(step)     # the warm-up runs unsegmented: the segment launches compile under capture
     fresh, _ = _bwd_inputs(case, seed=7)
     ref, do64, dht64 = _reference_grads(fresh, None, False, seed=8)
     with torch.no_grad():

@@ -275,15 +275,7 @@ def graph_case():
         o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
         return (o, ht) + torch.autograd.grad([o, ht], [leaves[n] for n in names], [do, dht])
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):                         # warm-up: every kernel compiled outside the capture
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = base.captured(step)        # warm-up: every kernel compiled outside the capture
     fresh, _ = chunk_inputs(**case, seed=_seed())
     with torch.no_grad():
         for n in names:
