@@ -23,8 +23,8 @@ compute dtype): h as the recompute stores it, A as the forward saves it (`a_dtyp
 operand, Vnew, dVnew, dS (as K dS's operand), and the operands of the dS chain's Q^T and K^T products. The dA chain
 (A^T dA A^T) stays fp32, as exact transposes (FlashQLA's hi/lo halves, or TF32 with both operands K-major) give, and
 the gate term E takes dP before its rounding: with the rounded dP, dg's error doubles where the gates decay fast
-(g ~ -(0.3 + 5 U): 2.1e-3 -> 3.2e-3 relative RMS at bf16, against 1.5e-3 for the Triton backward). Sums over the value heads of
-a key head (GVA) are formed after the walk."""
+(g ~ -(0.3 + 5 U): 2.1e-3 -> 3.2e-3 relative RMS at bf16, against 1.5e-3 for the Triton backward). Sums over the
+value heads of a key head (GVA) are formed after the walk."""
 from __future__ import annotations
 
 from typing import Dict, Optional
