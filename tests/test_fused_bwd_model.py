@@ -44,10 +44,17 @@ def test_model_is_the_chunk_backward(B, T, H, HV, K, lengths):
         assert rel_rms(got[n], ref[n]) < 1e-12, (n, rel_rms(got[n], ref[n]))
 
 
+# The ratio e16 / e32 over fresh draws (CPU, this test's shapes): at most 1.08 for dq, dk, dv, dbeta, dh0 at every
+# decay; dg's has a long tail under slow decays (g x 0.01: median 1.02, max 1.60 over 1100 draws; g x 1: max 1.12, g x
+# 20: max 1.04 over 60), its A16_COST bound 2.
+A16_COST = {"dg": 2.0}
+
+
 @pytest.mark.parametrize("g_scale", [1.0, 0.01, 20.0])    # production, slow and fast decays
 def test_model_roundings_keep_bf16_error(g_scale):
     """With every 16-bit operand rounded as the kernel holds it and A saved in bf16, each gradient stays within the
-    bf16 tolerance of the fp64 one, and A's 16 bits cost at most a third more error than an fp32 A."""
+    bf16 tolerance of the fp64 one, and A's 16 bits cost at most a third more error than an fp32 A (dg: at most
+    twice, A16_COST)."""
     x, do, dht, _ = _case(1, 256, 2, 4, 64, dtype=torch.bfloat16, g_scale=g_scale)
     ref = _autograd(x, do, dht)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], do)
@@ -57,4 +64,4 @@ def test_model_roundings_keep_bf16_error(g_scale):
     for n in NAMES:
         e16, e32 = rel_rms(a16[n], ref[n]), rel_rms(a32[n], ref[n])
         assert e16 < TOL[torch.bfloat16] and e32 < TOL[torch.bfloat16], (n, e16, e32)
-        assert e16 < 1.34 * e32 + 1e-4, (n, e16, e32)
+        assert e16 < A16_COST.get(n, 1.34) * e32 + 1e-4, (n, e16, e32)
