@@ -105,7 +105,7 @@ def kda_prepare(backend: str, shape: Dict, inputs: Dict, mode: str) -> Runner:
 
 
 KDA = BenchOp(
-    name="kda", registry_op=OP, linattn_backends=("triton", "reference"), peers=("fla", "flashqla", "sdpa"),
+    name="kda", registry_op=OP, linattn_backends=("triton", "gluon", "reference"), peers=("fla", "flashqla", "sdpa"),
     make_inputs=kda_inputs, flops=kda_flops, bytes=kda_bytes, bytes_model=KDA_BYTES_MODEL, prepare=kda_prepare,
     typical_call=lambda device: None, api_module="linattn.ops.kda.chunk", default_presets=("kda_production",
                                                                                            "kda_tiny"))

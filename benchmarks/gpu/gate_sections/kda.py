@@ -56,10 +56,10 @@ def _seed() -> int:
 
 
 def chunk_inputs(B=1, T=None, lengths=None, dtype=torch.bfloat16, gate="", l2=False, h0=True, v_first=False,
-                 seed=0):
+                 seed=0, g_scale=1.0):
     """The op's leaves (on the device, requiring grad) and call options. g: with the gate in the kernel, its raw input
     and FLA's parameters (A_log [HV], dt_bias [HV * K]), beta a logit; else a log decay per channel, half of a head's
-    channels weak (e^-0.04 per step) and half strong (down to e^-8), beta in (0, 1)."""
+    channels weak (e^-0.04 per step) and half strong (down to e^-8), times g_scale, beta in (0, 1)."""
     d = _dims()
     H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
     if lengths:
@@ -73,7 +73,7 @@ def chunk_inputs(B=1, T=None, lengths=None, dtype=torch.bfloat16, gate="", l2=Fa
     else:
         weak = F.logsigmoid(rnd(B, T, HV, K) + 4.0) * 2.0
         strong = -torch.rand(B, T, HV, K, generator=gen) * 8.0
-        x.update(g=torch.where(torch.rand(1, 1, 1, K, generator=gen) < 0.5, weak, strong),
+        x.update(g=torch.where(torch.rand(1, 1, 1, K, generator=gen) < 0.5, weak, strong) * g_scale,
                  beta=torch.sigmoid(rnd(B, T, HV)))
     N = len(lengths) if lengths else B
     if h0:
@@ -145,6 +145,41 @@ def chunk_case(**case):
         ok = ok and ok_p
         info["end_to_end"] = {n: base.rel(got_p[n], info.pop(f"ref_{n}")) for n in chain}
     return dict(seed=seed, errors=errs, passed=ok, **({"gate_params": info} if info else {}))
+
+
+def gluon_fwd_cases():
+    """(name, options) of gluon_fwd_case: the Gluon stage 2a takes bf16 inputs (K = 128 here). The default decays
+    flag most chunks pairwise (channels down to e^-8 per step); g x 0.01 flags none."""
+    d = _dims()
+    B, T, BF = d["B"], d["T"], torch.bfloat16
+    return [(f"B{B} T{T} bf16 (chunks flagged pairwise)", dict(B=B, T=T, dtype=BF)),
+            (f"B{B} T{T} bf16 slow decays (no chunk flagged)", dict(B=B, T=T, dtype=BF, g_scale=0.01)),
+            ("varlen 7 seqs 1-token l2norm bf16", dict(lengths=[1, 700, 1, 63, 65, 170, 1], dtype=BF, l2=True)),
+            (f"B{B} T{T} gate softplus + beta sigmoid neg eigval bf16", dict(B=B, T=T, dtype=BF, gate="softplus")),
+            ("B1 T333 gate lower_bound (safe_gate) no h0 bf16", dict(B=1, T=333, dtype=BF, gate="lower_bound",
+                                                                     h0=False))]
+
+
+def gluon_fwd_case(**case):
+    """chunk_kda(backend="gluon") forward without autograd (its Gluon stage 2a) on NaN-poisoned buffers: o and the
+    final state against the fp64 reference, and against backend="triton" on the same inputs (recorded)."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import rel_rms
+    seed = _seed()
+    leaves, opts = chunk_inputs(**case, seed=seed)
+    ref, _, _ = reference_grads(leaves, opts, seed + 1)
+    x = {n: t.detach() for n, t in leaves.items()}
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = linattn.chunk_kda(**x, output_final_state=True, backend="gluon", **opts)
+        o_t, ht_t = linattn.chunk_kda(**x, output_final_state=True, backend="triton", **opts)
+    base.sync()
+    errs, ok = base.errors({"o": o, "final_state": ht}, {"o": ref["o"], "final_state": ref["final_state"]},
+                           leaves["q"].dtype)
+    errs_t, _ = base.errors({"o": o_t, "final_state": ht_t}, {"o": ref["o"], "final_state": ref["final_state"]},
+                            leaves["q"].dtype)
+    return dict(seed=seed, errors=errs, passed=ok, triton_errors=errs_t,
+                gluon_vs_triton={"o": rel_rms(o, o_t), "final_state": rel_rms(ht, ht_t)})
 
 
 def gate_param_chain(leaves, opts, ref):
@@ -289,7 +324,10 @@ def graph_case():
 
 def case_names():
     names = [f"chunk {n}" for n, _ in chunk_cases()] + [n for n, _ in decode_cases()]
-    return names + ([] if base.DRY else ["sync-free chunk fwd+bwd and decode", "CUDA graph chunk fwd+bwd varlen"])
+    if base.DRY:
+        return names
+    return (names + ["sync-free chunk fwd+bwd and decode", "CUDA graph chunk fwd+bwd varlen"]
+            + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()])
 
 
 def section(save):
@@ -305,5 +343,9 @@ def section(save):
     if not base.DRY:
         run("sync-free chunk fwd+bwd and decode", sync_free_case)
         run("CUDA graph chunk fwd+bwd varlen", graph_case)
+        for name, kw in gluon_fwd_cases():
+            run(f"gluon fwd {name}", gluon_fwd_case, **kw)
+            save(dict(cases=cases, incomplete=True))
+            base.free()
     return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "
                                        "fused_recurrent_reference in fp64")

@@ -102,3 +102,28 @@ _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_ker
           dict(A_log=None, dt_bias=None, HV=HV, K=K, BT=BT, BK=DG_BK, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0),
           4, 1, "backward stage 2c: dg, the reverse cumsum inside the chunk, and the gate's chain rule",
           intended=("LDG",))
+
+
+def kda_intra_gluon_signature():
+    """The argument types of kda_intra_gluon_kernel as the JIT sees them for kda_intra_gluon's launch (no gate:
+    A_log and dt_bias None, constexpr)."""
+    return dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, A_log="constexpr", dt_bias="constexpr", gcum_ptr=_F,
+                beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X, tinv_ptr=_X, aqk_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32,
+                N="i32")
+
+
+def _gluon_intra_build():
+    from linattn.ops.kda.gluon.intra import INTRA_WARPS, kda_intra_gluon_kernel
+    const = dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0,
+                 BETA_SIGMOID=False, NEG_EIGVAL=False)
+    sig = kda_intra_gluon_signature()
+    sig.update({n: "constexpr" for n in const})
+    return kda_intra_gluon_kernel, sig, const, {"num_warps": INTRA_WARPS}
+
+
+register(AotKernel(
+    "kda_fwd_gluon_intra_w4", _gluon_intra_build, ("HGMMA",), archs=("sm_90a",),
+    div16=("q_ptr", "k_ptr", "g_ptr", "beta_ptr", "gcum_ptr", "beta_out_ptr", "kdec_ptr", "qdec_ptr", "tinv_ptr",
+           "aqk_ptr", "cu_ptr", "chunk_idx_ptr"),
+    description="KDA forward stage 2a in Gluon: gate cumsum, decayed keys / queries, Akk / Aqk by warpgroup_mma, "
+                "Tinv by block substitution, H16/HV32 K=128 bf16, one warpgroup"))

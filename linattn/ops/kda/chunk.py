@@ -47,14 +47,15 @@ def _empties(q, n: int):
 def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
                    output_final_state: bool, cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T],
                    gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool,
-                   save: int) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
+                   save: int, intra: str = "triton") -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
     """(o, final, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew): what `save` does not keep is an empty [0]
-    tensor (a custom op's outputs cannot be None)."""
+    tensor (a custom op's outputs cannot be None). intra: stage 2a's kernels where nothing is saved ("triton" or
+    "gluon"); a saving forward keeps an fp32 Tinv, which the Triton stage 2a forms."""
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval)
     if save == SAVE_NONE:
-        o, final = chunk_kda_fwd(*args, state_v_first=state_v_first)
+        o, final = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra)
         return (o, final if final is not None else _empty(q)) + _empties(q, 9)
     o, final, it = chunk_kda_fwd(*args, keep=True, keep_output=True, state_v_first=state_v_first)
     rest = (it.kdec, it.qdec, it.w, it.h, it.vnew) if save == SAVE_ALL else _empties(q, 5)
@@ -63,7 +64,7 @@ def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
 
 @_chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-      beta_sigmoid, neg_eigval, state_v_first, save):
+      beta_sigmoid, neg_eigval, state_v_first, save, intra="triton"):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -117,7 +118,7 @@ def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-     beta_sigmoid, neg_eigval, state_v_first, save) = inputs
+     beta_sigmoid, neg_eigval, state_v_first, save, _intra) = inputs
     kept = output[2:6] if save == SAVE_STAGE2A else output[2:] if save == SAVE_ALL else ()
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *kept)
     ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
@@ -132,7 +133,7 @@ def _backward(ctx, do, dht, *_):
         neg_eigval, state_v_first, do, dht if use_dht else None, saved)
     return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
             dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 _chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -147,17 +148,32 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 
 
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
-                 lower_bound, beta_sigmoid, neg_eigval, state_v_first, disable_recompute=False):
+                 lower_bound, beta_sigmoid, neg_eigval, state_v_first, disable_recompute=False, intra="triton"):
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
-        return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first)
+        return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first, intra=intra)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     save = (SAVE_ALL if disable_recompute else SAVE_STAGE2A) if grad else SAVE_NONE
-    o, final = _chunk_kda_fwd(*args, save)[:2]
+    o, final = _chunk_kda_fwd(*args, save, intra)[:2]
     return o, (final if output_final_state else None)
+
+
+def _gluon_supports(q=None, **_) -> Tuple[bool, str]:
+    from linattn.ops.kda.gluon.intra import kda_intra_gluon_supported
+    from linattn.runtime.device import hopper_gluon_ready
+    ok, reason = hopper_gluon_ready(q, "the Gluon KDA stage 2a")
+    if not ok:
+        return False, reason
+    return kda_intra_gluon_supported(q, keep=False)
+
+
+def _gluon_impl(*args, **kwargs):
+    """The Triton path with the Gluon stage 2a where nothing is saved for a backward (a training forward keeps an
+    fp32 Tinv, which the Triton stage 2a forms)."""
+    return _triton_impl(*args, **kwargs, intra="gluon")
 
 
 def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
@@ -175,6 +191,8 @@ def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, 
 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
+# by name only until its GPU gate (gate section kda) is green
+_backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto=False)
 
 
 def _not_yet(name: str):
@@ -224,7 +242,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     from shapes alone, so every call is capture-safe and use_graph changes nothing but the max_num_seqs check.
     chunk_size: FLA's 32 or 64, both computed in 64-token chunks (the same result up to rounding; ValueError for
     other values, and for 32 with return_intermediate_states, whose states are per chunk).
-    backend: "auto" (Triton), "triton" or "reference".
+    backend: "auto" (Triton), "triton", "gluon" (the Triton path with KDA's Gluon stage 2a on Hopper, for bf16
+        forwards without autograd; by name only until its GPU gate is green) or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
     initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);

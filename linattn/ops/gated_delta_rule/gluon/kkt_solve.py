@@ -12,7 +12,7 @@ triton/intra_split.py kkt_solve_kernel (its docstring gives the math), with what
 Per value head the arithmetic is kkt_solve_kernel's at its defaults for a bf16 Tinv (LOWP and LOWP_DIAG): gam as
 _gam_of (cumsum inside each 16-row block on a [4, 16] tile plus the sum of the earlier blocks), A masked before
 the exponential, the 16x16 diagonal inverses by the nilpotent product, the block recurrence with bf16 operands on
-mma.sync ([4, 16, 16] batched tensors, row block i in warp i), A's block diagonals split off in registers (_bands),
+mma.sync ([4, 16, 16] batched tensors, row block i in warp i), A's block diagonals split off in registers (bands),
 the row-block shifts of the recurrence through zero-padded shared buffers (_shifted), the gate factors by
 ex2.approx.ftz, the four block diagonals stored. Rows of the key tile past the sequence end hold the next
 sequence's tokens (TMA zero-fills only rows past T_tot): A's rows there are selected away (gl.where), so they cannot
@@ -50,7 +50,7 @@ if GLUON_OK:
         return mma_v2(gl.convert_layout(a.to(gl.bfloat16), DA), gl.convert_layout(b.to(gl.bfloat16), DB), acc)
 
     @gluon.jit
-    def _bands(a):
+    def bands(a):
         """The four block diagonals of A [64, 64] (strictly lower): b_s[i] = A_{i, i-s} as [4, 16, 16] for s = 0..3
         (zero where i < s). The column-block axis is split off into four tensors v_c (in the
         wgmma accumulator layout every thread holds all four column blocks of its rows, so the reshape, permute and
@@ -124,6 +124,21 @@ if GLUON_OK:
         return y1, y2, y3
 
     @gluon.jit
+    def shift_buffers():
+        """solve_store's shift buffers sd, se1, se2: [128, 16] bf16 each (as [8, 16, 16]), rows 0..63 zeros (written
+        here, once), rows 64..127 the blocks to shift."""
+        SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        sd = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        se1 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        se2 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
+        ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0])
+        zero = gl.zeros([4, 16, 16], gl.bfloat16, ZL)
+        sd.slice(0, 4).store(zero)
+        se1.slice(0, 4).store(zero)
+        se2.slice(0, 4).store(zero)
+        return sd, se1, se2
+
+    @gluon.jit
     def _gates(g_ptr, beta_ptr, t0, eos, hv, HV: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
         """One value head's gate inputs of the chunk at t0: g as the [4, 16] gate tile (G4) and beta [BT] in A's row
         layout (SliceLayout(1, ACC)), zeros past eos."""
@@ -142,9 +157,7 @@ if GLUON_OK:
         """One value head's part of an item: gam (stored as gcum) from its gate inputs (g4, beta: _gates), A from
         K K^T (kk, the wgmma accumulator in ACC), Tinv by block substitution, stored; the row-block shifts through
         the zero-padded shared buffers sd, se1, se2 (_shifted)."""
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         G4: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])          # [4, 16] gate tile
-        SL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 4, 1], [2, 0, 1])
         # gam: _gam_of's order (cumsum inside each 16-row block, plus the earlier blocks' sums)
         gb = gl.arange(0, 4, layout=gl.SliceLayout(1, G4))
         gw = gl.arange(0, 16, layout=gl.SliceLayout(0, G4))
@@ -166,9 +179,18 @@ if GLUON_OK:
         dg = gl.where(lower, gl.expand_dims(gi, 1) - gl.expand_dims(gj, 0), 0.)
         gexp = _ex2_ftz(dg * 1.4426950408889634)     # gl.exp's lowering without its denormal range fix-up
         a = gl.where(lower, gl.expand_dims(beta, 1) * kk * gexp, 0.)
+        a0, a1, a2, a3 = bands(a)
+        solve_store(a0, a1, a2, a3, tinv_ptr, t0, eos, hv, sd, se1, se2, HV, BT)
 
+    @gluon.jit
+    def solve_store(a0, a1, a2, a3, tinv_ptr, t0, eos, hv, sd, se1, se2, HV: gl.constexpr, BT: gl.constexpr):
+        """Tinv = (I + A)^-1 of one chunk and value head from A's four block diagonals (bands; a0 in its layout,
+        strictly lower, rows past the sequence end zero) by block substitution with bf16 operands, its block
+        diagonals stored (_store_diagonals); the row-block shifts through the zero-padded shared buffers sd, se1,
+        se2 (_shifted). GDN's stage 2a here and KDA's (kda/gluon/intra.py) share it."""
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+        SL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 4, 1], [2, 0, 1])
         DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        a0, a1, a2, a3 = _bands(a)
         a1 = gl.convert_layout(a1.to(gl.bfloat16), DA)                  # as the products' A operands at once
         a2 = gl.convert_layout(a2.to(gl.bfloat16), DA)
         a3 = gl.convert_layout(a3.to(gl.bfloat16), DA)
@@ -253,16 +275,7 @@ if GLUON_OK:
         k_smem = gl.allocate_shared_memory(dt, [1, BT, K], k_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(ready.index(0), count=1)
-        # the shift buffers [128, 16] bf16: rows 0..63 zeros (written once), 64..127 the blocks to shift
-        SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        sd = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
-        se1 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
-        se2 = gl.allocate_shared_memory(gl.bfloat16, [8, 16, 16], SH)
-        ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0])
-        zero = gl.zeros([4, 16, 16], gl.bfloat16, ZL)
-        sd.slice(0, 4).store(zero)
-        se1.slice(0, 4).store(zero)
-        se2.slice(0, 4).store(zero)
+        sd, se1, se2 = shift_buffers()
         fence_async_shared()
         pid = gl.program_id(0)
         n0, c0 = _slot_of(chunk_idx_ptr, pid // H, pid < num_items, N, seq_len, BT, FIXED_LEN)

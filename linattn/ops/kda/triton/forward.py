@@ -44,7 +44,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
                   beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False,
-                  state_pass=None, return_h: bool = False, keep_output: bool = False):
+                  state_pass=None, return_h: bool = False, keep_output: bool = False, intra: str = "triton"):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
@@ -53,7 +53,8 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     o in place of None: the autograd forward, which saves what the backward reads). state_pass: replaces stage 3
     (GDN's hook, called as state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan); the context-parallel
     pass's). return_h: (o, final, h) with h the chunk-start states [slots, HV, K, V] in q's dtype (rows
-    chunk_offsets[n] + c; FLA's return_intermediate_states)."""
+    chunk_offsets[n] + c; FLA's return_intermediate_states). intra: "triton" (the three kernels below) or "gluon"
+    (kda/gluon/intra.py, one Hopper kernel with the same outputs; its caller checks kda_intra_gluon_supported)."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     dev = q.device
@@ -66,6 +67,13 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     aqk = empty(T_tot, HV, CHUNK, dtype=dt, device=dev)
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    if intra == "gluon":
+        from linattn.ops.kda.gluon.intra import kda_intra_gluon
+        kda_intra_gluon(q, k, g, beta, A_log, dt_bias, gate, lower_bound, beta_sigmoid, neg_eigval, plan, HV, gcum,
+                        beta_eff, tinv, aqk, kdec, qdec)
+        return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk,
+                            kdec, qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep,
+                            return_h=return_h)
     pairwise = empty(slots, HV, dtype=torch.int8, device=dev)
     cu, idx, N = plan.cu, plan.chunk_indices, plan.N
     kda_cumsum_kernel[(slots, HV)](

@@ -1,0 +1,281 @@
+"""KDA's stage 2a in Gluon for Hopper: what triton/intra.py's three kernels (kda_cumsum_kernel, kda_diag_kernel,
+kda_inter_solve_kernel) compute, in one program per (chunk slot, value head) of one warpgroup, with the same outputs
+for the same later stages: gcum, the effective beta, the decayed keys and queries, Tinv in k's dtype, Aqk. The math
+and its numerical safety are triton/intra.py's docstring's. What differs:
+
+  * the gate, its cumsum and every gate factor are formed per block of BK = 64 key channels on a [4, 16, BK] tile
+    (row block, row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp,
+    plus the sums of the earlier blocks;
+  * the pairs as warpgroup_mma products with bf16 operands from shared memory: for each row block I, the rows'
+    K exp(gam - gam_r) and Q exp(gam - gam_r) (r: the row's block's first row) against K exp(gam_r(I) - gam) over
+    the rows of blocks <= I (zero after), over all K channels; of each product the rows of block I are kept;
+  * the in-block pairs always go through the block's first row. Where the chunk is flagged pairwise (kda_cumsum_
+    kernel's test: a factor times the largest |k|, |q| squared past 2^SPAN_LOG2), those entries may hold inf or NaN
+    and are replaced by the pairs formed one key channel at a time, each factor exp of its own difference <= 0
+    (kda_diag_kernel's sums), read back from this program's stores;
+  * Tinv by GDN's Gluon block substitution (gluon/kkt_solve.py solve_store: bf16 operands, as kda_inter_solve_kernel
+    runs for a bf16 Tinv). So only the forward's bf16 Tinv: the autograd forward keeps an fp32 one (Triton).
+
+Shared memory: the products' operands, NKB x [64, 64] bf16 tiles of each row's factors (keys, queries) and 4 NKB of
+the columns' (one set per row block I), written once and read by the wgmmas after a fence and a CTA barrier; the
+block substitution's shift buffers (kkt_solve.shift_buffers).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.runtime.gluon_compat import GLUON_OK, fence_async_shared, gl, gluon, warpgroup_mma
+
+BT = 64
+BK = 64             # key channels per gate block (one [64, BK] operand tile)
+INTRA_WARPS = 4
+
+if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _ex2_ftz
+    from linattn.ops.gated_delta_rule.gluon.kkt_solve import _add, bands, shift_buffers, solve_store
+
+    LOG2E = gl.constexpr(1.4426950408889634)
+    SPAN_LOG2 = gl.constexpr(100.0)      # triton/intra.py's SPAN_LOG2
+
+    @gluon.jit
+    def _sigmoid(x):
+        return 1. / (1. + gl.exp(-x))
+
+    @gluon.jit
+    def _softplus(x):
+        """log(1 + exp(x)) without overflow (triton/common.py softplus)."""
+        return gl.maximum(x, 0.) + gl.log(1. + gl.exp(-gl.abs(x)))
+
+    @gluon.jit
+    def _gate(x, A_log, dt_bias, hv, ck, K: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+              LOWER_BOUND: gl.constexpr):
+        """FLA's KDA gate on the raw input x of value head hv at key channels ck (triton/intra.py _kda_gate)."""
+        if GATE == "":
+            return x
+        else:
+            if HAS_DT_BIAS:
+                x = x + gl.load(dt_bias + hv * K + ck).to(gl.float32)
+            if GATE == "lower_bound_no_a":
+                return LOWER_BOUND * _sigmoid(x)
+            else:
+                a = gl.exp(gl.load(A_log + hv).to(gl.float32))
+                if GATE == "softplus":
+                    return -a * _softplus(x)
+                else:
+                    gl.static_assert(GATE == "lower_bound", "GATE: '', softplus, lower_bound, lower_bound_no_a")
+                    return LOWER_BOUND * _sigmoid(a * x)
+
+    @gluon.jit
+    def _beta_eff(beta_ptr, tok, valid, hv, HV: gl.constexpr, BETA_SIGMOID: gl.constexpr,
+                  NEG_EIGVAL: gl.constexpr):
+        """The effective beta of the tokens tok (0 where not valid)."""
+        beta = gl.load(beta_ptr + tok * HV + hv, mask=valid, other=0.).to(gl.float32)
+        if BETA_SIGMOID:
+            beta = _sigmoid(beta)
+            if NEG_EIGVAL:
+                beta = beta * 2.
+        return gl.where(valid, beta, 0.)
+
+    @gluon.jit
+    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kl_s, ql_s, kr_s, kb,
+                    t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                    BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+                    LOWER_BOUND: gl.constexpr):
+        """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum), the decayed keys
+        and queries K exp(gam_C - gam), Q exp(gam), the products' operands into shared memory (kl_s / ql_s tile kb:
+        K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile I * NKB + kb: K exp(gam_r(I) - gam)
+        on the rows of blocks <= I, 0 after); returns span and amax updated (kda_cumsum_kernel's pairwise test)."""
+        NKB: gl.constexpr = K // BK
+        L3: gl.constexpr = gl.BlockedLayout([1, 4, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])     # [4, 16, BK]
+        b1 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        b3 = gl.expand_dims(gl.expand_dims(b1, 1), 2)                                     # [4, 1, 1]
+        r1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        r3 = gl.expand_dims(gl.expand_dims(r1, 0), 2)                                     # [1, 16, 1]
+        c1 = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        ck = kb * BK + gl.expand_dims(gl.expand_dims(c1, 0), 1)                           # [1, 1, BK]
+        row = b3 * 16 + r3
+        tok = t0 + row.to(gl.int64)
+        m = (tok < eos) & (ck < K)                                                        # [4, 16, BK]
+        off_g = (tok * HV + hv) * K + ck
+        off_q = (tok * H + hk) * K + ck
+        x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
+        x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
+        kf = gl.load(k_ptr + off_q, mask=m, other=0.).to(gl.float32)
+        qf = gl.load(q_ptr + off_q, mask=m, other=0.).to(gl.float32)
+        # gam: the cumsum inside each 16-row block plus the earlier blocks' sums (rows past the end add 0)
+        tot = gl.convert_layout(gl.sum(x, axis=1), gl.SliceLayout(0, L3))                # [4 (block j), BK]
+        bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
+        base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
+        gam = gl.associative_scan(x, 1, _add) + gl.expand_dims(base, 1)
+        gl.store(gcum_ptr + off_g, gam, mask=m)
+        last = gl.minimum(eos - t0, BT) - 1
+        gam_last = gl.sum(gl.sum(gl.where(row == last, gam, 0.), axis=1), axis=0)
+        gam_last = gl.expand_dims(gl.expand_dims(gam_last, 0), 1)                       # [1, 1, BK]
+        dt: gl.constexpr = kdec_ptr.dtype.element_ty
+        gl.store(kdec_ptr + off_g, (kf * gl.exp(gam_last - gam)).to(dt), mask=m)
+        gl.store(qdec_ptr + off_g, (qf * gl.exp(gam)).to(dt), mask=m)
+        g0 = gl.expand_dims(gl.sum(gl.where(r3 == 0, gam, 0.), axis=1), 1)              # [4, 1, BK]: gam_r
+        d = gam - g0
+        span = gl.maximum(span, gl.max(gl.max(gl.max(gl.abs(d), axis=2), axis=1), axis=0))
+        amax = gl.maximum(amax, gl.max(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1), axis=0))
+        el = _ex2_ftz(d * LOG2E)
+        kl_s.index(kb).store(gl.reshape(kf * el, [BT, BK]).to(gl.bfloat16))
+        ql_s.index(kb).store(gl.reshape(qf * el, [BT, BK]).to(gl.bfloat16))
+        for blk in gl.static_range(4):
+            ref = gl.expand_dims(gl.sum(gl.where(b3 == blk, g0, 0.), axis=0), 0)           # [1, 1, BK]: gam_r(I)
+            e = _ex2_ftz(gl.where(b3 <= blk, (ref - gam) * LOG2E, float("-inf")))
+            kr_s.index(blk * NKB + kb).store(gl.reshape(kf * e, [BT, BK]).to(gl.bfloat16))
+        return span, amax
+
+    @gluon.jit
+    def _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_eff_ptr, aqk_ptr, t0, eos, hv, hk, H: gl.constexpr,
+                        HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
+        """A chunk flagged pairwise: the pairs inside each 16-row block one key channel at a time (kda_diag_kernel's
+        sums), from this program's gcum and effective beta (stored before the caller's CTA barrier). Stores Aqk's
+        diagonal blocks (j <= i; zeros above) and returns Akk's, beta_i sum_d k_id k_jd exp(gam_id - gam_jd) for
+        j < i, as [4, 16, 16] (row block, row, column)."""
+        LD: gl.constexpr = gl.BlockedLayout([1, 2, 4], [1, 8, 4], [4, 1, 1], [2, 1, 0])     # [4, 16, 16]
+        LI: gl.constexpr = gl.SliceLayout(2, LD)
+        LJ: gl.constexpr = gl.SliceLayout(1, LD)
+        rowi = (gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, LI)), 1) * 16
+                + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, LI)), 0))        # [4, 16]
+        rowj = (gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, LJ)), 1) * 16
+                + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, LJ)), 0))
+        toki = t0 + rowi.to(gl.int64)
+        tokj = t0 + rowj.to(gl.int64)
+        mi = toki < eos
+        mj = tokj < eos
+        ri3 = gl.expand_dims(rowi, 2)
+        rj3 = gl.expand_dims(rowj, 1)
+        lower_eq = rj3 <= ri3
+        strict = rj3 < ri3
+        dk = gl.zeros([4, 16, 16], gl.float32, LD)
+        dq = gl.zeros([4, 16, 16], gl.float32, LD)
+        for d in range(K):
+            ki = gl.load(k_ptr + (toki * H + hk) * K + d, mask=mi, other=0.).to(gl.float32)
+            qi = gl.load(q_ptr + (toki * H + hk) * K + d, mask=mi, other=0.).to(gl.float32)
+            gi = gl.load(gcum_ptr + (toki * HV + hv) * K + d, mask=mi, other=0.)
+            kj = gl.load(k_ptr + (tokj * H + hk) * K + d, mask=mj, other=0.).to(gl.float32)
+            gj = gl.load(gcum_ptr + (tokj * HV + hv) * K + d, mask=mj, other=0.)
+            e = _ex2_ftz(gl.where(lower_eq, (gl.expand_dims(gi, 2) - gl.expand_dims(gj, 1)) * LOG2E,
+                                  float("-inf")))
+            kje = gl.expand_dims(kj, 1) * e
+            dk += gl.where(strict, gl.expand_dims(ki, 2) * kje, 0.)
+            dq += gl.expand_dims(qi, 2) * kje
+        gl.store(aqk_ptr + (gl.expand_dims(toki, 2) * HV + hv) * BT + rj3, dq.to(aqk_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(mi, 2) & (rj3 >= 0))
+        beta = gl.load(beta_eff_ptr + toki * HV + hv, mask=mi, other=0.)
+        return dk * gl.expand_dims(beta, 2)
+
+    @gluon.jit
+    def _row_block_products(xl_s, kr_s, NKB: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
+        """[64, 64]: row i of (the rows' factors in xl_s) times (the columns' factors of row block i // 16 in kr_s)^T
+        over the NKB key tiles, one synchronous warpgroup_mma per tile and row block."""
+        rb = gl.expand_dims(gl.arange(0, BT, layout=gl.SliceLayout(1, ACC)) // 16, 1)
+        out = gl.zeros([BT, BT], gl.float32, ACC)
+        for blk in gl.static_range(4):
+            p = gl.zeros([BT, BT], gl.float32, ACC)
+            for kb in gl.static_range(NKB):
+                p = warpgroup_mma(xl_s.index(kb), kr_s.index(blk * NKB + kb).permute((1, 0)), p, use_acc=kb > 0)
+            out = gl.where(rb == blk, p, out)
+        return out
+
+    @gluon.jit
+    def kda_intra_gluon_kernel(
+        q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
+        gcum_ptr, beta_out_ptr, kdec_ptr, qdec_ptr,        # gcum [T_tot, HV, K] fp32, beta fp32; kdec, qdec (k's dtype)
+        tinv_ptr, aqk_ptr,                                 # [T_tot, HV, BT] in k's dtype
+        cu_ptr, chunk_idx_ptr, N,
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
+        GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr,
+        BETA_SIGMOID: gl.constexpr, NEG_EIGVAL: gl.constexpr,
+    ):
+        """Grid (chunk slots, HV), one warpgroup: stage 2a of chunk slot program_id(0), value head program_id(1)."""
+        gl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
+        gl.static_assert(K % 64 == 0, "K: a multiple of 64 (whole operand tiles)")
+        BKC: gl.constexpr = 64
+        NKB: gl.constexpr = K // BKC
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        ST: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BKC], gl.bfloat16)
+        kl_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, BKC], ST)
+        ql_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, BKC], ST)
+        kr_s = gl.allocate_shared_memory(gl.bfloat16, [4 * NKB, BT, BKC], ST)
+        sd, se1, se2 = shift_buffers()
+        slot = gl.program_id(0)
+        hv = gl.program_id(1)
+        hk = hv // (HV // H)
+        n = gl.load(chunk_idx_ptr + 2 * slot)
+        c = gl.load(chunk_idx_ptr + 2 * slot + 1)
+        if n < N:
+            bos = gl.load(cu_ptr + n)
+            eos = gl.load(cu_ptr + n + 1)
+            t0 = bos + c.to(gl.int64) * BT
+            i = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC))
+            j = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))
+            ri = t0 + i.to(gl.int64)
+            vi = ri < eos
+            beta = _beta_eff(beta_ptr, ri, vi, hv, HV, BETA_SIGMOID, NEG_EIGVAL)
+            gl.store(beta_out_ptr + ri * HV + hv, beta, mask=vi)
+            span = 0.
+            amax = 1.
+            for kb in gl.static_range(NKB):
+                span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kl_s,
+                                         ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
+                                         HAS_DT_BIAS, LOWER_BOUND)
+            fence_async_shared()
+            gl.thread_barrier()
+            # the pairs through each row block's first row, Aqk first (stored) then Akk: one [64, 64] product live
+            # beside its running result
+            i2 = gl.expand_dims(i, 1)
+            j2 = gl.expand_dims(j, 0)
+            # kda_cumsum_kernel's test; a NaN makes the chunk pairwise
+            bits = span * LOG2E + 2. * gl.log2(amax)
+            safe = bits <= SPAN_LOG2
+            pairwise = (bits > SPAN_LOG2) | (bits != bits)
+            aqk = _row_block_products(ql_s, kr_s, NKB, BT, ACC)
+            gl.store(aqk_ptr + gl.expand_dims(ri * HV + hv, 1) * BT + j2,
+                     gl.where(j2 <= i2, aqk, 0.).to(aqk_ptr.dtype.element_ty),
+                     mask=gl.expand_dims(vi, 1) & (safe | ((i2 // 16) != (j2 // 16))))
+            akk = _row_block_products(kl_s, kr_s, NKB, BT, ACC)
+            a = gl.where((j2 < i2) & gl.expand_dims(vi, 1), gl.expand_dims(beta, 1) * akk, 0.)
+            a0, a1, a2, a3 = bands(a)
+            if pairwise:
+                gl.thread_barrier()              # this program's gcum and beta stores, read back
+                dk = _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_out_ptr, aqk_ptr, t0, eos, hv, hk, H, HV, K, BT)
+                a0 = gl.convert_layout(dk, a0.type.layout)
+            solve_store(a0, a1, a2, a3, tinv_ptr, t0, eos, hv, sd, se1, se2, HV, BT)
+
+
+# ---------------------------------------------------------------- host side
+
+def kda_intra_gluon_supported(q: torch.Tensor, keep: bool) -> Tuple[bool, str]:
+    """(ok, reason): the Gluon stage 2a takes bf16 q / k with K a multiple of 64 up to 128 on a CUDA device, for the
+    forward's bf16 Tinv (not the autograd forward's fp32 one)."""
+    if not GLUON_OK:
+        return False, "this Triton has no Gluon"
+    if q.dtype != torch.bfloat16:
+        return False, f"q is {q.dtype}; the Gluon stage 2a takes bf16 (bf16 products and Tinv)"
+    if q.shape[-1] not in (64, 128):
+        return False, f"K={q.shape[-1]}; the Gluon stage 2a takes K = 64 or 128"
+    if keep:
+        return False, "the autograd forward keeps an fp32 Tinv, which the Triton stage 2a forms"
+    if not q.is_cuda:
+        return False, f"q is on {q.device}; the Gluon stage 2a runs on a CUDA (sm_90) device"
+    return True, ""
+
+
+def kda_intra_gluon(q, k, g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str,
+                    lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, plan, HV: int, gcum, beta_eff, tinv,
+                    aqk, kdec, qdec) -> None:
+    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py), one launch through the
+    Gluon host path."""
+    from linattn.ops.gated_delta_rule.gluon.host import launches
+    H, K = q.shape[-2], q.shape[-1]
+    kwargs = dict(H=H, HV=HV, K=K, BT=BT, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+                  LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
+                  BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=INTRA_WARPS)
+    launches(kda_intra_gluon_kernel, (plan.num_slots, HV),
+             (q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, tinv, aqk, plan.cu, plan.chunk_indices,
+              plan.N), kwargs)

@@ -1,0 +1,121 @@
+"""KDA's Gluon stage 2a (linattn/ops/kda/gluon/intra.py) on a CPU host: its sm_90a build, its launch arguments against
+the AOT signature, the backend's refusal off a Hopper GPU, and its formulas in torch (every pair through its row
+block's first row, operands rounded to bf16, the chunks flagged pairwise replaced by their in-block pairs) against the
+Triton stage 2a under the interpreter. The kernel itself runs only on a GPU (gate section kda)."""
+import math
+
+import pytest
+import torch
+
+from markers import built, needs_gluon   # tests/ is on sys.path
+
+NAME = "kda_fwd_gluon_intra_w4"
+
+
+@needs_gluon
+def test_build_fits_and_uses_the_tensor_cores():
+    """The registered build (H16/HV32, K=128): 64 HGMMA 64x64x16 (Aqk and Akk, four row blocks, two key tiles of 64,
+    four k-steps each), within the 227 KB of shared memory, no spill."""
+    rep = built(NAME)
+    assert rep.families["HGMMA"] == 64 and sum(n for op, n in rep.sass.items() if "64x64x16" in op) == 64, rep.sass
+
+
+@pytest.mark.parametrize("B,T,lens,gate", [(1, 8192, None, ""), (2, 100, None, "softplus"),
+                                           (1, 0, [1, 63, 1, 65, 70], "lower_bound")])
+def test_launch_matches_aot_signature(monkeypatch, B, T, lens, gate):
+    """kda_intra_gluon's launch: one program per (chunk slot, value head); without a gate its arguments mangle to the
+    AOT signature; every constexpr of the kernel is passed (with a gate, A_log and dt_bias as tensors)."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.gluon import host
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.kda.aot import kda_intra_gluon_signature
+    from linattn.ops.kda.gluon import intra
+
+    calls = []
+    monkeypatch.setattr(host, "launches", lambda kernel, grid, args, kwargs: calls.append((kernel, grid, args,
+                                                                                              kwargs)))
+    H, HV, K = 16, 32, 128
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    T = T if lens is None else sum(lens)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    q = torch.randn(B, T, H, K, dtype=torch.bfloat16)
+    g, beta = torch.randn(B, T, HV, K), torch.rand(B, T, HV)
+    A_log, dt_bias = (torch.randn(HV), torch.randn(HV * K)) if gate else (None, None)
+    T_tot = plan.T_total
+    outs = [torch.empty(T_tot, HV, K), torch.empty(T_tot, HV), torch.empty(T_tot, HV, 64, dtype=torch.bfloat16),
+            torch.empty(T_tot, HV, 64, dtype=torch.bfloat16), torch.empty(T_tot, HV, K, dtype=torch.bfloat16),
+            torch.empty(T_tot, HV, K, dtype=torch.bfloat16)]
+    intra.kda_intra_gluon(q, q, g, beta, A_log, dt_bias, gate, -5.0, bool(gate), False, plan, HV, *outs)
+    (kernel, grid, args, kwargs), = calls
+    assert grid == (plan.num_slots, HV)
+    sig = kda_intra_gluon_signature()
+    assert list(kernel.arg_names[:len(args)]) == list(sig)
+    if not gate:
+        for (name, want), arg in zip(sig.items(), args):
+            assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    else:
+        assert args[4] is A_log and args[5] is dt_bias
+    assert sorted(kernel.arg_names[len(args):]) == sorted(n for n in kwargs if n != "num_warps")
+    assert kwargs["GATE"] == gate and kwargs["HAS_DT_BIAS"] == bool(gate) and kwargs["num_warps"] == 4
+    assert kwargs["LOWER_BOUND"] == (-5.0 if gate == "lower_bound" else 0.0)
+
+
+def test_gluon_backend_refuses_off_hopper_and_auto_keeps_triton():
+    """On this host chunk_kda(backend="gluon") is refused with the reason (the interpreter or no sm_90 device), and
+    auto never picks it (registered by name only until its GPU gate is green)."""
+    import linattn
+    from linattn.backends import BackendError, op_backends
+    x = dict(q=torch.randn(1, 64, 1, 64), k=torch.randn(1, 64, 1, 64), v=torch.randn(1, 64, 1, 64),
+             g=-torch.rand(1, 64, 1, 64), beta=torch.rand(1, 64, 1))
+    with pytest.raises(BackendError, match="gluon.*(TRITON_INTERPRET|sm_90|cpu)"):
+        linattn.chunk_kda(**x, backend="gluon")
+    assert op_backends("chunk_kda").backends["gluon"].auto is False
+
+
+def _model_stage2a(q, k, g, beta, pairwise_bits=100.0):
+    """The kernel's formulas for one chunk [64, K] (fp64 but for the bf16 operand roundings): (Aqk, Tinv, flagged)."""
+    gam = g.cumsum(0)
+    i = torch.arange(64)
+    r = 16 * (i // 16)
+    d = gam - gam[r]
+    amax = max(1.0, float(k.abs().max()), float(q.abs().max()))
+    flagged = not (float(d.abs().max()) * math.log2(math.e) + 2 * math.log2(amax) <= pairwise_bits)
+    rnd = lambda x: x.to(torch.bfloat16).double()  # noqa: E731
+    kl, ql = rnd(k * d.exp()), rnd(q * d.exp())
+    akk, aqk = torch.zeros(64, 64, dtype=torch.float64), torch.zeros(64, 64, dtype=torch.float64)
+    for blk in range(4):
+        e = torch.where((i // 16 <= blk)[:, None], gam[16 * blk][None, :] - gam, -math.inf).exp()
+        kr = rnd(k * e)
+        rows = i // 16 == blk
+        akk[rows] = (kl @ kr.T)[rows]
+        aqk[rows] = (ql @ kr.T)[rows]
+    if flagged:
+        same = (i[:, None] // 16) == (i[None, :] // 16)
+        pair = (gam[:, None, :] - gam[None, :, :]).clamp(max=0).exp()
+        akk = torch.where(same, (k[:, None, :] * k[None, :, :] * pair).sum(-1), akk)
+        aqk = torch.where(same, (q[:, None, :] * k[None, :, :] * pair).sum(-1), aqk)
+    a = torch.tril(akk, -1) * beta[:, None]
+    return torch.tril(aqk), torch.linalg.inv(torch.eye(64, dtype=torch.float64) + a), flagged
+
+
+@pytest.mark.parametrize("decay", [0.05, 8.0])       # no chunk flagged; every chunk flagged pairwise
+def test_formulas_match_the_triton_stage(decay):
+    """The kernel's formulas give the Triton stage 2a's Aqk and Tinv (interpreter, fp32) to bf16 operand precision
+    (relative RMS < 1e-2; a wrong reference row, mask or selection is O(1) off), with slow decays (no chunk flagged)
+    and strong ones (every chunk flagged pairwise: its in-block products overflow and are replaced)."""
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    from linattn.testing.compare import rel_rms
+    T, H, K = 128, 1, 32
+    q, k, v = torch.randn(1, T, H, K), torch.nn.functional.normalize(torch.randn(1, T, H, K), dim=-1), \
+        torch.randn(1, T, H, K)
+    g = -torch.rand(1, T, H, K) * decay
+    beta = torch.rand(1, T, H)
+    _, _, it = chunk_kda_fwd(q, k, v, g, beta, K ** -0.5, None, False, None, keep=True)
+    for c in range(T // 64):
+        s = slice(64 * c, 64 * c + 64)
+        aqk, tinv, flagged = _model_stage2a(q[0, s, 0].double(), k[0, s, 0].double(), g[0, s, 0].double(),
+                                            beta[0, s, 0].double())
+        assert flagged == (decay > 1)
+        assert rel_rms(it.aqk[s, 0].double(), aqk) < 1e-2
+        assert rel_rms(it.tinv[s, 0].double(), tinv) < 1e-2
