@@ -17,14 +17,15 @@ def test_build_fits_and_uses_the_tensor_cores():
     """The registered build (H16/HV32, K=128): 64 HGMMA 64x64x16 (Aqk and Akk, four row blocks, two key tiles of 64,
     four k-steps each), within the 227 KB of shared memory, no spill."""
     rep = built(NAME)
-    assert rep.families["HGMMA"] == 64 and sum(n for op, n in rep.sass.items() if "64x64x16" in op) == 64, rep.sass
+    assert rep.smem <= 2 ** 17 and rep.families["HGMMA"] == 64 and sum(n for op, n in rep.sass.items() if "64x64x16" in op) == 64, rep.sass
 
 
 @pytest.mark.parametrize("B,T,lens,gate", [(1, 8192, None, ""), (2, 100, None, "softplus"),
                                            (1, 0, [1, 63, 1, 65, 70], "lower_bound")])
 def test_launch_matches_aot_signature(monkeypatch, B, T, lens, gate):
-    """kda_intra_gluon's launch: one program per (chunk slot, value head); without a gate its arguments mangle to the
-    AOT signature; every constexpr of the kernel is passed (with a gate, A_log and dt_bias as tensors)."""
+    """kda_intra_gluon's launch (with kg, as the fused forward calls it): one program per (chunk slot, value head);
+    without a gate its arguments mangle to the AOT signature; every constexpr of the kernel is passed (with a gate,
+    A_log and dt_bias as tensors)."""
     from triton.runtime.jit import mangle_type
 
     from linattn.ops.gated_delta_rule.gluon import host
@@ -45,7 +46,7 @@ def test_launch_matches_aot_signature(monkeypatch, B, T, lens, gate):
     T_tot = plan.T_total
     outs = [torch.empty(T_tot, HV, K), torch.empty(T_tot, HV), torch.empty(T_tot, HV, 64, dtype=torch.bfloat16),
             torch.empty(T_tot, HV, 64, dtype=torch.bfloat16), torch.empty(T_tot, HV, K, dtype=torch.bfloat16),
-            torch.empty(T_tot, HV, K, dtype=torch.bfloat16)]
+            torch.empty(T_tot, HV, K, dtype=torch.bfloat16), torch.empty(T_tot, HV, K, dtype=torch.bfloat16)]
     intra.kda_intra_gluon(q, q, g, beta, A_log, dt_bias, gate, -5.0, bool(gate), False, plan, HV, *outs)
     (kernel, grid, args, kwargs), = calls
     assert grid == (plan.num_slots, HV)
@@ -119,3 +120,75 @@ def test_formulas_match_the_triton_stage(decay):
         assert flagged == (decay > 1)
         assert rel_rms(it.aqk[s, 0].double(), aqk) < 1e-2
         assert rel_rms(it.tinv[s, 0].double(), tinv) < 1e-2
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", ["kda_fwd_gluon_fused_bv64_s2_nwu1", "kda_fwd_gluon_fused_bv32_s2_nwu2"])
+def test_fused_builds_fit(name):
+    """The fused stages 2b-4 at both configs of kda_fused_config: TMA, wgmma and mbarriers present, no spill, within
+    sm_90's shared memory (two W buffers at BV = 64 would not be)."""
+    built(name)
+
+
+@pytest.mark.parametrize("N,HV,sms,want", [(1, 32, 132, (32, 2)), (8, 32, 132, (64, 1)), (2, 32, 132, (32, 2)), (3, 32, 132, (64, 1)),
+                                           (1, 8, 132, (32, 2))])
+def test_fused_config(N, HV, sms, want):
+    from linattn.ops.kda.gluon.fused_forward import kda_fused_config
+    assert kda_fused_config(N, HV, 128, sms) == want
+
+
+@pytest.mark.parametrize("lens,states", [(None, True), ([1, 63, 1, 65, 70], False)])
+def test_fused_launch_matches_aot_signature(monkeypatch, lens, states):
+    """kda_fused_forward's launch: descriptors over Qdec, Kdec, Kg ([64, 128] boxes), v ([64, BV]), Tinv and Aqk
+    ([64, 64]); its arguments mangle to the AOT signature (states None: constexpr), every constexpr passed, grid
+    (V / BV, N * HV)."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.gluon import host
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.kda.aot import kda_fused_signature
+    from linattn.ops.kda.gluon import fused_forward as ff
+    from linattn.runtime import device as device_mod
+
+    calls = []
+    monkeypatch.setattr(host, "launches", lambda kernel, grid, args, kwargs: calls.append((kernel, grid, args,
+                                                                                              kwargs)))
+    monkeypatch.setattr(device_mod, "device_facts", lambda dev: type("F", (), {"num_sms": 132})())
+    HV, K, B = 32, 128, 1
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    T = 300 if lens is None else sum(lens)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    bf = dict(dtype=torch.bfloat16)
+    x = lambda *s, **kw: torch.empty(*s, **kw)  # noqa: E731
+    t3 = lambda w: x(T, HV, w, **bf)  # noqa: E731
+    N = plan.N
+    h0, fin = (x(N, HV, K, K), x(N, HV, K, K)) if states else (None, None)
+    ff.kda_fused_forward(t3(K), t3(K), t3(K), x(B, T, HV, K, **bf), t3(64), t3(64), x(T, HV), x(T, HV, K),
+                         x(B, T, HV, K, **bf), h0, fin, plan, K ** -0.5)
+    (kernel, grid, args, kwargs), = calls
+    BV, nwu = ff.kda_fused_config(N, HV, K, 132)
+    sig = kda_fused_signature(BV, states)
+    assert list(kernel.arg_names[:len(args)]) == list(sig)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert sorted(kernel.arg_names[len(args):]) == sorted(n for n in kwargs if n != "num_warps")
+    assert grid == (K // BV, N * HV) and kwargs["NWU"] == nwu and kwargs["USE_H0"] == states
+
+
+def test_gluon_forward_routes_stages(monkeypatch):
+    """chunk_kda_fwd(intra="gluon"): the Gluon stage 2a with kg and then the fused stages where nothing is kept and
+    the shapes fit; with state_v_first the Gluon stage 2a (no kg) then the Triton stages 2b-4."""
+    from linattn.ops.kda.gluon import fused_forward as ff
+    from linattn.ops.kda.gluon import intra
+    from linattn.ops.kda.triton import forward as fw
+    seen = []
+    monkeypatch.setattr(intra, "kda_intra_gluon", lambda *a: seen.append(("intra", a[-1] is not None)))
+    monkeypatch.setattr(ff, "kda_fused_forward", lambda *a: seen.append(("fused",)))
+    monkeypatch.setattr(fw, "_after_intra", lambda *a, **kw: seen.append(("triton",)) or (None, None))
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    g, beta = -torch.rand(1, 64, 2, 128), torch.rand(1, 64, 2)
+    fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon")
+    assert seen == [("intra", True), ("fused",)]
+    seen.clear()
+    fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon", state_v_first=True)
+    assert seen == [("intra", False), ("triton",)]

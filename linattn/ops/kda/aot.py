@@ -108,8 +108,8 @@ def kda_intra_gluon_signature():
     """The argument types of kda_intra_gluon_kernel as the JIT sees them for kda_intra_gluon's launch (no gate:
     A_log and dt_bias None, constexpr)."""
     return dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, A_log="constexpr", dt_bias="constexpr", gcum_ptr=_F,
-                beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X, tinv_ptr=_X, aqk_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32,
-                N="i32")
+                beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X, tinv_ptr=_X, aqk_ptr=_X, kg_ptr=_X, cu_ptr=_I64,
+                chunk_idx_ptr=_I32, N="i32")
 
 
 def _gluon_intra_build():
@@ -124,6 +124,37 @@ def _gluon_intra_build():
 register(AotKernel(
     "kda_fwd_gluon_intra_w4", _gluon_intra_build, ("HGMMA",), archs=("sm_90a",),
     div16=("q_ptr", "k_ptr", "g_ptr", "beta_ptr", "gcum_ptr", "beta_out_ptr", "kdec_ptr", "qdec_ptr", "tinv_ptr",
-           "aqk_ptr", "cu_ptr", "chunk_idx_ptr"),
+           "aqk_ptr", "kg_ptr", "cu_ptr", "chunk_idx_ptr"),
     description="KDA forward stage 2a in Gluon: gate cumsum, decayed keys / queries, Akk / Aqk by warpgroup_mma, "
                 "Tinv by block substitution, H16/HV32 K=128 bf16, one warpgroup"))
+
+
+def kda_fused_signature(BV: int = 64, states: bool = True):
+    """The argument types of kda_fused_forward_kernel as the JIT sees them for kda_fused_forward's launch."""
+    from linattn.ops.gated_delta_rule.gluon.aot import desc_sig
+    d, t = desc_sig("bf16", [BT, K]), desc_sig("bf16", [BT, BT])
+    st = _F if states else "constexpr"
+    return dict(qd_desc=d, kd_desc=d, kg_desc=d, v_desc=desc_sig("bf16", [BT, BV]), t_desc=t, a_desc=t,
+                beta_ptr=_F, gcum_ptr=_F, o_ptr=_X, h0_ptr=st, ht_ptr=st, cu_ptr=_I64, chunk_off_ptr=_I64,
+                scale="fp32")
+
+
+def _gluon_fused_build(BV: int, nwu: int):
+    def build():
+        from linattn.ops.kda.gluon import fused_forward as ff
+        const = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=ff.STAGES, NWU=nwu, NPUB=ff.NPUB, USE_H0=True,
+                     STORE_HT=True, OUTPUT_REGS=ff.OUTPUT_REGS, WU_REGS=ff.WU_REGS, PRODUCER_REGS=ff.PRODUCER_REGS)
+        sig = kda_fused_signature(BV)
+        sig.update({n: "constexpr" for n in const})
+        return ff.kda_fused_forward_kernel, sig, const, {"num_warps": 4}
+    return build
+
+
+for _bv, _nwu in ((64, 1), (32, 2)):          # fused_forward.kda_fused_config's two configs
+    register(AotKernel(
+        f"kda_fwd_gluon_fused_bv{_bv}_s2_nwu{_nwu}", _gluon_fused_build(_bv, _nwu),
+        ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP"), archs=("sm_90a",),
+        div16=("beta_ptr", "gcum_ptr", "o_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr"),
+        description=f"KDA forward stages 2b-4 in one warp-specialised Gluon kernel: TMA producer, W/U, state chain "
+                    f"with the per-channel decay, output from Qdec and Aqk; BV={_bv}, 2 stages, {_nwu} W buffers, "
+                    f"H16/HV32 K=V=128 bf16"))

@@ -77,10 +77,14 @@ if GLUON_OK:
     @gluon.jit
     def _wu_gates(gcum_ptr, beta_ptr, t0, eos, hv, r_k, r_v, HV: gl.constexpr):
         """gcum and beta of the chunk starting at token t0, as loaded (0 on rows >= eos): gam and beta in the k
-        tile's row layout, beta again in the v tile's."""
+        tile's row layout, beta again in the v tile's. gcum_ptr None (KDA, whose key tile carries its per-channel
+        gate already): gam 0."""
         rk = t0 + r_k
         rv = t0 + r_v
-        gam = gl.load(gcum_ptr + rk * HV + hv, mask=rk < eos, other=0.)
+        if gcum_ptr is None:
+            gam = gl.zeros_like(rk).to(gl.float32)
+        else:
+            gam = gl.load(gcum_ptr + rk * HV + hv, mask=rk < eos, other=0.)
         bk = gl.load(beta_ptr + rk * HV + hv, mask=rk < eos, other=0.)
         bv = gl.load(beta_ptr + rv * HV + hv, mask=rv < eos, other=0.)
         return gam, bk, bv

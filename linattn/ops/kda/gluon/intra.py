@@ -79,12 +79,13 @@ if GLUON_OK:
         return gl.where(valid, beta, 0.)
 
     @gluon.jit
-    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kl_s, ql_s, kr_s, kb,
+    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
                     t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                     BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                     LOWER_BOUND: gl.constexpr):
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum), the decayed keys
-        and queries K exp(gam_C - gam), Q exp(gam), the products' operands into shared memory (kl_s / ql_s tile kb:
+        and queries K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W
+        operand), the products' operands into shared memory (kl_s / ql_s tile kb:
         K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile I * NKB + kb: K exp(gam_r(I) - gam)
         on the rows of blocks <= I, 0 after); returns span and amax updated (kda_cumsum_kernel's pairwise test)."""
         NKB: gl.constexpr = K // BK
@@ -116,6 +117,8 @@ if GLUON_OK:
         dt: gl.constexpr = kdec_ptr.dtype.element_ty
         gl.store(kdec_ptr + off_g, (kf * gl.exp(gam_last - gam)).to(dt), mask=m)
         gl.store(qdec_ptr + off_g, (qf * gl.exp(gam)).to(dt), mask=m)
+        if kg_ptr is not None:
+            gl.store(kg_ptr + off_g, (kf * gl.exp(gam)).to(dt), mask=m)
         g0 = gl.expand_dims(gl.sum(gl.where(r3 == 0, gam, 0.), axis=1), 1)              # [4, 1, BK]: gam_r
         d = gam - g0
         span = gl.maximum(span, gl.max(gl.max(gl.max(gl.abs(d), axis=2), axis=1), axis=0))
@@ -187,6 +190,7 @@ if GLUON_OK:
         q_ptr, k_ptr, g_ptr, beta_ptr, A_log, dt_bias,     # q, k [T_tot, H, K]; g [T_tot, HV, K]; beta [T_tot, HV]
         gcum_ptr, beta_out_ptr, kdec_ptr, qdec_ptr,        # gcum [T_tot, HV, K] fp32, beta fp32; kdec, qdec (k's dtype)
         tinv_ptr, aqk_ptr,                                 # [T_tot, HV, BT] in k's dtype
+        kg_ptr,                                            # K exp(gam) [T_tot, HV, K] in k's dtype, or None
         cu_ptr, chunk_idx_ptr, N,
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
         GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr,
@@ -221,8 +225,8 @@ if GLUON_OK:
             span = 0.
             amax = 1.
             for kb in gl.static_range(NKB):
-                span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kl_s,
-                                         ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
+                span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr,
+                                         kl_s, ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
                                          HAS_DT_BIAS, LOWER_BOUND)
             fence_async_shared()
             gl.thread_barrier()
@@ -268,14 +272,14 @@ def kda_intra_gluon_supported(q: torch.Tensor, keep: bool) -> Tuple[bool, str]:
 
 def kda_intra_gluon(q, k, g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str,
                     lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, plan, HV: int, gcum, beta_eff, tinv,
-                    aqk, kdec, qdec) -> None:
-    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py), one launch through the
-    Gluon host path."""
+                    aqk, kdec, qdec, kg=None) -> None:
+    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py; kg for the fused stages),
+    one launch through the Gluon host path."""
     from linattn.ops.gated_delta_rule.gluon.host import launches
     H, K = q.shape[-2], q.shape[-1]
     kwargs = dict(H=H, HV=HV, K=K, BT=BT, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
                   LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
                   BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=INTRA_WARPS)
     launches(kda_intra_gluon_kernel, (plan.num_slots, HV),
-             (q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, tinv, aqk, plan.cu, plan.chunk_indices,
-              plan.N), kwargs)
+             (q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, tinv, aqk, kg, plan.cu,
+              plan.chunk_indices, plan.N), kwargs)

@@ -54,7 +54,9 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     (GDN's hook, called as state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan); the context-parallel
     pass's). return_h: (o, final, h) with h the chunk-start states [slots, HV, K, V] in q's dtype (rows
     chunk_offsets[n] + c; FLA's return_intermediate_states). intra: "triton" (the three kernels below) or "gluon"
-    (kda/gluon/intra.py, one Hopper kernel with the same outputs; its caller checks kda_intra_gluon_supported)."""
+    (kda/gluon/intra.py, one Hopper kernel with the same outputs; its caller checks kda_intra_gluon_supported),
+    followed where nothing is kept (K = V = 128, [N, HV, K, V] states) by the fused Gluon stages 2b-4
+    (kda/gluon/fused_forward.py) instead of the Triton ones."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     dev = q.device
@@ -68,9 +70,20 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     if intra == "gluon":
+        from linattn.ops.kda.gluon.fused_forward import kda_fused_forward, kda_fused_supported
         from linattn.ops.kda.gluon.intra import kda_intra_gluon
+        fused = (not keep and not return_h and state_pass is None
+                 and kda_fused_supported(q, v, state_v_first)[0])
+        kg = empty(T_tot, HV, K, dtype=dt, device=dev) if fused else None
         kda_intra_gluon(q, k, g, beta, A_log, dt_bias, gate, lower_bound, beta_sigmoid, neg_eigval, plan, HV, gcum,
-                        beta_eff, tinv, aqk, kdec, qdec)
+                        beta_eff, tinv, aqk, kdec, qdec, kg)
+        if fused:
+            # stages 2b-4 in one warp-specialised kernel (kda/gluon/fused_forward.py)
+            V = v.shape[3]
+            o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
+            final = empty(plan.N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+            kda_fused_forward(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o, initial_state, final, plan, scale)
+            return o, final
         return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk,
                             kdec, qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep,
                             return_h=return_h)

@@ -1,0 +1,240 @@
+"""Stages 2b + 3 + 4 of the KDA forward in one warp-specialised Gluon kernel (sm_90a): GDN's fused forward
+(gluon/chunk_fused_wu_ws.py, its docstring gives the organisation and the barriers) with the per-key-channel decay,
+whose gates stage 2a (kda/gluon/intra.py) has already put into the tiles it stores:
+
+  wu partition (GDN's _wu_worker with no scalar gate): W = (Tinv diag(beta)) Kg, U = (Tinv diag(beta)) V, with
+      Kg = K exp(gam) the ring's key tile;
+  state partition (_kda_state): vnew = U - W S_c;  S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew, Kdec =
+      K exp(gam_C - gam) the ring's tile, gam_C the chunk's last row of gcum (a [K] vector, loaded one chunk ahead);
+  output partition (_kda_output): o = (Qdec S_c + Aqk vnew) * scale, Qdec = Q exp(gam) and Aqk (lower triangular,
+      zeros above) ring tiles, so the output needs no gate at all;
+  producer (1 warp): TMA of Qdec, Kdec, Kg ([BT, K] boxes at the value head's columns), V ([BT, BV]), Tinv and Aqk
+      ([BT, BT]) into ring slot c % STAGES.
+
+Rows of a box past the sequence end hold the next sequence's tokens: beta is 0 there and the sequence's last chunk
+goes through the wu partition's row-selected copies (as GDN's), vnew's rows there are selected to 0, Aqk's columns
+past the end meet only those zero rows (its valid rows are zero above the diagonal), and o's rows past the end are
+not stored.
+
+Shared memory at BV = 64, 2 stages, one W buffer: the ring 2 x (3 x 16 + 8 + 2 x 8) KB, W 16 KB, the published S
+2 x 16 KB and vnew 2 x 8 KB, with the compiler's scratch 221,560 B (kda_fused_config).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from linattn.runtime.gluon_compat import GLUON_OK, fence_async_shared, gl, gluon, mbarrier, tma_load, warpgroup_mma
+
+BT = 64
+STAGES = 2
+NPUB = 2
+OUTPUT_REGS = 104       # setmaxnreg of the output / wu warpgroups (the state's follows: 512 - 24 - both)
+WU_REGS = 192
+PRODUCER_REGS = 24
+
+if GLUON_OK:
+    from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_worker
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
+    from linattn.ops.gated_delta_rule.gluon.ws_partitions import (_ws_barriers, _ws_barriers_invalidate,
+                                                                  _ws_output_index, _ws_store_o, ws_acc_layout,
+                                                                  ws_rows_layout, ws_smem_layout)
+
+    @gluon.jit
+    def _kda_producer(qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s, ready,
+                      empty, nchunks, bos, hv, vb, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                      BV: gl.constexpr, STAGES: gl.constexpr):
+        nbytes: gl.constexpr = (qd_desc.block_type.nbytes + kd_desc.block_type.nbytes + kg_desc.block_type.nbytes
+                                + v_desc.block_type.nbytes + t_desc.block_type.nbytes + a_desc.block_type.nbytes)
+        for c in range(nchunks):
+            s = c % STAGES
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # the consumers released use c - STAGES
+            row = (bos + c * BT).to(gl.int32)
+            mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
+            tma_load(qd_desc, [row, hv * K], ready.index(s), qd_s.index(s))
+            tma_load(kd_desc, [row, hv * K], ready.index(s), kd_s.index(s))
+            tma_load(kg_desc, [row, hv * K], ready.index(s), kg_s.index(s))
+            tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
+            tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))
+            tma_load(a_desc, [row, hv * BT], ready.index(s), a_s.index(s))
+
+    @gluon.jit
+    def _kda_state(kd_s, w_s, u_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, s_full, v_full, pub_empty,
+                   gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
+                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                   STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
+                   STORE_HT: gl.constexpr):
+        """The state chain (ws_partitions._ws_state with the per-channel decay): S_c published in s_pub, vnew in
+        v_pub (also product 2's B operand: no row scale here), S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew."""
+        dt: gl.constexpr = w_s.dtype
+        ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
+        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
+        sk = gl.arange(0, K, layout=ROWS)
+        sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, ACC))
+        state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
+        if USE_H0:
+            s = gl.load(h0_ptr + state_off)
+        else:
+            s = gl.zeros([K, BV], gl.float32, ACC)
+        r_t = gl.arange(0, BT, layout=ROWS)
+        # gam_C of chunk c: gcum's row min(eos, t0 + BT) - 1, per key channel (one chunk ahead)
+        gam_c = gl.load(gcum_ptr + ((bos + gl.minimum(eos - bos, BT) - 1) * HV + hv) * K + sk, mask=nchunks > 0,
+                        other=0.)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            t1 = t0 + BT
+            gam_c_n = gl.load(gcum_ptr + ((t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv) * K + sk, mask=t1 < eos,
+                              other=0.)
+            j = c % NPUB
+            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
+            s_pub.index(j).store(s.to(dt))
+            fence_async_shared()                               # generic store -> wgmma (async proxy)
+            gl.thread_barrier()
+            mbarrier.arrive(s_full.index(j))
+
+            st = c % STAGES
+            jw = c % NWU
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)  # Kdec (product 2)
+            mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (w_s[jw]) and U (the v tile) of chunk c
+            valid = gl.expand_dims((t0 + r_t) < eos, 1)
+            ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
+            vnew = gl.where(valid, u_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
+            v_pub.index(j).store(vnew)
+            fence_async_shared()                               # v_pub: the output's wgmma and product 2
+            gl.thread_barrier()
+            mbarrier.arrive(v_full.index(j))
+            mbarrier.arrive(wu_empty.index(jw))                # w_s[jw] read by product 1 (waited): free
+            s = warpgroup_mma(kd_s.index(st).permute((1, 0)), v_pub.index(j), s * gl.expand_dims(gl.exp(gam_c), 1))
+            fence_async_shared()                               # u read by generic loads: fence before the refill
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st))
+            gam_c = gam_c_n
+        if STORE_HT:
+            gl.store(ht_ptr + state_off, s)
+
+    @gluon.jit
+    def _kda_output(qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale, nchunks, bos,
+                    eos, hv, vb, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                    STAGES: gl.constexpr, NPUB: gl.constexpr):
+        """o = (Qdec S_c + Aqk vnew) * scale per chunk, rows < eos stored."""
+        dt: gl.constexpr = qd_s.dtype
+        ACC_A: gl.constexpr = ws_acc_layout(BT)
+        ACC_O: gl.constexpr = ws_acc_layout(BV)
+        LO: gl.constexpr = ws_rows_layout(BV, dt.primitive_bitwidth, 4)
+        _r_a, _lower, r_o, c_o = _ws_output_index(vb, BT, BV, ACC_A, LO)
+        for c in range(nchunks):
+            t0 = bos + c * BT
+            st = c % STAGES
+            j = c % NPUB
+            mbarrier.wait(ready.index(st), (c // STAGES) & 1)
+            mbarrier.wait(s_full.index(j), (c // NPUB) & 1)
+            o = warpgroup_mma(qd_s.index(st), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC_O), use_acc=False)
+            mbarrier.wait(v_full.index(j), (c // NPUB) & 1)
+            o = warpgroup_mma(a_s.index(st), v_pub.index(j), o)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st))                   # Qdec, Aqk read by wgmma only (async -> async)
+            mbarrier.arrive(pub_empty.index(j))                # s_pub[j], v_pub[j] likewise
+            _ws_store_o(o, o_ptr, scale, t0, eos, hv, r_o, c_o, HV, V, LO)
+
+    @gluon.jit
+    def kda_fused_forward_kernel(
+        qd_desc, kd_desc, kg_desc,            # TMA over Qdec, Kdec, Kg [T_tot, HV*K], box [BT, K]
+        v_desc, t_desc, a_desc,               # over v [T_tot, HV*V] (box [BT, BV]), Tinv and Aqk [T_tot, HV*BT]
+        beta_ptr, gcum_ptr, o_ptr,            # effective beta [T_tot, HV] fp32, gcum [T_tot, HV, K] fp32, o
+        h0_ptr, ht_ptr,                       # optional initial / final state [N, HV, K, V] fp32 (or None)
+        cu_ptr, chunk_off_ptr, scale,
+        HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+        STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+        OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """Grid (V / BV, N * HV): one CTA per V block and (sequence, value head)."""
+        dt: gl.constexpr = kd_desc.dtype
+        vb = gl.program_id(0)
+        n, hv, _hk, bos, eos, _slot0, nchunks = _sequence_span(gl.program_id(1), cu_ptr, chunk_off_ptr, HV, HV, BT)
+        qd_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], qd_desc.layout)
+        kd_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], kd_desc.layout)
+        kg_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], kg_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        a_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], a_desc.layout)
+        wk_s = gl.allocate_shared_memory(dt, [NWU, BT, K], kg_desc.layout)
+        s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
+        v_pub = gl.allocate_shared_memory(dt, [NPUB, BT, BV], v_desc.layout)
+        wu_full = gl.allocate_shared_memory(gl.int64, [NWU, 1], mbarrier.MBarrierLayout())
+        wu_empty = gl.allocate_shared_memory(gl.int64, [NWU, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NWU):
+            mbarrier.init(wu_full.index(i), count=1)
+            mbarrier.init(wu_empty.index(i), count=1)
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3)   # state, output, wu consume
+
+        gl.warp_specialize(
+            [(_kda_state, (kd_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, s_full, v_full,
+                           pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
+                           HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT)),
+             (_kda_output, (qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale,
+                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
+             (_wu_worker, (kg_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, None, nchunks, bos,
+                           eos, hv, HV, K, BT, BV, STAGES, NWU)),
+             (_kda_producer, (qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s,
+                              ready, empty, nchunks, bos, hv, vb, K, V, BT, BV, STAGES))],
+            worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
+
+        _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
+        for i in gl.static_range(NWU):
+            mbarrier.invalidate(wu_full.index(i))
+            mbarrier.invalidate(wu_empty.index(i))
+
+
+# ---------------------------------------------------------------- host side
+
+def kda_fused_config(N: int, HV: int, V: int, num_sms: int) -> Tuple[int, int]:
+    """(BV, NWU): BV = 64 unless N * HV * V / 64 CTAs would leave SMs idle, then 32. W buffers: one at BV = 64 (two
+    would need 237,948 B of shared memory, past sm_90's 232,448), two at BV = 32."""
+    return (64, 1) if N * HV * (V // 64) >= num_sms else (32, 2)
+
+
+def kda_fused_supported(q: torch.Tensor, v: torch.Tensor, state_v_first: bool) -> Tuple[bool, str]:
+    """(ok, reason), on top of the Gluon stage 2a's checks: K = V = 128 (the state tile), states [N, HV, K, V]."""
+    if q.shape[-1] != 128 or v.shape[-1] != 128:
+        return False, f"K={q.shape[-1]}, V={v.shape[-1]}: the fused KDA forward is built for K == V == 128"
+    if state_v_first:
+        return False, "state_v_first: the fused KDA forward loads and stores [N, HV, K, V] states"
+    if v.dtype != q.dtype:
+        return False, f"v is {v.dtype}, q is {q.dtype}: one 16-bit dtype"
+    return True, ""
+
+
+def kda_fused_forward_launch(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o, initial_state: Optional[torch.Tensor],
+                             final: Optional[torch.Tensor], plan, scale: float, BV: int, NWU: int):
+    """(kernel, grid, args, kwargs) of kda_fused_forward_kernel. qdec, kdec, kg [T_tot, HV, K], v [.., HV, V], tinv
+    and aqk [T_tot, HV, 64], all in one 16-bit dtype; beta_eff [T_tot, HV] and gcum [T_tot, HV, K] fp32 (stage 2a's
+    outputs); o [B, T, HV, V] (written); initial_state / final [N, HV, K, V] fp32 or None."""
+    from linattn.ops.gated_delta_rule.gluon.host import aligned, fused_desc, gl_dtype
+    from linattn.runtime.gluon_compat import TensorDescriptor
+    HV, K = kdec.shape[-2], kdec.shape[-1]
+    V = v.shape[-1]
+    T_tot = plan.T_total
+    gdt = gl_dtype(kdec.dtype)
+
+    def desc(t, width, block):
+        return fused_desc(TensorDescriptor, aligned(t.reshape(T_tot, width)), block, gdt)
+
+    args = (desc(qdec, HV * K, [BT, K]), desc(kdec, HV * K, [BT, K]), desc(kg, HV * K, [BT, K]),
+            desc(v, HV * V, [BT, BV]), desc(tinv, HV * BT, [BT, BT]), desc(aqk, HV * BT, [BT, BT]),
+            beta_eff, gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
+    kwargs = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=STAGES, NWU=NWU, NPUB=NPUB,
+                  USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=OUTPUT_REGS,
+                  WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    return kda_fused_forward_kernel, (V // BV, plan.N * HV), args, kwargs
+
+
+def kda_fused_forward(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o, initial_state, final, plan,
+                      scale: float) -> None:
+    """Stages 2b + 3 + 4 of the KDA forward on sm_90a into o (and final), through the Gluon host path."""
+    from linattn.ops.gated_delta_rule.gluon.host import launches
+    from linattn.runtime.device import device_facts
+    BV, nwu = kda_fused_config(plan.N, v.shape[-2], v.shape[-1], device_facts(v.device).num_sms)
+    kernel, grid, args, kwargs = kda_fused_forward_launch(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o,
+                                                          initial_state, final, plan, scale, BV, nwu)
+    launches(kernel, grid, args, kwargs)
