@@ -192,3 +192,37 @@ def test_gluon_forward_routes_stages(monkeypatch):
     seen.clear()
     fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon", state_v_first=True)
     assert seen == [("intra", False), ("triton",)]
+
+
+def test_fused_stage_formulas_match_the_triton_forward():
+    """The fused kernel's formulas in torch (fp64) from stage 2a's outputs, per chunk: W = (Tinv diag(beta)) Kg,
+    U = (Tinv diag(beta)) V, vnew = U - W S, o = (Qdec S + Aqk vnew) scale, S <- diag(exp(gam_C)) S + Kdec^T vnew,
+    with Kg = K exp(gam), gam_C the chunk's last valid row of gcum; partial last chunks included. They give the
+    Triton forward's o and final state (interpreter, fp32) to 1e-5."""
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    from linattn.testing.compare import rel_rms
+    T, H, K, V = 150, 2, 32, 16
+    q = torch.randn(1, T, H, K)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, K), dim=-1)
+    v = torch.randn(1, T, H, V)
+    g = -torch.rand(1, T, H, K) * 0.3
+    beta, h0, scale = torch.rand(1, T, H), torch.randn(1, H, K, V), K ** -0.5
+    o_ref, fin_ref = chunk_kda_fwd(q, k, v, g, beta, scale, h0, True, None)
+    _, _, it = chunk_kda_fwd(q, k, v, g, beta, scale, h0, True, None, keep=True)
+    d = lambda t: t.double()  # noqa: E731
+    o = torch.zeros(T, H, V, dtype=torch.float64)
+    fin = torch.zeros(H, K, V, dtype=torch.float64)
+    for h in range(H):
+        S = d(h0[0, h])
+        for t0 in range(0, T, 64):
+            s = slice(t0, min(t0 + 64, T))
+            n = s.stop - t0
+            tinv = d(it.tinv[s, h, :n])
+            b = d(it.beta[s, h])
+            kg = d(k[0, s, h]) * d(it.gcum[s, h]).exp()
+            w, u = (tinv * b[None, :]) @ kg, (tinv * b[None, :]) @ d(v[0, s, h])
+            vnew = u - w @ S
+            o[s, h] = (d(it.qdec[s, h]) @ S + d(it.aqk[s, h, :n]) @ vnew) * scale
+            S = d(it.gcum[s.stop - 1, h]).exp()[:, None] * S + d(it.kdec[s, h]).T @ vnew
+        fin[h] = S
+    assert rel_rms(o_ref[0].double(), o) < 1e-5 and rel_rms(fin_ref[0].double(), fin) < 1e-5
