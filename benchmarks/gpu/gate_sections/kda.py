@@ -148,8 +148,9 @@ def chunk_case(**case):
 
 
 def gluon_fwd_cases():
-    """(name, options) of gluon_fwd_case: the Gluon stage 2a takes bf16 inputs (K = 128 here). The default decays
-    flag most chunks pairwise (channels down to e^-8 per step); g x 0.01 flags none."""
+    """(name, options) of gluon_fwd_case: the Gluon stage 2a takes bf16 inputs (K = 128 here), followed by the fused
+    Gluon stages 2b-4 but with state_v_first. The default decays flag most chunks pairwise (channels down to e^-8
+    per step); g x 0.01 flags none."""
     d = _dims()
     B, T, BF = d["B"], d["T"], torch.bfloat16
     return [(f"B{B} T{T} bf16 (chunks flagged pairwise)", dict(B=B, T=T, dtype=BF)),
@@ -157,7 +158,10 @@ def gluon_fwd_cases():
             ("varlen 7 seqs 1-token l2norm bf16", dict(lengths=[1, 700, 1, 63, 65, 170, 1], dtype=BF, l2=True)),
             (f"B{B} T{T} gate softplus + beta sigmoid neg eigval bf16", dict(B=B, T=T, dtype=BF, gate="softplus")),
             ("B1 T333 gate lower_bound (safe_gate) no h0 bf16", dict(B=1, T=333, dtype=BF, gate="lower_bound",
-                                                                     h0=False))]
+                                                                     h0=False)),
+            # state_v_first: the Gluon stage 2a then the Triton stages 2b-4 (the fused stages take K-first states)
+            ("varlen state_v_first bf16 (stage 2a only)", dict(lengths=[1, 129, 64, 1, 300], dtype=BF,
+                                                                v_first=True))]
 
 
 def gluon_fwd_case(**case):
