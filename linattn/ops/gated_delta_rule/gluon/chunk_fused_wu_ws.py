@@ -330,7 +330,7 @@ if GLUON_OK:
         gl.warp_specialize(
             [(_ws_state, (k_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, vn_s, s_full, v_full,
                           pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT)),   # W in wk_s, U in the v tile
+                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, False)),   # W in wk_s, U: v tile
              (_wu_output, (q_s, k_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, gcum_ptr, o_ptr, scale,
                            nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB, OUT_PIPE, bos, False)),
              (_wu_worker, (k_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, gcum_ptr, nchunks, bos,

@@ -76,7 +76,11 @@ if GLUON_OK:
                   gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
-                  STORE_HT: gl.constexpr):
+                  STORE_HT: gl.constexpr, CHANNEL: gl.constexpr):
+        """The decay kind (CHANNEL False, GDN): gcum [T, HV], k_s the keys, S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
+        through vn_s. CHANNEL True (KDA, kda/gluon/fused_forward.py): gcum [T, HV, K], k_s the decayed keys
+        K exp(gam_C - gam) (stage 2a's), S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew with vnew straight from v_pub
+        (vn_s unused)."""
         dt: gl.constexpr = w_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -91,14 +95,25 @@ if GLUON_OK:
             s = gl.zeros([K, BV], gl.float32, ACC)
 
         r_t = gl.arange(0, BT, layout=ROWS)
-        gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
-        gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
+        if CHANNEL:
+            # gam_C per key channel: gcum's row min(eos, t0 + BT) - 1
+            gam_last = gl.load(gcum_ptr + ((bos + gl.minimum(eos - bos, BT) - 1) * HV + hv) * K + sk,
+                               mask=nchunks > 0, other=0.)
+        else:
+            gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
+            gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0,
+                               other=0.)
         for c in range(nchunks):
             t0 = bos + c * BT
             # gates of chunk c + 1 (masked off past the end), consumed next iteration
             t1 = t0 + BT
-            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
-            gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos, other=0.)
+            if CHANNEL:
+                gam_last_n = gl.load(gcum_ptr + ((t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv) * K + sk,
+                                     mask=t1 < eos, other=0.)
+            else:
+                gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
+                gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos,
+                                     other=0.)
 
             # publish S_c in s_pub[j] once the output partition is done with chunk c - NPUB
             j = c % NPUB
@@ -118,20 +133,29 @@ if GLUON_OK:
             ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
             vnew = gl.where(valid, u_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
             v_pub.index(j).store(vnew)
-            d = gl.exp(gam_last - gam)
-            vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-            vn_s.store(vs)
-            fence_async_shared()                               # v_pub (output's wgmma), vn_s (product 2)
-            gl.thread_barrier()
-            mbarrier.arrive(v_full.index(j))
-            mbarrier.arrive(wu_empty.index(jw))                # w_s[jw] read by product 1 (waited): free
-            # product 2: S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
-            s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
+            if CHANNEL:
+                fence_async_shared()                           # v_pub: the output's wgmma and product 2
+                gl.thread_barrier()
+                mbarrier.arrive(v_full.index(j))
+                mbarrier.arrive(wu_empty.index(jw))            # w_s[jw] read by product 1 (waited): free
+                # product 2: S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew
+                s = warpgroup_mma(k_s.index(st).permute((1, 0)), v_pub.index(j),
+                                  s * gl.expand_dims(gl.exp(gam_last), 1))
+            else:
+                d = gl.exp(gam_last - gam)
+                vs = gl.where(valid, vnew.to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
+                vn_s.store(vs)
+                fence_async_shared()                           # v_pub (output's wgmma), vn_s (product 2)
+                gl.thread_barrier()
+                mbarrier.arrive(v_full.index(j))
+                mbarrier.arrive(wu_empty.index(jw))            # w_s[jw] read by product 1 (waited): free
+                # product 2: S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
+                s = warpgroup_mma(k_s.index(st).permute((1, 0)), vn_s, s * gl.exp(gam_last))
+                gam = gam_n
             # this partition's share of ring slot st is done (u read by generic loads: fence before the TMA refill)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(empty.index(st))
-            gam = gam_n
             gam_last = gam_last_n
 
         if STORE_HT:

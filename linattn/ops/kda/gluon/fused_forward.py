@@ -4,7 +4,7 @@ whose gates stage 2a (kda/gluon/intra.py) has already put into the tiles it stor
 
   wu partition (GDN's _wu_worker with no scalar gate): W = (Tinv diag(beta)) Kg, U = (Tinv diag(beta)) V, with
       Kg = K exp(gam) the ring's key tile;
-  state partition (_kda_state): vnew = U - W S_c;  S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew, Kdec =
+  state partition (ws_partitions._ws_state, CHANNEL): vnew = U - W S_c;  S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew, Kdec =
       K exp(gam_C - gam) the ring's tile, gam_C the chunk's last row of gcum (a [K] vector, loaded one chunk ahead);
   output partition (_kda_output): o = (Qdec S_c + Aqk vnew) * scale, Qdec = Q exp(gam) and Aqk (lower triangular,
       zeros above) ring tiles, so the output needs no gate at all;
@@ -38,8 +38,8 @@ if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _wu_worker
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
     from linattn.ops.gated_delta_rule.gluon.ws_partitions import (_ws_barriers, _ws_barriers_invalidate,
-                                                                  _ws_output_index, _ws_store_o, ws_acc_layout,
-                                                                  ws_rows_layout, ws_smem_layout)
+                                                                  _ws_output_index, _ws_state, _ws_store_o,
+                                                                  ws_acc_layout, ws_rows_layout, ws_smem_layout)
 
     @gluon.jit
     def _kda_producer(qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s, ready,
@@ -58,60 +58,6 @@ if GLUON_OK:
             tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
             tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))
             tma_load(a_desc, [row, hv * BT], ready.index(s), a_s.index(s))
-
-    @gluon.jit
-    def _kda_state(kd_s, w_s, u_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, s_full, v_full, pub_empty,
-                   gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
-                   STORE_HT: gl.constexpr):
-        """The state chain (ws_partitions._ws_state with the per-channel decay): S_c published in s_pub, vnew in
-        v_pub (also product 2's B operand: no row scale here), S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew."""
-        dt: gl.constexpr = w_s.dtype
-        ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
-        ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
-        sk = gl.arange(0, K, layout=ROWS)
-        sv = vb * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, ACC))
-        state_off = (n.to(gl.int64) * HV + hv) * K * V + gl.expand_dims(sk, 1) * V + gl.expand_dims(sv, 0)
-        if USE_H0:
-            s = gl.load(h0_ptr + state_off)
-        else:
-            s = gl.zeros([K, BV], gl.float32, ACC)
-        r_t = gl.arange(0, BT, layout=ROWS)
-        # gam_C of chunk c: gcum's row min(eos, t0 + BT) - 1, per key channel (one chunk ahead)
-        gam_c = gl.load(gcum_ptr + ((bos + gl.minimum(eos - bos, BT) - 1) * HV + hv) * K + sk, mask=nchunks > 0,
-                        other=0.)
-        for c in range(nchunks):
-            t0 = bos + c * BT
-            t1 = t0 + BT
-            gam_c_n = gl.load(gcum_ptr + ((t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv) * K + sk, mask=t1 < eos,
-                              other=0.)
-            j = c % NPUB
-            mbarrier.wait(pub_empty.index(j), ((c // NPUB) & 1) ^ 1)
-            s_pub.index(j).store(s.to(dt))
-            fence_async_shared()                               # generic store -> wgmma (async proxy)
-            gl.thread_barrier()
-            mbarrier.arrive(s_full.index(j))
-
-            st = c % STAGES
-            jw = c % NWU
-            mbarrier.wait(ready.index(st), (c // STAGES) & 1)  # Kdec (product 2)
-            mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (w_s[jw]) and U (the v tile) of chunk c
-            valid = gl.expand_dims((t0 + r_t) < eos, 1)
-            ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            vnew = gl.where(valid, u_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
-            v_pub.index(j).store(vnew)
-            fence_async_shared()                               # v_pub: the output's wgmma and product 2
-            gl.thread_barrier()
-            mbarrier.arrive(v_full.index(j))
-            mbarrier.arrive(wu_empty.index(jw))                # w_s[jw] read by product 1 (waited): free
-            s = warpgroup_mma(kd_s.index(st).permute((1, 0)), v_pub.index(j), s * gl.expand_dims(gl.exp(gam_c), 1))
-            fence_async_shared()                               # u read by generic loads: fence before the refill
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(st))
-            gam_c = gam_c_n
-        if STORE_HT:
-            gl.store(ht_ptr + state_off, s)
 
     @gluon.jit
     def _kda_output(qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale, nchunks, bos,
@@ -169,9 +115,9 @@ if GLUON_OK:
         ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3)   # state, output, wu consume
 
         gl.warp_specialize(
-            [(_kda_state, (kd_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, s_full, v_full,
-                           pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                           HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT)),
+            [(_ws_state, (kd_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, None, s_full, v_full,
+                          pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
+                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, True)),   # per-channel decay
              (_kda_output, (qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale,
                             nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
              (_wu_worker, (kg_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, None, nchunks, bos,
