@@ -1,6 +1,8 @@
 """Kernel breakdown of a chunked op's forward and backward on a GPU (torch.profiler: CUDA time per kernel name, mean
 of 3 calls), H16/HV32 (GDN) or H = HV = 32 (KDA), K = V = 128, bf16, initial and final state. The backward is
-torch.autograd.grad of (o, final state) on a kept graph. --op layer_gdn / layer_kda: the same for the training step
+torch.autograd.grad of (o, final state) on a kept graph; "infer" is the forward without autograd (what a prefill
+runs: the autograd forward saves the backward's intermediates, KDA's gluon backend takes its Gluon stages only
+there). --op layer_gdn / layer_kda: the same for the training step
 of linattn's GatedDeltaNet / KimiDeltaAttention layer or FLA's (`--backend fla`; fla.layers from the
 flash-linear-attention wheel) at the sizes of linattn.integrations.transformers_check (hidden 2048, 16 q/k heads,
 32 v heads, head dim 128), gradients of the input and every parameter, then one decode step after a 16-token
@@ -113,15 +115,18 @@ def breakdown(fwd, ins):
         torch.autograd.grad(outs, ins, cot)
     torch.cuda.synchronize()
     res = {}
-    for phase in ("fwd", "bwd"):
+    for phase in ("fwd", "bwd", "infer"):
         outs = fwd()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 if phase == "fwd":
                     outs = fwd()
-                else:
+                elif phase == "bwd":
                     torch.autograd.grad(outs, ins, cot, retain_graph=True)
+                else:                               # a forward without autograd (prefill, inference)
+                    with torch.no_grad():
+                        fwd()
             torch.cuda.synchronize()
         agg = _per_kernel(prof)
         res[phase] = dict(sorted(agg.items(), key=lambda kv: -kv[1]))
@@ -152,9 +157,9 @@ def main():
                 B, T, H, HV = shape
                 res = out[f"B{B} T{T} H{H}/HV{HV}"] = breakdown(*make_call(args.op, backend, B, T, H, HV,
                                                                            g_scale=args.g_scale))
-            print(args.op, backend, B, T, json.dumps({p: round(res[p + "_total_ms"], 3) for p in ("fwd", "bwd")}),
-                  flush=True)
-            for p in ("fwd", "bwd"):
+            print(args.op, backend, B, T, json.dumps({p: round(res[p + "_total_ms"], 3)
+                                                      for p in ("fwd", "bwd", "infer")}), flush=True)
+            for p in ("fwd", "bwd", "infer"):
                 for kname, ms in list(res[p].items())[:12 if args.op.startswith("layer") else 8]:
                     print(f"   {p} {ms:8.3f} ms  {kname[:90]}")
         if args.op.startswith("layer"):
