@@ -226,3 +226,16 @@ def test_fused_stage_formulas_match_the_triton_forward():
             S = d(it.gcum[s.stop - 1, h]).exp()[:, None] * S + d(it.kdec[s, h]).T @ vnew
         fin[h] = S
     assert rel_rms(o_ref[0].double(), o) < 1e-5 and rel_rms(fin_ref[0].double(), fin) < 1e-5
+
+
+@pytest.mark.parametrize("shape,v_first,why", [((1, 64, 2, 64), False, "K=64"), ((1, 64, 2, 128), True,
+                                                                                  "state_v_first"),
+                                               ((1, 0, 2, 128), False, "no tokens")])
+def test_fused_refuses_with_reason(shape, v_first, why):
+    """kda_fused_supported names why the Triton stages 2b-4 run instead (the Gluon stage 2a may still run)."""
+    from linattn.ops.kda.gluon.fused_forward import kda_fused_supported
+    q = torch.empty(*shape, dtype=torch.bfloat16)
+    ok, reason = kda_fused_supported(q, q, v_first)
+    assert not ok and why in reason, reason
+    assert kda_fused_supported(torch.empty(2, 64, 2, 128, dtype=torch.bfloat16),
+                               torch.empty(2, 64, 4, 128, dtype=torch.bfloat16), False) == (True, "")

@@ -141,13 +141,19 @@ def kda_fused_config(N: int, HV: int, V: int, num_sms: int) -> Tuple[int, int]:
 
 
 def kda_fused_supported(q: torch.Tensor, v: torch.Tensor, state_v_first: bool) -> Tuple[bool, str]:
-    """(ok, reason), on top of the Gluon stage 2a's checks: K = V = 128 (the state tile), states [N, HV, K, V]."""
+    """(ok, reason), on top of the Gluon stage 2a's checks: K = V = 128 (the state tile), states [N, HV, K, V], a
+    token count that TMA's 32-bit row coordinates reach (else the Triton stages 2b-4 run)."""
     if q.shape[-1] != 128 or v.shape[-1] != 128:
         return False, f"K={q.shape[-1]}, V={v.shape[-1]}: the fused KDA forward is built for K == V == 128"
     if state_v_first:
         return False, "state_v_first: the fused KDA forward loads and stores [N, HV, K, V] states"
     if v.dtype != q.dtype:
         return False, f"v is {v.dtype}, q is {q.dtype}: one 16-bit dtype"
+    tokens = q.shape[0] * q.shape[1]
+    if tokens == 0:
+        return False, "no tokens: the TMA descriptors need a non-empty [T, heads*dim] view"
+    if tokens >= 2 ** 31:
+        return False, "2^31 tokens or more: TMA's row coordinates are 32-bit"
     return True, ""
 
 
