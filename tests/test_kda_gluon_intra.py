@@ -63,15 +63,23 @@ def test_launch_matches_aot_signature(monkeypatch, B, T, lens, gate):
 
 
 def test_gluon_backend_refuses_off_hopper_and_auto_keeps_triton():
-    """On this host chunk_kda(backend="gluon") is refused with the reason (the interpreter or no sm_90 device), and
-    auto never picks it (registered by name only until its GPU gate is green)."""
+    """On this host chunk_kda(backend="gluon") is refused with the reason (the interpreter or no sm_90 device), auto
+    passes it over with that reason, and auto's filter leaves forwards with autograd to the Triton backend."""
     import linattn
     from linattn.backends import BackendError, op_backends
     x = dict(q=torch.randn(1, 64, 1, 64), k=torch.randn(1, 64, 1, 64), v=torch.randn(1, 64, 1, 64),
              g=-torch.rand(1, 64, 1, 64), beta=torch.rand(1, 64, 1))
     with pytest.raises(BackendError, match="gluon.*(TRITON_INTERPRET|sm_90|cpu)"):
         linattn.chunk_kda(**x, backend="gluon")
-    assert op_backends("chunk_kda").backends["gluon"].auto is False
+    ob = op_backends("chunk_kda")
+    assert ob.select("auto", **x).name == "triton"
+    assert any(n == "gluon" and not ok and reason for n, ok, reason in ob.explain(**x))
+    filt = ob.backends["gluon"].auto_filter
+    assert filt(**x) == (True, "")
+    ok, reason = filt(**dict(x, q=x["q"].requires_grad_()))
+    assert not ok and "autograd" in reason
+    with torch.no_grad():
+        assert filt(**x)[0]
 
 
 def _model_stage2a(q, k, g, beta, pairwise_bits=100.0):

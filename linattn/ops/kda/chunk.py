@@ -191,8 +191,17 @@ def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, 
 
 _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
-# by name only until its GPU gate (gate section kda) is green
-_backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto=False)
+
+
+def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=None, **_) -> Tuple[bool, str]:
+    """auto takes the Gluon backend for forwards without autograd only: a training forward keeps an fp32 Tinv, which
+    the Triton stage 2a forms, so there the Triton backend is what runs and what auto names."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
+        return False, "a forward with autograd keeps an fp32 Tinv, which the Triton stage 2a forms"
+    return True, ""
+
+
+_backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto_filter=_gluon_auto_filter)
 
 
 def _not_yet(name: str):
@@ -242,8 +251,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     from shapes alone, so every call is capture-safe and use_graph changes nothing but the max_num_seqs check.
     chunk_size: FLA's 32 or 64, both computed in 64-token chunks (the same result up to rounding; ValueError for
     other values, and for 32 with return_intermediate_states, whose states are per chunk).
-    backend: "auto" (Triton), "triton", "gluon" (the Triton path with KDA's Gluon stage 2a on Hopper, for bf16
-        forwards without autograd; by name only until its GPU gate is green) or "reference".
+    backend: "auto" (on Hopper "gluon" for bf16 forwards without autograd with K = 64 or 128, else "triton"),
+        "triton", "gluon" (KDA's Gluon stage 2a, then at K = V = 128 its fused Gluon stages 2b-4; a forward with
+        autograd runs the Triton path) or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
     initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);

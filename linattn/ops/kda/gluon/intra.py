@@ -152,7 +152,9 @@ if GLUON_OK:
         mj = tokj < eos
         ri3 = gl.expand_dims(rowi, 2)
         rj3 = gl.expand_dims(rowj, 1)
-        lower_eq = rj3 <= ri3
+        # both rows inside the sequence: past its end gcum reads 0, so gam_i - gam_j could overflow to inf there and
+        # turn the zeroed row's 0 * inf into NaN, which the block substitution's products carry into valid rows
+        lower_eq = (rj3 <= ri3) & gl.expand_dims(mi, 2) & gl.expand_dims(mj, 1)
         strict = rj3 < ri3
         dk = gl.zeros([4, 16, 16], gl.float32, LD)
         dq = gl.zeros([4, 16, 16], gl.float32, LD)
