@@ -79,16 +79,12 @@ if GLUON_OK:
         return gl.where(valid, beta, 0.)
 
     @gluon.jit
-    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
-                    t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                    BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-                    LOWER_BOUND: gl.constexpr):
-        """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum), the decayed keys
-        and queries K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W
-        operand), the products' operands into shared memory (kl_s / ql_s tile kb:
-        K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile I * NKB + kb: K exp(gam_r(I) - gam)
-        on the rows of blocks <= I, 0 after); returns span and amax updated (kda_cumsum_kernel's pairwise test)."""
-        NKB: gl.constexpr = K // BK
+    def _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K: gl.constexpr, HV: gl.constexpr, BK: gl.constexpr,
+                     GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr):
+        """The gate of key channels kb * BK .. + BK of the chunk and its cumsum gam on a [4, 16, BK] tile (row block,
+        row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp, plus the
+        sums of the earlier blocks (rows past the end add 0). Returns (gam, mask, gcum offsets, row block [4, 1, 1],
+        row in the block [1, 16, 1], channel [1, 1, BK])."""
         L3: gl.constexpr = gl.BlockedLayout([1, 4, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])     # [4, 16, BK]
         b1 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         b3 = gl.expand_dims(gl.expand_dims(b1, 1), 2)                                     # [4, 1, 1]
@@ -100,18 +96,38 @@ if GLUON_OK:
         tok = t0 + row.to(gl.int64)
         m = (tok < eos) & (ck < K)                                                        # [4, 16, BK]
         off_g = (tok * HV + hv) * K + ck
-        off_q = (tok * H + hk) * K + ck
         x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
         x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
-        kf = gl.load(k_ptr + off_q, mask=m, other=0.).to(gl.float32)
-        qf = gl.load(q_ptr + off_q, mask=m, other=0.).to(gl.float32)
-        # gam: the cumsum inside each 16-row block plus the earlier blocks' sums (rows past the end add 0)
         tot = gl.convert_layout(gl.sum(x, axis=1), gl.SliceLayout(0, L3))                # [4 (block j), BK]
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
         gam = gl.associative_scan(x, 1, _add) + gl.expand_dims(base, 1)
-        gl.store(gcum_ptr + off_g, gam, mask=m)
+        return gam, m, off_g, b3, r3, ck
+
+    @gluon.jit
+    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
+                    t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                    BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+                    LOWER_BOUND: gl.constexpr):
+        """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
+        kg_ptr only the chunk's last row, all the fused stages read), the decayed keys and queries K exp(gam_C - gam),
+        Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the products' operands into
+        shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile
+        I * NKB + kb: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span and amax updated
+        (kda_cumsum_kernel's pairwise test)."""
+        NKB: gl.constexpr = K // BK
+        gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BK, GATE,
+                                                 HAS_DT_BIAS, LOWER_BOUND)
+        row = b3 * 16 + r3
+        tok = t0 + row.to(gl.int64)
+        off_q = (tok * H + hk) * K + ck
+        kf = gl.load(k_ptr + off_q, mask=m, other=0.).to(gl.float32)
+        qf = gl.load(q_ptr + off_q, mask=m, other=0.).to(gl.float32)
         last = gl.minimum(eos - t0, BT) - 1
+        if kg_ptr is not None:
+            gl.store(gcum_ptr + off_g, gam, mask=m & (row == last))
+        else:
+            gl.store(gcum_ptr + off_g, gam, mask=m)
         gam_last = gl.sum(gl.sum(gl.where(row == last, gam, 0.), axis=1), axis=0)
         gam_last = gl.expand_dims(gl.expand_dims(gam_last, 0), 1)                       # [1, 1, BK]
         dt: gl.constexpr = kdec_ptr.dtype.element_ty
@@ -248,6 +264,12 @@ if GLUON_OK:
             a = gl.where((j2 < i2) & gl.expand_dims(vi, 1), gl.expand_dims(beta, 1) * akk, 0.)
             a0, a1, a2, a3 = bands(a)
             if pairwise:
+                if kg_ptr is not None:
+                    # gcum was stored at the last row only: the in-block pairs read every row
+                    for kb in gl.static_range(NKB):
+                        gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BKC,
+                                                                 GATE, HAS_DT_BIAS, LOWER_BOUND)
+                        gl.store(gcum_ptr + off_g, gam, mask=m)
                 gl.thread_barrier()              # this program's gcum and beta stores, read back
                 dk = _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_out_ptr, aqk_ptr, t0, eos, hv, hk, H, HV, K, BT)
                 a0 = gl.convert_layout(dk, a0.type.layout)
