@@ -14,7 +14,9 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     and are replaced by the pairs formed one key channel at a time, each factor exp of its own difference <= 0
     (kda_diag_kernel's sums), read back from this program's stores;
   * Tinv by GDN's Gluon block substitution (gluon/kkt_solve.py solve_store: bf16 operands, as kda_inter_solve_kernel
-    runs for a bf16 Tinv). So only the forward's bf16 Tinv: the autograd forward keeps an fp32 one (Triton).
+    runs for a bf16 Tinv). So only the forward's bf16 Tinv: the autograd forward keeps an fp32 one (Triton);
+  * with kg (the fused stages 2b-4 follow) gcum is stored at each chunk's last valid row only, which is all those
+    stages read (a flagged chunk stores every row, which its in-block pairs read back).
 
 Shared memory: the products' operands, NKB x [64, 64] bf16 tiles of each row's factors (keys, queries) and 4 NKB of
 the columns' (one set per row block I), written once and read by the wgmmas after a fence and a CTA barrier; the
@@ -297,8 +299,8 @@ def kda_intra_gluon_supported(q: torch.Tensor, keep: bool) -> Tuple[bool, str]:
 def kda_intra_gluon(q, k, g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str,
                     lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, plan, HV: int, gcum, beta_eff, tinv,
                     aqk, kdec, qdec, kg=None) -> None:
-    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py; kg for the fused stages),
-    one launch through the Gluon host path."""
+    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py; kg for the fused stages, and
+    then gcum holds each chunk's last valid row only), one launch through the Gluon host path."""
     from linattn.ops.gated_delta_rule.gluon.host import launches
     H, K = q.shape[-2], q.shape[-1]
     kwargs = dict(H=H, HV=HV, K=K, BT=BT, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
