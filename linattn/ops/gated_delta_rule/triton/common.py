@@ -122,6 +122,22 @@ def softplus(x):
 
 
 @triton.jit
+def kda_gate_act(x, A_log, hv, GATE: tl.constexpr, LOWER_BOUND: tl.constexpr):
+    """FLA's KDA gate on x, the raw input with dt_bias added, of value head hv: "softplus" -exp(A_log) softplus(x),
+    "lower_bound" LOWER_BOUND sigmoid(exp(A_log) x), "lower_bound_no_a" LOWER_BOUND sigmoid(x). Elementwise on any
+    shape, and callable from Gluon kernels (KDA's Gluon stage 2a)."""
+    if GATE == "lower_bound_no_a":
+        return LOWER_BOUND * tl.sigmoid(x)
+    else:
+        a = tl.exp(tl.load(A_log + hv).to(tl.float32))
+        if GATE == "softplus":
+            return -a * softplus(x)
+        else:
+            tl.static_assert(GATE == "lower_bound", "GATE: softplus, lower_bound, lower_bound_no_a")
+            return LOWER_BOUND * tl.sigmoid(a * x)
+
+
+@triton.jit
 def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T_tot, HV: tl.constexpr,
                BT: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     """FLA's use_gate_in_kernel: dg is the gradient of the decay g_eff = -exp(A_log) softplus(x), x = g + dt_bias, at

@@ -31,7 +31,7 @@ the raw input gk with dt_bias [HV * K] (FLA's kda gate): "softplus" -exp(A_log) 
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import softplus
+from linattn.ops.gated_delta_rule.triton.common import kda_gate_act
 
 
 @triton.jit
@@ -55,15 +55,7 @@ def _channel_gate(b_gk, A_log, dt_bias, i_hv, o_k, mask_k, K: tl.constexpr, GK_M
     else:
         if HAS_DT_BIAS:
             b_gk = b_gk + tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        if GK_MODE == "lower_bound_no_a":
-            return LOWER_BOUND * tl.sigmoid(b_gk)
-        else:
-            b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-            if GK_MODE == "softplus":
-                return -b_a * softplus(b_gk)
-            else:
-                tl.static_assert(GK_MODE == "lower_bound", "GK_MODE: log, softplus, lower_bound, lower_bound_no_a")
-                return LOWER_BOUND * tl.sigmoid(b_a * b_gk)
+        return kda_gate_act(b_gk, A_log, i_hv, GK_MODE, LOWER_BOUND)
 
 
 @triton.jit

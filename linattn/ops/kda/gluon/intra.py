@@ -37,18 +37,10 @@ INTRA_WARPS = 4
 if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_fused_wu_ws import _ex2_ftz
     from linattn.ops.gated_delta_rule.gluon.kkt_solve import _add, bands, shift_buffers, solve_store
+    from linattn.ops.gated_delta_rule.triton.common import kda_gate_act
 
     LOG2E = gl.constexpr(1.4426950408889634)
     SPAN_LOG2 = gl.constexpr(100.0)      # triton/intra.py's SPAN_LOG2
-
-    @gluon.jit
-    def _sigmoid(x):
-        return 1. / (1. + gl.exp(-x))
-
-    @gluon.jit
-    def _softplus(x):
-        """log(1 + exp(x)) without overflow (triton/common.py softplus)."""
-        return gl.maximum(x, 0.) + gl.log(1. + gl.exp(-gl.abs(x)))
 
     @gluon.jit
     def _gate(x, A_log, dt_bias, hv, ck, K: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
@@ -59,15 +51,7 @@ if GLUON_OK:
         else:
             if HAS_DT_BIAS:
                 x = x + gl.load(dt_bias + hv * K + ck).to(gl.float32)
-            if GATE == "lower_bound_no_a":
-                return LOWER_BOUND * _sigmoid(x)
-            else:
-                a = gl.exp(gl.load(A_log + hv).to(gl.float32))
-                if GATE == "softplus":
-                    return -a * _softplus(x)
-                else:
-                    gl.static_assert(GATE == "lower_bound", "GATE: '', softplus, lower_bound, lower_bound_no_a")
-                    return LOWER_BOUND * _sigmoid(a * x)
+            return kda_gate_act(x, A_log, hv, GATE, LOWER_BOUND)
 
     @gluon.jit
     def _beta_eff(beta_ptr, tok, valid, hv, HV: gl.constexpr, BETA_SIGMOID: gl.constexpr,
@@ -75,7 +59,7 @@ if GLUON_OK:
         """The effective beta of the tokens tok (0 where not valid)."""
         beta = gl.load(beta_ptr + tok * HV + hv, mask=valid, other=0.).to(gl.float32)
         if BETA_SIGMOID:
-            beta = _sigmoid(beta)
+            beta = 1. / (1. + gl.exp(-beta))
             if NEG_EIGVAL:
                 beta = beta * 2.
         return gl.where(valid, beta, 0.)

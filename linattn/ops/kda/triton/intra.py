@@ -30,7 +30,7 @@ can overflow whatever the decay.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import LOG2E, chunk_span, exp2_fast, slot_chunk, softplus
+from linattn.ops.gated_delta_rule.triton.common import LOG2E, chunk_span, exp2_fast, kda_gate_act, slot_chunk
 from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks
 
 # In-block pairs through the block's first row only where a factor times the largest |k|, |q| squared stays within
@@ -47,15 +47,7 @@ def _kda_gate(x, A_log, dt_bias, hv, ck, mk, K: tl.constexpr, GATE: tl.constexpr
     else:
         if HAS_DT_BIAS:
             x = x + tl.load(dt_bias + hv * K + ck, mask=mk, other=0.).to(tl.float32)[None, :]
-        if GATE == "lower_bound_no_a":
-            return LOWER_BOUND * tl.sigmoid(x)
-        else:
-            a = tl.exp(tl.load(A_log + hv).to(tl.float32))
-            if GATE == "softplus":
-                return -a * softplus(x)
-            else:
-                tl.static_assert(GATE == "lower_bound", "GATE: '', softplus, lower_bound, lower_bound_no_a")
-                return LOWER_BOUND * tl.sigmoid(a * x)
+        return kda_gate_act(x, A_log, hv, GATE, LOWER_BOUND)
 
 
 @triton.jit
