@@ -9,7 +9,9 @@ sanity (finite outputs), then timed as a CUDA-graph replay (median of `--repeats
 calls, per input set, two input sets alternated) and, for the forward, eagerly as well. The summary gives, per
 row, each tree's median over its processes, the spread between its processes, and old/new (the first tree's median over each other tree's: > 1, that tree is faster).
 Only the public API is used (linattn.chunk_gated_delta_rule, linattn.fused_recurrent_gated_delta_rule with
-backend="auto"), so any two trees with that API can be compared.
+backend="auto"), so any two trees with that API can be compared. `--op kda`: linattn.chunk_kda's rows instead
+(KDA_ROWS: forward without autograd, eager and graphed, and forward + backward eager; H = HV = 32, K = V = 128, bf16,
+initial and final state, a per-key-channel log decay).
 """
 import argparse
 import json
@@ -33,6 +35,11 @@ DECODE_ROWS = [  # (name, batch, state dtype, pool in place)
     ("decode B256 fp32", 256, "fp32", True),
     ("decode B256 fp32 FLA-mode", 256, "fp32", False),
     ("decode B256 bf16", 256, "bf16", True),
+]
+KDA_ROWS = [  # (name, B, T)
+    ("kda B1 T32768", 1, 32768),
+    ("kda B8 T4096", 8, 4096),
+    ("kda B4 T16384", 4, 16384),
 ]
 VARLEN_LENS = [256, 4096, 512, 3072, 1024, 2048, 768, 3584, 1536, 2560, 384, 4000,
                640, 3200, 1280, 2304, 896, 3840, 1792, 2816, 448, 3456, 1152, 2680]
@@ -92,6 +99,8 @@ def _child(args) -> dict:
         return statistics.median(times)
 
     out = {"linattn": here, "rows": {}}
+    if args.op == "kda":
+        return _kda_rows(args, out, graph_time, eager_time)
     for name, B, T, H, HV, varlen in FWD_ROWS:
         cu = None
         if varlen:
@@ -171,6 +180,51 @@ def _child(args) -> dict:
     return out
 
 
+def _kda_rows(args, out, graph_time, eager_time) -> dict:
+    """KDA_ROWS through linattn.chunk_kda (backend "auto"): the forward without autograd (graph and eager), then
+    forward + backward eagerly."""
+    import torch
+    import linattn
+    dev, H, K = "cuda", 32, 128
+    leaves = ("q", "k", "v", "g", "beta", "initial_state")
+    for name, B, T in KDA_ROWS:
+        def make():
+            q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+            k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(torch.bfloat16)
+            v = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+            g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device=dev) + 3.0)
+            beta = torch.rand(B, T, H, device=dev) * 0.9 + 0.05
+            h0 = torch.randn(B, H, K, K, device=dev) * 0.1
+            return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+
+        sets = [make(), make()]
+
+        def fwd(s):
+            return linattn.chunk_kda(**s, output_final_state=True)
+
+        o, ht = fwd(sets[0])
+        assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), name
+        row = {"fwd_graph_ms": graph_time(fwd, sets), "fwd_eager_ms": eager_time(fwd, sets)}
+        gsets = []
+        for s in sets:
+            gs = {n: (t.detach().clone().requires_grad_(True) if n in leaves else t) for n, t in s.items()}
+            gs["do"], gs["dht"] = torch.randn_like(s["v"]), torch.randn_like(s["initial_state"])
+            gsets.append(gs)
+
+        def fwdbwd(s):
+            o, ht = linattn.chunk_kda(**{n: s[n] for n in leaves}, output_final_state=True)
+            torch.autograd.backward((o, ht), (s["do"], s["dht"]))
+            for n in leaves:
+                s[n].grad = None
+
+        row["fwdbwd_eager_ms"] = eager_time(fwdbwd, gsets)
+        out["rows"][name] = row
+        del sets, gsets
+        torch.cuda.empty_cache()
+        print(f"[{args.label}] {name}: {row}", flush=True)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", default=[], help="LABEL=PATH (a source tree holding linattn/)")
@@ -178,6 +232,8 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--op", choices=("gdn", "kda"), default="gdn", help="gdn: GDN's forward and decode rows; kda: "
+                   "chunk_kda's rows")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -198,7 +254,8 @@ def main():
             env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
             t0 = time.time()
             cmd = [sys.executable, os.path.abspath(__file__), "--child", os.path.abspath(path), "--label", label,
-                   "--result", res_file, "--repeats", str(args.repeats), "--calls", str(args.calls)]
+                   "--result", res_file, "--repeats", str(args.repeats), "--calls", str(args.calls),
+                   "--op", args.op]
             subprocess.run(cmd, env=env, check=True)
             with open(res_file) as f:
                 runs[label].append(json.load(f))
