@@ -114,24 +114,33 @@ if GLUON_OK:
             gl.store(gcum_ptr + off_g, gam, mask=m & (row == last))
         else:
             gl.store(gcum_ptr + off_g, gam, mask=m)
-        gam_last = gl.sum(gl.sum(gl.where(row == last, gam, 0.), axis=1), axis=0)
-        gam_last = gl.expand_dims(gl.expand_dims(gam_last, 0), 1)                       # [1, 1, BK]
-        dt: gl.constexpr = kdec_ptr.dtype.element_ty
-        gl.store(kdec_ptr + off_g, (kf * gl.exp(gam_last - gam)).to(dt), mask=m)
-        gl.store(qdec_ptr + off_g, (qf * gl.exp(gam)).to(dt), mask=m)
-        if kg_ptr is not None:
-            gl.store(kg_ptr + off_g, (kf * gl.exp(gam)).to(dt), mask=m)
+        # two exps per element, of differences <= 0 inside the row's 16-row block: el = exp(gam - gam_r) (r the
+        # block's first row) and el2 = exp(gam_e - gam) (e its last row); every other factor is el or el2 times a
+        # factor per (block, channel). Rows past the end add 0 to the cumsum, so row 63 holds the chunk's last gam.
         g0 = gl.expand_dims(gl.sum(gl.where(r3 == 0, gam, 0.), axis=1), 1)              # [4, 1, BK]: gam_r
+        ge = gl.expand_dims(gl.sum(gl.where(r3 == 15, gam, 0.), axis=1), 1)             # [4, 1, BK]: gam_e
+        gam_last = gl.expand_dims(gl.sum(gl.where(b3 == 3, ge, 0.), axis=0), 0)         # [1, 1, BK]
         d = gam - g0
+        el = _ex2_ftz(d * LOG2E)
+        el2 = _ex2_ftz((ge - gam) * LOG2E)
+        kel2 = kf * el2
+        kel = kf * el
+        qel = qf * el
+        dt: gl.constexpr = kdec_ptr.dtype.element_ty
+        gl.store(kdec_ptr + off_g, (kel2 * gl.exp(gam_last - ge)).to(dt), mask=m)
+        eg0 = gl.exp(g0)
+        gl.store(qdec_ptr + off_g, (qel * eg0).to(dt), mask=m)
+        if kg_ptr is not None:
+            gl.store(kg_ptr + off_g, (kel * eg0).to(dt), mask=m)
         span = gl.maximum(span, gl.max(gl.max(gl.max(gl.abs(d), axis=2), axis=1), axis=0))
         amax = gl.maximum(amax, gl.max(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1), axis=0))
-        el = _ex2_ftz(d * LOG2E)
-        kl_s.index(kb).store(gl.reshape(kf * el, [BT, BK]).to(gl.bfloat16))
-        ql_s.index(kb).store(gl.reshape(qf * el, [BT, BK]).to(gl.bfloat16))
+        kl_s.index(kb).store(gl.reshape(kel, [BT, BK]).to(gl.bfloat16))
+        ql_s.index(kb).store(gl.reshape(qel, [BT, BK]).to(gl.bfloat16))
         for blk in gl.static_range(4):
+            # exp(gam_r(I) - gam) = exp(gam_r(I) - gam_e) el2 on the rows of blocks <= I, 0 after
             ref = gl.expand_dims(gl.sum(gl.where(b3 == blk, g0, 0.), axis=0), 0)           # [1, 1, BK]: gam_r(I)
-            e = _ex2_ftz(gl.where(b3 <= blk, (ref - gam) * LOG2E, float("-inf")))
-            kr_s.index(blk * NKB + kb).store(gl.reshape(kf * e, [BT, BK]).to(gl.bfloat16))
+            f = _ex2_ftz(gl.where(b3 <= blk, (ref - ge) * LOG2E, float("-inf")))         # [4, 1, BK]
+            kr_s.index(blk * NKB + kb).store(gl.reshape(kel2 * f, [BT, BK]).to(gl.bfloat16))
         return span, amax
 
     @gluon.jit
