@@ -276,6 +276,7 @@ def main():
                   + "".join(f"{ratios[lb]:>12.3f}" for lb in labels[1:]))
     if args.json:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, os.path.abspath(trees[-1][1]))       # env_line imports linattn: the last tree's
         from common import env_line                      # GPU, clocks, torch, triton, commit (LINATTN_COMMIT)
         with open(args.json, "w") as f:
             json.dump(dict(env=env_line()["line"], trees=dict(trees), summary=summary, runs=runs), f, indent=1)
