@@ -97,6 +97,8 @@ def test_gate_case_lists_and_arguments(tmp_path):
                            "fla_options", "eager"]
     assert "chunk B2 T1000 gate softplus + beta sigmoid neg eigval bf16" in lines["kda"]
     assert "decode pool B=256 state=bfloat16" in lines["kda"] and "CUDA graph chunk fwd+bwd varlen" in lines["kda"]
+    assert "gluon fwd+bwd B2 T1000 bf16 (chunks flagged pairwise)" in lines["kda"]
+    assert "gluon CUDA graph chunk fwd+bwd varlen" in lines["kda"]
     assert "chunk all options no h0 B1 T8192 H16/HV32 bf16 auto" in lines["fla_options"]
     assert "decode_b1 process spread <= 5%" in lines["eager"] and "fwd_b1_t32768" in lines["eager"]
     assert "varlen_T65536_gva" in lines["fwd_triton"] and "sync_free" in lines["fwd_triton"]

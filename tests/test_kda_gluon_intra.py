@@ -64,7 +64,8 @@ def test_launch_matches_aot_signature(monkeypatch, B, T, lens, gate):
 
 def test_gluon_backend_refuses_off_hopper_and_auto_keeps_triton():
     """On this host chunk_kda(backend="gluon") is refused with the reason (the interpreter or no sm_90 device), auto
-    passes it over with that reason, and auto's filter leaves forwards with autograd to the Triton backend."""
+    passes it over with that reason, and auto's filter leaves disable_recompute's autograd forward (W, h, Vnew kept)
+    to the Triton backend, not forwards with autograd in general."""
     import linattn
     from linattn.backends import BackendError, op_backends
     x = dict(q=torch.randn(1, 64, 1, 64), k=torch.randn(1, 64, 1, 64), v=torch.randn(1, 64, 1, 64),
@@ -76,8 +77,12 @@ def test_gluon_backend_refuses_off_hopper_and_auto_keeps_triton():
     assert any(n == "gluon" and not ok and reason for n, ok, reason in ob.explain(**x))
     filt = ob.backends["gluon"].auto_filter
     assert filt(**x) == (True, "")
-    ok, reason = filt(**dict(x, q=x["q"].requires_grad_()))
-    assert not ok and "autograd" in reason
+    xg = dict(x, q=x["q"].requires_grad_())
+    assert filt(**xg) == (True, "")
+    ok, reason = filt(**xg, disable_recompute=True)
+    assert not ok and "disable_recompute" in reason
+    with torch.no_grad():
+        assert filt(**xg, disable_recompute=True) == (True, "")
     with torch.no_grad():
         assert filt(**x)[0]
 
@@ -185,21 +190,30 @@ def test_fused_launch_matches_aot_signature(monkeypatch, lens, states):
 
 def test_gluon_forward_routes_stages(monkeypatch):
     """chunk_kda_fwd(intra="gluon"): the Gluon stage 2a with kg and then the fused stages where nothing is kept and
-    the shapes fit; with state_v_first the Gluon stage 2a (no kg) then the Triton stages 2b-4."""
+    the shapes fit (gcum at each chunk's last row only, unless the autograd forward saves stage 2a's outputs: then
+    every row, and those four tensors come back); with state_v_first the Gluon stage 2a (no kg) then the Triton
+    stages 2b-4."""
     from linattn.ops.kda.gluon import fused_forward as ff
     from linattn.ops.kda.gluon import intra
     from linattn.ops.kda.triton import forward as fw
     seen = []
-    monkeypatch.setattr(intra, "kda_intra_gluon", lambda *a: seen.append(("intra", a[-1] is not None)))
+    monkeypatch.setattr(intra, "kda_intra_gluon",
+                        lambda *a, gcum_last: seen.append(("intra", a[-1] is not None, gcum_last)))
     monkeypatch.setattr(ff, "kda_fused_forward", lambda *a: seen.append(("fused",)))
     monkeypatch.setattr(fw, "_after_intra", lambda *a, **kw: seen.append(("triton",)) or (None, None))
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
     g, beta = -torch.rand(1, 64, 2, 128), torch.rand(1, 64, 2)
     fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon")
-    assert seen == [("intra", True), ("fused",)]
+    assert seen == [("intra", True, True), ("fused",)]
+    seen.clear()
+    out = fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon", save_stage2a=True)
+    assert seen == [("intra", True, False), ("fused",)]
+    gcum, beta_eff, tinv, aqk = out[2]
+    assert gcum.shape == (64, 2, 128) and gcum.dtype == torch.float32 and beta_eff.shape == (64, 2)
+    assert tinv.dtype == aqk.dtype == torch.bfloat16 and tinv.shape == aqk.shape == (64, 2, 64)
     seen.clear()
     fw.chunk_kda_fwd(q, q, q, g, beta, 0.1, None, True, None, intra="gluon", state_v_first=True)
-    assert seen == [("intra", False), ("triton",)]
+    assert seen == [("intra", False, False), ("triton",)]
 
 
 def test_fused_stage_formulas_match_the_triton_forward():
@@ -247,3 +261,21 @@ def test_fused_refuses_with_reason(shape, v_first, why):
     assert not ok and why in reason, reason
     assert kda_fused_supported(torch.empty(2, 64, 2, 128, dtype=torch.bfloat16),
                                torch.empty(2, 64, 4, 128, dtype=torch.bfloat16), False) == (True, "")
+
+
+@pytest.mark.parametrize("intra,save,tinv_dtype", [("gluon", 1, torch.bfloat16), ("triton", 1, torch.float32),
+                                                   ("gluon", 2, torch.float32)])
+def test_fake_forward_saves_the_backends_tinv(intra, save, tinv_dtype):
+    """torch.compile's view of the autograd forward (the custom op's fake): stage 2a's saved Tinv comes in q's dtype
+    from the Gluon stages (as chunk_kda_fwd(save_stage2a=True) returns it) and in fp32 from the Triton ones, which
+    disable_recompute's forward (save 2) always runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import linattn.ops.kda.chunk  # noqa: F401  (registers the op)
+    with FakeTensorMode():
+        q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16)
+        g, beta = torch.empty(1, 128, 2, 64), torch.empty(1, 128, 2)
+        out = torch.ops.linattn.chunk_kda_fwd(q, q, q, g, beta, 0.125, None, False, None, None, None, "", 0.0,
+                                              False, False, False, save, intra)
+    assert out[4].dtype == tinv_dtype and out[4].shape == (128, 2, 64)
+    assert out[2].dtype == torch.float32 and out[2].shape == (128, 2, 64)

@@ -25,7 +25,8 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
                  l2norm, the KDA gate in the kernel with beta sigmoid: every gradient (A_log / dt_bias through the chain of dg),
                  state_v_first) against autograd through naive_recurrent_kda in fp64; fused_recurrent_kda serving
                  calls (pools fp32 / bf16 at batch 1 / 32 / 256, padded rows, speculative T = 4, the gate forms,
-                 state_v_first) against the fp64 reference; sync-free calls; a CUDA graph of forward + backward.
+                 state_v_first) against the fp64 reference; sync-free calls; a CUDA graph of forward + backward
+                 (both per backend); the gluon backend's forward alone and with Triton's backward (its cases).
   fla_options    chunk_gated_delta_rule with use_gate_in_kernel (A_log, dt_bias), the beta sigmoid (allow_neg_eigval)
                  and state_v_first, alone and combined, forward + backward against fp64, backends auto and triton;
                  fused_recurrent_gated_delta_rule with state_v_first pools and vLLM's speculative decoding.

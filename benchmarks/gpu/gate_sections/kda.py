@@ -22,6 +22,7 @@ from gate_sections import base
 from gate_sections.decode import serving_case
 
 KDA_GRADS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+BACKENDS = ("triton", "gluon")          # the sync-free and CUDA-graph cases run once per backend
 
 
 def _dims():
@@ -117,15 +118,16 @@ def reference_grads(leaves, opts, seed):
     return out, do, dht
 
 
-def chunk_case(**case):
-    """chunk_kda forward + backward (Triton) on NaN-poisoned buffers against reference_grads."""
+def chunk_case(backend="triton", **case):
+    """chunk_kda forward + backward (the backend's forward, Triton's backward) on NaN-poisoned buffers against
+    reference_grads."""
     import linattn
     from linattn.runtime.alloc import poisoned_allocations
     seed = _seed()
     leaves, opts = chunk_inputs(**case, seed=seed)
     ref, do, dht = reference_grads(leaves, opts, seed + 1)
     with poisoned_allocations():
-        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend=backend, **opts)
         torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
     base.sync()
     got = {"o": o.detach(), "final_state": ht.detach()}
@@ -268,9 +270,9 @@ def decode_cases():
 
 # ------------------------------------------------------------------------------------------------- GPU only
 
-def sync_free_case():
-    """No synchronising call in a varlen chunk_kda forward + backward nor in a pool decode step (after a first call
-    that compiles), sync debug mode "error"."""
+def sync_free_case(backend):
+    """No synchronising call in a varlen chunk_kda forward + backward (the backend's forward) nor in a pool decode
+    step (after a first call that compiles), sync debug mode "error"."""
     import linattn
     from linattn.ops.kda.fused_recurrent import fused_recurrent_kda
     leaves, opts = chunk_inputs(lengths=[1, 500, 63, 1], l2=True, seed=_seed())
@@ -285,7 +287,7 @@ def sync_free_case():
     idx = torch.randperm(2 * B, device="cuda")[:B]
 
     def step():
-        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend=backend, **opts)
         torch.autograd.grad([o, ht], list(leaves.values()), [torch.ones_like(o), torch.ones_like(ht)])
         fused_recurrent_kda(**dx, initial_state=pool, state_indices=idx, inplace=True)
 
@@ -299,9 +301,9 @@ def sync_free_case():
         torch.cuda.set_sync_debug_mode(0)
 
 
-def graph_case():
-    """A CUDA graph of chunk_kda's forward + backward (varlen, cu_seqlens on the device, the gate in the kernel),
-    replayed on fresh values copied into the captured buffers, equals eager."""
+def graph_case(backend):
+    """A CUDA graph of chunk_kda's forward + backward (the backend's forward; varlen, cu_seqlens on the device, the
+    gate in the kernel), replayed on fresh values copied into the captured buffers, equals eager."""
     import linattn
     from linattn.testing import rel_rms
     case = dict(lengths=[1, 1000, 64, 300, 1], gate="softplus", dtype=torch.bfloat16)
@@ -311,7 +313,7 @@ def graph_case():
     dht = torch.randn_like(leaves["initial_state"])
 
     def step():
-        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend="triton", **opts)
+        o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend=backend, **opts)
         return (o, ht) + torch.autograd.grad([o, ht], [leaves[n] for n in names], [do, dht])
 
     graph, static = base.captured(step)        # warm-up: every kernel compiled outside the capture
@@ -330,8 +332,10 @@ def case_names():
     names = [f"chunk {n}" for n, _ in chunk_cases()] + [n for n, _ in decode_cases()]
     if base.DRY:
         return names
-    return (names + ["sync-free chunk fwd+bwd and decode", "CUDA graph chunk fwd+bwd varlen"]
-            + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()])
+    return (names + [f"{b} {c}" for b in BACKENDS for c in ("sync-free chunk fwd+bwd and decode",
+                                                             "CUDA graph chunk fwd+bwd varlen")]
+            + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()]
+            + [f"gluon fwd+bwd {n}" for n, _ in gluon_fwd_cases()])
 
 
 def section(save):
@@ -345,10 +349,16 @@ def section(save):
         run(name, decode_case, **kw)
         save(dict(cases=cases, incomplete=True))
     if not base.DRY:
-        run("sync-free chunk fwd+bwd and decode", sync_free_case)
-        run("CUDA graph chunk fwd+bwd varlen", graph_case)
+        for b in BACKENDS:
+            run(f"{b} sync-free chunk fwd+bwd and decode", sync_free_case, b)
+            run(f"{b} CUDA graph chunk fwd+bwd varlen", graph_case, b)
         for name, kw in gluon_fwd_cases():
             run(f"gluon fwd {name}", gluon_fwd_case, **kw)
+            save(dict(cases=cases, incomplete=True))
+            base.free()
+        # the autograd forward on the Gluon stages (stage 2a's outputs saved, Tinv in bf16), Triton's backward
+        for name, kw in gluon_fwd_cases():
+            run(f"gluon fwd+bwd {name}", chunk_case, backend="gluon", **kw)
             save(dict(cases=cases, incomplete=True))
             base.free()
     return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "

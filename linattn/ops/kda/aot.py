@@ -115,7 +115,7 @@ def kda_intra_gluon_signature():
 def _gluon_intra_build():
     from linattn.ops.kda.gluon.intra import INTRA_WARPS, kda_intra_gluon_kernel
     const = dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0,
-                 BETA_SIGMOID=False, NEG_EIGVAL=False)
+                 BETA_SIGMOID=False, NEG_EIGVAL=False, GCUM_LAST=True)
     sig = kda_intra_gluon_signature()
     sig.update({n: "constexpr" for n in const})
     return kda_intra_gluon_kernel, sig, const, {"num_warps": INTRA_WARPS}

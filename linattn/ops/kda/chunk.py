@@ -1,10 +1,11 @@
 """Public entry of the chunked KDA op, `chunk_kda` (FLA 0.6's signature): argument checks, backend choice.
 
 Backends: "triton" (KDA's stage 2a, triton/intra.py, then GDN's stages in their per-key-channel form; any device
-Triton runs on, the CPU under TRITON_INTERPRET=1) and "reference" (the token-by-token recurrence in PyTorch, by name
-only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with a fake
-implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host (CUDA-graph
-safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: GDN's reverse state pass, KDA's
+Triton runs on, the CPU under TRITON_INTERPRET=1), "gluon" (Hopper: KDA's Gluon stage 2a and fused stages 2b-4,
+kda/gluon/; the same custom ops and the Triton backward) and "reference" (the token-by-token recurrence in PyTorch,
+by name only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with
+a fake implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host
+(CUDA-graph safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: GDN's reverse state pass, KDA's
 local backward kernels), registered as the forward op's autograd. The autograd forward keeps stage 2a's outputs
 (gcum, the effective beta, Tinv, Aqk: about FLA's default memory) and the backward rebuilds the rest from them; with
 disable_recompute it keeps everything the backward reads, as FLA does.
@@ -28,8 +29,9 @@ _backends = op_backends(OP)
 
 
 # What the autograd forward keeps for the backward (custom op argument `save`): nothing (no autograd), FLA's default
-# set (gcum, the effective beta, fp32 Tinv, Aqk: stage 2a's outputs, its costly part; the backward rebuilds the
-# rest from them), or with disable_recompute everything the backward reads (nothing is recomputed).
+# set (gcum, the effective beta, Tinv, Aqk: stage 2a's outputs, its costly part; the backward rebuilds the rest from
+# them; Tinv in fp32 from the Triton stage 2a, in q's dtype from the Gluon one, as FLA keeps its Akk inverse), or with
+# disable_recompute everything the backward reads (nothing is recomputed; the Triton stages form it).
 SAVE_NONE, SAVE_STAGE2A, SAVE_ALL = 0, 1, 2
 _T = torch.Tensor
 
@@ -49,14 +51,17 @@ def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
                    gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool,
                    save: int, intra: str = "triton") -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
     """(o, final, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew): what `save` does not keep is an empty [0]
-    tensor (a custom op's outputs cannot be None). intra: stage 2a's kernels where nothing is saved ("triton" or
-    "gluon"); a saving forward keeps an fp32 Tinv, which the Triton stage 2a forms."""
+    tensor (a custom op's outputs cannot be None). intra: stage 2a's kernels ("triton" or "gluon") where nothing or
+    stage 2a's set is saved; with SAVE_ALL the Triton stages run (they form W, h and Vnew)."""
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval)
     if save == SAVE_NONE:
         o, final = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra)
         return (o, final if final is not None else _empty(q)) + _empties(q, 9)
+    if save == SAVE_STAGE2A and intra == "gluon":
+        o, final, kept = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra, save_stage2a=True)
+        return (o, final if final is not None else _empty(q)) + kept + _empties(q, 5)
     o, final, it = chunk_kda_fwd(*args, keep=True, keep_output=True, state_v_first=state_v_first)
     rest = (it.kdec, it.qdec, it.w, it.h, it.vnew) if save == SAVE_ALL else _empties(q, 5)
     return (o, final if final is not None else _empty(q), it.gcum, it.beta, it.tinv, it.aqk) + rest
@@ -73,8 +78,9 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_
     if save == SAVE_NONE:
         return out + _empties(q, 9)
     T_tot, f32 = B * T, torch.float32
+    tinv_dtype = q.dtype if save == SAVE_STAGE2A and intra == "gluon" else f32
     out += (q.new_empty(T_tot, HV, K, dtype=f32), q.new_empty(T_tot, HV, dtype=f32),
-            q.new_empty(T_tot, HV, 64, dtype=f32), q.new_empty(T_tot, HV, 64))
+            q.new_empty(T_tot, HV, 64, dtype=tinv_dtype), q.new_empty(T_tot, HV, 64))
     if save != SAVE_ALL:
         return out + _empties(q, 5)
     slots = max(B * -(-T // 64) if cu_seqlens is None else T // 64 + N, 1)      # make_chunk_plan's num_slots
@@ -167,12 +173,12 @@ def _gluon_supports(q=None, **_) -> Tuple[bool, str]:
     ok, reason = hopper_gluon_ready(q, "the Gluon KDA stage 2a")
     if not ok:
         return False, reason
-    return kda_intra_gluon_supported(q, keep=False)
+    return kda_intra_gluon_supported(q)
 
 
 def _gluon_impl(*args, **kwargs):
-    """The Triton path with the Gluon stage 2a where nothing is saved for a backward (a training forward keeps an
-    fp32 Tinv, which the Triton stage 2a forms)."""
+    """The Triton path's launcher with the Gluon stage 2a (and, where the shapes fit, the fused Gluon stages 2b-4),
+    with autograd too; disable_recompute's forward (W, h and Vnew kept) runs the Triton stages."""
     return _triton_impl(*args, **kwargs, intra="gluon")
 
 
@@ -193,11 +199,13 @@ _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
 
 
-def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=None, **_) -> Tuple[bool, str]:
-    """auto takes the Gluon backend for forwards without autograd only: a training forward keeps an fp32 Tinv, which
-    the Triton stage 2a forms, so there the Triton backend is what runs and what auto names."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
-        return False, "a forward with autograd keeps an fp32 Tinv, which the Triton stage 2a forms"
+def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=None, disable_recompute=False,
+                       **_) -> Tuple[bool, str]:
+    """auto leaves disable_recompute's autograd forward to the Triton backend: it keeps W, h and Vnew, which only
+    the Triton stages form, so that is what runs and what auto names."""
+    if disable_recompute and torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                             for t in (q, k, v, g, beta, initial_state)):
+        return False, "disable_recompute's autograd forward keeps W, h and Vnew, which the Triton stages form"
     return True, ""
 
 
@@ -251,9 +259,10 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     from shapes alone, so every call is capture-safe and use_graph changes nothing but the max_num_seqs check.
     chunk_size: FLA's 32 or 64, both computed in 64-token chunks (the same result up to rounding; ValueError for
     other values, and for 32 with return_intermediate_states, whose states are per chunk).
-    backend: "auto" (on Hopper "gluon" for bf16 forwards without autograd with K = 64 or 128, else "triton"),
-        "triton", "gluon" (KDA's Gluon stage 2a, then at K = V = 128 its fused Gluon stages 2b-4; a forward with
-        autograd runs the Triton path) or "reference".
+    backend: "auto" (on Hopper "gluon" for bf16 with K = 64 or 128 unless disable_recompute under autograd, else
+        "triton"), "triton", "gluon" (KDA's Gluon stage 2a, then at K = V = 128 with K-first states its fused Gluon
+        stages 2b-4; the backward is Triton's, from the Gluon stage 2a's saved outputs; disable_recompute's forward
+        under autograd runs the Triton stages) or "reference".
 
     Returns (o [B, T, HV, V] in v's dtype, final_state or None). Differentiable in q, k, v, g, beta,
     initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);
@@ -290,7 +299,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                                          allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
                                          A_log, dt_bias, backend)
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                         output_final_state=output_final_state)
+                         output_final_state=output_final_state, disable_recompute=bool(disable_recompute))
     if use_qk_l2norm_in_kernel:
         q = l2norm(q)
         k = l2norm(k)

@@ -14,9 +14,10 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     and are replaced by the pairs formed one key channel at a time, each factor exp of its own difference <= 0
     (kda_diag_kernel's sums), read back from this program's stores;
   * Tinv by GDN's Gluon block substitution (gluon/kkt_solve.py solve_store: bf16 operands, as kda_inter_solve_kernel
-    runs for a bf16 Tinv). So only the forward's bf16 Tinv: the autograd forward keeps an fp32 one (Triton);
-  * with kg (the fused stages 2b-4 follow) gcum is stored at each chunk's last valid row only, which is all those
-    stages read (a flagged chunk stores every row, which its in-block pairs read back).
+    runs for a bf16 Tinv), stored in k's dtype: the autograd forward keeps it so for the backward, as FLA keeps its
+    Akk inverse in k's dtype;
+  * where only the fused stages 2b-4 read it (gcum_last), gcum is stored at each chunk's last valid row only (a
+    flagged chunk stores every row, which its in-block pairs read back); the autograd forward stores every row.
 
 Shared memory: the products' operands, NKB x [64, 64] bf16 tiles of each row's factors (keys, queries) and 4 NKB of
 the columns' (one set per row block I), written once and read by the wgmmas after a fence and a CTA barrier; the
@@ -94,9 +95,9 @@ if GLUON_OK:
     def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
                     t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                     BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-                    LOWER_BOUND: gl.constexpr):
+                    LOWER_BOUND: gl.constexpr, GCUM_LAST: gl.constexpr):
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
-        kg_ptr only the chunk's last row, all the fused stages read), the decayed keys and queries K exp(gam_C - gam),
+        GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries K exp(gam_C - gam),
         Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the products' operands into
         shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile
         I * NKB + kb: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span and amax updated
@@ -110,7 +111,7 @@ if GLUON_OK:
         kf = gl.load(k_ptr + off_q, mask=m, other=0.).to(gl.float32)
         qf = gl.load(q_ptr + off_q, mask=m, other=0.).to(gl.float32)
         last = gl.minimum(eos - t0, BT) - 1
-        if kg_ptr is not None:
+        if GCUM_LAST:
             gl.store(gcum_ptr + off_g, gam, mask=m & (row == last))
         else:
             gl.store(gcum_ptr + off_g, gam, mask=m)
@@ -207,7 +208,7 @@ if GLUON_OK:
         cu_ptr, chunk_idx_ptr, N,
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
         GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr,
-        BETA_SIGMOID: gl.constexpr, NEG_EIGVAL: gl.constexpr,
+        BETA_SIGMOID: gl.constexpr, NEG_EIGVAL: gl.constexpr, GCUM_LAST: gl.constexpr,
     ):
         """Grid (chunk slots, HV), one warpgroup: stage 2a of chunk slot program_id(0), value head program_id(1)."""
         gl.static_assert(BT == 64, "the block inverse is written for 64-token chunks (four 16-row blocks)")
@@ -240,7 +241,7 @@ if GLUON_OK:
             for kb in gl.static_range(NKB):
                 span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr,
                                          kl_s, ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
-                                         HAS_DT_BIAS, LOWER_BOUND)
+                                         HAS_DT_BIAS, LOWER_BOUND, GCUM_LAST)
             fence_async_shared()
             gl.thread_barrier()
             # the pairs through each row block's first row, Aqk first (stored) then Akk: one [64, 64] product live
@@ -259,7 +260,7 @@ if GLUON_OK:
             a = gl.where((j2 < i2) & gl.expand_dims(vi, 1), gl.expand_dims(beta, 1) * akk, 0.)
             a0, a1, a2, a3 = bands(a)
             if pairwise:
-                if kg_ptr is not None:
+                if GCUM_LAST:
                     # gcum was stored at the last row only: the in-block pairs read every row
                     for kb in gl.static_range(NKB):
                         gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BKC,
@@ -273,17 +274,14 @@ if GLUON_OK:
 
 # ---------------------------------------------------------------- host side
 
-def kda_intra_gluon_supported(q: torch.Tensor, keep: bool) -> Tuple[bool, str]:
-    """(ok, reason): the Gluon stage 2a takes bf16 q / k with K a multiple of 64 up to 128 on a CUDA device, for the
-    forward's bf16 Tinv (not the autograd forward's fp32 one)."""
+def kda_intra_gluon_supported(q: torch.Tensor) -> Tuple[bool, str]:
+    """(ok, reason): the Gluon stage 2a takes bf16 q / k with K = 64 or 128 on a CUDA device."""
     if not GLUON_OK:
         return False, "this Triton has no Gluon"
     if q.dtype != torch.bfloat16:
         return False, f"q is {q.dtype}; the Gluon stage 2a takes bf16 (bf16 products and Tinv)"
     if q.shape[-1] not in (64, 128):
         return False, f"K={q.shape[-1]}; the Gluon stage 2a takes K = 64 or 128"
-    if keep:
-        return False, "the autograd forward keeps an fp32 Tinv, which the Triton stage 2a forms"
     if not q.is_cuda:
         return False, f"q is on {q.device}; the Gluon stage 2a runs on a CUDA (sm_90) device"
     return True, ""
@@ -291,14 +289,15 @@ def kda_intra_gluon_supported(q: torch.Tensor, keep: bool) -> Tuple[bool, str]:
 
 def kda_intra_gluon(q, k, g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], gate: str,
                     lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, plan, HV: int, gcum, beta_eff, tinv,
-                    aqk, kdec, qdec, kg=None) -> None:
-    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py; kg for the fused stages, and
-    then gcum holds each chunk's last valid row only), one launch through the Gluon host path."""
+                    aqk, kdec, qdec, kg=None, gcum_last: bool = False) -> None:
+    """Stage 2a into the given outputs (chunk_kda_fwd's allocations, triton/forward.py; kg for the fused stages;
+    gcum_last: gcum at each chunk's last valid row only, all the fused stages read), one launch through the Gluon
+    host path."""
     from linattn.ops.gated_delta_rule.gluon.host import launches
     H, K = q.shape[-2], q.shape[-1]
     kwargs = dict(H=H, HV=HV, K=K, BT=BT, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
                   LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
-                  BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=INTRA_WARPS)
+                  BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, GCUM_LAST=bool(gcum_last), num_warps=INTRA_WARPS)
     launches(kda_intra_gluon_kernel, (plan.num_slots, HV),
              (q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, tinv, aqk, kg, plan.cu,
               plan.chunk_indices, plan.N), kwargs)

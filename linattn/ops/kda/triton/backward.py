@@ -1,6 +1,6 @@
 """KDA's chunked backward on Triton.
 
-Stages: (0) the forward recomputed (forward.py with keep=True: gcum, the effective beta, fp32 Tinv, Aqk, the decayed
+Stages: (0) the forward recomputed (forward.py with keep=True: gcum, the effective beta, Tinv, Aqk, the decayed
 keys and queries, W, the chunk-start states h and Vnew); (1a) the intra-chunk part of dVnew, scale Aqk^T dO
 (GDN's chunk_dv_local_kernel, DECAY "channel"); (1) the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY
 "channel": dS per chunk, the state term of dVnew, d initial_state); (2) everything else per chunk in
@@ -80,8 +80,9 @@ def kda_wy_bwd_kernel(
     b_dvn = tl.load(dvnew_ptr + off_v, mask=mrv, other=0.)
     off_a = (r * HV + hv)[:, None] * BT + i[None, :]
     off_at = (r * HV + hv)[None, :] * BT + i[:, None]          # [j, i] = the tile's [i, j]
-    # Tinv^T read transposed from memory where it is an operand (rows past the end are zero columns)
-    tinvt = tl.load(tinv_ptr + off_at, mask=m[None, :], other=0.)
+    # Tinv^T read transposed from memory where it is an operand (rows past the end are zero columns); fp32 from the
+    # Triton stage 2a, q's dtype from the Gluon one, fp32 here either way
+    tinvt = tl.load(tinv_ptr + off_at, mask=m[None, :], other=0.).to(tl.float32)
 
     # ---- the value side: U = Tinv diag(beta) V, the output's pairs
     vb = (beta[:, None] * vf).to(b_dvn.dtype)

@@ -44,7 +44,8 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
                   dt_bias: Optional[torch.Tensor] = None, gate: str = "", lower_bound: float = 0.0,
                   beta_sigmoid: bool = False, neg_eigval: bool = False, keep: bool = False, state_v_first: bool = False,
-                  state_pass=None, return_h: bool = False, keep_output: bool = False, intra: str = "triton"):
+                  state_pass=None, return_h: bool = False, keep_output: bool = False, intra: str = "triton",
+                  save_stage2a: bool = False):
     """q, k [B, T, H, K], v [B, T, HV, V] contiguous, one dtype; g [B, T, HV, K] (the log decay, or with gate the
     raw input of FLA's KDA gate: "softplus", "lower_bound", "lower_bound_no_a"); beta [B, T, HV] (a logit with
     beta_sigmoid); initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first, as the final state) fp32
@@ -56,7 +57,9 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     chunk_offsets[n] + c; FLA's return_intermediate_states). intra: "triton" (the three kernels below) or "gluon"
     (kda/gluon/intra.py, one Hopper kernel with the same outputs; its caller checks kda_intra_gluon_supported),
     followed where nothing is kept (K = V = 128, [N, HV, K, V] states) by the fused Gluon stages 2b-4
-    (kda/gluon/fused_forward.py) instead of the Triton ones."""
+    (kda/gluon/fused_forward.py) instead of the Triton ones. save_stage2a (intra "gluon", keep False: the autograd
+    forward on the Gluon stages): (o, final, (gcum, effective beta, Tinv, Aqk)), what kda_recompute rebuilds the
+    backward's intermediates from, gcum at every row and Tinv in q's dtype (as FLA keeps its Akk inverse)."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     dev = q.device
@@ -76,17 +79,18 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                  and kda_fused_supported(q, v, state_v_first)[0])
         kg = empty(T_tot, HV, K, dtype=dt, device=dev) if fused else None
         kda_intra_gluon(q, k, g, beta, A_log, dt_bias, gate, lower_bound, beta_sigmoid, neg_eigval, plan, HV, gcum,
-                        beta_eff, tinv, aqk, kdec, qdec, kg)
+                        beta_eff, tinv, aqk, kdec, qdec, kg, gcum_last=fused and not save_stage2a)
+        kept = ((gcum, beta_eff, tinv, aqk),) if save_stage2a else ()
         if fused:
             # stages 2b-4 in one warp-specialised kernel (kda/gluon/fused_forward.py)
             V = v.shape[3]
             o = empty(B, T, HV, V, dtype=v.dtype, device=dev)
             final = empty(plan.N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
             kda_fused_forward(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o, initial_state, final, plan, scale)
-            return o, final
+            return (o, final) + kept
         return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk,
                             kdec, qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep,
-                            return_h=return_h)
+                            return_h=return_h) + kept
     pairwise = empty(slots, HV, dtype=torch.int8, device=dev)
     cu, idx, N = plan.cu, plan.chunk_indices, plan.N
     kda_cumsum_kernel[(slots, HV)](
@@ -110,9 +114,10 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
 def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                   gcum: torch.Tensor, beta_eff: torch.Tensor, tinv: torch.Tensor, aqk: torch.Tensor,
                   state_v_first: bool = False, state_pass=None) -> KdaIntermediates:
-    """The backward's intermediates from the forward's saved gcum, effective beta, fp32 Tinv and Aqk (what stage 2a
-    writes, its costly part): the decayed keys and queries again (kda_decayed_qk_kernel), then W / U and the state
-    pass as chunk_kda_fwd(keep=True) runs them, so the backward reads the same values."""
+    """The backward's intermediates from the forward's saved gcum, effective beta, Tinv (fp32 from the Triton stage
+    2a, q's dtype from the Gluon one) and Aqk (what stage 2a writes, its costly part): the decayed keys and queries
+    again (kda_decayed_qk_kernel), then W / U and the state pass as chunk_kda_fwd(keep=True) runs them, so the
+    backward reads the same values."""
     B, T, H, K = q.shape
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, q.device)
     HV = v.shape[2]
