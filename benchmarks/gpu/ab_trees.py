@@ -117,34 +117,9 @@ def _child(args) -> dict:
             h0 = torch.randn(N, HV, K, V, device=dev) * 0.1
             return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
 
-        sets = [make(), make()]
-
-        def fwd(s):
-            return linattn.chunk_gated_delta_rule(**s, output_final_state=True, cu_seqlens=cu)
-
-        o, ht = fwd(sets[0])
-        assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), name
-        row = {"fwd_graph_ms": graph_time(fwd, sets), "fwd_eager_ms": eager_time(fwd, sets)}
-        gsets = []
-        for s in sets:
-            gs = {n: (t.detach().clone().requires_grad_(True) if n in ("q", "k", "v", "g", "beta", "initial_state")
-                      else t) for n, t in s.items()}
-            gs["do"] = torch.randn_like(s["v"])
-            gs["dht"] = torch.randn_like(s["initial_state"])
-            gsets.append(gs)
-
-        def fwdbwd(s):
-            ins = {n: t for n, t in s.items() if n not in ("do", "dht")}
-            o, ht = linattn.chunk_gated_delta_rule(**ins, output_final_state=True, cu_seqlens=cu)
-            torch.autograd.backward((o, ht), (s["do"], s["dht"]))
-            for n in ("q", "k", "v", "g", "beta", "initial_state"):
-                s[n].grad = None
-
-        row["fwdbwd_eager_ms"] = eager_time(fwdbwd, gsets)
-        out["rows"][name] = row
-        del sets, gsets
-        torch.cuda.empty_cache()
-        print(f"[{args.label}] {name}: {row}", flush=True)
+        _time_row(args, out, name, [make(), make()],
+                  lambda x, cu=cu: linattn.chunk_gated_delta_rule(**x, output_final_state=True, cu_seqlens=cu),
+                  graph_time, eager_time)
 
     H = HV = 32
     for name, B, sdt, pool in DECODE_ROWS:
@@ -180,13 +155,40 @@ def _child(args) -> dict:
     return out
 
 
+def _time_row(args, out, name, sets, call, graph_time, eager_time) -> None:
+    """One forward row: call(inputs) -> (o, final state) checked finite, then timed without autograd (graph and
+    eager) and as forward + backward eagerly (random upstream gradients; each call's .grad cleared after it, so
+    nothing accumulates); the row goes into out["rows"][name]."""
+    import torch
+    leaves = ("q", "k", "v", "g", "beta", "initial_state")
+    o, ht = call(sets[0])
+    assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), name
+    row = {"fwd_graph_ms": graph_time(call, sets), "fwd_eager_ms": eager_time(call, sets)}
+    gsets = []
+    for s in sets:
+        gs = {n: (t.detach().clone().requires_grad_(True) if n in leaves else t) for n, t in s.items()}
+        gs["do"], gs["dht"] = torch.randn_like(s["v"]), torch.randn_like(s["initial_state"])
+        gsets.append(gs)
+
+    def fwdbwd(s):
+        o, ht = call({n: t for n, t in s.items() if n not in ("do", "dht")})
+        torch.autograd.backward((o, ht), (s["do"], s["dht"]))
+        for n in leaves:
+            s[n].grad = None
+
+    row["fwdbwd_eager_ms"] = eager_time(fwdbwd, gsets)
+    out["rows"][name] = row
+    del sets, gsets
+    torch.cuda.empty_cache()
+    print(f"[{args.label}] {name}: {row}", flush=True)
+
+
 def _kda_rows(args, out, graph_time, eager_time) -> dict:
     """KDA_ROWS through linattn.chunk_kda (backend "auto"): the forward without autograd (graph and eager), then
     forward + backward eagerly."""
     import torch
     import linattn
     dev, H, K = "cuda", 32, 128
-    leaves = ("q", "k", "v", "g", "beta", "initial_state")
     for name, B, T in KDA_ROWS:
         def make():
             q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
@@ -197,31 +199,8 @@ def _kda_rows(args, out, graph_time, eager_time) -> dict:
             h0 = torch.randn(B, H, K, K, device=dev) * 0.1
             return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
 
-        sets = [make(), make()]
-
-        def fwd(s):
-            return linattn.chunk_kda(**s, output_final_state=True)
-
-        o, ht = fwd(sets[0])
-        assert torch.isfinite(o.float()).all() and torch.isfinite(ht).all(), name
-        row = {"fwd_graph_ms": graph_time(fwd, sets), "fwd_eager_ms": eager_time(fwd, sets)}
-        gsets = []
-        for s in sets:
-            gs = {n: (t.detach().clone().requires_grad_(True) if n in leaves else t) for n, t in s.items()}
-            gs["do"], gs["dht"] = torch.randn_like(s["v"]), torch.randn_like(s["initial_state"])
-            gsets.append(gs)
-
-        def fwdbwd(s):
-            o, ht = linattn.chunk_kda(**{n: s[n] for n in leaves}, output_final_state=True)
-            torch.autograd.backward((o, ht), (s["do"], s["dht"]))
-            for n in leaves:
-                s[n].grad = None
-
-        row["fwdbwd_eager_ms"] = eager_time(fwdbwd, gsets)
-        out["rows"][name] = row
-        del sets, gsets
-        torch.cuda.empty_cache()
-        print(f"[{args.label}] {name}: {row}", flush=True)
+        _time_row(args, out, name, [make(), make()], lambda x: linattn.chunk_kda(**x, output_final_state=True),
+                  graph_time, eager_time)
     return out
 
 
