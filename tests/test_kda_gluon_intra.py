@@ -216,11 +216,33 @@ def test_gluon_forward_routes_stages(monkeypatch):
     assert seen == [("intra", False, False), ("triton",)]
 
 
+def _fused_model(qdec, kdec, kg, v, tinv, aqk, beta, gcum, h0, B: int, T: int, scale: float):
+    """The fused stages 2b-4 in torch (fp64) for B sequences of T tokens ([B * T, HV, .] rows of stage 2a's outputs,
+    v [B, T, HV, V], h0 [B, HV, K, V] or None), per chunk: W = (Tinv diag(beta)) Kg, U = (Tinv diag(beta)) V,
+    vnew = U - W S, o = (Qdec S + Aqk vnew) scale, S <- diag(exp(gam_C)) S + Kdec^T vnew, gam_C the chunk's last valid
+    row of gcum. Returns (o [B, T, HV, V], final [B, HV, K, V])."""
+    d = lambda t: t.double()  # noqa: E731
+    HV, K, V = kdec.shape[1], kdec.shape[2], v.shape[-1]
+    o = torch.zeros(B, T, HV, V, dtype=torch.float64)
+    fin = torch.zeros(B, HV, K, V, dtype=torch.float64)
+    for n in range(B):
+        for h in range(HV):
+            S = d(h0[n, h]) if h0 is not None else torch.zeros(K, V, dtype=torch.float64)
+            for t0 in range(0, T, 64):
+                r = slice(n * T + t0, n * T + min(t0 + 64, T))
+                c = r.stop - r.start
+                tb = d(tinv[r, h, :c]) * d(beta[r, h])[None, :]
+                w, u = tb @ d(kg[r, h]), tb @ d(v[n, t0:t0 + c, h])
+                vnew = u - w @ S
+                o[n, t0:t0 + c, h] = (d(qdec[r, h]) @ S + d(aqk[r, h, :c]) @ vnew) * scale
+                S = d(gcum[r.stop - 1, h]).exp()[:, None] * S + d(kdec[r, h]).T @ vnew
+            fin[n, h] = S
+    return o, fin
+
+
 def test_fused_stage_formulas_match_the_triton_forward():
-    """The fused kernel's formulas in torch (fp64) from stage 2a's outputs, per chunk: W = (Tinv diag(beta)) Kg,
-    U = (Tinv diag(beta)) V, vnew = U - W S, o = (Qdec S + Aqk vnew) scale, S <- diag(exp(gam_C)) S + Kdec^T vnew,
-    with Kg = K exp(gam), gam_C the chunk's last valid row of gcum; partial last chunks included. They give the
-    Triton forward's o and final state (interpreter, fp32) to 1e-5."""
+    """The fused kernel's formulas in torch (fp64, _fused_model) from stage 2a's outputs, with Kg = K exp(gam),
+    partial last chunks included: they give the Triton forward's o and final state (interpreter, fp32) to 1e-5."""
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     from linattn.testing.compare import rel_rms
     T, H, K, V = 150, 2, 32, 16
@@ -231,23 +253,80 @@ def test_fused_stage_formulas_match_the_triton_forward():
     beta, h0, scale = torch.rand(1, T, H), torch.randn(1, H, K, V), K ** -0.5
     o_ref, fin_ref = chunk_kda_fwd(q, k, v, g, beta, scale, h0, True, None)
     _, _, it = chunk_kda_fwd(q, k, v, g, beta, scale, h0, True, None, keep=True)
-    d = lambda t: t.double()  # noqa: E731
-    o = torch.zeros(T, H, V, dtype=torch.float64)
-    fin = torch.zeros(H, K, V, dtype=torch.float64)
-    for h in range(H):
-        S = d(h0[0, h])
-        for t0 in range(0, T, 64):
-            s = slice(t0, min(t0 + 64, T))
-            n = s.stop - t0
-            tinv = d(it.tinv[s, h, :n])
-            b = d(it.beta[s, h])
-            kg = d(k[0, s, h]) * d(it.gcum[s, h]).exp()
-            w, u = (tinv * b[None, :]) @ kg, (tinv * b[None, :]) @ d(v[0, s, h])
-            vnew = u - w @ S
-            o[s, h] = (d(it.qdec[s, h]) @ S + d(it.aqk[s, h, :n]) @ vnew) * scale
-            S = d(it.gcum[s.stop - 1, h]).exp()[:, None] * S + d(it.kdec[s, h]).T @ vnew
-        fin[h] = S
-    assert rel_rms(o_ref[0].double(), o) < 1e-5 and rel_rms(fin_ref[0].double(), fin) < 1e-5
+    kg = k[0].double() * it.gcum.double().exp()
+    o, fin = _fused_model(it.qdec, it.kdec, kg, v, it.tinv, it.aqk, it.beta, it.gcum, h0, 1, T, scale)
+    assert rel_rms(o_ref.double(), o) < 1e-5 and rel_rms(fin_ref.double(), fin) < 1e-5
+
+
+def test_autograd_forward_on_the_gluon_stages(monkeypatch):
+    """The gluon backend's training path on a CPU: its two Gluon launches stand in by the Triton stage 2a's outputs
+    (Tinv rounded to q's dtype, as the Gluon solve stores it) and _fused_model; the rest is the real path: the custom
+    op saves gcum (every row: the stage is asked for it), beta, the bf16 Tinv and Aqk, and the Triton backward
+    (interpreter) rebuilds from them. o, the final state and every gradient match fp64 at bf16's tolerance, and the
+    backward's WY kernel read the bf16 Tinv."""
+    from linattn.ops.kda import chunk as kda_chunk
+    from linattn.ops.kda.gluon import fused_forward as ff
+    from linattn.ops.kda.gluon import intra
+    from linattn.ops.kda.reference import naive_recurrent_kda
+    from linattn.ops.kda.triton import backward as bw
+    from linattn.ops.kda.triton.forward import chunk_kda_fwd
+    from linattn.testing import TOL, assert_close
+    B, T, H, K, V = 2, 100, 2, 32, 16
+    bf = torch.bfloat16
+    seen = []
+
+    def stage2a(q, k, g, beta, A_log, dt_bias, gate, lb, bs, ne, plan, HV, gcum, beta_eff, tinv, aqk, kdec, qdec,
+                kg=None, gcum_last=False):
+        seen.append((kg is not None, gcum_last))
+        z = torch.zeros(*q.shape[:3], V, dtype=q.dtype)
+        _, _, it = chunk_kda_fwd(q, k, z, g, beta, 1.0, None, False, None, A_log, dt_bias, gate, lb, bs, ne,
+                                 keep=True)
+        for out, src in ((gcum, it.gcum), (beta_eff, it.beta), (tinv, it.tinv), (aqk, it.aqk), (kdec, it.kdec),
+                         (qdec, it.qdec)):
+            out.copy_(src.to(out.dtype))
+        if kg is not None:
+            kg.copy_((k.reshape(-1, H, K).float() * it.gcum.exp()).to(kg.dtype))
+
+    def fused(qdec, kdec, kg, v, tinv, aqk, beta, gcum, o, h0, final, plan, scale):
+        o_m, fin = _fused_model(qdec, kdec, kg, v, tinv, aqk, beta, gcum, h0, B, T, scale)
+        o.copy_(o_m.to(o.dtype))
+        if final is not None:
+            final.copy_(fin.float())
+
+    monkeypatch.setattr(intra, "kda_intra_gluon", stage2a)
+    monkeypatch.setattr(ff, "kda_fused_forward", fused)
+    monkeypatch.setattr(ff, "kda_fused_supported", lambda *a: (True, ""))
+    wy_tinv = []
+    real_wy = bw.kda_wy_bwd_kernel
+
+    class WySpy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                wy_tinv.append(args[5].dtype)
+                return real_wy[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(bw, "kda_wy_bwd_kernel", WySpy())
+    x = dict(q=torch.randn(B, T, H, K).to(bf), k=torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1).to(bf),
+             v=torch.randn(B, T, H, V).to(bf), g=torch.nn.functional.logsigmoid(torch.randn(B, T, H, K) + 3.0),
+             beta=torch.rand(B, T, H), initial_state=torch.randn(B, H, K, V) * 0.5)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    o, ht = kda_chunk._triton_impl(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], K ** -0.5,
+                                   leaves["initial_state"], True, None, None, None, "", 0.0, False, False, False,
+                                   intra="gluon")
+    do, dht = torch.randn(B, T, H, V), torch.randn(B, H, K, V)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    assert seen == [(True, False)] and wy_tinv == [bf]
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+    o_ref, ht_ref = naive_recurrent_kda(ref["q"], ref["k"], ref["v"], ref["g"], ref["beta"], K ** -0.5,
+                                        ref["initial_state"], True)
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    tol = TOL[bf]
+    assert_close("o", o, o_ref, tol)
+    assert_close("final_state", ht, ht_ref, tol)
+    for n, t in leaves.items():
+        assert t.grad is not None and t.grad.dtype == t.dtype, n
+        assert_close(f"d{n}", t.grad, ref[n].grad, tol)
 
 
 @pytest.mark.parametrize("shape,v_first,why", [((1, 64, 2, 64), False, "K=64"), ((1, 64, 2, 128), True,
