@@ -5,10 +5,10 @@ Triton runs on, the CPU under TRITON_INTERPRET=1), "gluon" (Hopper: KDA's Gluon 
 kda/gluon/; the same custom ops and the Triton backward) and "reference" (the token-by-token recurrence in PyTorch,
 by name only; differentiable by plain autograd). The Triton path is the torch custom op "linattn::chunk_kda_fwd" with
 a fake implementation, so torch.compile(fullgraph=True) traces through it; it reads no device data on the host
-(CUDA-graph safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: GDN's reverse state pass, KDA's
-local backward kernels), registered as the forward op's autograd. The autograd forward keeps stage 2a's outputs
-(gcum, the effective beta, Tinv, Aqk: about FLA's default memory) and the backward rebuilds the rest from them; with
-disable_recompute it keeps everything the backward reads, as FLA does.
+(CUDA-graph safe). Its backward is the custom op "linattn::chunk_kda_bwd" (triton/backward.py: GDN's reverse state
+pass, KDA's local backward kernels), registered as the forward op's autograd. The autograd forward keeps stage
+2a's outputs (gcum, the effective beta, Tinv, Aqk: about FLA's default memory) and the backward rebuilds the rest
+from them; with disable_recompute it keeps everything the backward reads, as FLA does.
 """
 from typing import List, Optional, Tuple
 
