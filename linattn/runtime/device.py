@@ -20,6 +20,12 @@ def under_torch_compile() -> bool:
     return bool(fn()) if fn is not None else False
 
 
+def records_autograd(*tensors) -> bool:
+    """Whether a call on these tensors (None allowed) records an autograd graph: grad mode on and one of them
+    requiring grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def eager_without_autograd(*tensors) -> bool:
     """Whether a call may run its launcher directly instead of through its torch custom op: plain eager tensors (the
     first one not a fake, functional or other subclass tensor, no torch.func transform active, not traced by
@@ -30,9 +36,7 @@ def eager_without_autograd(*tensors) -> bool:
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     if active is None or active():
         return False
-    if not torch.is_grad_enabled():
-        return True
-    return not any(t is not None and t.requires_grad for t in tensors)
+    return not records_autograd(*tensors)
 
 
 @dataclass(frozen=True)

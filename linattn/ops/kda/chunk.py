@@ -21,7 +21,7 @@ from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime import eager_ops
-from linattn.runtime.device import eager_without_autograd
+from linattn.runtime.device import eager_without_autograd, records_autograd
 from linattn.runtime.settings import settings
 
 OP = "chunk_kda"
@@ -160,8 +160,7 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
         return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first, intra=intra)
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    grad = records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias)
     save = (SAVE_ALL if disable_recompute else SAVE_STAGE2A) if grad else SAVE_NONE
     o, final = _chunk_kda_fwd(*args, save, intra)[:2]
     return o, (final if output_final_state else None)
@@ -199,12 +198,11 @@ _backends.register("triton", _triton_impl, _triton_supports, priority=10)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
 
 
-def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=None, disable_recompute=False,
-                       **_) -> Tuple[bool, str]:
+def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=None, A_log=None, dt_bias=None,
+                       disable_recompute=False, **_) -> Tuple[bool, str]:
     """auto leaves disable_recompute's autograd forward to the Triton backend: it keeps W, h and Vnew, which only
     the Triton stages form, so that is what runs and what auto names."""
-    if disable_recompute and torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                             for t in (q, k, v, g, beta, initial_state)):
+    if disable_recompute and records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         return False, "disable_recompute's autograd forward keeps W, h and Vnew, which the Triton stages form"
     return True, ""
 
@@ -299,7 +297,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                                          allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
                                          A_log, dt_bias, backend)
     b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                         output_final_state=output_final_state, disable_recompute=bool(disable_recompute))
+                         output_final_state=output_final_state, A_log=A_log, dt_bias=dt_bias,
+                         disable_recompute=bool(disable_recompute))
     if use_qk_l2norm_in_kernel:
         q = l2norm(q)
         k = l2norm(k)
@@ -361,8 +360,7 @@ def _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_fin
                               use_gate_in_kernel, beta_sigmoid, neg_eigval, lower_bound, state_v_first, cu_seqlens,
                               cu_seqlens_cpu, A_log, dt_bias, backend):
     """chunk_kda with return_intermediate_states=True on checked inputs: (o, final_state or None, h)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+    if records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         raise ValueError(f"{OP}: return_intermediate_states=True is for inference (no autograd): call it under "
                          f"torch.inference_mode() or torch.no_grad(), as FLA requires")
     if backend not in ("auto", "triton"):

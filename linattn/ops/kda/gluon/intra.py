@@ -97,11 +97,11 @@ if GLUON_OK:
                     BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                     LOWER_BOUND: gl.constexpr, GCUM_LAST: gl.constexpr):
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
-        GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries K exp(gam_C - gam),
-        Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the products' operands into
-        shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's first row; kr_s tile
-        I * NKB + kb: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span and amax updated
-        (kda_cumsum_kernel's pairwise test)."""
+        GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries
+        K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the
+        products' operands into shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's
+        first row; kr_s tile I * NKB + kb: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
+        and amax updated (kda_cumsum_kernel's pairwise test)."""
         NKB: gl.constexpr = K // BK
         gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BK, GATE,
                                                  HAS_DT_BIAS, LOWER_BOUND)
