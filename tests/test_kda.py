@@ -372,11 +372,15 @@ def test_chunk_inblock_products_and_pairwise_chunks(monkeypatch):
     """Stage 2a takes a chunk's in-block pairs in products through each block's first row unless a decay is too
     steep for that (kda_cumsum_kernel flags the chunk, kda_diag_kernel forms its pairs one by one): weak decays
     everywhere except one channel at e^-8 per token in chunk 1 of head 1 and in the last block of chunk 2 of head 3,
-    so one call (one kda_diag program group of 4 heads) mixes both ways. The flags are exactly those two, and o,
-    the state and every gradient match fp64."""
+    so one call (one kda_diag program group of 4 heads) mixes both ways. The backward makes the same choice from
+    the same test (kda_decayed_qk_kernel's flags: kda_pair_bwd_kernel's products or kda_pair_diag_bwd_kernel's token
+    pairs). The flags are exactly those two in both, and o, the state and every gradient match fp64."""
+    from linattn.ops.kda.triton import backward as bw
     from linattn.ops.kda.triton import forward as fw
     spy = _ArgSpy(fw.kda_inter_solve_kernel)
     monkeypatch.setattr(fw, "kda_inter_solve_kernel", spy)
+    spy_bwd = _ArgSpy(bw.kda_pair_bwd_kernel)
+    monkeypatch.setattr(bw, "kda_pair_bwd_kernel", spy_bwd)
     x = kda_inputs(1, 192, 1, 4, 32, 16, decay="weak")
     g = x["g"].clone()
     g[0, 64:128, 1, 3] = -8.0
@@ -389,6 +393,8 @@ def test_chunk_inblock_products_and_pairwise_chunks(monkeypatch):
     expected[1, 1] = expected[2, 3] = 1
     for p in pairwise:
         assert torch.equal(p.cpu(), expected), p
+    assert len(spy_bwd.calls) == 1
+    assert torch.equal(spy_bwd.calls[0][8].cpu(), expected), spy_bwd.calls[0][8]
 
 
 def _check_grads(x, extra_ref, tol, **kw):

@@ -82,20 +82,20 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
           "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks",
           known_spill_bytes=92)
 _register(f"kda_bwd_triton_pair_diag_w{DIAG_BH}", "linattn.ops.kda.triton.backward", "kda_pair_diag_bwd_kernel",
-          dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F, dq_ptr=_F, dk_ptr=_F,
-               dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F, pairwise_ptr="*i8",
+               dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, 1,
-          "backward stage 2b (1/2): pairwise gradients of Akk / Aqk inside 16-row blocks, token by token",
-          intended=("LDG",))
+          "backward stage 2b (1/2): pairwise gradients of Akk / Aqk inside 16-row blocks of chunks flagged pairwise, "
+          "token by token", intended=("LDG",))
 _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, beta_ptr=_F, dakk_ptr=_F, daqk_ptr=_F,
-               dbeta_in_ptr=_F, dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, dq_out_ptr=_X, dk_out_ptr=_X,
-               cu_ptr=_I64, chunk_idx_ptr=_I32,
-               N="i32"),
+               dbeta_in_ptr=_F, pairwise_ptr="*i8", dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, dq_out_ptr=_X,
+               dk_out_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False,
                FTZ=True),
           PAIR_WARPS, 1,
-          "backward stage 2b (2/2): pairwise gradients of Akk / Aqk across 16-row blocks, in key blocks",
+          "backward stage 2b (2/2): pairwise gradients of Akk / Aqk across 16-row blocks (and inside them where the "
+          "chunk is not flagged), in key blocks",
           intended=("HMMA",))
 _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_kernel",
           dict(g_ptr=_F, dgam_ptr=_F, dg_ptr=_F, dA_ptr=_F, dbias_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),

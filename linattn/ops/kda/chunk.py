@@ -49,21 +49,21 @@ def _empties(q, n: int):
 def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
                    output_final_state: bool, cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T],
                    gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool,
-                   save: int, intra: str = "triton") -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
-    """(o, final, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew): what `save` does not keep is an empty [0]
-    tensor (a custom op's outputs cannot be None). intra: stage 2a's kernels ("triton" or "gluon") where nothing or
+                   save: int, intra: str = "triton") -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T]:
+    """(o, final, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew, pairwise): what `save` does not keep is an
+    empty [0] tensor (a custom op's outputs cannot be None). intra: stage 2a's kernels ("triton" or "gluon") where nothing or
     stage 2a's set is saved; with SAVE_ALL the Triton stages run (they form W, h and Vnew)."""
     from linattn.ops.kda.triton.forward import chunk_kda_fwd
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval)
     if save == SAVE_NONE:
         o, final = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra)
-        return (o, final if final is not None else _empty(q)) + _empties(q, 9)
+        return (o, final if final is not None else _empty(q)) + _empties(q, 10)
     if save == SAVE_STAGE2A and intra == "gluon":
         o, final, kept = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra, save_stage2a=True)
-        return (o, final if final is not None else _empty(q)) + kept + _empties(q, 5)
+        return (o, final if final is not None else _empty(q)) + kept + _empties(q, 6)
     o, final, it = chunk_kda_fwd(*args, keep=True, keep_output=True, state_v_first=state_v_first)
-    rest = (it.kdec, it.qdec, it.w, it.h, it.vnew) if save == SAVE_ALL else _empties(q, 5)
+    rest = (it.kdec, it.qdec, it.w, it.h, it.vnew, it.pairwise) if save == SAVE_ALL else _empties(q, 6)
     return (o, final if final is not None else _empty(q), it.gcum, it.beta, it.tinv, it.aqk) + rest
 
 
@@ -76,16 +76,16 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_
     shape = ((N, HV, V, K) if state_v_first else (N, HV, K, V)) if output_final_state else (0,)
     out = (v.new_empty(B, T, HV, V), q.new_empty(shape, dtype=torch.float32))
     if save == SAVE_NONE:
-        return out + _empties(q, 9)
+        return out + _empties(q, 10)
     T_tot, f32 = B * T, torch.float32
     tinv_dtype = q.dtype if save == SAVE_STAGE2A and intra == "gluon" else f32
     out += (q.new_empty(T_tot, HV, K, dtype=f32), q.new_empty(T_tot, HV, dtype=f32),
             q.new_empty(T_tot, HV, 64, dtype=tinv_dtype), q.new_empty(T_tot, HV, 64))
     if save != SAVE_ALL:
-        return out + _empties(q, 5)
+        return out + _empties(q, 6)
     slots = max(B * -(-T // 64) if cu_seqlens is None else T // 64 + N, 1)      # make_chunk_plan's num_slots
     return out + (q.new_empty(T_tot, HV, K), q.new_empty(T_tot, HV, K), q.new_empty(T_tot, HV, K),
-                  q.new_empty(slots, HV, K, V), q.new_empty(T_tot, HV, V))
+                  q.new_empty(slots, HV, K, V), q.new_empty(T_tot, HV, V), q.new_empty(slots, HV, dtype=torch.int8))
 
 
 @eager_ops.custom_op("linattn::chunk_kda_bwd")
@@ -93,13 +93,13 @@ def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
                    cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T], gate: str,
                    lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: _T,
                    dht: Optional[_T], saved: List[_T]) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
-    """saved: the forward's kept tensors in _chunk_kda_fwd's order from gcum on (4 or 9 of them), or none (then the
+    """saved: the forward's kept tensors in _chunk_kda_fwd's order from gcum on (4 or 10 of them), or none (then the
     forward is recomputed)."""
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
     from linattn.ops.kda.triton.forward import KdaIntermediates, kda_recompute
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     it = None
-    if len(saved) == 9:
+    if len(saved) == 10:
         plan = make_chunk_plan(q.shape[0], q.shape[1], cu_seqlens, 64, q.device)
         it = KdaIntermediates(plan, *saved)
     elif len(saved) == 4:

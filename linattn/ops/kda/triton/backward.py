@@ -6,8 +6,9 @@ keys and queries, W, the chunk-start states h and Vnew); (1a) the intra-chunk pa
 "channel": dS per chunk, the state term of dVnew, d initial_state); (2) everything else per chunk in
 the kernels below (kda_wy_bwd_kernel up to dAkk and dAqk, split from the rest so that each fits sm_90's shared
 memory at K = V = 128; then the pairwise products' gradients, as the forward splits them: kda_pair_diag_bwd_kernel
-inside 16-row blocks token by token, kda_pair_bwd_kernel across blocks). Per chunk and value head, with dS the
-gradient into S_next (dh) and gam [C, K]:
+inside 16-row blocks token by token for the chunks flagged pairwise, kda_pair_bwd_kernel across blocks and inside
+the other chunks' blocks in products). Per chunk and value head, with dS the gradient into S_next (dh) and gam
+[C, K]:
 
     dQdec = scale dO S^T,  dKdec = Vnew dS^T,  dgam_C += sum_v S * dS * exp(gam_C) + sum_rows dKdec * Kdec
     dW = -dVnew S^T,  dTinv = dW (beta K e^gam)^T + dVnew (beta V)^T,  dAkk = -Tinv^T dTinv Tinv^T (strict lower)
@@ -16,9 +17,9 @@ gradient into S_next (dh) and gam [C, K]:
 then through the pairwise products Akk_ij = beta_i sum_d k_id k_jd e^(gam_id - gam_jd) and Aqk_ij (q for the
 left k): for P_ij = sum_d a_id b_jd e^(gam_id - gam_jd) with upstream G, da_i = sum_j G_ij b_j e^(..),
 db_j = sum_i G_ij a_i e^(..), dgam_i += a_i da_i, dgam_j -= b_j db_j (the forward's numerically safe form:
-reference rows across 16-row blocks, token pairs inside them). dg is the reverse cumsum of dgam inside the chunk,
-then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial sums reduced by the launcher)
-and the beta sigmoid.
+reference rows across 16-row blocks and inside them, or token pairs inside a flagged chunk's blocks). dg is the
+reverse cumsum of dgam inside the chunk, then back through FLA's KDA gate (dA_log and dt_bias as per-chunk partial
+sums reduced by the launcher) and the beta sigmoid.
 
 Every tl.trans here is of a loaded tile or of an elementwise function of loaded tiles, never of a dot result fed to
 another dot (miscompiled by Triton 3.4-3.7 on Hopper, FLA issues 640/984): Tinv^T, dAkk^T and dAqk^T are read
@@ -155,22 +156,32 @@ def _gam_row(gcum_ptr, t0, u, eos, hv, ck, mk, gam_last, HV: tl.constexpr, K: tl
 @triton.jit
 def kda_pair_diag_bwd_kernel(
     k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, dakk_ptr, daqk_ptr,
+    pairwise_ptr,                                              # [slots, HV] int8: 1 for a chunk's pairs one by one
     dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # fp32 partial sums, the in-block terms added in place
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
     FTZ: tl.constexpr,
 ):
-    """Grid (chunk slots * BT, cdiv(HV, BH)): one token t of a chunk and BH value heads per program, the pairwise
-    gradients of Akk and Aqk (kda_pair_bwd_kernel's da / db) over the pairs inside t's 16-row block, token by token:
-    t's da from the rows j <= t of the block (G[t, j] b_j exp(gam_t - gam_j)), t's db from the rows j >= t
-    (G[j, t] a_j exp(gam_j - gam_t)), every factor exp of a difference <= 0 (the diagonal's G is masked as P's
-    pairs are: zero for Akk). They go into dq, dk, dgam and dbeta's partial sums in place (this program owns row t
-    of its heads), before kda_pair_bwd_kernel adds the pairs across blocks and stores the results."""
+    """Grid (chunk slots * BT, cdiv(HV, BH)): one token t of a chunk and BH value heads per program, for the heads
+    whose chunk is flagged pairwise (a program with none returns at once: kda_pair_bwd_kernel takes the other chunks'
+    in-block pairs in its products), the pairwise gradients of Akk and Aqk (kda_pair_bwd_kernel's da / db) over the
+    pairs inside t's 16-row block, token by token: t's da from the rows j <= t of the block (G[t, j] b_j
+    exp(gam_t - gam_j)), t's db from the rows j >= t (G[j, t] a_j exp(gam_j - gam_t)), every factor exp of a
+    difference <= 0 (the diagonal's G is masked as P's pairs are: zero for Akk). They go into dq, dk, dgam and dbeta's
+    partial sums in place (this program owns row t of its heads), before kda_pair_bwd_kernel adds the rest and
+    stores the results."""
+    slot = tl.program_id(0) // BT
+    hvs_all = tl.program_id(1) * BH + tl.arange(0, BH)
+    pw = tl.load(pairwise_ptr + slot * HV + hvs_all, mask=hvs_all < HV, other=0) != 0
+    if tl.max(pw.to(tl.int32), axis=0) == 0:
+        return
     live, t, t0, eos, s0, hvs, mh, mhk, off_g, off_k, gt, kt, qt = token_rows(
         chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, tl.program_id(0) // BT, tl.program_id(0) % BT, H, HV, K,
         BT, BH, BK)
     if not live:
         return
+    mh = mh & pw
+    mhk = mhk & pw[:, None]
     s1 = tl.minimum(s0 + 16, eos)
     bt = tl.load(beta_eff_ptr + t * HV + hvs, mask=mh, other=0.)
     g_row = (t * HV + hvs) * BT - t0           # G[t, j] at g_row + j
@@ -205,6 +216,7 @@ def kda_pair_diag_bwd_kernel(
 def kda_pair_bwd_kernel(
     k_ptr, q_ptr, gcum_ptr, beta_eff_ptr, beta_ptr,
     dakk_ptr, daqk_ptr, dbeta_in_ptr,                          # kda_wy_bwd_kernel's outputs (fp32)
+    pairwise_ptr,                                              # [slots, HV] int8: 1 for a chunk's pairs one by one
     dq_ptr, dk_ptr, dgam_ptr, dbeta_ptr,                       # dq, dk, dgam: the partial sums (fp32); dgam completed
     dq_out_ptr, dk_out_ptr,                                    # in place, dq / dk stored complete here
     cu_ptr, chunk_idx_ptr, N,
@@ -212,15 +224,17 @@ def kda_pair_bwd_kernel(
     DOT_PREC: tl.constexpr, BETA_SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, FTZ: tl.constexpr,
 ):
     """Grid (4 * chunk slots, HV): one 16-row block I = program_id(0) % 4 of a chunk per program, the pairwise
-    gradients of Akk and Aqk for its rows across 16-row blocks (kda_pair_diag_bwd_kernel added the pairs inside
-    each block to the partial sums first): dq and dk complete, dgam's per-row terms (kda_dg_kernel takes the reverse
-    cumsum), dbeta complete (through the beta sigmoid).
+    gradients of Akk and Aqk for its rows: dq and dk complete (from kda_wy_bwd_kernel's partial sums), dgam's per-row
+    terms (kda_dg_kernel takes the reverse cumsum), dbeta complete (through the beta sigmoid).
 
     With P_ij = sum_d a_id b_jd exp(gam_id - gam_jd) and upstream G masked to P's pairs: da_i = sum_j G_ij b_j
     exp(gam_i - gam_j), db_j = sum_i G_ij a_i exp(gam_i - gam_j), for Akk (a = beta k, b = k, G = dAkk) and Aqk
     (a = q, b = k, G = dAqk). The key row is walked in blocks of BK channels. Pairs across blocks go through a
     reference row between the two tokens, so both factors are <= 1: row 16 I for the block's da (the earlier blocks'
-    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product."""
+    b), row 16 I + 15 for its db (the later blocks' a), each a [16, BT] x [BT, BK] product. The block's own pairs
+    join those products (columns j <= i, factors exp(gam_r - gam_j) >= 1; rows i >= j, exp(gam_i - gam_e) >= 1)
+    unless the chunk is flagged pairwise (pairwise_ptr: the forward's test, a factor times the largest |k|, |q| past
+    2^SPAN_LOG2); kda_pair_diag_bwd_kernel has added a flagged chunk's in-block pairs to the partial sums first."""
     p = tl.program_id(0)
     hv = tl.program_id(1)
     blk = p % 4
@@ -230,6 +244,7 @@ def kda_pair_bwd_kernel(
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     if t0 + 16 * blk >= eos:                   # the block lies past the sequence end
         return
+    inb = tl.load(pairwise_ptr + (p // 4) * HV + hv) == 0     # the block's own pairs in the products
     hk = hv // (HV // H)
     i = tl.arange(0, BT)
     r = t0 + i
@@ -243,11 +258,9 @@ def kda_pair_bwd_kernel(
     beta = tl.load(beta_eff_ptr + rI * HV + hv, mask=mI, other=0.)
     beta_all = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.)
     dbeta = tl.load(dbeta_in_ptr + rI * HV + hv, mask=mI, other=0.)
-    # G's rows of the block against the earlier blocks' columns, and G^T: the later blocks' rows at the block's columns
+    # G's rows of the block (against the earlier and its own columns), and G^T: the rows at the block's columns
     off_g = (rI * HV + hv)[:, None] * BT + i[None, :]
-    m_g = mI[:, None] & (i < first_b)[None, :]
     off_gt = (r * HV + hv)[None, :] * BT + (first_b + li)[:, None]            # [l, i] = G[i, 16 I + l]
-    m_gt = (m & (i > last_b))[None, :] & mI[:, None]
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
@@ -264,24 +277,30 @@ def kda_pair_bwd_kernel(
         kI = tl.load(k_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         qI = tl.load(q_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
-        # ---- across blocks: da through row 16 I (earlier columns; none for the first block), db through row
-        # 16 I + 15 (later rows; none for the last block)
+        ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
+        ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
         dak = tl.zeros([16, BK], dtype=tl.float32)
         daq = tl.zeros([16, BK], dtype=tl.float32)
         dbk = tl.zeros([16, BK], dtype=tl.float32)
         dbq = tl.zeros([16, BK], dtype=tl.float32)
-        if blk > 0:
-            ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
-            kr = kf * exp_fast(tl.where((i < first_b)[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
+        # ---- da through row 16 I: the earlier blocks' columns (factors <= 1 both), with inb the block's columns
+        # j <= i too (exp(gam_r - gam_j) >= 1 there)
+        if (blk > 0) | inb:
+            col_a = (i < first_b) | (inb & (i <= last_b))
+            kr = kf * exp_fast(tl.where(col_a[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
             el = exp_fast(gI - ref_a[None, :], FTZ)
+            m_g = mI[:, None] & ((i < first_b)[None, :] | (inb & (i >= first_b)[None, :]
+                                                            & (i[None, :] <= first_b + li[:, None])))
             dak = el * tl.dot(tl.load(dakk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
             daq = el * tl.dot(tl.load(daqk_ptr + off_g, mask=m_g, other=0.), kr, input_precision=DOT_PREC)
-        if blk < 3:
-            ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
-            later = (i > last_b)[:, None]
-            el_b = exp_fast(tl.where(later, gam - ref_b[None, :], float("-inf")), FTZ)
-            qf = tl.load(q_ptr + off_q, mask=mrk & later, other=0.).to(tl.float32)
+        # ---- db through row 16 I + 15: the later blocks' rows, with inb the block's rows i >= j too
+        if (blk < 3) | inb:
+            row_b = (i > last_b) | (inb & (i >= first_b))
+            el_b = exp_fast(tl.where(row_b[:, None], gam - ref_b[None, :], float("-inf")), FTZ)
+            qf = tl.load(q_ptr + off_q, mask=mrk & row_b[:, None], other=0.).to(tl.float32)
             eb = exp_fast(ref_b[None, :] - gI, FTZ)
+            m_gt = mI[:, None] & m[None, :] & ((i > last_b)[None, :] | (inb & (i[None, :] >= first_b + li[:, None])
+                                                                        & (i <= last_b)[None, :]))
             dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
                               input_precision=DOT_PREC)
             dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
@@ -432,10 +451,11 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     dq_out = dq_hv if G > 1 else empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dk_hv if G > 1 else empty(B, T, H, K, dtype=k.dtype, device=dev)
     kda_pair_diag_bwd_kernel[(slots * CHUNK, -(-HV // DIAG_BH))](
-        k, q, fwd.gcum, fwd.beta, dakk, daqk, dq_hv, dk_hv, dgam, dbeta_part, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, BT=CHUNK, BK=BK, BH=DIAG_BH, FTZ=ftz_exp2(q), num_warps=DIAG_BH)
+        k, q, fwd.gcum, fwd.beta, dakk, daqk, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta_part, plan.cu,
+        plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=BK, BH=DIAG_BH, FTZ=ftz_exp2(q), num_warps=DIAG_BH)
     kda_pair_bwd_kernel[(4 * slots, HV)](
-        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, dq_hv, dk_hv, dgam, dbeta, dq_out, dk_out, plan.cu,
+        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta, dq_out,
+        dk_out, plan.cu,
         plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec,
         BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS)
     kda_dg_kernel[(slots, HV)](

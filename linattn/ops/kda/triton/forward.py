@@ -38,6 +38,7 @@ class KdaIntermediates:
     w: torch.Tensor
     h: torch.Tensor          # chunk-start states [slots, HV, K, V]
     vnew: torch.Tensor
+    pairwise: torch.Tensor   # [slots, HV] int8: 1 where a chunk's in-block pairs go one by one (the forward's test)
 
 
 def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
@@ -73,6 +74,9 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
     if intra == "gluon":
+        if keep:
+            raise ValueError("chunk_kda_fwd: keep=True takes the Triton stage 2a (its fp32 Tinv and pairwise flags); "
+                             "the Gluon one keeps stage 2a's outputs with save_stage2a")
         from linattn.ops.kda.gluon.fused_forward import kda_fused_forward, kda_fused_supported
         from linattn.ops.kda.gluon.intra import kda_intra_gluon
         fused = (not keep and not return_h and state_pass is None
@@ -108,7 +112,8 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         q, k, gcum, beta_eff, pairwise, akkd, aqkd, tinv, aqk, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
         BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), FTZ=ftz, num_warps=4)
     return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
-                        qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h)
+                        qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h,
+                        pairwise=pairwise)
 
 
 def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
@@ -116,23 +121,25 @@ def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], 
                   state_v_first: bool = False, state_pass=None) -> KdaIntermediates:
     """The backward's intermediates from the forward's saved gcum, effective beta, Tinv (fp32 from the Triton stage
     2a, q's dtype from the Gluon one) and Aqk (what stage 2a writes, its costly part): the decayed keys and queries
-    again (kda_decayed_qk_kernel), then W / U and the state pass as chunk_kda_fwd(keep=True) runs them, so the
-    backward reads the same values."""
+    and the chunks' pairwise flags again (kda_decayed_qk_kernel), then W / U and the state pass as
+    chunk_kda_fwd(keep=True) runs them, so the backward reads the same values."""
     B, T, H, K = q.shape
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, q.device)
     HV = v.shape[2]
     kdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
     qdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
+    pairwise = empty(plan.num_slots, HV, dtype=torch.int8, device=q.device)
     kda_decayed_qk_kernel[(plan.num_slots, HV)](
-        q, k, gcum, kdec, qdec, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=CHUNK,
+        q, k, gcum, kdec, qdec, pairwise, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=CHUNK,
         BK=min(_pow2(K), 64), num_warps=4)
     return _after_intra(q, k, v, scale, initial_state, False, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
-                        state_v_first, state_pass, output=False, keep=True)[2]
+                        state_v_first, state_pass, output=False, keep=True, pairwise=pairwise)[2]
 
 
 def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
-                 state_v_first, state_pass, output: bool, keep: bool, return_h: bool = False):
-    """Stages 2b-4 of chunk_kda_fwd after stage 2a: W and U, the state pass, the output where asked."""
+                 state_v_first, state_pass, output: bool, keep: bool, return_h: bool = False, pairwise=None):
+    """Stages 2b-4 of chunk_kda_fwd after stage 2a: W and U, the state pass, the output where asked; with keep the
+    intermediates (pairwise: the Triton stage 2a's flags, kept with them for the backward)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -162,5 +169,5 @@ def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, 
         chunk_output(qdec, kdec, vnew, h, gcum, o, plan, scale, H=HV, HV=HV, K=K, V=V, dot_prec=dot_prec, BT=CHUNK,
                      aqk=aqk)
     if keep:
-        return o, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew)
+        return o, final, KdaIntermediates(plan, gcum, beta_eff, tinv, aqk, kdec, qdec, w, h, vnew, pairwise)
     return (o, final, h) if return_h else (o, final)

@@ -130,8 +130,8 @@ def kda_cumsum_kernel(
 @triton.jit
 def token_rows(chunk_idx_ptr, cu_ptr, gcum_ptr, k_ptr, q_ptr, N, slot, row, H: tl.constexpr, HV: tl.constexpr,
                K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
-    """What a token of the in-block pairs starts from (kda_diag_kernel, kda_pair_diag_bwd_kernel): row `row` of
-    chunk slot `slot` and BH value heads from program_id(1) * BH. Returns live (False for a surplus slot of the
+    """What a token of the in-block pairs starts from (kda_diag_kernel): row `row` of chunk slot `slot` and BH value
+    heads from program_id(1) * BH. Returns live (False for a surplus slot of the
     varlen bound or a row past its sequence: nothing to do), t, t0, eos, s0 (the first row of t's 16-row block), the
     heads (hvs, mh), the [BH, BK] mask and offsets of a token's gate row (off_g) and key / query row (off_k), and
     t's gate (times log2 e), key and query rows in fp32."""
@@ -258,15 +258,18 @@ def kda_inter_solve_kernel(
 @triton.jit
 def kda_decayed_qk_kernel(
     q_ptr, k_ptr, gcum_ptr, kdec_ptr, qdec_ptr,        # q, k [T_tot, H, K]; gcum [T_tot, HV, K] fp32; kdec, qdec
+    pairwise_ptr,                                      # [slots, HV] int8: kda_cumsum_kernel's flag
     cu_ptr, chunk_idx_ptr, N,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): kda_cumsum_kernel's decayed keys and queries again from a saved gcum (the backward's
-    recompute when the forward kept gcum, Tinv and Aqk)."""
+    """Grid (chunk slots, HV): kda_cumsum_kernel's decayed keys and queries and its pairwise flag again from a saved
+    gcum (the backward's recompute when the forward kept gcum, Tinv and Aqk)."""
     live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
     if not live:
         return
     last = t0 + last                           # absolute here
+    span = tl.full([], 0., tl.float32)         # as kda_cumsum_kernel's
+    amax = tl.full([], 1., tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
         ck = kb * BK + tl.arange(0, BK)
         mk = ck < K
@@ -278,3 +281,11 @@ def kda_decayed_qk_kernel(
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
+        # gam_i - gam_(i's block's first row); rows past the end hold gam_C, as the cumsum leaves them
+        g3 = tl.reshape(tl.where(m[:, None], gam, gam_last[None, :]), [BT // 16, 16, BK])
+        g0 = tl.sum(tl.where((tl.arange(0, 16) == 0)[None, :, None], g3, 0.), axis=1)
+        span = tl.maximum(span, tl.max(tl.max(tl.max(tl.abs(g3 - g0[:, None, :]), axis=2), axis=1), axis=0))
+        amax = tl.maximum(amax, tl.maximum(tl.max(tl.max(tl.abs(kf), axis=1), axis=0),
+                                           tl.max(tl.max(tl.abs(qf), axis=1), axis=0)))
+    safe = span * LOG2E + 2. * tl.log2(amax) <= SPAN_LOG2          # False for a NaN: pairwise
+    tl.store(pairwise_ptr + tl.program_id(0) * HV + hv, tl.where(safe, 0, 1).to(tl.int8))
