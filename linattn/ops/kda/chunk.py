@@ -128,12 +128,17 @@ def _setup_context(ctx, inputs, output):
     kept = output[2:6] if save == SAVE_STAGE2A else output[2:] if save == SAVE_ALL else ()
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *kept)
     ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
+    # outputs that no loss reaches (the kept intermediates always, o or the final state sometimes) get None in the
+    # backward instead of zero-filled gradients: at B1 T32768 H32 those fills wrote ~0.8 GB per backward
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do, dht, *_):
     q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *saved = ctx.saved_tensors
     scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state = ctx.args
     use_dht = output_final_state and dht is not None and dht.numel() > 0
+    if do is None:                                   # only the final state reaches the loss
+        do = v.new_zeros(v.shape)
     dq, dk, dv, dg, dbeta, dh0, dA, dbias = _chunk_kda_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
         neg_eigval, state_v_first, do, dht if use_dht else None, saved)
