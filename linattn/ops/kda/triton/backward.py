@@ -50,6 +50,8 @@ PAIR_WARPS = 4
 DG_BK = 32
 WY_BK = 32
 WY_WARPS = 8
+# value columns per program of the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY "channel", 8 warps)
+STATE_BV = 32
 
 
 @triton.jit
@@ -382,7 +384,7 @@ def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch
     gradient). state_v_first: dht and dh0 are [N, HV, V, K]."""
     HV, K = kdec.shape[-2], kdec.shape[-1]
     V = do.shape[-1]
-    bv_state = min(_pow2(V), 32)
+    bv_state = min(_pow2(V), STATE_BV)
     chunk_state_bwd_kernel[(cdiv(V, bv_state) * plan.N * HV,)](
         qdec, kdec, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
         plan.cu, plan.chunk_offsets, scale,
