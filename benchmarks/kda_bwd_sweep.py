@@ -1,6 +1,7 @@
-"""Timing sweep of the KDA Triton backward's launch constants on a GPU: kda_pair_bwd_kernel's key block and warps,
-kda_wy_bwd_kernel's key block and warps, kda_pair_diag_bwd_kernel's heads per program, the reverse state pass's value
-columns per program (linattn/ops/kda/triton/backward.py and forward.py module constants), each config in a fresh process (its own compiles, no state from the
+"""Timing sweep of the KDA Triton backward's launch constants on a GPU: kda_pair_bwd_kernel's and kda_wy_bwd_kernel's
+key block, warps and pipelining stages, kda_pair_diag_bwd_kernel's heads per program, kda_dg_kernel's key block and
+the reverse state pass's value columns per program (linattn/ops/kda/triton/backward.py and forward.py module
+constants), each config in a fresh process (its own compiles, no state from the
 previous one), the kernels' CUDA times by torch.profiler (kernel_breakdown.py's breakdown: mean of 3 calls) at H = HV =
 32, K = V = 128, bf16, with the bench's decays and with them x100 (every chunk flagged pairwise). Timing only: a config
 that wins goes through `gate.py --only kda` before it becomes the default.
@@ -18,10 +19,11 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# the configs not timed since the pair kernel took the in-block pairs (results/2026-12-06_kda_bwd_sweep_dd00182_h100.json
-# has PAIR_BK 16 / 64, PAIR_WARPS=8 and WY_WARPS=4)
-DEFAULT_CONFIGS = ["", "DIAG_BH=8", "DG_BK=64", "STATE_BV=16", "STATE_BV=64", "WY_BK=16"]
-KNOWN = {"PAIR_BK", "PAIR_WARPS", "WY_BK", "WY_WARPS", "DG_BK", "DIAG_BH", "STATE_BV"}
+# the configs not timed since the pair kernel took the in-block pairs
+# (results/2026-12-06_kda_bwd_sweep_dd00182_h100.json has PAIR_BK 16 / 64, PAIR_WARPS=8 and WY_WARPS=4)
+DEFAULT_CONFIGS = ["", "DIAG_BH=8", "DG_BK=64", "STATE_BV=16", "STATE_BV=64", "WY_BK=16", "WY_STAGES=2",
+                   "PAIR_STAGES=2"]
+KNOWN = {"PAIR_BK", "PAIR_WARPS", "PAIR_STAGES", "WY_BK", "WY_WARPS", "WY_STAGES", "DG_BK", "DIAG_BH", "STATE_BV"}
 
 
 def parse(config: str) -> dict:

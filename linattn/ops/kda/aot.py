@@ -2,11 +2,12 @@
 own stage 2a and local backward kernels, and GDN's shared stages in their per-key-channel form (DECAY "channel"), at
 the configs KDA's launchers pick for H16/HV32, K = V = 128, bf16. KDA's own kernels walk the key row in blocks
 (INTRA_BK, WY_BK, PAIR_BK channels), which keeps each build free of spills (ptxas, Triton 3.6.0, sm_90a) except the
-WY kernel's 92 bytes, kept because its 32-channel blocks run faster than 16 spill-free ones; the test of the registry
-(tests/test_aot_gluon.py) fails any build that spills more than registered or lacks its HGMMA."""
+WY kernel's 112 bytes (at the 3 pipelining stages it runs with), kept because its 32-channel blocks run faster than
+16 spill-free ones; the test of the registry (tests/test_aot_gluon.py) fails any build that spills more than
+registered or lacks its HGMMA. The backward's local kernels are built with the stages their launches use."""
 from __future__ import annotations
 
-from linattn.ops.kda.triton.backward import DG_BK, PAIR_BK, PAIR_WARPS, WY_BK, WY_WARPS
+from linattn.ops.kda.triton.backward import DG_BK, PAIR_BK, PAIR_STAGES, PAIR_WARPS, WY_BK, WY_STAGES, WY_WARPS
 from linattn.ops.kda.triton.forward import CUMSUM_BK, DIAG_BH, INTRA_BK
 from linattn.runtime.aot import AotKernel, register
 
@@ -78,9 +79,9 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
                do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dgam_ptr=_F, dbeta_ptr=_F,
                dakk_ptr=_F, daqk_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32",
                scale="fp32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=WY_BK, BV=V, DOT_PREC="tf32"), WY_WARPS, 1,
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=WY_BK, BV=V, DOT_PREC="tf32"), WY_WARPS, WY_STAGES,
           "backward stage 2a: output, state and WY terms, dAkk and dAqk, in key blocks",
-          known_spill_bytes=92)
+          known_spill_bytes=112)
 _register(f"kda_bwd_triton_pair_diag_w{DIAG_BH}", "linattn.ops.kda.triton.backward", "kda_pair_diag_bwd_kernel",
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F, pairwise_ptr="*i8",
                dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
@@ -93,7 +94,7 @@ _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward
                dk_out_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(H=H, HV=HV, K=K, BT=BT, BK=PAIR_BK, DOT_PREC="tf32", BETA_SIGMOID=False, NEG_EIGVAL=False,
                FTZ=True),
-          PAIR_WARPS, 1,
+          PAIR_WARPS, PAIR_STAGES,
           "backward stage 2b (2/2): pairwise gradients of Akk / Aqk across 16-row blocks (and inside them where the "
           "chunk is not flagged), in key blocks",
           intended=("HMMA",))

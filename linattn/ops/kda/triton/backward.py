@@ -43,13 +43,15 @@ from linattn.runtime.host_path import cdiv
 
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps.
 # At K = V = 128 on sm_90a (ptxas, Triton 3.6.0) the pair and dg kernels spill nothing; the WY kernel at 32 channels
-# spills 92 bytes but runs its key-side products at wgmma N = 16 instead of 8 and is faster than at 16 channels
-# (4.07 against 4.75 ms at B1 T32768 H32 on an H200).
+# spills 112 bytes (3 stages) but runs its key-side products at wgmma N = 16 instead of 8 and is faster than at 16
+# channels (4.07 against 4.75 ms at B1 T32768 H32 on an H200).
 PAIR_BK = 32
 PAIR_WARPS = 4
+PAIR_STAGES = 3          # software-pipelining stages of the key-block loops (Triton's default)
 DG_BK = 32
 WY_BK = 32
 WY_WARPS = 8
+WY_STAGES = 3
 # value columns per program of the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY "channel", 8 warps)
 STATE_BV = 32
 
@@ -442,7 +444,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     kda_wy_bwd_kernel[(slots, HV)](
         q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
         dq_hv, dk_hv, dv, dgam, dbeta_part, dakk, daqk, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=min(BK, WY_BK), BV=BV, DOT_PREC=dot_prec, num_warps=WY_WARPS)
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=min(BK, WY_BK), BV=BV, DOT_PREC=dot_prec, num_warps=WY_WARPS,
+        num_stages=WY_STAGES)
     dg = empty(B, T, HV, K, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
@@ -459,7 +462,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
         k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta, dq_out,
         dk_out, plan.cu,
         plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS)
+        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS,
+        num_stages=PAIR_STAGES)
     kda_dg_kernel[(slots, HV)](
         g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N, HV=HV, K=K, BT=CHUNK,
         BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
