@@ -13,6 +13,7 @@ from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
 _X, _F, _I64, _I32 = "*bf16", "*fp32", "*i64", "*i32"
+_DEFAULT_STAGES = 3         # the kernels whose launches pass no num_stages run with Triton's default
 
 
 def _build(mod: str, kname: str, sig: dict, const: dict, warps: int, stages: int):
@@ -35,24 +36,24 @@ _register("kda_fwd_triton_cumsum_w4", "linattn.ops.kda.triton.intra", "kda_cumsu
           dict(q_ptr=_X, k_ptr=_X, g_ptr=_F, beta_ptr=_F, gcum_ptr=_F, beta_out_ptr=_F, kdec_ptr=_X, qdec_ptr=_X,
                pairwise_ptr="*i8", cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, H=H, HV=HV, K=K, BT=BT, BK=CUMSUM_BK, GATE="", HAS_DT_BIAS=False,
-               LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, 1,
+               LOWER_BOUND=0.0, BETA_SIGMOID=False, NEG_EIGVAL=False), 4, _DEFAULT_STAGES,
           "forward stage 2a (1/3): gates' cumsum, effective beta, decayed keys and queries, pairwise flag",
           intended=("LDG",))
 _register(f"kda_fwd_triton_diag_w{DIAG_BH}", "linattn.ops.kda.triton.intra", "kda_diag_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, pairwise_ptr="*i8", akkd_ptr=_F, aqkd_ptr=_F, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),
-          dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, 1,
+          dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, _DEFAULT_STAGES,
           "forward stage 2a (2/3): in-block pairs of Akk / Aqk token by token, chunks flagged pairwise",
           intended=("LDG",))
 _register("kda_fwd_triton_inter_solve_w4", "linattn.ops.kda.triton.intra", "kda_inter_solve_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, pairwise_ptr="*i8", akkd_ptr=_F, aqkd_ptr=_F,
                tinv_ptr=_X, aqk_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", FTZ=True), 4, 1,
+          dict(H=H, HV=HV, K=K, BT=BT, BK=INTRA_BK, DOT_PREC="tf32", FTZ=True), 4, _DEFAULT_STAGES,
           "forward stage 2a (3/3): Akk / Aqk through each block's first row, Tinv")
 _register("kda_fwd_triton_wu_w4", f"{_GDN}.intra_split", "wu_kernel",
           dict(k_ptr=_X, v_ptr=_X, beta_ptr=_F, gcum_ptr=_F, tinv_ptr=_X, w_ptr=_X, u_ptr=_X, cu_ptr=_I64,
                chunk_idx_ptr=_I32, N="i32"),
-          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32", DECAY="channel"), 4, 1,
+          dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=64, BV=64, DOT_PREC="tf32", DECAY="channel"), 4, _DEFAULT_STAGES,
           "forward stage 2b: W and U, per-channel decay")
 _register("kda_fwd_triton_state_w4", f"{_GDN}.chunk_state", "chunk_state_fwd_kernel",
           dict(k_ptr=_X, w_ptr=_X, u_ptr=_X, gcum_ptr=_F, h_ptr=_X, vnew_ptr=_X, h0_ptr=_F, ht_ptr=_F, cu_ptr=_I64,
@@ -67,7 +68,7 @@ _register("kda_fwd_triton_output_w8", f"{_GDN}.chunk_output", "chunk_output_kern
 _register("kda_bwd_triton_dv_local_w4", f"{_GDN}.backward_dv_local", "chunk_dv_local_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32",
                scale="fp32", aqk_ptr=_X),
-          dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, DOT_PREC="tf32", DECAY="channel"), 4, 2,
+          dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=K, BV=64, DOT_PREC="tf32", DECAY="channel"), 4, _DEFAULT_STAGES,
           "backward stage 1a: scale Aqk^T dO")
 _register("kda_bwd_triton_state_w8", f"{_GDN}.backward_state", "chunk_state_bwd_kernel",
           dict(q_ptr=_X, k_ptr=_X, w_ptr=_X, gcum_ptr=_F, do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dht_ptr=_F,
@@ -85,7 +86,7 @@ _register("kda_bwd_triton_wy_w8", "linattn.ops.kda.triton.backward", "kda_wy_bwd
 _register(f"kda_bwd_triton_pair_diag_w{DIAG_BH}", "linattn.ops.kda.triton.backward", "kda_pair_diag_bwd_kernel",
           dict(k_ptr=_X, q_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, dakk_ptr=_F, daqk_ptr=_F, pairwise_ptr="*i8",
                dq_ptr=_F, dk_ptr=_F, dgam_ptr=_F, dbeta_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
-          dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, 1,
+          dict(H=H, HV=HV, K=K, BT=BT, BK=K, BH=DIAG_BH, FTZ=True), DIAG_BH, _DEFAULT_STAGES,
           "backward stage 2b (1/2): pairwise gradients of Akk / Aqk inside 16-row blocks of chunks flagged pairwise, "
           "token by token", intended=("LDG",))
 _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward", "kda_pair_bwd_kernel",
@@ -101,7 +102,7 @@ _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward
 _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_kernel",
           dict(g_ptr=_F, dgam_ptr=_F, dg_ptr=_F, dA_ptr=_F, dbias_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, HV=HV, K=K, BT=BT, BK=DG_BK, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0),
-          4, 1, "backward stage 2c: dg, the reverse cumsum inside the chunk, and the gate's chain rule",
+          4, _DEFAULT_STAGES, "backward stage 2c: dg, the reverse cumsum inside the chunk, and the gate's chain rule",
           intended=("LDG",))
 
 
