@@ -58,6 +58,21 @@ def _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mask):
 
 
 @triton.jit
+def _qk_absmax(amax, kf, qf):
+    """amax updated with the largest |k|, |q| of a key block ([BT, BK] tiles): the pairwise test's second factor."""
+    return tl.maximum(amax, tl.maximum(tl.max(tl.max(tl.abs(kf), axis=1), axis=0),
+                                       tl.max(tl.max(tl.abs(qf), axis=1), axis=0)))
+
+
+@triton.jit
+def _store_pairwise_flag(pairwise_ptr, span, amax, hv, HV: tl.constexpr):
+    """The chunk's pairwise flag (the module's docstring): 0 where span (the largest |gam_i - gam_r|, r the first row
+    of i's block) times amax squared stays within 2^SPAN_LOG2, else 1 (a NaN gives 1)."""
+    safe = span * LOG2E + 2. * tl.log2(amax) <= SPAN_LOG2
+    tl.store(pairwise_ptr + tl.program_id(0) * HV + hv, tl.where(safe, 0, 1).to(tl.int8))
+
+
+@triton.jit
 def chunk_rows(chunk_idx_ptr, cu_ptr, N, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr):
     """What a (chunk slot, value head) program of KDA's chunk kernels starts from: program (p, hv) takes chunk slot
     p of value head hv. Returns live (False for a surplus slot of the varlen bound: the program returns), the
@@ -121,10 +136,8 @@ def kda_cumsum_kernel(
         first = ((i % 16) == 0)[:, None] & mk[None, :]
         _, d = tl.associative_scan((first, tl.where(first, 0., x)), 0, _segment_add)   # gam_i - gam_(block start)
         span = tl.maximum(span, tl.max(tl.max(tl.abs(d), axis=1), axis=0))
-        amax = tl.maximum(amax, tl.maximum(tl.max(tl.max(tl.abs(kf), axis=1), axis=0),
-                                           tl.max(tl.max(tl.abs(qf), axis=1), axis=0)))
-    safe = span * LOG2E + 2. * tl.log2(amax) <= SPAN_LOG2          # False for a NaN: pairwise
-    tl.store(pairwise_ptr + tl.program_id(0) * HV + hv, tl.where(safe, 0, 1).to(tl.int8))
+        amax = _qk_absmax(amax, kf, qf)
+    _store_pairwise_flag(pairwise_ptr, span, amax, hv, HV)
 
 
 @triton.jit
@@ -285,7 +298,5 @@ def kda_decayed_qk_kernel(
         g3 = tl.reshape(tl.where(m[:, None], gam, gam_last[None, :]), [BT // 16, 16, BK])
         g0 = tl.sum(tl.where((tl.arange(0, 16) == 0)[None, :, None], g3, 0.), axis=1)
         span = tl.maximum(span, tl.max(tl.max(tl.max(tl.abs(g3 - g0[:, None, :]), axis=2), axis=1), axis=0))
-        amax = tl.maximum(amax, tl.maximum(tl.max(tl.max(tl.abs(kf), axis=1), axis=0),
-                                           tl.max(tl.max(tl.abs(qf), axis=1), axis=0)))
-    safe = span * LOG2E + 2. * tl.log2(amax) <= SPAN_LOG2          # False for a NaN: pairwise
-    tl.store(pairwise_ptr + tl.program_id(0) * HV + hv, tl.where(safe, 0, 1).to(tl.int8))
+        amax = _qk_absmax(amax, kf, qf)
+    _store_pairwise_flag(pairwise_ptr, span, amax, hv, HV)
