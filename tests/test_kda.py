@@ -166,7 +166,7 @@ def test_chunk_inblock_products_and_pairwise_chunks(monkeypatch):
     steep for that (kda_cumsum_kernel flags the chunk, kda_diag_kernel forms its pairs one by one): weak decays
     everywhere except one channel at e^-8 per token in chunk 1 of head 1 and in the last block of chunk 2 of head 3,
     so one call (one kda_diag program group of 4 heads) mixes both ways. The backward makes the same choice from
-    the same test (kda_decayed_qk_kernel's flags: kda_pair_bwd_kernel's products or kda_pair_diag_bwd_kernel's token
+    the same test (kda_recompute_wu_kernel's flags: kda_pair_bwd_kernel's products or kda_pair_diag_bwd_kernel's token
     pairs). The flags are exactly those two in both, and o, the state and every gradient match fp64."""
     from linattn.ops.kda.triton import backward as bw
     from linattn.ops.kda.triton import forward as fw

@@ -65,6 +65,11 @@ _register("kda_fwd_triton_output_w8", f"{_GDN}.chunk_output", "chunk_output_kern
                chunk_off_ptr=_I64, N="i32", scale="fp32", aqk_ptr=_X),
           dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=64, BV=128, DOT_PREC="tf32", DECAY="channel"), 8, 2,
           "forward stage 4: output from the decayed queries and Aqk")
+_register("kda_bwd_triton_recompute_wu_w4", "linattn.ops.kda.triton.intra", "kda_recompute_wu_kernel",
+          dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, gcum_ptr=_F, beta_eff_ptr=_F, tinv_ptr=_X, kdec_ptr=_X, qdec_ptr=_X,
+               w_ptr=_X, u_ptr=_X, pairwise_ptr="*i8", cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
+          dict(H=HV, HV=HV, K=K, V=V, BT=BT, BK=32, BV=64, DOT_PREC="tf32"), 4, _DEFAULT_STAGES,
+          "backward stage 0: the decayed keys and queries, the pairwise flags, W and U from the saved gcum, beta, Tinv")
 _register("kda_bwd_triton_dv_local_w4", f"{_GDN}.backward_dv_local", "chunk_dv_local_kernel",
           dict(q_ptr=_X, k_ptr=_X, gcum_ptr=_F, do_ptr=_X, dvnew_ptr=_X, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32",
                scale="fp32", aqk_ptr=_X),

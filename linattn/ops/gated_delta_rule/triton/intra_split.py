@@ -358,11 +358,20 @@ def wu_kernel(
         store_tile(w_ptr + t0 * HV * K + hv * K, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), 0, kb * BK,
                    eos - t0, K, HV * K)
     if u_ptr is not None:
-        for vb in range(0, tl.cdiv(V, BV)):
-            b_v = load_tile(v_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
-            vs = (b_v.to(tl.float32) * beta[:, None]).to(op)
-            store_tile(u_ptr + t0 * HV * V + hv * V, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), 0, vb * BV,
-                       eos - t0, V, HV * V)
+        u_tiles(v_ptr, u_ptr, tinv, beta, t0, eos, hv, HV, V, BT, BV, DOT_PREC)
+
+
+@triton.jit
+def u_tiles(v_ptr, u_ptr, tinv, beta, t0, eos, hv, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+            BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """U = Tinv diag(beta) V of the chunk at token t0, stored in BV-column tiles (tinv [BT, BT] in the operand dtype,
+    beta [BT] fp32, 0 on rows past eos)."""
+    op = tinv.dtype
+    for vb in range(0, tl.cdiv(V, BV)):
+        b_v = load_tile(v_ptr + t0 * HV * V + hv * V, 0, vb * BV, eos - t0, V, HV * V, BT, BV)
+        vs = (b_v.to(tl.float32) * beta[:, None]).to(op)
+        store_tile(u_ptr + t0 * HV * V + hv * V, tl.dot(tinv, vs, input_precision=DOT_PREC).to(op), 0, vb * BV,
+                   eos - t0, V, HV * V)
 
 
 @dataclass(frozen=True)

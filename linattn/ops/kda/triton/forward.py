@@ -11,10 +11,13 @@ from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.common import dot_precision, ftz_exp2
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
-from linattn.ops.kda.triton.intra import (kda_cumsum_kernel, kda_decayed_qk_kernel, kda_diag_kernel,
-                                          kda_inter_solve_kernel)
+from linattn.ops.kda.triton.intra import (kda_cumsum_kernel, kda_diag_kernel, kda_inter_solve_kernel,
+                                          kda_recompute_wu_kernel)
 from linattn.runtime.alloc import empty
 
+# kda_recompute_wu_kernel's key channels per block: 32 at 4 warps, 163 registers (3 CTAs per SM) against 255 and a
+# spill at 64 (sm_90a, K = V = 128, Triton 3.6.0). W's columns are the same products either way (wu_kernel's at 64).
+RECOMPUTE_BK = 32
 # Stage 2a's three kernels: the gates' cumsum, the decayed keys / queries and the pairwise flag in blocks of CUMSUM_BK
 # key channels (64 at 4 warps: 255 registers, no spill, the fastest block on an H100); the in-block pairs token by
 # token where a chunk is flagged, DIAG_BH value heads per program (a head's key row in one warp, so its sums stay in
@@ -121,25 +124,31 @@ def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], 
                   state_v_first: bool = False, state_pass=None) -> KdaIntermediates:
     """The backward's intermediates from the forward's saved gcum, effective beta, Tinv (fp32 from the Triton stage
     2a, q's dtype from the Gluon one) and Aqk (what stage 2a writes, its costly part): the decayed keys and queries
-    and the chunks' pairwise flags again (kda_decayed_qk_kernel), then W / U and the state pass as
-    chunk_kda_fwd(keep=True) runs them, so the backward reads the same values."""
+    and the chunks' pairwise flags again, with W / U in the same pass (kda_recompute_wu_kernel: wu_kernel's
+    operations), then the state pass as chunk_kda_fwd(keep=True) runs it, so the backward reads the same values."""
     B, T, H, K = q.shape
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, q.device)
-    HV = v.shape[2]
-    kdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
-    qdec = empty(plan.T_total, HV, K, dtype=q.dtype, device=q.device)
-    pairwise = empty(plan.num_slots, HV, dtype=torch.int8, device=q.device)
-    kda_decayed_qk_kernel[(plan.num_slots, HV)](
-        q, k, gcum, kdec, qdec, pairwise, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV, K=K, BT=CHUNK,
-        BK=min(_pow2(K), 64), num_warps=4)
+    HV, V = v.shape[2], v.shape[3]
+    T_tot, dt, dev = plan.T_total, q.dtype, q.device
+    kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    qdec = empty(T_tot, HV, K, dtype=dt, device=dev)
+    w = empty(T_tot, HV, K, dtype=dt, device=dev)
+    u = empty(T_tot, HV, V, dtype=dt, device=dev)
+    pairwise = empty(plan.num_slots, HV, dtype=torch.int8, device=dev)
+    cfg = split_intra_config(K, V)
+    kda_recompute_wu_kernel[(plan.num_slots, HV)](
+        q, k, v, gcum, beta_eff, tinv, kdec, qdec, w, u, pairwise, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV,
+        K=K, V=V, BT=CHUNK, BK=min(cfg.BK, RECOMPUTE_BK), BV=cfg.BV, DOT_PREC=dot_precision(dt), num_warps=cfg.warps_wu)
     return _after_intra(q, k, v, scale, initial_state, False, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
-                        state_v_first, state_pass, output=False, keep=True, pairwise=pairwise)[2]
+                        state_v_first, state_pass, output=False, keep=True, pairwise=pairwise, wu=(w, u))[2]
 
 
 def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
-                 state_v_first, state_pass, output: bool, keep: bool, return_h: bool = False, pairwise=None):
-    """Stages 2b-4 of chunk_kda_fwd after stage 2a: W and U, the state pass, the output where asked; with keep the
-    intermediates (pairwise: the Triton stage 2a's flags, kept with them for the backward)."""
+                 state_v_first, state_pass, output: bool, keep: bool, return_h: bool = False, pairwise=None,
+                 wu=None):
+    """Stages 2b-4 of chunk_kda_fwd after stage 2a: W and U (or wu = (W, U) formed already), the state pass, the
+    output where asked; with keep the intermediates (pairwise: the Triton stage 2a's flags, kept with them for the
+    backward)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -147,12 +156,15 @@ def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, 
     dt = q.dtype
     dot_prec = dot_precision(dt)
     cfg = split_intra_config(K, V)
-    w = empty(T_tot, HV, K, dtype=dt, device=dev)
-    u = empty(T_tot, HV, V, dtype=dt, device=dev)
-    wu_kernel[(slots, HV)](
-        k, v, beta_eff, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
-        num_warps=cfg.warps_wu)
+    if wu is None:
+        w = empty(T_tot, HV, K, dtype=dt, device=dev)
+        u = empty(T_tot, HV, V, dtype=dt, device=dev)
+        wu_kernel[(slots, HV)](
+            k, v, beta_eff, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N,
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
+            num_warps=cfg.warps_wu)
+    else:
+        w, u = wu
 
     final = empty(*((N, HV, V, K) if state_v_first else (N, HV, K, V)), dtype=torch.float32,
                   device=dev) if output_final_state else None

@@ -30,8 +30,9 @@ can overflow whatever the decay.
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.common import LOG2E, chunk_span, exp2_fast, kda_gate_act, slot_chunk
-from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks
+from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, exp2_fast, kda_gate_act, slot_chunk,
+                                                        store_tile)
+from linattn.ops.gated_delta_rule.triton.intra_split import store_tinv_blocks, tinv_blocks, u_tiles
 
 # In-block pairs through the block's first row only where a factor times the largest |k|, |q| squared stays within
 # 2 ** SPAN_LOG2 (the module's docstring)
@@ -269,17 +270,25 @@ def kda_inter_solve_kernel(
 
 
 @triton.jit
-def kda_decayed_qk_kernel(
-    q_ptr, k_ptr, gcum_ptr, kdec_ptr, qdec_ptr,        # q, k [T_tot, H, K]; gcum [T_tot, HV, K] fp32; kdec, qdec
-    pairwise_ptr,                                      # [slots, HV] int8: kda_cumsum_kernel's flag
+def kda_recompute_wu_kernel(
+    q_ptr, k_ptr, v_ptr, gcum_ptr, beta_eff_ptr, tinv_ptr,   # the op's q, k, v; the forward's saved gcum, beta, Tinv
+    kdec_ptr, qdec_ptr, w_ptr, u_ptr,                        # [T_tot, HV, K] x 3 and [T_tot, HV, V] in k's dtype
+    pairwise_ptr,                                            # [slots, HV] int8: kda_cumsum_kernel's flag
     cu_ptr, chunk_idx_ptr, N,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): kda_cumsum_kernel's decayed keys and queries and its pairwise flag again from a saved
-    gcum (the backward's recompute when the forward kept gcum, Tinv and Aqk)."""
+    """Grid (chunk slots, HV): the backward's recompute from a saved gcum, effective beta and Tinv (the forward's
+    stage 2a outputs) in one pass over the chunk's key row: kda_cumsum_kernel's decayed keys and queries and its
+    pairwise flag, and wu_kernel's W = Tinv diag(beta) (K * exp(gam)) and U = Tinv diag(beta) V (DECAY "channel": the
+    same operations, so the same values as the forward's). One read of k and gcum serves the decayed keys and W."""
     live, n, c, t0, eos, hv, hk, i, r, m, last = chunk_rows(chunk_idx_ptr, cu_ptr, N, H, HV, BT)
     if not live:
         return
+    op = k_ptr.dtype.element_ty
+    beta = tl.load(beta_eff_ptr + r * HV + hv, mask=m, other=0.).to(tl.float32)
+    # Tinv rounded to the operand dtype, as wu_kernel reads it (rows past the end load as zeros)
+    tinv = tl.load(tinv_ptr + (r * HV + hv)[:, None] * BT + i[None, :], mask=m[:, None], other=0.).to(op)
     last = t0 + last                           # absolute here
     span = tl.full([], 0., tl.float32)         # as kda_cumsum_kernel's
     amax = tl.full([], 1., tl.float32)
@@ -294,9 +303,13 @@ def kda_decayed_qk_kernel(
         kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         qf = tl.load(q_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
         _store_decayed_qk(kdec_ptr, qdec_ptr, off_hk, kf, qf, gam, gam_last, mrk)
+        ks = (kf * (beta[:, None] * tl.exp(gam))).to(op)
+        store_tile(w_ptr + t0 * HV * K + hv * K, tl.dot(tinv, ks, input_precision=DOT_PREC).to(op), 0, kb * BK,
+                   eos - t0, K, HV * K)
         # gam_i - gam_(i's block's first row); rows past the end hold gam_C, as the cumsum leaves them
         g3 = tl.reshape(tl.where(m[:, None], gam, gam_last[None, :]), [BT // 16, 16, BK])
         g0 = tl.sum(tl.where((tl.arange(0, 16) == 0)[None, :, None], g3, 0.), axis=1)
         span = tl.maximum(span, tl.max(tl.max(tl.max(tl.abs(g3 - g0[:, None, :]), axis=2), axis=1), axis=0))
         amax = _qk_absmax(amax, kf, qf)
+    u_tiles(v_ptr, u_ptr, tinv, beta, t0, eos, hv, HV, V, BT, BV, DOT_PREC)
     _store_pairwise_flag(pairwise_ptr, span, amax, hv, HV)
