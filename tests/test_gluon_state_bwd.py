@@ -99,7 +99,8 @@ def test_launch_matches_aot_signature(B, T, lens, dv_local):
         assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
     assert grid == (128 // cfg.BV, plan.N * 32)
     assert kwargs == dict(H=16, HV=32, K=128, V=128, BT=64, BV=cfg.BV, USE_DHT=True, STORE_DH0=True,
-                          STAGES=cfg.stages, DV_LOCAL=dv_local, num_warps=8 if dv_local and cfg.BV == 64 else 4)
+                          STAGES=cfg.stages, DV_LOCAL=dv_local, DECAY="scalar",
+                          num_warps=8 if dv_local and cfg.BV == 64 else 4)
     T_tot, slots = plan.T_total, plan.num_slots
     shapes = [list(a.shape) for a in args[:5]] + [list(args[6].shape)]
     assert shapes == [[T_tot, 16 * 128]] * 2 + [[T_tot, 32 * 128]] + [[T_tot, 32 * 128]] * 2 + [[slots * 32 * 128, 128]]
@@ -112,6 +113,35 @@ def test_launch_matches_aot_signature(B, T, lens, dv_local):
     assert args[5] is gcum and args[8] is dht and args[9] is dh0 and args[10] is plan.cu
     names = list(kernel.arg_names)
     assert names[:len(args)] == list(sig) and sorted(names[len(args):]) == sorted(k for k in kwargs if k != "num_warps")
+
+
+@needs_gluon
+@pytest.mark.parametrize("B,T,lens", [(1, 4096, None), (1, 3000, [1, 63, 65, 1000, 1871])])
+def test_kda_channel_launch_matches_aot_signature(B, T, lens):
+    """KDA's reverse pass on the same kernel (decay "channel"): the decayed queries and keys per value head [T_tot, HV,
+    K] as q / k (boxes at the value head's columns), gcum [T_tot, HV, K]; the arguments mangle to the AOT signature of
+    kda/aot.py's builds, DECAY "channel" and no stage 1a; a call that mixes the forms is refused by name."""
+    from triton.runtime.jit import mangle_type
+
+    from linattn.ops.gated_delta_rule.aot import bwd_dh_signature
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import state_bwd_config, state_bwd_launch
+    plan, bufs = _plan_and_buffers(B, T, 32, 32, lens)
+    q, k, w, gcum, do, dh, dvnew, dht, dh0 = bufs
+    T_tot = plan.T_total
+    qdec, kdec = (torch.zeros(T_tot, 32, 128, dtype=torch.bfloat16) for _ in range(2))
+    gk = torch.zeros(T_tot, 32, 128)
+    cfg = state_bwd_config(plan.N, 32, 128, 132)
+    kernel, grid, args, kwargs = state_bwd_launch(qdec, kdec, w, gk, do, dh, dvnew, dht, dh0, plan, 0.1, cfg,
+                                                  decay="channel")
+    sig = bwd_dh_signature("bf16", cfg.BV)
+    for (name, want), arg in zip(sig.items(), args):
+        assert mangle_type(arg) == want, f"{name}: launcher passes {mangle_type(arg)}, AOT compiled {want}"
+    assert kwargs["DECAY"] == "channel" and kwargs["DV_LOCAL"] is False and kwargs["H"] == kwargs["HV"] == 32
+    assert [list(a.shape) for a in args[:2]] == [[T_tot, 32 * 128]] * 2 and args[5] is gk
+    with pytest.raises(ValueError, match="decay 'channel'"):
+        state_bwd_launch(qdec, kdec, w, gcum, do, dh, dvnew, dht, dh0, plan, 0.1, cfg, decay="channel")
+    with pytest.raises(ValueError, match="decay 'channel'"):
+        state_bwd_launch(qdec, kdec, w, gk, do, dh, dvnew, dht, dh0, plan, 0.1, cfg, True, decay="channel")
 
 
 @needs_gluon

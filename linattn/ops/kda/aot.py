@@ -165,3 +165,25 @@ for _bv, _nwu in ((64, 1), (32, 2)):          # fused_forward.kda_fused_config's
         description=f"KDA forward stages 2b-4 in one warp-specialised Gluon kernel: TMA producer, W/U, state chain "
                     f"with the per-channel decay, output from Qdec and Aqk; BV={_bv}, 2 stages, {_nwu} W buffers, "
                     f"H16/HV32 K=V=128 bf16"))
+
+
+def _gluon_state_bwd_build(BV: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.aot import bwd_dh_signature
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
+        const = dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages,
+                     DV_LOCAL=False, DECAY="channel", seg_ptr=None, sel_ptr=None)
+        sig = bwd_dh_signature("bf16", BV)
+        sig.update({n: "constexpr" for n in const})
+        return fn, sig, const, {"num_warps": 4}
+    return build
+
+
+for _bv, _stages in ((32, 3), (64, 2)):        # chunk_state_bwd.state_bwd_config's two configs without stage 1a
+    register(AotKernel(
+        f"kda_bwd_gluon_state_bv{_bv}_s{_stages}", _gluon_state_bwd_build(_bv, _stages),
+        ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
+        div16=("gcum_ptr", "dvnew_ptr", "dht_ptr", "dh0_ptr", "cu_ptr", "chunk_off_ptr"),
+        description=f"KDA backward stage 1 (reverse state pass) in Gluon: GDN's TMA ring + wgmma kernel with the "
+                    f"per-channel decay (decayed q / k tiles, dS rows by exp(gam_C)); BV={_bv}, {_stages}-stage ring, "
+                    f"HV32 K=V=128 bf16"))

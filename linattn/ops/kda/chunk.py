@@ -92,9 +92,11 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_
 def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_state: Optional[_T],
                    cu_seqlens: Optional[_T], A_log: Optional[_T], dt_bias: Optional[_T], gate: str,
                    lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do: _T,
-                   dht: Optional[_T], saved: List[_T]) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
+                   dht: Optional[_T], saved: List[_T],
+                   gluon_state: bool = False) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
     """saved: the forward's kept tensors in _chunk_kda_fwd's order from gcum on (4 or 10 of them), or none (then the
-    forward is recomputed)."""
+    forward is recomputed). gluon_state: the reverse state pass on Hopper's Gluon kernel where the call fits it
+    (kda/gluon/state_bwd.py; the gluon backend's backward), else Triton's."""
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
     from linattn.ops.kda.triton.forward import KdaIntermediates, kda_recompute
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
@@ -104,16 +106,19 @@ def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
         it = KdaIntermediates(plan, *saved)
     elif len(saved) == 4:
         it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first)
+    state_bwd = None
+    if gluon_state and not state_v_first:
+        from linattn.ops.kda.gluon.state_bwd import kda_state_bwd_gluon as state_bwd
     grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
                           beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
-                          state_v_first=state_v_first, saved=it)
+                          state_v_first=state_v_first, saved=it, state_bwd=state_bwd)
     # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
     return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
 
 
 @_chunk_kda_bwd.register_fake
 def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-      neg_eigval, state_v_first, do, dht, saved):
+      neg_eigval, state_v_first, do, dht, saved, gluon_state=False):
     empty0 = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta),
@@ -124,10 +129,11 @@ def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-     beta_sigmoid, neg_eigval, state_v_first, save, _intra) = inputs
+     beta_sigmoid, neg_eigval, state_v_first, save, intra) = inputs
     kept = output[2:6] if save == SAVE_STAGE2A else output[2:] if save == SAVE_ALL else ()
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *kept)
     ctx.args = (scale, gate, lower_bound, beta_sigmoid, neg_eigval, state_v_first, output_final_state)
+    ctx.gluon_state = intra == "gluon"
     # outputs that no loss reaches (the kept intermediates always, o or the final state sometimes) get None in the
     # backward instead of zero-filled gradients: at B1 T32768 H32 those fills wrote ~0.8 GB per backward
     ctx.set_materialize_grads(False)
@@ -141,7 +147,7 @@ def _backward(ctx, do, dht, *_):
         do = v.new_zeros(v.shape)
     dq, dk, dv, dg, dbeta, dh0, dA, dbias = _chunk_kda_bwd(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound, beta_sigmoid,
-        neg_eigval, state_v_first, do, dht if use_dht else None, saved)
+        neg_eigval, state_v_first, do, dht if use_dht else None, saved, ctx.gluon_state)
     return (dq, dk, dv, dg, dbeta, None, dh0 if initial_state is not None else None, None, None,
             dA if A_log is not None and gate else None, dbias if dt_bias is not None and gate else None,
             None, None, None, None, None, None, None)

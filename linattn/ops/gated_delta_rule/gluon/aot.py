@@ -88,7 +88,7 @@ def _bwd_dh_build(dtype: str, BV: int, warps: int, stages: int, dv_local: bool, 
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
         const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages,
-                     DV_LOCAL=dv_local)
+                     DV_LOCAL=dv_local, DECAY="scalar")
         if launch != "seg":
             const["seg_ptr"] = None
         if not launch:

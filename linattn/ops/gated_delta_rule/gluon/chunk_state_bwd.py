@@ -148,8 +148,10 @@ if GLUON_OK:
         sel_ptr, seg_ptr, seq_len,                  # optional selection / segment words (or None), segment launch's T
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, BV: gl.constexpr, USE_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
-        STAGES: gl.constexpr, DV_LOCAL: gl.constexpr = False,
+        STAGES: gl.constexpr, DV_LOCAL: gl.constexpr = False, DECAY: gl.constexpr = "scalar",
     ):
+        if DV_LOCAL:
+            gl.static_assert(DECAY == "scalar", "stage 1a in the kernel is GDN's (a scalar decay)")
         NW: gl.constexpr = gl.num_warps()
         dt: gl.constexpr = w_desc.dtype
         ACC: gl.constexpr = bwd_acc_layout(BV, NW)
@@ -203,10 +205,19 @@ if GLUON_OK:
         r_i = gl.arange(0, BT, layout=TI)
         r_j = gl.arange(0, BT, layout=TJ)
 
-        # gates of the last chunk; each iteration then loads the next one's (an earlier chunk) while it computes
+        # gates of the last chunk; each iteration then loads the next one's (an earlier chunk) while it computes.
+        # DECAY "channel" (KDA): q and k hold the decayed queries and keys already (Q exp(gam), K exp(gam_C - gam),
+        # per value head), and dS decays per key row by exp(gam_C) [K] (gcum [T_tot, HV, K], the last row's)
         t_n = bos + (nchunks - 1) * BT
-        gam = gl.load(gcum_ptr + (t_n + r_t) * HV + hv, mask=((t_n + r_t) < eos) & (nchunks > 0), other=0.)
-        gam_last = gl.load(gcum_ptr + (t_n + gl.minimum(eos - t_n, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
+        r_k = gl.arange(0, K, layout=ROWS)
+        if DECAY == "scalar":
+            gam = gl.load(gcum_ptr + (t_n + r_t) * HV + hv, mask=((t_n + r_t) < eos) & (nchunks > 0), other=0.)
+            gam_last = gl.load(gcum_ptr + (t_n + gl.minimum(eos - t_n, BT) - 1) * HV + hv, mask=nchunks > 0,
+                               other=0.)
+        else:
+            gam = gl.zeros([BT], gl.float32, ROWS)                  # unused
+            gam_last = gl.load(gcum_ptr + ((t_n + gl.minimum(eos - t_n, BT) - 1) * HV + hv) * K + r_k,
+                               mask=(r_k < K) & (nchunks > 0), other=0.)
 
         for i in range(0, nchunks):
             c = nchunks - 1 - i
@@ -219,8 +230,13 @@ if GLUON_OK:
                              DV_LOCAL)
             # gates of chunk c - 1 (a whole chunk when c > 0), consumed next iteration
             t1 = t0 - BT
-            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=c > 0, other=0.)
-            gam_last_n = gl.load(gcum_ptr + (t1 + BT - 1) * HV + hv, mask=c > 0, other=0.)
+            if DECAY == "scalar":
+                gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=c > 0, other=0.)
+                gam_last_n = gl.load(gcum_ptr + (t1 + BT - 1) * HV + hv, mask=c > 0, other=0.)
+            else:
+                gam_n = gam
+                gam_last_n = gl.load(gcum_ptr + ((t1 + BT - 1) * HV + hv) * K + r_k, mask=(r_k < K) & (c > 0),
+                                     other=0.)
 
             # dh[chunk] = dS through ds_smem and a TMA store; ds_smem is also P1's B operand
             tma_store_wait(0)
@@ -235,9 +251,12 @@ if GLUON_OK:
             rows = t0 + r_t
             valid = rows < eos
             # qg = (Q * exp(gam) * scale).to(dt), rows past the end 0, through qg_smem (P2's A operand)
-            gam_q = gl.convert_layout(gam, QROWS)
             valid_q = gl.expand_dims((t0 + r_q) < eos, 1)
-            qv = q_smem.index(s).load(LQ).to(gl.float32) * gl.expand_dims(gl.exp(gam_q) * scale, 1)
+            if DECAY == "scalar":
+                gam_q = gl.convert_layout(gam, QROWS)
+                qv = q_smem.index(s).load(LQ).to(gl.float32) * gl.expand_dims(gl.exp(gam_q) * scale, 1)
+            else:
+                qv = q_smem.index(s).load(LQ).to(gl.float32) * scale
             qg_smem.store(gl.where(valid_q, qv, 0.).to(dt))
             if DV_LOCAL:
                 # P^T = (scale K Q^T) * exp(gam_j - gam_i) on i <= j with q row j valid (masked before exp: gam is
@@ -249,9 +268,12 @@ if GLUON_OK:
                 pt = gl.where(upper, kq * gl.exp(gl.where(upper, gdiff, 0.)) * scale, 0.)
                 pt_smem.store(pt.to(dt))
             # kdec = (K * exp(gam_C - gam)).to(dt) in registers, rows past the end 0 (P1's A operand)
-            gam_a = gl.convert_layout(gam, AROWS)
             valid_a = gl.expand_dims((t0 + r_a) < eos, 1)
-            kv = k_smem.index(s).load(OPA).to(gl.float32) * gl.expand_dims(gl.exp(gam_last - gam_a), 1)
+            if DECAY == "scalar":
+                gam_a = gl.convert_layout(gam, AROWS)
+                kv = k_smem.index(s).load(OPA).to(gl.float32) * gl.expand_dims(gl.exp(gam_last - gam_a), 1)
+            else:
+                kv = k_smem.index(s).load(OPA).to(gl.float32)
             kdec = gl.where(valid_a, kv, 0.).to(dt)
             if not DV_LOCAL:
                 dv_in = dv_smem.index(s).load(ACC).to(gl.float32)
@@ -264,7 +286,11 @@ if GLUON_OK:
                 tma_store(dh_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], ds_smem)
 
             # P2 (dS side, independent of dS's new terms) and P1 (dVnew) in flight together
-            tok_s = warpgroup_mma(qg_smem.permute((1, 0)), do_smem.index(s), ds * gl.exp(gam_last), is_async=True)
+            if DECAY == "scalar":
+                ds_dec = ds * gl.exp(gam_last)
+            else:
+                ds_dec = ds * gl.expand_dims(gl.exp(gam_last), 1)
+            tok_s = warpgroup_mma(qg_smem.permute((1, 0)), do_smem.index(s), ds_dec, is_async=True)
             if DV_LOCAL:   # P0b: dVnew = P^T dO (fp32), then P1 accumulates kdec dS onto it
                 tok_l = warpgroup_mma(pt_smem, do_smem.index(s), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False,
                                       is_async=True)
@@ -325,7 +351,7 @@ def state_bwd_config(N: int, HV: int, V: int, num_sms: int, dv_local: bool = Fal
 
 
 def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig,
-                     dv_local: bool = False, select=None, seg=None, seq_len: int = 0):
+                     dv_local: bool = False, select=None, seg=None, seq_len: int = 0, decay: str = "scalar"):
     """(kernel, grid, args, kwargs) of one launch of chunk_state_bwd_tma_kernel; the arguments mirror the Triton
     launch of chunk_state_bwd_kernel in triton/backward.py. Separate from the launch so that a CPU test can check
     them (descriptors build on CPU tensors) against the AOT signature (aot.py, bwd_dh_signature).
@@ -335,7 +361,9 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
     contiguous, one 16-bit dtype); dht [N,HV,K,V] any float or None; dh0 [N,HV,K,V] fp32 or None.
     select / seg / seq_len: the segment launch (plan: segment_start.segment_plan's; seg: segment_windows' reverse
     words over its segments, select [sequences, HV] their slow pairs, seq_len the sequences' T; dh the sequence
-    plan's slots) or the unsegmented launch of the selected pairs (select [N, HV], no seg)."""
+    plan's slots) or the unsegmented launch of the selected pairs (select [N, HV], no seg).
+    decay "channel" (KDA): q, k the decayed queries and keys [T_tot, HV, K] (Q exp(gam), K exp(gam_C - gam), per
+    value head), gcum [T_tot, HV, K] fp32; not with dv_local."""
     from linattn.ops.gated_delta_rule.gluon.fused_forward import selection_args
     from linattn.runtime.gluon_compat import TensorDescriptor
     H, K = q.shape[-2], q.shape[-1]
@@ -347,6 +375,11 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
             raise ValueError(f"{name} is {t.dtype}, q is {dt}: the Gluon state backward takes one 16-bit dtype")
     if dh.data_ptr() % 16:
         raise ValueError("dh must be 16-byte aligned for the TMA store (the backward allocates it)")
+    if decay not in ("scalar", "channel"):
+        raise ValueError(f"decay must be 'scalar' or 'channel', got {decay!r}")
+    if decay == "channel" and (dv_local or gcum.shape[-1] != K or H != HV):
+        raise ValueError("decay 'channel' takes the decayed q and k per value head [T_tot, HV, K], gcum [T_tot, HV, "
+                         f"K], no dv_local (q {tuple(q.shape)}, gcum {tuple(gcum.shape)}, dv_local {dv_local})")
     gdt = gl_dtype(dt)
 
     def desc(t2d, block):             # templates per (shape, strides, box, dtype): one layout object for the key
@@ -361,7 +394,7 @@ def state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
             dht if dht is not None else gcum, dh0 if dh0 is not None else gcum, plan.cu, plan.chunk_offsets,
             float(scale)) + selection_args(select, seg, plan.N, HV) + (int(seq_len),)
     kwargs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STAGES=cfg.stages, DV_LOCAL=bool(dv_local), num_warps=cfg.num_warps)
+                  STAGES=cfg.stages, DV_LOCAL=bool(dv_local), DECAY=decay, num_warps=cfg.num_warps)
     grid = (V // cfg.BV, N * HV)
     return chunk_state_bwd_tma_kernel, grid, args, kwargs
 
@@ -407,27 +440,33 @@ def state_bwd_prepare_capture(B: int, T: int, HV: int, V: int, device) -> None:
 
 
 def _launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float, cfg: BwdStateConfig, dv_local: bool,
-            select=None, seg=None, seq_len: int = 0) -> None:
+            select=None, seg=None, seq_len: int = 0, decay: str = "scalar") -> None:
     """One launch of chunk_state_bwd_tma_kernel (state_bwd_launch's arguments) through the host path."""
     kernel, grid, args, kwargs = state_bwd_launch(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local,
-                                                  select=select, seg=seg, seq_len=seq_len)
+                                                  select=select, seg=seg, seq_len=seq_len, decay=decay)
     launches(kernel, grid, args, kwargs)
 
 
 def chunk_state_bwd_gluon(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale: float,
                           config: Optional[BwdStateConfig] = None, dv_local: bool = False, segments=None, g=None,
-                          beta=None, run=None) -> None:
+                          beta=None, run=None, decay: str = "scalar") -> None:
     """Backward stage 1 on sm_90a, a drop-in for the Triton launch of chunk_state_bwd_kernel (the `state_bwd` hook
     of triton/backward.py chunk_gated_delta_rule_bwd): writes dh, adds the state term to dvnew in place, writes dh0
     when given. With dv_local, stages 1a and 1 in one launch: dvnew is written whole (P^T dO + the state term), its
     contents on entry unread. K == V == 128, bf16/fp16 (the gluon backend's supports() checks the call).
     segments = (S, L) (state_bwd_segments) with g and beta, the op's inputs: the segment launch (_segments). run
-    replaces _launch (same arguments; CPU tests pass testing/state_models.py's model)."""
+    replaces _launch (same arguments; CPU tests pass testing/state_models.py's model). decay "channel": KDA's pass
+    (state_bwd_launch), unsegmented, without stage 1a."""
     from linattn.runtime.device import device_facts
     cfg = config or state_bwd_config(plan.N, dvnew.shape[1], dvnew.shape[2], device_facts(q.device).num_sms, dv_local)
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     run = run or _launch
+    if decay != "scalar":
+        if segments is not None or dv_local:
+            raise ValueError("decay 'channel' runs unsegmented, without stage 1a (dv_local)")
+        run(q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, False, decay=decay)
+        return
     if segments is not None:
         _segments(run, q, k, w, gcum, do, dh, dvnew, dht, dh0, plan, scale, cfg, dv_local, g, beta, *segments)
         return
