@@ -87,7 +87,7 @@ def _compare(L, bufs, plan, same_base=True):
         _same_arg(a, b, same_base)
     consts = dict(zip(kernel.arg_names[nrt:], full[nrt:]))
     assert consts == dict(H=k.shape[-2], HV=u.shape[1], K=128, V=128, BT=64, BV=cfg.BV, USE_H0=bufs[6] is not None,
-                          STORE_HT=bufs[7] is not None, STAGES=cfg.stages)
+                          STORE_HT=bufs[7] is not None, STAGES=cfg.stages, DECAY="scalar")
     assert full[nrt:] == ref[nrt:]
     return sp, full
 
@@ -182,6 +182,42 @@ def test_cached_arguments_mangle_to_the_aot_signature(L):
             assert mangle_type(arg) == want, (name, mangle_type(arg), want)
         if lens is None:
             assert kernel_name("bf16", sp.cfg.BV, sp.cfg.num_warps, sp.cfg.stages) in registered
+
+
+def test_kda_channel_call_mangles_to_its_aot_signature_and_keys_apart(L):
+    """KDA's recompute on the same kernel (decay "channel", kda/gluon/state.py): the decayed keys per value head
+    [T_tot, HV, K] as k (boxes at the value head's columns), gcum [T_tot, HV, K]; the arguments mangle to the AOT
+    signature of kda/aot.py's builds with DECAY "channel", whose configs are registered; a GDN call of the same
+    shapes gets its own plan; a call that mixes the forms is refused by name."""
+    from triton.runtime.jit import mangle_type
+
+    import linattn.ops.kda.aot  # noqa: F401  (registers the KDA builds)
+    from linattn.ops.gated_delta_rule.aot import signature
+    from linattn.runtime.aot import kernels
+    for B, T, lens in ((1, 8192, None), (8, 4096, None), (1, 3000, [1, 63, 65, 1000, 1871])):
+        plan, bufs = _buffers(B, T, 32, 32, lens, True, False, BF)
+        _k, w, u, gcum, h, vnew, h0, ht = bufs
+        kdec = torch.empty(plan.T_total, 32, 128, dtype=BF)
+        gk = torch.empty(plan.T_total, 32, 128)
+        sp, full = L.cached_state_args(kdec, w, u, gk, h, vnew, h0, ht, plan, decay="channel")
+        for (name, want), arg in zip(signature("bf16", sp.cfg.BV).items(), full):
+            assert mangle_type(arg) == want, (name, mangle_type(arg), want)
+        consts = dict(zip(sp.kernel.arg_names[-len(sp.constexprs):], sp.constexprs))
+        assert consts["DECAY"] == "channel" and consts["H"] == consts["HV"] == 32 and not consts["STORE_HT"]
+        assert list(full[0].shape) == [plan.T_total, 32 * 128] and full[3] is gk
+        if lens is None:
+            assert f"kda_bwd_gluon_recompute_state_bv{sp.cfg.BV}_s{sp.cfg.stages}" in kernels()
+        sp_gdn, full_gdn = L.cached_state_args(kdec.view(B, -1, 32, 128) if lens is None else kdec[None], w, u,
+                                               gcum, h, vnew, h0, ht, plan)
+        assert sp_gdn is not sp and dict(zip(sp_gdn.kernel.arg_names[-len(sp_gdn.constexprs):],
+                                             sp_gdn.constexprs))["DECAY"] == "scalar"
+        with pytest.raises(ValueError, match="decay 'channel'"):
+            L.cached_state_args(kdec, w, u, gcum, h, vnew, h0, ht, plan, decay="channel")
+        with pytest.raises(ValueError, match="decay 'channel'"):
+            L.cached_state_args(torch.empty(plan.T_total, 16, 128, dtype=BF), w, u, gk, h, vnew, h0, ht, plan,
+                                decay="channel")       # keys per key head (GVA): not the decayed keys
+    with pytest.raises(ValueError, match="decay must be"):
+        L.cached_state_args(kdec, w, u, gk, h, vnew, h0, ht, plan, decay="vector")
 
 
 def test_cache_off_stores_nothing_and_builds_every_descriptor(L):

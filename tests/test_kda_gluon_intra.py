@@ -358,3 +358,33 @@ def test_fake_forward_saves_the_backends_tinv(intra, save, tinv_dtype):
                                               False, False, False, save, intra)
     assert out[4].dtype == tinv_dtype and out[4].shape == (128, 2, 64)
     assert out[2].dtype == torch.float32 and out[2].shape == (128, 2, 64)
+
+
+def test_gluon_state_hooks_fall_back_to_triton_off_cuda():
+    """The gluon backend's backward passes both state passes as hooks (kda/gluon/state.py: the recompute's and the
+    reverse one); where the Gluon kernels cannot run (here: CPU tensors) they hand the same arguments to the Triton
+    passes, so the backward with the hooks gives bit-for-bit the gradients it gives without them (slow decays, varlen
+    with a 1-token sequence, initial state and a final-state gradient)."""
+    from linattn.ops.kda.gluon.state import kda_state_gluon_supported
+    from linattn.ops.kda.chunk import SAVE_STAGE2A
+
+    torch.manual_seed(torch.seed() % 2 ** 31)
+    lens = [1, 70, 57]
+    T, H, K = sum(lens), 2, 64
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    q, k = torch.randn(1, T, H, K), torch.nn.functional.normalize(torch.randn(1, T, H, K), dim=-1)
+    v = torch.randn(1, T, H, K)
+    g = -(0.01 + 0.1 * torch.rand(1, T, H, K))
+    beta = torch.rand(1, T, H)
+    h0 = torch.randn(len(lens), H, K, K)
+    ok, reason = kda_state_gluon_supported(q[0], v)
+    assert not ok and "cpu" in reason, reason
+    out = torch.ops.linattn.chunk_kda_fwd(q, k, v, g, beta, K ** -0.5, h0, True, cu, None, None, "", 0.0, False,
+                                          False, False, SAVE_STAGE2A, "triton")
+    saved = list(out[2:6])
+    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    grads = [torch.ops.linattn.chunk_kda_bwd(q, k, v, g, beta, K ** -0.5, h0, cu, None, None, "", 0.0, False, False,
+                                             False, do, dht, saved, hooks) for hooks in (False, True)]
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads[0], grads[1]):
+        assert torch.isfinite(a).all() and a.abs().sum() > 0, name
+        assert torch.equal(a, b), name

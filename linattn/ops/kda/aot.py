@@ -187,3 +187,25 @@ for _bv, _stages in ((32, 3), (64, 2)):        # chunk_state_bwd.state_bwd_confi
         description=f"KDA backward stage 1 (reverse state pass) in Gluon: GDN's TMA ring + wgmma kernel with the "
                     f"per-channel decay (decayed q / k tiles, dS rows by exp(gam_C)); BV={_bv}, {_stages}-stage ring, "
                     f"HV32 K=V=128 bf16"))
+
+
+def _gluon_state_fwd_build(BV: int, stages: int):
+    def build():
+        from linattn.ops.gated_delta_rule.gluon.aot import signature
+        from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as fn
+        const = dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=False, STAGES=stages,
+                     DECAY="channel")
+        sig = signature("bf16", BV)
+        sig.update({n: "constexpr" for n in const})
+        return fn, sig, const, {"num_warps": 4}
+    return build
+
+
+for _bv, _stages in ((32, 3), (64, 2)):        # launcher.state_config's configs at B1 and B8 H32
+    register(AotKernel(
+        f"kda_bwd_gluon_recompute_state_bv{_bv}_s{_stages}", _gluon_state_fwd_build(_bv, _stages),
+        ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
+        div16=("gcum_ptr", "vnew_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr"),
+        description=f"KDA backward's recompute, stage 3 (state pass) in Gluon: GDN's TMA ring + wgmma kernel with the "
+                    f"per-channel decay (decayed key tiles, S rows by exp(gam_C)); BV={_bv}, {_stages}-stage ring, "
+                    f"HV32 K=V=128 bf16"))

@@ -95,20 +95,22 @@ def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
                    dht: Optional[_T], saved: List[_T],
                    gluon_state: bool = False) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
     """saved: the forward's kept tensors in _chunk_kda_fwd's order from gcum on (4 or 10 of them), or none (then the
-    forward is recomputed). gluon_state: the reverse state pass on Hopper's Gluon kernel where the call fits it
-    (kda/gluon/state_bwd.py; the gluon backend's backward), else Triton's."""
+    forward is recomputed). gluon_state: the recompute's state pass and the reverse state pass on Hopper's Gluon
+    kernels where the call fits them (kda/gluon/state.py; the gluon backend's backward), else Triton's."""
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
     from linattn.ops.kda.triton.forward import KdaIntermediates, kda_recompute
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    state_pass = state_bwd = None
+    if gluon_state and not state_v_first:
+        from linattn.ops.kda.gluon.state import kda_state_bwd_gluon as state_bwd
+        from linattn.ops.kda.gluon.state import kda_state_fwd_gluon as state_pass
     it = None
     if len(saved) == 10:
         plan = make_chunk_plan(q.shape[0], q.shape[1], cu_seqlens, 64, q.device)
         it = KdaIntermediates(plan, *saved)
     elif len(saved) == 4:
-        it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first)
-    state_bwd = None
-    if gluon_state and not state_v_first:
-        from linattn.ops.kda.gluon.state_bwd import kda_state_bwd_gluon as state_bwd
+        it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first,
+                           state_pass=state_pass)
     grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
                           beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
                           state_v_first=state_v_first, saved=it, state_bwd=state_bwd)

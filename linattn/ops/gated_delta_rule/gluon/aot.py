@@ -33,7 +33,8 @@ def signature(dtype: str, BV: int):
 def _build(dtype: str, BV: int, warps: int, stages: int):
     def build():
         from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as fn
-        constexprs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=True, STAGES=stages)
+        constexprs = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=True, STAGES=stages,
+                          DECAY="scalar")
         sig = signature(dtype, BV)
         sig.update({name: "constexpr" for name in constexprs})
         return fn, sig, constexprs, {"num_warps": warps}

@@ -85,10 +85,11 @@ if GLUON_OK:
     @gluon.jit
     def _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, it, s, gam, gam_last, t0, eos, r_t, c_v,
                         hv, vnew_ptr, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                        STAGES: gl.constexpr, ACC: gl.constexpr):
+                        STAGES: gl.constexpr, ACC: gl.constexpr, DECAY: gl.constexpr = "scalar"):
         """One chunk of the state pass on ring slot it % STAGES, S already in s_smem: waits for the slot's loads,
         then product 1 (Vnew = U - W S, stored on the valid rows) and product 2 (S = exp(gam_C) S + K^T (d * Vnew));
-        returns the next S."""
+        returns the next S. DECAY "channel" (KDA): the k tile holds the decayed keys K exp(gam_C - gam) and gam_last
+        is gam_C per key channel ([K], the state's rows): S = diag(exp(gam_C)) S + Kdec^T Vnew (gam unused)."""
         dt: gl.constexpr = s_smem.dtype
         slot = it % STAGES
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -99,25 +100,34 @@ if GLUON_OK:
         vnew = u_smem.index(slot).load(ACC).to(gl.float32) - ws
         uv_off = gl.expand_dims(rows, 1) * (HV * V) + hv * V + gl.expand_dims(c_v, 0)
         gl.store(vnew_ptr + uv_off, vnew.to(dt), mask=gl.expand_dims(valid, 1))
-        # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
-        d = gl.exp(gam_last - gam)
-        vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
-        vn_smem.store(vs)
-        fence_async_shared()
-        s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
+        if DECAY == "channel":
+            # product 2: S = diag(exp(gam_C)) S + Kdec^T Vnew, Vnew's rows past the sequence end 0
+            vn_smem.store(gl.where(gl.expand_dims(valid, 1), vnew, 0.).to(dt))
+            fence_async_shared()
+            s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.expand_dims(gl.exp(gam_last), 1))
+        else:
+            # product 2: S = exp(gam_C) S + K^T (d * Vnew), d = exp(gam_C - gam) on valid rows, else 0
+            d = gl.exp(gam_last - gam)
+            vs = gl.where(gl.expand_dims(valid, 1), vnew.to(dt).to(gl.float32) * gl.expand_dims(d, 1), 0.).to(dt)
+            vn_smem.store(vs)
+            fence_async_shared()
+            s = warpgroup_mma(k_smem.index(slot).permute((1, 0)), vn_smem, s * gl.exp(gam_last))
         return s
 
     @gluon.jit
     def chunk_state_fwd_tma_kernel(
         k_desc, w_desc, u_desc,                # TMA over k [T_tot, H*K], w [T_tot, HV*K], u [T_tot, HV*V]
-        gcum_ptr,                              # gcum [T_tot, HV] fp32
+        gcum_ptr,                              # gcum [T_tot, HV] fp32 ([T_tot, HV, K] with DECAY "channel")
         h_desc, vnew_ptr,                      # TMA over h [slots*HV*K, V]; vnew [T_tot, HV, V]
         h0_ptr, ht_ptr,                        # initial / final state [N, HV, K, V] fp32
         cu_ptr, chunk_off_ptr,                 # the chunk plan (triton/chunk_indices.py)
         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, BV: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-        STAGES: gl.constexpr,
+        STAGES: gl.constexpr, DECAY: gl.constexpr = "scalar",
     ):
+        """Grid (V / BV, N * HV). DECAY "scalar" (GDN): gcum [T_tot, HV], k the keys. DECAY "channel" (KDA's recompute,
+        kda/gluon/state.py): k the decayed keys K exp(gam_C - gam) per value head (H == HV), gcum [T_tot, HV, K], of
+        which each chunk's last row is read; the same h and vnew as the Triton pass with decay "channel"."""
         NW: gl.constexpr = gl.num_warps()
         dt: gl.constexpr = w_desc.dtype
         ACC: gl.constexpr = state_acc_layout(BV, NW)
@@ -154,8 +164,15 @@ if GLUON_OK:
         vn_smem = gl.allocate_shared_memory(dt, [BT, BV], u_desc.layout)
 
         # gates of chunk 0, then each iteration loads the next chunk's while this one computes
-        gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
-        gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0, other=0.)
+        if DECAY == "channel":
+            g_k = gl.arange(0, K, layout=ROWS)                # the state's rows: gam_C per key channel
+            gam_last = gl.load(gcum_ptr + ((bos + gl.minimum(eos - bos, BT) - 1) * HV + hv) * K + g_k,
+                               mask=nchunks > 0, other=0.)
+            gam = gam_last
+        else:
+            gam = gl.load(gcum_ptr + (bos + r_t) * HV + hv, mask=(bos + r_t) < eos, other=0.)
+            gam_last = gl.load(gcum_ptr + (bos + gl.minimum(eos - bos, BT) - 1) * HV + hv, mask=nchunks > 0,
+                               other=0.)
 
         for c in range(0, nchunks):
             t0 = bos + c * BT
@@ -166,8 +183,14 @@ if GLUON_OK:
                          hv, hk, vb, HV, K, V, BT, BV, STAGES)
             # gates of chunk c + 1 (masked off past the end), consumed next iteration
             t1 = t0 + BT
-            gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
-            gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos, other=0.)
+            if DECAY == "channel":
+                gam_last_n = gl.load(gcum_ptr + ((t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv) * K + g_k,
+                                     mask=t1 < eos, other=0.)
+                gam_n = gam_last_n
+            else:
+                gam_n = gl.load(gcum_ptr + (t1 + r_t) * HV + hv, mask=(t1 + r_t) < eos, other=0.)
+                gam_last_n = gl.load(gcum_ptr + (t1 + gl.minimum(eos - t1, BT) - 1) * HV + hv, mask=t1 < eos,
+                                     other=0.)
 
             # h[chunk] = S through s_smem and a TMA store; s_smem is also product 1's B operand
             tma_store_wait(0)
@@ -177,7 +200,7 @@ if GLUON_OK:
             tma_store(h_desc, [((slot0 + c) * HV + hv).to(gl.int32) * K, vb * BV], s_smem)
 
             s = _chunk_products(w_smem, k_smem, u_smem, s_smem, vn_smem, ready, c, s, gam, gam_last, t0, eos, r_t,
-                                c_v, hv, vnew_ptr, HV, V, BT, BV, STAGES, ACC)
+                                c_v, hv, vnew_ptr, HV, V, BT, BV, STAGES, ACC, DECAY)
             gam = gam_n
             gam_last = gam_last_n
 

@@ -56,7 +56,7 @@ class StatePlan:
     __slots__ = ("kernel", "cfg", "grid", "constexprs", "options", "descs", "views", "handles")
 
 
-def state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, config):
+def state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, config, decay: str = "scalar"):
     """Everything the plan and the compiled kernel depend on: the config; k's shape and strides (its descriptor
     view), u's shape (HV, V), the plan's N / T_total / slots (grid, descriptor rows); every tensor argument's dtype
     and 16-byte alignment (the JIT specialises pointers on both); initial/final state present; the device (its SM
@@ -67,13 +67,13 @@ def state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, config):
     # all 16-byte aligned (torch allocations are): one bit; otherwise the bit of each pointer
     aligned_all = not ((k.data_ptr() | w.data_ptr() | u.data_ptr() | gcum.data_ptr() | h.data_ptr()
                         | vnew.data_ptr() | h0.data_ptr() | ht.data_ptr() | cu.data_ptr() | offs.data_ptr()) & 15)
-    return (config, k.shape, k.stride(), u.shape, plan.N, plan.T_total, plan.num_slots,
+    return (config, decay, k.shape, k.stride(), u.shape, plan.N, plan.T_total, plan.num_slots,
             initial_state is not None, final is not None, k.device,
             k.dtype, w.dtype, u.dtype, gcum.dtype, h.dtype, vnew.dtype, h0.dtype, ht.dtype, cu.dtype, offs.dtype,
             True if aligned_all else tuple(t.data_ptr() % 16 == 0 for t in (k, w, u, gcum, h, vnew, h0, ht, cu, offs)))
 
 
-def _make_state_plan(k, w, u, h, plan, config, use_h0: bool, store_ht: bool) -> StatePlan:
+def _make_state_plan(k, w, u, h, plan, config, use_h0: bool, store_ht: bool, decay: str = "scalar") -> StatePlan:
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as kern
     from linattn.runtime.device import device_facts
     from linattn.runtime.gluon_compat import TensorDescriptor, gl
@@ -84,7 +84,8 @@ def _make_state_plan(k, w, u, h, plan, config, use_h0: bool, store_ht: bool) -> 
     sp = StatePlan()
     sp.cfg = cfg
     sp.grid = (V // cfg.BV, N * HV, 1)
-    consts = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_H0=use_h0, STORE_HT=store_ht, STAGES=cfg.stages)
+    consts = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.BV, USE_H0=use_h0, STORE_HT=store_ht, STAGES=cfg.stages,
+                  DECAY=decay)
     gdt = gl_dtype(k.dtype)
     # the 2-D views k [T_tot, H*K], w [T_tot, HV*K], u [T_tot, HV*V], h [slots*HV*K, V]; the templates take this
     # call's view strides (k's follow its strides, part of the key; the others are the forward's contiguous
@@ -109,12 +110,21 @@ def _make_state_plan(k, w, u, h, plan, config, use_h0: bool, store_ht: bool) -> 
 _PLANS = PlanCache(host_path)
 
 
-def cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, config: Optional[StateConfig] = None):
+def cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, config: Optional[StateConfig] = None,
+                      decay: str = "scalar"):
     """(plan, args): the cached plan of this call's signature and the kernel's full positional argument list
-    (runtime arguments, then the constexprs in the kernel's order)."""
-    key = state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, config)
+    (runtime arguments, then the constexprs in the kernel's order). decay "channel": KDA's recompute (k the decayed
+    keys per value head, gcum [T_tot, HV, K]; chunk_state_tma.chunk_state_fwd_tma_kernel's DECAY)."""
+    HV = u.shape[1]
+    if decay == "channel":
+        if k.shape[-2] != HV or tuple(gcum.shape) != (plan.T_total, HV, k.shape[-1]):
+            raise ValueError(f"decay 'channel' takes k as the decayed keys per value head [..., {HV}, K] and gcum "
+                             f"[T_tot, {HV}, K]; got k {tuple(k.shape)}, gcum {tuple(gcum.shape)}")
+    elif decay != "scalar":
+        raise ValueError(f"decay must be 'scalar' or 'channel', got {decay!r}")
+    key = state_plan_key(k, w, u, gcum, h, vnew, initial_state, final, plan, config, decay)
     sp = _PLANS.get(key, lambda: _make_state_plan(k, w, u, h, plan, config, initial_state is not None,
-                                                   final is not None))
+                                                   final is not None, decay))
     h0 = initial_state if initial_state is not None else gcum
     ht = final if final is not None else gcum
     if h.data_ptr() % 16:
@@ -130,11 +140,12 @@ def cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, config
 
 def chunk_state_gluon(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gcum: torch.Tensor, h: torch.Tensor,
                       vnew: torch.Tensor, initial_state: Optional[torch.Tensor], final: Optional[torch.Tensor],
-                      plan, config: Optional[StateConfig] = None) -> None:
+                      plan, config: Optional[StateConfig] = None, decay: str = "scalar") -> None:
     """The state pass on sm_90a. k [B,T,H,K]; w [T_tot,HV,K]; u [T_tot,HV,V]; gcum [T_tot,HV] fp32 (all
     contiguous); writes h [slots,HV,K,V] (k's dtype), vnew [T_tot,HV,V] and, if given, final [N,HV,K,V] fp32;
-    initial_state [N,HV,K,V] fp32 or None. plan: the ChunkPlan of triton/chunk_indices.py."""
-    sp, args = cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, config)
+    initial_state [N,HV,K,V] fp32 or None. plan: the ChunkPlan of triton/chunk_indices.py. decay "channel" (KDA):
+    k the decayed keys [T_tot,HV,K], gcum [T_tot,HV,K] (cached_state_args)."""
+    sp, args = cached_state_args(k, w, u, gcum, h, vnew, initial_state, final, plan, config, decay)
     launch(host_path, sp.kernel, sp.handles, "state", sp.grid, args, sp.options)
 
 
