@@ -365,8 +365,10 @@ def test_gluon_state_hooks_fall_back_to_triton_off_cuda():
     reverse one); where the Gluon kernels cannot run (here: CPU tensors) they hand the same arguments to the Triton
     passes, so the backward with the hooks gives bit-for-bit the gradients it gives without them (slow decays, varlen
     with a 1-token sequence, initial state and a final-state gradient)."""
-    from linattn.ops.kda.gluon.state import kda_state_gluon_supported
+    from linattn.ops.kda.gluon.state import kda_state_fwd_gluon_wanted, kda_state_gluon_supported
     from linattn.ops.kda.chunk import SAVE_STAGE2A
+    # the recompute's Gluon pass only where it runs 32 value columns (B1 / B2 at H32 on 132 SMs), as measured
+    assert [kda_state_fwd_gluon_wanted(N, 32, 128, 132) for N in (1, 2, 3, 8)] == [True, True, False, False]
 
     torch.manual_seed(torch.seed() % 2 ** 31)
     lens = [1, 70, 57]

@@ -32,10 +32,21 @@ def kda_state_gluon_supported(x: torch.Tensor, v_like: torch.Tensor) -> Tuple[bo
     return True, ""
 
 
+def kda_state_fwd_gluon_wanted(N: int, HV: int, V: int, num_sms: int) -> bool:
+    """Whether the recompute's Gluon state pass is the faster one: where its config (launcher.state_config) is 32 value
+    columns, fewer programs than SMs at 64 (one CTA per SM, a 3-stage ring). At 64 columns Triton's pass was faster
+    (H100, H = HV = 32, K = V = 128: Gluon 0.661 against Triton 1.05 ms at B1 T32768, 0.686 against 0.58 at B8 T4096;
+    benchmarks/OPT_LOG.md)."""
+    from linattn.ops.gated_delta_rule.gluon.launcher import state_config
+    return state_config(N, HV, V, num_sms).BV < 64
+
+
 def kda_state_fwd_gluon(kdec, w, u, gcum, h, vnew, initial_state, final, plan) -> None:
     """kda_recompute's state_pass hook (its arguments; K-first states [N, HV, K, V]): the Gluon pass where
-    kda_state_gluon_supported, else the Triton one."""
-    if not kda_state_gluon_supported(kdec, u)[0]:
+    kda_state_gluon_supported and kda_state_fwd_gluon_wanted, else the Triton one."""
+    from linattn.runtime.device import device_facts
+    if not (kda_state_gluon_supported(kdec, u)[0]
+            and kda_state_fwd_gluon_wanted(plan.N, u.shape[1], u.shape[2], device_facts(u.device).num_sms)):
         from linattn.ops.gated_delta_rule.triton.forward import launch_state_pass
         launch_state_pass(kdec, w, u, gcum, h, vnew, initial_state, final, plan, False, decay="channel")
         return
