@@ -167,43 +167,38 @@ for _bv, _nwu in ((64, 1), (32, 2)):          # fused_forward.kda_fused_config's
                     f"H16/HV32 K=V=128 bf16"))
 
 
-def _gluon_state_bwd_build(BV: int, stages: int):
+def _gluon_state_build(kernel: str, signature: str, const: dict):
+    """The build of one of GDN's Gluon state passes (module.kernel) with KDA's per-channel decay: its AOT signature
+    (module.function of dtype and BV) and every constexpr named (an AOT build applies no defaults)."""
     def build():
-        from linattn.ops.gated_delta_rule.gluon.aot import bwd_dh_signature
-        from linattn.ops.gated_delta_rule.gluon.chunk_state_bwd import chunk_state_bwd_tma_kernel as fn
-        const = dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_DHT=True, STORE_DH0=True, STAGES=stages,
-                     DV_LOCAL=False, DECAY="channel", seg_ptr=None, sel_ptr=None)
-        sig = bwd_dh_signature("bf16", BV)
+        import importlib
+        fn = getattr(importlib.import_module(kernel.rsplit(".", 1)[0]), kernel.rsplit(".", 1)[1])
+        sig = getattr(importlib.import_module(signature.rsplit(".", 1)[0]), signature.rsplit(".", 1)[1])("bf16",
+                                                                                                        const["BV"])
         sig.update({n: "constexpr" for n in const})
         return fn, sig, const, {"num_warps": 4}
     return build
 
 
-for _bv, _stages in ((32, 3), (64, 2)):        # chunk_state_bwd.state_bwd_config's two configs without stage 1a
+_GLUON = "linattn.ops.gated_delta_rule.gluon"
+# the reverse state pass at chunk_state_bwd.state_bwd_config's two configs without stage 1a, the recompute's state
+# pass at launcher.state_config's configs at B1 and B8 H32
+for _bv, _stages in ((32, 3), (64, 2)):
     register(AotKernel(
-        f"kda_bwd_gluon_state_bv{_bv}_s{_stages}", _gluon_state_bwd_build(_bv, _stages),
+        f"kda_bwd_gluon_state_bv{_bv}_s{_stages}",
+        _gluon_state_build(f"{_GLUON}.chunk_state_bwd.chunk_state_bwd_tma_kernel", f"{_GLUON}.aot.bwd_dh_signature",
+                           dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=_bv, USE_DHT=True, STORE_DH0=True, STAGES=_stages,
+                                DV_LOCAL=False, DECAY="channel", seg_ptr=None, sel_ptr=None)),
         ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
         div16=("gcum_ptr", "dvnew_ptr", "dht_ptr", "dh0_ptr", "cu_ptr", "chunk_off_ptr"),
         description=f"KDA backward stage 1 (reverse state pass) in Gluon: GDN's TMA ring + wgmma kernel with the "
                     f"per-channel decay (decayed q / k tiles, dS rows by exp(gam_C)); BV={_bv}, {_stages}-stage ring, "
                     f"HV32 K=V=128 bf16"))
-
-
-def _gluon_state_fwd_build(BV: int, stages: int):
-    def build():
-        from linattn.ops.gated_delta_rule.gluon.aot import signature
-        from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import chunk_state_fwd_tma_kernel as fn
-        const = dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=BV, USE_H0=True, STORE_HT=False, STAGES=stages,
-                     DECAY="channel")
-        sig = signature("bf16", BV)
-        sig.update({n: "constexpr" for n in const})
-        return fn, sig, const, {"num_warps": 4}
-    return build
-
-
-for _bv, _stages in ((32, 3), (64, 2)):        # launcher.state_config's configs at B1 and B8 H32
     register(AotKernel(
-        f"kda_bwd_gluon_recompute_state_bv{_bv}_s{_stages}", _gluon_state_fwd_build(_bv, _stages),
+        f"kda_bwd_gluon_recompute_state_bv{_bv}_s{_stages}",
+        _gluon_state_build(f"{_GLUON}.chunk_state_tma.chunk_state_fwd_tma_kernel", f"{_GLUON}.aot.signature",
+                           dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=_bv, USE_H0=True, STORE_HT=False, STAGES=_stages,
+                                DECAY="channel")),
         ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
         div16=("gcum_ptr", "vnew_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr"),
         description=f"KDA backward's recompute, stage 3 (state pass) in Gluon: GDN's TMA ring + wgmma kernel with the "
