@@ -167,26 +167,28 @@ for _bv, _nwu in ((64, 1), (32, 2)):          # fused_forward.kda_fused_config's
                     f"H16/HV32 K=V=128 bf16"))
 
 
-def _gluon_state_build(kernel: str, signature: str, const: dict):
-    """The build of one of GDN's Gluon state passes (module.kernel) with KDA's per-channel decay: its AOT signature
-    (module.function of dtype and BV) and every constexpr named (an AOT build applies no defaults)."""
+_GLUON = "linattn.ops.gated_delta_rule.gluon"
+
+
+def _gluon_state_build(module: str, kernel: str, signature: str, const: dict):
+    """The build of one of GDN's Gluon state passes (_GLUON.module.kernel) with KDA's per-channel decay: its AOT
+    signature (the function `signature` of GDN's gluon/aot.py) and every constexpr named (an AOT build applies no
+    defaults)."""
     def build():
         import importlib
-        fn = getattr(importlib.import_module(kernel.rsplit(".", 1)[0]), kernel.rsplit(".", 1)[1])
-        sig = getattr(importlib.import_module(signature.rsplit(".", 1)[0]), signature.rsplit(".", 1)[1])("bf16",
-                                                                                                        const["BV"])
+        fn = getattr(importlib.import_module(f"{_GLUON}.{module}"), kernel)
+        sig = getattr(importlib.import_module(f"{_GLUON}.aot"), signature)("bf16", const["BV"])
         sig.update({n: "constexpr" for n in const})
         return fn, sig, const, {"num_warps": 4}
     return build
 
 
-_GLUON = "linattn.ops.gated_delta_rule.gluon"
 # the reverse state pass at chunk_state_bwd.state_bwd_config's two configs without stage 1a, the recompute's state
 # pass at launcher.state_config's configs at B1 and B8 H32
 for _bv, _stages in ((32, 3), (64, 2)):
     register(AotKernel(
         f"kda_bwd_gluon_state_bv{_bv}_s{_stages}",
-        _gluon_state_build(f"{_GLUON}.chunk_state_bwd.chunk_state_bwd_tma_kernel", f"{_GLUON}.aot.bwd_dh_signature",
+        _gluon_state_build("chunk_state_bwd", "chunk_state_bwd_tma_kernel", "bwd_dh_signature",
                            dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=_bv, USE_DHT=True, STORE_DH0=True, STAGES=_stages,
                                 DV_LOCAL=False, DECAY="channel", seg_ptr=None, sel_ptr=None)),
         ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
@@ -196,7 +198,7 @@ for _bv, _stages in ((32, 3), (64, 2)):
                     f"HV32 K=V=128 bf16"))
     register(AotKernel(
         f"kda_bwd_gluon_recompute_state_bv{_bv}_s{_stages}",
-        _gluon_state_build(f"{_GLUON}.chunk_state_tma.chunk_state_fwd_tma_kernel", f"{_GLUON}.aot.signature",
+        _gluon_state_build("chunk_state_tma", "chunk_state_fwd_tma_kernel", "signature",
                            dict(H=HV, HV=HV, K=K, V=V, BT=BT, BV=_bv, USE_H0=True, STORE_HT=False, STAGES=_stages,
                                 DECAY="channel")),
         ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS"), archs=("sm_90a",),
