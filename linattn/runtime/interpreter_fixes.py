@@ -20,6 +20,13 @@ The interpreter's comparisons label their result with the operands' dtype (bool 
 of a scalar comparison, as `mask & (t0 + u < eos)` broadcasts it, fills an int64 array; the & then yields integer
 data for an int1 mask. Triton 3.6's load and store take that, 3.9's reject it ("mask has unsupported dtype"). We
 make every splat to an int1 type bool, installed only when a probe shows the bug.
+
+Not a bug but a cost: the interpreter re-patches triton.language (an inspect.getmembers walk of tl, tl.core,
+tl.math and tl.tensor) at every call of a @triton.jit helper from inside a kernel, about 1 ms a call, a fifth of a
+KDA gradient test's time. The kernel's launch has patched the same modules already and restores them when it ends,
+and the helper's re-patch (whose scope is never restored) sets the same functions again: so a helper call made while
+a launch runs skips it where the helper sees no language module the kernel does not. Installed only where the
+interpreter has the functions it wraps.
 """
 import numpy as np
 
@@ -67,6 +74,43 @@ def _rtne_f32_to_bf16(x: np.ndarray) -> np.ndarray:
     if nan.any():
         rounded[nan] = 0x7FC0
     return rounded
+
+
+def _skip_nested_patches(interp, tl) -> None:
+    """Wraps the interpreter's launch (GridExecutor.__call__) and _patch_lang: a helper's _patch_lang inside a
+    launch whose own patch is in place returns a scope with nothing to restore."""
+    original_patch = interp._patch_lang
+    original_launch = interp.GridExecutor.__call__
+    launches = []                       # per launch in progress: [the kernel's language modules, patched yet]
+    seen = {}
+
+    def langs_of(fn):
+        key = id(fn.__globals__)
+        if key not in seen:
+            seen[key] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        return seen[key]
+
+    class _Nothing:
+        def restore(self) -> None:
+            pass
+
+    def patch_lang(fn):
+        if launches and launches[-1][1] and langs_of(fn) <= launches[-1][0]:
+            return _Nothing()
+        scope = original_patch(fn)
+        if launches and not launches[-1][1]:
+            launches[-1][1] = True        # the launch's own patch, restored when the launch ends
+        return scope
+
+    def launch(self, *args, **kwargs):
+        launches.append([langs_of(self.fn), False])
+        try:
+            return original_launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    interp._patch_lang = patch_lang
+    interp.GridExecutor.__call__ = launch
 
 
 def install() -> None:
@@ -119,3 +163,5 @@ def install() -> None:
         return original(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     interp.InterpreterBuilder.create_dot = create_dot
+    if callable(getattr(interp, "_patch_lang", None)) and hasattr(interp, "GridExecutor"):
+        _skip_nested_patches(interp, tl)
