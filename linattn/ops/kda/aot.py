@@ -103,7 +103,7 @@ _register(f"kda_bwd_triton_pair_w{PAIR_WARPS}", "linattn.ops.kda.triton.backward
           PAIR_WARPS, PAIR_STAGES,
           "backward stage 2b (2/2): pairwise gradients of Akk / Aqk across 16-row blocks (and inside them where the "
           "chunk is not flagged), in key blocks",
-          intended=("HMMA",), known_spill_bytes=108)
+          intended=("HMMA",), known_spill_bytes=8)
 _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_kernel",
           dict(g_ptr=_F, dgam_ptr=_F, dg_ptr=_F, dA_ptr=_F, dbias_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, N="i32"),
           dict(A_log=None, dt_bias=None, HV=HV, K=K, BT=BT, BK=DG_BK, GATE="", HAS_DT_BIAS=False, LOWER_BOUND=0.0),

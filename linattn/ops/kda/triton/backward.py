@@ -44,8 +44,8 @@ from linattn.runtime.host_path import cdiv
 # key channels per block of the local backward kernels' walks over the key row, and kda_wy_bwd_kernel's warps.
 # At K = V = 128 on sm_90a (ptxas, Triton 3.6.0) the dg kernel spills nothing; the WY kernel at 32 channels spills
 # 112 bytes (3 stages) but runs its key-side products at wgmma N = 16 instead of 8 and is faster than at 16 channels
-# (4.07 against 4.75 ms at B1 T32768 H32 on an H200); the pair kernel at 64 channels spills 108 bytes and is
-# faster than at 32 (4.60 against 5.03 ms at B1 T32768 H32, 3.94 against 4.32 at B8 T4096 with every chunk flagged,
+# (4.07 against 4.75 ms at B1 T32768 H32 on an H200); the pair kernel at 64 channels spills 8 bytes (its k tile kept
+# in k's dtype until each use) and is faster than at 32 (4.60 against 5.03 ms at B1 T32768 H32, 3.94 against 4.32 at B8 T4096 with every chunk flagged,
 # H100).
 PAIR_BK = 64
 PAIR_WARPS = 4
@@ -282,7 +282,7 @@ def kda_pair_bwd_kernel(
                        gam_last[None, :])
         kI = tl.load(k_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
         qI = tl.load(q_ptr + off_qI, mask=mIk, other=0.).to(tl.float32)
-        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.).to(tl.float32)
+        kf = tl.load(k_ptr + off_q, mask=mrk, other=0.)       # k's dtype until used: fewer registers live
         ref_a = _gam_row(gcum_ptr, t0, first_b, eos, hv, ck, mk, gam_last, HV, K)
         ref_b = _gam_row(gcum_ptr, t0, last_b, eos, hv, ck, mk, gam_last, HV, K)
         dak = tl.zeros([16, BK], dtype=tl.float32)
@@ -293,7 +293,7 @@ def kda_pair_bwd_kernel(
         # j <= i too (exp(gam_r - gam_j) >= 1 there)
         if (blk > 0) | inb:
             col_a = (i < first_b) | (inb & (i <= last_b))
-            kr = kf * exp_fast(tl.where(col_a[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
+            kr = kf.to(tl.float32) * exp_fast(tl.where(col_a[:, None], ref_a[None, :] - gam, float("-inf")), FTZ)
             el = exp_fast(gI - ref_a[None, :], FTZ)
             m_g = mI[:, None] & ((i < first_b)[None, :] | (inb & (i >= first_b)[None, :]
                                                             & (i[None, :] <= first_b + li[:, None])))
@@ -307,8 +307,8 @@ def kda_pair_bwd_kernel(
             eb = exp_fast(ref_b[None, :] - gI, FTZ)
             m_gt = mI[:, None] & m[None, :] & ((i > last_b)[None, :] | (inb & (i[None, :] >= first_b + li[:, None])
                                                                         & (i <= last_b)[None, :]))
-            dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.), beta_all[:, None] * kf * el_b,
-                              input_precision=DOT_PREC)
+            dbk = eb * tl.dot(tl.load(dakk_ptr + off_gt, mask=m_gt, other=0.),
+                              beta_all[:, None] * kf.to(tl.float32) * el_b, input_precision=DOT_PREC)
             dbq = eb * tl.dot(tl.load(daqk_ptr + off_gt, mask=m_gt, other=0.), qf * el_b, input_precision=DOT_PREC)
         dbeta += tl.sum(kI * dak, axis=1)
         dq = tl.load(dq_ptr + off_I, mask=mIk, other=0.) + daq
