@@ -85,25 +85,32 @@ def _skip_nested_patches(interp, tl) -> None:
     seen = {}
 
     def langs_of(fn):
-        key = id(fn.__globals__)
+        """The language modules fn's module sees; None where fn has no module globals (never skipped)."""
+        glb = getattr(fn, "__globals__", None)
+        if glb is None:
+            return None
+        key = id(glb)
         if key not in seen:
-            seen[key] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+            seen[key] = frozenset(id(v) for v in glb.values() if v is tl or v is tl.core)
         return seen[key]
 
     class _Nothing:
         def restore(self) -> None:
             pass
 
-    def patch_lang(fn):
-        if launches and launches[-1][1] and langs_of(fn) <= launches[-1][0]:
+    def patch_lang(fn, *args, **kwargs):
+        top = launches[-1] if launches else None
+        langs = langs_of(fn)
+        if top is not None and top[1] and top[0] is not None and langs is not None and langs <= top[0]:
             return _Nothing()
-        scope = original_patch(fn)
-        if launches and not launches[-1][1]:
-            launches[-1][1] = True        # the launch's own patch, restored when the launch ends
+        scope = original_patch(fn, *args, **kwargs)
+        if top is not None and not top[1]:
+            top[1] = True                 # the launch's own patch, restored when the launch ends
         return scope
 
     def launch(self, *args, **kwargs):
-        launches.append([langs_of(self.fn), False])
+        fn = getattr(self, "fn", None)
+        launches.append([None if fn is None else langs_of(fn), False])
         try:
             return original_launch(self, *args, **kwargs)
         finally:
