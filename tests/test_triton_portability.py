@@ -5,9 +5,12 @@ interpreter's helper calls without a re-patch of triton.language each (a CI cost
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import triton
 import triton.language as tl
+
+from linattn.runtime.settings import settings
 
 PKG = Path(__file__).resolve().parents[1] / "linattn"
 
@@ -49,14 +52,11 @@ def _helper_calls(x_ptr, o_ptr, N: tl.constexpr):
     tl.store(o_ptr + p * N + c, _times(_times(x, 2.), 3.) + 1.)
 
 
+@pytest.mark.skipif(not settings.interpret, reason="the interpreter's launch only")
 def test_interpreter_helper_calls_inside_a_launch():
     """Under the interpreter: a kernel calling @triton.jit helpers gives their values; triton.language is patched
     once per launch, not again at each helper call (interpreter_fixes), and is back to its builtins after the launch,
     also after a launch that raised."""
-    from linattn.runtime.settings import settings
-    if not settings.interpret:
-        import pytest
-        pytest.skip("the interpreter's launch only")
     from triton.runtime import interpreter as interp
     calls = []
     original = interp._patch_lang_core

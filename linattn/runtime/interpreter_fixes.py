@@ -82,17 +82,11 @@ def _skip_nested_patches(interp, tl) -> None:
     original_patch = interp._patch_lang
     original_launch = interp.GridExecutor.__call__
     launches = []                       # per launch in progress: [the kernel's language modules, patched yet]
-    seen = {}
 
     def langs_of(fn):
         """The language modules fn's module sees; None where fn has no module globals (never skipped)."""
         glb = getattr(fn, "__globals__", None)
-        if glb is None:
-            return None
-        key = id(glb)
-        if key not in seen:
-            seen[key] = frozenset(id(v) for v in glb.values() if v is tl or v is tl.core)
-        return seen[key]
+        return None if glb is None else frozenset(id(v) for v in glb.values() if v is tl or v is tl.core)
 
     class _Nothing:
         def restore(self) -> None:

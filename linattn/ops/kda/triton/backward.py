@@ -45,8 +45,8 @@ from linattn.runtime.host_path import cdiv
 # At K = V = 128 on sm_90a (ptxas, Triton 3.6.0) the dg kernel spills nothing; the WY kernel at 32 channels spills
 # 112 bytes (3 stages) but runs its key-side products at wgmma N = 16 instead of 8 and is faster than at 16 channels
 # (4.07 against 4.75 ms at B1 T32768 H32 on an H200); the pair kernel at 64 channels spills 8 bytes (its k tile kept
-# in k's dtype until each use) and is faster than at 32 (4.60 against 5.03 ms at B1 T32768 H32, 3.94 against 4.32 at B8 T4096 with every chunk flagged,
-# H100).
+# in k's dtype until each use) and is faster than at 32 (4.60 against 5.03 ms at B1 T32768 H32, 3.94 against 4.32 at
+# B8 T4096 with every chunk flagged, H100).
 PAIR_BK = 64
 PAIR_WARPS = 4
 PAIR_STAGES = 3          # software-pipelining stages of the key-block loops (Triton's default)
