@@ -209,8 +209,8 @@ for _bv, _stages in ((32, 3), (64, 2)):
 
 
 def _gluon_wy_build():
-    from linattn.ops.kda.gluon.wy_bwd import WARPS, kda_wy_bwd_gluon_kernel
-    const = dict(H=H, HV=HV, K=K, V=V, BT=BT)
+    from linattn.ops.kda.gluon.wy_bwd import BK, WARPS, kda_wy_bwd_gluon_kernel
+    const = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=BK)
     sig = dict(q_ptr=_X, k_ptr=_X, v_ptr=_X, gcum_ptr=_F, beta_ptr=_F, tinv_ptr=_X, h_ptr=_X, vnew_ptr=_X,
                do_ptr=_X, dh_ptr=_X, dvnew_ptr=_X, dq_ptr=_F, dk_ptr=_F, dv_ptr=_X, dgam_ptr=_F, dbeta_ptr=_F,
                dakk_ptr=_F, daqk_ptr=_F, cu_ptr=_I64, chunk_idx_ptr=_I32, chunk_off_ptr=_I64, N="i32", scale="fp32")
@@ -223,5 +223,5 @@ register(AotKernel(
     div16=("q_ptr", "k_ptr", "v_ptr", "gcum_ptr", "beta_ptr", "tinv_ptr", "h_ptr", "vnew_ptr", "do_ptr", "dh_ptr",
            "dvnew_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "dgam_ptr", "dbeta_ptr", "dakk_ptr", "daqk_ptr", "cu_ptr",
            "chunk_idx_ptr", "chunk_off_ptr"),
-    description="KDA backward stage 2a (WY) in Gluon: value side and key blocks of 64 channels on warpgroup_mma, "
-                "cp.async tiles, H16/HV32 K=V=128 bf16, two warpgroups"))
+    description="KDA backward stage 2a (WY) in Gluon: value side and key blocks of 32 channels on warpgroup_mma, "
+                "cp.async tiles, H16/HV32 K=V=128 bf16, two warpgroups", known_spill_bytes=8))

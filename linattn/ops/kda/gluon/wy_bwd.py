@@ -1,29 +1,37 @@
 """KDA's backward WY stage in Gluon for Hopper: what triton/backward.py's kda_wy_bwd_kernel computes (its docstring
 derives the terms), per (chunk slot, value head), 8 warps (two warpgroups, each takes half of every product's
 columns), with the same outputs for kda_pair_bwd_kernel: the partial dq, dk and dgam (fp32 [T_tot, HV, K]), dbeta
-(fp32), dAkk (strict lower) and dAqk (lower incl.) fp32 [T_tot, HV, BT], dv final.
+(fp32), dAkk (strict lower) and dAqk (lower incl.) fp32 [T_tot, HV, BT], dv final. The gluon backend's backward
+takes it where kda_wy_bwd_gluon_supported (chunk_kda_bwd's wy_bwd hook); elsewhere the Triton kernel runs.
 
-The chunk's value-side tiles (dO, Vnew, dVnew, V) and the state's S and dS (whole [K, V]) come in by cp.async into
-shared memory (rows past the chunk's end zero-filled) and stay there as the products' operands; Tinv is read through
-registers into three shared copies (fp32 Tinv, fp32 Tinv^T, Tinv rounded to the inputs' dtype). The products and
-their precisions are the Triton kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T, dO S^T,
-Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose operands
-are written to shared memory K-major (transposed in registers where needed). The key side walks the key row in two
-blocks of 64 channels; the element-wise terms (gam, K, Q and their exps) are read per block straight into the
-products' accumulator layout.
+The chunk's value-side tiles (dO, Vnew, dVnew, V) and the state's S and dS (whole [K, V], in key blocks) come in by
+cp.async into shared memory (rows past the chunk's end zero-filled) and stay there as the products' operands; Tinv
+is read through registers into three shared copies (fp32 Tinv, fp32 Tinv^T, Tinv rounded to the inputs' dtype). The
+products and their precisions are the Triton kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T,
+dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose
+operands are written to shared memory K-major (transposed in registers where needed). The key side walks the key row
+in a loop over blocks of BK = 32 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255
+registers and 8 bytes spilled at 32, 207 and none at 16); its element-wise terms (gam, K, Q and their exps) are read
+per block straight into the products' accumulator layout, with int32 offsets from the chunk's first row.
 
-Shared memory: four [64, 128] 16-bit tiles, S and dS [128, 128], three [64, 64] Tinv copies and two fp32 [64, 64]
-scratch tiles (dW and dW^T, then dTinv^T and Tinv^T dTinv); beta K e^gam reuses V's tile once beta V has been read.
-Every write of a shared tile is followed by fence_async_shared and a CTA barrier before a wgmma reads it, and a
-store into a reused tile is preceded by a CTA barrier (each wgmma here is waited when it returns).
+Shared memory (196,608 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], three
+[64, 64] Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32); the dAkk chain's dTinv^T and Tinv^T dTinv
+reuse dO's and Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared
+and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
+here is waited when it returns).
 
-Only K = V = 128, BT = 64, bf16 / fp16 q, k, v, dO and the recompute's tensors in that dtype, Tinv in it or fp32.
+Only K = V = 128, BT = 64, q, k, v, dO and the recompute's tensors in one 16-bit dtype, Tinv in it or fp32.
 """
 from __future__ import annotations
+
+from typing import Tuple
+
+import torch
 
 from linattn.runtime.gluon_compat import GLUON_OK, async_copy as cp, fence_async_shared, gl, gluon, warpgroup_mma
 
 BT = 64
+BK = 32             # key channels per block of the key side's walk
 WARPS = 8
 
 if GLUON_OK:
@@ -36,21 +44,26 @@ if GLUON_OK:
         do_ptr, dh_ptr, dvnew_ptr,                             # dO, dS into each chunk's S_next, the whole dVnew
         dq_ptr, dk_ptr, dv_ptr, dgam_ptr, dbeta_ptr, dakk_ptr, daqk_ptr,
         cu_ptr, chunk_idx_ptr, chunk_off_ptr, N, scale,
-        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     ):
         dt: gl.constexpr = vnew_ptr.dtype.element_ty
-        BK: gl.constexpr = 64
         A_TV: gl.constexpr = _acc(V, 16)           # [BT, V] results
-        A_TT: gl.constexpr = _acc(BT, 16)          # [BT, BT] and [BT, BK] results of 16-bit products
-        A_TF: gl.constexpr = _acc(BT, 8)           # [BT, BT] and [BT, BK] results of TF32 products
+        A_TT: gl.constexpr = _acc(BT, 16)          # [BT, BT] results of 16-bit products
+        A_TF: gl.constexpr = _acc(BT, 8)           # [BT, BT] results of TF32 products
+        A_TK: gl.constexpr = _acc(BK, 16)          # [BT, BK] results of 16-bit products
+        A_KF: gl.constexpr = _acc(BK, 8)           # [BT, BK] results of TF32 products
         RT: gl.constexpr = gl.SliceLayout(1, A_TT)
         CT: gl.constexpr = gl.SliceLayout(0, A_TT)
+        RK: gl.constexpr = gl.SliceLayout(1, A_TK)
+        CK: gl.constexpr = gl.SliceLayout(0, A_TK)
         RV: gl.constexpr = gl.SliceLayout(1, A_TV)
         L16: gl.constexpr = _rows(V, 16)
         S_TV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], dt)
-        S_KV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], dt)
+        S_KV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, V], dt)
         S_TT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         S_TF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
+        S_TKF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float32)
+        S_KTF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, BT], gl.float32)
 
         p = gl.program_id(0)
         hv = gl.program_id(1)
@@ -72,22 +85,25 @@ if GLUON_OK:
             vn_s = gl.allocate_shared_memory(dt, [BT, V], S_TV)
             dvn_s = gl.allocate_shared_memory(dt, [BT, V], S_TV)
             v_s = gl.allocate_shared_memory(dt, [BT, V], S_TV)
-            h_s = gl.allocate_shared_memory(dt, [K, V], S_KV)
-            dh_s = gl.allocate_shared_memory(dt, [K, V], S_KV)
+            h_s = gl.allocate_shared_memory(dt, [K // BK, BK, V], S_KV)                # S in key blocks
+            dh_s = gl.allocate_shared_memory(dt, [K // BK, BK, V], S_KV)
             ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)        # Tinv
             tit_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)       # Tinv^T
             ti16_s = gl.allocate_shared_memory(dt, [BT, BT], S_TT)              # Tinv rounded
-            w_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TF)         # dW, then dTinv^T
-            wt_s = gl.allocate_shared_memory(gl.float32, [BK, BT], S_TF)        # dW^T, then Tinv^T dTinv
-            kbe_s = v_s._reinterpret(gl.float32, [BT, BK], S_TF)                # beta K e^gam (V read by then)
+            w_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)        # dW of a key block
+            wt_s = gl.allocate_shared_memory(gl.float32, [BK, BT], S_KTF)       # its transpose
+            kbe_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)      # beta K e^gam
+            dti_s = do_s._reinterpret(gl.float32, [BT, BT], S_TF)               # dTinv^T (the products are done)
+            z_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                 # Tinv^T dTinv
 
             _copy(do_s, do_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             _copy(vn_s, vnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             _copy(dvn_s, dvnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             _copy(v_s, v_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             cp.commit_group()
-            _copy(h_s, h_ptr + state, V, K, zp, eos, K, V, L16)
-            _copy(dh_s, dh_ptr + state, V, K, zp, eos, K, V, L16)
+            for kb in gl.static_range(K // BK):
+                _copy(h_s.index(kb), h_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
+                _copy(dh_s.index(kb), dh_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
             cp.commit_group()
 
             r_t = gl.arange(0, BT, layout=RT)
@@ -95,13 +111,16 @@ if GLUON_OK:
             r_v = gl.arange(0, BT, layout=RV)
             valid_t = r_t < nt
             tok = t0 + r_t
-            incl = gl.expand_dims(r_t, 1) >= gl.expand_dims(c_t, 0)
-            strict = gl.expand_dims(r_t, 1) > gl.expand_dims(c_t, 0)
             rows_m = gl.expand_dims(valid_t, 1) & (gl.expand_dims(c_t, 0) >= 0)        # [BT, BT]: row < nt
-            off_a = gl.expand_dims(tok * HV + hv, 1) * BT + gl.expand_dims(c_t, 0)
+            # int32 offsets of a chunk's [BT, 64] tiles from the chunk's first row: [T_tot, HV, BT] (dAkk, dAqk,
+            # Tinv), [T_tot, HV, K] (dq, dk, dgam, gcum) and [T_tot, H, K] (q, k) rows
+            off_a = gl.expand_dims(r_t * (HV * BT), 1) + gl.expand_dims(c_t, 0)
+            a_row = (t0 * HV + hv) * BT
+            g_row = (t0 * HV + hv) * K
+            q_row = (t0 * H + hk) * K
             beta = gl.load(beta_ptr + tok * HV + hv, mask=valid_t, other=0.).to(gl.float32)
             # Tinv [i, j] (rows past the end zero): fp32, transposed, rounded
-            tinv = gl.load(tinv_ptr + off_a, mask=rows_m, other=0.).to(gl.float32)
+            tinv = gl.load(tinv_ptr + a_row + off_a, mask=rows_m, other=0.).to(gl.float32)
             ti_s.store(tinv)
             tit_s.store(gl.permute(tinv, (1, 0)))
             ti16_s.store(tinv.to(dt))
@@ -120,62 +139,67 @@ if GLUON_OK:
             dtinv = warpgroup_mma(dvn_s, v_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
             dtinv = gl.convert_layout(dtinv, A_TF)
             aq = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
-            gl.store(daqk_ptr + off_a, gl.where(incl, scale * aq, 0.), mask=rows_m)
+            gl.store(daqk_ptr + a_row + off_a, gl.where(gl.expand_dims(r_t, 1) >= gl.expand_dims(c_t, 0), scale * aq, 0.),
+                     mask=rows_m)
             _landed(0)                                        # S, dS
 
             # ---- the key side, per block of BK channels: the output's and the state's direct terms, W's terms
-            for kb in gl.static_range(K // BK):
-                ck = kb * BK + c_t
-                off_hk = gl.expand_dims(tok * HV + hv, 1) * K + gl.expand_dims(ck, 0)
-                off_q = gl.expand_dims(tok * H + hk, 1) * K + gl.expand_dims(ck, 0)
-                gam_last = gl.load(gcum_ptr + ((t0 + last) * HV + hv) * K + ck)
-                gam = gl.load(gcum_ptr + off_hk, mask=rows_m, other=0.)
-                gam = gl.where(rows_m, gam, gl.expand_dims(gam_last, 0))       # rows past the end: gam_C
+            r_k = gl.arange(0, BT, layout=RK)
+            beta_k = gl.convert_layout(beta, RK)
+            for kb in range(K // BK):
+                ck = kb * BK + gl.arange(0, BK, layout=CK)
+                rows_k = gl.expand_dims(r_k < nt, 1) & (gl.expand_dims(ck, 0) >= 0)
+                off_hk = gl.expand_dims(r_k * (HV * K), 1) + gl.expand_dims(ck, 0)
+                off_q = gl.expand_dims(r_k * (H * K), 1) + gl.expand_dims(ck, 0)
+                gam_last = gl.load(gcum_ptr + g_row + last * (HV * K) + ck)
+                gam = gl.load(gcum_ptr + g_row + off_hk, mask=rows_k, other=0.)
+                gam = gl.where(rows_k, gam, gl.expand_dims(gam_last, 0))       # rows past the end: gam_C
                 eg = gl.exp(gam)
-                ekd = gl.where(rows_m, gl.exp(gl.expand_dims(gam_last, 0) - gam), 0.)
-                h_k = h_s.slice(kb * BK, BK)
-                dh_k = dh_s.slice(kb * BK, BK)
+                ekd = gl.where(rows_k, gl.exp(gl.expand_dims(gam_last, 0) - gam), 0.)
+                h_k = h_s.index(kb)
+                dh_k = dh_s.index(kb)
 
-                dqdec = scale * warpgroup_mma(do_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TT),
+                dqdec = scale * warpgroup_mma(do_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                               use_acc=False)
-                gl.store(dq_ptr + off_hk, dqdec * eg, mask=rows_m)
-                qf = gl.load(q_ptr + off_q, mask=rows_m, other=0.).to(gl.float32)
+                gl.store(dq_ptr + g_row + off_hk, dqdec * eg, mask=rows_k)
+                qf = gl.load(q_ptr + q_row + off_q, mask=rows_k, other=0.).to(gl.float32)
                 dgam = dqdec * qf * eg
-                kf = gl.load(k_ptr + off_q, mask=rows_m, other=0.).to(gl.float32)
-                dkdec = warpgroup_mma(vn_s, dh_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TT),
+                kf = gl.load(k_ptr + q_row + off_q, mask=rows_k, other=0.).to(gl.float32)
+                dkdec = warpgroup_mma(vn_s, dh_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                       use_acc=False)
                 x = dkdec * kf * ekd
                 dk = dkdec * ekd
                 dgam -= x
                 hd = gl.sum(h_k.load(L16).to(gl.float32) * dh_k.load(L16).to(gl.float32), axis=1)
-                dgl = gl.sum(x, axis=0) + gl.exp(gam_last) * gl.convert_layout(hd, CT)
+                dgl = gl.sum(x, axis=0) + gl.exp(gam_last) * gl.convert_layout(hd, CK)
 
-                dw = -warpgroup_mma(dvn_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TT), use_acc=False)
+                dw = -warpgroup_mma(dvn_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK), use_acc=False)
                 gl.thread_barrier()                           # the previous block's TF32 operands are read
                 w_s.store(dw)
                 wt_s.store(gl.permute(dw, (1, 0)))
-                kbe_s.store(gl.expand_dims(beta, 1) * kf * eg)
+                kbe_s.store(gl.expand_dims(beta_k, 1) * kf * eg)
                 fence_async_shared()
                 gl.thread_barrier()
                 dtinv = warpgroup_mma(w_s, kbe_s.permute((1, 0)), dtinv)                     # += dW (beta K e^g)^T
-                dkb = warpgroup_mma(tit_s, wt_s.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TF),
+                dkb = warpgroup_mma(tit_s, wt_s.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_KF),
                                     use_acc=False)                                           # Tinv^T dW
-                dkb = gl.convert_layout(dkb, A_TT)
+                dkb = gl.convert_layout(dkb, A_TK)
                 dbeta += gl.convert_layout(gl.sum(dkb * kf * eg, axis=1), RV)
-                dk += gl.expand_dims(beta, 1) * dkb * eg
-                dgam += gl.expand_dims(beta, 1) * dkb * kf * eg
-                dgam = gl.where(rows_m, dgam + gl.where(gl.expand_dims(r_t, 1) == last, gl.expand_dims(dgl, 0), 0.),
+                dk += gl.expand_dims(beta_k, 1) * dkb * eg
+                dgam += gl.expand_dims(beta_k, 1) * dkb * kf * eg
+                dgam = gl.where(rows_k, dgam + gl.where(gl.expand_dims(r_k, 1) == last, gl.expand_dims(dgl, 0), 0.),
                                 0.)
-                gl.store(dk_ptr + off_hk, dk, mask=rows_m)
-                gl.store(dgam_ptr + off_hk, dgam, mask=rows_m)
+                gl.store(dk_ptr + g_row + off_hk, dk, mask=rows_k)
+                gl.store(dgam_ptr + g_row + off_hk, dgam, mask=rows_k)
 
             # ---- dAkk = -Tinv^T dTinv Tinv^T (strict lower), TF32
-            _put(w_s, gl.permute(dtinv, (1, 0)))
-            z = warpgroup_mma(tit_s, w_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
-            _put(wt_s, z)
-            da = warpgroup_mma(wt_s, ti_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
+            _put(dti_s, gl.permute(dtinv, (1, 0)))
+            z = warpgroup_mma(tit_s, dti_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
+            _put(z_s, z)
+            da = warpgroup_mma(z_s, ti_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
             da = gl.convert_layout(da, A_TT)
-            gl.store(dakk_ptr + off_a, gl.where(strict, -da, 0.), mask=rows_m)
+            gl.store(dakk_ptr + a_row + off_a, gl.where(gl.expand_dims(r_t, 1) > gl.expand_dims(c_t, 0), -da, 0.),
+                     mask=rows_m)
             gl.store(dbeta_ptr + (t0 + r_v) * HV + hv, dbeta, mask=r_v < nt)
 
 
@@ -187,4 +211,37 @@ def kda_wy_bwd_gluon_launch(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, d
     HV, V = v.shape[-2], v.shape[-1]
     args = (q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk,
             plan.cu, plan.chunk_indices, plan.chunk_offsets, plan.N, float(scale))
-    return kda_wy_bwd_gluon_kernel, (plan.num_slots, HV), args, dict(H=H, HV=HV, K=K, V=V, BT=BT, num_warps=WARPS)
+    return kda_wy_bwd_gluon_kernel, (plan.num_slots, HV), args, dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
+                                                                     num_warps=WARPS)
+
+
+def kda_wy_bwd_gluon_supported(q, v, do, tinv, vnew) -> Tuple[bool, str]:
+    """(ok, reason): the Gluon WY stage takes K = V = 128, q, k, v, dO and the recompute's tensors in one 16-bit dtype
+    (Tinv in it or fp32), on a CUDA device with Gluon."""
+    if not GLUON_OK:
+        return False, "this Triton has no Gluon"
+    if not q.is_cuda:
+        return False, f"q is on {q.device}; the Gluon WY stage runs on a CUDA (sm_90) device"
+    if q.shape[-1] != 128 or v.shape[-1] != 128:
+        return False, f"K={q.shape[-1]}, V={v.shape[-1]}; the Gluon WY stage takes K = V = 128"
+    if q.dtype not in (torch.bfloat16, torch.float16) or {v.dtype, do.dtype, vnew.dtype} != {q.dtype}:
+        return False, (f"q {q.dtype}, v {v.dtype}, do {do.dtype}, vnew {vnew.dtype}: the Gluon WY stage takes one "
+                       f"16-bit dtype")
+    if tinv.dtype not in (q.dtype, torch.float32):
+        return False, f"Tinv is {tinv.dtype}; the Gluon WY stage takes it in q's dtype or fp32"
+    return True, ""
+
+
+def kda_wy_bwd_gluon(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan,
+                     scale: float) -> None:
+    """chunk_kda_bwd's wy_bwd hook (launch_kda_wy_bwd's arguments): the Gluon kernel where kda_wy_bwd_gluon_supported,
+    else the Triton one."""
+    if not kda_wy_bwd_gluon_supported(q, v, do, tinv, vnew)[0]:
+        from linattn.ops.kda.triton.backward import launch_kda_wy_bwd
+        launch_kda_wy_bwd(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan,
+                          scale)
+        return
+    from linattn.ops.gated_delta_rule.gluon.host import launches
+    kernel, grid, args, kwargs = kda_wy_bwd_gluon_launch(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv,
+                                                         dgam, dbeta, dakk, daqk, plan, scale)
+    launches(kernel, grid, args, kwargs)

@@ -397,18 +397,30 @@ def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch
         DECAY="channel", num_warps=8, num_stages=1)
 
 
+def launch_kda_wy_bwd(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan,
+                      scale: float) -> None:
+    """The backward's WY stage (kda_wy_bwd_kernel) over the plan's chunk slots and value heads."""
+    K, HV, V = q.shape[-1], v.shape[-2], v.shape[-1]
+    kda_wy_bwd_kernel[(plan.num_slots, HV)](
+        q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan.cu,
+        plan.chunk_indices, plan.chunk_offsets, plan.N, scale, H=q.shape[-2], HV=HV, K=K, V=V, BT=CHUNK,
+        BK=min(_pow2(K), WY_BK), BV=_pow2(V), DOT_PREC=dot_precision(q.dtype), num_warps=WY_WARPS,
+        num_stages=WY_STAGES)
+
+
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                   gate: str, lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, do: torch.Tensor,
                   dht: Optional[torch.Tensor], state_v_first: bool = False, state_pass=None, state_bwd=None,
-                  saved: Optional[KdaIntermediates] = None):
+                  saved: Optional[KdaIntermediates] = None, wy_bwd=None):
     """The inputs as chunk_kda_fwd takes them, do [B, T, HV, V] and dht [N, HV, K, V] (or None), contiguous.
     Returns dq, dk, dv, dg, dbeta in their inputs' dtypes, d initial_state (fp32) or None, dA_log and ddt_bias
     (in their inputs' dtypes) or None. state_v_first: initial_state, dht and d initial_state are [N, HV, V, K].
     state_pass: the recomputed forward's stage 3 (chunk_kda_fwd's hook); state_bwd: replaces the reverse state pass,
     called as GDN's hook, state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht, dh0, plan, scale) (the
     context-parallel pass's; launch_kda_state_bwd is the default). saved: the forward's intermediates where the
-    caller kept or rebuilt them (chunk_kda_fwd(keep=True) or kda_recompute); otherwise the forward is recomputed."""
+    caller kept or rebuilt them (chunk_kda_fwd(keep=True) or kda_recompute); otherwise the forward is recomputed.
+    wy_bwd: replaces the WY stage, called with launch_kda_wy_bwd's arguments (the default)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -443,11 +455,9 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     dakk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
     daqk = empty(T_tot, HV, CHUNK, dtype=torch.float32, device=dev)
     dv = empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    kda_wy_bwd_kernel[(slots, HV)](
-        q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew,
-        dq_hv, dk_hv, dv, dgam, dbeta_part, dakk, daqk, plan.cu, plan.chunk_indices, plan.chunk_offsets, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=min(BK, WY_BK), BV=BV, DOT_PREC=dot_prec, num_warps=WY_WARPS,
-        num_stages=WY_STAGES)
+    (launch_kda_wy_bwd if wy_bwd is None else wy_bwd)(
+        q, k, v, fwd.gcum, fwd.beta, fwd.tinv, fwd.h, fwd.vnew, do, dh, dvnew, dq_hv, dk_hv, dv, dgam, dbeta_part,
+        dakk, daqk, plan, scale)
     dg = empty(B, T, HV, K, dtype=g.dtype, device=dev)
     dbeta = empty(B, T, HV, dtype=beta.dtype, device=dev)
     dA = empty(slots, HV, dtype=torch.float32, device=dev) if gate else None
