@@ -2,12 +2,15 @@
 with its products on warpgroup_mma and fits in shared memory; the launcher passes what was compiled, in the
 signature's order; the backward's wy_bwd hook runs the Triton kernel where the Gluon one does not apply (here: CPU
 tensors), with the default's values bit for bit. The kernel itself runs on the GPU only (benchmarks/gpu/gate.py)."""
+import json
+import sys
+
 import pytest
 import torch
 
 from linattn.runtime.aot import kernels
 
-from markers import built, needs_gluon   # tests/ is on sys.path
+from markers import SMEM_LIMIT_SM90, built, needs_gluon   # tests/ is on sys.path
 
 NAME = "kda_bwd_gluon_wy_w8"
 
@@ -19,26 +22,33 @@ def test_compiles_with_wgmma_and_fits():
     assert rep.families["LDGSTS"] > 0                    # the chunk's tiles by cp.async
 
 
+def _plan_and_buffers(B, T, lens, H=16, HV=32, K=128, V=128, dt=torch.bfloat16, tinv_dt=torch.bfloat16):
+    """A chunk plan and the WY stage's tensors in launch_kda_wy_bwd's order (empty: nothing runs)."""
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    plan = make_chunk_plan(B, T, cu, 64, "cpu")
+    T_tot, slots = plan.T_total, plan.num_slots
+    f32 = torch.float32
+    bufs = (torch.empty(B, T, H, K, dtype=dt), torch.empty(B, T, H, K, dtype=dt), torch.empty(B, T, HV, V, dtype=dt),
+            torch.empty(T_tot, HV, K, dtype=f32), torch.empty(T_tot, HV, dtype=f32),
+            torch.empty(T_tot, HV, 64, dtype=tinv_dt), torch.empty(slots, HV, K, V, dtype=dt),
+            torch.empty(T_tot, HV, V, dtype=dt), torch.empty(B, T, HV, V, dtype=dt),
+            torch.empty(slots, HV, K, V, dtype=dt), torch.empty(T_tot, HV, V, dtype=dt),
+            torch.empty(T_tot, HV, K, dtype=f32), torch.empty(T_tot, HV, K, dtype=f32),
+            torch.empty(B, T, HV, V, dtype=dt), torch.empty(T_tot, HV, K, dtype=f32), torch.empty(T_tot, HV, dtype=f32),
+            torch.empty(T_tot, HV, 64, dtype=f32), torch.empty(T_tot, HV, 64, dtype=f32))
+    return plan, bufs
+
+
 @needs_gluon
 @pytest.mark.parametrize("B,T,lens", [(1, 300, None), (1, 1000, [1, 63, 65, 871])])
 def test_launch_matches_aot_signature(B, T, lens):
     from triton.runtime.jit import mangle_type
 
-    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.kda.gluon.wy_bwd import kda_wy_bwd_gluon_launch
-    H, HV, K, V = 16, 32, 128, 128
-    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
-    plan = make_chunk_plan(B, T, cu, 64, "cpu")
-    T_tot, slots = plan.T_total, plan.num_slots
-    bf, f32 = torch.bfloat16, torch.float32
-    bufs = (torch.empty(B, T, H, K, dtype=bf), torch.empty(B, T, H, K, dtype=bf), torch.empty(B, T, HV, V, dtype=bf),
-            torch.empty(T_tot, HV, K, dtype=f32), torch.empty(T_tot, HV, dtype=f32), torch.empty(T_tot, HV, 64, dtype=bf),
-            torch.empty(slots, HV, K, V, dtype=bf), torch.empty(T_tot, HV, V, dtype=bf),
-            torch.empty(B, T, HV, V, dtype=bf), torch.empty(slots, HV, K, V, dtype=bf),
-            torch.empty(T_tot, HV, V, dtype=bf), torch.empty(T_tot, HV, K, dtype=f32),
-            torch.empty(T_tot, HV, K, dtype=f32), torch.empty(B, T, HV, V, dtype=bf),
-            torch.empty(T_tot, HV, K, dtype=f32), torch.empty(T_tot, HV, dtype=f32),
-            torch.empty(T_tot, HV, 64, dtype=f32), torch.empty(T_tot, HV, 64, dtype=f32))
+    HV, K = 32, 128
+    plan, bufs = _plan_and_buffers(B, T, lens)
+    slots = plan.num_slots
     kernel, grid, args, kwargs = kda_wy_bwd_gluon_launch(*bufs, plan, K ** -0.5)
     _, sig, const, opts = kernels()[NAME].build()
     runtime = {n: t for n, t in sig.items() if t != "constexpr"}
@@ -84,3 +94,33 @@ def test_hook_runs_the_triton_stage_off_cuda(monkeypatch):
         assert (r is None) == (t is None)
         if r is not None:
             assert not torch.isnan(r).any() and torch.equal(r, t)
+
+
+def _jit_compile_main():
+    """Child process: the real JIT path (binder, specialisation, compile) with the launcher's own arguments on CPU
+    tensors under a stand-in driver that reports sm_90a and never launches: bf16 with Tinv from the Gluon stage 2a
+    (bf16) and from the Triton one (fp32), and fp16. One JSON line per case."""
+    from compile_only import use_compile_only_sm90_driver                 # tests/ is on sys.path
+    from linattn.ops.kda.gluon.wy_bwd import kda_wy_bwd_gluon_launch
+
+    use_compile_only_sm90_driver()
+    for dt, tinv_dt in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                        (torch.float16, torch.float16)):
+        plan, bufs = _plan_and_buffers(1, 300, None, dt=dt, tinv_dt=tinv_dt)
+        kernel, grid, args, kwargs = kda_wy_bwd_gluon_launch(*bufs, plan, 128 ** -0.5)
+        k = kernel.warmup(*args, grid=grid, **kwargs)
+        print(json.dumps(dict(dt=str(dt), tinv=str(tinv_dt), num_warps=k.metadata.num_warps,
+                              shared=k.metadata.shared)))
+
+
+@needs_gluon
+def test_jit_launch_path_compiles_for_sm90():
+    from compile_only import jit_child_rows      # tests/ is on sys.path
+    rows = jit_child_rows(__file__, timeout=900)
+    assert len(rows) == 3
+    for r in rows:
+        assert r["num_warps"] == 8 and 0 < r["shared"] <= SMEM_LIMIT_SM90, r
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["jit"]:
+    _jit_compile_main()
