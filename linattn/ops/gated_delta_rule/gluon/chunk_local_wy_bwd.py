@@ -77,6 +77,19 @@ if GLUON_OK:
         return gl.BlockedLayout([1, vec], [32 // tpw_n, tpw_n], [8, 1], [1, 0])
 
     @gluon.jit
+    def _chunk_span(cu_ptr, chunk_off_ptr, n, c, BT: gl.constexpr):
+        """Chunk c of sequence n (not a surplus slot): (zp, eos, t0, slot, nt, last) with zp = cu_ptr + n + 1
+        (*zp == eos: _offsets' opaque zero), t0 the chunk's first token (int64), slot its state slot, nt its valid
+        rows (>= BT unless this is the sequence's last chunk) and last = min(nt, BT) - 1."""
+        bos = gl.load(cu_ptr + n)
+        zp = cu_ptr + n + 1
+        eos = gl.load(zp)
+        t0 = bos + c.to(gl.int64) * BT
+        slot = gl.load(chunk_off_ptr + n) + c
+        nt = (eos - t0).to(gl.int32)
+        return zp, eos, t0, slot, nt, gl.minimum(nt, BT) - 1
+
+    @gluon.jit
     def _offsets(zero_ptr, zero_ref, row_stride, R: gl.constexpr, C: gl.constexpr, L: gl.constexpr):
         """(row index, offsets) of a row-major [R, C] tile with unit column stride. The rows start at
         z0 = load(zero_ptr) - zero_ref, which is 0, loaded here at each use: the compiler cannot prove it, so no
@@ -146,13 +159,7 @@ if GLUON_OK:
         n = gl.load(chunk_idx_ptr + 2 * p)
         c = gl.load(chunk_idx_ptr + 2 * p + 1)
         if n < N:                                             # else a surplus slot of the varlen bound
-            bos = gl.load(cu_ptr + n)
-            zp = cu_ptr + n + 1                               # *zp == eos: _offsets' opaque zero
-            eos = gl.load(zp)
-            t0 = bos + c.to(gl.int64) * BT
-            slot = gl.load(chunk_off_ptr + n) + c
-            nt = (eos - t0).to(gl.int32)                      # valid rows (>= BT unless this is the last chunk)
-            last = gl.minimum(nt, BT) - 1
+            zp, eos, t0, slot, nt, last = _chunk_span(cu_ptr, chunk_off_ptr, n, c, BT)
 
             # shared memory: eleven [BT, 128] 16-bit slots in four buffers of at most 256 rows (module docstring): q,
             # k, do, vn; dvn, v, h (two); dh (two); Tinv (fp32). The temporaries reuse slabs already read.

@@ -35,7 +35,8 @@ BK = 32             # key channels per block of the key side's walk
 WARPS = 8
 
 if GLUON_OK:
-    from linattn.ops.gated_delta_rule.gluon.chunk_local_wy_bwd import _acc, _copy, _landed, _put, _rows, _store_tile
+    from linattn.ops.gated_delta_rule.gluon.chunk_local_wy_bwd import (_acc, _chunk_span, _copy, _landed, _put,
+                                                                       _rows, _store_tile)
 
     @gluon.jit
     def kda_wy_bwd_gluon_kernel(
@@ -71,13 +72,7 @@ if GLUON_OK:
         n = gl.load(chunk_idx_ptr + 2 * p)
         c = gl.load(chunk_idx_ptr + 2 * p + 1)
         if n < N:                                             # else a surplus slot of the varlen bound
-            bos = gl.load(cu_ptr + n)
-            zp = cu_ptr + n + 1                               # *zp == eos: _offsets' opaque zero
-            eos = gl.load(zp)
-            t0 = bos + c.to(gl.int64) * BT
-            slot = gl.load(chunk_off_ptr + n) + c
-            nt = (eos - t0).to(gl.int32)                      # valid rows (>= BT unless this is the last chunk)
-            last = gl.minimum(nt, BT) - 1
+            zp, eos, t0, slot, nt, last = _chunk_span(cu_ptr, chunk_off_ptr, n, c, BT)
             vrow = t0 * HV * V + hv * V
             state = (slot.to(gl.int64) * HV + hv) * K * V
 
