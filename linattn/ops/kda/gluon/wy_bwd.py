@@ -20,7 +20,8 @@ reuse dO's and Vnew's tiles, and beta V reuses V's. Every write of a shared tile
 and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
 here is waited when it returns).
 
-Only K = V = 128, BT = 64, q, k, v, dO and the recompute's tensors in one 16-bit dtype, Tinv in it or fp32.
+Only K = V = 128, BT = 64, q, k, v, dO and the recompute's tensors in bf16, Tinv in bf16 or fp32 (fp16 stays on the
+Triton stage, whose fp32 products are TF32x3 for fp16).
 """
 from __future__ import annotations
 
@@ -211,19 +212,20 @@ def kda_wy_bwd_gluon_launch(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, d
 
 
 def kda_wy_bwd_gluon_supported(q, v, do, tinv, vnew) -> Tuple[bool, str]:
-    """(ok, reason): the Gluon WY stage takes K = V = 128, q, k, v, dO and the recompute's tensors in one 16-bit dtype
-    (Tinv in it or fp32), on a CUDA device with Gluon."""
+    """(ok, reason): the Gluon WY stage takes K = V = 128, q, k, v, dO and the recompute's tensors in bf16 (Tinv in
+    bf16 or fp32), on a CUDA device with Gluon."""
     if not GLUON_OK:
         return False, "this Triton has no Gluon"
-    if not q.is_cuda:
-        return False, f"q is on {q.device}; the Gluon WY stage runs on a CUDA (sm_90) device"
     if q.shape[-1] != 128 or v.shape[-1] != 128:
         return False, f"K={q.shape[-1]}, V={v.shape[-1]}; the Gluon WY stage takes K = V = 128"
-    if q.dtype not in (torch.bfloat16, torch.float16) or {v.dtype, do.dtype, vnew.dtype} != {q.dtype}:
-        return False, (f"q {q.dtype}, v {v.dtype}, do {do.dtype}, vnew {vnew.dtype}: the Gluon WY stage takes one "
-                       f"16-bit dtype")
+    if q.dtype != torch.bfloat16 or {v.dtype, do.dtype, vnew.dtype} != {q.dtype}:
+        # fp16 stays on the Triton stage, whose fp32 products run as TF32x3 there (triton/common.py dot_precision)
+        return False, (f"q {q.dtype}, v {v.dtype}, do {do.dtype}, vnew {vnew.dtype}: the Gluon WY stage takes bf16 "
+                       f"throughout (its fp32 products are single TF32)")
     if tinv.dtype not in (q.dtype, torch.float32):
         return False, f"Tinv is {tinv.dtype}; the Gluon WY stage takes it in q's dtype or fp32"
+    if not q.is_cuda:
+        return False, f"q is on {q.device}; the Gluon WY stage runs on a CUDA (sm_90) device"
     return True, ""
 
 
