@@ -135,8 +135,8 @@ if GLUON_OK:
             dtinv = warpgroup_mma(dvn_s, v_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
             dtinv = gl.convert_layout(dtinv, A_TF)
             aq = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
-            gl.store(daqk_ptr + a_row + off_a, gl.where(gl.expand_dims(r_t, 1) >= gl.expand_dims(c_t, 0), scale * aq, 0.),
-                     mask=rows_m)
+            incl = gl.expand_dims(r_t, 1) >= gl.expand_dims(c_t, 0)
+            gl.store(daqk_ptr + a_row + off_a, gl.where(incl, scale * aq, 0.), mask=rows_m)
             _landed(0)                                        # S, dS
 
             # ---- the key side, per block of BK channels: the output's and the state's direct terms, W's terms
