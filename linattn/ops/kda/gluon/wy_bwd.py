@@ -40,6 +40,15 @@ if GLUON_OK:
                                                                        _rows, _store_tile)
 
     @gluon.jit
+    def _copy_key_block(g_dst, q_dst, k_dst, g_base, q_base, k_base, kb, nt, zp, eos, H: gl.constexpr,
+                        HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, LKF: gl.constexpr,
+                        LK16: gl.constexpr):
+        """cp.async of key block kb's [BT, BK] tiles of gam (fp32), q and k of the chunk (rows >= nt zero)."""
+        _copy(g_dst, g_base + kb * BK, HV * K, nt, zp, eos, BT, BK, LKF)
+        _copy(q_dst, q_base + kb * BK, H * K, nt, zp, eos, BT, BK, LK16)
+        _copy(k_dst, k_base + kb * BK, H * K, nt, zp, eos, BT, BK, LK16)
+
+    @gluon.jit
     def kda_wy_bwd_gluon_kernel(
         q_ptr, k_ptr, v_ptr,                                   # the op's inputs
         gcum_ptr, beta_ptr, tinv_ptr, h_ptr, vnew_ptr,         # the recomputed forward
@@ -66,6 +75,9 @@ if GLUON_OK:
         S_TF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
         S_TKF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float32)
         S_KTF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, BT], gl.float32)
+        S_TK: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], dt)
+        LKF: gl.constexpr = _rows(BK, 32)
+        LK16: gl.constexpr = _rows(BK, 16)
 
         p = gl.program_id(0)
         hv = gl.program_id(1)
@@ -75,6 +87,9 @@ if GLUON_OK:
         if n < N:                                             # else a surplus slot of the varlen bound
             zp, eos, t0, slot, nt, last = _chunk_span(cu_ptr, chunk_off_ptr, n, c, BT)
             vrow = t0 * HV * V + hv * V
+            a_row = (t0 * HV + hv) * BT
+            g_row = (t0 * HV + hv) * K
+            q_row = (t0 * H + hk) * K
             state = (slot.to(gl.int64) * HV + hv) * K * V
 
             do_s = gl.allocate_shared_memory(dt, [BT, V], S_TV)
@@ -85,10 +100,13 @@ if GLUON_OK:
             dh_s = gl.allocate_shared_memory(dt, [K // BK, BK, V], S_KV)
             ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)        # Tinv
             tit_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)       # Tinv^T
-            ti16_s = gl.allocate_shared_memory(dt, [BT, BT], S_TT)              # Tinv rounded
             w_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)        # dW of a key block
+            ti16_s = w_s._reinterpret(dt, [BT, BT], S_TT)                       # Tinv rounded (before the key side)
             wt_s = gl.allocate_shared_memory(gl.float32, [BK, BT], S_KTF)       # its transpose
             kbe_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)      # beta K e^gam
+            g_s = gl.allocate_shared_memory(gl.float32, [2, BT, BK], S_TKF)     # gam, q, k of a key block, two
+            q_s = gl.allocate_shared_memory(dt, [2, BT, BK], S_TK)              # buffers: the next block's in
+            k_s = gl.allocate_shared_memory(dt, [2, BT, BK], S_TK)              # flight during this one's
             dti_s = do_s._reinterpret(gl.float32, [BT, BT], S_TF)               # dTinv^T (the products are done)
             z_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                 # Tinv^T dTinv
 
@@ -101,6 +119,9 @@ if GLUON_OK:
                 _copy(h_s.index(kb), h_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
                 _copy(dh_s.index(kb), dh_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
             cp.commit_group()
+            _copy_key_block(g_s.index(0), q_s.index(0), k_s.index(0), gcum_ptr + g_row, q_ptr + q_row,
+                            k_ptr + q_row, 0, nt, zp, eos, H, HV, K, BT, BK, LKF, LK16)
+            cp.commit_group()
 
             r_t = gl.arange(0, BT, layout=RT)
             c_t = gl.arange(0, BT, layout=CT)
@@ -111,9 +132,6 @@ if GLUON_OK:
             # int32 offsets of a chunk's [BT, 64] tiles from the chunk's first row: [T_tot, HV, BT] (dAkk, dAqk,
             # Tinv), [T_tot, HV, K] (dq, dk, dgam, gcum) and [T_tot, H, K] (q, k) rows
             off_a = gl.expand_dims(r_t * (HV * BT), 1) + gl.expand_dims(c_t, 0)
-            a_row = (t0 * HV + hv) * BT
-            g_row = (t0 * HV + hv) * K
-            q_row = (t0 * H + hk) * K
             beta = gl.load(beta_ptr + tok * HV + hv, mask=valid_t, other=0.).to(gl.float32)
             # Tinv [i, j] (rows past the end zero): fp32, transposed, rounded
             tinv = gl.load(tinv_ptr + a_row + off_a, mask=rows_m, other=0.).to(gl.float32)
@@ -122,7 +140,7 @@ if GLUON_OK:
             ti16_s.store(tinv.to(dt))
             fence_async_shared()
             gl.thread_barrier()
-            _landed(1)                                        # dO, Vnew, dVnew, V
+            _landed(2)                                        # dO, Vnew, dVnew, V
 
             # ---- the value side: dV, dbeta's U term, dTinv's U term, dAqk
             dvb = warpgroup_mma(ti16_s.permute((1, 0)), dvn_s, gl.zeros([BT, V], gl.float32, A_TV), use_acc=False)
@@ -137,18 +155,25 @@ if GLUON_OK:
             aq = warpgroup_mma(do_s, vn_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
             incl = gl.expand_dims(r_t, 1) >= gl.expand_dims(c_t, 0)
             gl.store(daqk_ptr + a_row + off_a, gl.where(incl, scale * aq, 0.), mask=rows_m)
-            _landed(0)                                        # S, dS
 
             # ---- the key side, per block of BK channels: the output's and the state's direct terms, W's terms
             r_k = gl.arange(0, BT, layout=RK)
             beta_k = gl.convert_layout(beta, RK)
+            c_k = gl.arange(0, BK, layout=CK)
             for kb in range(K // BK):
-                ck = kb * BK + gl.arange(0, BK, layout=CK)
+                # the next block's gam, q, k by cp.async into the other buffer (its last reader, the previous
+                # block, is past this block's CTA barriers), then this block's landed
+                if kb + 1 < K // BK:
+                    nb = (kb + 1) % 2
+                    _copy_key_block(g_s.index(nb), q_s.index(nb), k_s.index(nb), gcum_ptr + g_row, q_ptr + q_row,
+                                    k_ptr + q_row, kb + 1, nt, zp, eos, H, HV, K, BT, BK, LKF, LK16)
+                cp.commit_group()
+                gam_last = gl.load(gcum_ptr + g_row + last * (HV * K) + kb * BK + c_k)
+                _landed(1)                                    # S and dS (first block), this block's gam, q, k
+                ck = kb * BK + c_k
                 rows_k = gl.expand_dims(r_k < nt, 1) & (gl.expand_dims(ck, 0) >= 0)
                 off_hk = gl.expand_dims(r_k * (HV * K), 1) + gl.expand_dims(ck, 0)
-                off_q = gl.expand_dims(r_k * (H * K), 1) + gl.expand_dims(ck, 0)
-                gam_last = gl.load(gcum_ptr + g_row + last * (HV * K) + ck)
-                gam = gl.load(gcum_ptr + g_row + off_hk, mask=rows_k, other=0.)
+                gam = g_s.index(kb % 2).load(A_TK)
                 gam = gl.where(rows_k, gam, gl.expand_dims(gam_last, 0))       # rows past the end: gam_C
                 eg = gl.exp(gam)
                 ekd = gl.where(rows_k, gl.exp(gl.expand_dims(gam_last, 0) - gam), 0.)
@@ -158,9 +183,9 @@ if GLUON_OK:
                 dqdec = scale * warpgroup_mma(do_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                               use_acc=False)
                 gl.store(dq_ptr + g_row + off_hk, dqdec * eg, mask=rows_k)
-                qf = gl.load(q_ptr + q_row + off_q, mask=rows_k, other=0.).to(gl.float32)
+                qf = q_s.index(kb % 2).load(A_TK).to(gl.float32)
                 dgam = dqdec * qf * eg
-                kf = gl.load(k_ptr + q_row + off_q, mask=rows_k, other=0.).to(gl.float32)
+                kf = k_s.index(kb % 2).load(A_TK).to(gl.float32)
                 dkdec = warpgroup_mma(vn_s, dh_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                       use_acc=False)
                 x = dkdec * kf * ekd
