@@ -11,12 +11,14 @@ products and their precisions are the Triton kernel's: 16-bit operands for Tinv^
 dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose
 operands are written to shared memory K-major (transposed in registers where needed). The key side walks the key row
 in a loop over blocks of BK = 32 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255
-registers and 8 bytes spilled at 32, 207 and none at 16); its element-wise terms (gam, K, Q and their exps) are read
-per block straight into the products' accumulator layout, with int32 offsets from the chunk's first row.
+registers and 36 bytes spilled at 32); its element-wise terms (gam, K, Q) come by cp.async into two shared buffers,
+the next block's in flight during this block's products (as plain loads they were half of the kernel's stalls), and
+are read into the products' accumulator layout; the outputs' int32 offsets count from the chunk's first row.
 
-Shared memory (196,608 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], three
-[64, 64] Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32); the dAkk chain's dTinv^T and Tinv^T dTinv
-reuse dO's and Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared
+Shared memory (221,696 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
+fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), two buffers of a key block's gam, q and k; Tinv
+rounded shares dW's buffer (read before the key side), the dAkk chain's dTinv^T and Tinv^T dTinv reuse dO's and
+Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared
 and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
 here is waited when it returns).
 
