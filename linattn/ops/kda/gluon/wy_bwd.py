@@ -6,7 +6,8 @@ takes it where kda_wy_bwd_gluon_supported (chunk_kda_bwd's wy_bwd hook); elsewhe
 
 The chunk's value-side tiles (dO, Vnew, dVnew, V) and the state's S and dS (whole [K, V], in key blocks) come in by
 cp.async into shared memory (rows past the chunk's end zero-filled) and stay there as the products' operands; Tinv
-is read through registers into three shared copies (fp32 Tinv, fp32 Tinv^T, Tinv rounded to the inputs' dtype). The
+comes by cp.async into the shared copy of its own dtype (fp32 or the inputs'), first, and the other two (fp32 Tinv^T
+and Tinv fp32 or rounded) are formed from it through registers. The
 products and their precisions are the Triton kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T,
 dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose
 operands are written to shared memory K-major (transposed in registers where needed). The key side walks the key row
@@ -112,6 +113,12 @@ if GLUON_OK:
             dti_s = do_s._reinterpret(gl.float32, [BT, BT], S_TF)               # dTinv^T (the products are done)
             z_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                 # Tinv^T dTinv
 
+            # Tinv (rows past the end zero) into its copy of the same dtype, first: the others are formed from it
+            if tinv_ptr.dtype.element_ty == gl.float32:
+                _copy(ti_s, tinv_ptr + a_row, HV * BT, nt, zp, eos, BT, BT, _rows(BT, 32))
+            else:
+                _copy(ti16_s, tinv_ptr + a_row, HV * BT, nt, zp, eos, BT, BT, _rows(BT, 16))
+            cp.commit_group()
             _copy(do_s, do_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             _copy(vn_s, vnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
             _copy(dvn_s, dvnew_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
@@ -135,11 +142,15 @@ if GLUON_OK:
             # Tinv), [T_tot, HV, K] (dq, dk, dgam, gcum) and [T_tot, H, K] (q, k) rows
             off_a = gl.expand_dims(r_t * (HV * BT), 1) + gl.expand_dims(c_t, 0)
             beta = gl.load(beta_ptr + tok * HV + hv, mask=valid_t, other=0.).to(gl.float32)
-            # Tinv [i, j] (rows past the end zero): fp32, transposed, rounded
-            tinv = gl.load(tinv_ptr + a_row + off_a, mask=rows_m, other=0.).to(gl.float32)
-            ti_s.store(tinv)
+            # Tinv [i, j]: fp32, transposed, rounded, from the copy that landed
+            _landed(3)
+            if tinv_ptr.dtype.element_ty == gl.float32:
+                tinv = ti_s.load(A_TT)
+                ti16_s.store(tinv.to(dt))
+            else:
+                tinv = ti16_s.load(A_TT).to(gl.float32)
+                ti_s.store(tinv)
             tit_s.store(gl.permute(tinv, (1, 0)))
-            ti16_s.store(tinv.to(dt))
             fence_async_shared()
             gl.thread_barrier()
             _landed(2)                                        # dO, Vnew, dVnew, V
