@@ -224,4 +224,4 @@ register(AotKernel(
            "dvnew_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "dgam_ptr", "dbeta_ptr", "dakk_ptr", "daqk_ptr", "cu_ptr",
            "chunk_idx_ptr", "chunk_off_ptr"),
     description="KDA backward stage 2a (WY) in Gluon: value side and key blocks of 32 channels on warpgroup_mma, "
-                "cp.async tiles, H16/HV32 K=V=128 bf16, two warpgroups", known_spill_bytes=36))
+                "cp.async tiles, H16/HV32 K=V=128 bf16, two warpgroups"))

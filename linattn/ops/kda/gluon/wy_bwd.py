@@ -7,20 +7,20 @@ takes it where kda_wy_bwd_gluon_supported (chunk_kda_bwd's wy_bwd hook); elsewhe
 The chunk's value-side tiles (dO, Vnew, dVnew, V) and the state's S and dS (whole [K, V], in key blocks) come in by
 cp.async into shared memory (rows past the chunk's end zero-filled) and stay there as the products' operands; Tinv
 comes by cp.async into the shared copy of its own dtype (fp32 or the inputs'), first, and the other two (fp32 Tinv^T
-and Tinv fp32 or rounded) are formed from it through registers. The
-products and their precisions are the Triton kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T,
+and Tinv fp32 or rounded) are formed from it through registers. The products and their precisions are the Triton
+kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T,
 dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose
 operands are written to shared memory K-major (transposed in registers where needed). The key side walks the key row
 in a loop over blocks of BK = 32 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255
-registers and 36 bytes spilled at 32); its element-wise terms (gam, K, Q) come by cp.async into two shared buffers,
-the next block's in flight during this block's products (as plain loads they were half of the kernel's stalls), and
-are read into the products' accumulator layout; the outputs' int32 offsets count from the chunk's first row.
+registers, none spilled at 32); its element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next
+block's issued as soon as this block's are read into registers (mid-block, in flight during its TF32 products and
+stores; as plain loads they were half of the kernel's stalls; two buffers a block ahead spill 36 bytes); the
+outputs' int32 offsets count from the chunk's first row.
 
-Shared memory (221,696 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
-fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), two buffers of a key block's gam, q and k; Tinv
+Shared memory (205,312 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
+fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), a key block's gam, q and k; Tinv
 rounded shares dW's buffer (read before the key side), the dAkk chain's dTinv^T and Tinv^T dTinv reuse dO's and
-Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared
-and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
+Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
 here is waited when it returns).
 
 Only K = V = 128, BT = 64, q, k, v, dO and the recompute's tensors in bf16, Tinv in bf16 or fp32 (fp16 stays on the
@@ -107,9 +107,9 @@ if GLUON_OK:
             ti16_s = w_s._reinterpret(dt, [BT, BT], S_TT)                       # Tinv rounded (before the key side)
             wt_s = gl.allocate_shared_memory(gl.float32, [BK, BT], S_KTF)       # its transpose
             kbe_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)      # beta K e^gam
-            g_s = gl.allocate_shared_memory(gl.float32, [2, BT, BK], S_TKF)     # gam, q, k of a key block, two
-            q_s = gl.allocate_shared_memory(dt, [2, BT, BK], S_TK)              # buffers: the next block's in
-            k_s = gl.allocate_shared_memory(dt, [2, BT, BK], S_TK)              # flight during this one's
+            g_s = gl.allocate_shared_memory(gl.float32, [BT, BK], S_TKF)        # gam, q, k of a key block
+            q_s = gl.allocate_shared_memory(dt, [BT, BK], S_TK)
+            k_s = gl.allocate_shared_memory(dt, [BT, BK], S_TK)
             dti_s = do_s._reinterpret(gl.float32, [BT, BT], S_TF)               # dTinv^T (the products are done)
             z_s = vn_s._reinterpret(gl.float32, [BT, BT], S_TF)                 # Tinv^T dTinv
 
@@ -128,8 +128,8 @@ if GLUON_OK:
                 _copy(h_s.index(kb), h_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
                 _copy(dh_s.index(kb), dh_ptr + state + kb * BK * V, V, BK, zp, eos, BK, V, L16)
             cp.commit_group()
-            _copy_key_block(g_s.index(0), q_s.index(0), k_s.index(0), gcum_ptr + g_row, q_ptr + q_row,
-                            k_ptr + q_row, 0, nt, zp, eos, H, HV, K, BT, BK, LKF, LK16)
+            _copy_key_block(g_s, q_s, k_s, gcum_ptr + g_row, q_ptr + q_row, k_ptr + q_row, 0, nt, zp, eos, H, HV,
+                            K, BT, BK, LKF, LK16)
             cp.commit_group()
 
             r_t = gl.arange(0, BT, layout=RT)
@@ -174,19 +174,12 @@ if GLUON_OK:
             beta_k = gl.convert_layout(beta, RK)
             c_k = gl.arange(0, BK, layout=CK)
             for kb in range(K // BK):
-                # the next block's gam, q, k by cp.async into the other buffer (its last reader, the previous
-                # block, is past this block's CTA barriers), then this block's landed
-                if kb + 1 < K // BK:
-                    nb = (kb + 1) % 2
-                    _copy_key_block(g_s.index(nb), q_s.index(nb), k_s.index(nb), gcum_ptr + g_row, q_ptr + q_row,
-                                    k_ptr + q_row, kb + 1, nt, zp, eos, H, HV, K, BT, BK, LKF, LK16)
-                cp.commit_group()
                 gam_last = gl.load(gcum_ptr + g_row + last * (HV * K) + kb * BK + c_k)
-                _landed(1)                                    # S and dS (first block), this block's gam, q, k
+                _landed(0)                                    # S and dS (first block), this block's gam, q, k
                 ck = kb * BK + c_k
                 rows_k = gl.expand_dims(r_k < nt, 1) & (gl.expand_dims(ck, 0) >= 0)
                 off_hk = gl.expand_dims(r_k * (HV * K), 1) + gl.expand_dims(ck, 0)
-                gam = g_s.index(kb % 2).load(A_TK)
+                gam = g_s.load(A_TK)
                 gam = gl.where(rows_k, gam, gl.expand_dims(gam_last, 0))       # rows past the end: gam_C
                 eg = gl.exp(gam)
                 ekd = gl.where(rows_k, gl.exp(gl.expand_dims(gam_last, 0) - gam), 0.)
@@ -196,9 +189,9 @@ if GLUON_OK:
                 dqdec = scale * warpgroup_mma(do_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                               use_acc=False)
                 gl.store(dq_ptr + g_row + off_hk, dqdec * eg, mask=rows_k)
-                qf = q_s.index(kb % 2).load(A_TK).to(gl.float32)
+                qf = q_s.load(A_TK).to(gl.float32)
                 dgam = dqdec * qf * eg
-                kf = k_s.index(kb % 2).load(A_TK).to(gl.float32)
+                kf = k_s.load(A_TK).to(gl.float32)
                 dkdec = warpgroup_mma(vn_s, dh_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                       use_acc=False)
                 x = dkdec * kf * ekd
@@ -208,7 +201,12 @@ if GLUON_OK:
                 dgl = gl.sum(x, axis=0) + gl.exp(gam_last) * gl.convert_layout(hd, CK)
 
                 dw = -warpgroup_mma(dvn_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK), use_acc=False)
-                gl.thread_barrier()                           # the previous block's TF32 operands are read
+                gl.thread_barrier()                           # the previous block's TF32 operands and this one's
+                # gam, q, k tiles are read: the next block's gam, q, k by cp.async, in flight during the rest
+                if kb + 1 < K // BK:
+                    _copy_key_block(g_s, q_s, k_s, gcum_ptr + g_row, q_ptr + q_row, k_ptr + q_row, kb + 1, nt, zp,
+                                    eos, H, HV, K, BT, BK, LKF, LK16)
+                    cp.commit_group()
                 w_s.store(dw)
                 wt_s.store(gl.permute(dw, (1, 0)))
                 kbe_s.store(gl.expand_dims(beta_k, 1) * kf * eg)
