@@ -8,20 +8,20 @@ The chunk's value-side tiles (dO, Vnew, dVnew, V) and the state's S and dS (whol
 cp.async into shared memory (rows past the chunk's end zero-filled) and stay there as the products' operands; Tinv
 comes by cp.async into the shared copy of its own dtype (fp32 or the inputs'), first, and the other two (fp32 Tinv^T
 and Tinv fp32 or rounded) are formed from it through registers. The products and their precisions are the Triton
-kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T,
-dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose
-operands are written to shared memory K-major (transposed in registers where needed). The key side walks the key row
-in a loop over blocks of BK = 32 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255
-registers, none spilled at 32); its element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next
-block's issued as soon as this block's are read into registers (mid-block, in flight during its TF32 products and
-stores; as plain loads they were half of the kernel's stalls; two buffers a block ahead spill 36 bytes); the
-outputs' int32 offsets count from the chunk's first row.
+kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T, dO S^T, Vnew dS^T, dVnew S^T; TF32 for dW
+(beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose operands are written to shared memory
+K-major (transposed in registers where needed). The key side walks the key row in a loop over blocks of BK = 32
+channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255 registers, none spilled at 32); its
+element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next block's issued as soon as this block's are
+read into registers (mid-block, in flight during its TF32 products and stores; as plain loads they were half of the
+kernel's stalls; two buffers a block ahead spill 36 bytes); the outputs' int32 offsets count from the chunk's first
+row.
 
 Shared memory (205,312 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
-fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), a key block's gam, q and k; Tinv
-rounded shares dW's buffer (read before the key side), the dAkk chain's dTinv^T and Tinv^T dTinv reuse dO's and
-Vnew's tiles, and beta V reuses V's. Every write of a shared tile is followed by fence_async_shared and a CTA barrier before a wgmma reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma
-here is waited when it returns).
+fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), a key block's gam, q and k; Tinv rounded shares
+dW's buffer (read before the key side), the dAkk chain's dTinv^T and Tinv^T dTinv reuse dO's and Vnew's tiles, and
+beta V reuses V's. Every write of a shared tile is followed by fence_async_shared and a CTA barrier before a wgmma
+reads it, and a store into a reused tile is preceded by a CTA barrier (each wgmma here is waited when it returns).
 
 Only K = V = 128, BT = 64, q, k, v, dO and the recompute's tensors in bf16, Tinv in bf16 or fp32 (fp16 stays on the
 Triton stage, whose fp32 products are TF32x3 for fp16).
