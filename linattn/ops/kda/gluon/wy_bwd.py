@@ -12,10 +12,10 @@ kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T, dO S^T,
 (beta K e^gam)^T, Tinv^T dW and the dAkk chain Tinv^T dTinv Tinv^T, whose operands are written to shared memory
 K-major (transposed in registers where needed). The key side walks the key row in a loop over blocks of BK = 32
 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255 registers, none spilled at 32); its
-element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next block's issued as soon as this block's are
-read into registers (mid-block, in flight during its TF32 products and stores; as plain loads they were half of the
-kernel's stalls; two buffers a block ahead spill 36 bytes); the outputs' int32 offsets count from the chunk's first
-row.
+element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next block's issued at the block's start, once
+every warp has read this block's into registers (in flight during all of the block's products; as plain loads they
+were half of the kernel's stalls; two buffers a block ahead spill 36 bytes); the outputs' int32 offsets count from the
+chunk's first row.
 
 Shared memory (205,312 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
 fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), a key block's gam, q and k; Tinv rounded shares
@@ -180,6 +180,13 @@ if GLUON_OK:
                 rows_k = gl.expand_dims(r_k < nt, 1) & (gl.expand_dims(ck, 0) >= 0)
                 off_hk = gl.expand_dims(r_k * (HV * K), 1) + gl.expand_dims(ck, 0)
                 gam = g_s.load(A_TK)
+                qf = q_s.load(A_TK).to(gl.float32)
+                kf = k_s.load(A_TK).to(gl.float32)
+                gl.thread_barrier()                           # every warp has read this block's gam, q, k: the
+                if kb + 1 < K // BK:                          # next block's by cp.async, in flight during this one
+                    _copy_key_block(g_s, q_s, k_s, gcum_ptr + g_row, q_ptr + q_row, k_ptr + q_row, kb + 1, nt, zp,
+                                    eos, H, HV, K, BT, BK, LKF, LK16)
+                    cp.commit_group()
                 gam = gl.where(rows_k, gam, gl.expand_dims(gam_last, 0))       # rows past the end: gam_C
                 eg = gl.exp(gam)
                 ekd = gl.where(rows_k, gl.exp(gl.expand_dims(gam_last, 0) - gam), 0.)
@@ -189,9 +196,7 @@ if GLUON_OK:
                 dqdec = scale * warpgroup_mma(do_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                               use_acc=False)
                 gl.store(dq_ptr + g_row + off_hk, dqdec * eg, mask=rows_k)
-                qf = q_s.load(A_TK).to(gl.float32)
                 dgam = dqdec * qf * eg
-                kf = k_s.load(A_TK).to(gl.float32)
                 dkdec = warpgroup_mma(vn_s, dh_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK),
                                       use_acc=False)
                 x = dkdec * kf * ekd
@@ -201,12 +206,7 @@ if GLUON_OK:
                 dgl = gl.sum(x, axis=0) + gl.exp(gam_last) * gl.convert_layout(hd, CK)
 
                 dw = -warpgroup_mma(dvn_s, h_k.permute((1, 0)), gl.zeros([BT, BK], gl.float32, A_TK), use_acc=False)
-                gl.thread_barrier()                           # the previous block's TF32 operands and this one's
-                # gam, q, k tiles are read: the next block's gam, q, k by cp.async, in flight during the rest
-                if kb + 1 < K // BK:
-                    _copy_key_block(g_s, q_s, k_s, gcum_ptr + g_row, q_ptr + q_row, k_ptr + q_row, kb + 1, nt, zp,
-                                    eos, H, HV, K, BT, BK, LKF, LK16)
-                    cp.commit_group()
+                gl.thread_barrier()                           # the previous block's TF32 operands are read
                 w_s.store(dw)
                 wt_s.store(gl.permute(dw, (1, 0)))
                 kbe_s.store(gl.expand_dims(beta_k, 1) * kf * eg)
