@@ -108,11 +108,14 @@ if GLUON_OK:
         16-bit), 1 k, 2 q (8 KB each after it)."""
         P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         NB: gl.constexpr = kr_s.shape[0] * kr_s.shape[1] * kr_s.shape[2] // (16 * BK)    # 2-byte [16, BK] blocks
-        if dtype == gl.float32:
-            return kr_s._reinterpret(dtype, [NB // 2, 16, BK], P3).slice(kb * 8, 4)
+        if i == 0:
+            if dtype == gl.float32:
+                return kr_s._reinterpret(dtype, [NB // 2, 16, BK], P3).slice(kb * 8, 4)         # 4 KB blocks
+            else:
+                return kr_s._reinterpret(dtype, [NB, 16, BK], P3).slice(kb * 16, 4)
         else:
-            OFF: gl.constexpr = 0 if i == 0 else 4 + 4 * i                                     # blocks 0, 8, 12
-            return kr_s._reinterpret(dtype, [NB, 16, BK], P3).slice(kb * 16 + OFF, 4)
+            gl.static_assert(dtype.primitive_bitwidth == 16, "k and q are staged as 16-bit tiles")
+            return kr_s._reinterpret(dtype, [NB, 16, BK], P3).slice(kb * 16 + 4 + 4 * i, 4)     # blocks 8, 12
 
     @gluon.jit
     def _stage_block(g_ptr, k_ptr, q_ptr, kr_s, kb: gl.constexpr, t0, eos, hv, hk, H: gl.constexpr,
