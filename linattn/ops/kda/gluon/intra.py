@@ -20,8 +20,12 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     flagged chunk stores every row, which its in-block pairs read back); the autograd forward stores every row.
 
 Shared memory: the products' operands, NKB x [64, 64] bf16 tiles of each row's factors (keys, queries) and 4 NKB of
-the columns' (one set per row block I), written once and read by the wgmmas after a fence and a CTA barrier; the
-block substitution's shift buffers (kkt_solve.shift_buffers).
+the columns' (one set per row block I, a key block's four together), written once and read by the wgmmas after a
+fence and a CTA barrier; the block substitution's shift buffers (kkt_solve.shift_buffers). Every key block's g, k and
+q come by cp.async at the program's start into that key block's own column-factor tiles (32 KB: g, then k, then q;
+unswizzled [4, 16, 64] views in the gate tile's layout, so each thread reads back its own copies), all of them in
+flight at once where plain loads had the second block's wait behind the first's; the column factors overwrite them
+after a CTA barrier.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from linattn.runtime.gluon_compat import GLUON_OK, fence_async_shared, gl, gluon, warpgroup_mma
+from linattn.runtime.gluon_compat import GLUON_OK, async_copy as cp, fence_async_shared, gl, gluon, warpgroup_mma
 
 BT = 64
 BK = 64             # key channels per gate block (one [64, BK] operand tile)
@@ -65,31 +69,63 @@ if GLUON_OK:
                 beta = beta * 2.
         return gl.where(valid, beta, 0.)
 
+    @gluon.constexpr_function
+    def _l3(BK):
+        """The [4, 16, BK] gate tile's layout (row block, row, channel; row block b in warp b)."""
+        return gl.BlockedLayout([1, 4, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])
+
     @gluon.jit
-    def _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K: gl.constexpr, HV: gl.constexpr, BK: gl.constexpr,
-                     GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr):
-        """The gate of key channels kb * BK .. + BK of the chunk and its cumsum gam on a [4, 16, BK] tile (row block,
-        row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp, plus the
-        sums of the earlier blocks (rows past the end add 0). Returns (gam, mask, gcum offsets, row block [4, 1, 1],
-        row in the block [1, 16, 1], channel [1, 1, BK])."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 4, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])     # [4, 16, BK]
+    def _tile_index(kb, t0, eos, hv, hk, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BK: gl.constexpr):
+        """Key channels kb * BK .. + BK of the chunk on a [4, 16, BK] tile: (row block [4, 1, 1], row in the block
+        [1, 16, 1], channel [1, 1, BK], valid mask, offsets into [T_tot, HV, K] and [T_tot, H, K])."""
+        L3: gl.constexpr = _l3(BK)
         b1 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         b3 = gl.expand_dims(gl.expand_dims(b1, 1), 2)                                     # [4, 1, 1]
         r1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         r3 = gl.expand_dims(gl.expand_dims(r1, 0), 2)                                     # [1, 16, 1]
         c1 = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         ck = kb * BK + gl.expand_dims(gl.expand_dims(c1, 0), 1)                           # [1, 1, BK]
-        row = b3 * 16 + r3
-        tok = t0 + row.to(gl.int64)
+        tok = t0 + (b3 * 16 + r3).to(gl.int64)
         m = (tok < eos) & (ck < K)                                                        # [4, 16, BK]
-        off_g = (tok * HV + hv) * K + ck
-        x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
+        return b3, r3, ck, m, (tok * HV + hv) * K + ck, (tok * H + hk) * K + ck
+
+    @gluon.jit
+    def _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr,
+                     HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr):
+        """The gate of the raw input tile x ([4, 16, BK], _tile_index's) and its cumsum gam: the cumsum inside each
+        16-row block by a scan within the warp, plus the sums of the earlier blocks (rows past the end add 0)."""
+        L3: gl.constexpr = _l3(BK)
         x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
         tot = gl.convert_layout(gl.sum(x, axis=1), gl.SliceLayout(0, L3))                # [4 (block j), BK]
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
-        gam = gl.associative_scan(x, 1, _add) + gl.expand_dims(base, 1)
-        return gam, m, off_g, b3, r3, ck
+        return gl.associative_scan(x, 1, _add) + gl.expand_dims(base, 1)
+
+    @gluon.jit
+    def _staged(kr_s, kb, i: gl.constexpr, dtype: gl.constexpr, BK: gl.constexpr):
+        """Key block kb's staging views ([4, 16, BK], unswizzled) in its own 32 KB of kr_s, tiles kb * 4 .. + 3
+        (written by the block's column factors only after its g, k, q are read): i = 0 g (the first 16 KB, fp32 or
+        16-bit), 1 k, 2 q (8 KB each after it)."""
+        P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        NB: gl.constexpr = kr_s.shape[0] * kr_s.shape[1] * kr_s.shape[2] // (16 * BK)    # 2-byte [16, BK] blocks
+        if i == 0:
+            if dtype == gl.float32:
+                return kr_s._reinterpret(dtype, [NB // 2, 16, BK], P3).slice(kb * 8, 4)         # 4 KB blocks
+            else:
+                return kr_s._reinterpret(dtype, [NB, 16, BK], P3).slice(kb * 16, 4)
+        else:
+            gl.static_assert(dtype.primitive_bitwidth == 16, "k and q are staged as 16-bit tiles")
+            return kr_s._reinterpret(dtype, [NB, 16, BK], P3).slice(kb * 16 + 4 + 4 * i, 4)     # blocks 8, 12
+
+    @gluon.jit
+    def _stage_block(g_ptr, k_ptr, q_ptr, kr_s, kb: gl.constexpr, t0, eos, hv, hk, H: gl.constexpr,
+                     HV: gl.constexpr, K: gl.constexpr, BK: gl.constexpr):
+        """cp.async of key block kb's g, k, q tiles into its staging views (rows past the end zero), one group."""
+        b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BK)
+        cp.async_copy_global_to_shared(_staged(kr_s, kb, 0, g_ptr.dtype.element_ty, BK), g_ptr + off_g, mask=m)
+        cp.async_copy_global_to_shared(_staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK), k_ptr + off_q, mask=m)
+        cp.async_copy_global_to_shared(_staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK), q_ptr + off_q, mask=m)
+        cp.commit_group()
 
     @gluon.jit
     def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
@@ -100,16 +136,17 @@ if GLUON_OK:
         GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries
         K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the
         products' operands into shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's
-        first row; kr_s tile I * NKB + kb: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
+        first row; kr_s tile kb * 4 + I: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
         and amax updated (kda_cumsum_kernel's pairwise test)."""
         NKB: gl.constexpr = K // BK
-        gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BK, GATE,
-                                                 HAS_DT_BIAS, LOWER_BOUND)
+        L3: gl.constexpr = _l3(BK)
+        b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BK)
+        cp.wait_group(NKB - 1 - kb)                  # this block's staged tiles (each thread reads its own copies)
+        x = _staged(kr_s, kb, 0, g_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
+        kf = _staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
+        qf = _staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
+        gam = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS, LOWER_BOUND)
         row = b3 * 16 + r3
-        tok = t0 + row.to(gl.int64)
-        off_q = (tok * H + hk) * K + ck
-        kf = gl.load(k_ptr + off_q, mask=m, other=0.).to(gl.float32)
-        qf = gl.load(q_ptr + off_q, mask=m, other=0.).to(gl.float32)
         last = gl.minimum(eos - t0, BT) - 1
         if GCUM_LAST:
             gl.store(gcum_ptr + off_g, gam, mask=m & (row == last))
@@ -137,11 +174,12 @@ if GLUON_OK:
         amax = gl.maximum(amax, gl.max(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1), axis=0))
         kl_s.index(kb).store(gl.reshape(kel, [BT, BK]).to(gl.bfloat16))
         ql_s.index(kb).store(gl.reshape(qel, [BT, BK]).to(gl.bfloat16))
+        gl.thread_barrier()                          # every warp has read the staged tiles the column factors overwrite
         for blk in gl.static_range(4):
             # exp(gam_r(I) - gam) = exp(gam_r(I) - gam_e) el2 on the rows of blocks <= I, 0 after
             ref = gl.expand_dims(gl.sum(gl.where(b3 == blk, g0, 0.), axis=0), 0)           # [1, 1, BK]: gam_r(I)
             f = _ex2_ftz(gl.where(b3 <= blk, (ref - ge) * LOG2E, float("-inf")))         # [4, 1, BK]
-            kr_s.index(blk * NKB + kb).store(gl.reshape(kel2 * f, [BT, BK]).to(gl.bfloat16))
+            kr_s.index(kb * 4 + blk).store(gl.reshape(kel2 * f, [BT, BK]).to(gl.bfloat16))
         return span, amax
 
     @gluon.jit
@@ -195,7 +233,7 @@ if GLUON_OK:
         for blk in gl.static_range(4):
             p = gl.zeros([BT, BT], gl.float32, ACC)
             for kb in gl.static_range(NKB):
-                p = warpgroup_mma(xl_s.index(kb), kr_s.index(blk * NKB + kb).permute((1, 0)), p, use_acc=kb > 0)
+                p = warpgroup_mma(xl_s.index(kb), kr_s.index(kb * 4 + blk).permute((1, 0)), p, use_acc=kb > 0)
             out = gl.where(rb == blk, p, out)
         return out
 
@@ -230,6 +268,8 @@ if GLUON_OK:
             bos = gl.load(cu_ptr + n)
             eos = gl.load(cu_ptr + n + 1)
             t0 = bos + c.to(gl.int64) * BT
+            for kb in gl.static_range(NKB):          # every key block's g, k, q in flight at once
+                _stage_block(g_ptr, k_ptr, q_ptr, kr_s, kb, t0, eos, hv, hk, H, HV, K, BKC)
             i = gl.arange(0, BT, layout=gl.SliceLayout(1, ACC))
             j = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))
             ri = t0 + i.to(gl.int64)
@@ -263,8 +303,9 @@ if GLUON_OK:
                 if GCUM_LAST:
                     # gcum was stored at the last row only: the in-block pairs read every row
                     for kb in gl.static_range(NKB):
-                        gam, m, off_g, b3, r3, ck = _gate_cumsum(g_ptr, A_log, dt_bias, kb, t0, eos, hv, K, HV, BKC,
-                                                                 GATE, HAS_DT_BIAS, LOWER_BOUND)
+                        b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BKC)
+                        x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
+                        gam = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND)
                         gl.store(gcum_ptr + off_g, gam, mask=m)
                 gl.thread_barrier()              # this program's gcum and beta stores, read back
                 dk = _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_out_ptr, aqk_ptr, t0, eos, hv, hk, H, HV, K, BT)
