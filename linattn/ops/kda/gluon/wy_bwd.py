@@ -13,9 +13,9 @@ kernel's: 16-bit operands for Tinv^T dVnew, dVnew (beta V)^T, dO Vnew^T, dO S^T,
 K-major (transposed in registers where needed). The key side walks the key row in a loop over blocks of BK = 32
 channels (at 64 the block's element-wise tiles spill; sm_90a, Triton 3.6.0: 255 registers, none spilled at 32); its
 element-wise terms (gam, K, Q) come by cp.async into shared tiles, the next block's issued at the block's start, once
-every warp has read this block's into registers (in flight during all of the block's products; as plain loads they
-were half of the kernel's stalls; two buffers a block ahead spill 36 bytes); the outputs' int32 offsets count from the
-chunk's first row.
+every warp has read this block's into registers, so they are in flight during all of the block's products (one
+buffer: a second, a block further ahead, costs registers that the key side does not have); the outputs' int32
+offsets count from the chunk's first row.
 
 Shared memory (205,312 B at BK = 32, one CTA per SM): four [64, 128] 16-bit tiles, S and dS [128, 128], two [64, 64]
 fp32 Tinv copies, the key block's dW, dW^T and beta K e^gam (fp32), a key block's gam, q and k; Tinv rounded shares
