@@ -9,7 +9,8 @@ whose gates stage 2a (kda/gluon/intra.py) has already put into the tiles it stor
   output partition (_kda_output): o = (Qdec S_c + Aqk vnew) * scale, Qdec = Q exp(gam) and Aqk (lower triangular,
       zeros above) ring tiles, so the output needs no gate at all;
   producer (1 warp): TMA of Qdec, Kdec, Kg ([BT, K] boxes at the value head's columns), V ([BT, BV]), Tinv and Aqk
-      ([BT, BT]) into ring slot c % STAGES.
+      ([BT, BT]) into ring slot c % STAGES, as two rings: Kg, Tinv, V, Kdec refilled once the W/U and state
+      partitions released the slot, Qdec and Aqk once the output partition did (it finishes each chunk last).
 
 Rows of a box past the sequence end hold the next sequence's tokens: beta is 0 there and the sequence's last chunk
 goes through the wu partition's row-selected copies (as GDN's), vnew's rows there are selected to 0, Aqk's columns
@@ -17,7 +18,7 @@ past the end meet only those zero rows (its valid rows are zero above the diagon
 not stored.
 
 Shared memory at BV = 64, 2 stages, one W buffer: the ring 2 x (3 x 16 + 8 + 2 x 8) KB, W 16 KB, the published S
-2 x 16 KB and vnew 2 x 8 KB, with the compiler's scratch 221,560 B (kda_fused_config).
+2 x 16 KB and vnew 2 x 8 KB, with the barriers and the compiler's scratch 221,592 B (kda_fused_config).
 """
 from __future__ import annotations
 
@@ -43,21 +44,27 @@ if GLUON_OK:
 
     @gluon.jit
     def _kda_producer(qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s, ready,
-                      empty, nchunks, bos, hv, vb, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                      BV: gl.constexpr, STAGES: gl.constexpr):
-        nbytes: gl.constexpr = (qd_desc.block_type.nbytes + kd_desc.block_type.nbytes + kg_desc.block_type.nbytes
-                                + v_desc.block_type.nbytes + t_desc.block_type.nbytes + a_desc.block_type.nbytes)
+                      empty, ready_o, empty_o, nchunks, bos, hv, vb, K: gl.constexpr, V: gl.constexpr,
+                      BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
+        """Two rings over the same slots, each refilled once its own consumers released the slot: Kg, Tinv, V, Kdec
+        (ready / empty: the W/U and state partitions) and Qdec, Aqk (ready_o / empty_o: the output partition, which
+        finishes a chunk after the state partition has)."""
+        nbytes: gl.constexpr = (kd_desc.block_type.nbytes + kg_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                + t_desc.block_type.nbytes)
+        nbytes_o: gl.constexpr = qd_desc.block_type.nbytes + a_desc.block_type.nbytes
         for c in range(nchunks):
             s = c % STAGES
-            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # the consumers released use c - STAGES
             row = (bos + c * BT).to(gl.int32)
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # W/U and state released use c - STAGES
             mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
-            tma_load(qd_desc, [row, hv * K], ready.index(s), qd_s.index(s))
-            tma_load(kd_desc, [row, hv * K], ready.index(s), kd_s.index(s))
             tma_load(kg_desc, [row, hv * K], ready.index(s), kg_s.index(s))
-            tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
             tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))
-            tma_load(a_desc, [row, hv * BT], ready.index(s), a_s.index(s))
+            tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
+            tma_load(kd_desc, [row, hv * K], ready.index(s), kd_s.index(s))
+            mbarrier.wait(empty_o.index(s), ((c // STAGES) & 1) ^ 1)   # the output released use c - STAGES
+            mbarrier.expect(ready_o.index(s), nbytes_o)
+            tma_load(qd_desc, [row, hv * K], ready_o.index(s), qd_s.index(s))
+            tma_load(a_desc, [row, hv * BT], ready_o.index(s), a_s.index(s))
 
     @gluon.jit
     def _kda_output(qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale, nchunks, bos,
@@ -112,21 +119,30 @@ if GLUON_OK:
         for i in gl.static_range(NWU):
             mbarrier.init(wu_full.index(i), count=1)
             mbarrier.init(wu_empty.index(i), count=1)
-        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 3)   # state, output, wu consume
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # state and wu consume
+        ready_o = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty_o = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready_o.index(i), count=1)
+            mbarrier.init(empty_o.index(i), count=1)                    # the output consumes
+        fence_async_shared()
 
         gl.warp_specialize(
             [(_ws_state, (kd_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, None, s_full, v_full,
                           pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
                           HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, True)),   # per-channel decay
-             (_kda_output, (qd_s, a_s, ready, empty, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale,
+             (_kda_output, (qd_s, a_s, ready_o, empty_o, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale,
                             nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
              (_wu_worker, (kg_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, None, nchunks, bos,
                            eos, hv, HV, K, BT, BV, STAGES, NWU)),
              (_kda_producer, (qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s,
-                              ready, empty, nchunks, bos, hv, vb, K, V, BT, BV, STAGES))],
+                              ready, empty, ready_o, empty_o, nchunks, bos, hv, vb, K, V, BT, BV, STAGES))],
             worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
 
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready_o.index(i))
+            mbarrier.invalidate(empty_o.index(i))
         for i in gl.static_range(NWU):
             mbarrier.invalidate(wu_full.index(i))
             mbarrier.invalidate(wu_empty.index(i))
