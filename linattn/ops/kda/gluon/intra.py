@@ -7,12 +7,15 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     (row block, row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp,
     plus the sums of the earlier blocks;
   * the pairs as warpgroup_mma products with bf16 operands from shared memory: for each row block I, the rows'
-    K exp(gam - gam_r) and Q exp(gam - gam_r) (r: the row's block's first row) against K exp(gam_r(I) - gam) over
-    the rows of blocks <= I (zero after), over all K channels; of each product the rows of block I are kept;
-  * the in-block pairs always go through the block's first row. Where the chunk is flagged pairwise (kda_cumsum_
-    kernel's test: a factor times the largest |k|, |q| squared past 2^SPAN_LOG2), those entries may hold inf or NaN
-    and are replaced by the pairs formed one key channel at a time, each factor exp of its own difference <= 0
-    (kda_diag_kernel's sums), read back from this program's stores;
+    K exp(gam - gam_r) and Q exp(gam - gam_r) against K exp(gam_r(I) - gam) over the rows of blocks <= I (zero
+    after), over all K channels; of each product the rows of block I are kept. A block's reference gam_r is gam
+    before it (the cumsum's base: the earlier blocks' sums, 0 for the first), where the Triton stage takes the
+    block's first row: the same bounds (row factors <= 1, column factors <= 1 off the diagonal block), the span one
+    gate longer, and no row of gam picked out by a reduction;
+  * the in-block pairs always go through that reference. Where the chunk is flagged pairwise (kda_cumsum_kernel's
+    test, the span measured from this reference: a factor times the largest |k|, |q| squared past 2^SPAN_LOG2),
+    those entries may hold inf or NaN and are replaced by the pairs formed one key channel at a time, each factor
+    exp of its own difference <= 0 (kda_diag_kernel's sums), read back from this program's stores;
   * Tinv by GDN's Gluon block substitution (gluon/kkt_solve.py solve_store: bf16 operands, as kda_inter_solve_kernel
     runs for a bf16 Tinv), stored in k's dtype: the autograd forward keeps it so for the backward, as FLA keeps its
     Akk inverse in k's dtype;
@@ -93,13 +96,18 @@ if GLUON_OK:
     def _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr,
                      HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr):
         """The gate of the raw input tile x ([4, 16, BK], _tile_index's) and its cumsum gam: the cumsum inside each
-        16-row block by a scan within the warp, plus the sums of the earlier blocks (rows past the end add 0)."""
+        16-row block by a scan within the warp, plus the sums of the earlier blocks (rows past the end add 0).
+        Returns gam, gam before the row's block and the block's own sum ([4, 1, BK] each: gam at the block's last
+        row is their sum) and the chunk's last gam ([1, 1, BK], the four blocks' sums)."""
         L3: gl.constexpr = _l3(BK)
         x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
-        tot = gl.convert_layout(gl.sum(x, axis=1), gl.SliceLayout(0, L3))                # [4 (block j), BK]
+        own = gl.sum(x, axis=1)                                                           # [4, BK]: warp b, b
+        tot = gl.convert_layout(own, gl.SliceLayout(0, L3))                               # [4 (block j), BK]
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
-        return gl.associative_scan(x, 1, _add) + gl.expand_dims(base, 1)
+        last = gl.expand_dims(gl.expand_dims(gl.sum(tot, axis=0), 0), 0)
+        base = gl.expand_dims(base, 1)
+        return gl.associative_scan(x, 1, _add) + base, base, gl.expand_dims(own, 1), last
 
     @gluon.jit
     def _staged(kr_s, kb, i: gl.constexpr, dtype: gl.constexpr, BK: gl.constexpr):
@@ -135,8 +143,8 @@ if GLUON_OK:
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
         GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries
         K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the
-        products' operands into shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), r the row's block's
-        first row; kr_s tile kb * 4 + I: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
+        products' operands into shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), gam_r gam before
+        the row's block; kr_s tile kb * 4 + I: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
         and amax updated (kda_cumsum_kernel's pairwise test)."""
         NKB: gl.constexpr = K // BK
         L3: gl.constexpr = _l3(BK)
@@ -145,19 +153,18 @@ if GLUON_OK:
         x = _staged(kr_s, kb, 0, g_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         kf = _staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         qf = _staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
-        gam = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS, LOWER_BOUND)
+        gam, g0, own, gam_last = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS,
+                                              LOWER_BOUND)
         row = b3 * 16 + r3
         last = gl.minimum(eos - t0, BT) - 1
         if GCUM_LAST:
             gl.store(gcum_ptr + off_g, gam, mask=m & (row == last))
         else:
             gl.store(gcum_ptr + off_g, gam, mask=m)
-        # two exps per element, of differences <= 0 inside the row's 16-row block: el = exp(gam - gam_r) (r the
-        # block's first row) and el2 = exp(gam_e - gam) (e its last row); every other factor is el or el2 times a
-        # factor per (block, channel). Rows past the end add 0 to the cumsum, so row 63 holds the chunk's last gam.
-        g0 = gl.expand_dims(gl.sum(gl.where(r3 == 0, gam, 0.), axis=1), 1)              # [4, 1, BK]: gam_r
-        ge = gl.expand_dims(gl.sum(gl.where(r3 == 15, gam, 0.), axis=1), 1)             # [4, 1, BK]: gam_e
-        gam_last = gl.expand_dims(gl.sum(gl.where(b3 == 3, ge, 0.), axis=0), 0)         # [1, 1, BK]
+        # two exps per element, of differences <= 0 inside the row's 16-row block: el = exp(gam - gam_r) (gam_r
+        # gam before the block, the cumsum's own base) and el2 = exp(gam_e - gam) (e the block's last row); every
+        # other factor is el or el2 times a factor per (block, channel)
+        ge = g0 + own                                                                     # [4, 1, BK]: gam_e
         d = gam - g0
         el = _ex2_ftz(d * LOG2E)
         el2 = _ex2_ftz((ge - gam) * LOG2E)
@@ -284,7 +291,7 @@ if GLUON_OK:
                                          HAS_DT_BIAS, LOWER_BOUND, GCUM_LAST)
             fence_async_shared()
             gl.thread_barrier()
-            # the pairs through each row block's first row, Aqk first (stored) then Akk: one [64, 64] product live
+            # the pairs through each row block's reference, Aqk first (stored) then Akk: one [64, 64] product live
             # beside its running result
             i2 = gl.expand_dims(i, 1)
             j2 = gl.expand_dims(j, 0)
@@ -305,7 +312,8 @@ if GLUON_OK:
                     for kb in gl.static_range(NKB):
                         b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BKC)
                         x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
-                        gam = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND)
+                        gam, _, _, _ = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BKC, GATE, HAS_DT_BIAS,
+                                                    LOWER_BOUND)
                         gl.store(gcum_ptr + off_g, gam, mask=m)
                 gl.thread_barrier()              # this program's gcum and beta stores, read back
                 dk = _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_out_ptr, aqk_ptr, t0, eos, hv, hk, H, HV, K, BT)
