@@ -91,15 +91,15 @@ def _model_stage2a(q, k, g, beta, pairwise_bits=100.0):
     """The kernel's formulas for one chunk [64, K] (fp64 but for the bf16 operand roundings): (Aqk, Tinv, flagged)."""
     gam = g.cumsum(0)
     i = torch.arange(64)
-    r = 16 * (i // 16)
-    d = gam - gam[r]
+    before = torch.cat([torch.zeros_like(gam[:1]), gam])      # before[r]: gam before row r (0 before the chunk)
+    d = gam - before[16 * (i // 16)]
     amax = max(1.0, float(k.abs().max()), float(q.abs().max()))
     flagged = not (float(d.abs().max()) * math.log2(math.e) + 2 * math.log2(amax) <= pairwise_bits)
     rnd = lambda x: x.to(torch.bfloat16).double()  # noqa: E731
     kl, ql = rnd(k * d.exp()), rnd(q * d.exp())
     akk, aqk = torch.zeros(64, 64, dtype=torch.float64), torch.zeros(64, 64, dtype=torch.float64)
     for blk in range(4):
-        e = torch.where((i // 16 <= blk)[:, None], gam[16 * blk][None, :] - gam, -math.inf).exp()
+        e = torch.where((i // 16 <= blk)[:, None], before[16 * blk][None, :] - gam, -math.inf).exp()
         kr = rnd(k * e)
         rows = i // 16 == blk
         akk[rows] = (kl @ kr.T)[rows]
