@@ -224,18 +224,31 @@ if GLUON_OK:
 
     # ------------------------------------------------------------------ barriers (also chunk_fused_gf.py's)
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """A TMA ring's ready[STAGES] (count 1 + tx) and empty[STAGES] (count CONSUMERS), allocated and initialised;
+        the caller fences the inits for the async proxy once all its barriers are initialised."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        return ready, empty
+
+    @gluon.jit
+    def ring_barriers_invalidate(ready, empty, STAGES: gl.constexpr):
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+
+    @gluon.jit
     def _ws_barriers(STAGES: gl.constexpr, NPUB: gl.constexpr, CONSUMERS: gl.constexpr, PUBLISHERS: gl.constexpr = 1):
         """The ring's ready[STAGES] (count 1 + tx) and empty[STAGES] (count CONSUMERS) and the published pairs'
         s_full, v_full (count PUBLISHERS: the partitions that publish a share of each), pub_empty[NPUB] (count 1),
         allocated and initialised, the inits fenced for the async proxy."""
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ready, empty = ring_barriers(STAGES, CONSUMERS)
         s_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
         pub_empty = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=CONSUMERS)
         for i in gl.static_range(NPUB):
             mbarrier.init(s_full.index(i), count=PUBLISHERS)
             mbarrier.init(v_full.index(i), count=PUBLISHERS)
@@ -245,9 +258,7 @@ if GLUON_OK:
 
     @gluon.jit
     def _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES: gl.constexpr, NPUB: gl.constexpr):
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-            mbarrier.invalidate(empty.index(i))
+        ring_barriers_invalidate(ready, empty, STAGES)
         for i in gl.static_range(NPUB):
             mbarrier.invalidate(s_full.index(i))
             mbarrier.invalidate(v_full.index(i))

@@ -40,6 +40,7 @@ if GLUON_OK:
     from linattn.ops.gated_delta_rule.gluon.chunk_state_tma import _sequence_span
     from linattn.ops.gated_delta_rule.gluon.ws_partitions import (_ws_barriers, _ws_barriers_invalidate,
                                                                   _ws_output_index, _ws_state, _ws_store_o,
+                                                                  ring_barriers, ring_barriers_invalidate,
                                                                   ws_acc_layout, ws_rows_layout, ws_smem_layout)
 
     @gluon.jit
@@ -120,11 +121,7 @@ if GLUON_OK:
             mbarrier.init(wu_full.index(i), count=1)
             mbarrier.init(wu_empty.index(i), count=1)
         ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # state and wu consume
-        ready_o = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_o = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready_o.index(i), count=1)
-            mbarrier.init(empty_o.index(i), count=1)                    # the output consumes
+        ready_o, empty_o = ring_barriers(STAGES, 1)                                 # the output consumes
         fence_async_shared()
 
         gl.warp_specialize(
@@ -140,9 +137,7 @@ if GLUON_OK:
             worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
 
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready_o.index(i))
-            mbarrier.invalidate(empty_o.index(i))
+        ring_barriers_invalidate(ready_o, empty_o, STAGES)
         for i in gl.static_range(NWU):
             mbarrier.invalidate(wu_full.index(i))
             mbarrier.invalidate(wu_empty.index(i))
