@@ -129,11 +129,11 @@ def _gluon_intra_build():
 
 
 register(AotKernel(
-    "kda_fwd_gluon_intra_w4", _gluon_intra_build, ("HGMMA",), archs=("sm_90a",),
+    "kda_fwd_gluon_intra_w4", _gluon_intra_build, ("HMMA",), archs=("sm_90a",),
     div16=("q_ptr", "k_ptr", "g_ptr", "beta_ptr", "gcum_ptr", "beta_out_ptr", "kdec_ptr", "qdec_ptr", "tinv_ptr",
            "aqk_ptr", "kg_ptr", "cu_ptr", "chunk_idx_ptr"),
-    description="KDA forward stage 2a in Gluon: gate cumsum, decayed keys / queries, Akk / Aqk by warpgroup_mma, "
-                "Tinv by block substitution, H16/HV32 K=128 bf16, one warpgroup"))
+    description="KDA forward stage 2a in Gluon: gate cumsum, decayed keys / queries, Akk / Aqk by mma.sync (a warp "
+                "per row block), Tinv by block substitution, H16/HV32 K=128 bf16, one warpgroup"))
 
 
 def kda_fused_signature(BV: int = 64, states: bool = True):

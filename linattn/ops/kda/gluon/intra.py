@@ -6,9 +6,11 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
   * the gate, its cumsum and every gate factor are formed per block of BK = 64 key channels on a [4, 16, BK] tile
     (row block, row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp,
     plus the sums of the earlier blocks;
-  * the pairs as warpgroup_mma products with bf16 operands from shared memory: for each row block I, the rows'
-    K exp(gam - gam_r) and Q exp(gam - gam_r) against K exp(gam_r(I) - gam) over the rows of blocks <= I (zero
-    after), over all K channels; of each product the rows of block I are kept. A block's reference gam_r is gam
+  * the pairs as mma.sync products with bf16 operands from shared memory, one warp per row block: warp I takes its
+    rows' K exp(gam - gam_r) and Q exp(gam - gam_r) against K exp(gam_r(I) - gam) over the rows of blocks <= I
+    (zero after), over all K channels (a batched [4, 16, K] x [4, K, 64] product: no row is computed against another
+    block's column factors, and the result is already in the warpgroup accumulator layout the block substitution
+    takes). A block's reference gam_r is gam
     before it (the cumsum's base: the earlier blocks' sums, 0 for the first), where the Triton stage takes the
     block's first row: the same bounds (row factors <= 1, column factors <= 1 off the diagonal block), the span one
     gate longer, and no row of gam picked out by a reduction;
@@ -23,12 +25,12 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     flagged chunk stores every row, which its in-block pairs read back); the autograd forward stores every row.
 
 Shared memory: the products' operands, NKB x [64, 64] bf16 tiles of each row's factors (keys, queries) and 4 NKB of
-the columns' (one set per row block I, a key block's four together), written once and read by the wgmmas after a
-fence and a CTA barrier; the block substitution's shift buffers (kkt_solve.shift_buffers). Every key block's g, k and
-q come by cp.async at the program's start into that key block's own column-factor tiles (32 KB: g, then k, then q;
-unswizzled [4, 16, 64] views in the gate tile's layout, so each thread reads back its own copies), all of them in
-flight at once where plain loads had the second block's wait behind the first's; the column factors overwrite them
-after a CTA barrier.
+the columns' (one set per row block I, a key block's four together), swizzled for ldmatrix (_swizzled), written once
+and read after a CTA barrier; the block substitution's shift buffers (kkt_solve.shift_buffers). Every key block's g,
+k and q come by cp.async at the program's start into that key block's own column-factor tiles (32 KB: g, then k,
+then q; unswizzled [4, 16, 64] views in the gate tile's layout, so each thread reads back its own copies), all of
+them in flight at once where plain loads had the second block's wait behind the first's; the column factors
+overwrite them after a CTA barrier.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from linattn.runtime.gluon_compat import GLUON_OK, async_copy as cp, fence_async_shared, gl, gluon, warpgroup_mma
+from linattn.runtime.gluon_compat import GLUON_OK, async_copy as cp, gl, gluon, mma_v2
 
 BT = 64
 BK = 64             # key channels per gate block (one [64, BK] operand tile)
@@ -231,18 +233,32 @@ if GLUON_OK:
         beta = gl.load(beta_eff_ptr + toki * HV + hv, mask=mi, other=0.)
         return dk * gl.expand_dims(beta, 2)
 
+    @gluon.constexpr_function
+    def _swizzled(rank):
+        """The products' operand tiles' shared layout: rows of 64 bf16 (128 B) in 16-byte vectors XOR-swizzled by the
+        row mod 8 (ldmatrix reads without bank conflicts); the same bytes as a [64, 64] tile (rank 2) and as
+        [4, 16, 64] row blocks or [4, 64, 64] tiles (rank 3)."""
+        return gl.SwizzledSharedLayout(8, 1, 8, [1, 0] if rank == 2 else [2, 1, 0])
+
     @gluon.jit
     def _row_block_products(xl_s, kr_s, NKB: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
-        """[64, 64]: row i of (the rows' factors in xl_s) times (the columns' factors of row block i // 16 in kr_s)^T
-        over the NKB key tiles, one synchronous warpgroup_mma per tile and row block."""
-        rb = gl.expand_dims(gl.arange(0, BT, layout=gl.SliceLayout(1, ACC)) // 16, 1)
-        out = gl.zeros([BT, BT], gl.float32, ACC)
-        for blk in gl.static_range(4):
-            p = gl.zeros([BT, BT], gl.float32, ACC)
-            for kb in gl.static_range(NKB):
-                p = warpgroup_mma(xl_s.index(kb), kr_s.index(kb * 4 + blk).permute((1, 0)), p, use_acc=kb > 0)
-            out = gl.where(rb == blk, p, out)
-        return out
+        """[64, 64] in ACC: row i of (the rows' factors in xl_s) times (the columns' factors of row block i // 16 in
+        kr_s)^T over the NKB key tiles. Warp b computes its own row block b by mma.sync, reading tile kb * 4 + b of
+        kr_s: a batched [4, 16, BK] x [4, BK, 64] product, no rows computed for another block."""
+        gl.static_assert(gl.num_warps() == 4, "one warp per 16-row block")
+        M3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M3, k_width=2)
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M3, k_width=2)
+        BKC: gl.constexpr = xl_s.shape[2]
+        SW3: gl.constexpr = _swizzled(3)
+        xl3 = xl_s._reinterpret(gl.bfloat16, [NKB * 4, 16, BKC], SW3)       # [key tile * 4 + row block, row, channel]
+        kr3 = kr_s._reinterpret(gl.bfloat16, [NKB * 4, BT, BKC], SW3)
+        acc = gl.zeros([4, 16, BT], gl.float32, M3)
+        for kb in gl.static_range(NKB):
+            a = xl3.slice(kb * 4, 4).load(DA)
+            b = kr3.slice(kb * 4, 4).permute((0, 2, 1)).load(DB)
+            acc = mma_v2(a, b, acc)
+        return gl.convert_layout(gl.reshape(acc, [BT, BT]), ACC)
 
     @gluon.jit
     def kda_intra_gluon_kernel(
@@ -261,7 +277,7 @@ if GLUON_OK:
         BKC: gl.constexpr = 64
         NKB: gl.constexpr = K // BKC
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        ST: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BKC], gl.bfloat16)
+        ST: gl.constexpr = _swizzled(2)
         kl_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, BKC], ST)
         ql_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, BKC], ST)
         kr_s = gl.allocate_shared_memory(gl.bfloat16, [4 * NKB, BT, BKC], ST)
@@ -289,7 +305,6 @@ if GLUON_OK:
                 span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr,
                                          kl_s, ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
                                          HAS_DT_BIAS, LOWER_BOUND, GCUM_LAST)
-            fence_async_shared()
             gl.thread_barrier()
             # the pairs through each row block's reference, Aqk first (stored) then Akk: one [64, 64] product live
             # beside its running result
