@@ -14,10 +14,12 @@ NAME = "kda_fwd_gluon_intra_w4"
 
 @needs_gluon
 def test_build_fits_and_uses_the_tensor_cores():
-    """The registered build (H16/HV32, K=128): 64 HGMMA 64x64x16 (Aqk and Akk, four row blocks, two key tiles of 64,
-    four k-steps each), within the 227 KB of shared memory, no spill."""
+    """The registered build (H16/HV32, K=128): Aqk and Akk by mma.sync, a warp per row block: 128 HMMA 16x8x16
+    (two products, two key tiles of 64, 8 column tiles of 8 and 4 k-steps each per warp) plus the block
+    substitution's 30; no warpgroup_mma; within the 227 KB of shared memory, no spill."""
     rep = built(NAME)
-    assert rep.smem <= 2 ** 17 and rep.families["HGMMA"] == 64 and sum(n for op, n in rep.sass.items() if "64x64x16" in op) == 64, rep.sass
+    assert rep.smem <= 2 ** 17, rep.smem
+    assert rep.families["HGMMA"] == 0 and rep.sass.get("HMMA.16816.F32.BF16") == 128 + 30, rep.sass
 
 
 @pytest.mark.parametrize("B,T,lens,gate", [(1, 8192, None, ""), (2, 100, None, "softplus"),
