@@ -102,7 +102,8 @@ if GLUON_OK:
         Returns gam, gam before the row's block and the block's own sum ([4, 1, BK] each: gam at the block's last
         row is their sum) and the chunk's last gam ([1, 1, BK], the four blocks' sums)."""
         L3: gl.constexpr = _l3(BK)
-        x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
+        if GATE != "":                      # the raw input is already 0 past the end (masked copies and loads)
+            x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
         own = gl.sum(x, axis=1)                                                           # [4, BK]: warp b, b
         tot = gl.convert_layout(own, gl.SliceLayout(0, L3))                               # [4 (block j), BK]
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
@@ -174,8 +175,8 @@ if GLUON_OK:
         kel = kf * el
         qel = qf * el
         dt: gl.constexpr = kdec_ptr.dtype.element_ty
-        gl.store(kdec_ptr + off_g, (kel2 * gl.exp(gam_last - ge)).to(dt), mask=m)
-        eg0 = gl.exp(g0)
+        gl.store(kdec_ptr + off_g, (kel2 * _ex2_ftz((gam_last - ge) * LOG2E)).to(dt), mask=m)   # exps of <= 0
+        eg0 = _ex2_ftz(g0 * LOG2E)
         gl.store(qdec_ptr + off_g, (qel * eg0).to(dt), mask=m)
         if kg_ptr is not None:
             gl.store(kg_ptr + off_g, (kel * eg0).to(dt), mask=m)
