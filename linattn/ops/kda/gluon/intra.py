@@ -100,7 +100,7 @@ if GLUON_OK:
         """The gate of the raw input tile x ([4, 16, BK], _tile_index's) and its cumsum gam: the cumsum inside each
         16-row block by a scan within the warp, plus the sums of the earlier blocks (rows past the end add 0).
         Returns gam, gam before the row's block and the block's own sum ([4, 1, BK] each: gam at the block's last
-        row is their sum) and the chunk's last gam ([1, 1, BK], the four blocks' sums)."""
+        row is their sum) and every block's sum in every warp ([4 (block j), BK], _blocks_before's input)."""
         L3: gl.constexpr = _l3(BK)
         if GATE != "":                      # the raw input is already 0 past the end (masked copies and loads)
             x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
@@ -108,9 +108,16 @@ if GLUON_OK:
         tot = gl.convert_layout(own, gl.SliceLayout(0, L3))                               # [4 (block j), BK]
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
-        last = gl.expand_dims(gl.expand_dims(gl.sum(tot, axis=0), 0), 0)
         base = gl.expand_dims(base, 1)
-        return gl.associative_scan(x, 1, _add) + base, base, gl.expand_dims(own, 1), last
+        return gl.associative_scan(x, 1, _add) + base, base, gl.expand_dims(own, 1), tot
+
+    @gluon.jit
+    def _blocks_before(tot, blk: gl.constexpr):
+        """[1, 1, BK]: the sum of the row blocks before blk of tot ([4 (block j), BK], held by every warp), i.e. gam
+        before block blk (0 for the first, the chunk's last gam for blk = 4); no reduction across warps."""
+        L2: gl.constexpr = tot.type.layout
+        bj = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, L2)), 1)
+        return gl.expand_dims(gl.expand_dims(gl.sum(gl.where(bj < blk, tot, 0.), axis=0), 0), 0)
 
     @gluon.jit
     def _staged(kr_s, kb, i: gl.constexpr, dtype: gl.constexpr, BK: gl.constexpr):
@@ -156,8 +163,7 @@ if GLUON_OK:
         x = _staged(kr_s, kb, 0, g_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         kf = _staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         qf = _staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
-        gam, g0, own, gam_last = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS,
-                                              LOWER_BOUND)
+        gam, g0, own, tot = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS, LOWER_BOUND)
         row = b3 * 16 + r3
         last = gl.minimum(eos - t0, BT) - 1
         if GCUM_LAST:
@@ -167,6 +173,7 @@ if GLUON_OK:
         # two exps per element, of differences <= 0 inside the row's 16-row block: el = exp(gam - gam_r) (gam_r
         # gam before the block, the cumsum's own base) and el2 = exp(gam_e - gam) (e the block's last row); every
         # other factor is el or el2 times a factor per (block, channel)
+        gam_last = _blocks_before(tot, 4)                                                 # [1, 1, BK]
         ge = g0 + own                                                                     # [4, 1, BK]: gam_e
         d = gam - g0
         el = _ex2_ftz(d * LOG2E)
@@ -187,7 +194,7 @@ if GLUON_OK:
         gl.thread_barrier()                          # every warp has read the staged tiles the column factors overwrite
         for blk in gl.static_range(4):
             # exp(gam_r(I) - gam) = exp(gam_r(I) - gam_e) el2 on the rows of blocks <= I, 0 after
-            ref = gl.expand_dims(gl.sum(gl.where(b3 == blk, g0, 0.), axis=0), 0)           # [1, 1, BK]: gam_r(I)
+            ref = _blocks_before(tot, blk)                                                # [1, 1, BK]: gam_r(I)
             f = _ex2_ftz(gl.where(b3 <= blk, (ref - ge) * LOG2E, float("-inf")))         # [4, 1, BK]
             kr_s.index(kb * 4 + blk).store(gl.reshape(kel2 * f, [BT, BK]).to(gl.bfloat16))
         return span, amax
