@@ -7,13 +7,12 @@ and its numerical safety are triton/intra.py's docstring's. What differs:
     (row block, row, channel; row block b in warp b): the cumsum inside each 16-row block by a scan within the warp,
     plus the sums of the earlier blocks;
   * the pairs as mma.sync products with bf16 operands from shared memory, one warp per row block: warp I takes its
-    rows' K exp(gam - gam_r) and Q exp(gam - gam_r) against K exp(gam_r(I) - gam) over the rows of blocks <= I
-    (zero after), over all K channels (a batched [4, 16, K] x [4, K, 64] product: no row is computed against another
-    block's column factors, and the result is already in the warpgroup accumulator layout the block substitution
-    takes). A block's reference gam_r is gam
-    before it (the cumsum's base: the earlier blocks' sums, 0 for the first), where the Triton stage takes the
-    block's first row: the same bounds (row factors <= 1, column factors <= 1 off the diagonal block), the span one
-    gate longer, and no row of gam picked out by a reduction;
+    rows' K exp(gam - gam_r) and Q exp(gam - gam_r) against K exp(gam_r(I) - gam) over the rows of blocks <= I (zero
+    after), over all K channels (a batched [4, 16, K] x [4, K, 64] product: no row is computed against another block's
+    column factors, and the result is already in the warpgroup accumulator layout the block substitution takes). A
+    block's reference gam_r is gam before it (the cumsum's base: the earlier blocks' sums, 0 for the first), where the
+    Triton stage takes the block's first row: the same bounds (row factors <= 1, column factors <= 1 off the diagonal
+    block), the span one gate longer, and no row of gam picked out by a reduction;
   * the in-block pairs always go through that reference. Where the chunk is flagged pairwise (kda_cumsum_kernel's
     test, the span measured from this reference: a factor times the largest |k|, |q| squared past 2^SPAN_LOG2),
     those entries may hold inf or NaN and are replaced by the pairs formed one key channel at a time, each factor
