@@ -250,7 +250,7 @@ def local_wy_signature(dtype: str, gate: str = "fp32", beta: str = "fp32"):
     """The argument types of chunk_local_wy_bwd_kernel as the JIT sees them for a local_wy_launch call (g and beta
     in their own dtypes, fp32 from make_gdn_inputs)."""
     sig = {name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "v_ptr", "vnew_ptr", "h_ptr", "dh_ptr")}
-    sig.update(gcum_ptr="*fp32", beta_ptr=f"*{beta}", tinv_ptr="*fp32", do_ptr=f"*{dtype}", dvnew_ptr=f"*{dtype}",
+    sig.update(gcum_ptr="*fp32", beta_ptr=f"*{beta}", tinv_ptr=f"*{dtype}", do_ptr=f"*{dtype}", dvnew_ptr=f"*{dtype}",
                dq_ptr=f"*{dtype}", dk_ptr=f"*{dtype}", dv_ptr=f"*{dtype}", dg_ptr=f"*{gate}", dbeta_ptr=f"*{beta}",
                cu_ptr="*i64", chunk_idx_ptr="*i32", chunk_off_ptr="*i64", N="i32", scale="fp32")
     return sig

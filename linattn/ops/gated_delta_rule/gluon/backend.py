@@ -58,9 +58,9 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          do: torch.Tensor, dht: Optional[torch.Tensor]
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton backward with its recompute in the gate-free form (gluon/chunk_state_gf.py: h and Vnew without U,
-    segmented as the forward where recompute_segments says so), its stages 1a + 1 (P^T dO and the reverse state pass,
-    one kernel; segmented where chunk_state_bwd.state_bwd_segments says so) and its local and WY stages (2, 3) in
-    Gluon."""
+    segmented as the forward where recompute_segments says so; Tinv by the forward's own stage 2a where the Gluon
+    local/WY stage reads it), its stages 1a + 1 (P^T dO and the reverse state pass, one kernel; segmented where
+    chunk_state_bwd.state_bwd_segments says so) and its local and WY stages (2, 3) in Gluon."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
@@ -85,7 +85,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     def recompute(q_, k_, v_, g_, beta_, h0_, plan):
         from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
-        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments)
+        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments, tinv_fp32=not local_wy)
     dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
         q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
         variant=("gluon", local_wy, segments, reverse_segments), cu_seqlens=cu_seqlens, recompute=recompute,

@@ -19,36 +19,37 @@ Gam_ij = exp(gam_i - gam_j), lower = i >= j, strict = i > j:
           dgam += -x, and on the last valid row sum(x) + exp(gam_C) sum(dS * S)
           dK_h = scale Pm^T Q;  dK += dK_h;  dgam -= rowsum(K * dK_h)
   WY      X = dW K^T;  rs_w = colsum(Tinv * X);  X = X diag(exp gam) + dVnew V^T
-          dV = diag(beta) Tinv^T dVnew (Tinv rounded);  dbeta = colsum(Tinv * X);  dTinv = (X diag(beta)) on strict
-          D = -(Tinv^T (dTinv Tinv^T)) * Gam on strict (fp32 Tinv, TF32 products);  M = diag(beta) D
+          dV = diag(beta) Tinv^T dVnew;  dbeta = colsum(Tinv * X);  dTinv = (X diag(beta)) on strict
+          D = -(Tinv^T (dTinv Tinv^T)) * Gam on strict (TF32 products);  M = diag(beta) D
           dbeta += rowsum(D * K K^T);  dgam += beta (exp(gam) rs_w + rowsum(D * K K^T)) - colsum(M * K K^T)
           dg = the in-chunk reverse cumsum of dgam;  dK += (M + M^T) K + diag(beta exp gam) Tinv^T dW
 where S = h[chunk] and dS = dh[chunk] (the state at the chunk's start and the gradient flowing into the chunk's
-S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the state term).
+S_next, stage 1's output), dVnew the full gradient of Vnew (stage 1 added the state term), Tinv in the operand dtype
+(the forward's own stage 2a's: what the forward multiplied by), taken to fp32 exactly where fp32 operands are needed.
 
 Two passes over the group's value heads, so that one [64, 128] fp32 sum is live at a time: pass 1 forms dQ (summed
 in registers, stored at its end) and keeps each head's dQ gate term in dgam_s; pass 2 forms Pm again (one 64x64x128
 product) and everything else, dK summed in shared memory (fp32 [64, 128]; in registers through the loop it pushed
-the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 8 B spilled (0 at HV = H), 210 KB of
+the head's body over 255 registers). sm_90a, H16/HV32 bf16: 255 registers, 8 B spilled (0 at HV = H), 218 KB of
 shared memory, one CTA per SM.
 
 Transposed operands: a 16-bit tile is read transposed by wgmma through .permute of its shared buffer (MN-major A, or
 K-major B); the TF32 products need both operands K-major, so Tinv^T and z^T are written to shared memory from
 registers already transposed (gl.permute).
 
-Shared memory: eleven [64, 128] 16-bit slots (q, k, do, vn in one [256, 128] buffer; dvn, v, h as two in another;
-dh as two; Tinv fp32 as one) and the fp32 dK sum. No NVMMA buffer has more than 256 rows: past that, a .permute view
-addresses the 64-column slabs differently from the plain view that cp.async and stores write through. A 16-bit
-[64, 128] slot is two 8 KB slabs (columns 0..63, then 64..127, 32 KB apart in a [256, 128] buffer), so a 16 KB
-temporary reinterpreted from a row slice covers the slab of columns 0..63 of two consecutive slots, and column
-slices (dim=1) give one slab each. The temporaries live where their tiles were read: pass 1's Pm in dvn's first
-slab; in pass 2 Pm in do's, dW in h's first 64 rows, Tinv rounded and M + M^T in the two column slabs of h's last
-64 rows, dTinv and Tinv^T (fp32) in dh's two column halves, z^T (fp32) in do's and vn's first slabs. Every write of a
-shared buffer (cp.async landing, a register store) is followed by fence_async_shared and a CTA barrier before a
-wgmma reads it, and a store into a reused slot is preceded by a CTA barrier (every warp's reads of the old tile are
-done: each wgmma here is waited when it returns); the next head's copies are issued after a CTA barrier.
+Shared memory: eleven [64, 128] 16-bit slots (q, k, do, vn in one [256, 128] buffer; dvn, v, h as two in another; dh
+as two; Tinv fp32 as one), Tinv as loaded ([64, 64] 16-bit) and the fp32 dK sum. No NVMMA buffer has more than 256
+rows: past that, a .permute view addresses the 64-column slabs differently from the plain view that cp.async and
+stores write through. A 16-bit [64, 128] slot is two 8 KB slabs (columns 0..63, then 64..127, 32 KB apart in a [256,
+128] buffer), so a 16 KB temporary reinterpreted from a row slice covers the slab of columns 0..63 of two
+consecutive slots, and column slices (dim=1) give one slab each. The temporaries live where their tiles were read:
+pass 1's Pm in dvn's first slab; in pass 2 Pm in do's, dW in h's first 64 rows, M + M^T in the second column slab of
+h's last 64 rows, dTinv and Tinv^T (fp32) in dh's two column halves, z^T (fp32) in do's and vn's first slabs. Every
+write of a shared buffer (cp.async landing, a register store) is followed by fence_async_shared and a CTA barrier
+before a wgmma reads it, and a store into a reused slot is preceded by a CTA barrier (every warp's reads of the old
+tile are done: each wgmma here is waited when it returns); the next head's copies are issued after a CTA barrier.
 
-Only K = V = 128, BT = 64, bf16/fp16 q/k/v/dO, fp32 Tinv and gcum, FLA's default gate and beta: the gluon backend's
+Only K = V = 128, BT = 64, bf16/fp16 q/k/v/dO and Tinv, fp32 gcum, FLA's default gate and beta: the gluon backend's
 calls (its supports()); chunk_gated_delta_rule_bwd keeps FLA's options on the Triton kernels.
 """
 from __future__ import annotations
@@ -134,7 +135,7 @@ if GLUON_OK:
     def chunk_local_wy_bwd_kernel(
         q_ptr, k_ptr, v_ptr, vnew_ptr,            # q, k [T_tot, H, K], v, vnew [T_tot, HV, V] (one 16-bit dtype)
         h_ptr, dh_ptr,                            # h, dh [slots, HV, K, V] (that dtype)
-        gcum_ptr, beta_ptr, tinv_ptr,             # gcum fp32 / beta any float [T_tot, HV], tinv fp32 [T_tot, HV, BT]
+        gcum_ptr, beta_ptr, tinv_ptr,             # gcum fp32 / beta any float [T_tot, HV], tinv [T_tot, HV, BT] (dt)
         do_ptr, dvnew_ptr,                        # do, dvnew [T_tot, HV, V]
         dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr,   # dq, dk [T_tot, H, K], dv [T_tot, HV, V], dg / dbeta [T_tot, HV]
         cu_ptr, chunk_idx_ptr, chunk_off_ptr, N, scale,
@@ -149,7 +150,7 @@ if GLUON_OK:
         CT: gl.constexpr = gl.SliceLayout(0, A_TT)    # ... along its columns
         RK: gl.constexpr = gl.SliceLayout(1, A_TK)    # ... along the rows of a [BT, K] tile
         L16: gl.constexpr = _rows(K, 16)
-        L32: gl.constexpr = _rows(BT, 32)
+        LT16: gl.constexpr = _rows(BT, 16)
         S_TK: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], dt)
         S_TT2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, BT], dt)
         S_TF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
@@ -162,7 +163,8 @@ if GLUON_OK:
             zp, eos, t0, slot, nt, last = _chunk_span(cu_ptr, chunk_off_ptr, n, c, BT)
 
             # shared memory: eleven [BT, 128] 16-bit slots in four buffers of at most 256 rows (module docstring): q,
-            # k, do, vn; dvn, v, h (two); dh (two); Tinv (fp32). The temporaries reuse slabs already read.
+            # k, do, vn; dvn, v, h (two); dh (two); Tinv (fp32); and Tinv as loaded. The temporaries reuse slabs
+            # already read.
             S_TT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
             lo = gl.allocate_shared_memory(dt, [4 * BT, K], S_TK)
             hi = gl.allocate_shared_memory(dt, [4 * BT, K], S_TK)
@@ -174,11 +176,11 @@ if GLUON_OK:
             v_s = hi.slice(BT, BT)
             h_s = hi.slice(2 * BT, K)
             dh_s = gl.allocate_shared_memory(dt, [K, V], S_TK)
-            ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)                # Tinv, fp32
+            ti_s = gl.allocate_shared_memory(gl.float32, [BT, BT], S_TF)                # Tinv, fp32 (from tin_s)
+            tin_s = gl.allocate_shared_memory(dt, [BT, BT], S_TT)                       # Tinv as loaded (dt)
             pm1_s = dvn_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)             # pass 1: Pm (dvn cols < 64)
             pm_s = do_s._reinterpret(dt, [2 * BT, BT], S_TT2).slice(0, BT)               # pass 2: Pm (do cols < 64)
             dw_s = hi.slice(2 * BT, BT)                                                  # dW (h is read)
-            ti16_s = hi.slice(3 * BT, BT).slice(0, BT, dim=1)._reinterpret(dt, [BT, BT], S_TT)   # Tinv rounded
             sm_s = hi.slice(3 * BT, BT).slice(BT, BT, dim=1)._reinterpret(dt, [BT, BT], S_TT)    # M + M^T
             dti_s = dh_s.slice(0, BT, dim=1)._reinterpret(gl.float32, [BT, BT], S_TF)    # dTinv (dS is read)
             tit_s = dh_s.slice(BT, BT, dim=1)._reinterpret(gl.float32, [BT, BT], S_TF)   # Tinv^T
@@ -236,7 +238,7 @@ if GLUON_OK:
                 _copy(dh_s, dh_ptr + state, V, K, zp, eos, K, V, L16)
                 cp.commit_group()
                 _copy(v_s, v_ptr + vrow, HV * V, nt, zp, eos, BT, V, L16)
-                _copy(ti_s, tinv_ptr + (t0 * HV + hv) * BT, HV * BT, nt, zp, eos, BT, BT, L32)
+                _copy(tin_s, tinv_ptr + (t0 * HV + hv) * BT, HV * BT, nt, zp, eos, BT, BT, LT16)
                 cp.commit_group()
                 gam_r = gl.load(gcum_ptr + (t0 + gl.minimum(r_t, last)) * HV + hv)
                 gam_c = gl.convert_layout(gam_r, CT)
@@ -266,12 +268,11 @@ if GLUON_OK:
                 _landed(0)                                    # v, Tinv
 
                 # WY phase 1: X, dV, dbeta, dTinv
-                tinv = ti_s.load(A_TT)
+                tinv = tin_s.load(A_TT).to(gl.float32)
                 xw = warpgroup_mma(dw_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TT), use_acc=False)
                 rs_w = gl.sum(tinv * xw, axis=0)                               # rowsum(K * Tinv^T dW), per column
                 xw = warpgroup_mma(dvn_s, v_s.permute((1, 0)), xw * gl.expand_dims(gl.exp(gam_c), 0))
-                _put(ti16_s, tinv.to(dt))
-                dvh = warpgroup_mma(ti16_s.permute((1, 0)), dvn_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
+                dvh = warpgroup_mma(tin_s.permute((1, 0)), dvn_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dvh = dvh * gl.expand_dims(gl.convert_layout(beta_r, RK), 1)
                 _store_tile(dv_ptr + vrow, dvh.to(dv_ptr.dtype.element_ty), HV * V, nt, zp, eos, BT, V, A_TK)
                 dbeta = gl.sum(tinv * xw, axis=0)
@@ -281,6 +282,7 @@ if GLUON_OK:
                 gl.thread_barrier()
                 dti_s.store(dtinv)
                 tit_s.store(gl.permute(tinv, (1, 0)))
+                ti_s.store(tinv)
                 fence_async_shared()
                 gl.thread_barrier()
                 z = warpgroup_mma(dti_s, ti_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, A_TF), use_acc=False)
@@ -307,7 +309,7 @@ if GLUON_OK:
                 gl.store(dbeta_ptr + (t0 + r_t) * HV + hv, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid_t)
 
                 # WY phase 3: dK += (M + M^T) K + diag(beta exp gam) Tinv^T dW
-                tdw = warpgroup_mma(ti16_s.permute((1, 0)), dw_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
+                tdw = warpgroup_mma(tin_s.permute((1, 0)), dw_s, gl.zeros([BT, K], gl.float32, A_TK), use_acc=False)
                 dk = warpgroup_mma(sm_s, k_s,
                                    dk_s.load(A_TK) + tdw * gl.expand_dims(gl.convert_layout(beta_r, RK) * gl.exp(gam_k), 1))
                 dk_s.store(dk)
