@@ -64,7 +64,7 @@ def _plan_and_buffers(B, T, H, HV, lens=None, dtype=torch.bfloat16, K=128):
     def z(*shape, dt=dtype):
         return torch.zeros(*shape, dtype=dt)
     bufs = (z(B, T, H, K), z(B, T, H, K), z(B, T, HV, K), z(T_tot, HV, K), z(slots, HV, K, K), z(slots, HV, K, K),
-            z(T_tot, HV, dt=torch.float32), z(B, T, HV, dt=torch.float32), z(T_tot, HV, 64, dt=torch.float32),
+            z(T_tot, HV, dt=torch.float32), z(B, T, HV, dt=torch.float32), z(T_tot, HV, 64),
             z(B, T, HV, K), z(T_tot, HV, K), z(B, T, H, K), z(B, T, H, K), z(B, T, HV, K),
             z(B, T, HV, dt=torch.float32), z(B, T, HV, dt=torch.float32))
     return plan, bufs
