@@ -185,3 +185,47 @@ def test_recompute_gf_with_the_kernel_model_matches_the_triton_recompute(device,
         slow, _, _ = segment_windows(k, beta, g, plan, *segments)
         assert slow[:, 1::2].all() and not slow[:, 0::2].any()
     assert got.u is None and got.o is None
+
+
+@pytest.mark.parametrize("B,T,lens,segments", [
+    (2, 130, None, None),
+    (1, 260, [1, 63, 65, 1, 130], None),
+    (1, 64 * 20, None, (4, 5)),
+])
+def test_recompute_gf_takes_the_forwards_tinv_for_the_gluon_local_wy(device, B, T, lens, segments):
+    """tinv_fp32=False (the gluon backward with its Gluon local/WY stage): gcum and Tinv are the forward's own stage
+    2a's (fused_forward.kkt_solve, bit for bit: the Tinv the forward multiplied by), FwdResult.tinv is that 16-bit
+    Tinv, and h, Vnew, W stay within the bf16 tolerance of the Triton recompute's (fp32 Tinv). Fresh inputs, outputs
+    NaN-poisoned."""
+    if device != "cpu":
+        pytest.skip("CPU model check")
+    from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
+    from linattn.ops.gated_delta_rule.gluon.fused_forward import kkt_solve
+    from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
+    from linattn.runtime.alloc import poisoned_allocations
+    from linattn.testing import TOL, make_gdn_inputs, rel_rms
+    from linattn.testing.state_models import emulate_state_gf
+    H, HV, K, V = 2, 4, 32, 32
+    N = B if lens is None else len(lens)
+    x = make_gdn_inputs(B, T if lens is None else sum(lens), H, HV, K, V, dtype=torch.bfloat16, num_states=N,
+                        initial_state=True,
+                        generator=torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31 - 1, ()))))
+    cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int64)
+    q, k, v, g, beta, hs = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    plan = make_chunk_plan(q.shape[0], q.shape[1], cu, 64, device)
+    with poisoned_allocations():
+        got = recompute_gf(q, k, v, g, beta, hs, plan, segments=segments, state_pass=emulate_state_gf,
+                           tinv_fp32=False)
+        gcum_f, tinv_f = kkt_solve(k, g, beta, plan, HV)
+        ref = chunk_gated_delta_rule_fwd(q, k, v, g, beta, K ** -0.5, hs, False, cu, store_tinv=True,
+                                         compute_output=False)
+    assert got.tinv.dtype == k.dtype and torch.equal(got.tinv, tinv_f) and torch.equal(got.gcum, gcum_f)
+    cus, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
+    used = [o + c for n, o in enumerate(offs[:plan.N]) for c in range(-(-(cus[n + 1] - cus[n]) // 64))]
+    for name in ("h", "vnew", "w"):
+        a, b = getattr(got, name), getattr(ref, name)
+        if name == "h":
+            a, b = a[used], b[used]
+        err = rel_rms(a, b)
+        assert err < TOL[torch.bfloat16], (name, err)
