@@ -49,10 +49,11 @@ def fake_grads(q, k, v, g, beta, initial_state):
             torch.empty_like(beta), dh0)
 
 
-def setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output, kept=()):
+    """Saves the forward op's inputs, then `kept` (a backend's own intermediates, last in ctx.saved_tensors)."""
     q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, *options = inputs
     A_log, dt_bias, beta_scale, state_v_first = options if options else (None, None, 0, False)
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, *kept)
     ctx.scale = scale
     ctx.output_final_state = output_final_state
     ctx.beta_scale = beta_scale

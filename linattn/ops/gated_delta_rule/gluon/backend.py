@@ -4,9 +4,10 @@ op_backends("chunk_gated_delta_rule") when this module is imported (api.py impor
 `auto` takes it only for the calls where it is faster than the Triton forward (_auto_filter: few sequence-heads,
 and an eager call of 256 tokens or more, or a CUDA-graph capture); by name (backend="gluon" or
 LINATTN_BACKEND=gluon) it takes every call supports() accepts. The forward is the torch custom op
-"linattn::chunk_gdn_fwd_gluon" (fake impl and autograd as the Triton op's); its backward,
-"linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the intermediates from the saved inputs) with
-its recompute of h and Vnew in the gate-free form (chunk_state_gf.py: no U), its reverse state pass (stage 1) in
+"linattn::chunk_gdn_fwd_gluon"; under autograd it keeps its stage 2a's outputs, gcum and Tinv (in k's dtype: 132 bytes
+per token and value head, as FLA keeps its A and cumulative gate), beside the inputs. Its backward,
+"linattn::chunk_gdn_bwd_gluon", is the Triton backward (it recomputes the other intermediates from the saved inputs)
+with its recompute of h and Vnew in the gate-free form (chunk_state_gf.py: no U), its reverse state pass (stage 1) in
 Gluon (chunk_state_bwd.py), both in segments where a B1-B2 batch leaves SMs idle, and its local and WY stages (2, 3)
 in one Gluon kernel (chunk_local_wy_bwd.py); a fixed-length call outside CUDA-graph capture goes
 through the backward's launch list (triton/backward.py bwd_eager).
@@ -31,16 +32,20 @@ DTYPES = (torch.bfloat16, torch.float16)
 @eager_ops.custom_op("linattn::chunk_gdn_fwd_gluon")
 def _chunk_gdn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                         cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                         cu_seqlens: Optional[torch.Tensor]
+                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o, the final state (an empty [0] without it), and stage 2a's gcum [T_tot, HV] fp32 and Tinv [T_tot, HV, 64]
+    in k's dtype (kept for the backward by setup_context)."""
     from linattn.ops.gated_delta_rule.gluon import launcher
     from linattn.runtime.capture import capturing
     if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
-        o, final = launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state)
+        o, final, gcum, tinv = launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                  keep=True)
     else:
         res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                         cu_seqlens)
-        o, final = res.o, res.final_state
-    return o, final if output_final_state else q.new_empty(0, dtype=torch.float32)
+        o, final, gcum, tinv = res.o, res.final_state, res.gcum, res.tinv
+    return o, final if output_final_state else q.new_empty(0, dtype=torch.float32), gcum, tinv
 
 
 @_chunk_gdn_fwd_gluon.register_fake
@@ -49,17 +54,18 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
-    return v.new_empty(B, T, HV, V), final
+    return (v.new_empty(B, T, HV, V), final, q.new_empty(B * T, HV, dtype=torch.float32),
+            k.new_empty(B * T, HV, 64))
 
 
 @eager_ops.custom_op("linattn::chunk_gdn_bwd_gluon")
 def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          scale: float, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                         do: torch.Tensor, dht: Optional[torch.Tensor]
+                         do: torch.Tensor, dht: Optional[torch.Tensor], gcum: torch.Tensor, tinv: torch.Tensor
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton backward with its recompute in the gate-free form (gluon/chunk_state_gf.py: h and Vnew without U,
-    segmented as the forward where recompute_segments says so; Tinv by the forward's own stage 2a where the Gluon
-    local/WY stage reads it), its stages 1a + 1 (P^T dO and the reverse state pass, one kernel; segmented where
+    segmented as the forward where recompute_segments says so; gcum and Tinv the forward's, kept, where the Gluon
+    local/WY stage reads Tinv in k's dtype, else the Triton stage 2a's with an fp32 Tinv), its stages 1a + 1 (P^T dO and the reverse state pass, one kernel; segmented where
     chunk_state_bwd.state_bwd_segments says so) and its local and WY stages (2, 3) in Gluon."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
@@ -85,10 +91,14 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     def recompute(q_, k_, v_, g_, beta_, h0_, plan):
         from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
-        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments, tinv_fp32=not local_wy)
+        if local_wy:
+            return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments, tinv_fp32=False,
+                                stage2a=(gcum, tinv))
+        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments)
     dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
         q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
-        variant=("gluon", local_wy, segments, reverse_segments), cu_seqlens=cu_seqlens, recompute=recompute,
+        variant=("gluon", local_wy, segments, reverse_segments), cu_seqlens=cu_seqlens, kept=(gcum, tinv),
+        recompute=recompute,
         state_bwd=state_bwd_pass, local_wy=local_wy_pass if local_wy else None, state_bwd_dv_local=True)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
@@ -96,7 +106,7 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
 
 @_chunk_gdn_bwd_gluon.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht):
+def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, do, dht, gcum, tinv):
     return autograd.fake_grads(q, k, v, g, beta, initial_state)
 
 
@@ -120,14 +130,23 @@ def recompute_segments(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[to
     return (S, L) if S > 1 else None
 
 
-def _backward(ctx, do, dfinal):
+def _setup_context(ctx, inputs, output):
+    autograd.setup_context(ctx, inputs, output, kept=output[2:])
+    # no gradient reaches gcum and Tinv: None for them instead of zero-filled [T_tot, HV, 64] tensors
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, do, dfinal, *_):
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors[:7]
+    gcum, tinv = ctx.saved_tensors[-2:]
+    if do is None:                                   # only the final state reaches the loss
+        do = v.new_zeros(v.shape)
     grads = _chunk_gdn_bwd_gluon(q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, do,
-                                 autograd.final_state_grad(ctx, dfinal))
+                                 autograd.final_state_grad(ctx, dfinal), gcum, tinv)
     return autograd.input_grads(ctx, *grads)
 
 
-_chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=autograd.setup_context)
+_chunk_gdn_fwd_gluon.register_autograd(_backward, setup_context=_setup_context)
 
 
 def supports(q=None, v=None, cu_seqlens=None, state_v_first=False, **_) -> Tuple[bool, str]:
@@ -175,7 +194,7 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
         res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                         cu_seqlens)
         return res.o, (res.final_state if output_final_state else None)
-    o, final = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    o, final, _, _ = _chunk_gdn_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return o, (final if output_final_state else None)
 
 

@@ -176,13 +176,15 @@ def chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, final
 
 
 
-def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pass=None, tinv_fp32: bool = True):
+def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pass=None, tinv_fp32: bool = True,
+                 stage2a=None):
     """The gluon backward's recompute of the forward's intermediates (triton/backward.py's `recompute` hook): gcum and
     Tinv, W alone by wu_kernel (for the reverse state pass), then h and Vnew by chunk_state_gf_kernel. Returns
     triton/forward.py's FwdResult (o, the final state and u None).
     tinv_fp32: Tinv fp32 for the Triton WY stage and 16-bit for the chain, both from the Triton kkt_solve_kernel;
     else (the Gluon local/WY stage reads Tinv in k's dtype) the forward's own stage 2a (fused_forward.kkt_solve: the
-    Gluon kernel where it takes the call), whose Tinv the forward multiplied by, and FwdResult.tinv is that one.
+    Gluon kernel where it takes the call), whose Tinv the forward multiplied by, and FwdResult.tinv is that one;
+    stage2a = (gcum, tinv): those outputs as the autograd forward kept them (no stage 2a here).
     segments = (S, L) (chunk_fused_gf.gf_segments_wanted; fixed-length batches): the chain in segments with their
     gate-truncated warm-ups, as the gluon forward runs it, so h and Vnew carry the forward's error contract
     (segment_start.py): the window kernel, then the pairs it flags unsegmented (sequence plan, selected), then the
@@ -220,6 +222,9 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pas
         launches(kkt_solve_kernel, grid, (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
                  dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt,
                       **kkt_order(plan.num_slots)), tensors=dict(tinv16_ptr=tinv16))
+    elif stage2a is not None:
+        gcum, tinv16 = stage2a
+        tinv = tinv16
     else:
         from linattn.ops.gated_delta_rule.gluon.fused_forward import kkt_solve
         gcum, tinv16 = kkt_solve(k, g, beta, plan, HV)

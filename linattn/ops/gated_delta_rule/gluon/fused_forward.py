@@ -190,10 +190,11 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
                                         output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                                         fused_pass=None, segments=None, segment_pass=None):
     """The whole forward: kkt_solve (stage 2a), then stages 2b + 3 + 4 in one launch. Same arguments as
-    triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state, gcum and the plan (w, u,
-    h, vnew, tinv None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose backward recomputes from the
-    saved inputs. fused_pass(q, k, v, beta, gcum, tinv, o, h0, final, plan, scale, select=None) replaces the W/U
-    kernel's launch (the gate-free kernel; CPU tests pass the schedule model).
+    triton/forward.py chunk_gated_delta_rule_fwd; returns its FwdResult with o, final_state, gcum, tinv (stage 2a's,
+    in k's dtype) and the plan (w, u, h, vnew None: never stored). For the op linattn::chunk_gdn_fwd_gluon, whose
+    backward keeps gcum and tinv and recomputes the rest from the saved inputs. fused_pass(q, k, v, beta, gcum, tinv,
+    o, h0, final, plan, scale, select=None) replaces the W/U kernel's launch (the gate-free kernel; CPU tests pass the
+    schedule model).
     segments = (S, L) (chunk_fused_gf.gf_segments_wanted): each sequence is cut into S segments of L chunks, each
     started a gate-truncated warm-up early (exact where the window reaches the sequence start; segment_start.py).
     A (sequence, head) none of whose segments is flagged (every warm-up window short enough) runs as S independent
@@ -217,21 +218,21 @@ def chunk_gated_delta_rule_fwd_fused_wu(q, k, v, g, beta, scale: float, initial_
     if S > 1:
         if cu_seqlens is not None:
             raise ValueError("segments: fixed-length batches only (cu_seqlens given)")
-        o, final, gcum = _segments(run, segment_pass or run, q, k, v, g, beta, scale, initial_state,
-                                   output_final_state, plan, S, L)
-        return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+        o, final, gcum, tinv = _segments(run, segment_pass or run, q, k, v, g, beta, scale, initial_state,
+                                         output_final_state, plan, S, L)
+        return FwdResult(o, final, gcum, None, None, None, None, tinv, plan)
     gcum, tinv = kkt_solve(k, g, beta, plan, HV)
     o = empty(B, T, HV, V, dtype=v.dtype, device=q.device)
     final = empty(plan.N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale)
-    return FwdResult(o, final, gcum, None, None, None, None, None, plan)
+    return FwdResult(o, final, gcum, None, None, None, None, tinv, plan)
 
 
 def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, output_final_state: bool, plan, S: int,
               L: int):
-    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum); `run` launches
-    the unsegmented pairs (sequence plan, select), `seg_run` the segments (segment plan, select and seg). Order on the
-    GPU (no host synchronisation; two streams joined at the end):
+    """The segment-parallel forward, each segment's warm-up inside the fused kernel: (o, final, gcum, tinv); `run`
+    launches the unsegmented pairs (sequence plan, select), `seg_run` the segments (segment plan, select and seg).
+    Order on the GPU (no host synchronisation; two streams joined at the end):
       side stream (highest priority): segment_window_kernel (segment words, slow; slow zeroed on the main stream) from the inputs k,
                     beta and g, next to kkt_solve (its CTAs dispatched ahead of kkt_solve's pending ones); then, once
                     kkt_solve is done, the unsegmented launch of the pairs with slow != 0 (sequence plan): their
@@ -262,7 +263,7 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
         gcum, tinv = kkt_solve(k, g, beta, plan, HV)
         run(q, k, v, beta, gcum, tinv, o, initial_state, final, plan, scale, select=slow)
         segment_launch()
-        return o, final, gcum
+        return o, final, gcum, tinv
     # Every buffer is allocated on the current stream, which waits for the side stream before returning: a buffer
     # freed after the call is reused only after the side stream's work. Launches name their stream (no switch of the
     # current stream, no per-call event or stream objects: they cost more host time than the launches).
@@ -282,4 +283,4 @@ def _segments(run, seg_run, q, k, v, g, beta, scale: float, initial_state, outpu
     wait_event(cur, window_done)
     segment_launch()
     wait_event(cur, side_done)
-    return o, final, gcum
+    return o, final, gcum, tinv

@@ -156,8 +156,9 @@ def clear_plans() -> None:
 
 def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
                                      output_final_state: bool, cu_seqlens: Optional[torch.Tensor]):
-    """The gluon forward: o, the final state, gcum and the plan as a triton/forward.py FwdResult (no intermediates:
-    the backward recomputes them). q, k, v bf16/fp16 with K == V == 128 (backend.supports)."""
+    """The gluon forward: o, the final state, stage 2a's gcum and tinv and the plan as a triton/forward.py FwdResult
+    (the autograd forward keeps gcum and tinv; the backward recomputes the rest). q, k, v bf16/fp16 with K == V ==
+    128 (backend.supports)."""
     from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
     from linattn.ops.gated_delta_rule.gluon.fused_forward import chunk_gated_delta_rule_fwd_fused_wu
     from linattn.runtime.capture import capturing
@@ -188,12 +189,18 @@ def chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale: float, initial_sta
 EAGER_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
 
 
-def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
+def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+              keep: bool = False):
     """(o, final state or None) of chunk_gated_delta_rule_fwd_gluon for a plain eager call without cu_seqlens (not
-    under CUDA-graph capture; the caller checks), through the signature's launch list when it has one."""
+    under CUDA-graph capture; the caller checks), through the signature's launch list when it has one. keep: (o,
+    final state or None, gcum, tinv), stage 2a's outputs too (what the autograd forward keeps for the backward)."""
     h0 = initial_state
     key = (q.shape, q.stride(), k.stride(), v.shape, v.stride(), g.stride(), beta.stride(), q.dtype, k.dtype,
-           v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state)
+           v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state, keep)
+
+    def outputs(res):
+        out = (res.o, res.final_state if output_final_state else None)
+        return out + (res.gcum, res.tinv) if keep else out
     return EAGER_LISTS(key, (q, k, v, g, beta, h0),
                        lambda: chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None),
-                       lambda res: (res.o, res.final_state if output_final_state else None))
+                       outputs)

@@ -212,11 +212,12 @@ BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
 def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], do: torch.Tensor,
               dht: Optional[torch.Tensor], A_log: Optional[torch.Tensor] = None,
               dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0, state_v_first: bool = False,
-              variant: Hashable = None, cu_seqlens: Optional[torch.Tensor] = None, **hooks):
+              variant: Hashable = None, cu_seqlens: Optional[torch.Tensor] = None, kept: tuple = (), **hooks):
     """chunk_gated_delta_rule_bwd's outputs, through the signature's launch list where one applies: a fixed-length
     call (no cu_seqlens) outside CUDA-graph capture, small enough (above); every other call takes the host path.
     hooks: chunk_gated_delta_rule_bwd's state_pass / state_bwd / local_wy / state_bwd_dv_local / recompute, made
-    afresh per call by a backend; variant names what they launch (it keys the lists with the signature)."""
+    afresh per call by a backend; variant names what they launch (it keys the lists with the signature). kept: the
+    tensors the forward kept that the hooks read (inputs of the list like q or do: a replay moves their pointers)."""
     from linattn.runtime.capture import capturing
 
     def run(free_u=True):
@@ -226,6 +227,6 @@ def bwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
     if (cu_seqlens is not None or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS
             or capturing(q)):
         return run()
-    ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias)
+    ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias) + tuple(kept)
     key = (variant, tuple([signature(t) for t in ins]), q.device, scale, beta_scale, state_v_first)
     return BWD_LISTS(key, ins, lambda: run(free_u=False), lambda res: res)
