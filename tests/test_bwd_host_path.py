@@ -150,8 +150,13 @@ from linattn.ops.gated_delta_rule.triton import backward as TB
 from linattn.ops.gated_delta_rule.triton.hostsim import count_torch_ops
 from linattn.ops.gated_delta_rule.gluon import backend as GB
 
-def call(x, do, dht):
-    return GB._chunk_gdn_bwd_gluon.impl(*x[:5], 128 ** -0.5, x[5], None, do, dht)
+def kept(x):
+    # what the autograd forward keeps for this backward: stage 2a's gcum and Tinv (values immaterial here)
+    B, T, HV = x[2].shape[:3]
+    return torch.randn(B * T, HV).cumsum(0), torch.randn(B * T, HV, 64).to(x[1].dtype)
+
+def call(x, do, dht, st):
+    return GB._chunk_gdn_bwd_gluon.impl(*x[:5], 128 ** -0.5, x[5], None, do, dht, *st)
 
 out = {}
 with fake_hopper() as drv, torch.no_grad():
@@ -160,18 +165,18 @@ with fake_hopper() as drv, torch.no_grad():
         TB.BWD_LISTS.clear()
         for _ in range(2):                             # compile, then record
             x = inputs(B, T, h0=h0)
-            call(x, torch.randn_like(x[2]), torch.randn_like(x[5]) if h0 else None)
+            call(x, torch.randn_like(x[2]), torch.randn_like(x[5]) if h0 else None, kept(x))
         kinds = [type(v).__name__ for v in TB.BWD_LISTS.lists.values()]
         x = inputs(B, T, h0=h0)
-        do, dht = torch.randn_like(x[2]), (torch.randn_like(x[5]) if h0 else None)
+        do, dht, st = torch.randn_like(x[2]), (torch.randn_like(x[5]) if h0 else None), kept(x)
         del drv.launches[:]
         with count_jit_runs() as jit:
-            res = call(x, do, dht)
-        ins = x + (do, dht)
+            res = call(x, do, dht, st)
+        ins = x + (do, dht) + st
         a = canon(drv, ins, res)
         saved, TB.BWD_LIST_MAX_TOKEN_HEADS = TB.BWD_LIST_MAX_TOKEN_HEADS, 0      # the host path
-        b = canon(drv, ins, call(x, do, dht))
-        ops = count_torch_ops(lambda: call(x, do, dht))
+        b = canon(drv, ins, call(x, do, dht, st))
+        ops = count_torch_ops(lambda: call(x, do, dht, st))
         TB.BWD_LIST_MAX_TOKEN_HEADS = saved
         del drv.launches[:]
         out[name] = dict(kinds=kinds, same=a == b, launches=[l[0] for l in a], jit=jit[0],
@@ -194,11 +199,12 @@ def test_gluon_backward_launch_list():
         # (and, segmented, the window kernels' zeroed flags: recorded allocations, remade by a replay)
         allowed = {"aten.new_empty.default"} | ({"aten.zeros.default"} if name == "segments" else set())
         assert set(c["device_ops"]) <= allowed, (name, c["device_ops"])
-    # the gate-free recompute: kkt_solve (fp32 and 16-bit Tinv), h and Vnew without U, W alone; at B1 T8192 in
-    # segments: the window kernels, the flagged pairs' launches and the segment launches of both passes, one stream
+    # the gate-free recompute from the forward's kept gcum and Tinv (no stage 2a): h and Vnew without U, W alone; at
+    # B1 T8192 in segments: the window kernels, the flagged pairs' launches and the segment launches of both passes,
+    # one stream
     for name in ("states", "no_states"):
-        assert r[name]["launches"][:3] == ["kkt_solve_kernel", "chunk_state_gf_kernel", "wu_kernel"], r[name]
-    assert r["segments"]["launches"] == ["segment_window_kernel", "kkt_solve_kernel", "chunk_state_gf_kernel",
+        assert r[name]["launches"][:2] == ["chunk_state_gf_kernel", "wu_kernel"], r[name]
+    assert r["segments"]["launches"] == ["segment_window_kernel", "chunk_state_gf_kernel",
                                          "chunk_state_gf_kernel", "wu_kernel", "segment_window_kernel",
                                          "chunk_state_bwd_tma_kernel", "chunk_state_bwd_tma_kernel",
                                          "chunk_local_wy_bwd_kernel"], r["segments"]["launches"]
@@ -219,10 +225,10 @@ with fake_hopper() as drv, torch.no_grad():
         for i in range(3):                             # compile, record, replay
             x = inputs(1, 1024)
             with count_jit_runs() as jit:
-                o, ht = op.impl(*x[:5], 128 ** -0.5, x[5], True, None, *extra)
+                res = op.impl(*x[:5], 128 ** -0.5, x[5], True, None, *extra)
             del drv.launches[:]
         out[name] = dict(kinds=[type(v).__name__ for v in lists.lists.values()], jit_last=jit[0],
-                         shapes=[list(o.shape), list(ht.shape)])
+                         shapes=[list(t.shape) for t in res], dtypes=[str(t.dtype) for t in res])
 print(json.dumps(out))
 """
 
@@ -233,4 +239,7 @@ def test_forward_ops_take_their_launch_lists():
     r = run_json_child(FWD_OPS_CHILD)
     for name in ("triton", "gluon"):
         assert r[name]["kinds"] == ["LaunchList"] and r[name]["jit_last"] == 0, (name, r[name])
-        assert r[name]["shapes"] == [[1, 1024, 32, 128], [1, 32, 128, 128]], r[name]
+        assert r[name]["shapes"][:2] == [[1, 1024, 32, 128], [1, 32, 128, 128]], r[name]
+    # the gluon op returns what its autograd keeps for the backward: stage 2a's gcum (fp32) and Tinv (k's dtype)
+    assert r["gluon"]["shapes"][2:] == [[1024, 32], [1024, 32, 64]], r["gluon"]
+    assert r["gluon"]["dtypes"][2:] == ["torch.float32", "torch.bfloat16"], r["gluon"]
