@@ -216,7 +216,8 @@ def test_gluon_backward_takes_the_kernel_where_this_triton_has_cp_async(monkeypa
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
     v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
     g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
-    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None)
+    gcum, tinv = torch.randn(64, 4), torch.randn(64, 4, 64).to(q.dtype)     # the forward's kept stage 2a outputs
+    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None, gcum, tinv)
     assert callable(seen["state_bwd"])
     assert callable(seen["local_wy"]) if has_cp_async else seen["local_wy"] is None
 
