@@ -134,6 +134,20 @@ def test_recompute_hook_takes_the_default_options_only():
                                        **kw)
 
 
+def _assert_states_close(got, ref, plan):
+    """h (on the chunk slots the sequences fill: a varlen plan bounds its slot count from above, surplus slots stay
+    unwritten), Vnew and W of a recompute within the bf16 tolerance of the reference recompute's."""
+    from linattn.testing import TOL, rel_rms
+    cus, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
+    used = [o + c for n, o in enumerate(offs[:plan.N]) for c in range(-(-(cus[n + 1] - cus[n]) // 64))]
+    for name in ("h", "vnew", "w"):
+        a, b = getattr(got, name), getattr(ref, name)
+        if name == "h":
+            a, b = a[used], b[used]
+        err = rel_rms(a, b)
+        assert err < TOL[torch.bfloat16], (name, err)
+
+
 @pytest.mark.parametrize("B,T,lens,h0,segments,decay", [
     (1, 150, None, True, None, "default"),
     (2, 130, None, False, None, "default"),            # T % 64 != 0: the next sequence's rows in the last box
@@ -152,7 +166,7 @@ def test_recompute_gf_with_the_kernel_model_matches_the_triton_recompute(device,
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     from linattn.runtime.alloc import poisoned_allocations
-    from linattn.testing import TOL, make_gdn_inputs, rel_rms
+    from linattn.testing import make_gdn_inputs
     from linattn.testing.state_models import emulate_state_gf
     H, HV, K, V = 2, 4, 32, 32
     N = B if lens is None else len(lens)
@@ -169,16 +183,7 @@ def test_recompute_gf_with_the_kernel_model_matches_the_triton_recompute(device,
         got = recompute_gf(q, k, v, g, beta, hs, plan, segments=segments, state_pass=emulate_state_gf)
         ref = chunk_gated_delta_rule_fwd(q, k, v, g, beta, K ** -0.5, hs, False, cu, store_tinv=True,
                                          compute_output=False)
-    tol = TOL[torch.bfloat16]
-    # the chunk slots the sequences fill (a varlen plan bounds its slot count from above: surplus slots stay unwritten)
-    cus, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
-    used = [o + c for n, o in enumerate(offs[:plan.N]) for c in range(-(-(cus[n + 1] - cus[n]) // 64))]
-    for name in ("h", "vnew", "w"):
-        a, b = getattr(got, name), getattr(ref, name)
-        if name == "h":
-            a, b = a[used], b[used]
-        err = rel_rms(a, b)
-        assert err < tol, (name, err)
+    _assert_states_close(got, ref, plan)
     assert torch.equal(got.gcum, ref.gcum) and torch.equal(got.tinv, ref.tinv)
     if decay.endswith("slow_odd"):      # the case reaches the flagged pairs' launch
         from linattn.ops.gated_delta_rule.triton.segment_start import segment_windows
@@ -204,7 +209,7 @@ def test_recompute_gf_takes_the_forwards_tinv_for_the_gluon_local_wy(device, B, 
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
     from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd
     from linattn.runtime.alloc import poisoned_allocations
-    from linattn.testing import TOL, make_gdn_inputs, rel_rms
+    from linattn.testing import make_gdn_inputs
     from linattn.testing.state_models import emulate_state_gf
     H, HV, K, V = 2, 4, 32, 32
     N = B if lens is None else len(lens)
@@ -221,11 +226,4 @@ def test_recompute_gf_takes_the_forwards_tinv_for_the_gluon_local_wy(device, B, 
         ref = chunk_gated_delta_rule_fwd(q, k, v, g, beta, K ** -0.5, hs, False, cu, store_tinv=True,
                                          compute_output=False)
     assert got.tinv.dtype == k.dtype and torch.equal(got.tinv, tinv_f) and torch.equal(got.gcum, gcum_f)
-    cus, offs = plan.cu.tolist(), plan.chunk_offsets.tolist()
-    used = [o + c for n, o in enumerate(offs[:plan.N]) for c in range(-(-(cus[n + 1] - cus[n]) // 64))]
-    for name in ("h", "vnew", "w"):
-        a, b = getattr(got, name), getattr(ref, name)
-        if name == "h":
-            a, b = a[used], b[used]
-        err = rel_rms(a, b)
-        assert err < TOL[torch.bfloat16], (name, err)
+    _assert_states_close(got, ref, plan)
