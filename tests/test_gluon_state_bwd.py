@@ -298,7 +298,8 @@ def test_gluon_backward_runs_stage_1a_in_the_state_pass(monkeypatch):
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
     v = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
     g, beta = torch.rand(1, 64, 4), torch.rand(1, 64, 4)
-    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None)
+    gcum, tinv = torch.randn(64, 4), torch.randn(64, 4, 64).to(q.dtype)     # the forward's kept stage 2a outputs
+    backend._chunk_gdn_bwd_gluon(q, q, v, g, beta, 0.1, None, None, torch.randn_like(v), None, gcum, tinv)
     kw = seen["launch_kwargs"]
     assert seen["state_bwd_dv_local"] is True and kw["dv_local"] is True
     # 64 tokens: no segments; the window kernel's inputs are the op's own g and beta
