@@ -91,10 +91,9 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     def recompute(q_, k_, v_, g_, beta_, h0_, plan):
         from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
-        if local_wy:
-            return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments, tinv_fp32=False,
-                                stage2a=(gcum, tinv))
-        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments)
+        # the Gluon local/WY stage reads the forward's 16-bit Tinv; the Triton WY stage an fp32 one of its own
+        return recompute_gf(q_, k_, v_, g_, beta_, h0_, plan, segments=segments,
+                            stage2a=(gcum, tinv) if local_wy else None)
     dq, dk, dv, dg, dbeta, dh0, _, _ = bwd_eager(
         q, k, v, g, beta, scale, initial_state, do.contiguous(), None if dht is None else dht.contiguous(),
         variant=("gluon", local_wy, segments, reverse_segments), cu_seqlens=cu_seqlens, kept=(gcum, tinv),

@@ -176,15 +176,13 @@ def chunk_state_gf_gluon(k, v, beta, gcum, tinv16, h, vnew, initial_state, final
 
 
 
-def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pass=None, tinv_fp32: bool = True,
-                 stage2a=None):
+def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pass=None, stage2a=None):
     """The gluon backward's recompute of the forward's intermediates (triton/backward.py's `recompute` hook): gcum and
     Tinv, W alone by wu_kernel (for the reverse state pass), then h and Vnew by chunk_state_gf_kernel. Returns
     triton/forward.py's FwdResult (o, the final state and u None).
-    tinv_fp32: Tinv fp32 for the Triton WY stage and 16-bit for the chain, both from the Triton kkt_solve_kernel;
-    else (the Gluon local/WY stage reads Tinv in k's dtype) the forward's own stage 2a (fused_forward.kkt_solve: the
-    Gluon kernel where it takes the call), whose Tinv the forward multiplied by, and FwdResult.tinv is that one;
-    stage2a = (gcum, tinv): those outputs as the autograd forward kept them (no stage 2a here).
+    stage2a = (gcum, tinv): the forward's stage 2a outputs as its autograd kept them (Tinv in k's dtype, the one the
+    forward multiplied by): no stage 2a here, and FwdResult.tinv is that Tinv (what the Gluon local/WY stage reads);
+    None: gcum and Tinv by the Triton kkt_solve_kernel, Tinv fp32 for the Triton WY stage and 16-bit for the chain.
     segments = (S, L) (chunk_fused_gf.gf_segments_wanted; fixed-length batches): the chain in segments with their
     gate-truncated warm-ups, as the gluon forward runs it, so h and Vnew carry the forward's error contract
     (segment_start.py): the window kernel, then the pairs it flags unsegmented (sequence plan, selected), then the
@@ -215,19 +213,15 @@ def recompute_gf(q, k, v, g, beta, initial_state, plan, segments=None, state_pas
         seg = segment_windows(k, beta, g, plan, S, L, launch=gluon_launches,
                               out=segment_window_buffers(plan.N, S, HV, dev))
     grid = (plan.num_slots, HV)
-    if tinv_fp32:
+    if stage2a is None:
         gcum = empty(T_tot, HV, dtype=torch.float32, device=dev)
         tinv = empty(T_tot, HV, BT, dtype=torch.float32, device=dev)
         tinv16 = empty(T_tot, HV, BT, dtype=dt, device=dev)
         launches(kkt_solve_kernel, grid, (k, g, beta, gcum, tinv, plan.cu, plan.chunk_indices, plan.N),
                  dict(H=H, HV=HV, K=K, BT=BT, BK=cfg.BK_kkt, DOT_PREC=prec, num_warps=cfg.warps_kkt,
                       **kkt_order(plan.num_slots)), tensors=dict(tinv16_ptr=tinv16))
-    elif stage2a is not None:
-        gcum, tinv16 = stage2a
-        tinv = tinv16
     else:
-        from linattn.ops.gated_delta_rule.gluon.fused_forward import kkt_solve
-        gcum, tinv16 = kkt_solve(k, g, beta, plan, HV)
+        gcum, tinv16 = stage2a
         tinv = tinv16
     h = empty(plan.num_slots, HV, K, V, dtype=dt, device=dev)
     vnew = empty(T_tot, HV, V, dtype=dt, device=dev)
