@@ -198,10 +198,10 @@ def test_recompute_gf_with_the_kernel_model_matches_the_triton_recompute(device,
     (1, 64 * 20, None, (4, 5)),
 ])
 def test_recompute_gf_takes_the_forwards_tinv_for_the_gluon_local_wy(device, B, T, lens, segments):
-    """tinv_fp32=False (the gluon backward with its Gluon local/WY stage): gcum and Tinv are the forward's own stage
-    2a's (fused_forward.kkt_solve, bit for bit: the Tinv the forward multiplied by), FwdResult.tinv is that 16-bit
-    Tinv, and h, Vnew, W stay within the bf16 tolerance of the Triton recompute's (fp32 Tinv). Fresh inputs, outputs
-    NaN-poisoned."""
+    """stage2a given (the gluon backward with its Gluon local/WY stage): gcum and Tinv are the forward's own stage 2a's
+    as its autograd kept them (fused_forward.kkt_solve's, bit for bit: the Tinv the forward multiplied by),
+    FwdResult.tinv is that 16-bit Tinv, and h, Vnew, W stay within the bf16 tolerance of the Triton recompute's (fp32
+    Tinv). Fresh inputs, outputs NaN-poisoned."""
     if device != "cpu":
         pytest.skip("CPU model check")
     from linattn.ops.gated_delta_rule.gluon.chunk_state_gf import recompute_gf
@@ -220,9 +220,10 @@ def test_recompute_gf_takes_the_forwards_tinv_for_the_gluon_local_wy(device, B, 
     q, k, v, g, beta, hs = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     plan = make_chunk_plan(q.shape[0], q.shape[1], cu, 64, device)
     with poisoned_allocations():
-        got = recompute_gf(q, k, v, g, beta, hs, plan, segments=segments, state_pass=emulate_state_gf,
-                           tinv_fp32=False)
         gcum_f, tinv_f = kkt_solve(k, g, beta, plan, HV)
+        kept = gcum_f.clone(), tinv_f.clone()
+        got = recompute_gf(q, k, v, g, beta, hs, plan, segments=segments, state_pass=emulate_state_gf,
+                           stage2a=kept)
         ref = chunk_gated_delta_rule_fwd(q, k, v, g, beta, K ** -0.5, hs, False, cu, store_tinv=True,
                                          compute_output=False)
     assert got.tinv.dtype == k.dtype and torch.equal(got.tinv, tinv_f) and torch.equal(got.gcum, gcum_f)
