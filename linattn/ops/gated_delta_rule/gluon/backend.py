@@ -65,8 +65,9 @@ def _chunk_gdn_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton backward with its recompute in the gate-free form (gluon/chunk_state_gf.py: h and Vnew without U,
     segmented as the forward where recompute_segments says so; gcum and Tinv the forward's, kept, where the Gluon
-    local/WY stage reads Tinv in k's dtype, else the Triton stage 2a's with an fp32 Tinv), its stages 1a + 1 (P^T dO and the reverse state pass, one kernel; segmented where
-    chunk_state_bwd.state_bwd_segments says so) and its local and WY stages (2, 3) in Gluon."""
+    local/WY stage reads Tinv in k's dtype, else the Triton stage 2a's with an fp32 Tinv), its stages 1a + 1 (P^T dO
+    and the reverse state pass, one kernel; segmented where chunk_state_bwd.state_bwd_segments says so) and its local
+    and WY stages (2, 3) in Gluon."""
     from linattn.ops.gated_delta_rule.gluon import chunk_local_wy_bwd as gluon_local_wy
     from linattn.runtime import gluon_compat
     from linattn.ops.gated_delta_rule.gluon import chunk_state_bwd as gluon_bwd
