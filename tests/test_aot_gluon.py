@@ -132,3 +132,16 @@ def test_wgmma_operands_reads_the_descriptors_of_a_registered_kernel():
     assert all(isinstance(b, int) and 0 <= b < smem for b in bs), bs
     assert [b - bs[0] for b in bs[:8]] == [2048 * s for s in range(8)], bs
     assert all(per[0][1] == per[1][1] for _, _, per in rows)
+
+
+def test_compile_child_reports_a_failure_and_serves_on():
+    """Under the interpreter, compiles go to one kept child process (runtime/aot.py _Child): a request that fails
+    there raises here with the kernel's name and the child's traceback, and the same child answers the next one."""
+    from linattn.runtime import aot
+    if not aot._interpreting():
+        pytest.skip("compiles run in this process when not interpreting")
+    with pytest.raises(RuntimeError, match="(?s)AOT compile of no_such_kernel for sm_90a failed:.*KeyError"):
+        aot._child_request("no_such_kernel", "sm_90a", None)
+    child = aot._CHILD[0].proc
+    name = "gdn_fwd_triton_state_bv16_w4"
+    assert ".entry" in aot.kernel_asm(name, "ptx") and aot._CHILD[0].proc is child and child.poll() is None

@@ -253,14 +253,74 @@ def _inspect_in_subprocess(name: str, arch: str) -> AotReport:
     @triton.jit (tl.cdiv included) is an InterpretedFunction, so plain Triton kernels do not compile; and once the
     interpreter has run a kernel, the language builtins Gluon shares are left patched, so Gluon kernels then fail
     too ("'block_argument' object has no attribute 'dtype'"). A child process avoids both."""
+    return AotReport(**_child_request(name, arch, None))
+
+
+class _Child:
+    """One compile child per process, started on the first request and kept: a request is a JSON line on its
+    stdin, the answer a JSON line on its stdout, so each compile pays no interpreter start and no imports (about
+    2 s of the 3-5 s a CI compile took as a process of its own). Its stderr goes to a file, read back on a failure."""
+
+    def __init__(self):
+        import sys
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "linattn.runtime.aot", "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
+
+    def request(self, msg: dict) -> dict:
+        import json
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.err.seek(0)
+                raise RuntimeError(f"the AOT compile child exited ({self.proc.wait()}):\n{self.err.read()[-4000:]}")
+            if line.startswith(_ANSWER):
+                return json.loads(line[len(_ANSWER):])
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+_ANSWER = "linattn-aot-answer "
+_CHILD: List[_Child] = []
+
+
+def _child_request(name: str, arch: str, what: Optional[str]):
+    """The child's inspect report (what None) or asm text of a registered kernel; a failed compile raises here."""
+    if not _CHILD or _CHILD[0].proc.poll() is not None:
+        import atexit
+        _CHILD[:] = [_Child()]
+        atexit.register(_CHILD[0].close)
+    ans = _CHILD[0].request(dict(name=name, arch=arch, what=what))
+    if "error" in ans:
+        raise RuntimeError(f"AOT compile of {name} for {arch} failed:\n{ans['error'][-4000:]}")
+    return ans["result"]
+
+
+def _serve():
+    """The compile child's loop (_Child): one JSON answer line per request line until stdin closes."""
     import json
     import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "linattn.runtime.aot", name, arch], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"AOT compile of {name} for {arch} failed:\n{proc.stderr[-4000:]}")
-    return AotReport(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    import traceback
+    from dataclasses import asdict
+    for line in sys.stdin:
+        msg = json.loads(line)
+        try:
+            spec = kernels()[msg["name"]]
+            if msg["what"] is None:
+                res = asdict(_inspect_here(spec, msg["arch"]))
+            else:
+                res = _asm_here(spec, msg["what"], msg["arch"])
+            ans = dict(result=res)
+        except Exception:  # noqa: BLE001 - sent to the parent, which raises it
+            ans = dict(error=traceback.format_exc())
+        sys.stdout.write(_ANSWER + json.dumps(ans) + "\n")
+        sys.stdout.flush()
 
 
 def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
@@ -274,13 +334,7 @@ def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
     arch = arch or spec.archs[0]
     if not _interpreting():
         return _asm_here(spec, what, arch)
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "linattn.runtime.aot", name, arch, what], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"AOT compile of {name} for {arch} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    return _child_request(name, arch, what)
 
 
 def _asm_here(spec: AotKernel, what: str, arch: str) -> str:
@@ -296,7 +350,9 @@ if __name__ == "__main__":
     from dataclasses import asdict
     # Run as a script this file is __main__; the registry lives in the imported module.
     from linattn.runtime import aot as _aot
-    if len(sys.argv) > 3:          # kernel_asm's child: the text itself
+    if sys.argv[1:] == ["--serve"]:
+        _aot._serve()
+    elif len(sys.argv) > 3:          # kernel_asm's child: the text itself
         sys.stdout.write(_aot._asm_here(_aot.kernels()[sys.argv[1]], sys.argv[3], sys.argv[2]))
     else:
         print(json.dumps(asdict(_aot._inspect_here(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
