@@ -324,10 +324,11 @@ def _serve():
 
 
 def kernel_asm(name: str, what: str = "ptx", arch: Optional[str] = None) -> str:
-    """The PTX ("ptx"), the SASS text ("sass") or the TTGIR ("ttgir") of a registered kernel. Under TRITON_INTERPRET compiled in a child
-    process, as inspect_kernel: an interpreted Triton function leaves the language builtins that Gluon shares
-    patched in this process (seen in CI: "'block_argument' object has no attribute 'get_element_ty'" from a Gluon
-    kernel's pointer arithmetic), so no test compiles in the process that runs interpreted kernels."""
+    """The PTX ("ptx"), the SASS text ("sass") or the TTGIR ("ttgir") of a registered kernel. Under TRITON_INTERPRET
+    compiled in the compile child, as inspect_kernel: an interpreted Triton function leaves the language builtins
+    that Gluon shares patched in this process (seen in CI: "'block_argument' object has no attribute
+    'get_element_ty'" from a Gluon kernel's pointer arithmetic), so no test compiles in the process that runs
+    interpreted kernels."""
     if what not in ("ptx", "sass", "ttgir"):
         raise ValueError(f"what must be 'ptx', 'sass' or 'ttgir', not {what!r}")
     spec = kernels()[name]
