@@ -29,7 +29,8 @@ and read after a CTA barrier; the block substitution's shift buffers (kkt_solve.
 k and q come by cp.async at the program's start into that key block's own column-factor tiles (32 KB: g, then k,
 then q; unswizzled [4, 16, 64] views in the gate tile's layout, so each thread reads back its own copies), all of
 them in flight at once where plain loads had the second block's wait behind the first's; the column factors
-overwrite them after a CTA barrier.
+overwrite them after a CTA barrier. The pairwise test's maxima go through a 16-float buffer, a slot per (key block,
+row block), reduced by every thread after the CTA barrier that precedes the products: no reduction across warps.
 """
 from __future__ import annotations
 
@@ -145,16 +146,17 @@ if GLUON_OK:
         cp.commit_group()
 
     @gluon.jit
-    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s, kb,
-                    t0, eos, hv, hk, span, amax, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+    def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s,
+                    red_s, kb, t0, eos, hv, hk, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                     BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                     LOWER_BOUND: gl.constexpr, GCUM_LAST: gl.constexpr):
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
         GCUM_LAST only the chunk's last row, all the fused stages read), the decayed keys and queries
         K exp(gam_C - gam), Q exp(gam) (and K exp(gam) where kg_ptr is given: the fused stages' W operand), the
         products' operands into shared memory (kl_s / ql_s tile kb: K, Q times exp(gam - gam_r), gam_r gam before
-        the row's block; kr_s tile kb * 4 + I: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after); returns span
-        and amax updated (kda_cumsum_kernel's pairwise test)."""
+        the row's block; kr_s tile kb * 4 + I: K exp(gam_r(I) - gam) on the rows of blocks <= I, 0 after), and this
+        key block's inputs to kda_cumsum_kernel's pairwise test into red_s: each row block's (warp's) largest |gam -
+        gam_r| at kb * 4 + b and largest |k|, |q| at (NKB + kb) * 4 + b, reduced by the caller after its barrier."""
         NKB: gl.constexpr = K // BK
         L3: gl.constexpr = _l3(BK)
         b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BK)
@@ -162,6 +164,7 @@ if GLUON_OK:
         x = _staged(kr_s, kb, 0, g_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         kf = _staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         qf = _staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
+        red_s.slice((NKB + kb) * 4, 4).store(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1))
         gam, g0, own, tot = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS, LOWER_BOUND)
         row = b3 * 16 + r3
         last = gl.minimum(eos - t0, BT) - 1
@@ -186,8 +189,7 @@ if GLUON_OK:
         gl.store(qdec_ptr + off_g, (qel * eg0).to(dt), mask=m)
         if kg_ptr is not None:
             gl.store(kg_ptr + off_g, (kel * eg0).to(dt), mask=m)
-        span = gl.maximum(span, gl.max(gl.max(gl.max(gl.abs(d), axis=2), axis=1), axis=0))
-        amax = gl.maximum(amax, gl.max(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1), axis=0))
+        red_s.slice(kb * 4, 4).store(gl.max(gl.max(gl.abs(d), axis=2), axis=1))
         kl_s.index(kb).store(gl.reshape(kel, [BT, BK]).to(gl.bfloat16))
         ql_s.index(kb).store(gl.reshape(qel, [BT, BK]).to(gl.bfloat16))
         gl.thread_barrier()                          # every warp has read the staged tiles the column factors overwrite
@@ -196,7 +198,6 @@ if GLUON_OK:
             ref = _blocks_before(tot, blk)                                                # [1, 1, BK]: gam_r(I)
             f = _ex2_ftz(gl.where(b3 <= blk, (ref - ge) * LOG2E, float("-inf")))         # [4, 1, BK]
             kr_s.index(kb * 4 + blk).store(gl.reshape(kel2 * f, [BT, BK]).to(gl.bfloat16))
-        return span, amax
 
     @gluon.jit
     def _in_block_pairs(q_ptr, k_ptr, gcum_ptr, beta_eff_ptr, aqk_ptr, t0, eos, hv, hk, H: gl.constexpr,
@@ -289,6 +290,7 @@ if GLUON_OK:
         ql_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, BKC], ST)
         kr_s = gl.allocate_shared_memory(gl.bfloat16, [4 * NKB, BT, BKC], ST)
         sd, se1, se2 = shift_buffers()
+        red_s = gl.allocate_shared_memory(gl.float32, [8 * NKB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         slot = gl.program_id(0)
         hv = gl.program_id(1)
         hk = hv // (HV // H)
@@ -306,18 +308,20 @@ if GLUON_OK:
             vi = ri < eos
             beta = _beta_eff(beta_ptr, ri, vi, hv, HV, BETA_SIGMOID, NEG_EIGVAL)
             gl.store(beta_out_ptr + ri * HV + hv, beta, mask=vi)
-            span = 0.
-            amax = 1.
             for kb in gl.static_range(NKB):
-                span, amax = _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr,
-                                         kl_s, ql_s, kr_s, kb, t0, eos, hv, hk, span, amax, H, HV, K, BT, BKC, GATE,
-                                         HAS_DT_BIAS, LOWER_BOUND, GCUM_LAST)
+                    _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s,
+                            kr_s, red_s, kb, t0, eos, hv, hk, H, HV, K, BT, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND,
+                            GCUM_LAST)
             gl.thread_barrier()
             # the pairs through each row block's reference, Aqk first (stored) then Akk: one [64, 64] product live
             # beside its running result
             i2 = gl.expand_dims(i, 1)
             j2 = gl.expand_dims(j, 0)
             # kda_cumsum_kernel's test; a NaN makes the chunk pairwise
+            # every warp's span and amax, read back by every thread after the barrier above
+            LR: gl.constexpr = gl.BlockedLayout([4 * NKB], [32], [4], [0])
+            span = gl.max(red_s.slice(0, 4 * NKB).load(LR), axis=0)
+            amax = gl.maximum(gl.max(red_s.slice(4 * NKB, 4 * NKB).load(LR), axis=0), 1.)
             bits = span * LOG2E + 2. * gl.log2(amax)
             safe = bits <= SPAN_LOG2
             pairwise = (bits > SPAN_LOG2) | (bits != bits)
