@@ -29,8 +29,9 @@ and read after a CTA barrier; the block substitution's shift buffers (kkt_solve.
 k and q come by cp.async at the program's start into that key block's own column-factor tiles (32 KB: g, then k,
 then q; unswizzled [4, 16, 64] views in the gate tile's layout, so each thread reads back its own copies), all of
 them in flight at once where plain loads had the second block's wait behind the first's; the column factors
-overwrite them after a CTA barrier. The pairwise test's maxima go through a 16-float buffer, a slot per (key block,
-row block), reduced by every thread after the CTA barrier that precedes the products: no reduction across warps.
+overwrite them after a CTA barrier. The pairwise test's maxima go through a shared buffer of 8 floats per key block,
+a slot per (key block, row block), reduced by every thread after the CTA barrier that precedes the products: no
+reduction across warps.
 """
 from __future__ import annotations
 
