@@ -31,7 +31,8 @@ then q; unswizzled [4, 16, 64] views in the gate tile's layout, so each thread r
 them in flight at once where plain loads had the second block's wait behind the first's; the column factors
 overwrite them after a CTA barrier. The pairwise test's maxima go through a shared buffer of 8 floats per key block,
 a slot per (key block, row block), reduced by every thread after the CTA barrier that precedes the products: no
-reduction across warps.
+reduction across warps; the gate's block sums, which every warp needs, through a [4, 64] buffer per key block
+(one barrier each, where a layout conversion took three).
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ if GLUON_OK:
         return b3, r3, ck, m, (tok * HV + hv) * K + ck, (tok * H + hk) * K + ck
 
     @gluon.jit
-    def _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr,
+    def _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, tot_s, K: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr,
                      HAS_DT_BIAS: gl.constexpr, LOWER_BOUND: gl.constexpr):
         """The gate of the raw input tile x ([4, 16, BK], _tile_index's) and its cumsum gam: the cumsum inside each
         16-row block by a scan within the warp, plus the sums of the earlier blocks (rows past the end add 0).
@@ -106,7 +107,13 @@ if GLUON_OK:
         if GATE != "":                      # the raw input is already 0 past the end (masked copies and loads)
             x = gl.where(m, _gate(x, A_log, dt_bias, hv, ck, K, GATE, HAS_DT_BIAS, LOWER_BOUND), 0.)
         own = gl.sum(x, axis=1)                                                           # [4, BK]: warp b, b
-        tot = gl.convert_layout(own, gl.SliceLayout(0, L3))                               # [4 (block j), BK]
+        if tot_s is None:
+            tot = gl.convert_layout(own, gl.SliceLayout(0, L3))                           # [4 (block j), BK]
+        else:
+            # through a buffer of its own: one barrier, no scratch shared with other exchanges to guard
+            tot_s.store(own)
+            gl.thread_barrier()
+            tot = tot_s.load(gl.SliceLayout(0, L3))
         bj = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         base = gl.sum(gl.where(bj < b3, gl.expand_dims(tot, 0), 0.), axis=1)             # [4, BK]
         base = gl.expand_dims(base, 1)
@@ -148,7 +155,7 @@ if GLUON_OK:
 
     @gluon.jit
     def _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s, kr_s,
-                    red_s, kb, t0, eos, hv, hk, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                    red_s, tot_s, kb, t0, eos, hv, hk, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                     BT: gl.constexpr, BK: gl.constexpr, GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                     LOWER_BOUND: gl.constexpr, GCUM_LAST: gl.constexpr):
         """Key channels kb * BK .. + BK of the chunk: the gate and its cumsum gam (stored as gcum: every row, or with
@@ -166,7 +173,8 @@ if GLUON_OK:
         kf = _staged(kr_s, kb, 1, k_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         qf = _staged(kr_s, kb, 2, q_ptr.dtype.element_ty, BK).load(L3).to(gl.float32)
         red_s.slice((NKB + kb) * 4, 4).store(gl.max(gl.max(gl.maximum(gl.abs(kf), gl.abs(qf)), axis=2), axis=1))
-        gam, g0, own, tot = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BK, GATE, HAS_DT_BIAS, LOWER_BOUND)
+        gam, g0, own, tot = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, tot_s.index(kb), K, BK, GATE,
+                                         HAS_DT_BIAS, LOWER_BOUND)
         row = b3 * 16 + r3
         last = gl.minimum(eos - t0, BT) - 1
         if GCUM_LAST:
@@ -292,6 +300,7 @@ if GLUON_OK:
         kr_s = gl.allocate_shared_memory(gl.bfloat16, [4 * NKB, BT, BKC], ST)
         sd, se1, se2 = shift_buffers()
         red_s = gl.allocate_shared_memory(gl.float32, [8 * NKB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        tot_s = gl.allocate_shared_memory(gl.float32, [NKB, 4, BKC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         slot = gl.program_id(0)
         hv = gl.program_id(1)
         hk = hv // (HV // H)
@@ -311,7 +320,7 @@ if GLUON_OK:
             gl.store(beta_out_ptr + ri * HV + hv, beta, mask=vi)
             for kb in gl.static_range(NKB):
                     _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s,
-                            kr_s, red_s, kb, t0, eos, hv, hk, H, HV, K, BT, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND,
+                            kr_s, red_s, tot_s, kb, t0, eos, hv, hk, H, HV, K, BT, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND,
                             GCUM_LAST)
             gl.thread_barrier()
             # the pairs through each row block's reference, Aqk first (stored) then Akk: one [64, 64] product live
@@ -339,7 +348,7 @@ if GLUON_OK:
                     for kb in gl.static_range(NKB):
                         b3, r3, ck, m, off_g, off_q = _tile_index(kb, t0, eos, hv, hk, H, HV, K, BKC)
                         x = gl.load(g_ptr + off_g, mask=m, other=0.).to(gl.float32)
-                        gam, _, _, _ = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, K, BKC, GATE, HAS_DT_BIAS,
+                        gam, _, _, _ = _gate_cumsum(x, m, b3, ck, A_log, dt_bias, hv, None, K, BKC, GATE, HAS_DT_BIAS,
                                                     LOWER_BOUND)
                         gl.store(gcum_ptr + off_g, gam, mask=m)
                 gl.thread_barrier()              # this program's gcum and beta stores, read back
