@@ -346,14 +346,6 @@ def _asm_here(spec: AotKernel, what: str, arch: str) -> str:
 
 
 if __name__ == "__main__":
-    import json
-    import sys
-    from dataclasses import asdict
-    # Run as a script this file is __main__; the registry lives in the imported module.
+    # The compile child (_Child). Run as a script this file is __main__; the registry lives in the imported module.
     from linattn.runtime import aot as _aot
-    if sys.argv[1:] == ["--serve"]:
-        _aot._serve()
-    elif len(sys.argv) > 3:          # kernel_asm's child: the text itself
-        sys.stdout.write(_aot._asm_here(_aot.kernels()[sys.argv[1]], sys.argv[3], sys.argv[2]))
-    else:
-        print(json.dumps(asdict(_aot._inspect_here(_aot.kernels()[sys.argv[1]], sys.argv[2]))))
+    _aot._serve()

@@ -319,7 +319,7 @@ if GLUON_OK:
             beta = _beta_eff(beta_ptr, ri, vi, hv, HV, BETA_SIGMOID, NEG_EIGVAL)
             gl.store(beta_out_ptr + ri * HV + hv, beta, mask=vi)
             for kb in gl.static_range(NKB):
-                    _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s,
+                _gate_block(q_ptr, k_ptr, g_ptr, A_log, dt_bias, gcum_ptr, kdec_ptr, qdec_ptr, kg_ptr, kl_s, ql_s,
                             kr_s, red_s, tot_s, kb, t0, eos, hv, hk, H, HV, K, BT, BKC, GATE, HAS_DT_BIAS, LOWER_BOUND,
                             GCUM_LAST)
             gl.thread_barrier()
@@ -327,8 +327,8 @@ if GLUON_OK:
             # beside its running result
             i2 = gl.expand_dims(i, 1)
             j2 = gl.expand_dims(j, 0)
-            # kda_cumsum_kernel's test; a NaN makes the chunk pairwise
-            # every warp's span and amax, read back by every thread after the barrier above
+            # kda_cumsum_kernel's test on every warp's span and amax (red_s, read by every thread after the barrier
+            # above); a NaN makes the chunk pairwise
             LR: gl.constexpr = gl.BlockedLayout([4 * NKB], [32], [4], [0])
             span = gl.max(red_s.slice(0, 4 * NKB).load(LR), axis=0)
             amax = gl.maximum(gl.max(red_s.slice(4 * NKB, 4 * NKB).load(LR), axis=0), 1.)
