@@ -265,7 +265,7 @@ class _Child:
         import sys
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         self.err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "linattn.runtime.aot", "--serve"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "linattn.runtime.aot"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
 
     def request(self, msg: dict) -> dict:
