@@ -149,7 +149,8 @@ def kda_fused_signature(BV: int = 64, states: bool = True):
 def _gluon_fused_build(BV: int, nwu: int):
     def build():
         from linattn.ops.kda.gluon import fused_forward as ff
-        const = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=ff.STAGES, NWU=nwu, NPUB=ff.NPUB, USE_H0=True,
+        const = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES_A=ff.kda_fused_stages_a(BV), STAGES=ff.STAGES, NWU=nwu,
+                     NPUB=ff.NPUB, USE_H0=True,
                      STORE_HT=True, OUTPUT_REGS=ff.OUTPUT_REGS, WU_REGS=ff.WU_REGS, PRODUCER_REGS=ff.PRODUCER_REGS)
         sig = kda_fused_signature(BV)
         sig.update({n: "constexpr" for n in const})

@@ -76,11 +76,13 @@ if GLUON_OK:
                   gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                   STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
-                  STORE_HT: gl.constexpr, CHANNEL: gl.constexpr):
+                  STORE_HT: gl.constexpr, CHANNEL: gl.constexpr, u_empty=None, USTAGES: gl.constexpr = 1,
+                  U_RING: gl.constexpr = False):
         """The decay kind (CHANNEL False, GDN): gcum [T, HV], k_s the keys, S_{c+1} = exp(gam_C) S_c + K^T (d * vnew)
         through vn_s. CHANNEL True (KDA, kda/gluon/fused_forward.py): gcum [T, HV, K], k_s the decayed keys
         K exp(gam_C - gam) (stage 2a's), S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew with vnew straight from v_pub
-        (vn_s unused)."""
+        (vn_s unused). U_RING: u_s is a ring of its own (USTAGES slots, released through u_empty once U is read,
+        which wu_full already orders after its TMA), ready / empty then k_s's alone."""
         dt: gl.constexpr = w_s.dtype
         ACC: gl.constexpr = ws_acc_layout(BV)                 # vnew [BT, BV] and S [K, BV]
         ROWS: gl.constexpr = gl.SliceLayout(1, ACC)
@@ -129,15 +131,18 @@ if GLUON_OK:
             mbarrier.wait(wu_full.index(jw), (c // NWU) & 1)   # W (w_s[jw]) and U (the u tile) of chunk c
             rows = t0 + r_t
             valid = gl.expand_dims(rows < eos, 1)
+            su = c % USTAGES if U_RING else st                 # U's slot
             # product 1: vnew = U - W S_c  (B = the published 16-bit S)
             ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            vnew = gl.where(valid, u_s.index(st).load(ACC).to(gl.float32) - ws, 0.).to(dt)
+            vnew = gl.where(valid, u_s.index(su).load(ACC).to(gl.float32) - ws, 0.).to(dt)
             v_pub.index(j).store(vnew)
             if CHANNEL:
-                fence_async_shared()                           # v_pub: the output's wgmma and product 2
-                gl.thread_barrier()
+                fence_async_shared()                           # v_pub: the output's wgmma and product 2; u's reads
+                gl.thread_barrier()                            # before the TMA refill of its own ring (U_RING)
                 mbarrier.arrive(v_full.index(j))
                 mbarrier.arrive(wu_empty.index(jw))            # w_s[jw] read by product 1 (waited): free
+                if U_RING:
+                    mbarrier.arrive(u_empty.index(su))
                 # product 2: S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew
                 s = warpgroup_mma(k_s.index(st).permute((1, 0)), v_pub.index(j),
                                   s * gl.expand_dims(gl.exp(gam_last), 1))

@@ -44,25 +44,30 @@ if GLUON_OK:
                                                                   ws_acc_layout, ws_rows_layout, ws_smem_layout)
 
     @gluon.jit
-    def _kda_producer(qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s, ready,
-                      empty, ready_o, empty_o, nchunks, bos, hv, vb, K: gl.constexpr, V: gl.constexpr,
-                      BT: gl.constexpr, BV: gl.constexpr, STAGES: gl.constexpr):
-        """Two rings over the same slots, each refilled once its own consumers released the slot: Kg, Tinv, V, Kdec
-        (ready / empty: the W/U and state partitions) and Qdec, Aqk (ready_o / empty_o: the output partition, which
-        finishes a chunk after the state partition has)."""
-        nbytes: gl.constexpr = (kd_desc.block_type.nbytes + kg_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                + t_desc.block_type.nbytes)
+    def _kda_producer(qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s, ready_a,
+                      empty_a, ready, empty, ready_o, empty_o, nchunks, bos, hv, vb, K: gl.constexpr,
+                      V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, STAGES_A: gl.constexpr,
+                      STAGES: gl.constexpr):
+        """Three rings, each refilled once its own consumers released the slot: Kg, Tinv, V (ready_a / empty_a,
+        STAGES_A slots: the W/U partition, and the state partition, which reads U where W/U wrote it over V), Kdec
+        (ready / empty: the state partition) and Qdec, Aqk (ready_o / empty_o: the output partition, which finishes a
+        chunk after the state partition has)."""
+        nbytes_a: gl.constexpr = kg_desc.block_type.nbytes + v_desc.block_type.nbytes + t_desc.block_type.nbytes
+        nbytes: gl.constexpr = kd_desc.block_type.nbytes
         nbytes_o: gl.constexpr = qd_desc.block_type.nbytes + a_desc.block_type.nbytes
         for c in range(nchunks):
+            sa = c % STAGES_A
             s = c % STAGES
             row = (bos + c * BT).to(gl.int32)
-            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # W/U and state released use c - STAGES
-            mbarrier.expect(ready.index(s), nbytes)                   # full boxes: TMA counts zero-filled bytes
-            tma_load(kg_desc, [row, hv * K], ready.index(s), kg_s.index(s))
-            tma_load(t_desc, [row, hv * BT], ready.index(s), t_s.index(s))
-            tma_load(v_desc, [row, hv * V + vb * BV], ready.index(s), v_s.index(s))
+            mbarrier.wait(empty_a.index(sa), ((c // STAGES_A) & 1) ^ 1)   # W/U and state released use c - STAGES_A
+            mbarrier.expect(ready_a.index(sa), nbytes_a)                 # full boxes: TMA counts zero-filled bytes
+            tma_load(kg_desc, [row, hv * K], ready_a.index(sa), kg_s.index(sa))
+            tma_load(t_desc, [row, hv * BT], ready_a.index(sa), t_s.index(sa))
+            tma_load(v_desc, [row, hv * V + vb * BV], ready_a.index(sa), v_s.index(sa))
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)       # the state released use c - STAGES
+            mbarrier.expect(ready.index(s), nbytes)
             tma_load(kd_desc, [row, hv * K], ready.index(s), kd_s.index(s))
-            mbarrier.wait(empty_o.index(s), ((c // STAGES) & 1) ^ 1)   # the output released use c - STAGES
+            mbarrier.wait(empty_o.index(s), ((c // STAGES) & 1) ^ 1)     # the output released use c - STAGES
             mbarrier.expect(ready_o.index(s), nbytes_o)
             tma_load(qd_desc, [row, hv * K], ready_o.index(s), qd_s.index(s))
             tma_load(a_desc, [row, hv * BT], ready_o.index(s), a_s.index(s))
@@ -99,8 +104,8 @@ if GLUON_OK:
         h0_ptr, ht_ptr,                       # optional initial / final state [N, HV, K, V] fp32 (or None)
         cu_ptr, chunk_off_ptr, scale,
         HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-        STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-        OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        STAGES_A: gl.constexpr, STAGES: gl.constexpr, NWU: gl.constexpr, NPUB: gl.constexpr, USE_H0: gl.constexpr,
+        STORE_HT: gl.constexpr, OUTPUT_REGS: gl.constexpr, WU_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
         """Grid (V / BV, N * HV): one CTA per V block and (sequence, value head)."""
         dt: gl.constexpr = kd_desc.dtype
@@ -108,9 +113,9 @@ if GLUON_OK:
         n, hv, _hk, bos, eos, _slot0, nchunks = _sequence_span(gl.program_id(1), cu_ptr, chunk_off_ptr, HV, HV, BT)
         qd_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], qd_desc.layout)
         kd_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], kd_desc.layout)
-        kg_s = gl.allocate_shared_memory(dt, [STAGES, BT, K], kg_desc.layout)
-        v_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], v_desc.layout)
-        t_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], t_desc.layout)
+        kg_s = gl.allocate_shared_memory(dt, [STAGES_A, BT, K], kg_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES_A, BT, BV], v_desc.layout)
+        t_s = gl.allocate_shared_memory(dt, [STAGES_A, BT, BT], t_desc.layout)
         a_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], a_desc.layout)
         wk_s = gl.allocate_shared_memory(dt, [NWU, BT, K], kg_desc.layout)
         s_pub = gl.allocate_shared_memory(dt, [NPUB, K, BV], ws_smem_layout(BV, dt.primitive_bitwidth))
@@ -120,22 +125,26 @@ if GLUON_OK:
         for i in gl.static_range(NWU):
             mbarrier.init(wu_full.index(i), count=1)
             mbarrier.init(wu_empty.index(i), count=1)
-        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 2)   # state and wu consume
+        ready_a, empty_a = ring_barriers(STAGES_A, 2)                               # wu and state consume
+        ready, empty, s_full, v_full, pub_empty = _ws_barriers(STAGES, NPUB, 1)   # the state consumes
         ready_o, empty_o = ring_barriers(STAGES, 1)                                 # the output consumes
         fence_async_shared()
 
         gl.warp_specialize(
             [(_ws_state, (kd_s, wk_s, v_s, ready, empty, wu_full, wu_empty, s_pub, v_pub, None, s_full, v_full,
                           pub_empty, gcum_ptr, h0_ptr, ht_ptr, nchunks, bos, eos, n, hv, vb,
-                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, True)),   # per-channel decay
+                          HV, K, V, BT, BV, STAGES, NWU, NPUB, USE_H0, STORE_HT, True,     # per-channel decay
+                          empty_a, STAGES_A, True)),
              (_kda_output, (qd_s, a_s, ready_o, empty_o, s_pub, v_pub, s_full, v_full, pub_empty, o_ptr, scale,
                             nchunks, bos, eos, hv, vb, HV, V, BT, BV, STAGES, NPUB)),
-             (_wu_worker, (kg_s, v_s, t_s, wk_s, ready, empty, wu_full, wu_empty, beta_ptr, None, nchunks, bos,
-                           eos, hv, HV, K, BT, BV, STAGES, NWU)),
+             (_wu_worker, (kg_s, v_s, t_s, wk_s, ready_a, empty_a, wu_full, wu_empty, beta_ptr, None, nchunks, bos,
+                           eos, hv, HV, K, BT, BV, STAGES_A, NWU)),
              (_kda_producer, (qd_desc, kd_desc, kg_desc, v_desc, t_desc, a_desc, qd_s, kd_s, kg_s, v_s, t_s, a_s,
-                              ready, empty, ready_o, empty_o, nchunks, bos, hv, vb, K, V, BT, BV, STAGES))],
+                              ready_a, empty_a, ready, empty, ready_o, empty_o, nchunks, bos, hv, vb, K, V, BT, BV,
+                              STAGES_A, STAGES))],
             worker_num_warps=[4, 4, 1], worker_num_regs=[OUTPUT_REGS, WU_REGS, PRODUCER_REGS])
 
+        ring_barriers_invalidate(ready_a, empty_a, STAGES_A)
         _ws_barriers_invalidate(ready, empty, s_full, v_full, pub_empty, STAGES, NPUB)
         ring_barriers_invalidate(ready_o, empty_o, STAGES)
         for i in gl.static_range(NWU):
@@ -149,6 +158,12 @@ def kda_fused_config(N: int, HV: int, V: int, num_sms: int) -> Tuple[int, int]:
     """(BV, NWU): BV = 64 unless N * HV * V / 64 CTAs would leave SMs idle, then 32. W buffers: one at BV = 64 (two
     would need 237,948 B of shared memory, past sm_90's 232,448), two at BV = 32."""
     return (64, 1) if N * HV * (V // 64) >= num_sms else (32, 2)
+
+
+def kda_fused_stages_a(BV: int) -> int:
+    """Slots of the Kg / Tinv / V ring: three at BV = 32 (the W/U partition then forms W and U a chunk earlier than
+    two slots let the copies land), two at BV = 64 (three would pass sm_90's shared memory)."""
+    return 3 if BV == 32 else 2
 
 
 def kda_fused_supported(q: torch.Tensor, v: torch.Tensor, state_v_first: bool) -> Tuple[bool, str]:
@@ -186,7 +201,7 @@ def kda_fused_forward_launch(qdec, kdec, kg, v, tinv, aqk, beta_eff, gcum, o, in
     args = (desc(qdec, HV * K, [BT, K]), desc(kdec, HV * K, [BT, K]), desc(kg, HV * K, [BT, K]),
             desc(v, HV * V, [BT, BV]), desc(tinv, HV * BT, [BT, BT]), desc(aqk, HV * BT, [BT, BT]),
             beta_eff, gcum, o, initial_state, final, plan.cu, plan.chunk_offsets, float(scale))
-    kwargs = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES=STAGES, NWU=NWU, NPUB=NPUB,
+    kwargs = dict(HV=HV, K=K, V=V, BT=BT, BV=BV, STAGES_A=kda_fused_stages_a(BV), STAGES=STAGES, NWU=NWU, NPUB=NPUB,
                   USE_H0=initial_state is not None, STORE_HT=final is not None, OUTPUT_REGS=OUTPUT_REGS,
                   WU_REGS=WU_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     return kda_fused_forward_kernel, (V // BV, plan.N * HV), args, kwargs
