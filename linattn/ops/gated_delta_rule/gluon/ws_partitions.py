@@ -132,9 +132,13 @@ if GLUON_OK:
             rows = t0 + r_t
             valid = gl.expand_dims(rows < eos, 1)
             su = c % USTAGES if U_RING else st                 # U's slot
+            if U_RING:
+                u = u_s.index(su).load(ACC)                    # issued before product 1: its latency under it
             # product 1: vnew = U - W S_c  (B = the published 16-bit S)
             ws = warpgroup_mma(w_s.index(jw), s_pub.index(j), gl.zeros([BT, BV], gl.float32, ACC), use_acc=False)
-            vnew = gl.where(valid, u_s.index(su).load(ACC).to(gl.float32) - ws, 0.).to(dt)
+            if not U_RING:
+                u = u_s.index(su).load(ACC)
+            vnew = gl.where(valid, u.to(gl.float32) - ws, 0.).to(dt)
             v_pub.index(j).store(vnew)
             if CHANNEL:
                 fence_async_shared()                           # v_pub: the output's wgmma and product 2; u's reads
