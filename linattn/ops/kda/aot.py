@@ -164,8 +164,8 @@ for _bv, _nwu in ((64, 1), (32, 2)):          # fused_forward.kda_fused_config's
         ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP"), archs=("sm_90a",),
         div16=("beta_ptr", "gcum_ptr", "o_ptr", "h0_ptr", "ht_ptr", "cu_ptr", "chunk_off_ptr"),
         description=f"KDA forward stages 2b-4 in one warp-specialised Gluon kernel: TMA producer, W/U, state chain "
-                    f"with the per-channel decay, output from Qdec and Aqk; BV={_bv}, 2 stages, {_nwu} W buffers, "
-                    f"H16/HV32 K=V=128 bf16"))
+                    f"with the per-channel decay, output from Qdec and Aqk; BV={_bv}, Kg / Tinv / V ring of "
+                    f"{3 if _bv == 32 else 2} slots, the others 2, {_nwu} W buffers, H16/HV32 K=V=128 bf16"))
 
 
 _GLUON = "linattn.ops.gated_delta_rule.gluon"

@@ -4,21 +4,27 @@ whose gates stage 2a (kda/gluon/intra.py) has already put into the tiles it stor
 
   wu partition (GDN's _wu_worker with no scalar gate): W = (Tinv diag(beta)) Kg, U = (Tinv diag(beta)) V, with
       Kg = K exp(gam) the ring's key tile;
-  state partition (ws_partitions._ws_state, CHANNEL): vnew = U - W S_c;  S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T vnew, Kdec =
-      K exp(gam_C - gam) the ring's tile, gam_C the chunk's last row of gcum (a [K] vector, loaded one chunk ahead);
+  state partition (ws_partitions._ws_state, CHANNEL): vnew = U - W S_c;  S_{c+1} = diag(exp(gam_C)) S_c + Kdec^T
+      vnew, Kdec = K exp(gam_C - gam) the ring's tile, gam_C the chunk's last row of gcum (a [K] vector, loaded one
+      chunk ahead);
   output partition (_kda_output): o = (Qdec S_c + Aqk vnew) * scale, Qdec = Q exp(gam) and Aqk (lower triangular,
       zeros above) ring tiles, so the output needs no gate at all;
   producer (1 warp): TMA of Qdec, Kdec, Kg ([BT, K] boxes at the value head's columns), V ([BT, BV]), Tinv and Aqk
-      ([BT, BT]) into ring slot c % STAGES, as two rings: Kg, Tinv, V, Kdec refilled once the W/U and state
-      partitions released the slot, Qdec and Aqk once the output partition did (it finishes each chunk last).
+      ([BT, BT]) as three rings, each slot refilled once its own consumers released it: Kg, Tinv, V in STAGES_A
+      slots (the W/U partition, and the state partition, which reads U where W/U wrote it over V and releases the
+      slot right after product 1), Kdec in STAGES (the state partition, after product 2), Qdec and Aqk in STAGES
+      (the output partition, which finishes each chunk last).
 
 Rows of a box past the sequence end hold the next sequence's tokens: beta is 0 there and the sequence's last chunk
 goes through the wu partition's row-selected copies (as GDN's), vnew's rows there are selected to 0, Aqk's columns
 past the end meet only those zero rows (its valid rows are zero above the diagonal), and o's rows past the end are
 not stored.
 
-Shared memory at BV = 64, 2 stages, one W buffer: the ring 2 x (3 x 16 + 8 + 2 x 8) KB, W 16 KB, the published S
-2 x 16 KB and vnew 2 x 8 KB, with the barriers and the compiler's scratch 221,592 B (kda_fused_config).
+Why three Kg / Tinv / V slots at BV = 32 (B1-like grids, one CTA per SM walking every chunk): with two, the copies
+of chunk c start only once chunk c - 2 is done, and the W/U partition, then the state partition waiting for its W,
+waited for them. At BV = 64 a third slot does not fit. Shared memory at BV = 32: Kg / Tinv / V 3 x 28 KB, Kdec 2 x 16,
+Qdec / Aqk 2 x 24, W 2 x 16, the published S 2 x 8 and vnew 2 x 4, with the barriers and the compiler's scratch
+229,852 B; at BV = 64 (2 + 2 slots, one W buffer) 221,624 B.
 """
 from __future__ import annotations
 
