@@ -233,12 +233,9 @@ DEFAULT_CONFIGS = {torch.float32: (64, 4, 3, 2), torch.bfloat16: (64, 4, 3, 2)}
 SMEM_PER_SM = 233472
 
 
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16}[dtype]
-
-
 def smem_layout(BV: int, dtype: torch.dtype, K: int = 128):
-    return gl.NVMMASharedLayout.get_default_for([K, BV], _gl_dtype(dtype))
+    from linattn.ops.gated_delta_rule.gluon.host import gl_dtype
+    return gl.NVMMASharedLayout.get_default_for([K, BV], gl_dtype(dtype))
 
 
 def make_descriptor(pool: torch.Tensor, BV: int):

@@ -25,7 +25,7 @@ def gl_dtype(dtype: torch.dtype):
     gdt = _GL_DTYPES.get(dtype)
     if gdt is None:
         from linattn.runtime.gluon_compat import gl
-        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16})
+        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32})
         gdt = _GL_DTYPES[dtype]
     return gdt
 

@@ -35,8 +35,6 @@ Unused pointer / descriptor arguments are passed as None (constexpr).
 """
 from __future__ import annotations
 
-import torch
-
 from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, warpgroup_mma,
                                           warpgroup_mma_wait)
 
@@ -273,11 +271,3 @@ if GLUON_OK:
             mbarrier.invalidate(v_full.index(i))
             mbarrier.invalidate(pub_empty.index(i))
 
-
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """TMA needs a 16-byte aligned base; a view at an odd offset is copied (read-only operands only)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
