@@ -16,7 +16,9 @@ warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allo
 - python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes;
 - python_speed_us: a plain-Python control timed before and after the loops (_python_speed_us): the host's own speed;
 - host_us_layers (decode): host us per call through each layer of the eager path (public function, custom op,
-  launcher, a trivial custom op).
+  launcher, a trivial custom op);
+- eager_ms_late (and host_us_public_late for decode): the eager loops (the public call's host us) again after the
+  profiles, late_after_first_call_s after the first call: whether a process's early slowness fades.
 The summary gives, per shape, each process's eager ms and the spread (slowest / fastest - 1); --max-spread makes the
 exit status 1 when a shape's spread exceeds it (the gate's regression check).
 """
@@ -156,6 +158,7 @@ def child(shape: str, cond: str) -> dict:
     call()
     torch.cuda.synchronize()
     res["first_call_s"] = round(time.perf_counter() - t0, 3)
+    t_first = time.perf_counter()
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -206,6 +209,22 @@ def child(shape: str, cond: str) -> dict:
                    in st.stats.items()), key=lambda r: -r[1])[:30]
     res["python_us"] = dict(total=round(st.total_tt * 1e6 / 20, 1),
                             top=[dict(fn=f, us=round(us, 2), ncalls=nc) for f, us, nc in rows])
+
+    # the eager loops again, later in the process's life: a slowdown that fades after the first call shows as
+    # eager_ms above eager_ms_late (decode B1 in the cold-cache process: public call 32 us early, the direct
+    # launch at 22 us by the time of the cProfile above)
+    res["late_after_first_call_s"] = round(time.perf_counter() - t_first, 3)
+    late = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(100):
+            call()
+        torch.cuda.synchronize()
+        late.append((time.perf_counter() - t) * 1e3 / 100)
+    res["eager_ms_late_loops"] = late
+    res["eager_ms_late"] = statistics.median(late)
+    if kind == "decode":
+        res["host_us_public_late"] = _idle_us(call, torch)
 
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -260,7 +279,7 @@ def summarise(runs, max_spread=None):
     spread = max(eager) / min(eager) - 1 if complete else None
     failed = not complete or (max_spread is not None and spread > max_spread)
     return dict(eager_ms=eager, spread=spread, graph_ms=[r.get("graph_ms") for r in runs],
-                host_us=[r.get("host_us") for r in runs],
+                host_us=[r.get("host_us") for r in runs], eager_ms_late=[r.get("eager_ms_late") for r in runs],
                 python_speed_us=[r.get("python_speed_us") for r in runs]), failed
 
 
