@@ -10,6 +10,8 @@ import torch
 from linattn.ops.gated_delta_rule.validation import CHECK_GPU_VALUES
 from linattn.runtime.settings import settings
 
+_TENSOR = torch.Tensor
+
 
 def memo_applies(q) -> bool:
     """Plain eager calls on CUDA tensors, unless LINATTN_CHECK_INPUTS=1 asks for the values of every call checked."""
@@ -24,7 +26,9 @@ def call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optio
     if type(backend) is not str or not (scale is None or type(scale) is float or type(scale) is int) or \
             not (pad_slot_id is None or type(pad_slot_id) is int):
         return None
-    sigs = tuple([(type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
-                  if isinstance(t, torch.Tensor) else None if t is None else (type(t),) for t in tensors])
+    # a plain tensor's entry leaves its type out (5 fields); a subclass's carries it (6), anything else is (type,)
+    sigs = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                  if type(t) is _TENSOR else (type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                  if isinstance(t, _TENSOR) else (type(t),) for t in tensors])
     return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
             pad_slot_id, flags, sigs)
