@@ -93,6 +93,18 @@ def _idle_us(fn, torch, n=50):
     return statistics.median(ts)
 
 
+def _eager_loops(call, torch, loops=3, calls=100):
+    """ms per call of `loops` loops of `calls` back-to-back eager calls, one synchronisation per loop."""
+    out = []
+    for _ in range(loops):
+        t = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) * 1e3 / calls)
+    return out
+
+
 def _decode_layers(x, torch) -> dict:
     """Host us per decode call (GPU idle) through each layer of the eager path: the public function (checks, backend
     choice, custom op), the torch custom op alone, the launcher alone (fused_recurrent_gdn_fwd), and a trivial
@@ -167,13 +179,7 @@ def child(shape: str, cond: str) -> dict:
     samples, stop = [], threading.Event()
     th = threading.Thread(target=_clock_sampler, args=(samples, stop), daemon=True)
     th.start()
-    loops = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(100):
-            call()
-        torch.cuda.synchronize()
-        loops.append((time.perf_counter() - t) * 1e3 / 100)
+    loops = _eager_loops(call, torch)
     stop.set()
     th.join()
     stats1 = torch.cuda.memory_stats()
@@ -211,16 +217,9 @@ def child(shape: str, cond: str) -> dict:
                             top=[dict(fn=f, us=round(us, 2), ncalls=nc) for f, us, nc in rows])
 
     # the eager loops again, later in the process's life: a slowdown that fades after the first call shows as
-    # eager_ms above eager_ms_late (decode B1 in the cold-cache process: public call 32 us early, the direct
-    # launch at 22 us by the time of the cProfile above)
+    # eager_ms above eager_ms_late
     res["late_after_first_call_s"] = round(time.perf_counter() - t_first, 3)
-    late = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(100):
-            call()
-        torch.cuda.synchronize()
-        late.append((time.perf_counter() - t) * 1e3 / 100)
+    late = _eager_loops(call, torch)
     res["eager_ms_late_loops"] = late
     res["eager_ms_late"] = statistics.median(late)
     if kind == "decode":
