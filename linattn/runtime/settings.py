@@ -13,9 +13,9 @@ LINATTN_COMMIT        the commit a bench result records where the tree is not a 
 import os
 from dataclasses import dataclass
 
-# os.environ.get(name) goes through the Mapping machinery (~0.7 us); the eager ops read LINATTN_BACKEND on every
-# call, so the value is read from os.environ's own dict, which every change through os.environ updates (the same
-# value, ~20x cheaper). A Python whose os.environ lacks those internals reads it through os.environ.get.
+# os.environ.get(name) goes through the Mapping machinery, and the eager ops read LINATTN_BACKEND on every call: the
+# value is read from os.environ's own dict, which every change through os.environ updates (the same value, a fraction
+# of the cost). A Python whose os.environ lacks those internals reads it through os.environ.get.
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_FAST = isinstance(_ENV_DATA, dict) and callable(getattr(os.environ, "encodekey", None)) and \
     callable(getattr(os.environ, "decodevalue", None))
