@@ -38,6 +38,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from linattn.ops.gated_delta_rule.gluon.host import gl_dtype
 from linattn.runtime.gluon_compat import (GLUON_OK, gl, gluon, mbarrier, fence_async_shared, tma_load,
                                           tma_store, tma_store_wait)
 
@@ -234,7 +235,6 @@ SMEM_PER_SM = 233472
 
 
 def smem_layout(BV: int, dtype: torch.dtype, K: int = 128):
-    from linattn.ops.gated_delta_rule.gluon.host import gl_dtype
     return gl.NVMMASharedLayout.get_default_for([K, BV], gl_dtype(dtype))
 
 
