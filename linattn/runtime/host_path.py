@@ -23,6 +23,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Optional
 
+from triton.runtime.driver import driver as _triton_driver
+
 from linattn.runtime import launch_list
 
 MAX_PLANS = 4096
@@ -142,15 +144,10 @@ def kept_direct(handles: Dict[Hashable, Any], slot: Hashable, device):
     return None if kept is None else kept[2]
 
 
-_DRIVER = []      # triton.runtime.driver.driver (the config whose .active a stand-in driver may replace), at first use
-
-
 def current_device():
-    # asked on every eager decode call: the driver config is imported once, not per call
-    if not _DRIVER:
-        from triton.runtime.driver import driver
-        _DRIVER.append(driver)
-    return _DRIVER[0].active.get_current_device()
+    # asked on every eager decode call: the driver config is imported with this module, not per call (its .active is
+    # read each time: a stand-in driver may replace it)
+    return _triton_driver.active.get_current_device()
 
 
 def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hashable, grid, args, options: dict,
