@@ -31,7 +31,50 @@ class _Launcher:
         driver.active.launches.append((self.name, (gridX, gridY, gridZ), args[4:]))
 
 
+def _c_launcher_cls():
+    """A launcher that is triton 3.6's CudaLauncher (its own __call__ and descriptor wrapper, so that
+    runtime/c_launch.py finds the structure it looks for) over a C launch that records: each launch's kernel
+    arguments as the C launch gets them, descriptors expanded by Triton's make_tensordesc_arg into
+    _Utils.fill_tma_descriptor's stand-in tensor map and the shape and strides. None where this Triton has no
+    CudaLauncher."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
+    except Exception:  # noqa: BLE001
+        return None
+
+    class CLauncher(CudaLauncher):
+        def __init__(self, src, metadata):          # no C module built: the launch below records
+            self.name = metadata.name
+            self.num_ctas = getattr(metadata, "num_ctas", 1)
+            self.launch = wrap_handle_tensordesc(self._record, dict(src.signature.items()),
+                                                 getattr(metadata, "tensordesc_meta", None))
+            self.global_scratch_size = metadata.global_scratch_size
+            self.global_scratch_align = metadata.global_scratch_align
+            self.profile_scratch_size = metadata.profile_scratch_size
+            self.profile_scratch_align = metadata.profile_scratch_align
+            self.launch_cooperative_grid = metadata.launch_cooperative_grid
+            self.launch_pdl = metadata.launch_pdl
+
+        def _record(self, gridX, gridY, gridZ, stream, function, coop, pdl, gscratch, pscratch, packed, lmeta,
+                    enter, leave, *args):
+            from triton.runtime.driver import driver
+            driver.active.launches.append((self.name, (gridX, gridY, gridZ), args))
+    return CLauncher
+
+
+class TensorMap(tuple):
+    """fill_tma_descriptor's stand-in result: (base pointer, swizzle, element size, element type, block, shape,
+    strides, padding)."""
+    __slots__ = ()
+
+
 class _Utils:
+    fills = 0            # fill_tma_descriptor calls (class-wide: make_tensordesc_arg reaches the active driver's)
+
+    def fill_tma_descriptor(self, base, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        _Utils.fills += 1
+        return TensorMap((base, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides), padding))
+
     def get_device_properties(self, device):
         return {"max_shared_mem": 232448, "multiprocessor_count": H200_SMS, "max_num_regs": 65536,
                 "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6144}
@@ -72,13 +115,19 @@ class FakeCudaDriver:
 
 
 @contextlib.contextmanager
-def fake_hopper():
+def fake_hopper(c_launcher: bool = False):
     """Within: Triton's active driver is a FakeCudaDriver and linattn's device facts say H200. Yields the driver
-    (its .launches lists every launch). Not for use under TRITON_INTERPRET=1 (Triton kernels are interpreted)."""
+    (its .launches lists every launch). Not for use under TRITON_INTERPRET=1 (Triton kernels are interpreted).
+    c_launcher: kernels compiled within get Triton's own CudaLauncher structure (_c_launcher_cls), whose launches
+    record the C launch's arguments (descriptors expanded); ValueError where this Triton has none."""
     from triton.runtime.driver import driver
     import linattn.runtime.device as device_mod
     from linattn.runtime.device import DeviceFacts
     fake = FakeCudaDriver()
+    if c_launcher:
+        fake.launcher_cls = _c_launcher_cls()
+        if fake.launcher_cls is None:
+            raise ValueError("c_launcher=True: this Triton has no CudaLauncher")
     facts = DeviceFacts("cuda", "NVIDIA H200 (simulated)", (9, 0), H200_SMS, 232448, 0)
     saved_active, saved_facts = driver._active, device_mod.device_facts
     driver.set_active(fake)

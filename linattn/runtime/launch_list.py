@@ -21,6 +21,12 @@ replayed): the paths that record are written without them. Nor has a Triton laun
 (`kernel[grid](...)` directly): a recording does not see it, so a replay would skip it. The tests of each list
 compare its replay's launches with its host path's under the stand-in driver (runtime/hostsim.py), which catches both.
 
+A replay allocates the outputs and the zero-filled buffers as the call did and carves the other buffers from one
+workspace allocation (only their pointers are passed on). Where the compiled kernel's launcher is Triton's
+CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with each descriptor's
+expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while its base pointer
+is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other launchers: `run`.
+
 Replay (`LaunchList.__call__`) returns None, and the caller takes its host path, where the launch would not be the
 recorded one: another current device, a Triton launch hook registered (a profiler sees every launch), the host
 path's plan cache or handle off, an input pointer not 16-byte aligned (the recorded kernels are specialised on it).
@@ -35,6 +41,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 _local = threading.local()
+WORKSPACE_ALIGN = 512        # bytes between a replay's workspace buffers (the caching allocator's block alignment)
 
 
 def active():
@@ -151,7 +158,7 @@ def _is_desc(a) -> bool:
 class LaunchList:
     """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
     __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "hp", "hooks_active", "current_query",
-                 "stream_handle", "stream", "poisoning")
+                 "stream_handle", "stream", "poisoning", "layout", "ws_bytes", "ws_device")
 
     @classmethod
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
@@ -211,8 +218,10 @@ class LaunchList:
                 elif a is not None and type(a) not in (int, float, bool, str):
                     return None
             run, function, packed, _ = raw
-            self.steps.append(("launch", run, function, packed, grid, None if stream is current else stream,
-                               template, tuple(ptrs), tuple(descs)))
+            step_stream = None if stream is current else stream
+            step = _c_step(run, function, packed, grid, step_stream, args, template, ptrs, descs)
+            self.steps.append(step or ("launch", run, function, packed, grid, step_stream, template, tuple(ptrs),
+                                       tuple(descs)))
         outs = []
         for o in outputs:
             if o is None:
@@ -227,6 +236,21 @@ class LaunchList:
                             for t, zero in rec.allocs)
         if any(a[1] != _contiguous_strides(a[0]) for a in self.allocs):
             return None                     # only contiguous buffers (what torch.empty gives) are re-made
+        # buffers that are neither outputs nor zero-filled: carved from one workspace allocation per replay (only
+        # their pointers are needed), WORKSPACE_ALIGN bytes apart
+        outs_at = {i - len(inputs) for i in outs if i is not None and i >= len(inputs)}
+        layout, size, ws_device = [], 0, None
+        for j, (shape, _, dtype, dev, zero, _) in enumerate(self.allocs):
+            if zero or j in outs_at or (ws_device is not None and dev != ws_device):
+                layout.append(None)
+                continue
+            ws_device = dev
+            layout.append(size)
+            n = dtype.itemsize
+            for d in shape:
+                n *= d
+            size += -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        self.layout, self.ws_bytes, self.ws_device = tuple(layout), size, ws_device
         self.kept = tuple(rec.kept)
         self.device = device
         self.get_device = get_device
@@ -256,17 +280,27 @@ class LaunchList:
         if p & 15:
             return None
         nan = self.poisoning()
+        ptrs = [0 if t is None else t.data_ptr() for t in inputs]
+        if self.ws_bytes:
+            ws = torch.empty(self.ws_bytes, dtype=torch.uint8, device=self.ws_device)
+            if nan:
+                ws.fill_(255)                    # all ones: a NaN in every float type
+            wp = ws.data_ptr()
         bufs = []
-        for shape, _, dtype, device, zero, floating in self.allocs:
+        for (shape, _, dtype, device, zero, floating), off in zip(self.allocs, self.layout):
+            if off is not None:
+                bufs.append(None)
+                ptrs.append(wp + off)
+                continue
             if zero:
-                bufs.append(torch.zeros(shape, dtype=dtype, device=device))
+                b = torch.zeros(shape, dtype=dtype, device=device)
             else:
                 b = torch.empty(shape, dtype=dtype, device=device)
                 if nan and floating:
                     b.fill_(float("nan"))
-                bufs.append(b)
+            bufs.append(b)
+            ptrs.append(b.data_ptr())
         srcs = list(inputs) + bufs
-        ptrs = [0 if t is None else t.data_ptr() for t in srcs]
         for step in self.steps:
             if step[0] == "launch":
                 _, run, function, packed, grid, stream, template, pp, dd = step
@@ -278,6 +312,22 @@ class LaunchList:
                     a[pos] = shell
                 run(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, packed,
                     None, None, None, *a)
+            elif step[0] == "c":
+                _, cl, function, packed, grid, stream, template, pp, dd = step
+                a = list(template)
+                for pos, i, off in pp:
+                    a[pos] = ptrs[i] + off
+                for pos, n, shell, meta, slot, i, off in dd:
+                    base = ptrs[i] + off
+                    kept = slot[0]
+                    if kept[0] != base:          # a new base: Triton's own expansion, kept for the next replay
+                        d = object.__new__(type(shell))
+                        d.__dict__.update(shell.__dict__)
+                        d.base = _Ptr(base)
+                        kept = slot[0] = (base, cl.expand(d, meta))
+                    a[pos:pos + n] = kept[1]
+                cl.c(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, cl.coop,
+                     cl.pdl, None, None, packed, None, None, None, *a)
             else:
                 kind, event, stream = step
                 if stream is None:
@@ -289,6 +339,33 @@ class LaunchList:
                 else:
                     stream.wait_event(event)
         return tuple(None if i is None else srcs[i] for i in self.outputs)
+
+
+def _c_step(run, function, packed, grid, stream, args, template, ptrs, descs) -> Optional[tuple]:
+    """A launch step through the C launch under `run` (runtime/c_launch.py), or None where there is none: ("c", the
+    CLaunch, function, packed, grid, stream, the expanded argument template, pointer patches (position in the
+    expanded arguments, source, offset), descriptor patches (position, length of its expansion, a shell with its
+    fields, its metadata, a one-slot list holding (base, expansion) of the last call, source, offset)). args: the
+    recorded call's arguments, whose descriptors give each expansion's length and the slots' first entries."""
+    from linattn.runtime.c_launch import c_launch_of
+    cl = c_launch_of(run)
+    if cl is None or {pos for pos, a in enumerate(args) if _is_desc(a)} != set(cl.descs):
+        return None
+    patches = dict((pos, (i, off)) for pos, i, off in ptrs)
+    shells = dict((pos, (shell, i, off)) for pos, shell, i, off in descs)
+    expanded, pp, dd = [], [], []
+    for pos, a in enumerate(template):
+        if pos in cl.descs:
+            e = cl.expand(args[pos], cl.descs[pos])
+            if pos in shells:
+                shell, i, off = shells[pos]
+                dd.append((len(expanded), len(e), shell, cl.descs[pos], [(args[pos].base.data_ptr(), e)], i, off))
+            expanded.extend(e)               # (kept: a descriptor over a long-lived tensor, expanded once)
+        else:
+            if pos in patches:
+                pp.append((len(expanded),) + patches[pos])
+            expanded.append(a)
+    return ("c", cl, function, packed, grid, stream, expanded, tuple(pp), tuple(dd))
 
 
 def signature(t: Optional[torch.Tensor]):

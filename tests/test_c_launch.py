@@ -1,0 +1,110 @@
+"""Launch lists through the C launch under Triton's CudaLauncher (runtime/c_launch.py, runtime/launch_list.py's "c"
+steps), under the stand-in sm_90 driver with Triton's own CudaLauncher structure (hostsim.fake_hopper(c_launcher=
+True): the C launch records its arguments, descriptors expanded by Triton's make_tensordesc_arg into a stand-in
+tensor map that holds the base pointer and every field), in a child process without TRITON_INTERPRET:
+- every step of the gluon forward's lists (segmented and not) is a C-launch step, and a replay passes the C launch
+  what Triton's own launcher passes it on the same tensors (each pointer and each tensor map's base the same input or
+  output at the same offset, or a buffer of the call in the same pattern; every other field equal), on fresh inputs
+  (every descriptor re-encoded) and on repeated ones (the inputs' descriptors taken from the previous replay: fewer
+  encodings than descriptors);
+- the buffers that are neither outputs nor zero-filled come from one workspace allocation per replay;
+- c_launch_of declines what it does not know: the default stand-in launcher, a CudaLauncher subclass with its own
+  __call__, a kernel that needs global scratch."""
+from children import run_json_child   # tests/ is on sys.path
+
+CHILD = r"""
+import json, torch
+from linattn.runtime import hostsim
+from linattn.runtime.hostsim import fake_hopper, TensorMap
+from linattn.runtime.c_launch import c_launch_of
+from linattn.ops.gated_delta_rule.gluon import launcher as L
+from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
+from linattn.testing import make_gdn_inputs
+
+def inputs(B, T, h0=True):
+    x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, initial_state=h0)
+    return (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
+
+def canon(drv, ins, outs):
+    named = [(("in", i), t) for i, t in enumerate(ins) if t is not None]
+    named += [(("out", j), t) for j, t in enumerate(outs) if t is not None]
+    seen = {}
+    def ptr(p):
+        for name, t in named:
+            lo = t.data_ptr()
+            if lo <= p < lo + t.numel() * t.element_size():
+                return repr(name + (p - lo,))
+        return "other%d" % seen.setdefault(p, len(seen))
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return ptr(a.data_ptr())
+        if isinstance(a, TensorMap):
+            return repr(("map", ptr(a[0])) + tuple(a[1:]))
+        if type(a) is int and a >= 2 ** 32:            # a replay passes pointers as ints (no scalar is this large)
+            return ptr(a)
+        return repr(a)
+    res = [[n, list(g), [one(a) for a in args]] for n, g, args in drv.launches]
+    del drv.launches[:]
+    return res
+
+def replay_vs_host(drv, ins, final=True):
+    f0 = hostsim._Utils.fills
+    o, ht = L.fwd_eager(*ins[:5], 128 ** -0.5, ins[5], final)
+    fills = hostsim._Utils.fills - f0
+    a = canon(drv, ins, (o, ht))
+    res = L.chunk_gated_delta_rule_fwd_gluon(*ins[:5], 128 ** -0.5, ins[5], final, None)
+    b = canon(drv, ins, (res.o, res.final_state if final else None))
+    maps = sum(x.startswith("('map'") for launch in a for x in launch[2])
+    return dict(same=a == b, launches=[x[0] for x in a], fills=fills, maps=maps,
+                diff=[(x, y) for x, y in zip(a, b) if x != y][:1])
+
+out = {}
+gfm.GF_SEG_MIN_EAGER_TOKENS = 0                    # the segment path for every call
+with fake_hopper(c_launcher=True) as drv, torch.no_grad():
+    for name, (B, T, h0, final) in {"segmented": (1, 4096, True, True), "unsegmented": (3, 200, True, True)}.items():
+        L.EAGER_LISTS.clear()
+        for _ in range(2):                             # compile, then record
+            L.fwd_eager(*inputs(B, T, h0=h0)[:5], 128 ** -0.5, inputs(B, T, h0=h0)[5], final)
+        del drv.launches[:]
+        (lst,) = L.EAGER_LISTS.lists.values()
+        x = inputs(B, T, h0=h0)
+        out[name] = dict(steps=sorted({s[0] for s in lst.steps}), carved=sum(o is not None for o in lst.layout),
+                         ws_bytes=lst.ws_bytes, fresh=replay_vs_host(drv, x),
+                         repeat=replay_vs_host(drv, x))
+    # what c_launch_of declines
+    (lst,) = L.EAGER_LISTS.lists.values()
+    run = next(s[1] for s in lst.steps if s[0] == "c" and s[1].descs).c.__self__
+    class OwnCall(type(run)):
+        def __call__(self, *a):
+            return super().__call__(*a)
+    own = object.__new__(OwnCall)
+    own.__dict__.update(run.__dict__)
+    scratch = object.__new__(type(run))
+    scratch.__dict__.update(run.__dict__, global_scratch_size=64)
+    out["declined"] = [c_launch_of(x) is None for x in (own, scratch)]
+    out["accepted"] = c_launch_of(run) is not None
+    # the default stand-in's launcher (no CudaLauncher)
+    out["plain_declined"] = c_launch_of(object.__new__(hostsim._Launcher)) is None
+print(json.dumps(out))
+"""
+
+
+def test_c_launch_steps():
+    r = run_json_child(CHILD)
+    for name in ("segmented", "unsegmented"):
+        case = r[name]
+        assert case["steps"] == ["c"], (name, case)
+        for kind in ("fresh", "repeat"):
+            c = case[kind]
+            assert c["same"], (name, kind, c["diff"])
+            assert c["maps"] > 0, (name, kind, c)
+        # fresh inputs: every tensor map encoded anew; the same inputs again: only the fresh buffers' maps
+        assert case["fresh"]["fills"] == case["fresh"]["maps"], (name, case)
+        assert case["repeat"]["fills"] < case["repeat"]["maps"], (name, case)
+    # the segmented call's buffers that are neither outputs nor zero-filled (gcum, tinv, the segment flags and
+    # words) come from one workspace allocation
+    assert r["segmented"]["carved"] == 4 and r["segmented"]["ws_bytes"] >= 4096 * 32 * (4 + 64 * 2), r["segmented"]
+    assert r["segmented"]["fresh"]["launches"] == ["segment_window_kernel", "kkt_solve_kernel",
+                                                   "chunk_fused_wu_ws_kernel", "chunk_fused_gf_kernel"], r
+    assert r["declined"] == [True, True] and r["accepted"], r
+    assert r["plain_declined"], r
