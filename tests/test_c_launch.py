@@ -108,3 +108,40 @@ def test_c_launch_steps():
                                                    "chunk_fused_wu_ws_kernel", "chunk_fused_gf_kernel"], r
     assert r["declined"] == [True, True] and r["accepted"], r
     assert r["plain_declined"], r
+
+
+def test_event_steps(monkeypatch):
+    """A replay's event steps: for torch.cuda.Event itself the C base's record / wait (the Python layers only fill in
+    a missing stream), for any other event class its own record and the stream's wait_event. A stand-in for
+    torch.cuda.Event whose base's methods are C methods (list.append) shows which one a step calls."""
+    import torch
+    from linattn.runtime.launch_list import _event_fn
+
+    class Base(list):
+        record = list.append          # C methods: a step through them appends the stream to the event
+        wait = list.append
+
+    class Event(Base):
+        def record(self, stream=None):
+            raise AssertionError("the Python layer was called")
+
+        def wait(self, stream=None):
+            raise AssertionError("the Python layer was called")
+
+    class Stream:
+        def wait_event(self, event):
+            event.waited_on = self
+
+    class Own(Event):
+        def record(self, stream=None):
+            self.recorded_on = stream
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    e, s = Event(), Stream()
+    _event_fn(e, "record")(e, s)
+    _event_fn(e, "wait")(e, s)
+    assert list(e) == [s, s]
+    o = Own()
+    _event_fn(o, "record")(o, s)
+    _event_fn(o, "wait")(o, s)
+    assert o.recorded_on is s and o.waited_on is s and list(o) == []

@@ -26,6 +26,7 @@ workspace allocation (only their pointers are passed on). Where the compiled ker
 CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with each descriptor's
 expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while its base pointer
 is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other launchers: `run`.
+Event steps of torch.cuda.Event call its C base's record / wait directly (_event_fn).
 
 Replay (`LaunchList.__call__`) returns None, and the caller takes its host path, where the launch would not be the
 recorded one: another current device, a Triton launch hook registered (a profiler sees every launch), the host
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 from typing import Any, List, Optional, Sequence
 
 import torch
@@ -189,7 +191,8 @@ class LaunchList:
         for step in rec.steps:
             if step[0] != "launch":
                 _, event, stream = step
-                self.steps.append((step[0], event, None if current is not None and stream == current else stream))
+                self.steps.append((step[0], event, None if current is not None and stream == current else stream,
+                                   _event_fn(event, step[0])))
                 continue
             _, raw, grid, stream, args = step
             template, ptrs, descs = list(args), [], []
@@ -329,16 +332,31 @@ class LaunchList:
                 cl.c(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, cl.coop,
                      cl.pdl, None, None, packed, None, None, None, *a)
             else:
-                kind, event, stream = step
+                _, event, stream, fn = step
                 if stream is None:
                     if self.stream is None:      # kept: torch.cuda.current_stream costs more than the launches
                         self.stream = torch.cuda.ExternalStream(handle, device=self.device)
                     stream = self.stream
-                if kind == "record":
-                    event.record(stream)
-                else:
-                    stream.wait_event(event)
+                fn(event, stream)
         return tuple(None if i is None else srcs[i] for i in self.outputs)
+
+
+def _event_fn(event, kind: str):
+    """fn(event, stream) making a step: event.record(stream) ("record") or stream.wait_event(event) ("wait"). For
+    torch.cuda.Event itself, its C base's method (the Python layers in front of it only fill in a stream that is
+    None, and a replay always passes one); for any other event class, its own methods."""
+    name = "record" if kind == "record" else "wait"
+    cls = type(event)
+    if getattr(torch.cuda, "Event", None) is cls and cls.__dict__.get(name) is not None:
+        for base in cls.__mro__[1:]:
+            fn = base.__dict__.get(name)
+            if fn is not None:
+                if not isinstance(fn, types.FunctionType):        # a C method
+                    return fn
+                break
+    if kind == "record":
+        return lambda e, stream: e.record(stream)
+    return lambda e, stream: stream.wait_event(e)
 
 
 def _c_step(run, function, packed, grid, stream, args, template, ptrs, descs) -> Optional[tuple]:
