@@ -160,7 +160,8 @@ def _is_desc(a) -> bool:
 class LaunchList:
     """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
     __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "hp", "hooks_active", "current_query",
-                 "stream_handle", "stream", "poisoning", "layout", "ws_bytes", "ws_device")
+                 "stream_handle", "stream", "poisoning", "layout", "ws_bytes", "ws_device", "current_events", "replay",
+                 "source")
 
     @classmethod
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
@@ -265,6 +266,8 @@ class LaunchList:
         # the stream the call ran on: a replay on another stream takes the host path (the kept plans' tensors were
         # made on this one, runtime's chunk-plan cache keys plans by stream for the same reason)
         self.stream_handle = self.current_query(device)
+        self.current_events = any(s[0] not in ("launch", "c") and s[2] is None for s in self.steps)
+        self._compile(len(inputs))
         return self
 
     def __call__(self, *inputs) -> Optional[tuple]:
@@ -276,69 +279,106 @@ class LaunchList:
         handle = self.current_query(dev)
         if handle != self.stream_handle:
             return None
-        p = 0
-        for t in inputs:
-            if t is not None:
-                p |= t.data_ptr()
-        if p & 15:
-            return None
-        nan = self.poisoning()
-        ptrs = [0 if t is None else t.data_ptr() for t in inputs]
+        cur = None
+        if self.current_events:
+            if self.stream is None:              # kept: torch.cuda.current_stream costs more than the launches
+                self.stream = torch.cuda.ExternalStream(handle, device=self.device)
+            cur = self.stream
+        return self.replay(handle, self.poisoning(), cur, *inputs)
+
+    def _compile(self, n_inputs: int) -> None:
+        """self.replay(handle, nan, current stream, *inputs): the replay as straight-line Python made from the steps
+        (self.source holds it): the input pointers and their alignment check (None where one is not 16-byte
+        aligned), the buffers, each launch with its arguments written out (constants, pointer sums, descriptor
+        expansions), each event step, the outputs. What it reads besides its arguments it takes by name from its
+        namespace: the C launches, functions, packed metadata, descriptor slots, events, streams."""
+        ns = {"empty": torch.empty, "zeros": torch.zeros, "u8": torch.uint8, "Ptr": _Ptr, "refresh": _refresh}
+        names = {}
+
+        def name(obj) -> str:
+            """A namespace name for obj (one per object)."""
+            key = id(obj)
+            if key not in names:
+                names[key] = f"o{len(names)}"
+                ns[names[key]] = obj
+            return names[key]
+
+        def literal(v) -> str:
+            if v is None or type(v) in (bool, int) or (type(v) is float and v == v and abs(v) != float("inf")):
+                return repr(v)
+            return name(v)
+
+        def ptr(i: int, off: int) -> str:
+            return f"p{i}" if not off else f"(p{i} + {off})"
+
+        ins = [f"t{i}" for i in range(n_inputs)]
+        body = [f"def replay(handle, nan, cur{''.join(', ' + t for t in ins)}):"]
+        add = body.append
+        for i, t in enumerate(ins):
+            add(f"    p{i} = 0 if {t} is None else {t}.data_ptr()")
+        if ins:
+            add(f"    if ({' | '.join(f'p{i}' for i in range(n_inputs))}) & 15:")
+            add("        return None")
         if self.ws_bytes:
-            ws = torch.empty(self.ws_bytes, dtype=torch.uint8, device=self.ws_device)
-            if nan:
-                ws.fill_(255)                    # all ones: a NaN in every float type
-            wp = ws.data_ptr()
-        bufs = []
-        for (shape, _, dtype, device, zero, floating), off in zip(self.allocs, self.layout):
+            add(f"    ws = empty({self.ws_bytes}, dtype=u8, device={name(self.ws_device)})")
+            add("    if nan:")
+            add("        ws.fill_(255)                    # all ones: a NaN in every float type")
+            add("    w = ws.data_ptr()")
+        for j, ((shape, _, dtype, device, zero, floating), off) in enumerate(zip(self.allocs, self.layout)):
+            i = n_inputs + j
             if off is not None:
-                bufs.append(None)
-                ptrs.append(wp + off)
+                add(f"    p{i} = w + {off}")
                 continue
-            if zero:
-                b = torch.zeros(shape, dtype=dtype, device=device)
-            else:
-                b = torch.empty(shape, dtype=dtype, device=device)
-                if nan and floating:
-                    b.fill_(float("nan"))
-            bufs.append(b)
-            ptrs.append(b.data_ptr())
-        srcs = list(inputs) + bufs
-        for step in self.steps:
-            if step[0] == "launch":
-                _, run, function, packed, grid, stream, template, pp, dd = step
-                a = list(template)
+            make = "zeros" if zero else "empty"
+            add(f"    t{i} = {make}({tuple(shape)!r}, dtype={name(dtype)}, device={name(device)})")
+            if not zero and floating:
+                add("    if nan:")
+                add(f"        t{i}.fill_(float('nan'))")
+            add(f"    p{i} = t{i}.data_ptr()")
+        for k, step in enumerate(self.steps):
+            if step[0] in ("launch", "c"):
+                _, launcher, function, packed, grid, stream, template, pp, dd = step
+                args = [literal(a) for a in template]
                 for pos, i, off in pp:
-                    a[pos] = ptrs[i] + off
-                for pos, shell, i, off in dd:
-                    shell.base = _Ptr(ptrs[i] + off)
-                    a[pos] = shell
-                run(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, packed,
-                    None, None, None, *a)
-            elif step[0] == "c":
-                _, cl, function, packed, grid, stream, template, pp, dd = step
-                a = list(template)
-                for pos, i, off in pp:
-                    a[pos] = ptrs[i] + off
-                for pos, n, shell, meta, slot, i, off in dd:
-                    base = ptrs[i] + off
-                    kept = slot[0]
-                    if kept[0] != base:          # a new base: Triton's own expansion, kept for the next replay
-                        d = object.__new__(type(shell))
-                        d.__dict__.update(shell.__dict__)
-                        d.base = _Ptr(base)
-                        kept = slot[0] = (base, cl.expand(d, meta))
-                    a[pos:pos + n] = kept[1]
-                cl.c(grid[0], grid[1], grid[2], handle if stream is None else stream.cuda_stream, function, cl.coop,
-                     cl.pdl, None, None, packed, None, None, None, *a)
+                    args[pos] = ptr(i, off)
+                skip = set()
+                if step[0] == "launch":
+                    for pos, shell, i, off in dd:
+                        add(f"    {name(shell)}.base = Ptr({ptr(i, off)})")
+                        args[pos] = name(shell)
+                    head = f"{name(launcher)}({grid[0]}, {grid[1]}, {grid[2]}, STREAM, {name(function)}, " \
+                           f"{name(packed)}, None, None, None"
+                else:
+                    for d, (pos, n, shell, meta, slot, i, off) in enumerate(dd):
+                        m = f"m{k}_{d}"
+                        add(f"    {m} = {name(slot)}[0]")
+                        add(f"    if {m}[0] != {ptr(i, off)}:")
+                        add(f"        {m} = refresh({name(slot)}, {name(shell)}, {name(meta)}, "
+                            f"{name(launcher.expand)}, {ptr(i, off)})")
+                        args[pos] = f"*{m}[1]"
+                        skip.update(range(pos + 1, pos + n))
+                    head = f"{name(launcher.c)}({grid[0]}, {grid[1]}, {grid[2]}, STREAM, {name(function)}, " \
+                           f"{launcher.coop!r}, {launcher.pdl!r}, None, None, {name(packed)}, None, None, None"
+                head = head.replace("STREAM", "handle" if stream is None else f"{name(stream)}.cuda_stream")
+                add(f"    {head}, {', '.join(a for pos, a in enumerate(args) if pos not in skip)})")
             else:
                 _, event, stream, fn = step
-                if stream is None:
-                    if self.stream is None:      # kept: torch.cuda.current_stream costs more than the launches
-                        self.stream = torch.cuda.ExternalStream(handle, device=self.device)
-                    stream = self.stream
-                fn(event, stream)
-        return tuple(None if i is None else srcs[i] for i in self.outputs)
+                add(f"    {name(fn)}({name(event)}, {'cur' if stream is None else name(stream)})")
+        outs = [("None" if i is None else f"t{i}") for i in self.outputs]
+        add(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        self.source = "\n".join(body) + "\n"
+        exec(compile(self.source, f"<launch list {id(self):x}>", "exec"), ns)
+        self.replay = ns["replay"]
+
+
+def _refresh(slot: list, shell, meta, expand, base: int) -> tuple:
+    """(base, expansion) of a descriptor whose base moved: Triton's own expansion of a copy of the shell at `base`,
+    kept in the slot for the next replay."""
+    d = object.__new__(type(shell))
+    d.__dict__.update(shell.__dict__)
+    d.base = _Ptr(base)
+    kept = slot[0] = (base, expand(d, meta))
+    return kept
 
 
 def _event_fn(event, kind: str):
