@@ -9,15 +9,22 @@ from functools import lru_cache
 import torch
 
 
-def under_torch_compile() -> bool:
-    """Whether torch.compile is tracing this call (Dynamo answers True while tracing; False when run eagerly).
-    Backend choices ask it before reading what a trace cannot know: a tensor's address (data_ptr) or whether a
-    CUDA graph is being captured. Feature-detected: torch.compiler.is_compiling (torch >= 2.3), else
-    torch._dynamo.is_compiling."""
+def _is_compiling():
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     if fn is None:
         fn = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
-    return bool(fn()) if fn is not None else False
+    return fn
+
+
+_IS_COMPILING = _is_compiling()
+
+
+def under_torch_compile() -> bool:
+    """Whether torch.compile is tracing this call (Dynamo answers True while tracing; False when run eagerly).
+    Backend choices ask it before reading what a trace cannot know: a tensor's address (data_ptr) or whether a
+    CUDA graph is being captured. Feature-detected once, at import: torch.compiler.is_compiling (torch >= 2.3), else
+    torch._dynamo.is_compiling."""
+    return bool(_IS_COMPILING()) if _IS_COMPILING is not None else False
 
 
 def records_autograd(*tensors) -> bool:

@@ -24,6 +24,7 @@ from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
 from linattn.runtime import eager_ops
+from linattn.runtime.device import eager_without_autograd
 
 OP = "chunk_gated_delta_rule"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -178,18 +179,29 @@ def supports(q=None, v=None, cu_seqlens=None, state_v_first=False, **_) -> Tuple
     return True, ""
 
 
+_LAUNCHER = []
+
+
+def _launcher():
+    """gluon/launcher.py, imported at the first call (it imports Gluon) and kept (an import statement per call costs
+    the import machinery's lookup)."""
+    if not _LAUNCHER:
+        from linattn.ops.gated_delta_rule.gluon import launcher
+        _LAUNCHER.append(launcher)
+    return _LAUNCHER[0]
+
+
 def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
          beta_scale=0):
     """The Gluon forward (backward by its custom op's autograd). FLA's in-kernel gate (A_log, dt_bias) and beta
     sigmoid (beta_scale 1 or 2) become g and beta in fp32 by gate_prologue.activate first, differentiably."""
-    from linattn.runtime.device import eager_without_autograd
     if A_log is not None or beta_scale:
         from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
         g, beta = activate(g, beta, A_log, dt_bias, beta_scale)
     if eager_without_autograd(q, k, v, g, beta, initial_state):     # no custom-op dispatch (api.py says why)
-        from linattn.ops.gated_delta_rule.gluon import launcher
-        from linattn.runtime.capture import capturing
-        if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
+        launcher = _launcher()
+        # (not traced: eager_without_autograd asked; under CUDA-graph capture the host path is captured instead)
+        if cu_seqlens is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             return launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state)
         res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                         cu_seqlens)
