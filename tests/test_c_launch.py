@@ -11,41 +11,11 @@ tensor map that holds the base pointer and every field), in a child process with
 - c_launch_of declines what it does not know: the default stand-in launcher, a CudaLauncher subclass with its own
   __call__, a kernel that needs global scratch."""
 from children import run_json_child   # tests/ is on sys.path
+from test_fwd_launch_list import COMMON
 
-CHILD = r"""
-import json, torch
+CHILD = COMMON + r"""
 from linattn.runtime import hostsim
-from linattn.runtime.hostsim import fake_hopper, TensorMap
 from linattn.runtime.c_launch import c_launch_of
-from linattn.ops.gated_delta_rule.gluon import launcher as L
-from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
-from linattn.testing import make_gdn_inputs
-
-def inputs(B, T, h0=True):
-    x = make_gdn_inputs(B, T, 16, 32, 128, 128, dtype=torch.bfloat16, initial_state=h0)
-    return (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
-
-def canon(drv, ins, outs):
-    named = [(("in", i), t) for i, t in enumerate(ins) if t is not None]
-    named += [(("out", j), t) for j, t in enumerate(outs) if t is not None]
-    seen = {}
-    def ptr(p):
-        for name, t in named:
-            lo = t.data_ptr()
-            if lo <= p < lo + t.numel() * t.element_size():
-                return repr(name + (p - lo,))
-        return "other%d" % seen.setdefault(p, len(seen))
-    def one(a):
-        if isinstance(a, torch.Tensor):
-            return ptr(a.data_ptr())
-        if isinstance(a, TensorMap):
-            return repr(("map", ptr(a[0])) + tuple(a[1:]))
-        if type(a) is int and a >= 2 ** 32:            # a replay passes pointers as ints (no scalar is this large)
-            return ptr(a)
-        return repr(a)
-    res = [[n, list(g), [one(a) for a in args]] for n, g, args in drv.launches]
-    del drv.launches[:]
-    return res
 
 PREV = []                                          # the tensor maps' bases of the previous replay, in order
 

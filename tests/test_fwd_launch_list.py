@@ -16,7 +16,7 @@ from children import run_json_child   # tests/ is on sys.path
 COMMON = r"""
 import json, torch
 from linattn.runtime.alloc import poisoned_allocations
-from linattn.runtime.hostsim import count_jit_runs, fake_hopper
+from linattn.runtime.hostsim import TensorMap, count_jit_runs, fake_hopper
 from linattn.runtime.launch_list import LaunchList
 from linattn.ops.gated_delta_rule.gluon import launcher as L
 from linattn.ops.gated_delta_rule.gluon import chunk_fused_gf as gfm
@@ -47,6 +47,8 @@ def canon(drv, ins, outs):
         if hasattr(a, "block_shape"):
             return repr(("desc", ptr(a.base.data_ptr()), list(a.shape), list(a.strides), list(a.block_shape),
                          repr(a.layout), a.padding))
+        if isinstance(a, TensorMap):                   # a descriptor as the C launch gets it (c_launcher=True)
+            return repr(("map", ptr(a[0])) + tuple(a[1:]))
         return repr(a)
     res = [[n, list(g), [one(a) for a in args]] for n, g, args in drv.launches]
     del drv.launches[:]
