@@ -4,6 +4,7 @@ final state out: FLA's mode), with every Triton launch recorded by the stand-in 
 linattn/runtime/hostsim.py instead of made. Run without TRITON_INTERPRET (the kernel is compiled for sm_90a once).
 
     python3 benchmarks/decode_host.py [--batch 1] [--pool] [--calls 200] [--rounds 30] [--profile] [--json]
+                                      [--c-launcher]
 
 Prints host us per call (thread CPU time, time.thread_time_ns, over loops of --calls calls; best and median of --rounds loops: the
 machine is shared) of: the public call; the public call with the per-signature direct launch switched off (the
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--profile", action="store_true", help="also print cProfile's top 25 of the public call")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--c-launcher", action="store_true", help="the stand-in launcher with Triton's CudaLauncher "
+                    "structure (its __call__ included, as on a GPU; the direct launch then calls the C launch under "
+                    "it where the tree can)")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("run without TRITON_INTERPRET=1 (the stand-in driver compiles and records real launches)")
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
     calls = {"public": public, "launcher": launcher, "allocations": allocations}
     res = dict(shape=f"decode B{B} H{H} K=V={K} " + ("pool in place" if a.pool else "fp32 state in, new state out"),
                python=sys.version.split()[0], torch=torch.__version__, linattn=os.path.dirname(linattn.__file__))
-    with torch.no_grad(), fake_hopper() as drv, _patched(patches):
+    with torch.no_grad(), fake_hopper(**({"c_launcher": True} if a.c_launcher else {})) as drv, _patched(patches):
         drv.launches = _LaunchNames()           # names only: kept arguments would keep every output alive
         for name, fn in calls.items():
             fn()

@@ -9,7 +9,11 @@ switched on for CPU tensors as it is for CUDA ones:
 - no stale hit: another dtype, shape, stride, option, scale or grad requirement goes through the launcher (and a
   bad call still raises); a call whose launcher copies an input (non-contiguous q) never gets a direct launch;
 - the host path's options, a registered Triton launch hook and poisoned allocations are honoured per call.
-What a GPU adds (the C launcher running the kernel) is the same `run` call with the same arguments."""
+Both with the default stand-in launcher (the direct launch calls `run`) and with one of Triton's CudaLauncher structure
+(it calls the C launch under it, runtime/c_launch.py). What a GPU adds (the C launcher running the kernel) is the same
+call with the same arguments."""
+import pytest
+
 from children import run_json_child   # tests/ is on sys.path
 
 CHILD = r"""
@@ -78,7 +82,7 @@ CASES = {  # name: (inputs, call options)
     "v_first_out_of_place": (dict(N=2, v_first=True), dict(output_final_state=True)),
 }
 out = {}
-with fake_hopper() as drv, torch.no_grad():
+with fake_hopper(c_launcher=C_LAUNCHER) as drv, torch.no_grad():
     for name, (ikw, opts) in CASES.items():
         F._DIRECT.clear(); F._CHECKED.clear()
         x = inputs(**ikw)
@@ -155,8 +159,11 @@ print(json.dumps(out))
 """
 
 
-def test_direct_launch_matches_the_launcher_and_never_hits_stale():
-    res = run_json_child(CHILD)
+@pytest.mark.parametrize("c_launcher", [False, True])
+def test_direct_launch_matches_the_launcher_and_never_hits_stale(c_launcher):
+    # c_launcher: the stand-in's launcher has Triton's CudaLauncher structure, so the direct launch calls the C launch
+    # under it (runtime/c_launch.py) and the launcher's launch goes through CudaLauncher.__call__
+    res = run_json_child(f"C_LAUNCHER = {c_launcher}\n" + CHILD)
     checks = res.pop("_checks")
     kernels = set()
     for name, r in res.items():

@@ -121,13 +121,21 @@ _HOOKS = _launch_hooks()
 
 def direct_launch(k):
     """(run, function, packed_metadata, stream query) of a CompiledKernel: what its launcher (`k[grid](*args)`) ends
-    in, kept so that a launch calls `run` itself, skipping the launcher's per-call device and stream queries, launch
+    in, kept so that a launch calls `run` itself (or the C launch under it: plain_c_launch), skipping the launcher's per-call device and stream queries, launch
     metadata and hook reads (~4 of its ~10 us on the H200's host). None where the attributes are not there."""
     try:
         from triton.runtime.driver import driver
         return k.run, k.function, k.packed_metadata, driver.active.get_current_stream
     except Exception:  # noqa: BLE001 - another Triton: the CompiledKernel's own launcher
         return None
+
+
+def plain_c_launch(run):
+    """The C launch under `run` (runtime/c_launch.py) where the kernel has no descriptor parameter (its arguments
+    then pass unchanged), else None (a launch calls `run`, which expands the descriptors)."""
+    from linattn.runtime.c_launch import c_launch_of
+    c = c_launch_of(run)
+    return c if c is not None and not c.descs else None
 
 
 def hooks_active() -> bool:
@@ -161,11 +169,15 @@ def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hash
         dev = device_of()
         kept = handles.get((slot, dev))
         if kept is not None:
-            k, with_stream, raw = kept
+            k, with_stream, raw, c = kept
             if raw is not None and not (_HOOKS.launch_enter_hook.calls or _HOOKS.launch_exit_hook.calls):
                 run, function, packed, get_stream = raw
-                run(grid[0], grid[1], grid[2], get_stream(dev) if stream is None else stream.cuda_stream, function,
-                    packed, None, None, None, *args)
+                s = get_stream(dev) if stream is None else stream.cuda_stream
+                if c is None:
+                    run(grid[0], grid[1], grid[2], s, function, packed, None, None, None, *args)
+                else:
+                    c.c(grid[0], grid[1], grid[2], s, function, c.coop, c.pdl, None, None, packed, None, None, None,
+                        *args)
                 launch_list.note_launch(raw, grid, stream, args)
                 return
             launch_list.note_other_launch("a launch through the compiled kernel's launcher")
@@ -186,7 +198,8 @@ def launch(host_path: HostPath, jit_fn, handles: Dict[Hashable, Any], slot: Hash
         with torch.cuda.stream(stream):
             k = jit_fn[grid](*args, **options)
     if host_path.handle and usable_handle(k):
-        handles[(slot, device_of())] = (k, takes_stream(k), direct_launch(k) if _HOOKS is not None else None)
+        raw = direct_launch(k) if _HOOKS is not None else None
+        handles[(slot, device_of())] = (k, takes_stream(k), raw, None if raw is None else plain_c_launch(raw[0]))
 
 
 # The fields of triton 3.6's Gluon TensorDescriptor, none derived from the base. A descriptor class with any

@@ -16,7 +16,7 @@ from linattn.ops.gated_delta_rule.triton.decode_kernels import (fused_recurrent_
 from linattn.runtime.alloc import empty, poisoning
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import (HostPath, MAX_PLANS, cdiv, current_device, hooks_active, kept_direct, launch,
-                                       next_power_of_2)
+                                       next_power_of_2, plain_c_launch)
 
 # Decode is host-bound at small batches (3.5 us of kernel at batch 1 against tens of us of Python per call): the
 # launch configs are kept per shape, and a launch goes through the compiled kernel's handle once its signature has
@@ -261,6 +261,7 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
     if raw is None:
         return None
     run, function, packed, get_stream = raw
+    c = plain_c_launch(run)                        # the C launch under `run` where there is one (runtime/c_launch.py)
     args_of = itemgetter(*pos)
     inputs_of = itemgetter(*sorted({p for p in pos if p < len(tensors) and tensors[p] is not None}))
     gx, gy, gz = grid
@@ -289,7 +290,11 @@ def direct_decode(record: list, tensors: tuple, o: torch.Tensor, ht: Optional[to
             o.fill_(float("nan"))
             if ht is not None:
                 ht.fill_(float("nan"))
-        run(gx, gy, gz, get_stream(dev), function, packed, None, None, None, *args_of(ts + (o, ht)), *tail)
+        if c is None:
+            run(gx, gy, gz, get_stream(dev), function, packed, None, None, None, *args_of(ts + (o, ht)), *tail)
+        else:
+            c.c(gx, gy, gz, get_stream(dev), function, c.coop, c.pdl, None, None, packed, None, None, None,
+                *args_of(ts + (o, ht)), *tail)
         if ret == 0:
             return o, ht
         if ret == 1:
