@@ -37,6 +37,10 @@ class Backend:
     # auto=True backends may narrow what `auto` hands them (where they were measured faster) without narrowing
     # what they accept by name: auto_filter(**call) -> (ok, reason), asked only after supports() said yes
     auto_filter: Optional[SupportsFn] = None
+    # direct(q, k, v, g, beta, scale, initial_state, output_final_state) -> Optional[Callable], asked by the op
+    # after a plain eager call this backend ran on the caller's own tensors: a function of a repeat call's (q, k, v,
+    # g, beta, initial_state) giving its result, or None where it declines; the op keeps it by the call's signature
+    direct: Optional[Callable] = None
 
     def accepts(self, **call) -> Tuple[bool, str]:
         """supports(), plus the one process-wide refusal: a Triton kernel on CPU tensors where TRITON_INTERPRET=1
@@ -72,8 +76,9 @@ class OpBackends:
     last_rejections: Dict[str, str] = field(default_factory=dict)
 
     def register(self, name: str, impl: Callable, supports: SupportsFn, priority: int, auto: bool = True,
-                 not_auto_reason: str = "only when requested by name", auto_filter: Optional[SupportsFn] = None):
-        self.backends[name] = Backend(name, impl, supports, priority, auto, not_auto_reason, auto_filter)
+                 not_auto_reason: str = "only when requested by name", auto_filter: Optional[SupportsFn] = None,
+                 direct: Optional[Callable] = None):
+        self.backends[name] = Backend(name, impl, supports, priority, auto, not_auto_reason, auto_filter, direct)
 
     def unregister(self, name: str):
         self.backends.pop(name, None)

@@ -442,6 +442,7 @@ class SignatureLists:
 
     def __init__(self, host_path, get_device, hooks_active, poisoning):
         self.lists: dict = {}
+        self.generation = 0                 # bumped whenever lists are forgotten (a holder of one list can tell)
         self.host_path, self.get_device, self.hooks_active, self.poisoning = \
             host_path, get_device, hooks_active, poisoning
 
@@ -463,9 +464,15 @@ class SignatureLists:
         made = None if not launched else LaunchList.build(     # (nothing launched directly: no device to ask)
             rec, inputs, outs, self.get_device(), self.host_path, self.get_device, self.hooks_active, self.poisoning)
         if len(self.lists) >= self.MAX_SIGNATURES:
-            self.lists.clear()
+            self.clear()
         self.lists[key] = made if made is not None else (entry or 0) + 1
         return outs
 
+    def get(self, key) -> Optional[LaunchList]:
+        """key's LaunchList, or None (no list, or only recordings that gave none)."""
+        entry = self.lists.get(key)
+        return entry if isinstance(entry, LaunchList) else None
+
     def clear(self) -> None:
         self.lists.clear()
+        self.generation += 1

@@ -179,6 +179,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                                  (not output_final_state, not use_qk_l2norm_in_kernel, not use_beta_sigmoid_in_kernel,
                                   not allow_neg_eigval, not state_v_first, not use_gate_in_kernel, chunk_size,
                                   capturing(q)))
+        if key is not None:
+            direct = _DIRECT.get(key)
+            if direct is not None:
+                out = direct(q, k, v, g, beta, initial_state)
+                if out is not None:
+                    return out
         b = None if key is None else _CHECKED.get(key)
     if b is None:
         state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
@@ -218,15 +224,29 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         k = l2norm(k)
     if b.name == "reference":
         return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **options)
+    given = (q, k, v, g, beta, initial_state)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
-    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
+    out = b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
+    if key is not None and b.direct is not None and not options and cu_seqlens is None and \
+            not use_qk_l2norm_in_kernel and all(a is b_ for a, b_ in zip(given, (q, k, v, g, beta, initial_state))):
+        d = b.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
+        if d is not None:
+            if len(_DIRECT) >= 4096:
+                _DIRECT.clear()
+            _DIRECT[key] = d
+    return out
 
 
 # Calls whose checks passed, by signature (call_memo.call_key), with the backend chosen: a repeat plain eager call on
 # CUDA tensors skips the checks and the choice (~25 us of host time on this project's CPU).
 _CHECKED: dict = {}
+# Per signature, a backend's direct path (Backend.direct) for a repeat plain eager call on the caller's own tensors
+# (no FLA option, no cu_seqlens, no in-kernel l2norm): the gluon backend's launch-list replay, reached without the
+# option handling, the contiguity and dtype normalisation (the signature says they change nothing) and the backend's
+# own dispatch. A direct path that declines (None) sends the call down the full path.
+_DIRECT: dict = {}
 
 
 def _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,

@@ -195,8 +195,7 @@ def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
     under CUDA-graph capture; the caller checks), through the signature's launch list when it has one. keep: (o,
     final state or None, gcum, tinv), stage 2a's outputs too (what the autograd forward keeps for the backward)."""
     h0 = initial_state
-    key = (q.shape, q.stride(), k.stride(), v.shape, v.stride(), g.stride(), beta.stride(), q.dtype, k.dtype,
-           v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state, keep)
+    key = _eager_key(q, k, v, g, beta, scale, h0, output_final_state, keep)
 
     def outputs(res):
         out = (res.o, res.final_state if output_final_state else None)
@@ -204,3 +203,14 @@ def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tens
     return EAGER_LISTS(key, (q, k, v, g, beta, h0),
                        lambda: chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, h0, output_final_state, None),
                        outputs)
+
+
+def _eager_key(q, k, v, g, beta, scale: float, h0, output_final_state: bool, keep: bool) -> tuple:
+    return (q.shape, q.stride(), k.stride(), v.shape, v.stride(), g.stride(), beta.stride(), q.dtype, k.dtype,
+            v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state, keep)
+
+
+def eager_list(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
+    """The LaunchList fwd_eager keeps for this call's signature (keep False), or None: a replay of it on a repeat
+    call's (q, k, v, g, beta, initial_state) returns (o, final state or None), or None where it declines."""
+    return EAGER_LISTS.get(_eager_key(q, k, v, g, beta, scale, initial_state, output_final_state, False))
