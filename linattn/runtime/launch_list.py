@@ -26,7 +26,9 @@ workspace allocation (only their pointers are passed on). Where the compiled ker
 CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with each descriptor's
 expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while its base pointer
 is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other launchers: `run`.
-Event steps of torch.cuda.Event call its C base's record / wait directly (_event_fn).
+Event steps of torch.cuda.Event call its C base's record / wait directly (_event_fn). The replay itself is one
+straight-line function generated from the steps when the list is built (LaunchList._compile; LaunchList.source shows
+it): no per-step loops or argument-list copies per call.
 
 Replay (`LaunchList.__call__`) returns None, and the caller takes its host path, where the launch would not be the
 recorded one: another current device, a Triton launch hook registered (a profiler sees every launch), the host
