@@ -5,6 +5,7 @@ driver with Triton's CudaLauncher structure (launches recorded; a child process 
 signature memo on for CPU tensors as it is for CUDA ones and the gluon backend accepting them:
 - the repeat call makes the launches the full path makes on the same tensors (each pointer the same input or
   output at the same offset), without entering the backend's impl, on the same tensors and on new ones;
+- the same for the Triton backend's launch list (backend="triton");
 - nothing stale: forgotten launch lists, a registered launch hook, an input requiring grad, an option the direct path
   does not cover (l2norm in the kernel), an initial state the call converts (bf16) each take the full path."""
 from children import run_json_child   # tests/ is on sys.path
@@ -73,6 +74,32 @@ with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
     out["h0_bf16"] = [public(xb)[1] for _ in range(3)]
     out["direct_again"] = public(x)[1]
     del drv.launches[:]
+
+    # the Triton backend's direct path (its own launch list, api._triton_direct)
+    treg = api._backends.backends["triton"]
+    t_calls = [0]
+    t_real = treg.impl
+    def t_counted(*a, **kw):
+        t_calls[0] += 1
+        return t_real(*a, **kw)
+    with _patched([(treg, "supports", lambda **_: (True, "")), (treg, "impl", t_counted)]):
+        def t_public(x):
+            n0 = t_calls[0]
+            q, k, v, g, beta, h0 = x
+            res = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                 backend="triton")
+            return res, t_calls[0] - n0
+        z = inputs(2, 300)
+        for _ in range(3):
+            t_public(z)
+        del drv.launches[:]
+        direct, n_direct = t_public(z)
+        a = canon(drv, z, direct)
+        api._DIRECT.clear()
+        full, n_full = t_public(z)
+        b = canon(drv, z, full)
+        out["triton"] = dict(same=a == b, direct_impl=n_direct, full_impl=n_full, launches=len(a))
+        del drv.launches[:]
 print(json.dumps(out))
 """
 
@@ -88,3 +115,5 @@ def test_chunk_direct_path():
     assert r["requires_grad"] == [1, 1], r
     assert r["l2norm"] == [1, 1, 1] and r["h0_bf16"] == [1, 1, 1], r
     assert r["direct_again"] == 0, r
+    t = r["triton"]
+    assert t["same"] and t["direct_impl"] == 0 and t["full_impl"] == 1 and t["launches"] >= 3, t

@@ -475,6 +475,23 @@ class SignatureLists:
         entry = self.lists.get(key)
         return entry if isinstance(entry, LaunchList) else None
 
+    def direct(self, key, pad: int = 0):
+        """For a caller that remembers calls by a signature of its own: a function of a repeat call's inputs (the
+        recorded ones but the last `pad`, which were None) replaying key's list, or None where key has none. The
+        function declines (None) once the lists were forgotten or a torch.func transform is active (what else the
+        list's choice read is the caller's signature to vouch for), and where the list itself declines."""
+        lst = self.get(key)
+        transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
+        if lst is None or transforms is None:
+            return None
+        generation, nones = self.generation, (None,) * pad
+
+        def call(*inputs):
+            if self.generation != generation or transforms():
+                return None
+            return lst(*inputs, *nones)
+        return call
+
     def clear(self) -> None:
         self.lists.clear()
         self.generation += 1

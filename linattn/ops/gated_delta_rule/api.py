@@ -18,6 +18,7 @@ import torch
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd, call_memo
 from linattn.ops.gated_delta_rule import reference as _ref
+from linattn.ops.gated_delta_rule.triton import forward as _tf
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
 from linattn.ops.norm.l2norm import l2norm
@@ -82,11 +83,11 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
                  beta_scale=0, state_v_first=False):
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
-        from linattn.ops.gated_delta_rule.triton.forward import chunk_gated_delta_rule_fwd, fwd_eager
-        if cu_seqlens is None and not capturing(q):                   # through the signature's launch list
-            return fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, beta_scale,
-                             state_v_first)
-        res = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+        # (not traced: eager_without_autograd asked; under CUDA-graph capture the host path is captured instead)
+        if cu_seqlens is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return _tf.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
+                                 beta_scale, state_v_first)
+        res = _tf.chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                          A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
                                          state_v_first=state_v_first)
         return res.o, (res.final_state if output_final_state else None)
@@ -95,12 +96,21 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
     return o, (final if output_final_state else None)
 
 
+def _triton_direct(q, k, v, g, beta, scale, initial_state, output_final_state):
+    """The Triton backend's direct path (Backend.direct): the replay of the launch list this call's fwd_eager kept,
+    or None where the call did not take fwd_eager (autograd, a traced call, CUDA-graph capture) or left no list."""
+    if not eager_without_autograd(q, k, v, g, beta, initial_state) or \
+            (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    return _tf.eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
 def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **options):
     return _ref.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                        **options)
 
 
-_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("triton", _triton_impl, _triton_supports, priority=10, direct=_triton_direct)
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
 
 # the "gluon" backend registers itself with op_backends(OP) (gluon/backend.py)

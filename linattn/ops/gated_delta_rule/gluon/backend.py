@@ -235,27 +235,13 @@ def _auto_filter(q=None, v=None, cu_seqlens=None, **_) -> Tuple[bool, str]:
 
 
 def direct(q, k, v, g, beta, scale, initial_state, output_final_state):
-    """The op's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list that this
-    call's fwd_eager kept, as a function of (q, k, v, g, beta, initial_state), or None where the call did not take
-    fwd_eager (autograd, a traced call, CUDA-graph capture) or left no list. Per call it declines (None) once the
-    lists were forgotten or a torch.func transform is active; the rest of what fwd_eager's choice read (shapes,
-    strides, dtypes, device, grad mode, requires_grad, capture) is in the signature the op keeps it under."""
+    """The op's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list this call's
+    fwd_eager kept (launcher.eager_direct), or None where the call did not take fwd_eager (autograd, a traced call,
+    CUDA-graph capture) or left no list."""
     if not eager_without_autograd(q, k, v, g, beta, initial_state) or \
             (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
-    launcher = _launcher()
-    lists = launcher.EAGER_LISTS
-    lst = launcher.eager_list(q, k, v, g, beta, scale, initial_state, output_final_state)
-    transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
-    if lst is None or transforms is None:
-        return None
-    generation = lists.generation
-
-    def call(q, k, v, g, beta, initial_state):
-        if lists.generation != generation or transforms():
-            return None
-        return lst(q, k, v, g, beta, initial_state)
-    return call
+    return _launcher().eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
 
 
 op_backends(OP).register("gluon", impl, supports, priority=0, auto=True, auto_filter=_auto_filter, direct=direct)

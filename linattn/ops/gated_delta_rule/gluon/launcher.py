@@ -210,7 +210,8 @@ def _eager_key(q, k, v, g, beta, scale: float, h0, output_final_state: bool, kee
             v.dtype, g.dtype, beta.dtype, q.device, signature(h0), scale, output_final_state, keep)
 
 
-def eager_list(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
-    """The LaunchList fwd_eager keeps for this call's signature (keep False), or None: a replay of it on a repeat
-    call's (q, k, v, g, beta, initial_state) returns (o, final state or None), or None where it declines."""
-    return EAGER_LISTS.get(_eager_key(q, k, v, g, beta, scale, initial_state, output_final_state, False))
+def eager_direct(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
+    """A replay of the LaunchList fwd_eager keeps for this call's signature (keep False), as a function of a repeat
+    call's (q, k, v, g, beta, initial_state) returning (o, final state or None), or None where there is no list
+    (SignatureLists.direct)."""
+    return EAGER_LISTS.direct(_eager_key(q, k, v, g, beta, scale, initial_state, output_final_state, False))

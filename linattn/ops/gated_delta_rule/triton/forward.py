@@ -166,13 +166,25 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state: Op
 EAGER_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
 
 
+def _eager_key(ins: tuple, scale: float, output_final_state: bool, beta_scale: int, state_v_first: bool) -> tuple:
+    return (tuple([signature(t) for t in ins]), ins[0].device, scale, output_final_state, beta_scale, state_v_first)
+
+
+def eager_direct(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool):
+    """A replay of the LaunchList fwd_eager keeps for a plain call's signature (no A_log / dt_bias, no beta scale,
+    K-first states), as a function of a repeat call's (q, k, v, g, beta, initial_state) returning (o, final state
+    or None), or None where there is no list (SignatureLists.direct)."""
+    ins = (q, k, v, g, beta, initial_state, None, None)
+    return EAGER_LISTS.direct(_eager_key(ins, scale, output_final_state, 0, False), pad=2)
+
+
 def fwd_eager(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
               A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None, beta_scale: int = 0,
               state_v_first: bool = False):
     """(o, final state or None) of chunk_gated_delta_rule_fwd for a plain eager call without cu_seqlens (not under
     CUDA-graph capture; the caller checks), through the signature's launch list when it has one."""
     ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
-    key = (tuple([signature(t) for t in ins]), q.device, scale, output_final_state, beta_scale, state_v_first)
+    key = _eager_key(ins, scale, output_final_state, beta_scale, state_v_first)
     return EAGER_LISTS(key, ins,
                        lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                           None, A_log=A_log, dt_bias=dt_bias, beta_scale=beta_scale,
