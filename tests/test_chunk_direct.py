@@ -14,26 +14,38 @@ from test_fwd_launch_list import COMMON
 CHILD = COMMON + r"""
 import linattn
 from linattn.ops.gated_delta_rule import api, call_memo, validation
-from linattn.ops.gated_delta_rule.gluon import backend as gb
 from linattn.ops.gated_delta_rule.triton.hostsim import _patched
 
-reg = api._backends.backends["gluon"]
-patches = [(reg, "supports", lambda **_: (True, "")), (call_memo, "memo_applies", lambda q: True)]
+patches = [(call_memo, "memo_applies", lambda q: True)]
 for name in dir(validation):
     if name.startswith("check_") and "value" in name:
         patches.append((validation, name, lambda *_, **__: None))
-impl_calls = [0]
-real_impl = reg.impl
-def counted(*a, **kw):
-    impl_calls[0] += 1
-    return real_impl(*a, **kw)
-patches.append((reg, "impl", counted))
+impl_calls = {}
+for bname in ("gluon", "triton"):                       # both accept CPU tensors; their impls count their calls
+    reg = api._backends.backends[bname]
+    impl_calls[bname] = [0]
+    def counted(*a, _real=reg.impl, _n=impl_calls[bname], **kw):
+        _n[0] += 1
+        return _real(*a, **kw)
+    patches += [(reg, "supports", lambda **_: (True, "")), (reg, "impl", counted)]
 
-def public(x, **kw):
+def public(x, backend="auto", **kw):
+    # (o, ht) of the public call, and how many times the backend's impl ran for it
     q, k, v, g, beta, h0 = x
-    n0 = impl_calls[0]
-    o, ht = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
-    return (o, ht), impl_calls[0] - n0
+    n = impl_calls["triton" if backend == "triton" else "gluon"]
+    n0 = n[0]
+    res = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                         backend=backend, **kw)
+    return res, n[0] - n0
+
+def direct_vs_full(drv, x, backend="auto"):
+    # a direct call, then the full path on the same tensors: their launches and impl counts
+    direct, n_direct = public(x, backend)
+    a = canon(drv, x, direct)
+    api._DIRECT.clear()
+    full, n_full = public(x, backend)
+    b = canon(drv, x, full)
+    return dict(same=a == b, direct_impl=n_direct, full_impl=n_full, launches=len(a))
 
 out = {}
 gfm.GF_SEG_MIN_EAGER_TOKENS = 0
@@ -42,21 +54,11 @@ with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
     for _ in range(3):                                  # compile, record the list, keep the direct path
         public(x)
     del drv.launches[:]
-    direct, n_direct = public(x)
-    a = canon(drv, x, direct)
-    api._DIRECT.clear()
-    full, n_full = public(x)
-    b = canon(drv, x, full)
-    out["same_tensors"] = dict(same=a == b, direct_impl=n_direct, full_impl=n_full, launches=len(a))
+    out["same_tensors"] = direct_vs_full(drv, x)
     y = inputs(1, 4096)                                 # new tensors, same signature
     public(y)                                           # (the direct path kept again)
     del drv.launches[:]
-    direct, n_direct = public(y)
-    a = canon(drv, y, direct)
-    api._DIRECT.clear()
-    full, _ = public(y)
-    b = canon(drv, y, full)
-    out["new_tensors"] = dict(same=a == b, direct_impl=n_direct)
+    out["new_tensors"] = direct_vs_full(drv, y)
     # nothing stale
     public(x)
     L.EAGER_LISTS.clear()
@@ -73,33 +75,13 @@ with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
     xb = x[:5] + (x[5].bfloat16(),)
     out["h0_bf16"] = [public(xb)[1] for _ in range(3)]
     out["direct_again"] = public(x)[1]
-    del drv.launches[:]
-
     # the Triton backend's direct path (its own launch list, api._triton_direct)
-    treg = api._backends.backends["triton"]
-    t_calls = [0]
-    t_real = treg.impl
-    def t_counted(*a, **kw):
-        t_calls[0] += 1
-        return t_real(*a, **kw)
-    with _patched([(treg, "supports", lambda **_: (True, "")), (treg, "impl", t_counted)]):
-        def t_public(x):
-            n0 = t_calls[0]
-            q, k, v, g, beta, h0 = x
-            res = linattn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                                 backend="triton")
-            return res, t_calls[0] - n0
-        z = inputs(2, 300)
-        for _ in range(3):
-            t_public(z)
-        del drv.launches[:]
-        direct, n_direct = t_public(z)
-        a = canon(drv, z, direct)
-        api._DIRECT.clear()
-        full, n_full = t_public(z)
-        b = canon(drv, z, full)
-        out["triton"] = dict(same=a == b, direct_impl=n_direct, full_impl=n_full, launches=len(a))
-        del drv.launches[:]
+    z = inputs(2, 300)
+    for _ in range(3):
+        public(z, "triton")
+    del drv.launches[:]
+    out["triton"] = direct_vs_full(drv, z, "triton")
+    del drv.launches[:]
 print(json.dumps(out))
 """
 
