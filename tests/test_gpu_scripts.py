@@ -204,3 +204,10 @@ def test_eager_probe_summary():
     s, failed = summarise(runs + [dict(error="timeout")], max_spread=0.5)
     assert failed and s["spread"] is None
     assert summarise([], None)[1]
+    # which processes met a slow host phase: their plain-Python control 1.5x the shape's fastest (a reading aid; the
+    # verdict above does not use it)
+    runs = [dict(eager_ms=0.17, python_speed_us=[1400.0, 1450.0]),
+            dict(eager_ms=0.25, python_speed_us=[1500.0, 2800.0]),
+            dict(eager_ms=0.17)]
+    s, failed = summarise(runs, max_spread=0.05)
+    assert failed and s["slow_host"] == [False, True, None]

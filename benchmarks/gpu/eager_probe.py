@@ -15,6 +15,7 @@ warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allo
 - sm_clock: the SM clock (nvidia-smi) sampled during the eager loops;
 - python_us: a cProfile of 20 calls, the functions with the most own time (us per call): where the host time goes;
 - python_speed_us: a plain-Python control timed before and after the loops (_python_speed_us): the host's own speed;
+  the summary's slow_host says which processes ran it SLOW_HOST times slower than the shape's fastest;
 - host_us_layers (decode): host us per call through each layer of the eager path (public function, custom op,
   launcher, a trivial custom op);
 - eager_ms_late (and host_us_public_late for decode): the eager loops (the public call's host us) again after the
@@ -270,6 +271,9 @@ def child(shape: str, cond: str) -> dict:
     return res
 
 
+SLOW_HOST = 1.5
+
+
 def summarise(runs, max_spread=None):
     """(summary, failed) of one shape's processes: each process's eager ms, graph ms and host us, and the spread
     slowest / fastest - 1 of the eager times; failed when a process gave no time, or the spread exceeds max_spread."""
@@ -277,9 +281,14 @@ def summarise(runs, max_spread=None):
     complete = bool(runs) and len(eager) == len(runs)
     spread = max(eager) / min(eager) - 1 if complete else None
     failed = not complete or (max_spread is not None and spread > max_spread)
+    speeds = [r.get("python_speed_us") or [] for r in runs]
+    fastest = min((v for sp in speeds for v in sp), default=None)
+    # a process whose plain-Python control ran SLOW_HOST times slower than the fastest control of the shape's
+    # processes, before or after its loops: it met a slow host phase (the reading of a spread, not a verdict)
+    slow_host = [None if not sp or not fastest else max(sp) > SLOW_HOST * fastest for sp in speeds]
     return dict(eager_ms=eager, spread=spread, graph_ms=[r.get("graph_ms") for r in runs],
                 host_us=[r.get("host_us") for r in runs], eager_ms_late=[r.get("eager_ms_late") for r in runs],
-                python_speed_us=[r.get("python_speed_us") for r in runs]), failed
+                python_speed_us=[r.get("python_speed_us") for r in runs], slow_host=slow_host), failed
 
 
 def main(argv=None) -> int:
@@ -334,7 +343,8 @@ def main(argv=None) -> int:
         write_json(path, res)
     for shape, s in res["summary"].items():
         spread = "-" if s["spread"] is None else f"{s['spread'] * 100:.1f}%"
-        print(f"{shape:16s} eager ms {[round(e, 4) for e in s['eager_ms']]} spread {spread}")
+        print(f"{shape:16s} eager ms {[round(e, 4) for e in s['eager_ms']]} spread {spread} slow host phase "
+              f"{s['slow_host']}")
     return 1 if failed else 0
 
 
