@@ -7,7 +7,7 @@ tensor map that holds the base pointer and every field), in a child process with
   output at the same offset, or a buffer of the call in the same pattern; every other field equal), on fresh inputs
   and on repeated ones; a tensor map is encoded exactly where its base moved since the previous replay (on repeated
   inputs, fewer encodings than tensor maps);
-- the buffers that are neither outputs nor zero-filled come from one workspace allocation per replay;
+- the buffers that are not outputs come from one workspace allocation per replay;
 - c_launch_of declines what it does not know: the default stand-in launcher, a CudaLauncher subclass with its own
   __call__, a kernel that needs global scratch."""
 from children import run_json_child   # tests/ is on sys.path
@@ -79,9 +79,9 @@ def test_c_launch_steps():
             assert c["moved"] is not None and c["fills"] == c["moved"], (name, kind, c)
         # the same inputs again: their maps are kept
         assert case["repeat"]["fills"] < case["repeat"]["maps"], (name, case)
-    # the segmented call's buffers that are neither outputs nor zero-filled (gcum, tinv, the segment flags and
-    # words) come from one workspace allocation
-    assert r["segmented"]["carved"] == 4 and r["segmented"]["ws_bytes"] >= 4096 * 32 * (4 + 64 * 2), r["segmented"]
+    # the segmented call's buffers that are not outputs (gcum, tinv, the segment flags and words, the zeroed slow
+    # flags) come from one workspace allocation
+    assert r["segmented"]["carved"] == 5 and r["segmented"]["ws_bytes"] >= 4096 * 32 * (4 + 64 * 2), r["segmented"]
     assert r["segmented"]["fresh"]["launches"] == ["segment_window_kernel", "kkt_solve_kernel",
                                                    "chunk_fused_wu_ws_kernel", "chunk_fused_gf_kernel"], r
     assert r["declined"] == [True, True] and r["accepted"], r

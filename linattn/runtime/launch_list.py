@@ -21,8 +21,8 @@ replayed): the paths that record are written without them. Nor has a Triton laun
 (`kernel[grid](...)` directly): a recording does not see it, so a replay would skip it. The tests of each list
 compare its replay's launches with its host path's under the stand-in driver (runtime/hostsim.py), which catches both.
 
-A replay allocates the outputs and the zero-filled buffers as the call did and carves the other buffers from one
-workspace allocation (only their pointers are passed on). Where the compiled kernel's launcher is Triton's
+A replay allocates the outputs as the call did and carves the other buffers from one workspace allocation (only
+their pointers are passed on), the zero-filled ones from its start, zeroed in one step. Where the compiled kernel's launcher is Triton's
 CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with each descriptor's
 expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while its base pointer
 is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other launchers: `run`.
@@ -162,8 +162,8 @@ def _is_desc(a) -> bool:
 class LaunchList:
     """A recorded call, replayable on the tensors of a later call of the same signature (see the module doc)."""
     __slots__ = ("device", "get_device", "allocs", "steps", "outputs", "kept", "hp", "hooks_active", "current_query",
-                 "stream_handle", "stream", "poisoning", "layout", "ws_bytes", "ws_device", "current_events", "replay",
-                 "source")
+                 "stream_handle", "stream", "poisoning", "layout", "ws_bytes", "ws_zero_bytes", "ws_device",
+                 "current_events", "replay", "source")
 
     @classmethod
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
@@ -242,20 +242,22 @@ class LaunchList:
                             for t, zero in rec.allocs)
         if any(a[1] != _contiguous_strides(a[0]) for a in self.allocs):
             return None                     # only contiguous buffers (what torch.empty gives) are re-made
-        # buffers that are neither outputs nor zero-filled: carved from one workspace allocation per replay (only
-        # their pointers are needed), WORKSPACE_ALIGN bytes apart
+        # buffers that are not outputs: carved from one workspace allocation per replay (only their pointers are
+        # needed), WORKSPACE_ALIGN bytes apart, the zero-filled ones first (one zeroing of that region per replay)
         outs_at = {i - len(inputs) for i in outs if i is not None and i >= len(inputs)}
-        layout, size, ws_device = [], 0, None
-        for j, (shape, _, dtype, dev, zero, _) in enumerate(self.allocs):
-            if zero or j in outs_at or (ws_device is not None and dev != ws_device):
-                layout.append(None)
-                continue
-            ws_device = dev
-            layout.append(size)
-            n = dtype.itemsize
-            for d in shape:
-                n *= d
-            size += -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        ws_device = next((a[3] for j, a in enumerate(self.allocs) if j not in outs_at), None)
+        layout, size = [None] * len(self.allocs), 0
+        for zeroed in (True, False):
+            for j, (shape, _, dtype, dev, zero, _) in enumerate(self.allocs):
+                if zero != zeroed or j in outs_at or dev != ws_device:
+                    continue
+                layout[j] = size
+                n = dtype.itemsize
+                for d in shape:
+                    n *= d
+                size += -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+            if zeroed:
+                self.ws_zero_bytes = size
         self.layout, self.ws_bytes, self.ws_device = tuple(layout), size, ws_device
         self.kept = tuple(rec.kept)
         self.device = device
@@ -325,6 +327,8 @@ class LaunchList:
             add(f"    ws = empty({self.ws_bytes}, dtype=u8, device={name(self.ws_device)})")
             add("    if nan:")
             add("        ws.fill_(255)                    # all ones: a NaN in every float type")
+            if self.ws_zero_bytes:
+                add(f"    ws.narrow(0, 0, {self.ws_zero_bytes}).zero_()    # the zero-filled buffers")
             add("    w = ws.data_ptr()")
         for j, ((shape, _, dtype, device, zero, floating), off) in enumerate(zip(self.allocs, self.layout)):
             i = n_inputs + j
