@@ -121,8 +121,9 @@ _HOOKS = _launch_hooks()
 
 def direct_launch(k):
     """(run, function, packed_metadata, stream query) of a CompiledKernel: what its launcher (`k[grid](*args)`) ends
-    in, kept so that a launch calls `run` itself (or the C launch under it: plain_c_launch), skipping the launcher's per-call device and stream queries, launch
-    metadata and hook reads (~4 of its ~10 us on the H200's host). None where the attributes are not there."""
+    in, kept so that a launch calls `run` itself (or the C launch under it: plain_c_launch), skipping the launcher's
+    per-call device and stream queries, launch metadata and hook reads (~4 of its ~10 us on the H200's host). None
+    where the attributes are not there."""
     try:
         from triton.runtime.driver import driver
         return k.run, k.function, k.packed_metadata, driver.active.get_current_stream

@@ -22,10 +22,11 @@ replayed): the paths that record are written without them. Nor has a Triton laun
 compare its replay's launches with its host path's under the stand-in driver (runtime/hostsim.py), which catches both.
 
 A replay allocates the outputs as the call did and carves the other buffers from one workspace allocation (only
-their pointers are passed on), the zero-filled ones from its start, zeroed in one step. Where the compiled kernel's launcher is Triton's
-CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with each descriptor's
-expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while its base pointer
-is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other launchers: `run`.
+their pointers are passed on), the zero-filled ones from its start, zeroed in one step. Where the compiled kernel's
+launcher is Triton's CudaLauncher (runtime/c_launch.py), a launch step calls the C launch under it directly, with
+each descriptor's expanded arguments (its encoded tensor map, shape and strides) kept from the previous replay while
+its base pointer is the same: a repeat call of a signature encodes only the descriptors whose buffers moved. Other
+launchers: `run`.
 Event steps of torch.cuda.Event call its C base's record / wait directly (_event_fn). The replay itself is one
 straight-line function generated from the steps when the list is built (LaunchList._compile; LaunchList.source shows
 it): no per-step loops or argument-list copies per call.

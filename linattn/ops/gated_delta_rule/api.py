@@ -23,7 +23,7 @@ from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, chec
                                                      fla_state_v_first)
 from linattn.ops.norm.l2norm import l2norm
 from linattn.runtime import eager_ops
-from linattn.runtime.capture import capturing
+from linattn.runtime.capture import capturing, stream_capturing
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings
 
@@ -84,7 +84,7 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
                  beta_scale=0, state_v_first=False):
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         # (not traced: eager_without_autograd asked; under CUDA-graph capture the host path is captured instead)
-        if cu_seqlens is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if cu_seqlens is None and not stream_capturing(q):
             return _tf.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
                                  beta_scale, state_v_first)
         res = _tf.chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
@@ -99,8 +99,7 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
 def _triton_direct(q, k, v, g, beta, scale, initial_state, output_final_state):
     """The Triton backend's direct path (Backend.direct): the replay of the launch list this call's fwd_eager kept,
     or None where the call did not take fwd_eager (autograd, a traced call, CUDA-graph capture) or left no list."""
-    if not eager_without_autograd(q, k, v, g, beta, initial_state) or \
-            (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not eager_without_autograd(q, k, v, g, beta, initial_state) or stream_capturing(q):
         return None
     return _tf.eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
 
@@ -240,7 +239,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         initial_state = initial_state.to(torch.float32).contiguous()
     out = b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
     if key is not None and b.direct is not None and not options and cu_seqlens is None and \
-            not use_qk_l2norm_in_kernel and all(a is b_ for a, b_ in zip(given, (q, k, v, g, beta, initial_state))):
+            not use_qk_l2norm_in_kernel and all(a is c for a, c in zip(given, (q, k, v, g, beta, initial_state))):
         d = b.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
         if d is not None:
             if len(_DIRECT) >= 4096:

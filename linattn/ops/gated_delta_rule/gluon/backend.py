@@ -24,6 +24,7 @@ from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
 from linattn.ops.gated_delta_rule.validation import gluon_grid_problem
 from linattn.runtime import eager_ops
+from linattn.runtime.capture import stream_capturing
 from linattn.runtime.device import eager_without_autograd
 
 OP = "chunk_gated_delta_rule"
@@ -179,16 +180,17 @@ def supports(q=None, v=None, cu_seqlens=None, state_v_first=False, **_) -> Tuple
     return True, ""
 
 
-_LAUNCHER = []
+_launcher_module = None
 
 
 def _launcher():
     """gluon/launcher.py, imported at the first call (it imports Gluon) and kept (an import statement per call costs
     the import machinery's lookup)."""
-    if not _LAUNCHER:
+    global _launcher_module
+    if _launcher_module is None:
         from linattn.ops.gated_delta_rule.gluon import launcher
-        _LAUNCHER.append(launcher)
-    return _LAUNCHER[0]
+        _launcher_module = launcher
+    return _launcher_module
 
 
 def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log=None, dt_bias=None,
@@ -201,7 +203,7 @@ def impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
     if eager_without_autograd(q, k, v, g, beta, initial_state):     # no custom-op dispatch (api.py says why)
         launcher = _launcher()
         # (not traced: eager_without_autograd asked; under CUDA-graph capture the host path is captured instead)
-        if cu_seqlens is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if cu_seqlens is None and not stream_capturing(q):
             return launcher.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state)
         res = launcher.chunk_gated_delta_rule_fwd_gluon(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                         cu_seqlens)
@@ -238,8 +240,7 @@ def direct(q, k, v, g, beta, scale, initial_state, output_final_state):
     """The op's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list this call's
     fwd_eager kept (launcher.eager_direct), or None where the call did not take fwd_eager (autograd, a traced call,
     CUDA-graph capture) or left no list."""
-    if not eager_without_autograd(q, k, v, g, beta, initial_state) or \
-            (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not eager_without_autograd(q, k, v, g, beta, initial_state) or stream_capturing(q):
         return None
     return _launcher().eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
 
