@@ -188,6 +188,44 @@ def gluon_fwd_case(**case):
                 gluon_vs_triton={"o": rel_rms(o, o_t), "final_state": rel_rms(ht, ht_t)})
 
 
+def gluon_eager_repeat(**case):
+    """Five plain eager calls of chunk_kda(backend="gluon") without autograd, one signature, fresh inputs each (the
+    first compiles, the second records the signature's launch list, the later ones replay it, kda/eager.py; without
+    FLA's options the public call's direct path replays it), NaN-poisoned buffers, each call's o and final state
+    against the fp64 reference; the last call on a side stream (the replay declines another stream and the host path
+    runs it)."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    errs, ok = [], True
+    for i in range(5):
+        seed = _seed()
+        leaves, opts = chunk_inputs(**case, seed=seed)
+        ref, _, _ = reference_grads(leaves, opts, seed + 1)
+        x = {n: t.detach() for n, t in leaves.items()}
+        side = torch.cuda.Stream() if i == 4 else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), poisoned_allocations(), torch.cuda.stream(side):     # stream(None): no switch
+            o, ht = linattn.chunk_kda(**x, output_final_state=True, backend="gluon", **opts)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        base.sync()
+        e, passed = base.errors({"o": o, "final_state": ht}, {"o": ref["o"], "final_state": ref["final_state"]},
+                                leaves["q"].dtype)
+        errs.append(e)
+        ok = ok and passed
+    return dict(errors=errs, passed=ok)
+
+
+def gluon_repeat_cases():
+    """(name, options) of gluon_eager_repeat: the fused Gluon stages' shapes, plain (the direct path) and with FLA's
+    gate and beta options (inputs of the list)."""
+    d = _dims()
+    B, T, BF = d["B"], d["T"], torch.bfloat16
+    return [(f"repeat B{B} T{T} bf16", dict(B=B, T=T, dtype=BF)),
+            (f"repeat B1 T{T} gate softplus + beta sigmoid bf16", dict(B=1, T=T, dtype=BF, gate="softplus"))]
+
+
 def gate_param_chain(leaves, opts, ref):
     """dA_log and ddt_bias as the chain rule through FLA's KDA gate applied in fp64 to the kernel's own dg (the
     gradient of the gate's raw input), and what the fp64 reference says.
@@ -335,7 +373,8 @@ def case_names():
     return (names + [f"{b} {c}" for b in BACKENDS for c in ("sync-free chunk fwd+bwd and decode",
                                                              "CUDA graph chunk fwd+bwd varlen")]
             + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()]
-            + [f"gluon fwd+bwd {n}" for n, _ in gluon_fwd_cases()])
+            + [f"gluon fwd+bwd {n}" for n, _ in gluon_fwd_cases()]
+            + [f"gluon eager {n}" for n, _ in gluon_repeat_cases()])
 
 
 def section(save):
@@ -359,6 +398,10 @@ def section(save):
         # the autograd forward on the Gluon stages (stage 2a's outputs saved, Tinv in bf16), Triton's backward
         for name, kw in gluon_fwd_cases():
             run(f"gluon fwd+bwd {name}", chunk_case, backend="gluon", **kw)
+            save(dict(cases=cases, incomplete=True))
+            base.free()
+        for name, kw in gluon_repeat_cases():
+            run(f"gluon eager {name}", gluon_eager_repeat, **kw)
             save(dict(cases=cases, incomplete=True))
             base.free()
     return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "

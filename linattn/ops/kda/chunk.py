@@ -15,12 +15,14 @@ from typing import List, Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
+from linattn.ops.gated_delta_rule import call_memo
 from linattn.ops.norm.l2norm import l2norm
 from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_size, check_gdn_inputs,
                                                     fla_state_v_first)
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
 from linattn.runtime import eager_ops
+from linattn.runtime.capture import capturing
 from linattn.runtime.device import eager_without_autograd, records_autograd
 from linattn.runtime.settings import settings
 
@@ -60,7 +62,12 @@ def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
         o, final = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra)
         return (o, final if final is not None else _empty(q)) + _empties(q, 10)
     if save == SAVE_STAGE2A and intra == "gluon":
-        o, final, kept = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra, save_stage2a=True)
+        from linattn.ops.kda import eager
+        if not state_v_first and eager.listed(q, v, cu_seqlens, state_v_first):
+            o, final, kept = eager.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log,
+                                             dt_bias, gate, lower_bound, beta_sigmoid, neg_eigval, save_stage2a=True)
+        else:
+            o, final, kept = chunk_kda_fwd(*args, state_v_first=state_v_first, intra=intra, save_stage2a=True)
         return (o, final if final is not None else _empty(q)) + kept + _empties(q, 6)
     o, final, it = chunk_kda_fwd(*args, keep=True, keep_output=True, state_v_first=state_v_first)
     rest = (it.kdec, it.qdec, it.w, it.h, it.vnew, it.pairwise) if save == SAVE_ALL else _empties(q, 6)
@@ -173,6 +180,11 @@ def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
+        if intra == "gluon" and not state_v_first:
+            from linattn.ops.kda import eager
+            if eager.listed(q, v, cu_seqlens, state_v_first):
+                return eager.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
+                                       gate, lower_bound, beta_sigmoid, neg_eigval)
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
         return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first, intra=intra)
     grad = records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias)
@@ -222,7 +234,18 @@ def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=
     return True, ""
 
 
-_backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto_filter=_gluon_auto_filter)
+def _gluon_direct(q, k, v, g, beta, scale, initial_state, output_final_state):
+    """The gluon backend's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list
+    its no-autograd forward kept (kda/eager.py), or None where that call took another path (autograd, a traced call,
+    CUDA-graph capture, the Triton stages 2b-4) or left no list."""
+    from linattn.ops.kda import eager
+    if not eager_without_autograd(q, k, v, g, beta, initial_state) or not eager.listed(q, v, None, False):
+        return None
+    return eager.eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
+_backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto_filter=_gluon_auto_filter,
+                   direct=_gluon_direct)
 
 
 def _not_yet(name: str):
@@ -281,39 +304,63 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     initial_state, and with the gate in the kernel A_log and dt_bias (the gradient of the final state flows in);
     each gradient comes back in its input's dtype.
     """
-    state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
-    check_chunk_size(OP, chunk_size, (32, 64))
-    if return_intermediate_states and chunk_size != 64:
-        raise ValueError(f"{OP}: return_intermediate_states gives the states of linattn's 64-token chunks; "
-                         f"chunk_size={chunk_size} would ask for others (pass 64 or leave it out)")
-    if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
-        raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
-                         f"FLA), got {lower_bound!r}")
-    if use_graph and cu_seqlens is not None and max_num_seqs is not None and cu_seqlens.shape[0] - 1 != max_num_seqs:
-        raise ValueError(f"{OP}: with use_graph, cu_seqlens must be padded with zero-length tail sequences to "
-                         f"max_num_seqs + 1 = {max_num_seqs + 1} entries, got {cu_seqlens.shape[0]} (as in FLA)")
-    if cp_context is not None:
+    key = b = None
+    if cp_context is None and transpose_state_layout is None and not return_intermediate_states and \
+            type(chunk_size) is int and (lower_bound is None or type(lower_bound) in (int, float)) and \
+            (max_num_seqs is None or type(max_num_seqs) is int) and call_memo.memo_applies(q):
+        key = call_memo.call_key(backend, (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias), scale, None,
+                                 (not output_final_state, not use_qk_l2norm_in_kernel, not use_gate_in_kernel,
+                                  not use_beta_sigmoid_in_kernel, not allow_neg_eigval, not safe_gate, lower_bound,
+                                  not disable_recompute, not state_v_first, not use_graph, max_num_seqs, chunk_size,
+                                  capturing(q)))
+        if key is not None:
+            direct = _DIRECT.get(key)
+            if direct is not None:
+                out = direct(q, k, v, g, beta, initial_state)
+                if out is not None:
+                    return out
+            b = _CHECKED.get(key)
+    if b is None:
+        state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
+        if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+            raise ValueError(f"{OP}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in FLA)")
+        check_chunk_size(OP, chunk_size, (32, 64))
+        if return_intermediate_states and chunk_size != 64:
+            raise ValueError(f"{OP}: return_intermediate_states gives the states of linattn's 64-token chunks; "
+                             f"chunk_size={chunk_size} would ask for others (pass 64 or leave it out)")
+        if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
+            raise ValueError(f"{OP}: safe_gate=True with use_gate_in_kernel=True needs lower_bound in [-5, 0) (as in "
+                             f"FLA), got {lower_bound!r}")
+        if use_graph and cu_seqlens is not None and max_num_seqs is not None and \
+                cu_seqlens.shape[0] - 1 != max_num_seqs:
+            raise ValueError(f"{OP}: with use_graph, cu_seqlens must be padded with zero-length tail sequences to "
+                             f"max_num_seqs + 1 = {max_num_seqs + 1} entries, got {cu_seqlens.shape[0]} (as in FLA)")
+        if cp_context is not None:
+            if return_intermediate_states:
+                _not_yet("return_intermediate_states with cp_context")
+            return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, cu_seqlens, cp_context, backend, use_gate_in_kernel,
+                                     A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                     state_v_first)
+        dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
+                                state_v_first=state_v_first)
+        check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
+        check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
         if return_intermediate_states:
-            _not_yet("return_intermediate_states with cp_context")
-        return _context_parallel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                                 cu_seqlens, cp_context, backend, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
-    dims = check_gdn_inputs(q, k, v, None, beta, initial_state, cu_seqlens, op=OP, gate_optional=True,
-                            state_v_first=state_v_first)
-    check_channel_decay("g", g, dims, q, op=OP, log_decay=not use_gate_in_kernel)
-    check_kda_gate_args(OP, dims, q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+            scale = dims["K"] ** -0.5 if scale is None else scale
+            return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                             use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                             allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                                             A_log, dt_bias, backend)
+        b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                             cu_seqlens=cu_seqlens, output_final_state=output_final_state, A_log=A_log,
+                             dt_bias=dt_bias, disable_recompute=bool(disable_recompute))
+        if key is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[key] = b
     if scale is None:
-        scale = dims["K"] ** -0.5
-    if return_intermediate_states:
-        return _with_intermediate_states(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                         allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, cu_seqlens_cpu,
-                                         A_log, dt_bias, backend)
-    b = _backends.select(backend, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                         output_final_state=output_final_state, A_log=A_log, dt_bias=dt_bias,
-                         disable_recompute=bool(disable_recompute))
+        scale = q.shape[-1] ** -0.5
     if use_qk_l2norm_in_kernel:
         q = l2norm(q)
         k = l2norm(k)
@@ -324,14 +371,33 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if b.name == "reference":
         return b.impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
                       lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first)
+    given = (q, k, v, g, beta, initial_state)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     A_log = None if A_log is None else A_log.contiguous()
     dt_bias = None if dt_bias is None else dt_bias.contiguous()
-    return b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
-                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first,
-                  bool(disable_recompute))
+    out = b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
+                 gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first,
+                 bool(disable_recompute))
+    if key is not None and b.direct is not None and not (gate or use_beta_sigmoid_in_kernel or state_v_first or
+                                                         use_qk_l2norm_in_kernel) and cu_seqlens is None and \
+            A_log is None and dt_bias is None and all(a is c for a, c in zip(given, (q, k, v, g, beta, initial_state))):
+        d = b.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
+        if d is not None:
+            if len(_DIRECT) >= 4096:
+                _DIRECT.clear()
+            _DIRECT[key] = d
+    return out
+
+
+# Calls whose checks passed, by signature (call_memo.call_key), with the backend chosen: a repeat plain eager call on
+# CUDA tensors skips the checks and the choice.
+_CHECKED: dict = {}
+# Per signature, a backend's direct path (Backend.direct) for a repeat plain eager call on the caller's own tensors
+# (no gate or beta option, no cu_seqlens, no in-kernel l2norm, K-first states): the gluon backend's launch-list
+# replay (kda/eager.py). A direct path that declines (None) sends the call down the full path.
+_DIRECT: dict = {}
 
 
 

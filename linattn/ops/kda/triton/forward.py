@@ -82,6 +82,9 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                              "the Gluon one keeps stage 2a's outputs with save_stage2a")
         from linattn.ops.kda.gluon.fused_forward import kda_fused_forward, kda_fused_supported
         from linattn.ops.kda.gluon.intra import kda_intra_gluon
+        from linattn.runtime.launch_list import keep as keep_for_lists
+        if cu_seqlens is None:                 # a cached plan: a launch list may keep its tensors (kda/eager.py)
+            keep_for_lists(plan)
         fused = (not keep and not return_h and state_pass is None
                  and kda_fused_supported(q, v, state_v_first)[0])
         kg = empty(T_tot, HV, K, dtype=dt, device=dev) if fused else None
