@@ -3,6 +3,9 @@ between them.
 
     python3 benchmarks/gpu/eager_probe.py --out DIR [--shapes fwd_b1_t8192,decode_b1] [--procs 4] [--json NAME]
 
+Shapes: the GDN forward at B1 T8192 / T32768 and the decode at B1 / B256 (the default, the gate's), chunk_kda's
+forward at B1 T2048 / T8192 (kda_b1_t2048, kda_b1_t8192: by name).
+
 A process per (shape, pass), in the order cold caches (first pass: Triton's cache emptied into a private folder),
 warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allocator holds it), warm. In each:
 - eager_ms: median over 3 loops of 100 back-to-back calls (one synchronisation per loop), as a user's loop runs;
@@ -44,7 +47,10 @@ SHAPES = {  # name: (kind, B, T, H, HV)
     "fwd_b1_t32768": ("fwd", 1, 32768, 16, 32),
     "decode_b1": ("decode", 1, 1, 32, 32),
     "decode_b256": ("decode", 256, 1, 32, 32),
+    "kda_b1_t2048": ("kda", 1, 2048, 16, 32),
+    "kda_b1_t8192": ("kda", 1, 8192, 16, 32),
 }
+DEFAULT_SHAPES = ("fwd_b1_t8192", "fwd_b1_t32768", "decode_b1", "decode_b256")   # the gate's (the KDA ones by name)
 PASSES = ("cold", "warm", "after4g", "warm")
 GATE_SPREAD = 0.05           # the gate's bound on slowest / fastest - 1 between fresh processes
 
@@ -58,6 +64,8 @@ def _inputs(kind, B, T, H, HV, torch):
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev) + 4.0) * 4.0
     beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
     h0 = torch.randn(B, HV, K, V, device=dev) * 0.1
+    if kind == "kda":                      # a log decay per key channel
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=dev) + 4.0) * 4.0
     return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
 
 
@@ -163,6 +171,9 @@ def child(shape: str, cond: str) -> dict:
     if kind == "fwd":
         def call():
             return linattn.chunk_gated_delta_rule(**x, output_final_state=True)
+    elif kind == "kda":
+        def call():
+            return linattn.chunk_kda(**x, output_final_state=True)
     else:
         def call():
             return linattn.fused_recurrent_gated_delta_rule(**x, output_final_state=True)
@@ -295,7 +306,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--json", default="eager_probe.json")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     ap.add_argument("--procs", type=int, default=len(PASSES), help="processes per shape (passes in PASSES order)")
     ap.add_argument("--max-spread", type=float, default=None, help="exit 1 when a shape's spread exceeds this")
     ap.add_argument("--gate", action="store_true", help="gate.py's section: --max-spread 0.05, and the JSON "
@@ -311,6 +322,9 @@ def main(argv=None) -> int:
     res = dict(env=env_line()["line"], shapes={}, summary={}, cases=[])
     path = os.path.join(a.out, a.json)
     failed = False
+    unknown = [n for n in a.shapes.split(",") if n not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
     for shape in a.shapes.split(","):
         runs = []
         for i in range(a.procs):
