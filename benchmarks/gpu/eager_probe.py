@@ -3,8 +3,9 @@ between them.
 
     python3 benchmarks/gpu/eager_probe.py --out DIR [--shapes fwd_b1_t8192,decode_b1] [--procs 4] [--json NAME]
 
-Shapes: the GDN forward at B1 T8192 / T32768 and the decode at B1 / B256 (the default, the gate's), chunk_kda's
-forward at B1 T2048 / T8192 (kda_b1_t2048, kda_b1_t8192: by name).
+Shapes: the GDN forward at B1 T8192 / T32768 and the decode at B1 / B256 (the default, the gate's); by name, for a
+survey of every public op's host cost (--procs 1): the GDN forward at B1 T256, chunk_kda at B1 T2048 / T8192 and its
+decode, causal_conv1d, causal_conv1d_update and rms_norm_gated at a layer's sizes (SHAPES).
 
 A process per (shape, pass), in the order cold caches (first pass: Triton's cache emptied into a private folder),
 warm, after 4 GiB (a 4 GiB tensor allocated and freed first, so the caching allocator holds it), warm. In each:
@@ -47,10 +48,16 @@ SHAPES = {  # name: (kind, B, T, H, HV)
     "fwd_b1_t32768": ("fwd", 1, 32768, 16, 32),
     "decode_b1": ("decode", 1, 1, 32, 32),
     "decode_b256": ("decode", 256, 1, 32, 32),
+    # by name (the host-cost survey of every public op: --procs 1): a short forward, KDA, the layers' pieces
+    "fwd_b1_t256": ("fwd", 1, 256, 16, 32),
     "kda_b1_t2048": ("kda", 1, 2048, 16, 32),
     "kda_b1_t8192": ("kda", 1, 8192, 16, 32),
+    "kda_decode_b1": ("kda_decode", 1, 1, 16, 32),
+    "conv_b1_t2048": ("conv", 1, 2048, 16, 32),            # causal_conv1d, D = HV * 128, W = 4, silu
+    "conv_update_b1": ("conv_update", 1, 1, 16, 32),       # causal_conv1d_update, one token, D = HV * 128
+    "norm_t2048": ("norm", 1, 2048, 16, 32),               # rms_norm_gated on [B * T, HV, 128], a group per head
 }
-DEFAULT_SHAPES = ("fwd_b1_t8192", "fwd_b1_t32768", "decode_b1", "decode_b256")   # the gate's (the KDA ones by name)
+DEFAULT_SHAPES = ("fwd_b1_t8192", "fwd_b1_t32768", "decode_b1", "decode_b256")   # the gate's
 PASSES = ("cold", "warm", "after4g", "warm")
 GATE_SPREAD = 0.05           # the gate's bound on slowest / fastest - 1 between fresh processes
 
@@ -64,9 +71,31 @@ def _inputs(kind, B, T, H, HV, torch):
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev) + 4.0) * 4.0
     beta = torch.rand(B, T, HV, device=dev) * 0.9 + 0.05
     h0 = torch.randn(B, HV, K, V, device=dev) * 0.1
-    if kind == "kda":                      # a log decay per key channel
+    if kind.startswith("kda"):             # a log decay per key channel
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=dev) + 4.0) * 4.0
     return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+
+
+def _call(kind, B, T, H, HV, torch):
+    """One eager call of the shape's public op on fresh inputs (inference, backend "auto")."""
+    import linattn
+    if kind in ("conv", "conv_update", "norm"):
+        D, W, dev, bf = HV * 128, 4, "cuda", torch.bfloat16
+        w = torch.randn(D, W, device=dev)
+        if kind == "conv":
+            x = torch.randn(B, T, D, device=dev, dtype=bf)
+            return lambda: linattn.causal_conv1d(x, w, activation="silu")
+        if kind == "conv_update":
+            x = torch.randn(B, D, device=dev, dtype=bf)
+            state = torch.randn(B, D, W, device=dev, dtype=bf)
+            return lambda: linattn.causal_conv1d_update(x, state, w, activation="silu")
+        x, gate = (torch.randn(B * T, HV, 128, device=dev, dtype=bf) for _ in range(2))
+        weight = torch.ones(128, device=dev)
+        return lambda: linattn.rms_norm_gated(x, gate, weight)
+    x = _inputs(kind, B, T, H, HV, torch)
+    fn = dict(fwd=linattn.chunk_gated_delta_rule, decode=linattn.fused_recurrent_gated_delta_rule,
+              kda=linattn.chunk_kda, kda_decode=linattn.fused_recurrent_kda)[kind]
+    return lambda: fn(**x, output_final_state=True), x
 
 
 def _clock_sampler(samples, stop):
@@ -163,20 +192,14 @@ def _python_speed_us() -> float:
 def child(shape: str, cond: str) -> dict:
     import torch
 
-    import linattn
+    import linattn  # noqa: F401 -- imported before anything else, as a user's script does
     kind, B, T, H, HV = SHAPES[shape]
     if cond == "after4g":
         torch.empty(4 << 30, dtype=torch.uint8, device="cuda").zero_()     # freed at once, kept by the allocator
-    x = _inputs(kind, B, T, H, HV, torch)
-    if kind == "fwd":
-        def call():
-            return linattn.chunk_gated_delta_rule(**x, output_final_state=True)
-    elif kind == "kda":
-        def call():
-            return linattn.chunk_kda(**x, output_final_state=True)
-    else:
-        def call():
-            return linattn.fused_recurrent_gated_delta_rule(**x, output_final_state=True)
+    call = _call(kind, B, T, H, HV, torch)
+    x = None
+    if isinstance(call, tuple):
+        call, x = call
     res = dict(shape=shape, cond=cond, pid=os.getpid(), python_speed_us=[_python_speed_us()])
     t0 = time.perf_counter()
     call()
