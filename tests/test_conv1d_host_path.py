@@ -1,8 +1,8 @@
-"""causal_conv1d's forward launches through the host path's launch cache (conv1d.py `launches`): under the stand-in
-sm_90 driver (launches recorded, not made; a child process without TRITON_INTERPRET), a repeat call launches the
-same kernels, grids and arguments (each pointer the same tensor) through the compiled kernels' handles as the JIT
-path makes (host_path.options(plan_cache=False, handle=False)), with and without the final state, initial state,
-bias and varlen offsets; no JIT run once a signature was seen."""
+"""causal_conv1d's forward and backward launch through the host path's launch cache (conv1d.py `launches`): under
+the stand-in sm_90 driver (launches recorded, not made; a child process without TRITON_INTERPRET), a repeat call
+launches the same kernels, grids and arguments (each pointer the same tensor) through the compiled kernels' handles
+as the JIT path makes (host_path.options(plan_cache=False, handle=False)), with and without the final state, initial
+state, bias and varlen offsets; no JIT run once a signature was seen."""
 from children import run_json_child   # tests/ is on sys.path
 
 CHILD = r"""
@@ -45,14 +45,33 @@ with fake_hopper() as drv, torch.no_grad():
         named2 = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("y", y2), ("final", f2)]
         b2 = canon(drv, named2)
         out[name] = dict(same=a == b2, jit=jit[0], launches=[l[0] for l in a])
+        dy = torch.randn_like(x)
+        dht = torch.randn(N, D, W, dtype=torch.bfloat16) if final else None
+        bargs = (x, w, b, s0, True, cu, dy, dht)
+        for _ in range(2):
+            C.conv1d_bwd(*bargs)
+        del drv.launches[:]
+        with count_jit_runs() as jit:
+            g1 = C.conv1d_bwd(*bargs)
+        gnamed = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("dy", dy), ("dht", dht), ("dx", g1[0]),
+                  ("dh0", g1[3])]
+        a = [l for l in canon(drv, gnamed) if l[0].startswith("conv1d")]      # (the partial sums: torch ops)
+        with C.host_path.options(plan_cache=False, handle=False):
+            g2 = C.conv1d_bwd(*bargs)
+        gnamed[7:] = [("dx", g2[0]), ("dh0", g2[3])]
+        b2 = [l for l in canon(drv, gnamed) if l[0].startswith("conv1d")]
+        out[name + "_bwd"] = dict(same=a == b2, jit=jit[0], launches=[l[0] for l in a])
 print(json.dumps(out))
 """
 
 
-def test_conv1d_forward_launches_through_the_handle():
+def test_conv1d_launches_through_the_handle():
     r = run_json_child(CHILD)
     for case, c in r.items():
         assert c["same"] and c["jit"] == 0, (case, c)
     assert r["plain"]["launches"] == ["conv1d_fwd_kernel"], r
     assert r["states_bias"]["launches"] == ["conv1d_fwd_kernel", "conv1d_final_kernel"], r
     assert r["varlen"]["launches"] == ["conv1d_fwd_kernel", "conv1d_final_kernel"], r
+    assert r["plain_bwd"]["launches"] == ["conv1d_bwd_kernel"], r
+    assert r["states_bias_bwd"]["launches"] == r["varlen_bwd"]["launches"] == ["conv1d_bwd_kernel",
+                                                                               "conv1d_dh0_kernel"], r

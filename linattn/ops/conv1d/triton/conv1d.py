@@ -20,8 +20,8 @@ from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of
 # tokens per block: the forward's (32 ran 6% faster than 64 on an H200 at the layer's shapes) and the backward's
 BT = 32
 BT_BWD = 64
-# The forward runs once per layer and call with the same shapes: its launches go through the compiled kernel's handle
-# once a launch signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
+# The forward and backward run once per layer and step with the same shapes: their launches go through the compiled
+# kernels' handles once a launch signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
 host_path = HostPath()
 launches = LaunchCache(host_path)
 
@@ -244,10 +244,10 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     if T > 0:
         # the program's own [BT + BW, BD] fp32 scratch for da (with SiLU): written and read back per block, in L2
         scratch = empty(nd * G * B * (BT_BWD + BW) * BD, dtype=torch.float32, device=x.device) if silu else dy
-        conv1d_bwd_kernel[(nd, G, B)](
-            x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride(), W=W,
-            BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
-            HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None)
+        launches(conv1d_bwd_kernel, (nd, G, B),
+                 (x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride()),
+                 dict(W=W, BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None,
+                      HAS_H0=h0 is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None))
         dw = dw_part.sum(0)
         db = db_part.sum(0) if bias is not None else None
     else:
@@ -256,7 +256,7 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     dh0 = None
     if h0 is not None:
         dh0 = empty(N, D, W, dtype=initial_state.dtype, device=x.device)
-        conv1d_dh0_kernel[(nd, N)](
-            x, w, bias, h0, cu_seqlens, dy, dht, dh0, T, D, *x.stride(), W=W, BW=BW, BD=BD, SILU=silu,
-            HAS_BIAS=bias is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None)
+        launches(conv1d_dh0_kernel, (nd, N, 1), (x, w, bias, h0, cu_seqlens, dy, dht, dh0, T, D, *x.stride()),
+                 dict(W=W, BW=BW, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_DHT=dht is not None,
+                      IS_VARLEN=cu_seqlens is not None))
     return dx, dw.to(weight.dtype), (db.to(bias.dtype) if db is not None else None), dh0
