@@ -189,11 +189,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                                   not allow_neg_eigval, not state_v_first, not use_gate_in_kernel, chunk_size,
                                   capturing(q)))
         if key is not None:
-            direct = _DIRECT.get(key)
-            if direct is not None:
-                out = direct(q, k, v, g, beta, initial_state)
-                if out is not None:
-                    return out
+            out = call_memo.run_direct(_DIRECT, key, (q, k, v, g, beta, initial_state))
+            if out is not None:
+                return out
         b = None if key is None else _CHECKED.get(key)
     if b is None:
         state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
@@ -213,9 +211,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                              use_gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                              state_v_first=state_v_first)
         if key is not None:
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED[key] = b
+            call_memo.remember(_CHECKED, key, b)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     # FLA's options, passed on only when set (the Gluon impl, which declines them, takes the nine plain arguments);
@@ -238,13 +234,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     out = b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, **options)
-    if key is not None and b.direct is not None and not options and cu_seqlens is None and \
-            not use_qk_l2norm_in_kernel and all(a is c for a, c in zip(given, (q, k, v, g, beta, initial_state))):
-        d = b.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
-        if d is not None:
-            if len(_DIRECT) >= 4096:
-                _DIRECT.clear()
-            _DIRECT[key] = d
+    if not options and cu_seqlens is None and not use_qk_l2norm_in_kernel:
+        call_memo.keep_direct(_DIRECT, key, b, given, (q, k, v, g, beta, initial_state), scale, output_final_state)
     return out
 
 

@@ -32,3 +32,30 @@ def call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optio
                   if isinstance(t, _TENSOR) else (type(t),) for t in tensors])
     return (backend, settings.default_backend if backend == "auto" else None, torch.is_grad_enabled(), scale,
             pad_slot_id, flags, sigs)
+
+
+def remember(cache: dict, key, value, limit: int = 4096) -> None:
+    """cache[key] = value, the whole cache forgotten first once it holds `limit` entries (a bound, not an LRU)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+
+
+def keep_direct(cache: dict, key, backend, given: tuple, used: tuple, scale: float, output_final_state: bool) -> None:
+    """After a chunked op's plain eager call under signature `key` (None: not remembered): keep the backend's direct
+    path (Backend.direct) for its repeat calls where it has one and the call ran on the caller's own tensors (each of
+    `used`, the (q, k, v, g, beta, initial_state) the backend got, is the tensor of `given` the caller passed)."""
+    if key is None or backend.direct is None or not all(a is c for a, c in zip(given, used)):
+        return
+    q, k, v, g, beta, initial_state = used
+    d = backend.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
+    if d is not None:
+        remember(cache, key, d)
+
+
+def run_direct(cache: dict, key, inputs: tuple):
+    """The result of the direct path kept for `key` (keep_direct) on a repeat call's (q, k, v, g, beta,
+    initial_state), or None: none kept, or it declined (then the caller takes the full path)."""
+    direct = cache.get(key)
+    return None if direct is None else direct(*inputs)
+

@@ -564,9 +564,7 @@ def fused_recurrent_gated_delta_rule(
         b = _backends.select(backend, **call)
         impl = b.impl
         if key is not None and b.name == "triton":
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED[key] = impl
+            call_memo.remember(_CHECKED, key, impl)
     if key is None or impl is not _triton_impl:
         return impl(**call)
     return run_and_keep(_DIRECT, key, impl, call, (q, k, v, g, gk, beta, A_log, dt_bias, initial_state, cu_seqlens,
@@ -583,9 +581,7 @@ def run_and_keep(cache: dict, key, impl, call: dict, tensors: tuple):
     direct = direct_decode(record, tensors, o, None if inplace or not output_final_state else final,
                            "pool" if inplace else "final" if output_final_state else "none")
     if direct is not None:
-        if len(cache) >= 4096:
-            cache.clear()
-        cache[key] = direct
+        call_memo.remember(cache, key, direct)
     return o, final
 
 

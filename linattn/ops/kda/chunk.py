@@ -314,11 +314,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                                   not disable_recompute, not state_v_first, not use_graph, max_num_seqs, chunk_size,
                                   capturing(q)))
         if key is not None:
-            direct = _DIRECT.get(key)
-            if direct is not None:
-                out = direct(q, k, v, g, beta, initial_state)
-                if out is not None:
-                    return out
+            out = call_memo.run_direct(_DIRECT, key, (q, k, v, g, beta, initial_state))
+            if out is not None:
+                return out
             b = _CHECKED.get(key)
     if b is None:
         state_v_first = fla_state_v_first(OP, state_v_first, transpose_state_layout)
@@ -356,9 +354,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                              cu_seqlens=cu_seqlens, output_final_state=output_final_state, A_log=A_log,
                              dt_bias=dt_bias, disable_recompute=bool(disable_recompute))
         if key is not None:
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED[key] = b
+            call_memo.remember(_CHECKED, key, b)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if use_qk_l2norm_in_kernel:
@@ -380,14 +376,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     out = b.impl(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens, A_log, dt_bias,
                  gate, lb, bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), state_v_first,
                  bool(disable_recompute))
-    if key is not None and b.direct is not None and not (gate or use_beta_sigmoid_in_kernel or state_v_first or
-                                                         use_qk_l2norm_in_kernel) and cu_seqlens is None and \
-            A_log is None and dt_bias is None and all(a is c for a, c in zip(given, (q, k, v, g, beta, initial_state))):
-        d = b.direct(q, k, v, g, beta, float(scale), initial_state, output_final_state)
-        if d is not None:
-            if len(_DIRECT) >= 4096:
-                _DIRECT.clear()
-            _DIRECT[key] = d
+    if not (gate or use_beta_sigmoid_in_kernel or state_v_first or use_qk_l2norm_in_kernel) and cu_seqlens is None \
+            and A_log is None and dt_bias is None:
+        call_memo.keep_direct(_DIRECT, key, b, given, (q, k, v, g, beta, initial_state), scale, output_final_state)
     return out
 
 
