@@ -63,11 +63,7 @@ with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
     public(x)
     L.EAGER_LISTS.clear()
     out["lists_forgotten"] = [public(x)[1] for _ in range(2)]      # full (declined; records a new list), direct
-    from triton import knobs
-    hook = lambda *a, **k: None
-    knobs.runtime.launch_enter_hook.add(hook)
-    out["hooked"] = public(x)[1]
-    knobs.runtime.launch_enter_hook.remove(hook)
+    out["hooked"] = with_launch_hook(lambda: public(x)[1])
     with torch.enable_grad():
         xg = (x[0], x[1], x[2].clone().requires_grad_()) + x[3:]
         out["requires_grad"] = [public(xg)[1] for _ in range(2)]

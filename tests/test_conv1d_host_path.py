@@ -20,6 +20,18 @@ def canon(drv, named):
     del drv.launches[:]
     return res
 
+def same_as_jit(drv, call, names):
+    # call() twice (compile, then keep the handle), then once through the handle and once through the JIT: their
+    # launches (kernel, grid, each argument; a pointer named by the tensor of `names(result)` it is) and JIT runs
+    for _ in range(2):
+        call()
+    del drv.launches[:]
+    with count_jit_runs() as jit:
+        a = canon(drv, names(call()))
+    with C.host_path.options(plan_cache=False, handle=False):
+        b = canon(drv, names(call()))
+    return dict(same=a == b, jit=jit[0], launches=[l[0] for l in a])
+
 out = {}
 with fake_hopper() as drv, torch.no_grad():
     for name, (B, T, D, W, h0, final, bias, varlen) in {
@@ -32,35 +44,14 @@ with fake_hopper() as drv, torch.no_grad():
         cu = torch.tensor([0, 1, 40, 90]) if varlen else None
         N = 3 if varlen else B
         s0 = torch.randn(N, D, W, dtype=torch.bfloat16) if h0 else None
-        args = (x, w, b, None, s0, final, True, cu)
-        for _ in range(2):
-            C.conv1d_fwd(*args)
-        del drv.launches[:]
-        with count_jit_runs() as jit:
-            y, f = C.conv1d_fwd(*args)
-        named = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("y", y), ("final", f)]
-        a = canon(drv, named)
-        with C.host_path.options(plan_cache=False, handle=False):
-            y2, f2 = C.conv1d_fwd(*args)
-        named2 = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("y", y2), ("final", f2)]
-        b2 = canon(drv, named2)
-        out[name] = dict(same=a == b2, jit=jit[0], launches=[l[0] for l in a])
         dy = torch.randn_like(x)
         dht = torch.randn(N, D, W, dtype=torch.bfloat16) if final else None
-        bargs = (x, w, b, s0, True, cu, dy, dht)
-        for _ in range(2):
-            C.conv1d_bwd(*bargs)
-        del drv.launches[:]
-        with count_jit_runs() as jit:
-            g1 = C.conv1d_bwd(*bargs)
-        gnamed = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("dy", dy), ("dht", dht), ("dx", g1[0]),
-                  ("dh0", g1[3])]
-        a = [l for l in canon(drv, gnamed) if l[0].startswith("conv1d")]      # (the partial sums: torch ops)
-        with C.host_path.options(plan_cache=False, handle=False):
-            g2 = C.conv1d_bwd(*bargs)
-        gnamed[7:] = [("dx", g2[0]), ("dh0", g2[3])]
-        b2 = [l for l in canon(drv, gnamed) if l[0].startswith("conv1d")]
-        out[name + "_bwd"] = dict(same=a == b2, jit=jit[0], launches=[l[0] for l in a])
+        ins = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("dy", dy), ("dht", dht)]
+        out[name] = same_as_jit(drv, lambda: C.conv1d_fwd(x, w, b, None, s0, final, True, cu),
+                                lambda r: ins + [("y", r[0]), ("final", r[1])])
+        # (the backward's partial sums are torch ops: not launches of the stand-in driver)
+        out[name + "_bwd"] = same_as_jit(drv, lambda: C.conv1d_bwd(x, w, b, s0, True, cu, dy, dht),
+                                         lambda r: ins + [("dx", r[0]), ("dh0", r[3])])
 print(json.dumps(out))
 """
 

@@ -27,6 +27,16 @@ def inputs(B, T, H=16, HV=32, h0=True):
     x = make_gdn_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16, initial_state=h0)
     return (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
 
+def with_launch_hook(fn):
+    # fn() with a Triton launch-enter hook registered (a profiler's: replays and direct paths decline)
+    from triton import knobs
+    hook = lambda *a, **k: None
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        return fn()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+
 def canon(drv, ins, outs):
     # launches as data: a pointer is (input i / output j, offset) when it lies in one, else its order of first
     # appearance (buffers of the call, kept plans); descriptors by their fields and base

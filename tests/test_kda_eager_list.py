@@ -93,11 +93,7 @@ with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
     out["new_tensors"] = direct_vs_full(drv, y)
     E.FWD_LISTS.clear()
     out["lists_forgotten"] = [public(x)[1] for _ in range(3)]      # full (declined; records a new list), direct x2
-    from triton import knobs
-    hook = lambda *a, **k: None
-    knobs.runtime.launch_enter_hook.add(hook)
-    out["hooked"] = public(x)[1]
-    knobs.runtime.launch_enter_hook.remove(hook)
+    out["hooked"] = with_launch_hook(lambda: public(x)[1])
     with torch.enable_grad():
         xg = (x[0], x[1], x[2].clone().requires_grad_()) + x[3:]
         n = len(E.FWD_LISTS.lists)
