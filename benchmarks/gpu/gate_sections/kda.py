@@ -188,8 +188,8 @@ def gluon_fwd_case(**case):
                 gluon_vs_triton={"o": rel_rms(o, o_t), "final_state": rel_rms(ht, ht_t)})
 
 
-def gluon_eager_repeat(**case):
-    """Five plain eager calls of chunk_kda(backend="gluon") without autograd, one signature, fresh inputs each (the
+def eager_repeat(backend="gluon", **case):
+    """Five plain eager calls of chunk_kda(backend=backend) without autograd, one signature, fresh inputs each (the
     first compiles, the second records the signature's launch list, the later ones replay it, kda/eager.py; without
     FLA's options the public call's direct path replays it), NaN-poisoned buffers, each call's o and final state
     against the fp64 reference; the last call on a side stream (the replay declines another stream and the host path
@@ -206,7 +206,7 @@ def gluon_eager_repeat(**case):
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), poisoned_allocations(), torch.cuda.stream(side):     # stream(None): no switch
-            o, ht = linattn.chunk_kda(**x, output_final_state=True, backend="gluon", **opts)
+            o, ht = linattn.chunk_kda(**x, output_final_state=True, backend=backend, **opts)
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
         base.sync()
@@ -217,13 +217,17 @@ def gluon_eager_repeat(**case):
     return dict(errors=errs, passed=ok)
 
 
-def gluon_repeat_cases():
-    """(name, options) of gluon_eager_repeat: the fused Gluon stages' shapes, plain (the direct path) and with FLA's
-    gate and beta options (inputs of the list)."""
+def repeat_cases():
+    """(name, options) of eager_repeat: on the fused Gluon stages plain (the direct path) and with FLA's gate and beta
+    options (inputs of the list); on the Triton stages plain and with state_v_first."""
     d = _dims()
     B, T, BF = d["B"], d["T"], torch.bfloat16
-    return [(f"repeat B{B} T{T} bf16", dict(B=B, T=T, dtype=BF)),
-            (f"repeat B1 T{T} gate softplus + beta sigmoid bf16", dict(B=1, T=T, dtype=BF, gate="softplus"))]
+    return [(f"gluon eager repeat B{B} T{T} bf16", dict(backend="gluon", B=B, T=T, dtype=BF)),
+            (f"gluon eager repeat B1 T{T} gate softplus + beta sigmoid bf16",
+             dict(backend="gluon", B=1, T=T, dtype=BF, gate="softplus")),
+            (f"triton eager repeat B{B} T{T} bf16", dict(backend="triton", B=B, T=T, dtype=BF)),
+            (f"triton eager repeat B1 T{T} state_v_first bf16",
+             dict(backend="triton", B=1, T=T, dtype=BF, v_first=True))]
 
 
 def gate_param_chain(leaves, opts, ref):
@@ -374,7 +378,7 @@ def case_names():
                                                              "CUDA graph chunk fwd+bwd varlen")]
             + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()]
             + [f"gluon fwd+bwd {n}" for n, _ in gluon_fwd_cases()]
-            + [f"gluon eager {n}" for n, _ in gluon_repeat_cases()])
+            + [n for n, _ in repeat_cases()])
 
 
 def section(save):
@@ -400,8 +404,8 @@ def section(save):
             run(f"gluon fwd+bwd {name}", chunk_case, backend="gluon", **kw)
             save(dict(cases=cases, incomplete=True))
             base.free()
-        for name, kw in gluon_repeat_cases():
-            run(f"gluon eager {name}", gluon_eager_repeat, **kw)
+        for name, kw in repeat_cases():
+            run(name, eager_repeat, **kw)
             save(dict(cases=cases, incomplete=True))
             base.free()
     return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "

@@ -175,16 +175,27 @@ def _triton_supports(q=None, **_) -> Tuple[bool, str]:
     return True, ""
 
 
+def _direct(intra: str):
+    """A backend's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list its
+    no-autograd forward on intra's stages kept (kda/eager.py), or None where that call took another path (autograd, a
+    traced call, CUDA-graph capture, the gluon backend's Triton stages 2b-4) or left no list."""
+    def direct(q, k, v, g, beta, scale, initial_state, output_final_state):
+        from linattn.ops.kda import eager
+        if not eager_without_autograd(q, k, v, g, beta, initial_state) or not eager.listed(q, v, None, False, intra):
+            return None
+        return eager.eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state, intra)
+    return direct
+
+
 def _triton_impl(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
                  lower_bound, beta_sigmoid, neg_eigval, state_v_first, disable_recompute=False, intra="triton"):
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, A_log, dt_bias, gate,
             lower_bound, beta_sigmoid, neg_eigval, state_v_first)
     if eager_without_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
-        if intra == "gluon" and not state_v_first:
-            from linattn.ops.kda import eager
-            if eager.listed(q, v, cu_seqlens, state_v_first):
-                return eager.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
-                                       gate, lower_bound, beta_sigmoid, neg_eigval)
+        from linattn.ops.kda import eager
+        if eager.listed(q, v, cu_seqlens, state_v_first, intra):
+            return eager.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, gate,
+                                   lower_bound, beta_sigmoid, neg_eigval, state_v_first=state_v_first, intra=intra)
         from linattn.ops.kda.triton.forward import chunk_kda_fwd
         return chunk_kda_fwd(*args[:-1], state_v_first=state_v_first, intra=intra)
     grad = records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias)
@@ -221,7 +232,7 @@ def _reference_impl(q, k, v, g, beta, scale, initial_state, output_final_state, 
     return o, (final.transpose(-1, -2).contiguous() if state_v_first and final is not None else final)
 
 
-_backends.register("triton", _triton_impl, _triton_supports, priority=10)
+_backends.register("triton", _triton_impl, _triton_supports, priority=10, direct=_direct("triton"))
 _backends.register("reference", _reference_impl, lambda **_: (True, ""), priority=100, auto=False)
 
 
@@ -234,18 +245,9 @@ def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=
     return True, ""
 
 
-def _gluon_direct(q, k, v, g, beta, scale, initial_state, output_final_state):
-    """The gluon backend's direct path for a repeat plain eager call (Backend.direct): the replay of the launch list
-    its no-autograd forward kept (kda/eager.py), or None where that call took another path (autograd, a traced call,
-    CUDA-graph capture, the Triton stages 2b-4) or left no list."""
-    from linattn.ops.kda import eager
-    if not eager_without_autograd(q, k, v, g, beta, initial_state) or not eager.listed(q, v, None, False):
-        return None
-    return eager.eager_direct(q, k, v, g, beta, scale, initial_state, output_final_state)
-
 
 _backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto_filter=_gluon_auto_filter,
-                   direct=_gluon_direct)
+                   direct=_direct("gluon"))
 
 
 def _not_yet(name: str):
@@ -386,8 +388,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 # CUDA tensors skips the checks and the choice.
 _CHECKED: dict = {}
 # Per signature, a backend's direct path (Backend.direct) for a repeat plain eager call on the caller's own tensors
-# (no gate or beta option, no cu_seqlens, no in-kernel l2norm, K-first states): the gluon backend's launch-list
-# replay (kda/eager.py). A direct path that declines (None) sends the call down the full path.
+# (no gate or beta option, no cu_seqlens, no in-kernel l2norm, K-first states): the backend's launch-list replay
+# (kda/eager.py). A direct path that declines (None) sends the call down the full path.
 _DIRECT: dict = {}
 
 

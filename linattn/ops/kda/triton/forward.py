@@ -10,10 +10,12 @@ from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
 from linattn.ops.gated_delta_rule.triton.chunk_output import chunk_output
 from linattn.ops.gated_delta_rule.triton.common import dot_precision, ftz_exp2
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2, launch_state_pass
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.ops.gated_delta_rule.triton.intra_split import split_intra_config, wu_kernel
 from linattn.ops.kda.triton.intra import (kda_cumsum_kernel, kda_diag_kernel, kda_inter_solve_kernel,
                                           kda_recompute_wu_kernel)
 from linattn.runtime.alloc import empty
+from linattn.runtime.launch_list import keep as keep_for_lists
 
 # kda_recompute_wu_kernel's key channels per block: 32 at 4 warps, 163 registers (3 CTAs per SM) against 255 and a
 # spill at 64 (sm_90a, K = V = 128, Triton 3.6.0). W's columns are the same products either way (wu_kernel's at 64).
@@ -68,6 +70,8 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     HV = v.shape[2]
     dev = q.device
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, dev)
+    if cu_seqlens is None:                     # a cached plan: a launch list may keep its tensors (kda/eager.py)
+        keep_for_lists(plan)
     T_tot, slots = plan.T_total, plan.num_slots
     dt = q.dtype
     gcum = empty(T_tot, HV, K, dtype=torch.float32, device=dev)
@@ -82,9 +86,6 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                              "the Gluon one keeps stage 2a's outputs with save_stage2a")
         from linattn.ops.kda.gluon.fused_forward import kda_fused_forward, kda_fused_supported
         from linattn.ops.kda.gluon.intra import kda_intra_gluon
-        from linattn.runtime.launch_list import keep as keep_for_lists
-        if cu_seqlens is None:                 # a cached plan: a launch list may keep its tensors (kda/eager.py)
-            keep_for_lists(plan)
         fused = (not keep and not return_h and state_pass is None
                  and kda_fused_supported(q, v, state_v_first)[0])
         kg = empty(T_tot, HV, K, dtype=dt, device=dev) if fused else None
@@ -103,20 +104,21 @@ def chunk_kda_fwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                             return_h=return_h) + kept
     pairwise = empty(slots, HV, dtype=torch.int8, device=dev)
     cu, idx, N = plan.cu, plan.chunk_indices, plan.N
-    kda_cumsum_kernel[(slots, HV)](
-        q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, pairwise, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
-        BK=min(_pow2(K), CUMSUM_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
-        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, BETA_SIGMOID=beta_sigmoid,
-        NEG_EIGVAL=neg_eigval, num_warps=4)
+    launches(kda_cumsum_kernel, (slots, HV),
+             (q, k, g, beta, A_log, dt_bias, gcum, beta_eff, kdec, qdec, pairwise, cu, idx, N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=min(_pow2(K), CUMSUM_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+                  LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0,
+                  BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, num_warps=4))
     akkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
     aqkd = empty(T_tot, HV, 16, dtype=torch.float32, device=dev)
     ftz = ftz_exp2(q)
-    kda_diag_kernel[(slots * (CHUNK // 16), -(-HV // DIAG_BH))](
-        q, k, gcum, pairwise, akkd, aqkd, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K), BH=DIAG_BH, FTZ=ftz,
-        num_warps=DIAG_BH)
-    kda_inter_solve_kernel[(slots, HV)](
-        q, k, gcum, beta_eff, pairwise, akkd, aqkd, tinv, aqk, cu, idx, N, H=H, HV=HV, K=K, BT=CHUNK,
-        BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), FTZ=ftz, num_warps=4)
+    launches(kda_diag_kernel, (slots * (CHUNK // 16), -(-HV // DIAG_BH)),
+             (q, k, gcum, pairwise, akkd, aqkd, cu, idx, N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=_pow2(K), BH=DIAG_BH, FTZ=ftz, num_warps=DIAG_BH))
+    launches(kda_inter_solve_kernel, (slots, HV),
+             (q, k, gcum, beta_eff, pairwise, akkd, aqkd, tinv, aqk, cu, idx, N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=min(_pow2(K), INTRA_BK), DOT_PREC=dot_precision(dt), FTZ=ftz,
+                  num_warps=4))
     return _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, beta_eff, tinv, aqk, kdec,
                         qdec, state_v_first, state_pass, output=not keep or keep_output, keep=keep, return_h=return_h,
                         pairwise=pairwise)
@@ -139,9 +141,10 @@ def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], 
     u = empty(T_tot, HV, V, dtype=dt, device=dev)
     pairwise = empty(plan.num_slots, HV, dtype=torch.int8, device=dev)
     cfg = split_intra_config(K, V)
-    kda_recompute_wu_kernel[(plan.num_slots, HV)](
-        q, k, v, gcum, beta_eff, tinv, kdec, qdec, w, u, pairwise, plan.cu, plan.chunk_indices, plan.N, H=H, HV=HV,
-        K=K, V=V, BT=CHUNK, BK=min(cfg.BK, RECOMPUTE_BK), BV=cfg.BV, DOT_PREC=dot_precision(dt), num_warps=cfg.warps_wu)
+    launches(kda_recompute_wu_kernel, (plan.num_slots, HV),
+             (q, k, v, gcum, beta_eff, tinv, kdec, qdec, w, u, pairwise, plan.cu, plan.chunk_indices, plan.N),
+             dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=min(cfg.BK, RECOMPUTE_BK), BV=cfg.BV, DOT_PREC=dot_precision(dt),
+                  num_warps=cfg.warps_wu))
     return _after_intra(q, k, v, scale, initial_state, False, plan, gcum, beta_eff, tinv, aqk, kdec, qdec,
                         state_v_first, state_pass, output=False, keep=True, pairwise=pairwise, wu=(w, u))[2]
 
@@ -162,10 +165,9 @@ def _after_intra(q, k, v, scale, initial_state, output_final_state, plan, gcum, 
     if wu is None:
         w = empty(T_tot, HV, K, dtype=dt, device=dev)
         u = empty(T_tot, HV, V, dtype=dt, device=dev)
-        wu_kernel[(slots, HV)](
-            k, v, beta_eff, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N,
-            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
-            num_warps=cfg.warps_wu)
+        launches(wu_kernel, (slots, HV), (k, v, beta_eff, gcum, tinv, w, u, plan.cu, plan.chunk_indices, N),
+                 dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, DOT_PREC=dot_prec, DECAY="channel",
+                      num_warps=cfg.warps_wu))
     else:
         w, u = wu
 
