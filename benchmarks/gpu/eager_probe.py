@@ -77,21 +77,22 @@ def _inputs(kind, B, T, H, HV, torch):
 
 
 def _call(kind, B, T, H, HV, torch):
-    """One eager call of the shape's public op on fresh inputs (inference, backend "auto")."""
+    """(one eager call of the shape's public op on fresh inputs (inference, backend "auto"), its chunk / decode inputs
+    or None)."""
     import linattn
     if kind in ("conv", "conv_update", "norm"):
         D, W, dev, bf = HV * 128, 4, "cuda", torch.bfloat16
         w = torch.randn(D, W, device=dev)
         if kind == "conv":
             x = torch.randn(B, T, D, device=dev, dtype=bf)
-            return lambda: linattn.causal_conv1d(x, w, activation="silu")
+            return (lambda: linattn.causal_conv1d(x, w, activation="silu")), None
         if kind == "conv_update":
             x = torch.randn(B, D, device=dev, dtype=bf)
             state = torch.randn(B, D, W, device=dev, dtype=bf)
-            return lambda: linattn.causal_conv1d_update(x, state, w, activation="silu")
+            return (lambda: linattn.causal_conv1d_update(x, state, w, activation="silu")), None
         x, gate = (torch.randn(B * T, HV, 128, device=dev, dtype=bf) for _ in range(2))
         weight = torch.ones(128, device=dev)
-        return lambda: linattn.rms_norm_gated(x, gate, weight)
+        return (lambda: linattn.rms_norm_gated(x, gate, weight)), None
     x = _inputs(kind, B, T, H, HV, torch)
     fn = dict(fwd=linattn.chunk_gated_delta_rule, decode=linattn.fused_recurrent_gated_delta_rule,
               kda=linattn.chunk_kda, kda_decode=linattn.fused_recurrent_kda)[kind]
@@ -196,10 +197,7 @@ def child(shape: str, cond: str) -> dict:
     kind, B, T, H, HV = SHAPES[shape]
     if cond == "after4g":
         torch.empty(4 << 30, dtype=torch.uint8, device="cuda").zero_()     # freed at once, kept by the allocator
-    call = _call(kind, B, T, H, HV, torch)
-    x = None
-    if isinstance(call, tuple):
-        call, x = call
+    call, x = _call(kind, B, T, H, HV, torch)
     res = dict(shape=shape, cond=cond, pid=os.getpid(), python_speed_us=[_python_speed_us()])
     t0 = time.perf_counter()
     call()

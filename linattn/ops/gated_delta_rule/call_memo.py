@@ -58,4 +58,3 @@ def run_direct(cache: dict, key, inputs: tuple):
     initial_state), or None: none kept, or it declined (then the caller takes the full path)."""
     direct = cache.get(key)
     return None if direct is None else direct(*inputs)
-

@@ -63,7 +63,7 @@ def _chunk_kda_fwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
         return (o, final if final is not None else _empty(q)) + _empties(q, 10)
     if save == SAVE_STAGE2A and intra == "gluon":
         from linattn.ops.kda import eager
-        if not state_v_first and eager.listed(q, v, cu_seqlens, state_v_first):
+        if eager.listed(q, v, cu_seqlens, state_v_first):       # (the fused stages take K-first states only)
             o, final, kept = eager.fwd_eager(q, k, v, g, beta, scale, initial_state, output_final_state, A_log,
                                              dt_bias, gate, lower_bound, beta_sigmoid, neg_eigval, save_stage2a=True)
         else:
@@ -243,7 +243,6 @@ def _gluon_auto_filter(q=None, k=None, v=None, g=None, beta=None, initial_state=
     if disable_recompute and records_autograd(q, k, v, g, beta, initial_state, A_log, dt_bias):
         return False, "disable_recompute's autograd forward keeps W, h and Vnew, which the Triton stages form"
     return True, ""
-
 
 
 _backends.register("gluon", _gluon_impl, _gluon_supports, priority=5, auto_filter=_gluon_auto_filter,
