@@ -82,6 +82,36 @@ def test_conv_strided_x(device):
     assert_close("final_state", f, f_ref, TOL[torch.float32])
 
 
+def test_repeat_calls_skip_checks_but_not_for_a_new_signature(device, monkeypatch):
+    """causal_conv1d remembers a call signature whose checks passed and chose Triton: repeat calls on fresh inputs of
+    that signature skip the checks and stay correct; another signature is checked (a bad one refused); cu_seqlens on
+    the CPU is checked on every call (the checks read its values there)."""
+    from linattn.ops.conv1d import api as conv_api
+    calls = []
+    orig = conv_api.check_conv_inputs
+    monkeypatch.setattr(conv_api, "check_conv_inputs", lambda *a: calls.append(a[1].dtype) or orig(*a))
+    conv_api._CHECKED.clear()
+    for _ in range(3):
+        inp = _inputs(device, torch.float32, 4, False)
+        with torch.no_grad(), poisoned_allocations():
+            y, final = linattn.causal_conv1d(**inp, output_final_state=True, activation="silu")
+        ref = {k: None if v is None else v.double() for k, v in inp.items()}
+        y_ref, final_ref = linattn.causal_conv1d(**ref, output_final_state=True, activation="silu",
+                                                 backend="reference")
+        assert_close("y", y, y_ref, TOL[torch.float32])
+        assert_close("final_state", final, final_ref, TOL[torch.float32])
+    assert calls.count(torch.float32) == 1      # the reference calls (fp64, backend="reference") are all checked
+    with pytest.raises(ValueError, match="initial_state"):
+        linattn.causal_conv1d(inp["x"], inp["weight"], initial_state=inp["initial_state"][:1])
+    assert calls.count(torch.float32) == 2
+    x, w = torch.randn(1, 8, D, device=device), torch.randn(D, 3, device=device)
+    with torch.no_grad():
+        linattn.causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 3, 8], device=device))
+        if x.device.type == "cpu":
+            with pytest.raises(ValueError, match="cu_seqlens"):
+                linattn.causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 3, 7], device=device))
+
+
 @pytest.mark.parametrize("W", [2, 4])
 @pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
                                                (torch.bfloat16, torch.bfloat16)])

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from linattn.backends import op_backends
+from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.conv1d.reference import causal_conv1d_reference
 from linattn.ops.conv1d.validation import check_conv_inputs, fail
 from linattn.runtime import eager_ops
@@ -147,10 +147,26 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if cp_context is not None:
         return _context_parallel(x, weight, bias, residual, initial_state, output_final_state, activation, backend,
                                  cu_seqlens, cp_context)
+    key = None
+    if (cu_seqlens is None or type(cu_seqlens) is torch.Tensor and cu_seqlens.is_cuda) and \
+            (activation is None or type(activation) is str) and type(output_final_state) is bool:
+        key = _CHECKED.key(backend, (x, weight, bias, residual, initial_state, cu_seqlens),
+                           (activation, output_final_state))
+    impl = _CHECKED.get(key)
+    if impl is not None:
+        return impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
     check_conv_inputs(OP, x, weight, bias, residual, initial_state, cu_seqlens, activation)
     b = _backends.select(backend, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
                          cu_seqlens=cu_seqlens)
+    if b.name == "triton":
+        _CHECKED.put(key, b.impl)
     return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
+
+
+# Calls whose checks passed and that chose Triton (backends.CheckedCalls): a repeat call of one signature skips the
+# checks and the backend choice. Not remembered: traced calls, and calls with cu_seqlens on the CPU, whose values the
+# checks read.
+_CHECKED = CheckedCalls()
 
 
 def _context_parallel(x, weight, bias, residual, initial_state, output_final_state, activation, backend, cu_seqlens,
