@@ -36,6 +36,7 @@ from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_k
 from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_precision, exp2_fast, exp_fast,
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.ops.kda.triton.forward import DIAG_BH, KdaIntermediates, chunk_kda_fwd
 from linattn.ops.kda.triton.intra import chunk_rows, token_rows
 from linattn.runtime.alloc import empty
@@ -389,23 +390,23 @@ def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch
     HV, K = kdec.shape[-2], kdec.shape[-1]
     V = do.shape[-1]
     bv_state = min(_pow2(V), STATE_BV)
-    chunk_state_bwd_kernel[(cdiv(V, bv_state) * plan.N * HV,)](
-        qdec, kdec, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
-        plan.cu, plan.chunk_offsets, scale,
-        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=bv_state, USE_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, STORE_DH=store_dh, DOT_PREC=dot_precision(qdec.dtype), V_FIRST=state_v_first,
-        DECAY="channel", num_warps=8, num_stages=1)
+    launches(chunk_state_bwd_kernel, (cdiv(V, bv_state) * plan.N * HV,),
+             (qdec, kdec, w, gcum, do, dh, dvnew, dht if dht is not None else gcum, dh0 if dh0 is not None else gcum,
+              plan.cu, plan.chunk_offsets, scale),
+             dict(H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=_pow2(K), BV=bv_state, USE_DHT=dht is not None,
+                  STORE_DH0=dh0 is not None, STORE_DH=store_dh, DOT_PREC=dot_precision(qdec.dtype),
+                  V_FIRST=state_v_first, DECAY="channel", num_warps=8, num_stages=1))
 
 
 def launch_kda_wy_bwd(q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan,
                       scale: float) -> None:
     """The backward's WY stage (kda_wy_bwd_kernel) over the plan's chunk slots and value heads."""
     K, HV, V = q.shape[-1], v.shape[-2], v.shape[-1]
-    kda_wy_bwd_kernel[(plan.num_slots, HV)](
-        q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan.cu,
-        plan.chunk_indices, plan.chunk_offsets, plan.N, scale, H=q.shape[-2], HV=HV, K=K, V=V, BT=CHUNK,
-        BK=min(_pow2(K), WY_BK), BV=_pow2(V), DOT_PREC=dot_precision(q.dtype), num_warps=WY_WARPS,
-        num_stages=WY_STAGES)
+    launches(kda_wy_bwd_kernel, (plan.num_slots, HV),
+             (q, k, v, gcum, beta, tinv, h, vnew, do, dh, dvnew, dq, dk, dv, dgam, dbeta, dakk, daqk, plan.cu,
+              plan.chunk_indices, plan.chunk_offsets, plan.N, scale),
+             dict(H=q.shape[-2], HV=HV, K=K, V=V, BT=CHUNK, BK=min(_pow2(K), WY_BK), BV=_pow2(V),
+                  DOT_PREC=dot_precision(q.dtype), num_warps=WY_WARPS, num_stages=WY_STAGES))
 
 
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.Tensor],
@@ -436,10 +437,10 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     BK, BV = _pow2(K), _pow2(V)
 
     dvnew = empty(T_tot, HV, V, dtype=dt, device=dev)
-    chunk_dv_local_kernel[(slots, HV)](
-        fwd.qdec, fwd.kdec, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices, N, scale,
-        H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, 64), DOT_PREC=dot_prec, DECAY="channel", aqk_ptr=fwd.aqk,
-        num_warps=4)
+    launches(chunk_dv_local_kernel, (slots, HV), (fwd.qdec, fwd.kdec, fwd.gcum, do, dvnew, plan.cu, plan.chunk_indices,
+                                                  N, scale),
+             dict(H=HV, HV=HV, K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, 64), DOT_PREC=dot_prec, DECAY="channel",
+                  num_warps=4), tensors=dict(aqk_ptr=fwd.aqk))
     dh = empty(slots, HV, K, V, dtype=dt, device=dev)
     dh0 = empty(*initial_state.shape, dtype=torch.float32, device=dev) if initial_state is not None else None
     if state_bwd is None:
@@ -467,19 +468,20 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
     G = HV // H
     dq_out = dq_hv if G > 1 else empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dk_hv if G > 1 else empty(B, T, H, K, dtype=k.dtype, device=dev)
-    kda_pair_diag_bwd_kernel[(slots * CHUNK, -(-HV // DIAG_BH))](
-        k, q, fwd.gcum, fwd.beta, dakk, daqk, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta_part, plan.cu,
-        plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=BK, BH=DIAG_BH, FTZ=ftz_exp2(q), num_warps=DIAG_BH)
-    kda_pair_bwd_kernel[(4 * slots, HV)](
-        k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta, dq_out,
-        dk_out, plan.cu,
-        plan.chunk_indices, N, H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec,
-        BETA_SIGMOID=beta_sigmoid, NEG_EIGVAL=neg_eigval, FTZ=ftz_exp2(q), num_warps=PAIR_WARPS,
-        num_stages=PAIR_STAGES)
-    kda_dg_kernel[(slots, HV)](
-        g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N, HV=HV, K=K, BT=CHUNK,
-        BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
-        LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4)
+    ftz = ftz_exp2(q)
+    launches(kda_pair_diag_bwd_kernel, (slots * CHUNK, -(-HV // DIAG_BH)),
+             (k, q, fwd.gcum, fwd.beta, dakk, daqk, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta_part, plan.cu,
+              plan.chunk_indices, N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=BK, BH=DIAG_BH, FTZ=ftz, num_warps=DIAG_BH))
+    launches(kda_pair_bwd_kernel, (4 * slots, HV),
+             (k, q, fwd.gcum, fwd.beta, beta, dakk, daqk, dbeta_part, fwd.pairwise, dq_hv, dk_hv, dgam, dbeta, dq_out,
+              dk_out, plan.cu, plan.chunk_indices, N),
+             dict(H=H, HV=HV, K=K, BT=CHUNK, BK=min(BK, PAIR_BK), DOT_PREC=dot_prec, BETA_SIGMOID=beta_sigmoid,
+                  NEG_EIGVAL=neg_eigval, FTZ=ftz, num_warps=PAIR_WARPS, num_stages=PAIR_STAGES))
+    launches(kda_dg_kernel, (slots, HV),
+             (g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N),
+             dict(HV=HV, K=K, BT=CHUNK, BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
+                  LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4))
     dq = dq_hv.view(B, T, H, G, K).sum(3).to(q.dtype) if G > 1 else dq_out
     dk = dk_hv.view(B, T, H, G, K).sum(3).to(k.dtype) if G > 1 else dk_out
     dA_log = dA.sum(0).to(A_log.dtype) if gate and A_log is not None else None
