@@ -27,6 +27,10 @@ Sections (each in its own child process under a timeout, so a hang or a crash co
                  calls (pools fp32 / bf16 at batch 1 / 32 / 256, padded rows, speculative T = 4, the gate forms,
                  state_v_first) against the fp64 reference; sync-free calls; a CUDA graph of forward + backward
                  (both per backend); the gluon backend's forward alone and with Triton's backward (its cases).
+  layer_ops      causal_conv1d forward + backward (fixed length, varlen with 0- and 1-token sequences, states, bias,
+                 residual; every gradient), causal_conv1d_update on a pool with padded rows, rms_norm_gated forward +
+                 backward (per-head groups, both gate orders) against fp64 references; repeat calls of one signature
+                 on fresh inputs (the last on a side stream); a sync-free step; a CUDA graph of the step = eager.
   fla_options    chunk_gated_delta_rule with use_gate_in_kernel (A_log, dt_bias), the beta sigmoid (allow_neg_eigval)
                  and state_v_first, alone and combined, forward + backward against fp64, backends auto and triton;
                  fused_recurrent_gated_delta_rule with state_v_first pools and vLLM's speculative decoding.
@@ -43,7 +47,7 @@ GPU): run kda alone in a call (its first case took 167 s on the H200 before the 
 fla_options in another. A hang costs its section's timeout (TIMEOUT_S),
 so after one, run the rest with --only. Writes DIR/gate.json (the environment line
 first, then each section's cases) and exits 1 when any case failed, errored or timed out.
-`--dry-run` runs fwd_triton, bwd, decode, kda and fla_options at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
+`--dry-run` runs fwd_triton, bwd, decode, kda, layer_ops and fla_options at tiny sizes on the CPU under TRITON_INTERPRET=1, without the cases
 that need a GPU (sync-free, CUDA graphs, torch.compile, out-of-range indices; fla_options' auto backend): it checks the script itself.
 `--list` prints every section's case names.
 """
@@ -64,17 +68,17 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))          # linattn fr
 from common import env_line, write_json  # noqa: E402
 from gate_sections import base  # noqa: E402
 
-SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "kda", "fla_options",
-            "eager")
-DRY_SECTIONS = ("fwd_triton", "bwd", "decode", "kda", "fla_options")
+SECTIONS = ("fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "kda", "layer_ops",
+            "fla_options", "eager")
+DRY_SECTIONS = ("fwd_triton", "bwd", "decode", "kda", "layer_ops", "fla_options")
 TIMEOUT_S = {"fwd_triton": 240, "fwd_gluon": 240, "bwd": 300, "decode": 180, "matmul_triton": 90, "eager": 300,
-             "matmul_gluon": 180, "kda": 540, "fla_options": 240}
+             "matmul_gluon": 180, "kda": 540, "layer_ops": 180, "fla_options": 240}
 
 
 def _sections():
     """section -> (run(save) -> its result dict, () -> its case names), eager (eager_probe.py) aside. The modules are
     imported on first use, after main has set the run mode (base.configure)."""
-    from gate_sections import bwd, decode, fla_options, fwd, kda, matmul
+    from gate_sections import bwd, decode, fla_options, fwd, kda, layer_ops, matmul
     return {"fwd_triton": (lambda save: fwd.section("triton", save), lambda: fwd.case_names("triton")),
             "fwd_gluon": (lambda save: fwd.section("gluon", save), lambda: fwd.case_names("gluon")),
             "bwd": (bwd.section, bwd.case_names),
@@ -82,6 +86,7 @@ def _sections():
             "matmul_triton": (lambda save: matmul.section("triton", save), lambda: matmul.case_names("triton")),
             "matmul_gluon": (lambda save: matmul.section("gluon", save), lambda: matmul.case_names("gluon")),
             "kda": (kda.section, kda.case_names),
+            "layer_ops": (layer_ops.section, layer_ops.case_names),
             "fla_options": (fla_options.section, fla_options.case_names)}
 
 

@@ -1,0 +1,226 @@
+"""Gate section layer_ops: the ops around the attention in a GDN / KDA layer, against their fp64 references on the
+GPU: causal_conv1d forward + backward (fixed length and varlen with cu_seqlens on the device, states, bias, residual,
+every gradient), its decode step causal_conv1d_update on a state pool with padded rows, rms_norm_gated forward +
+backward (per-head groups, both gate orders); repeat calls of one signature on fresh inputs (the signature memo's
+path, the last on a side stream); sync-free calls; a CUDA graph of the three replayed on new data."""
+from __future__ import annotations
+
+import torch
+from common import case_runner
+
+from gate_sections import base
+
+
+def _dims():
+    """(B, T, D, varlen lengths, norm rows, heads, head size)."""
+    if base.DRY:
+        return 2, 70, 37, [5, 1, 0, 20, 3], 9, 2, 16
+    return 2, 4096, 4096, [1, 63, 64, 65, 0, 3000, 777], 4096, 32, 128
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=base.DEV).to(dtype)
+
+
+def _grad_pass(fn, leaves: dict, seed: int):
+    """(outputs, {name: gradient}) of fn(**leaves) under fixed upstream gradients (the same for every backend)."""
+    outs = [o for o in fn(**leaves) if o is not None]
+    gen = torch.Generator(device=base.DEV)
+    gen.manual_seed(seed)
+    ups = [torch.randn(o.shape, device=base.DEV, generator=gen).to(o.dtype) for o in outs]
+    grads = torch.autograd.grad(outs, list(leaves.values()), ups)
+    return outs, dict(zip(leaves, grads))
+
+
+def _leaves(x: dict, cast=None) -> dict:
+    return {n: (t.detach().to(cast) if cast else t.detach()).requires_grad_(True) for n, t in x.items()
+            if t is not None}
+
+
+def conv_case(dtype, varlen: bool):
+    """causal_conv1d forward + backward (silu, bias, residual, initial and final states, W = 4; varlen: W = 3 and
+    zero-length / 1-token sequences) against autograd through the fp64 reference: y, the final state, every
+    gradient."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    B, T, D, lengths, _, _, _ = _dims()
+    W = 3 if varlen else 4
+    cu = None
+    if varlen:
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=base.DEV, dtype=torch.int32)
+        B, T = 1, sum(lengths)
+    N = len(lengths) if varlen else B
+    x = dict(x=_randn(B, T, D, dtype=dtype), weight=_randn(D, W, dtype=dtype) * 0.5, bias=_randn(D, dtype=dtype),
+             residual=_randn(B, T, D, dtype=dtype), initial_state=_randn(N, D, W, dtype=dtype))
+
+    def run(backend, cast=None):
+        def fn(**t):
+            return linattn.causal_conv1d(t["x"], t["weight"], t["bias"], t["residual"], t["initial_state"], True,
+                                         "silu", backend, cu)
+        return _grad_pass(fn, _leaves(x, cast), seed=1)
+
+    with poisoned_allocations():
+        (y, final), grads = run("auto")
+    (y_ref, final_ref), grads_ref = run("reference", torch.float64)
+    got = dict(y=y, final_state=final, **{f"d{n}": g for n, g in grads.items()})
+    ref = dict(y=y_ref, final_state=final_ref, **{f"d{n}": g for n, g in grads_ref.items()})
+    errs, ok = base.errors(got, ref, dtype)
+    return dict(errors=errs, passed=ok)
+
+
+def conv_repeat_case():
+    """Five no-grad calls of one causal_conv1d signature on fresh inputs, outputs NaN-poisoned, the last on a side
+    stream: each against the fp64 reference (the repeat calls skip the checks and the backend choice)."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    B, T, D, _, _, _, _ = _dims()
+    errs, ok = [], True
+    side = torch.cuda.Stream() if base.DEV == "cuda" else None
+    for i in range(5):
+        x, w, h0 = _randn(B, T, D, dtype=torch.bfloat16), _randn(D, 4) * 0.5, _randn(B, D, 4, dtype=torch.bfloat16)
+        with torch.no_grad(), poisoned_allocations():
+            if side is not None and i == 4:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    y, f = linattn.causal_conv1d(x, w, initial_state=h0, output_final_state=True, activation="silu")
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                y, f = linattn.causal_conv1d(x, w, initial_state=h0, output_final_state=True, activation="silu")
+        y_ref, f_ref = linattn.causal_conv1d(x.double(), w.double(), initial_state=h0.double(),
+                                             output_final_state=True, activation="silu", backend="reference")
+        e, good = base.errors(dict(y=y, final_state=f), dict(y=y_ref, final_state=f_ref), torch.bfloat16)
+        errs.append(e)
+        ok = ok and good
+    return dict(errors=errs, passed=ok)
+
+
+def conv_update_case(state_dtype):
+    """causal_conv1d_update: one token per row into a pool of 2B slots through state_indices with padded rows (-1),
+    against the fp64 reference on a copy of the pool: outputs of live rows, the updated slots, untouched slots."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    _, _, D, _, _, _, _ = _dims()
+    B, W = (6 if base.DRY else 64), 4
+    x, w, b = _randn(B, D, dtype=torch.bfloat16), _randn(D, W) * 0.5, _randn(D)
+    pool = _randn(2 * B, D, W, dtype=state_dtype)
+    idx = torch.randperm(2 * B, device=base.DEV)[:B]
+    idx[1::5] = -1
+    ref_pool = pool.double()
+    with poisoned_allocations():
+        y = linattn.causal_conv1d_update(x, pool, w, b, "silu", state_indices=idx)
+    y_ref = linattn.causal_conv1d_update(x.double(), ref_pool, w.double(), b.double(), "silu", state_indices=idx,
+                                         backend="reference")
+    live = idx >= 0
+    errs, ok = base.errors(dict(y=y[live], state=pool), dict(y=y_ref[live], state=ref_pool), torch.bfloat16)
+    pad_zero = bool((y[~live] == 0).all()) if bool((~live).any()) else True
+    return dict(errors=errs, padded_rows_zero=pad_zero, passed=ok and pad_zero)
+
+
+def norm_case(norm_before_gate: bool):
+    """rms_norm_gated forward + backward on [rows, heads * head size] bf16 with one group per head, weight and bias,
+    against autograd through the fp64 reference: y and the gradients of x, g, weight and bias."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    _, _, _, _, rows, heads, hd = _dims()
+    D = heads * hd
+    x = dict(x=_randn(rows, D, dtype=torch.bfloat16), g=_randn(rows, D, dtype=torch.bfloat16), weight=_randn(D),
+             bias=_randn(D))
+
+    def run(backend, cast=None):
+        def fn(**t):
+            return (linattn.rms_norm_gated(t["x"], t["g"], t["weight"], t["bias"], group_size=hd,
+                                           norm_before_gate=norm_before_gate, backend=backend),)
+        return _grad_pass(fn, _leaves(x, cast), seed=2)
+
+    with poisoned_allocations():
+        (y,), grads = run("auto")
+    (y_ref,), grads_ref = run("reference", torch.float64)
+    errs, ok = base.errors(dict(y=y, **{f"d{n}": g for n, g in grads.items()}),
+                           dict(y=y_ref, **{f"d{n}": g for n, g in grads_ref.items()}), torch.bfloat16)
+    return dict(errors=errs, passed=ok)
+
+
+def _step_inputs():
+    B, T, D, lengths, _, heads, hd = _dims()
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=base.DEV, dtype=torch.int32)
+    Tv = sum(lengths)
+    return dict(x=_randn(1, Tv, D, dtype=torch.bfloat16), w=_randn(D, 4) * 0.5, cu=cu,
+                xu=_randn(8, D, dtype=torch.bfloat16), pool=_randn(16, D, 4), idx=torch.arange(8, device=base.DEV),
+                g=_randn(1, Tv, D, dtype=torch.bfloat16), nw=_randn(D)), hd
+
+
+def _step(t, hd):
+    """A layer's ops on one batch: the varlen convolution, a decode step into the pool, the gated norm."""
+    import linattn
+    y, _ = linattn.causal_conv1d(t["x"], t["w"], activation="silu", cu_seqlens=t["cu"])
+    yu = linattn.causal_conv1d_update(t["xu"], t["pool"], t["w"], None, "silu", state_indices=t["idx"])
+    o = linattn.rms_norm_gated(y, t["g"], t["nw"], group_size=hd)
+    return o, yu
+
+
+def sync_free_case():
+    """The step (and the convolution's backward) with torch's sync debug mode set to "error": no host
+    synchronisation."""
+    t, hd = _step_inputs()
+    _step(t, hd)                                        # compile and remember the signatures first
+    torch.cuda.synchronize()
+    x = t["x"].detach().requires_grad_(True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _step(t, hd)
+        import linattn
+        y, _ = linattn.causal_conv1d(x, t["w"], activation="silu", cu_seqlens=t["cu"])
+        y.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    ok = bool(torch.isfinite(x.grad).all())
+    return dict(sync_free=True, grad_finite=ok, passed=ok)
+
+
+def graph_case():
+    """A CUDA graph of the step replayed on new inputs (copied in) equals the eager step on them, bit for bit."""
+    t, hd = _step_inputs()
+    pool0 = t["pool"].clone()
+    graph, static = base.captured(lambda: _step(t, hd))
+    fresh, _ = _step_inputs()
+    for n in ("x", "xu", "g", "w", "nw"):
+        t[n].copy_(fresh[n])
+    t["pool"].copy_(pool0)
+    graph.replay()
+    got = [s.clone() for s in static] + [t["pool"].clone()]
+    t["pool"].copy_(pool0)
+    want = list(_step(t, hd)) + [t["pool"]]
+    torch.cuda.synchronize()
+    ok = all(bool(torch.equal(a, b)) for a, b in zip(got, want))
+    return dict(graph_equals_eager=ok, passed=ok)
+
+
+def layer_ops_cases():
+    """(name, fn, kwargs)."""
+    out = []
+    for dt in (torch.bfloat16, torch.float32):
+        out.append((f"causal_conv1d fwd+bwd {str(dt)[6:]}", conv_case, dict(dtype=dt, varlen=False)))
+    out.append(("causal_conv1d fwd+bwd varlen bf16", conv_case, dict(dtype=torch.bfloat16, varlen=True)))
+    out.append(("causal_conv1d repeat calls", conv_repeat_case, {}))
+    for sd in (torch.float32, torch.bfloat16):
+        out.append((f"causal_conv1d_update pool {str(sd)[6:]}", conv_update_case, dict(state_dtype=sd)))
+    for nbg in (True, False):
+        out.append((f"rms_norm_gated fwd+bwd norm_before_gate={nbg}", norm_case, dict(norm_before_gate=nbg)))
+    if not base.DRY:
+        out.append(("sync-free step", sync_free_case, {}))
+        out.append(("CUDA graph step", graph_case, {}))
+    return out
+
+
+def case_names():
+    return [name for name, _, _ in layer_ops_cases()]
+
+
+def section(save):
+    cases = []
+    run = case_runner(cases)
+    for name, fn, kw in layer_ops_cases():
+        run(name, fn, **kw)
+        save(dict(cases=cases, incomplete=True))
+    return dict(cases=cases)
