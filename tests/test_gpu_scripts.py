@@ -88,13 +88,28 @@ def test_gate_dry_run_fla_options(tmp_path):
     assert cases["decode spec T=4 fp32 pool B=3"]["pad_rows_zero"] and len(cases) == 8
 
 
+def test_gate_dry_run_layer_ops(tmp_path):
+    """The layer_ops section at tiny sizes: causal_conv1d's outputs and every gradient (fixed and varlen), its repeat
+    calls, the decode step's live rows, pool and padded rows, rms_norm_gated's output and gradients against fp64."""
+    cases = _dry_section("layer_ops", tmp_path)
+    grads = {"y", "final_state", "dx", "dweight", "dbias", "dresidual", "dinitial_state"}
+    assert set(cases["causal_conv1d fwd+bwd varlen bf16"]["errors"]) == grads
+    assert all(e <= 1e-3 for e in cases["causal_conv1d fwd+bwd float32"]["errors"].values())
+    assert len(cases["causal_conv1d repeat calls"]["errors"]) == 5
+    assert cases["causal_conv1d_update pool bfloat16"]["padded_rows_zero"]
+    assert set(cases["rms_norm_gated fwd+bwd norm_before_gate=False"]["errors"]) == {"y", "dx", "dg", "dweight",
+                                                                                      "dbias"}
+    assert len(cases) == 8
+
+
 def test_gate_case_lists_and_arguments(tmp_path):
     """--list names every section's cases (the GPU ones too: they are built without a GPU); unknown sections and
     GPU-only sections in a dry run are refused with exit 2."""
     out = _run([os.path.join(GPU, "gate.py"), "--list"], tmp_path)
     lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
     assert list(lines) == ["fwd_triton", "fwd_gluon", "bwd", "decode", "matmul_triton", "matmul_gluon", "kda",
-                           "fla_options", "eager"]
+                           "layer_ops", "fla_options", "eager"]
+    assert "causal_conv1d fwd+bwd varlen bf16" in lines["layer_ops"] and "CUDA graph step" in lines["layer_ops"]
     assert "chunk B2 T1000 gate softplus + beta sigmoid neg eigval bf16" in lines["kda"]
     assert "decode pool B=256 state=bfloat16" in lines["kda"] and "CUDA graph chunk fwd+bwd varlen" in lines["kda"]
     assert "gluon fwd+bwd B2 T1000 bf16 (chunks flagged pairwise)" in lines["kda"]
