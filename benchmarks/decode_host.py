@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
 
     import linattn
-    from linattn.ops.gated_delta_rule import call_memo
+    from linattn.runtime import call_memo
     from linattn.ops.gated_delta_rule import fused_recurrent as F
     from linattn.ops.gated_delta_rule import validation
     from linattn.ops.gated_delta_rule.triton import fused_recurrent as L

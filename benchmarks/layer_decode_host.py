@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     from linattn.backends import op_backends
     from linattn.layers import GatedDeltaNet, KimiDeltaAttention, RecurrentCache
     from linattn.ops.conv1d import validation as conv_validation
-    from linattn.ops.gated_delta_rule import call_memo, fused_recurrent, validation
+    from linattn.ops.gated_delta_rule import fused_recurrent, validation
+    from linattn.runtime import call_memo
     from linattn.ops.gated_delta_rule.triton import fused_recurrent as launcher
     from linattn.ops.gated_delta_rule.triton.hostsim import _patched, count_torch_ops
     from linattn.runtime.device import DeviceFacts

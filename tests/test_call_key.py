@@ -2,7 +2,7 @@
 flags, options), different wherever one of those differs."""
 import torch
 
-from linattn.ops.gated_delta_rule.call_memo import call_key
+from linattn.runtime.call_memo import call_key
 
 
 class _Sub(torch.Tensor):

@@ -7,7 +7,8 @@ capture) is checked afresh; a bad call still raises naming its argument. CPU cal
 import pytest
 import torch
 
-from linattn.ops.gated_delta_rule import api, call_memo
+from linattn.ops.gated_delta_rule import api
+from linattn.runtime import call_memo
 from linattn.runtime.settings import settings
 from linattn.testing import make_gdn_inputs
 

@@ -24,7 +24,7 @@ from linattn.runtime.hostsim import count_jit_runs, fake_hopper, normalise
 from linattn.ops.gated_delta_rule import fused_recurrent as F
 from linattn.ops.gated_delta_rule.triton import fused_recurrent as L
 
-from linattn.ops.gated_delta_rule import call_memo
+from linattn.runtime import call_memo
 call_memo.memo_applies = lambda q: True
 F._backends.backends["triton"].supports = lambda **_: (True, "")
 L.device_facts = lambda device=None: type("Facts", (), {"num_sms": 2})()   # the persistent kernel from N * HV >= 64

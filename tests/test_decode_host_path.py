@@ -107,7 +107,7 @@ def test_repeat_signature_skips_the_checks_and_keeps_refusing_bad_calls(monkeypa
     import torch
 
     import linattn
-    from linattn.ops.gated_delta_rule import call_memo
+    from linattn.runtime import call_memo
     from linattn.ops.gated_delta_rule import fused_recurrent as F
     monkeypatch.setattr(call_memo, "memo_applies", lambda q: True)
     monkeypatch.setattr(F, "_CHECKED", {})

@@ -13,7 +13,7 @@ from linattn.runtime.hostsim import count_jit_runs, fake_hopper, normalise
 from linattn.ops.gated_delta_rule import fused_recurrent as F
 from linattn.ops.kda import fused_recurrent as KF
 
-from linattn.ops.gated_delta_rule import call_memo
+from linattn.runtime import call_memo
 call_memo.memo_applies = lambda q: True
 KF._backends.backends["triton"].supports = lambda **_: (True, "")
 launcher_calls = [0]

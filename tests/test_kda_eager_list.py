@@ -22,7 +22,8 @@ import linattn
 from kda_cases import kda_inputs
 from linattn.ops.kda import chunk as kc, eager as E
 from linattn.ops.kda.triton.forward import chunk_kda_fwd
-from linattn.ops.gated_delta_rule import call_memo, validation
+from linattn.ops.gated_delta_rule import validation
+from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule.triton.hostsim import _patched
 
 impl_calls = [0]                                        # either backend's impl: both accept CPU tensors here

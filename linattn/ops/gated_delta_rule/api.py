@@ -16,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.ops.gated_delta_rule import autograd, call_memo
+from linattn.ops.gated_delta_rule import autograd
+from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.triton import forward as _tf
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.ops.gated_delta_rule import call_memo
+from linattn.runtime import call_memo
 from linattn.ops.norm.l2norm import l2norm
 from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_size, check_gdn_inputs,
                                                     fla_state_v_first)

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.ops.gated_delta_rule import call_memo
+from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule import fused_recurrent as gdn_decode
 from linattn.ops.gated_delta_rule.validation import check_channel_decay, fla_state_v_first
 

@@ -2,20 +2,21 @@
 keep a direct launch). A signature is everything the checks, the choice and the launchers read: per tensor argument
 its type, shape, strides, dtype, device and whether it requires grad; the grad mode; the options. Values inside
 device tensors are never read on a GPU (no host sync), so they are not part of it; CPU calls read them and are never
-remembered."""
+remembered. Shared by the chunked ops (GDN, KDA) and the decode ops."""
 from typing import Optional
 
 import torch
 
-from linattn.ops.gated_delta_rule.validation import CHECK_GPU_VALUES
 from linattn.runtime.settings import settings
 
 _TENSOR = torch.Tensor
+# LINATTN_CHECK_INPUTS, read at import as the ops' validation reads it: with it set, every call's values are checked
+_CHECK_GPU_VALUES = settings.check_inputs
 
 
 def memo_applies(q) -> bool:
     """Plain eager calls on CUDA tensors, unless LINATTN_CHECK_INPUTS=1 asks for the values of every call checked."""
-    return type(q) is torch.Tensor and q.is_cuda and not CHECK_GPU_VALUES and not torch.compiler.is_compiling()
+    return type(q) is torch.Tensor and q.is_cuda and not _CHECK_GPU_VALUES and not torch.compiler.is_compiling()
 
 
 def call_key(backend, tensors: tuple, scale, pad_slot_id, flags: tuple) -> Optional[tuple]:
