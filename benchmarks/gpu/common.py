@@ -50,6 +50,17 @@ def case_runner(cases: list):
     return run
 
 
+def run_listed(listed, save) -> dict:
+    """A section of (name, fn, kwargs) cases: each through case_runner, the results saved after every case (a
+    timeout keeps what ran); returns the section's result."""
+    cases = []
+    run = case_runner(cases)
+    for name, fn, kw in listed:
+        run(name, fn, **kw)
+        save(dict(cases=cases, incomplete=True))
+    return dict(cases=cases)
+
+
 def host_us(fn, calls: int = 20) -> float:
     """Host-clock us per call of fn over `calls` back-to-back calls with no synchronisation inside (after a
     synchronised warm-up): the Python and launch cost alone while the GPU's launch queue absorbs the kernels

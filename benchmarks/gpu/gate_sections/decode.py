@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import torch
-from common import case_runner
+from common import run_listed
 
 from gate_sections import base
 
@@ -223,9 +223,4 @@ def case_names():
 
 
 def section(save):
-    cases = []
-    run = case_runner(cases)
-    for name, fn, kw in decode_cases():
-        run(name, fn, **kw)
-        save(dict(cases=cases, incomplete=True))
-    return dict(cases=cases)
+    return run_listed(decode_cases(), save)

@@ -6,7 +6,7 @@ path, the last on a side stream); sync-free calls; a CUDA graph of the three rep
 from __future__ import annotations
 
 import torch
-from common import case_runner
+from common import run_listed
 
 from gate_sections import base
 
@@ -218,9 +218,4 @@ def case_names():
 
 
 def section(save):
-    cases = []
-    run = case_runner(cases)
-    for name, fn, kw in layer_ops_cases():
-        run(name, fn, **kw)
-        save(dict(cases=cases, incomplete=True))
-    return dict(cases=cases)
+    return run_listed(layer_ops_cases(), save)
