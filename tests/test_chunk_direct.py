@@ -14,8 +14,8 @@ from test_fwd_launch_list import COMMON
 CHILD = COMMON + r"""
 import linattn
 from linattn.ops.gated_delta_rule import api, validation
-from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule.triton.hostsim import _patched
+from linattn.runtime import call_memo
 
 patches = [(call_memo, "memo_applies", lambda q: True)]
 for name in dir(validation):

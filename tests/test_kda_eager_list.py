@@ -23,8 +23,8 @@ from kda_cases import kda_inputs
 from linattn.ops.kda import chunk as kc, eager as E
 from linattn.ops.kda.triton.forward import chunk_kda_fwd
 from linattn.ops.gated_delta_rule import validation
-from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule.triton.hostsim import _patched
+from linattn.runtime import call_memo
 
 impl_calls = [0]                                        # either backend's impl: both accept CPU tensors here
 patches = [(call_memo, "memo_applies", lambda q: True)]

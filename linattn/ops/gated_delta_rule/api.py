@@ -17,13 +17,12 @@ import torch
 
 from linattn.backends import op_backends
 from linattn.ops.gated_delta_rule import autograd
-from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule import reference as _ref
 from linattn.ops.gated_delta_rule.triton import forward as _tf
 from linattn.ops.gated_delta_rule.validation import (check_fla_gate_params, check_fla_options, check_gdn_inputs,
                                                      fla_state_v_first)
 from linattn.ops.norm.l2norm import l2norm
-from linattn.runtime import eager_ops
+from linattn.runtime import call_memo, eager_ops
 from linattn.runtime.capture import capturing, stream_capturing
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.settings import settings

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from linattn.backends import op_backends
-from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule.reference import naive_recurrent
 from linattn.ops.gated_delta_rule.triton.fused_recurrent import direct_decode, fused_recurrent_gdn_fwd
 from linattn.ops.gated_delta_rule.validation import (_fail, check_channel_decay, check_fla_decode_options,
                                                      check_gdn_inputs, fla_state_v_first)
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
+from linattn.runtime import call_memo
 from linattn.runtime.settings import settings
 
 OP = "fused_recurrent_gated_delta_rule"

@@ -15,13 +15,12 @@ from typing import List, Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.runtime import call_memo
 from linattn.ops.norm.l2norm import l2norm
 from linattn.ops.gated_delta_rule.validation import (check_channel_decay, check_chunk_size, check_gdn_inputs,
                                                     fla_state_v_first)
 from linattn.ops.kda.fused_recurrent import check_kda_gate_args, gate_mode
 from linattn.ops.kda.reference import kda_gate, naive_recurrent_kda
-from linattn.runtime import eager_ops
+from linattn.runtime import call_memo, eager_ops
 from linattn.runtime.capture import capturing
 from linattn.runtime.device import eager_without_autograd, records_autograd
 from linattn.runtime.settings import settings

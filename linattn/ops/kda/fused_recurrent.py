@@ -10,9 +10,9 @@ from typing import Optional, Tuple
 import torch
 
 from linattn.backends import op_backends
-from linattn.runtime import call_memo
 from linattn.ops.gated_delta_rule import fused_recurrent as gdn_decode
 from linattn.ops.gated_delta_rule.validation import check_channel_decay, fla_state_v_first
+from linattn.runtime import call_memo
 
 OP = "fused_recurrent_kda"
 _backends = op_backends(OP)
