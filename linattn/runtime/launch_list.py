@@ -148,6 +148,13 @@ def _extent(t: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
+def _whole_view(o: torch.Tensor, buf: torch.Tensor) -> bool:
+    """Whether o is a contiguous view of all of the contiguous buffer buf (a launcher's `y.view(x.shape)`): a replay
+    then returns its own buffer viewed as o's shape."""
+    return (o.data_ptr() == buf.data_ptr() and o.dtype == buf.dtype and o.numel() == buf.numel()
+            and o.is_contiguous() and buf.is_contiguous() and o.device == buf.device)
+
+
 def _contiguous_strides(shape) -> tuple:
     strides, n = [], 1
     for d in reversed(shape):
@@ -170,7 +177,7 @@ class LaunchList:
     def build(cls, rec: Recorder, inputs: Sequence[Optional[torch.Tensor]], outputs: Sequence[Any], device,
               host_path, get_device, hooks_active, poisoning) -> Optional["LaunchList"]:
         """The list of rec's call, whose tensors were `inputs` (None where absent) and which returned `outputs`
-        (tensors, or None); None where the record cannot be replayed (the module doc says when). get_device,
+        (tensors, each an input, a recorded buffer or a contiguous view of the whole of one; or None); None where the record cannot be replayed (the module doc says when). get_device,
         hooks_active and poisoning (runtime/alloc.py's) are asked per replay."""
         if rec.broken is not None or not any(s[0] == "launch" for s in rec.steps):
             return None
@@ -235,9 +242,13 @@ class LaunchList:
                 outs.append(None)
                 continue
             idx = next((i for i, t in enumerate(srcs) if t is o), None)
+            if idx is not None:
+                outs.append((idx, None))
+                continue
+            idx = next((i for i, t in enumerate(rec.allocs) if _whole_view(o, t[0])), None)
             if idx is None:
                 return None
-            outs.append(idx)
+            outs.append((len(srcs) - len(rec.allocs) + idx, tuple(o.shape)))
         self.outputs = tuple(outs)
         self.allocs = tuple((tuple(t.shape), t.stride(), t.dtype, t.device, zero, t.is_floating_point())
                             for t, zero in rec.allocs)
@@ -245,7 +256,7 @@ class LaunchList:
             return None                     # only contiguous buffers (what torch.empty gives) are re-made
         # buffers that are not outputs: carved from one workspace allocation per replay (only their pointers are
         # needed), WORKSPACE_ALIGN bytes apart, the zero-filled ones first (one zeroing of that region per replay)
-        outs_at = {i - len(inputs) for i in outs if i is not None and i >= len(inputs)}
+        outs_at = {o[0] - len(inputs) for o in outs if o is not None and o[0] >= len(inputs)}
         ws_device = next((a[3] for j, a in enumerate(self.allocs) if j not in outs_at), None)
         layout, size = [None] * len(self.allocs), 0
         for zeroed in (True, False):
@@ -371,7 +382,8 @@ class LaunchList:
             else:
                 _, event, stream, fn = step
                 add(f"    {name(fn)}({name(event)}, {'cur' if stream is None else name(stream)})")
-        outs = [("None" if i is None else f"t{i}") for i in self.outputs]
+        outs = [("None" if o is None else f"t{o[0]}" if o[1] is None else f"t{o[0]}.view({o[1]!r})")
+                for o in self.outputs]
         add(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         self.source = "\n".join(body) + "\n"
         exec(compile(self.source, f"<launch list {id(self):x}>", "exec"), ns)

@@ -18,6 +18,8 @@ from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.conv1d.reference import causal_conv1d_reference
 from linattn.ops.conv1d.validation import check_conv_inputs, fail
 from linattn.runtime import eager_ops
+from linattn.runtime.device import eager_without_autograd
+from linattn.runtime.op_lists import as_tuple
 from linattn.runtime.settings import settings
 
 OP = "causal_conv1d"
@@ -99,7 +101,15 @@ def _triton_supports(x=None, weight=None, bias=None, residual=None, initial_stat
     return True, ""
 
 
-def _triton_impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens):
+def _triton_impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens, key=None):
+    """key: the call's _CHECKED key (None: not remembered), under which a plain eager call without autograd keeps a
+    launch list (runtime/op_lists.py)."""
+    if key is not None and eager_without_autograd(x, weight, bias, residual, initial_state):
+        from linattn.ops.conv1d.triton.conv1d import LISTS, conv1d_fwd
+        silu = activation is not None
+        return LISTS(key, (x, weight, bias, residual, initial_state, cu_seqlens),
+                     lambda: conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, silu, cu_seqlens),
+                     as_tuple)
     y, final = _conv_fwd(x, weight, bias, residual, initial_state, output_final_state, _act(activation), cu_seqlens)
     return y, (final if output_final_state else None)
 
@@ -154,12 +164,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
                            (activation, output_final_state))
     impl = _CHECKED.get(key)
     if impl is not None:
-        return impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
+        return impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens, key)
     check_conv_inputs(OP, x, weight, bias, residual, initial_state, cu_seqlens, activation)
     b = _backends.select(backend, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
                          cu_seqlens=cu_seqlens)
     if b.name == "triton":
         _CHECKED.put(key, b.impl)
+        return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens, key)
     return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
 
 

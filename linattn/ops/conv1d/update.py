@@ -13,6 +13,7 @@ import torch
 from linattn.backends import CheckedCalls, op_backends
 from linattn.ops.conv1d.reference import causal_conv1d_update_reference
 from linattn.ops.conv1d.validation import check_update_inputs
+from linattn.runtime.op_lists import as_tuple
 from linattn.runtime.settings import settings
 
 OP = "causal_conv1d_update"
@@ -48,10 +49,13 @@ def _eager(x) -> bool:
     return type(x) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-def _triton_impl(x, conv_state, weight, bias, activation, state_indices):
+def _triton_impl(x, conv_state, weight, bias, activation, state_indices, key=None):
+    """key: the call's _CHECKED key (None: not remembered), under which a plain eager call keeps a launch list."""
     if _eager(x):
-        from linattn.ops.conv1d.triton.update import conv1d_update
-        y = conv1d_update(x, conv_state, weight, bias, activation is not None, state_indices)
+        from linattn.ops.conv1d.triton.update import LISTS, conv1d_update
+        silu = activation is not None
+        y = LISTS(key, (x, conv_state, weight, bias, state_indices),
+                  lambda: conv1d_update(x, conv_state, weight, bias, silu, state_indices))[0]
         if not conv_state.is_inference():            # inference tensors carry no version counter
             torch.autograd.graph.increment_version(conv_state)      # as the mutating custom op would
         return y
@@ -88,11 +92,12 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
         key = _CHECKED.key(backend, (x, conv_state, weight, bias, state_indices), (activation,))
     impl = _CHECKED.get(key)
     if impl is not None:
-        return impl(x, conv_state, weight, bias, activation, state_indices)
+        return impl(x, conv_state, weight, bias, activation, state_indices, key)
     check_update_inputs(OP, x, conv_state, weight, bias, activation, state_indices)
     b = _backends.select(backend, x=x, conv_state=conv_state, weight=weight, bias=bias, state_indices=state_indices)
     if b.name == "triton":
         _CHECKED.put(key, b.impl)
+        return b.impl(x, conv_state, weight, bias, activation, state_indices, key)
     return b.impl(x, conv_state, weight, bias, activation, state_indices)
 
 
@@ -153,8 +158,10 @@ def causal_conv1d_update3(xs, conv_states, weights, biases=(None, None, None), a
                 for x, c, w, b in zip(xs, conv_states, weights, biases)]
     act = "" if activation is None else "silu"
     if all(_eager(x) for x in xs):
-        from linattn.ops.conv1d.triton.update import conv1d_update3
-        ys = conv1d_update3(xs, conv_states, weights, biases, act == "silu", state_indices)
+        from linattn.ops.conv1d.triton.update import LISTS3, conv1d_update3
+        ys = list(LISTS3(key, xs + conv_states + weights + biases + (state_indices,),
+                         lambda: conv1d_update3(xs, conv_states, weights, biases, act == "silu", state_indices),
+                         as_tuple))
         for c in conv_states:
             if not c.is_inference():                 # as the mutating custom op would
                 torch.autograd.graph.increment_version(c)

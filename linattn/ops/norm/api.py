@@ -7,7 +7,8 @@ PyTorch, by name only, except on the CPU without the Triton interpreter).
 
 A decode step calls it once per layer with the same shapes: a call whose signature passed the checks before skips
 them and the backend choice (_CHECKED), and a call that records no autograd graph runs the launcher without the
-custom op's dispatch (which costs more host time than the kernel)."""
+custom op's dispatch (which costs more host time than the kernel), a repeat one through its signature's launch list
+(runtime/op_lists.py)."""
 from typing import Optional, Tuple
 
 import torch
@@ -133,10 +134,13 @@ def _direct(x, g, weight, bias) -> bool:
     return not any(t is not None and t.requires_grad for t in (x, g, weight, bias))
 
 
-def _triton_impl(x, g, weight, bias, activation, eps, group_size, norm_before_gate):
+def _triton_impl(x, g, weight, bias, activation, eps, group_size, norm_before_gate, key=None):
+    """key: the call's _CHECKED key (None: not remembered), under which a plain eager call without autograd keeps a
+    launch list (runtime/op_lists.py)."""
     if _direct(x, g, weight, bias):
-        from linattn.ops.norm.triton.rms_norm_gated import rms_norm_gated_fwd
-        return rms_norm_gated_fwd(x, g, weight, bias, float(eps), group_size, activation, norm_before_gate)
+        from linattn.ops.norm.triton.rms_norm_gated import LISTS, rms_norm_gated_fwd
+        return LISTS(key, (x, g, weight, bias), lambda: rms_norm_gated_fwd(x, g, weight, bias, float(eps), group_size,
+                                                                          activation, norm_before_gate))[0]
     return _norm_fwd(x, g, weight, bias, float(eps), group_size, activation, norm_before_gate)
 
 
@@ -180,11 +184,12 @@ def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: Optional[torch.Tens
     hit = _CHECKED.get(key)
     if hit is not None:
         impl, G = hit
-        return impl(x, g, weight, bias, activation, eps, G, norm_before_gate)
+        return impl(x, g, weight, bias, activation, eps, G, norm_before_gate, key)
     G = _check(x, g, weight, bias, activation, eps, group_size)
     b = _backends.select(backend, x=x, g=g, weight=weight, bias=bias)
     if b.name == "triton":
         _CHECKED.put(key, (b.impl, G))
+        return b.impl(x, g, weight, bias, activation, eps, G, norm_before_gate, key)
     return b.impl(x, g, weight, bias, activation, eps, G, norm_before_gate)
 
 

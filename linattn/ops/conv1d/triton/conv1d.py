@@ -16,14 +16,18 @@ from linattn.ops.conv1d.triton.common import load_src, preact, seq_of, silu_grad
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
+from linattn.runtime.op_lists import OpLists
 
 # tokens per block: the forward's (32 ran 6% faster than 64 on an H200 at the layer's shapes) and the backward's
 BT = 32
 BT_BWD = 64
 # The forward and backward run once per layer and step with the same shapes: their launches go through the compiled
-# kernels' handles once a launch signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
+# kernels' handles once a launch signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding;
+# a repeat plain eager forward without autograd replays its signature's launch list (LISTS, keyed by api.py's
+# _CHECKED key; runtime/op_lists.py).
 host_path = HostPath()
 launches = LaunchCache(host_path)
+LISTS = OpLists(host_path)
 
 
 def _block_d(D: int, bwd: bool = False) -> int:

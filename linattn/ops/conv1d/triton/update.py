@@ -8,15 +8,21 @@ zeros to y and leaves the pool alone.
 conv1d_update3_kernel runs a layer's three updates (q, k, v: same rows and slots) in one launch, one kernel
 latency instead of three in a decode step. Decode calls it once per layer and token with the same shapes: launches
 go through runtime/host_path.LaunchCache
-(the compiled kernel's handle once a call signature has been seen, skipping the JIT's argument binding)."""
+(the compiled kernel's handle once a call signature has been seen, skipping the JIT's argument binding), and a repeat
+plain eager call of the public op through its signature's launch list (LISTS)."""
 import triton
 import triton.language as tl
 
 from linattn.runtime.alloc import empty
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
+from linattn.runtime.op_lists import OpLists
 
 host_path = HostPath()
 launches = LaunchCache(host_path)
+# Per checked call signature of the public ops (update.py's _CHECKED and _CHECKED3 keys), the launch list of a plain
+# eager call: a repeat decode step replays its one launch instead of building it (runtime/op_lists.py)
+LISTS = OpLists(host_path)
+LISTS3 = OpLists(host_path)
 
 
 @triton.jit

@@ -14,11 +14,15 @@ import triton.language as tl
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
+from linattn.runtime.op_lists import OpLists
 
 # The forward runs once per layer and decode step with the same shapes: its launches go through the compiled
-# kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding.
+# kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding,
+# and a repeat plain eager call of the public op replays its signature's launch list (LISTS, keyed by api.py's
+# _CHECKED key).
 host_path = HostPath()
 launches = LaunchCache(host_path)
+LISTS = OpLists(host_path)
 
 
 @triton.jit
