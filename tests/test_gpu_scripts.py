@@ -90,7 +90,8 @@ def test_gate_dry_run_fla_options(tmp_path):
 
 def test_gate_dry_run_layer_ops(tmp_path):
     """The layer_ops section at tiny sizes: causal_conv1d's outputs and every gradient (fixed and varlen), its repeat
-    calls, the decode step's live rows, pool and padded rows, rms_norm_gated's output and gradients against fp64."""
+    calls, the decode step's live rows, pool and padded rows, rms_norm_gated's output and gradients against fp64, and
+    the repeat calls of the update, the fused triple update and the norm (outputs and pools)."""
     cases = _dry_section("layer_ops", tmp_path)
     grads = {"y", "final_state", "dx", "dweight", "dbias", "dresidual", "dinitial_state"}
     assert set(cases["causal_conv1d fwd+bwd varlen bf16"]["errors"]) == grads
@@ -99,7 +100,11 @@ def test_gate_dry_run_layer_ops(tmp_path):
     assert cases["causal_conv1d_update pool bfloat16"]["padded_rows_zero"]
     assert set(cases["rms_norm_gated fwd+bwd norm_before_gate=False"]["errors"]) == {"y", "dx", "dg", "dweight",
                                                                                       "dbias"}
-    assert len(cases) == 8
+    for op, keys in (("update", {"y0", "pool0"}), ("update3", {"y0", "y1", "y2", "pool0", "pool1", "pool2"}),
+                     ("norm", {"y0"})):
+        case = cases[f"{op} repeat calls"]
+        assert case["passed"] and len(case["errors"]) == 5 and all(set(e) == keys for e in case["errors"]), case
+    assert len(cases) == 11
 
 
 def test_gate_case_lists_and_arguments(tmp_path):

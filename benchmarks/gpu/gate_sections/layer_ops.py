@@ -1,8 +1,9 @@
 """Gate section layer_ops: the ops around the attention in a GDN / KDA layer, against their fp64 references on the
 GPU: causal_conv1d forward + backward (fixed length and varlen with cu_seqlens on the device, states, bias, residual,
 every gradient), its decode step causal_conv1d_update on a state pool with padded rows, rms_norm_gated forward +
-backward (per-head groups, both gate orders); repeat calls of one signature on fresh inputs (the signature memo's
-path, the last on a side stream); sync-free calls; a CUDA graph of the three replayed on new data."""
+backward (per-head groups, both gate orders); repeat calls of one signature on fresh inputs of each op (the signature
+memo's path and the launch lists' replays, the last on a side stream); sync-free calls; a CUDA graph of the three
+replayed on new data."""
 from __future__ import annotations
 
 import torch
@@ -89,6 +90,86 @@ def conv_repeat_case():
         y_ref, f_ref = linattn.causal_conv1d(x.double(), w.double(), initial_state=h0.double(),
                                              output_final_state=True, activation="silu", backend="reference")
         e, good = base.errors(dict(y=y, final_state=f), dict(y=y_ref, final_state=f_ref), torch.bfloat16)
+        errs.append(e)
+        ok = ok and good
+    return dict(errors=errs, passed=ok)
+
+
+def _small_op_call(op: str):
+    """(fresh inputs, the call on a backend) of one signature of a decode-step op for small_op_repeat_case: update /
+    update3 (one token per row into a pool through state_indices with a padded row), norm (no grad)."""
+    import linattn
+    from linattn.ops.conv1d.update import causal_conv1d_update3
+    _, _, D, _, rows, heads, hd = _dims()
+    B, W = (6 if base.DRY else 8), 4
+
+    def c(a, cast):
+        return a if cast is None else a.to(cast)
+
+    def pool_in():
+        idx = torch.randperm(2 * B, device=base.DEV)[:B]
+        idx[1] = -1
+        return dict(x=_randn(B, D, dtype=torch.bfloat16), w=_randn(D, W) * 0.5, b=_randn(D),
+                    pool=_randn(2 * B, D, W), idx=idx)
+    if op == "update":
+        def call(t, backend, cast):
+            return (linattn.causal_conv1d_update(c(t["x"], cast), t["pool"], c(t["w"], cast), c(t["b"], cast), "silu",
+                                                 state_indices=t["idx"], backend=backend),)
+        return pool_in, call
+    if op == "update3":
+        def make3():
+            ts = [pool_in() for _ in range(3)]
+            for t in ts[1:]:
+                t["idx"] = ts[0]["idx"]
+            return ts
+
+        def call3(ts, backend, cast):
+            if backend == "reference":
+                return tuple(linattn.causal_conv1d_update(c(t["x"], cast), t["pool"], c(t["w"], cast),
+                                                          c(t["b"], cast), "silu", state_indices=t["idx"],
+                                                          backend=backend) for t in ts)
+            return tuple(causal_conv1d_update3([t["x"] for t in ts], [t["pool"] for t in ts], [t["w"] for t in ts],
+                                               [t["b"] for t in ts], "silu", state_indices=ts[0]["idx"]))
+        return make3, call3
+
+    def norm_in():
+        return dict(x=_randn(rows, heads * hd, dtype=torch.bfloat16), g=_randn(rows, heads * hd, dtype=torch.bfloat16),
+                    w=_randn(heads * hd), b=_randn(heads * hd))
+
+    def call_norm(t, backend, cast):
+        return (linattn.rms_norm_gated(c(t["x"], cast), c(t["g"], cast), c(t["w"], cast), c(t["b"], cast),
+                                       group_size=hd, backend=backend),)
+    return norm_in, call_norm
+
+
+def small_op_repeat_case(op: str):
+    """Five no-grad calls of one signature of causal_conv1d_update, causal_conv1d_update3 or rms_norm_gated on fresh
+    inputs, outputs NaN-poisoned, the last on a side stream (the repeat calls replay the signature's launch list;
+    the side stream's declines it): each against the fp64 reference, the pools' updated state too."""
+    from linattn.runtime.alloc import poisoned_allocations
+    make, call = _small_op_call(op)
+    errs, ok = [], True
+    side = torch.cuda.Stream() if base.DEV == "cuda" else None
+    for i in range(5):
+        t = make()
+        ts = t if isinstance(t, list) else [t]
+        ref_ts = [dict(s, pool=s["pool"].double()) if "pool" in s else s for s in ts]
+        with torch.no_grad():
+            ref = call(ref_ts if isinstance(t, list) else ref_ts[0], "reference", torch.float64)
+            with poisoned_allocations():
+                if side is not None and i == 4:
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        got = call(t, "auto", None)
+                    torch.cuda.current_stream().wait_stream(side)
+                else:
+                    got = call(t, "auto", None)
+        got_d = {f"y{j}": y for j, y in enumerate(got)}
+        ref_d = {f"y{j}": y for j, y in enumerate(ref)}
+        for j, (s, r) in enumerate(zip(ts, ref_ts)):
+            if "pool" in s:
+                got_d[f"pool{j}"], ref_d[f"pool{j}"] = s["pool"], r["pool"]
+        e, good = base.errors(got_d, ref_d, torch.bfloat16)
         errs.append(e)
         ok = ok and good
     return dict(errors=errs, passed=ok)
@@ -207,6 +288,8 @@ def layer_ops_cases():
         out.append((f"causal_conv1d_update pool {str(sd)[6:]}", conv_update_case, dict(state_dtype=sd)))
     for nbg in (True, False):
         out.append((f"rms_norm_gated fwd+bwd norm_before_gate={nbg}", norm_case, dict(norm_before_gate=nbg)))
+    for op in ("update", "update3", "norm"):
+        out.append((f"{op} repeat calls", small_op_repeat_case, dict(op=op)))
     if not base.DRY:
         out.append(("sync-free step", sync_free_case, {}))
         out.append(("CUDA graph step", graph_case, {}))
