@@ -23,7 +23,7 @@ from linattn.runtime.alloc import poisoning
 from linattn.runtime.capture import stream_capturing
 from linattn.runtime.device import eager_without_autograd
 from linattn.runtime.host_path import HostPath, current_device, hooks_active
-from linattn.runtime.launch_list import SignatureLists
+from linattn.runtime.launch_list import LaunchList, SignatureLists
 
 
 def one(t) -> tuple:
@@ -49,6 +49,15 @@ class OpLists:
         if key is None or not eager_without_autograd(*inputs) or stream_capturing(inputs[0]):
             return outputs_of(run())
         return self.lists(key, inputs, run, outputs_of)
+
+    def replay(self, key: Optional[tuple], inputs: Sequence[Optional[torch.Tensor]]) -> Optional[tuple]:
+        """A repeat call's outputs straight from key's list (for an op's remembered-signature path, skipping its
+        impl), or None: no list kept for key, a call that may not take one, or the list declined. The caller then
+        runs its usual path (which records while key may still get a list)."""
+        lst = self.lists.lists.get(key)
+        if type(lst) is not LaunchList or not eager_without_autograd(*inputs) or stream_capturing(inputs[0]):
+            return None
+        return lst(*inputs)
 
     def clear(self) -> None:
         self.lists.clear()

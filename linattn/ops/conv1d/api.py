@@ -162,21 +162,27 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
             (activation is None or type(activation) is str) and type(output_final_state) is bool:
         key = _CHECKED.key(backend, (x, weight, bias, residual, initial_state, cu_seqlens),
                            (activation, output_final_state))
-    impl = _CHECKED.get(key)
-    if impl is not None:
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        impl, lists = hit
+        out = lists.replay(key, (x, weight, bias, residual, initial_state, cu_seqlens))
+        if out is not None:
+            return out
         return impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens, key)
     check_conv_inputs(OP, x, weight, bias, residual, initial_state, cu_seqlens, activation)
     b = _backends.select(backend, x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
                          cu_seqlens=cu_seqlens)
     if b.name == "triton":
-        _CHECKED.put(key, b.impl)
+        from linattn.ops.conv1d.triton.conv1d import LISTS
+        _CHECKED.put(key, (b.impl, LISTS))
         return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens, key)
     return b.impl(x, weight, bias, residual, initial_state, output_final_state, activation, cu_seqlens)
 
 
-# Calls whose checks passed and that chose Triton (backends.CheckedCalls): a repeat call of one signature skips the
-# checks and the backend choice. Not remembered: traced calls, and calls with cu_seqlens on the CPU, whose values the
-# checks read.
+# Calls whose checks passed and that chose Triton, with the Triton launcher's launch lists (triton/conv1d.py LISTS)
+# (backends.CheckedCalls): a repeat call of one signature skips the checks and the backend choice, and replays the
+# signature's list where it kept one (without entering the impl). Not remembered: traced calls, and calls with
+# cu_seqlens on the CPU, whose values the checks read.
 _CHECKED = CheckedCalls()
 
 
