@@ -57,12 +57,15 @@ def _seed() -> int:
 
 
 def chunk_inputs(B=1, T=None, lengths=None, dtype=torch.bfloat16, gate="", l2=False, h0=True, v_first=False,
-                 seed=0, g_scale=1.0):
+                 seed=0, g_scale=1.0, heads=None):
     """The op's leaves (on the device, requiring grad) and call options. g: with the gate in the kernel, its raw input
     and FLA's parameters (A_log [HV], dt_bias [HV * K]), beta a logit; else a log decay per channel, half of a head's
-    channels weak (e^-0.04 per step) and half strong (down to e^-8), times g_scale, beta in (0, 1)."""
+    channels weak (e^-0.04 per step) and half strong (down to e^-8), times g_scale, beta in (0, 1). heads: (H, HV)
+    instead of _dims()'s."""
     d = _dims()
     H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
+    if heads is not None:
+        H, HV = heads
     if lengths:
         B, T = 1, sum(lengths)
     gen = torch.Generator().manual_seed(seed)
@@ -215,6 +218,44 @@ def eager_repeat(backend="gluon", **case):
         errs.append(e)
         ok = ok and passed
     return dict(errors=errs, passed=ok)
+
+
+def train_repeat(backend="gluon", **case):
+    """Five eager training steps (chunk_kda forward with autograd and torch.autograd.grad of o and the final state) of
+    one signature with H = HV and no in-kernel gate, fresh inputs each: the backward's calls record the signature's
+    launch list and the later ones replay it (kda/eager.py bwd_eager); NaN-poisoned buffers; each step's o, final
+    state and every gradient against the fp64 reference; the last step on a side stream (the replay declines it)."""
+    import linattn
+    from linattn.runtime.alloc import poisoned_allocations
+    errs, ok = [], True
+    for i in range(5):
+        seed = _seed()
+        leaves, opts = chunk_inputs(**case, seed=seed)
+        ref, do, dht = reference_grads(leaves, opts, seed + 1)
+        side = torch.cuda.Stream() if i == 4 else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with poisoned_allocations(), torch.cuda.stream(side):                       # stream(None): no switch
+            o, ht = linattn.chunk_kda(**leaves, output_final_state=True, backend=backend, **opts)
+            names = [n for n in KDA_GRADS if n in leaves]
+            grads = torch.autograd.grad([o, ht], [leaves[n] for n in names], [do.to(o.dtype), dht.to(ht.dtype)])
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        base.sync()
+        got = {"o": o.detach(), "final_state": ht.detach(), **dict(zip(names, grads))}
+        e, passed = base.errors(got, {n: ref[n] for n in got}, leaves["q"].dtype)
+        errs.append(e)
+        ok = ok and passed
+    return dict(errors=errs, passed=ok)
+
+
+def train_repeat_cases():
+    """(name, options) of train_repeat: the gluon backend (stage 2a's outputs saved, the Gluon state passes and WY
+    stage) and the triton backend (every intermediate saved), H = HV = _dims()'s HV."""
+    d = _dims()
+    HV, T, BF = d["HV"], d["T"], torch.bfloat16
+    return [(f"{b} train repeat B1 T{T} H=HV={HV} bf16", dict(backend=b, B=1, T=T, dtype=BF, heads=(HV, HV)))
+            for b in ("gluon", "triton")]
 
 
 def repeat_cases():
@@ -378,7 +419,7 @@ def case_names():
                                                              "CUDA graph chunk fwd+bwd varlen")]
             + [f"gluon fwd {n}" for n, _ in gluon_fwd_cases()]
             + [f"gluon fwd+bwd {n}" for n, _ in gluon_fwd_cases()]
-            + [n for n, _ in repeat_cases()])
+            + [n for n, _ in repeat_cases()] + [n for n, _ in train_repeat_cases()])
 
 
 def section(save):
@@ -406,6 +447,10 @@ def section(save):
             base.free()
         for name, kw in repeat_cases():
             run(name, eager_repeat, **kw)
+            save(dict(cases=cases, incomplete=True))
+            base.free()
+        for name, kw in train_repeat_cases():
+            run(name, train_repeat, **kw)
             save(dict(cases=cases, incomplete=True))
             base.free()
     return dict(cases=cases, reference="autograd through naive_recurrent_kda in fp64 on the same device; decode: "

@@ -104,24 +104,34 @@ def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
     forward is recomputed). gluon_state: the recompute's state pass, the reverse state pass and the WY stage on
     Hopper's Gluon kernels where the call fits them (kda/gluon/state.py, wy_bwd.py; the gluon backend's backward),
     else Triton's."""
+    from linattn.ops.kda import eager
     from linattn.ops.kda.triton.backward import chunk_kda_bwd
     from linattn.ops.kda.triton.forward import KdaIntermediates, kda_recompute
     from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+    from linattn.runtime.launch_list import keep as keep_for_lists
     state_pass = state_bwd = wy_bwd = None
     if gluon_state and not state_v_first:
         from linattn.ops.kda.gluon.state import kda_state_bwd_gluon as state_bwd
         from linattn.ops.kda.gluon.state import kda_state_fwd_gluon as state_pass
         from linattn.ops.kda.gluon.wy_bwd import kda_wy_bwd_gluon as wy_bwd
-    it = None
-    if len(saved) == 10:
-        plan = make_chunk_plan(q.shape[0], q.shape[1], cu_seqlens, 64, q.device)
-        it = KdaIntermediates(plan, *saved)
-    elif len(saved) == 4:
-        it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first,
-                           state_pass=state_pass)
-    grads = chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
-                          beta_sigmoid, neg_eigval, do.contiguous(), None if dht is None else dht.contiguous(),
-                          state_v_first=state_v_first, saved=it, state_bwd=state_bwd, wy_bwd=wy_bwd)
+    do = do.contiguous()
+    dht = None if dht is None else dht.contiguous()
+
+    def run():
+        it = None
+        if len(saved) == 10:
+            plan = make_chunk_plan(q.shape[0], q.shape[1], cu_seqlens, 64, q.device)
+            if cu_seqlens is None:               # a cached plan: a launch list may keep its tensors
+                keep_for_lists(plan)
+            it = KdaIntermediates(plan, *saved)
+        elif len(saved) == 4:
+            it = kda_recompute(q, k, v, scale, initial_state, cu_seqlens, *saved, state_v_first=state_v_first,
+                               state_pass=state_pass)
+        return chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+                             beta_sigmoid, neg_eigval, do, dht, state_v_first=state_v_first, saved=it,
+                             state_bwd=state_bwd, wy_bwd=wy_bwd)
+    grads = eager.bwd_eager(run, q, k, v, g, beta, scale, initial_state, cu_seqlens, gate, lower_bound, beta_sigmoid,
+                            neg_eigval, state_v_first, do, dht, saved, gluon_state)
     # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
     return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
 

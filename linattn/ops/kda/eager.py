@@ -11,6 +11,11 @@ signature the first calls are recorded and later ones replay the recorded launch
 
 Not listed: the gluon backend's calls that take the Triton stages 2b-4 through its own stage 2a (K = 64,
 state_v_first), and the Triton backend's autograd forward (it keeps the intermediates of KdaIntermediates).
+
+The backward (chunk.py's custom op chunk_kda_bwd) goes through lists of its own (bwd_eager): the recompute and the
+backward's launches, on the Triton host path and, for the gluon backend's state passes and WY stage, the Gluon one,
+recorded per signature of a fixed-length call without GVA and without FLA's in-kernel gate (those end in torch sums,
+which a list cannot replay).
 """
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ from linattn.runtime.host_path import current_device, hooks_active
 from linattn.runtime.launch_list import SignatureLists, signature
 
 _LISTS: dict = {}
+# A replay holds every buffer of the backward for the whole call: lists serve backward calls up to this many
+# token-heads (B * T * HV; as GDN's backward lists), the host-bound sizes.
+BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
 
 
 def fwd_lists(intra: str) -> SignatureLists:
@@ -82,3 +90,49 @@ def eager_direct(q, k, v, g, beta, scale: float, initial_state: Optional[torch.T
     None where there is no list (SignatureLists.direct)."""
     return fwd_lists(intra).direct(_key(q, k, v, g, beta, scale, initial_state, output_final_state, None, None, "",
                                         0.0, False, False, False, False), pad=2)
+
+
+class _BothHostPaths:
+    """The host-path options a backward list replays under: the Triton and the Gluon host paths' (the backward
+    launches through both), each option on only where it is on in both."""
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    @property
+    def plan_cache(self) -> bool:
+        return self.a.plan_cache and self.b.plan_cache
+
+    @property
+    def handle(self) -> bool:
+        return self.a.handle and self.b.handle
+
+
+_BWD_LISTS: list = []
+
+
+def bwd_lists() -> SignatureLists:
+    """The backward's lists (one SignatureLists over both host paths)."""
+    if not _BWD_LISTS:
+        from linattn.ops.gated_delta_rule.gluon.host import host_path as gluon_hp
+        from linattn.ops.gated_delta_rule.triton.host import host_path as triton_hp
+        _BWD_LISTS.append(SignatureLists(_BothHostPaths(triton_hp, gluon_hp), current_device, hooks_active,
+                                         poisoning))
+    return _BWD_LISTS[0]
+
+
+def bwd_eager(run, q, k, v, g, beta, scale: float, initial_state, cu_seqlens, gate: str, lower_bound: float,
+              beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do, dht, saved, gluon_state: bool) -> tuple:
+    """run()'s gradients (chunk_kda_bwd's eight outputs) for the backward op's call, through the signature's launch
+    list where one applies: fixed length, no GVA, no in-kernel gate, not under CUDA-graph capture, at most
+    BWD_LIST_MAX_TOKEN_HEADS; every other call runs run(). do and dht as the backward takes them (contiguous)."""
+    from linattn.runtime.capture import capturing
+    H, HV = q.shape[2], v.shape[2]
+    if (cu_seqlens is not None or gate or HV != H or q.shape[0] * q.shape[1] * HV > BWD_LIST_MAX_TOKEN_HEADS
+            or capturing(q)):
+        return run()
+    ins = (q, k, v, g, beta, initial_state, do, dht) + tuple(saved)
+    key = (tuple([signature(t) for t in ins]), q.device, scale, lower_bound, beta_sigmoid, neg_eigval,
+           state_v_first, gluon_state)
+    return bwd_lists()(key, ins, run, tuple)

@@ -133,6 +133,8 @@ def kda_recompute(q, k, v, scale: float, initial_state: Optional[torch.Tensor], 
     operations), then the state pass as chunk_kda_fwd(keep=True) runs it, so the backward reads the same values."""
     B, T, H, K = q.shape
     plan = make_chunk_plan(B, T, cu_seqlens, CHUNK, q.device)
+    if cu_seqlens is None:                     # a cached plan: a launch list may keep its tensors (kda/eager.py)
+        keep_for_lists(plan)
     HV, V = v.shape[2], v.shape[3]
     T_tot, dt, dev = plan.T_total, q.dtype, q.device
     kdec = empty(T_tot, HV, K, dtype=dt, device=dev)
