@@ -61,6 +61,3 @@ class OpLists:
 
     def clear(self) -> None:
         self.lists.clear()
-
-    def __len__(self) -> int:
-        return len(self.lists.lists)

@@ -109,8 +109,9 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
 
 
 # Calls whose checks passed and that chose Triton (backends.CheckedCalls), with the Triton launcher's launch lists
-# (triton/update.py LISTS): a repeat call whose signature kept one replays it without entering the impl. Not remembered: traced calls, and calls
-# with state_indices on the CPU, whose values the checks read.
+# (triton/update.py LISTS; LISTS3 for causal_conv1d_update3's fused calls): a repeat call whose signature kept one
+# replays it without entering the impl. Not remembered: traced calls, and calls with state_indices on the CPU, whose
+# values the checks read.
 _CHECKED = CheckedCalls()
 _CHECKED3 = CheckedCalls()
 
@@ -152,15 +153,24 @@ def causal_conv1d_update3(xs, conv_states, weights, biases=(None, None, None), a
     if all(_eager(x) for x in xs) and (state_indices is None or state_indices.is_cuda) and (
             activation is None or isinstance(activation, str)):
         key = _CHECKED3.key(backend, xs + conv_states + weights + biases + (state_indices,), (activation,))
-    fused = _CHECKED3.get(key)
-    if fused is None:
+    lists3 = _CHECKED3.get(key)         # the Triton launcher's LISTS3: a signature whose three share one launch
+    fused = lists3 is not None
+    if fused:
+        out = lists3.replay(key, xs + conv_states + weights + biases + (state_indices,))
+        if out is not None:
+            for c in conv_states:
+                if not c.is_inference():             # as the mutating custom op would
+                    torch.autograd.graph.increment_version(c)
+            return list(out)
+    else:
         for x, c, w, b in zip(xs, conv_states, weights, biases):
             check_update_inputs(OP, x, c, w, b, activation, state_indices)
         choices = {_backends.select(backend, x=x, conv_state=c, weight=w, bias=b, state_indices=state_indices).name
                    for x, c, w, b in zip(xs, conv_states, weights, biases)}
         fused = choices == {"triton"} and _same_launch(xs, conv_states, weights, biases)
         if fused:
-            _CHECKED3.put(key, True)
+            from linattn.ops.conv1d.triton.update import LISTS3
+            _CHECKED3.put(key, LISTS3)
     if not fused:
         return [causal_conv1d_update(x, c, w, b, activation, state_indices, backend=backend)
                 for x, c, w, b in zip(xs, conv_states, weights, biases)]
