@@ -12,12 +12,10 @@ backend accepting CPU tensors:
   path copies (non-contiguous: never a list) each take the host path.
 Numerics of a replay on fresh inputs against fp64: the GPU gate's layer_ops section (its repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
+from test_fwd_launch_list import COMMON
 
-CHILD = r"""
-import json, torch
+CHILD = COMMON + r"""
 import linattn
-from linattn.runtime.alloc import poisoned_allocations
-from linattn.runtime.hostsim import count_jit_runs, fake_hopper
 from linattn.runtime.launch_list import LaunchList
 from linattn.ops.conv1d import api as ca, update as cu
 from linattn.ops.conv1d.triton import conv1d as C, update as U
@@ -38,26 +36,9 @@ patches = [(m._backends.backends["triton"], "supports", lambda **_: (True, "")) 
 patches += [counted(U, "conv1d_update"), counted(U, "conv1d_update3"), counted(N, "rms_norm_gated_fwd"),
             counted(C, "conv1d_fwd")]
 
-def canon(drv, ins, outs):
-    ins = [t for i in ins for t in (i if isinstance(i, tuple) else (i,))]      # update3's triples flattened
-    named = [(("in", i), t) for i, t in enumerate(ins) if t is not None]
-    named += [(("out", j), t) for j, t in enumerate(outs) if t is not None]
-    seen = {}
-    def ptr(p):
-        for name, t in named:
-            lo = t.data_ptr()
-            if lo <= p < lo + t.numel() * t.element_size():
-                return repr(name + (p - lo,))
-        return "other%d" % seen.setdefault(p, len(seen))
-    def one(a):
-        if isinstance(a, torch.Tensor):
-            return ptr(a.data_ptr())
-        if type(a) is int and a >= 2 ** 32:
-            return ptr(a)
-        return repr(a)
-    res = [[n, list(g), [one(a) for a in args]] for n, g, args in drv.launches]
-    del drv.launches[:]
-    return res
+def flat_canon(drv, ins, outs):
+    # COMMON's canon with update3's triples of inputs flattened
+    return canon(drv, [t for i in ins for t in (i if isinstance(i, tuple) else (i,))], outs)
 
 def outs_of(r):
     return tuple(r) if isinstance(r, (tuple, list)) else (r,)
@@ -73,17 +54,17 @@ def check(drv, lists, make, call):
     e0 = entered[0]
     with count_jit_runs() as jit:
         r = outs_of(call(ins))
-    a = canon(drv, ins, r)
+    a = flat_canon(drv, ins, r)
     replay = dict(entered=entered[0] - e0, jit=jit[0], lists=n_lists)
     ins2 = make()                              # new tensors of the signature
     e0 = entered[0]
     r2 = outs_of(call(ins2))
-    a2 = canon(drv, ins2, r2)
+    a2 = flat_canon(drv, ins2, r2)
     replay["entered_new"] = entered[0] - e0
     lists.clear()                              # the host path on the same tensors
     e0 = entered[0]
     rb = outs_of(call(ins))
-    b = canon(drv, ins, rb)
+    b = flat_canon(drv, ins, rb)
     replay["entered_host"] = entered[0] - e0
     shapes = [None if t is None else list(t.shape) for t in r]
     shapes_host = [None if t is None else list(t.shape) for t in rb]
@@ -116,15 +97,6 @@ def conv_in(final=True, states=True, grad=False):
             torch.randn(2, D, W, dtype=bf) if states else None)
 def conv(ins, final=True):
     return linattn.causal_conv1d(ins[0], ins[1], ins[2], ins[3], ins[4], output_final_state=final, activation="silu")
-
-def with_launch_hook(fn):
-    from triton import knobs
-    hook = lambda *a, **k: None
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        return fn()
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
 
 out = {}
 with fake_hopper(c_launcher=True) as drv, torch.no_grad(), _patched(patches):
