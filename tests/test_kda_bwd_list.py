@@ -4,9 +4,9 @@ each backend accepting CPU tensors and the signature memo on for them as for CUD
 - a repeat call of the backward op (chunk.py's chunk_kda_bwd on one forward's saved tensors) replays the list (the
   backward's launcher chunk_kda_bwd is not entered, no JIT run) and makes the launches the host path makes on the
   same tensors: the recompute's and the backward's kernels, grids, every argument, each pointer the same input,
-  output or buffer in the same pattern; for either backend's backward (the gluon backend's hooks take their Triton
-  fallbacks on CPU tensors: its Gluon state passes and WY stage run in the GPU gate), with and without an initial
-  state; a repeat public training step replays it too;
+  output or buffer in the same pattern; for either backend's backward, with and without an initial state, and with
+  the gluon backend's Gluon state passes and WY stage (their CUDA test patched away: the list then holds launches of
+  both host paths); a repeat public training step replays it too;
 - what a list cannot replay takes the host path: GVA (HV > H: torch sums of dq / dk), FLA's in-kernel gate (torch
   sums of dA_log / d dt_bias), the Triton or Gluon host path's options off.
 Numerics of the replays on fresh inputs against fp64: the GPU gate's kda section (its train repeat cases)."""
@@ -115,11 +115,20 @@ def host_path_taken(drv, backend, H, HV, gate=False, options=None):
     del drv.launches[:]
     return dict(entered=entered[0] - e0, listed=listed())
 
+from linattn.ops.kda.gluon import state as KS, wy_bwd as KW
+# the gluon backend's Gluon state passes and WY stage on CPU tensors (their CUDA test patched away): the list then
+# holds launches of both host paths
+gluon_hooks = [(KS, "kda_state_gluon_supported", lambda *_: (True, "")),
+               (KS, "kda_state_fwd_gluon_wanted", lambda *_: True),
+               (KW, "kda_wy_bwd_gluon_supported", lambda *_: (True, ""))]
+
 out = {}
 with fake_hopper(c_launcher=True) as drv, _patched(patches):
     for backend in ("gluon", "triton"):
         out[backend] = replay_vs_host(drv, backend)
         out[backend + "_no_h0"] = replay_vs_host(drv, backend, h0=False)
+    with _patched(gluon_hooks):
+        out["gluon_hooks"] = replay_vs_host(drv, "gluon")
     out["gva"] = host_path_taken(drv, "gluon", 2, 4)
     out["gate"] = host_path_taken(drv, "gluon", 4, 4, gate=True)
     E.bwd_lists().clear()
@@ -141,7 +150,9 @@ print(json.dumps(out))
 
 def test_kda_backward_replays_its_launch_list():
     r = run_json_child(CHILD)
-    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0"):
+    gluon_kernels = {"chunk_state_fwd_tma_kernel", "chunk_state_bwd_tma_kernel", "kda_wy_bwd_gluon_kernel"}
+    assert gluon_kernels <= set(r["gluon_hooks"]["launches"]), r["gluon_hooks"]
+    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0", "gluon_hooks"):
         c = r[case]
         assert c["listed"] == 1 and c["entered"] == 0 and c["jit"] == 0, (case, c)
         assert c["entered_host"] == 1 and c["same"] and c["public_entered"] == 0, (case, c)
