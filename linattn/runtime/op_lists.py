@@ -12,6 +12,10 @@ being captured into a CUDA graph (there the host path runs and is captured), key
 call whose host path copies an input (a non-contiguous weight) or launches through the JIT (its first call, the
 interpreter) gives no list; the list declines (None) where its replay would not be the recorded launches (another
 device or stream, a launch hook, the host path's options off, an unaligned input) and the host path runs.
+
+How the ops use it: the op's memo keeps its launcher's OpLists beside the impl; a memo hit first tries `replay`
+(the list straight from the public function, no impl in between), and the impl's eager path goes through `__call__`
+(a replay, or the host path recorded while the signature may still get a list).
 """
 from __future__ import annotations
 
