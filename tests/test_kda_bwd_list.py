@@ -7,8 +7,9 @@ each backend accepting CPU tensors and the signature memo on for them as for CUD
   output or buffer in the same pattern; for either backend's backward, with and without an initial state, and with
   the gluon backend's Gluon state passes and WY stage (their CUDA test patched away: the list then holds launches of
   both host paths); a repeat public training step replays it too;
-- what a list cannot replay takes the host path: GVA (HV > H: torch sums of dq / dk), FLA's in-kernel gate (torch
-  sums of dA_log / d dt_bias), the Triton or Gluon host path's options off.
+- GVA (HV > H: dq and dk summed over the value heads by kda_gva_sum_kernel) is listed as well;
+- what a list cannot replay takes the host path: FLA's in-kernel gate (torch sums of dA_log / d dt_bias), the Triton
+  or Gluon host path's options off.
 Numerics of the replays on fresh inputs against fp64: the GPU gate's kda section (its train repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
@@ -129,7 +130,7 @@ with fake_hopper(c_launcher=True) as drv, _patched(patches):
         out[backend + "_no_h0"] = replay_vs_host(drv, backend, h0=False)
     with _patched(gluon_hooks):
         out["gluon_hooks"] = replay_vs_host(drv, "gluon")
-    out["gva"] = host_path_taken(drv, "gluon", 2, 4)
+    out["gva"] = replay_vs_host(drv, "gluon", H=2, HV=4)
     out["gate"] = host_path_taken(drv, "gluon", 4, 4, gate=True)
     E.bwd_lists().clear()
     x = leaves(4, 4, 130)
@@ -152,12 +153,12 @@ def test_kda_backward_replays_its_launch_list():
     r = run_json_child(CHILD)
     gluon_kernels = {"chunk_state_fwd_tma_kernel", "chunk_state_bwd_tma_kernel", "kda_wy_bwd_gluon_kernel"}
     assert gluon_kernels <= set(r["gluon_hooks"]["launches"]), r["gluon_hooks"]
-    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0", "gluon_hooks"):
+    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0", "gluon_hooks", "gva"):
         c = r[case]
         assert c["listed"] == 1 and c["entered"] == 0 and c["jit"] == 0, (case, c)
         assert c["entered_host"] == 1 and c["same"] and c["public_entered"] == 0, (case, c)
         assert "kda_wy_bwd_kernel" in c["launches"] or "kda_wy_bwd_gluon_kernel" in " ".join(c["launches"]), c
+    assert r["gva"]["launches"].count("kda_gva_sum_kernel") == 2, r["gva"]
     # each step of a signature a list cannot serve enters the backward's launcher
-    assert r["gva"] == {"entered": 3, "listed": 0}, r["gva"]
     assert r["gate"] == {"entered": 3, "listed": 0}, r["gate"]
     assert r["options_off_entered"] == [1, 1] and r["options_back_entered"] == 0, r

@@ -222,7 +222,7 @@ def eager_repeat(backend="gluon", **case):
 
 def train_repeat(backend="gluon", **case):
     """Five eager training steps (chunk_kda forward with autograd and torch.autograd.grad of o and the final state) of
-    one signature with H = HV and no in-kernel gate, fresh inputs each: the backward's calls record the signature's
+    one signature without the in-kernel gate, fresh inputs each: the backward's calls record the signature's
     launch list and the later ones replay it (kda/eager.py bwd_eager); NaN-poisoned buffers; each step's o, final
     state and every gradient against the fp64 reference; the last step on a side stream (the replay declines it)."""
     import linattn
@@ -251,11 +251,13 @@ def train_repeat(backend="gluon", **case):
 
 def train_repeat_cases():
     """(name, options) of train_repeat: the gluon backend (stage 2a's outputs saved, the Gluon state passes and WY
-    stage) and the triton backend (every intermediate saved), H = HV = _dims()'s HV."""
+    stage) and the triton backend (stage 2a's outputs saved), H = HV = _dims()'s HV; and the gluon backend with GVA
+    (_dims()'s H and HV: dq and dk summed over the value heads inside the list)."""
     d = _dims()
-    HV, T, BF = d["HV"], d["T"], torch.bfloat16
+    H, HV, T, BF = d["H"], d["HV"], d["T"], torch.bfloat16
     return [(f"{b} train repeat B1 T{T} H=HV={HV} bf16", dict(backend=b, B=1, T=T, dtype=BF, heads=(HV, HV)))
-            for b in ("gluon", "triton")]
+            for b in ("gluon", "triton")] + [
+        (f"gluon train repeat B1 T{T} H{H}/HV{HV} bf16", dict(backend="gluon", B=1, T=T, dtype=BF, heads=(H, HV)))]
 
 
 def repeat_cases():

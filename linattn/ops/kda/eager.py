@@ -14,7 +14,7 @@ state_v_first), and the Triton backend's autograd forward (it keeps the intermed
 
 The backward (chunk.py's custom op chunk_kda_bwd) goes through lists of its own (bwd_eager): the recompute and the
 backward's launches, on the Triton host path and, for the gluon backend's state passes and WY stage, the Gluon one,
-recorded per signature of a fixed-length call without GVA and without FLA's in-kernel gate (those end in torch sums,
+recorded per signature of a fixed-length call without FLA's in-kernel gate (its dA_log / d dt_bias end in torch sums,
 which a list cannot replay).
 """
 from __future__ import annotations
@@ -125,11 +125,10 @@ def bwd_lists() -> SignatureLists:
 def bwd_eager(run, q, k, v, g, beta, scale: float, initial_state, cu_seqlens, gate: str, lower_bound: float,
               beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do, dht, saved, gluon_state: bool) -> tuple:
     """run()'s gradients (chunk_kda_bwd's eight outputs) for the backward op's call, through the signature's launch
-    list where one applies: fixed length, no GVA, no in-kernel gate, not under CUDA-graph capture, at most
+    list where one applies: fixed length, no in-kernel gate, not under CUDA-graph capture, at most
     BWD_LIST_MAX_TOKEN_HEADS; every other call runs run(). do and dht as the backward takes them (contiguous)."""
     from linattn.runtime.capture import capturing
-    H, HV = q.shape[2], v.shape[2]
-    if (cu_seqlens is not None or gate or HV != H or q.shape[0] * q.shape[1] * HV > BWD_LIST_MAX_TOKEN_HEADS
+    if (cu_seqlens is not None or gate or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS
             or capturing(q)):
         return run()
     ins = (q, k, v, g, beta, initial_state, do, dht) + tuple(saved)

@@ -57,6 +57,9 @@ WY_WARPS = 8
 WY_STAGES = 3
 # value columns per program of the reverse state pass (GDN's chunk_state_bwd_kernel, DECAY "channel", 8 warps)
 STATE_BV = 32
+# (token, key head) rows per program of the GVA sum (kda_gva_sum_kernel: a memory-bound pass, 16 KB of fp32 read per
+# program at G = 2, K = 128)
+GVA_SUM_ROWS = 16
 
 
 @triton.jit
@@ -381,6 +384,34 @@ def kda_dg_kernel(
         tl.store(dA_ptr + p * HV + hv, tl.sum(d_a, axis=0))
 
 
+@triton.jit
+def kda_gva_sum_kernel(x_ptr, y_ptr, n_rows, G: tl.constexpr, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """GVA's gradient of a key head: y[r] = sum over j < G of x[r * G + j] (x [rows * G, K] fp32, the value heads of
+    key head row r in order; y [rows, K] in its own dtype), the sum in fp32 and one rounding, as torch's fp32 sum and
+    cast."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BK)
+    m = (rows < n_rows)[:, None] & (cols < K)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    acc = tl.zeros([BR, BK], dtype=tl.float32)
+    for j in tl.static_range(G):
+        acc += tl.load(x_ptr + (r64 * G + j) * K + cols[None, :], mask=m, other=0.)
+    tl.store(y_ptr + r64 * K + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _gva_sum(x_hv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """like's shape [B, T, H, K] and dtype from x_hv [B * T, H * G, K] fp32 (value head h * G + j reads key head h):
+    the sum over each key head's G value heads, in one launch."""
+    B, T, H, K = like.shape
+    G = x_hv.shape[1] // H
+    y = empty(B, T, H, K, dtype=like.dtype, device=like.device)
+    n_rows = B * T * H
+    if n_rows:
+        launches(kda_gva_sum_kernel, (cdiv(n_rows, GVA_SUM_ROWS),), (x_hv, y, n_rows),
+                 dict(G=G, K=K, BR=GVA_SUM_ROWS, BK=_pow2(K), num_warps=4))
+    return y
+
+
 def launch_kda_state_bwd(qdec, kdec, w, gcum, do, dh, dvnew, dht: Optional[torch.Tensor],
                          dh0: Optional[torch.Tensor], plan, scale: float, store_dh: bool = True,
                          state_v_first: bool = False):
@@ -482,8 +513,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
              (g, A_log, dt_bias, dgam, dg, dA, dbias, plan.cu, plan.chunk_indices, N),
              dict(HV=HV, K=K, BT=CHUNK, BK=min(BK, DG_BK), GATE=gate, HAS_DT_BIAS=dt_bias is not None,
                   LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4))
-    dq = dq_hv.view(B, T, H, G, K).sum(3).to(q.dtype) if G > 1 else dq_out
-    dk = dk_hv.view(B, T, H, G, K).sum(3).to(k.dtype) if G > 1 else dk_out
+    dq = _gva_sum(dq_hv, q) if G > 1 else dq_out
+    dk = _gva_sum(dk_hv, k) if G > 1 else dk_out
     dA_log = dA.sum(0).to(A_log.dtype) if gate and A_log is not None else None
     ddt_bias = dbias.sum(0).reshape(dt_bias.shape).to(dt_bias.dtype) if gate and dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
