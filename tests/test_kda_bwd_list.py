@@ -7,9 +7,9 @@ each backend accepting CPU tensors and the signature memo on for them as for CUD
   output or buffer in the same pattern; for either backend's backward, with and without an initial state, and with
   the gluon backend's Gluon state passes and WY stage (their CUDA test patched away: the list then holds launches of
   both host paths); a repeat public training step replays it too;
-- GVA (HV > H: dq and dk summed over the value heads by kda_gva_sum_kernel) is listed as well;
-- what a list cannot replay takes the host path: FLA's in-kernel gate (torch sums of dA_log / d dt_bias), the Triton
-  or Gluon host path's options off.
+- GVA (HV > H: dq and dk summed over the value heads by kda_gva_sum_kernel) and FLA's in-kernel gate (dA_log and
+  d dt_bias summed over the chunk slots by kda_col_sum_kernel) are listed as well;
+- the Triton or Gluon host path's options off take the host path.
 Numerics of the replays on fresh inputs against fp64: the GPU gate's kda section (its train repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
@@ -62,26 +62,27 @@ def step(x, backend, gate=False):
 def listed():
     return sum(type(v).__name__ == "LaunchList" for v in E.bwd_lists().lists.values())
 
-def replay_vs_host(drv, backend, H=4, HV=4, h0=True):
+def replay_vs_host(drv, backend, H=4, HV=4, h0=True, gate=False):
     # the backward op's impl on one forward's saved tensors: three calls (compile, record, replay) then the host path
     # on the same tensors; canon over one backward call (every buffer of the host path lives to its end)
     E.bwd_lists().clear()
-    x = leaves(H, HV, 200, h0)
+    x = leaves(H, HV, 200, h0, gate)
     q, k, v, g, beta, s0 = (x[n] if x[n] is None else x[n].detach() for n in ("q", "k", "v", "g", "beta",
                                                                                "initial_state"))
+    A_log, dt_bias, mode = (x["A_log"].detach(), x["dt_bias"].detach(), "softplus") if gate else (None, None, "")
     scale = 128 ** -0.5
-    saved = kc._chunk_kda_fwd.impl(q, k, v, g, beta, scale, s0, True, None, None, None, "", 0.0, False, False,
+    saved = kc._chunk_kda_fwd.impl(q, k, v, g, beta, scale, s0, True, None, A_log, dt_bias, mode, 0.0, False, False,
                                    False, kc.SAVE_STAGE2A, backend)[2:6]
     do = torch.randn(v.shape, dtype=v.dtype)
     dht = torch.randn(1, HV, 128, 128)
     gluon_state = backend == "gluon"
     def bwd():
-        return kc._chunk_kda_bwd.impl(q, k, v, g, beta, scale, s0, None, None, None, "", 0.0, False, False, False,
-                                      do, dht, list(saved), gluon_state)
+        return kc._chunk_kda_bwd.impl(q, k, v, g, beta, scale, s0, None, A_log, dt_bias, mode, 0.0, False, False,
+                                      False, do, dht, list(saved), gluon_state)
     for _ in range(3):
         bwd()
     del drv.launches[:]
-    ins = (q, k, v, g, beta, s0, do, dht) + tuple(saved)
+    ins = (q, k, v, g, beta, s0, do, dht, A_log, dt_bias) + tuple(saved)
     e0 = entered[0]
     with count_jit_runs() as jit:
         outs = bwd()
@@ -95,26 +96,14 @@ def replay_vs_host(drv, backend, H=4, HV=4, h0=True):
                diff=[(i, [x for x, y in zip(p[2], q[2]) if x != y], [y for x, y in zip(p[2], q[2]) if x != y])
                      for i, (p, q) in enumerate(zip(a, b)) if p != q][:3])
     # the public training step replays it too: its backward's launcher is not entered on a repeat step
-    x = leaves(H, HV, 200, h0)
+    x = leaves(H, HV, 200, h0, gate)
     for _ in range(3):
-        step(x, backend)
+        step(x, backend, gate)
     e0 = entered[0]
-    step(x, backend)
+    step(x, backend, gate)
     res["public_entered"] = entered[0] - e0
     del drv.launches[:]
     return res
-
-def host_path_taken(drv, backend, H, HV, gate=False, options=None):
-    # three steps of a fresh signature (compile, record, repeat): how often the launcher ran, lists kept
-    E.bwd_lists().clear()
-    x = leaves(H, HV, 130, gate=gate)
-    e0 = entered[0]
-    ctx = options.options(handle=False) if options is not None else torch.no_grad.__new__(torch.enable_grad)
-    with ctx:
-        for _ in range(3):
-            step(x, backend, gate)
-    del drv.launches[:]
-    return dict(entered=entered[0] - e0, listed=listed())
 
 from linattn.ops.kda.gluon import state as KS, wy_bwd as KW
 # the gluon backend's Gluon state passes and WY stage on CPU tensors (their CUDA test patched away): the list then
@@ -131,7 +120,7 @@ with fake_hopper(c_launcher=True) as drv, _patched(patches):
     with _patched(gluon_hooks):
         out["gluon_hooks"] = replay_vs_host(drv, "gluon")
     out["gva"] = replay_vs_host(drv, "gluon", H=2, HV=4)
-    out["gate"] = host_path_taken(drv, "gluon", 4, 4, gate=True)
+    out["gate"] = replay_vs_host(drv, "gluon", gate=True)
     E.bwd_lists().clear()
     x = leaves(4, 4, 130)
     for _ in range(3):
@@ -153,12 +142,11 @@ def test_kda_backward_replays_its_launch_list():
     r = run_json_child(CHILD)
     gluon_kernels = {"chunk_state_fwd_tma_kernel", "chunk_state_bwd_tma_kernel", "kda_wy_bwd_gluon_kernel"}
     assert gluon_kernels <= set(r["gluon_hooks"]["launches"]), r["gluon_hooks"]
-    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0", "gluon_hooks", "gva"):
+    for case in ("gluon", "triton", "gluon_no_h0", "triton_no_h0", "gluon_hooks", "gva", "gate"):
         c = r[case]
         assert c["listed"] == 1 and c["entered"] == 0 and c["jit"] == 0, (case, c)
         assert c["entered_host"] == 1 and c["same"] and c["public_entered"] == 0, (case, c)
         assert "kda_wy_bwd_kernel" in c["launches"] or "kda_wy_bwd_gluon_kernel" in " ".join(c["launches"]), c
     assert r["gva"]["launches"].count("kda_gva_sum_kernel") == 2, r["gva"]
-    # each step of a signature a list cannot serve enters the backward's launcher
-    assert r["gate"] == {"entered": 3, "listed": 0}, r["gate"]
+    assert r["gate"]["launches"].count("kda_col_sum_kernel") == 2, r["gate"]         # dA_log, d dt_bias
     assert r["options_off_entered"] == [1, 1] and r["options_back_entered"] == 0, r

@@ -222,7 +222,7 @@ def eager_repeat(backend="gluon", **case):
 
 def train_repeat(backend="gluon", **case):
     """Five eager training steps (chunk_kda forward with autograd and torch.autograd.grad of o and the final state) of
-    one signature without the in-kernel gate, fresh inputs each: the backward's calls record the signature's
+    one signature, fresh inputs each: the backward's calls record the signature's
     launch list and the later ones replay it (kda/eager.py bwd_eager); NaN-poisoned buffers; each step's o, final
     state and every gradient against the fp64 reference; the last step on a side stream (the replay declines it)."""
     import linattn
@@ -243,8 +243,16 @@ def train_repeat(backend="gluon", **case):
             torch.cuda.current_stream().wait_stream(side)
         base.sync()
         got = {"o": o.detach(), "final_state": ht.detach(), **dict(zip(names, grads))}
+        chain_errs = {}
+        if "A_log" in leaves:
+            # the gate's parameters: the chain rule from the kernel's own dg at fp32's tolerance (gate_param_chain)
+            leaves["g"].grad = got["g"]
+            chain, _ = gate_param_chain(leaves, opts, ref)
+            chain_errs, ok_p = base.errors({f"{n} (chain of dg)": got.pop(n) for n in chain},
+                                           {f"{n} (chain of dg)": t for n, t in chain.items()}, torch.float32)
+            ok = ok and ok_p
         e, passed = base.errors(got, {n: ref[n] for n in got}, leaves["q"].dtype)
-        errs.append(e)
+        errs.append({**e, **chain_errs})
         ok = ok and passed
     return dict(errors=errs, passed=ok)
 
@@ -252,12 +260,15 @@ def train_repeat(backend="gluon", **case):
 def train_repeat_cases():
     """(name, options) of train_repeat: the gluon backend (stage 2a's outputs saved, the Gluon state passes and WY
     stage) and the triton backend (stage 2a's outputs saved), H = HV = _dims()'s HV; and the gluon backend with GVA
-    (_dims()'s H and HV: dq and dk summed over the value heads inside the list)."""
+    (_dims()'s H and HV: dq and dk summed over the value heads inside the list), plain and with FLA's gate and beta
+    options (the gate's parameter gradients summed over the chunk slots inside the list)."""
     d = _dims()
     H, HV, T, BF = d["H"], d["HV"], d["T"], torch.bfloat16
     return [(f"{b} train repeat B1 T{T} H=HV={HV} bf16", dict(backend=b, B=1, T=T, dtype=BF, heads=(HV, HV)))
             for b in ("gluon", "triton")] + [
-        (f"gluon train repeat B1 T{T} H{H}/HV{HV} bf16", dict(backend="gluon", B=1, T=T, dtype=BF, heads=(H, HV)))]
+        (f"gluon train repeat B1 T{T} H{H}/HV{HV} bf16", dict(backend="gluon", B=1, T=T, dtype=BF, heads=(H, HV))),
+        (f"gluon train repeat B1 T{T} H{H}/HV{HV} gate softplus + beta sigmoid bf16",
+         dict(backend="gluon", B=1, T=T, dtype=BF, heads=(H, HV), gate="softplus"))]
 
 
 def repeat_cases():

@@ -130,8 +130,8 @@ def _chunk_kda_bwd(q: _T, k: _T, v: _T, g: _T, beta: _T, scale: float, initial_s
         return chunk_kda_bwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
                              beta_sigmoid, neg_eigval, do, dht, state_v_first=state_v_first, saved=it,
                              state_bwd=state_bwd, wy_bwd=wy_bwd)
-    grads = eager.bwd_eager(run, q, k, v, g, beta, scale, initial_state, cu_seqlens, gate, lower_bound, beta_sigmoid,
-                            neg_eigval, state_v_first, do, dht, saved, gluon_state)
+    grads = eager.bwd_eager(run, q, k, v, g, beta, scale, initial_state, cu_seqlens, A_log, dt_bias, gate, lower_bound,
+                            beta_sigmoid, neg_eigval, state_v_first, do, dht, saved, gluon_state)
     # a gradient that does not exist comes back as an empty [0] tensor (optional outputs are not allowed)
     return tuple(t if t is not None else q.new_empty(0, dtype=torch.float32) for t in grads)
 

@@ -13,9 +13,9 @@ Not listed: the gluon backend's calls that take the Triton stages 2b-4 through i
 state_v_first), and the Triton backend's autograd forward (it keeps the intermediates of KdaIntermediates).
 
 The backward (chunk.py's custom op chunk_kda_bwd) goes through lists of its own (bwd_eager): the recompute and the
-backward's launches, on the Triton host path and, for the gluon backend's state passes and WY stage, the Gluon one,
-recorded per signature of a fixed-length call without FLA's in-kernel gate (its dA_log / d dt_bias end in torch sums,
-which a list cannot replay).
+backward's launches (GVA's sums and the in-kernel gate's parameter sums included: Triton kernels), on the Triton host
+path and, for the gluon backend's state passes and WY stage, the Gluon one, recorded per signature of a fixed-length
+call.
 """
 from __future__ import annotations
 
@@ -122,16 +122,16 @@ def bwd_lists() -> SignatureLists:
     return _BWD_LISTS[0]
 
 
-def bwd_eager(run, q, k, v, g, beta, scale: float, initial_state, cu_seqlens, gate: str, lower_bound: float,
-              beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do, dht, saved, gluon_state: bool) -> tuple:
+def bwd_eager(run, q, k, v, g, beta, scale: float, initial_state, cu_seqlens, A_log, dt_bias, gate: str,
+              lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do, dht, saved,
+              gluon_state: bool) -> tuple:
     """run()'s gradients (chunk_kda_bwd's eight outputs) for the backward op's call, through the signature's launch
-    list where one applies: fixed length, no in-kernel gate, not under CUDA-graph capture, at most
-    BWD_LIST_MAX_TOKEN_HEADS; every other call runs run(). do and dht as the backward takes them (contiguous)."""
+    list where one applies: fixed length, not under CUDA-graph capture, at most BWD_LIST_MAX_TOKEN_HEADS; every other
+    call runs run(). do and dht as the backward takes them (contiguous)."""
     from linattn.runtime.capture import capturing
-    if (cu_seqlens is not None or gate or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS
-            or capturing(q)):
+    if cu_seqlens is not None or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS or capturing(q):
         return run()
-    ins = (q, k, v, g, beta, initial_state, do, dht) + tuple(saved)
-    key = (tuple([signature(t) for t in ins]), q.device, scale, lower_bound, beta_sigmoid, neg_eigval,
+    ins = (q, k, v, g, beta, initial_state, do, dht, A_log, dt_bias) + tuple(saved)
+    key = (tuple([signature(t) for t in ins]), q.device, scale, gate, lower_bound, beta_sigmoid, neg_eigval,
            state_v_first, gluon_state)
     return bwd_lists()(key, ins, run, tuple)
