@@ -60,9 +60,10 @@ STATE_BV = 32
 # (token, key head) rows per program of the GVA sum (kda_gva_sum_kernel: a memory-bound pass, 16 KB of fp32 read per
 # program at G = 2, K = 128)
 GVA_SUM_ROWS = 16
-# rows (chunk slots) per step and columns per program of the gate parameters' sums (kda_col_sum_kernel)
-COL_SUM_ROWS = 32
-COL_SUM_COLS = 128
+# rows (chunk slots) per step and columns per program of the gate parameters' sums (kda_col_sum_kernel): d dt_bias's
+# HV * K columns over 128 programs at HV = 32, K = 128, each stepping 64 slots at a time
+COL_SUM_ROWS = 64
+COL_SUM_COLS = 32
 
 
 @triton.jit
