@@ -405,8 +405,8 @@ def kda_gva_sum_kernel(x_ptr, y_ptr, n_rows, G: tl.constexpr, K: tl.constexpr, B
 
 @triton.jit
 def kda_col_sum_kernel(x_ptr, y_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
-    """y[c] = sum over r < R of x[r, c] (x [R, C] fp32, rows in order; y [C] in its own dtype): the in-kernel gate's
-    parameter gradients from their per-chunk-slot partials."""
+    """y[c] = sum over r < R of x[r, c] (x [R, C] fp32; y [C] in its own dtype) in a fixed order (deterministic): the
+    in-kernel gate's parameter gradients from their per-chunk-slot partials."""
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
     mc = cols < C
     acc = tl.zeros([BR, BC], dtype=tl.float32)
