@@ -27,10 +27,7 @@ from linattn.runtime.alloc import poisoning
 from linattn.runtime.host_path import current_device, hooks_active
 from linattn.runtime.launch_list import SignatureLists, signature
 
-_LISTS: dict = {}
-# A replay holds every buffer of the backward for the whole call: lists serve backward calls up to this many
-# token-heads (B * T * HV; as GDN's backward lists), the host-bound sizes.
-BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
+_LISTS: dict = {}         # "gluon" / "triton": the forward's lists on those stages; "backward": the backward's
 
 
 def fwd_lists(intra: str) -> SignatureLists:
@@ -109,25 +106,25 @@ class _BothHostPaths:
         return self.a.handle and self.b.handle
 
 
-_BWD_LISTS: list = []
-
-
 def bwd_lists() -> SignatureLists:
     """The backward's lists (one SignatureLists over both host paths)."""
-    if not _BWD_LISTS:
+    lists = _LISTS.get("backward")
+    if lists is None:
         from linattn.ops.gated_delta_rule.gluon.host import host_path as gluon_hp
         from linattn.ops.gated_delta_rule.triton.host import host_path as triton_hp
-        _BWD_LISTS.append(SignatureLists(_BothHostPaths(triton_hp, gluon_hp), current_device, hooks_active,
-                                         poisoning))
-    return _BWD_LISTS[0]
+        lists = _LISTS["backward"] = SignatureLists(_BothHostPaths(triton_hp, gluon_hp), current_device,
+                                                    hooks_active, poisoning)
+    return lists
 
 
 def bwd_eager(run, q, k, v, g, beta, scale: float, initial_state, cu_seqlens, A_log, dt_bias, gate: str,
               lower_bound: float, beta_sigmoid: bool, neg_eigval: bool, state_v_first: bool, do, dht, saved,
               gluon_state: bool) -> tuple:
     """run()'s gradients (chunk_kda_bwd's eight outputs) for the backward op's call, through the signature's launch
-    list where one applies: fixed length, not under CUDA-graph capture, at most BWD_LIST_MAX_TOKEN_HEADS; every other
-    call runs run(). do and dht as the backward takes them (contiguous)."""
+    list where one applies: fixed length, not under CUDA-graph capture, at most GDN's BWD_LIST_MAX_TOKEN_HEADS (a
+    replay holds every buffer of the backward for the whole call); every other call runs run(). do and dht as the
+    backward takes them (contiguous)."""
+    from linattn.ops.gated_delta_rule.triton.backward import BWD_LIST_MAX_TOKEN_HEADS
     from linattn.runtime.capture import capturing
     if cu_seqlens is not None or q.shape[0] * q.shape[1] * v.shape[2] > BWD_LIST_MAX_TOKEN_HEADS or capturing(q):
         return run()
