@@ -50,5 +50,5 @@ def test_kda_backward_launches_through_the_handle():
     for case, c in r.items():
         assert c["same"] and c["jit"] == 0, (case, c)
         gva = ["kda_gva_sum_kernel"] * 2 if "gva" in case else []         # dq's and dk's sums over value heads
-        gate = ["kda_col_sum_kernel"] * 2 if "gate" in case else []       # dA_log's and d dt_bias's over slots
+        gate = ["col_sum_kernel"] * 2 if "gate" in case else []       # dA_log's and d dt_bias's over slots
         assert c["launches"] == want + gva + gate, (case, c)

@@ -8,7 +8,7 @@ each backend accepting CPU tensors and the signature memo on for them as for CUD
   the gluon backend's Gluon state passes and WY stage (their CUDA test patched away: the list then holds launches of
   both host paths); a repeat public training step replays it too;
 - GVA (HV > H: dq and dk summed over the value heads by kda_gva_sum_kernel) and FLA's in-kernel gate (dA_log and
-  d dt_bias summed over the chunk slots by kda_col_sum_kernel) are listed as well;
+  d dt_bias summed over the chunk slots by col_sum_kernel) are listed as well;
 - the Triton or Gluon host path's options off take the host path.
 Numerics of the replays on fresh inputs against fp64: the GPU gate's kda section (its train repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
@@ -148,5 +148,5 @@ def test_kda_backward_replays_its_launch_list():
         assert c["entered_host"] == 1 and c["same"] and c["public_entered"] == 0, (case, c)
         assert "kda_wy_bwd_kernel" in c["launches"] or "kda_wy_bwd_gluon_kernel" in " ".join(c["launches"]), c
     assert r["gva"]["launches"].count("kda_gva_sum_kernel") == 2, r["gva"]
-    assert r["gate"]["launches"].count("kda_col_sum_kernel") == 2, r["gate"]         # dA_log, d dt_bias
+    assert r["gate"]["launches"].count("col_sum_kernel") == 2, r["gate"]         # dA_log, d dt_bias
     assert r["options_off_entered"] == [1, 1] and r["options_back_entered"] == 0, r

@@ -7,8 +7,8 @@ WY kernel's 112 bytes (at the 3 pipelining stages it runs with), kept because it
 registered or lacks its HGMMA. The backward's local kernels are built with the stages their launches use."""
 from __future__ import annotations
 
-from linattn.ops.kda.triton.backward import (COL_SUM_COLS, COL_SUM_ROWS, DG_BK, GVA_SUM_ROWS, PAIR_BK, PAIR_STAGES,
-                                             PAIR_WARPS, WY_BK, WY_STAGES, WY_WARPS)
+from linattn.ops.kda.triton.backward import (DG_BK, GVA_SUM_ROWS, PAIR_BK, PAIR_STAGES, PAIR_WARPS, WY_BK, WY_STAGES,
+                                             WY_WARPS)
 from linattn.ops.kda.triton.forward import CUMSUM_BK, DIAG_BH, INTRA_BK
 from linattn.runtime.aot import AotKernel, register
 
@@ -114,9 +114,7 @@ _register("kda_bwd_triton_dg_w4", "linattn.ops.kda.triton.backward", "kda_dg_ker
 _register("kda_bwd_triton_gva_sum_w4", "linattn.ops.kda.triton.backward", "kda_gva_sum_kernel",
           dict(x_ptr=_F, y_ptr=_X, n_rows="i32"), dict(G=HV // H, K=K, BR=GVA_SUM_ROWS, BK=K), 4, _DEFAULT_STAGES,
           "backward GVA: dq / dk summed over each key head's value heads", intended=("LDG",))
-_register("kda_bwd_triton_col_sum_w4", "linattn.ops.kda.triton.backward", "kda_col_sum_kernel",
-          dict(x_ptr=_F, y_ptr=_F, R="i32", C="i32"), dict(BR=COL_SUM_ROWS, BC=COL_SUM_COLS), 4, _DEFAULT_STAGES,
-          "backward, in-kernel gate: dA_log / d dt_bias summed over the chunk slots' partials", intended=("LDG",))
+
 
 
 def kda_intra_gluon_signature():

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
+from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_precision, exp2_fast, exp_fast,
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
@@ -60,10 +61,6 @@ STATE_BV = 32
 # (token, key head) rows per program of the GVA sum (kda_gva_sum_kernel: a memory-bound pass, 16 KB of fp32 read per
 # program at G = 2, K = 128)
 GVA_SUM_ROWS = 16
-# rows (chunk slots) per step and columns per program of the gate parameters' sums (kda_col_sum_kernel): d dt_bias's
-# HV * K columns over 128 programs at HV = 32, K = 128, each stepping 64 slots at a time
-COL_SUM_ROWS = 64
-COL_SUM_COLS = 32
 
 
 @triton.jit
@@ -403,31 +400,6 @@ def kda_gva_sum_kernel(x_ptr, y_ptr, n_rows, G: tl.constexpr, K: tl.constexpr, B
     tl.store(y_ptr + r64 * K + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
-def kda_col_sum_kernel(x_ptr, y_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
-    """y[c] = sum over r < R of x[r, c] (x [R, C] fp32; y [C] in its own dtype) in a fixed order (deterministic): the
-    in-kernel gate's parameter gradients from their per-chunk-slot partials."""
-    cols = tl.program_id(0) * BC + tl.arange(0, BC)
-    mc = cols < C
-    acc = tl.zeros([BR, BC], dtype=tl.float32)
-    for r0 in range(0, R, BR):
-        rows = r0 + tl.arange(0, BR)
-        acc += tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=(rows < R)[:, None] & mc[None, :],
-                       other=0.)
-    tl.store(y_ptr + cols, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=mc)
-
-
-def _col_sum(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """like's shape and dtype from x [R, ...] fp32 (R per-chunk-slot partials of like's numel): their sum over R, in
-    fp32, rounded once, in one launch."""
-    R, C = x.shape[0], like.numel()
-    y = empty(*like.shape, dtype=like.dtype, device=like.device)
-    if C:
-        launches(kda_col_sum_kernel, (cdiv(C, COL_SUM_COLS),), (x, y, R, C), dict(BR=COL_SUM_ROWS, BC=COL_SUM_COLS,
-                                                                                  num_warps=4))
-    return y
-
-
 def _gva_sum(x_hv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """like's shape [B, T, H, K] and dtype from x_hv [B * T, H * G, K] fp32 (value head h * G + j reads key head h):
     the sum over each key head's G value heads, in one launch."""
@@ -544,6 +516,6 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4))
     dq = _gva_sum(dq_hv, q) if G > 1 else dq_out
     dk = _gva_sum(dk_hv, k) if G > 1 else dk_out
-    dA_log = _col_sum(dA, A_log) if gate and A_log is not None else None
-    ddt_bias = _col_sum(dbias, dt_bias) if gate and dt_bias is not None else None
+    dA_log = col_sum(dA, A_log.shape, A_log.dtype) if gate and A_log is not None else None
+    ddt_bias = col_sum(dbias, dt_bias.shape, dt_bias.dtype) if gate and dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
