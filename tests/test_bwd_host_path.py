@@ -4,8 +4,8 @@ a child process without TRITON_INTERPRET):
   signature): a repeated backward makes no JIT run and the JIT path's launches (kernel, grid, every argument, each
   pointer by the input or buffer it lies in), with states, without, varlen, with FLA's in-kernel gate;
 - bwd_eager's launch lists (triton/backward.py) for both backends' backward ops replay the host path's launches with
-  no JIT run and no torch device op in what they record; FLA's gate, a large call, the host path's options off and
-  poisoned allocations as launch_list.py says;
+  no JIT run and no torch device op in what they record, FLA's in-kernel gate included; a large call, the host
+  path's options off and poisoned allocations as launch_list.py says;
 - both forward ops, as autograd calls them, replay the forward's launch list."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
@@ -49,8 +49,10 @@ def test_triton_backward_launches_through_the_host_path():
     r = run_json_child(CHILD)
     for name in ("states", "no_states", "varlen", "fla_gate"):
         c = r[name]
-        assert c["launches"][-4:] == ["chunk_dv_local_kernel", "chunk_state_bwd_kernel", "chunk_local_bwd_kernel",
-                                      "chunk_wy_bwd_kernel"], (name, c["launches"])
+        sums = ["col_sum_kernel"] * 2 if name == "fla_gate" else []      # dA_log's and d dt_bias's over the slots
+        assert c["launches"][-4 - len(sums):] == ["chunk_dv_local_kernel", "chunk_state_bwd_kernel",
+                                                  "chunk_local_bwd_kernel", "chunk_wy_bwd_kernel"] + sums, \
+            (name, c["launches"])
         assert c["jit"] == 0, (name, c)                 # every launch of the repeat through a kept handle
         assert c["jit_off"] == len(c["launches"]), (name, c)
         assert c["same"], (name, c["diff"])
@@ -122,23 +124,23 @@ print(json.dumps(out))
 def test_triton_backward_launch_list():
     """bwd_eager (triton/backward.py): a fixed-length backward's second call of a signature records a list, and a
     replay makes the host path's seven launches on the same tensors (each pointer the same input or output at the
-    same offset, the buffers in the same pattern) without a JIT run or a launch key, with and without states; the
-    recorded host path launches no torch device op; FLA's in-kernel gate (dA_log / d dt_bias from torch sums) gets no
-    list and keeps the host path; a call above BWD_LIST_MAX_TOKEN_HEADS records nothing; the host path's options off
-    make the replay decline; poisoned allocations are honoured (every gradient NaN: the stand-in driver runs no
+    same offset, the buffers in the same pattern) without a JIT run or a launch key, with and without states, and with
+    FLA's in-kernel gate (two more launches: dA_log's and d dt_bias's column sums over the chunk slots); the recorded
+    host path launches no torch device op; a call above BWD_LIST_MAX_TOKEN_HEADS records nothing; the host path's
+    options off make the replay decline; poisoned allocations are honoured (every gradient NaN: the stand-in driver runs no
     kernel)."""
     r = run_json_child(LIST_CHILD)
     seven = ["kkt_solve_kernel", "wu_kernel", "chunk_state_fwd_kernel", "chunk_dv_local_kernel",
              "chunk_state_bwd_kernel", "chunk_local_bwd_kernel", "chunk_wy_bwd_kernel"]
-    for name in ("states", "no_states"):
+    for name in ("states", "no_states", "fla_gate"):
         c = r[name]
         assert c["kinds"] == ["LaunchList"], (name, c)
-        assert c["launches"] == seven and c["same"], (name, c["launches"], c["diff"])
+        sums = ["col_sum_kernel"] * 2 if name == "fla_gate" else []
+        assert c["launches"] == seven + sums and c["same"], (name, c["launches"], c["diff"])
         assert c["jit"] == 0 and c["host_path_jit"] == 0, (name, c)
         assert c["device_ops"] == [], (name, c["device_ops"])
     assert r["no_states"]["outs"] == [True] * 5 + [False] * 3
-    g = r["fla_gate"]
-    assert g["kinds"] == ["int"] and g["launches"] == seven and g["same"], g
+    assert r["fla_gate"]["outs"] == [True] * 8
     assert r["large_lists"] == 0
     assert r["handle_off_jit"] == 7
     assert r["poisoned"]

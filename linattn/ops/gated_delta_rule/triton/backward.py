@@ -26,6 +26,7 @@ from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WAR
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
+from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.ops.gated_delta_rule.triton.host import host_path, launches
@@ -176,10 +177,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
     m_in_dk = K >= CHUNK
     scratch = dk if m_in_dk else empty(slots, H, CHUNK, CHUNK, dtype=k.dtype, device=dev)
     # FLA's options: the WY stage reads the activated beta of the recompute's stage 2a and takes dbeta / dg on to
-    # the raw inputs; the per-token terms of dA_log and d dt_bias (dgate) are summed over tokens here
+    # the raw inputs; dA_log and d dt_bias come per chunk slot (dgate) and are summed over the slots here
     opts, tensors, dgate = {}, {}, None
     if A_log is not None:
-        dgate = empty(2 if dt_bias is not None else 1, T_tot, HV, dtype=torch.float32, device=dev)
+        dgate = empty(2 if dt_bias is not None else 1, slots, HV, dtype=torch.float32, device=dev)
         tensors.update(g_raw_ptr=g, A_log_ptr=A_log, dgate_ptr=dgate)
         opts.update(GATE_IN_KERNEL=True)
         if dt_bias is not None:
@@ -193,8 +194,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
               plan.cu, plan.chunk_indices, N, T_tot),
              dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk,
                   DOT_PREC=dot_prec, num_warps=WARPS_WY, num_stages=STAGES_WY, **opts), tensors=tensors or None)
-    dA_log = dgate[0].sum(0) if dgate is not None else None
-    ddt_bias = dgate[1].sum(0) if dt_bias is not None else None
+    dA_log = col_sum(dgate[0], (HV,), torch.float32) if dgate is not None else None
+    ddt_bias = col_sum(dgate[1], (HV,), torch.float32) if dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
 
 
@@ -203,8 +204,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
 # 1a to 3) with its own pointers, instead of the chunk plan lookup, the configs and the host path's launch keys.
 # A replay holds every buffer for the whole call (U included), so lists serve calls up to BWD_LIST_MAX_TOKEN_HEADS
 # token-heads (B * T * HV; U is then at most 64 MB at V = 128 in bf16): the host-bound sizes, where a training step's
-# eager backward waits on its host path. FLA's in-kernel gate returns dA_log / d dt_bias from torch sums, which a list
-# cannot replay: those calls keep the host path (LaunchList.build gives no list).
+# eager backward waits on its host path. With FLA's in-kernel gate the list holds two more launches, the column sums of
+# dA_log and d dt_bias.
 BWD_LISTS = SignatureLists(host_path, current_device, hooks_active, poisoning)
 BWD_LIST_MAX_TOKEN_HEADS = 1 << 18
 

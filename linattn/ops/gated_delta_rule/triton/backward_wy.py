@@ -34,8 +34,8 @@ read of the scratch; only valid rows are touched), else a [slots, H, 64, 64] buf
 
 FLA's options (constexpr, compiled out at their defaults): beta_ptr is then the activated beta that the forward's
 stage 2a stored, and dbeta is taken on to the logit before it is stored (BETA_SCALE); dg is taken on to the raw gate
-input, with the per-token terms of dA_log and d dt_bias written for the launcher's sums (GATE_IN_KERNEL,
-common.gate_chain).
+input, with each chunk's sums of the per-token terms of dA_log and d dt_bias written at its slot for the launcher's sum
+over the slots (GATE_IN_KERNEL, common.gate_chain).
 """
 import triton
 import triton.language as tl
@@ -56,18 +56,23 @@ def chunk_wy_bwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, NKP: tl.constexpr,
     M_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
     g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None,   # use_gate_in_kernel: raw g [T_tot, HV], A_log / dt_bias [HV]
-    dgate_ptr=None,                                  # fp32 [2, T_tot, HV]: per-token dA_log and d dt_bias terms
+    dgate_ptr=None,                                  # fp32 [2, slots, HV]: per-chunk dA_log and d dt_bias sums
     beta_raw_ptr=None,                               # FLA's use_beta_sigmoid_in_kernel: the beta logits [T_tot, HV]
     GATE_IN_KERNEL: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, BETA_SCALE: tl.constexpr = 0,
 ):
     p = tl.program_id(0)
     hk = tl.program_id(1)
     n, c = slot_chunk(chunk_idx_ptr, p)
-    if n >= N:                                 # surplus slot of the varlen bound
+    G: tl.constexpr = HV // H
+    if n >= N:                                 # surplus slot of the varlen bound: zero gate sums
+        if GATE_IN_KERNEL:
+            for j in range(0, G):
+                tl.store(dgate_ptr + p * HV + hk * G + j, 0.)
+                if HAS_DT_BIAS:
+                    tl.store(dgate_ptr + (tl.num_programs(0) + p) * HV + hk * G + j, 0.)
         return
     bos, eos, t0 = chunk_span(cu_ptr, n, c, BT)
     nt = (eos - t0).to(tl.int32)               # valid rows of this chunk
-    G: tl.constexpr = HV // H
     rows = tl.arange(0, BT)
     dt_op = k_ptr.dtype.element_ty
     if M_IN_DK:
@@ -150,8 +155,8 @@ def chunk_wy_bwd_kernel(
         # dg_i = sum_{j >= i in the chunk} d gam_j (gam is the in-chunk cumsum of g)
         dg = tl.sum(tl.where(rows[None, :] >= (rows + z0)[:, None], dgam[None, :], 0.), axis=1)
         if GATE_IN_KERNEL:
-            dg = gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, t0 + z0 + rows, valid, hv, T_tot,
-                             HV, BT, HAS_DT_BIAS)
+            dg = gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, t0 + z0 + rows, valid, hv, p,
+                            tl.num_programs(0), HV, BT, HAS_DT_BIAS)
         if BETA_SCALE != 0:
             # d/dx of BETA_SCALE * sigmoid(x) = BETA_SCALE sigmoid(x) sigmoid(-x), from the logit (no 1 - sigmoid
             # cancellation where the sigmoid is near 1)

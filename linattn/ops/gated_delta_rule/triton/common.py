@@ -138,20 +138,21 @@ def kda_gate_act(x, A_log, hv, GATE: tl.constexpr, LOWER_BOUND: tl.constexpr):
 
 
 @triton.jit
-def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, T_tot, HV: tl.constexpr,
+def gate_chain(dg, g_raw_ptr, A_log_ptr, dt_bias_ptr, dgate_ptr, r, valid, hv, slot, n_slots, HV: tl.constexpr,
                BT: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     """FLA's use_gate_in_kernel: dg is the gradient of the decay g_eff = -exp(A_log) softplus(x), x = g + dt_bias, at
-    rows r. Returns the gradient of the raw g, dg * -exp(A_log) sigmoid(x), and stores the per-token terms of the
-    parameters' gradients (summed over tokens by the launcher): dg * g_eff for A_log (d g_eff / d A_log = g_eff) to
-    dgate[0], the raw g's gradient for dt_bias to dgate[1] (fp32)."""
+    rows r (one chunk). Returns the gradient of the raw g, dg * -exp(A_log) sigmoid(x), and stores this chunk's sums of
+    the parameters' per-token terms at its slot (the launcher sums the slots, col_sum.py): dg * g_eff for A_log
+    (d g_eff / d A_log = g_eff) to dgate[0, slot, hv], the raw g's gradient for dt_bias to dgate[1, slot, hv] (fp32,
+    dgate [2, n_slots, HV])."""
     x = load_vec_compact(g_raw_ptr + r * HV + hv, valid, BT).to(tl.float32)
     if HAS_DT_BIAS:
         x = x + tl.load(dt_bias_ptr + hv).to(tl.float32)
     neg_a = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32))
-    tl.store(dgate_ptr + r * HV + hv, dg * (neg_a * softplus(x)), mask=valid)
+    tl.store(dgate_ptr + slot * HV + hv, tl.sum(tl.where(valid, dg * (neg_a * softplus(x)), 0.), axis=0))
     dx = dg * (neg_a * tl.sigmoid(x))
     if HAS_DT_BIAS:
-        tl.store(dgate_ptr + (T_tot + r) * HV + hv, dx, mask=valid)
+        tl.store(dgate_ptr + (n_slots + slot) * HV + hv, tl.sum(tl.where(valid, dx, 0.), axis=0))
     return dx
 
 
