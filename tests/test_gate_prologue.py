@@ -24,11 +24,11 @@ def _formula(g, beta, A_log, dt_bias, beta_scale):
 
 
 @needs_triton
-@pytest.mark.parametrize("gate,dt_bias,beta_scale", [(True, True, 2), (True, False, 0), (False, False, 1),
-                                                     (True, True, 1)])
-def test_values_and_gradients_against_fp64(gate, dt_bias, beta_scale):
+@pytest.mark.parametrize("gate,dt_bias,beta_scale,B,T,HV", [
+    (True, True, 2, 2, 37, 3), (True, False, 0, 2, 37, 3), (False, False, 1, 2, 37, 3), (True, True, 1, 2, 37, 3),
+    (True, True, 1, 1, 600, 5)])       # the backward's parameter sums over 5 programs of 128 tokens, the last partial
+def test_values_and_gradients_against_fp64(gate, dt_bias, beta_scale, B, T, HV):
     from linattn.ops.gated_delta_rule.triton.gate_prologue import activate
-    B, T, HV = 2, 37, 3
     x = dict(g=torch.randn(B, T, HV) * 4, beta=torch.randn(B, T, HV) * 2,
              A_log=torch.randn(HV) * 0.5 if gate else None, dt_bias=torch.randn(HV) if dt_bias else None)
     x["g"][0, 0, 0] = 40.0                       # softplus's linear range, where exp(x) alone would overflow in fp16

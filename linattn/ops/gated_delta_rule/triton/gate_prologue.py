@@ -1,7 +1,7 @@
 """FLA's in-kernel gate and beta sigmoid as one elementwise pass before a backend whose kernels read activated values
 (the Gluon forward and backward): g_eff = -exp(A_log) softplus(g + dt_bias) and beta_eff = beta_scale sigmoid(beta),
-both fp32 [T_tot, HV], and in the backward the raw inputs' gradients with the per-token terms of A_log's and
-dt_bias's (summed over tokens here). The Triton path forms the same values inside its own kernels (common.softplus,
+both fp32 [T_tot, HV], and in the backward the raw inputs' gradients with A_log's and dt_bias's (per-program sums of
+their per-token terms, summed by col_sum_kernel). Both launch through the host path's cached handles (triton/host.py). The Triton path forms the same values inside its own kernels (common.softplus,
 common.gate_chain); this pass costs one read and one write of g and beta, [T, HV] values against the chunk kernels'
 [T, HV, K] ones.
 
@@ -14,12 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
+from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import softplus
+from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.runtime import eager_ops
 from linattn.runtime.alloc import empty
-from linattn.runtime.host_path import cdiv
+from linattn.runtime.host_path import cdiv, next_power_of_2
 
-BLOCK = 1024
+BLOCK = 1024      # elements per program (the backward: BLOCK // next_power_of_2(HV) tokens of every head)
 
 
 @triton.jit
@@ -44,34 +46,35 @@ def gate_prologue_fwd_kernel(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, g_out_ptr,
 
 @triton.jit
 def gate_prologue_bwd_kernel(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, dg_eff_ptr, dbeta_eff_ptr, dg_ptr, dbeta_ptr,
-                             da_terms_ptr, dx_terms_ptr, n, HV: tl.constexpr, GATE: tl.constexpr,
-                             HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    """The chain rule of gate_prologue_fwd_kernel: dg = dg_eff * -exp(A_log) sigmoid(x) (x = g + dt_bias), with the
-    per-token terms dg_eff * g_eff (A_log's: d g_eff / d A_log = g_eff) and dg (dt_bias's) in fp32;
-    dbeta = dbeta_eff * beta_scale s (1 - s), s = sigmoid(beta). dg and dbeta in their inputs' dtypes."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    hv = offs % HV
+                             da_part_ptr, dx_part_ptr, n_rows, HV: tl.constexpr, GATE: tl.constexpr,
+                             HAS_DT_BIAS: tl.constexpr, BETA_SCALE: tl.constexpr, BR: tl.constexpr,
+                             BHV: tl.constexpr):
+    """The chain rule of gate_prologue_fwd_kernel on BR tokens (rows of [n_rows, HV]) per program: dg = dg_eff *
+    -exp(A_log) sigmoid(x) (x = g + dt_bias) and dbeta = dbeta_eff * beta_scale s (1 - s), s = sigmoid(beta), in
+    their inputs' dtypes; the program's sums over its tokens of the parameters' per-token terms, dg_eff * g_eff
+    (A_log's: d g_eff / d A_log = g_eff) and dg (dt_bias's), in fp32 at its row of da_part / dx_part [programs, HV]."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BR + tl.arange(0, BR)
+    hv = tl.arange(0, BHV)
+    m = (rows < n_rows)[:, None] & (hv < HV)[None, :]
+    offs = rows[:, None] * HV + hv[None, :]
     dge = tl.load(dg_eff_ptr + offs, mask=m, other=0.).to(tl.float32)
     if GATE:
         x = tl.load(g_ptr + offs, mask=m, other=0.).to(tl.float32)
         if HAS_DT_BIAS:
-            x = x + tl.load(dt_bias_ptr + hv, mask=m, other=0.).to(tl.float32)
-        neg_a = -tl.exp(tl.load(A_log_ptr + hv, mask=m, other=0.).to(tl.float32))
-        tl.store(da_terms_ptr + offs, dge * (neg_a * softplus(x)), mask=m)
+            x = x + tl.load(dt_bias_ptr + hv, mask=hv < HV, other=0.).to(tl.float32)[None, :]
+        neg_a = -tl.exp(tl.load(A_log_ptr + hv, mask=hv < HV, other=0.).to(tl.float32))[None, :]
+        tl.store(da_part_ptr + pid * HV + hv, tl.sum(tl.where(m, dge * (neg_a * softplus(x)), 0.), axis=0),
+                 mask=hv < HV)
         dge = dge * (neg_a * tl.sigmoid(x))
         if HAS_DT_BIAS:
-            tl.store(dx_terms_ptr + offs, dge, mask=m)
+            tl.store(dx_part_ptr + pid * HV + hv, tl.sum(tl.where(m, dge, 0.), axis=0), mask=hv < HV)
     tl.store(dg_ptr + offs, dge.to(dg_ptr.dtype.element_ty), mask=m)
     db = tl.load(dbeta_eff_ptr + offs, mask=m, other=0.).to(tl.float32)
     if BETA_SCALE != 0:
         s = tl.sigmoid(tl.load(beta_ptr + offs, mask=m, other=0.).to(tl.float32))
         db = db * (BETA_SCALE * s * (1. - s))
     tl.store(dbeta_ptr + offs, db.to(dbeta_ptr.dtype.element_ty), mask=m)
-
-
-def _grid(n: int):
-    return (max(cdiv(n, BLOCK), 1),)
 
 
 def gate_prologue_fwd(g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
@@ -81,26 +84,31 @@ def gate_prologue_fwd(g, beta, A_log: Optional[torch.Tensor], dt_bias: Optional[
     g_eff = empty(*g.shape, dtype=torch.float32, device=g.device)
     beta_eff = empty(*beta.shape, dtype=torch.float32, device=g.device)
     gate = A_log is not None
-    gate_prologue_fwd_kernel[_grid(n)](
-        g, beta, A_log if gate else g, dt_bias if dt_bias is not None else g, g_eff, beta_eff, n,
-        HV=g.shape[-1], GATE=gate, HAS_DT_BIAS=dt_bias is not None, BETA_SCALE=beta_scale, BLOCK=BLOCK)
+    launches(gate_prologue_fwd_kernel, (max(cdiv(n, BLOCK), 1),),
+             (g, beta, A_log if gate else g, dt_bias if dt_bias is not None else g, g_eff, beta_eff, n),
+             dict(HV=g.shape[-1], GATE=gate, HAS_DT_BIAS=dt_bias is not None, BETA_SCALE=beta_scale, BLOCK=BLOCK))
     return g_eff, beta_eff
 
 
 def gate_prologue_bwd(g, beta, A_log, dt_bias, beta_scale: int, dg_eff, dbeta_eff):
-    """(dg, dbeta, dA_log or None, ddt_bias or None) of gate_prologue_fwd, the parameters' in their dtypes."""
-    n, HV = g.numel(), g.shape[-1]
+    """(dg, dbeta, dA_log or None, ddt_bias or None) of gate_prologue_fwd, the parameters' in their dtypes (summed
+    over the programs' partials by col_sum_kernel)."""
+    HV = g.shape[-1]
+    n_rows = g.numel() // HV
+    BHV = next_power_of_2(HV)
+    BR = max(1, BLOCK // BHV)
+    programs = max(cdiv(n_rows, BR), 1)
     gate = A_log is not None
     dg = empty(*g.shape, dtype=g.dtype, device=g.device)
     dbeta = empty(*beta.shape, dtype=beta.dtype, device=g.device)
-    da_terms = empty(n // HV, HV, dtype=torch.float32, device=g.device) if gate else dg
-    dx_terms = empty(n // HV, HV, dtype=torch.float32, device=g.device) if dt_bias is not None else dg
-    gate_prologue_bwd_kernel[_grid(n)](
-        g, beta, A_log if gate else g, dt_bias if dt_bias is not None else g, dg_eff.contiguous(),
-        dbeta_eff.contiguous(), dg, dbeta, da_terms, dx_terms, n, HV=HV, GATE=gate, HAS_DT_BIAS=dt_bias is not None,
-        BETA_SCALE=beta_scale, BLOCK=BLOCK)
-    dA_log = da_terms.sum(0).to(A_log.dtype) if gate else None
-    ddt_bias = dx_terms.sum(0).to(dt_bias.dtype) if dt_bias is not None else None
+    da_part = empty(programs, HV, dtype=torch.float32, device=g.device) if gate else dg
+    dx_part = empty(programs, HV, dtype=torch.float32, device=g.device) if dt_bias is not None else dg
+    launches(gate_prologue_bwd_kernel, (programs,),
+             (g, beta, A_log if gate else g, dt_bias if dt_bias is not None else g, dg_eff.contiguous(),
+              dbeta_eff.contiguous(), dg, dbeta, da_part, dx_part, n_rows),
+             dict(HV=HV, GATE=gate, HAS_DT_BIAS=dt_bias is not None, BETA_SCALE=beta_scale, BR=BR, BHV=BHV))
+    dA_log = col_sum(da_part, A_log.shape, A_log.dtype) if gate else None
+    ddt_bias = col_sum(dx_part, dt_bias.shape, dt_bias.dtype) if dt_bias is not None else None
     return dg, dbeta, dA_log, ddt_bias
 
 
