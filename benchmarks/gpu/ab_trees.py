@@ -11,7 +11,8 @@ row, each tree's median over its processes, the spread between its processes, an
 Only the public API is used (linattn.chunk_gated_delta_rule, linattn.fused_recurrent_gated_delta_rule with
 backend="auto"), so any two trees with that API can be compared. `--op kda`: linattn.chunk_kda's rows instead
 (KDA_ROWS: forward without autograd, eager and graphed, and forward + backward eager; H = HV = 32, K = V = 128, bf16,
-initial and final state, a per-key-channel log decay).
+initial and final state, a per-key-channel log decay). `--op train`: TRAIN_ROWS, short training steps of both ops
+(host-bound: what launch lists and host paths change), with and without FLA's in-kernel gate, each with its host us.
 """
 import argparse
 import json
@@ -40,6 +41,15 @@ KDA_ROWS = [  # (name, B, T)
     ("kda B1 T32768", 1, 32768),
     ("kda B8 T4096", 8, 4096),
     ("kda B4 T16384", 4, 16384),
+]
+TRAIN_ROWS = [  # (name, op, backend, T, FLA's in-kernel gate): host-bound training steps at B1, H16/HV32 (KDA: H = HV = 32)
+    ("train gdn triton T1024", "gdn", "triton", 1024, False),
+    ("train gdn triton T1024 gate", "gdn", "triton", 1024, True),
+    ("train gdn auto T1024", "gdn", "auto", 1024, False),
+    ("train gdn auto T1024 gate", "gdn", "auto", 1024, True),
+    ("train gdn auto T8192 gate", "gdn", "auto", 8192, True),
+    ("train kda auto T1024", "kda", "auto", 1024, False),
+    ("train kda auto T2048 gate", "kda", "auto", 2048, True),
 ]
 VARLEN_LENS = [256, 4096, 512, 3072, 1024, 2048, 768, 3584, 1536, 2560, 384, 4000,
                640, 3200, 1280, 2304, 896, 3840, 1792, 2816, 448, 3456, 1152, 2680]
@@ -101,6 +111,8 @@ def _child(args) -> dict:
     out = {"linattn": here, "rows": {}}
     if args.op == "kda":
         return _kda_rows(args, out, graph_time, eager_time)
+    if args.op == "train":
+        return _train_rows(args, out, eager_time, dev)
     for name, B, T, H, HV, varlen in FWD_ROWS:
         cu = None
         if varlen:
@@ -204,6 +216,61 @@ def _kda_rows(args, out, graph_time, eager_time) -> dict:
     return out
 
 
+def train_inputs(op: str, T: int, gate: bool, dev: str, H: int = 16, HV: int = 32, K: int = 128):
+    """One input set of a TRAIN_ROWS step: leaves requiring grad (FLA's raw gate input, A_log and dt_bias with
+    `gate`), the upstream gradients do / dht, and the op's options."""
+    import torch
+    import torch.nn.functional as F
+    if op == "kda":
+        H = HV
+    x = dict(q=torch.randn(1, T, H, K, device=dev, dtype=torch.bfloat16),
+             k=F.normalize(torch.randn(1, T, H, K, device=dev), dim=-1).to(torch.bfloat16),
+             v=torch.randn(1, T, HV, K, device=dev, dtype=torch.bfloat16),
+             beta=torch.rand(1, T, HV, device=dev) * 0.9 + 0.05,
+             initial_state=torch.randn(1, HV, K, K, device=dev) * 0.1)
+    gshape = (1, T, HV, K) if op == "kda" else (1, T, HV)
+    if gate:
+        x["g"] = torch.randn(*gshape, device=dev)
+        x["A_log"] = torch.log(torch.rand(HV, device=dev) * 15 + 1)
+        x["dt_bias"] = torch.rand(HV * K if op == "kda" else HV, device=dev) * 0.1
+    elif op == "kda":
+        x["g"] = F.logsigmoid(torch.randn(*gshape, device=dev) + 3.0)
+    else:
+        x["g"] = -torch.rand(*gshape, device=dev) * 0.1 - 0.01
+    x = {n: t.requires_grad_(True) for n, t in x.items()}
+    return x, torch.randn_like(x["v"]), torch.randn_like(x["initial_state"]), dict(use_gate_in_kernel=gate)
+
+
+def _train_rows(args, out, eager_time, dev) -> dict:
+    """TRAIN_ROWS: one eager training step (forward with autograd, backward of o and the final state, every .grad
+    cleared after it) timed as eager_time times it, and its host us (one step from an idle GPU, median of 20)."""
+    import torch
+    import linattn
+    for name, op, backend, T, gate in TRAIN_ROWS:
+        sets = [train_inputs(op, T, gate, dev) for _ in range(2)]
+        fn = linattn.chunk_kda if op == "kda" else linattn.chunk_gated_delta_rule
+
+        def step(s, fn=fn, backend=backend):
+            x, do, dht, opts = s
+            o, ht = fn(**x, output_final_state=True, backend=backend, **opts)
+            torch.autograd.backward((o, ht), (do, dht))
+            for t in x.values():
+                t.grad = None
+
+        row = {"fwdbwd_eager_ms": eager_time(step, sets)}
+        host = []
+        for i in range(20):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(sets[i % 2])
+            host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        row["host_us"] = statistics.median(host)
+        out["rows"][name] = row
+        print(f"[{args.label}] {name}: {row}", flush=True)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", default=[], help="LABEL=PATH (a source tree holding linattn/)")
@@ -211,8 +278,8 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--json", default=None)
-    p.add_argument("--op", choices=("gdn", "kda"), default="gdn", help="gdn: GDN's forward and decode rows; kda: "
-                   "chunk_kda's rows")
+    p.add_argument("--op", choices=("gdn", "kda", "train"), default="gdn", help="gdn: GDN's forward and decode rows; "
+                   "kda: chunk_kda's rows; train: TRAIN_ROWS, host-bound training steps")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
