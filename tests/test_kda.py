@@ -487,7 +487,7 @@ def test_kda_backward_feeds_no_transposed_dot_result_to_a_dot():
     kernels = [f for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)
                and any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in f.decorator_list)]
     assert len(kernels) == 6     # wy, pair diag, pair, dg, the GVA sum, _gam_row: every jit function (the column sum
-    # is GDN's triton/col_sum.py, no dot)
+    # is linattn/ops/col_sum.py, no dot)
     for fn in kernels:
         _, bad = _dot_tainted_trans(fn)
         assert not bad, f"{fn.name}: {bad}"

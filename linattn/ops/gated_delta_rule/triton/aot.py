@@ -3,7 +3,7 @@ registers, spills, shared memory and SASS mix can be read on a CPU. Each at the 
 H200 at H=16, HV=32, K=V=128, bf16."""
 from __future__ import annotations
 
-from linattn.ops.gated_delta_rule.triton.col_sum import COL_SUM_COLS, COL_SUM_ROWS
+from linattn.ops.col_sum import COL_SUM_COLS, COL_SUM_ROWS
 from linattn.runtime.aot import AotKernel, register
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -18,7 +18,8 @@ def _ptrs(sig: dict) -> tuple:
 def _build(mod: str, kname: str, sig: dict, const: dict, warps: int, stages: int):
     def build():
         import importlib
-        fn = getattr(importlib.import_module(f"linattn.ops.gated_delta_rule.triton.{mod}"), kname)
+        path = mod if mod.startswith("linattn.") else f"linattn.ops.gated_delta_rule.triton.{mod}"
+        fn = getattr(importlib.import_module(path), kname)
         return fn, {**sig, **{name: "constexpr" for name in const}}, const, {"num_warps": warps, "num_stages": stages}
     return build
 
@@ -105,9 +106,10 @@ _register("gdn_bwd_triton_wy_w4", "backward_wy", "chunk_wy_bwd_kernel",
                g_raw_ptr=None, A_log_ptr=None, dt_bias_ptr=None, dgate_ptr=None, beta_raw_ptr=None,
                GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SCALE=0),
           4, 1, "backward stage 3: through the WY form: dV, dK, dbeta, dg")
-_register("gdn_bwd_triton_col_sum_w4", "col_sum", "col_sum_kernel", dict(x_ptr=_F, y_ptr=_F, R="i32", C="i32"),
-          dict(BR=COL_SUM_ROWS, BC=COL_SUM_COLS), 4, 3,      # launched without num_stages: Triton's default 3
-          "backward, in-kernel gate (KDA's too): dA_log / d dt_bias summed over the chunk "
+_register("gdn_bwd_triton_col_sum_w4", "linattn.ops.col_sum", "col_sum_kernel",
+          dict(x_ptr=_F, y_ptr=_F, R="i32", C="i32"), dict(BR=COL_SUM_ROWS, BC=COL_SUM_COLS),
+          4, 3,      # launched without num_stages: Triton's default 3
+          "backward, in-kernel gate (KDA's too; rms_norm_gated's dweight): dA_log / d dt_bias summed over the chunk "
           "slots' partials", intended=("LDG",))
 
 # ---- Context parallelism's forward summary (cp_summary.py): [C | M] of one sequence at B=1's state-pass config

@@ -26,7 +26,7 @@ from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WAR
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
+from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.ops.gated_delta_rule.triton.host import host_path, launches
@@ -194,8 +194,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state: Op
               plan.cu, plan.chunk_indices, N, T_tot),
              dict(H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=cfg.BK, BV=cfg.BV, NK=NK, NKP=NK, M_IN_DK=m_in_dk,
                   DOT_PREC=dot_prec, num_warps=WARPS_WY, num_stages=STAGES_WY, **opts), tensors=tensors or None)
-    dA_log = col_sum(dgate[0], (HV,), torch.float32) if dgate is not None else None
-    ddt_bias = col_sum(dgate[1], (HV,), torch.float32) if dt_bias is not None else None
+    dA_log = col_sum(dgate[0], (HV,), torch.float32, launches) if dgate is not None else None
+    ddt_bias = col_sum(dgate[1], (HV,), torch.float32, launches) if dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
 
 

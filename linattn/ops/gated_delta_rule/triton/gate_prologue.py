@@ -1,9 +1,9 @@
 """FLA's in-kernel gate and beta sigmoid as one elementwise pass before a backend whose kernels read activated values
 (the Gluon forward and backward): g_eff = -exp(A_log) softplus(g + dt_bias) and beta_eff = beta_scale sigmoid(beta),
 both fp32 [T_tot, HV], and in the backward the raw inputs' gradients with A_log's and dt_bias's (per-program sums of
-their per-token terms, summed by col_sum_kernel). Both launch through the host path's cached handles (triton/host.py). The Triton path forms the same values inside its own kernels (common.softplus,
-common.gate_chain); this pass costs one read and one write of g and beta, [T, HV] values against the chunk kernels'
-[T, HV, K] ones.
+their per-token terms, summed by col_sum_kernel). Both launch through the host path's cached handles (triton/host.py).
+The Triton path forms the same values inside its own kernels (common.softplus, common.gate_chain); this pass costs
+one read and one write of g and beta, [T, HV] values against the chunk kernels' [T, HV, K] ones.
 
 `activate` is the entry: a direct launch for eager calls without autograd, else the custom op
 "linattn::gdn_gate_prologue" with its backward registered (torch.compile traces it through its fake).
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
+from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import softplus
 from linattn.ops.gated_delta_rule.triton.host import launches
 from linattn.runtime import eager_ops
@@ -107,8 +107,8 @@ def gate_prologue_bwd(g, beta, A_log, dt_bias, beta_scale: int, dg_eff, dbeta_ef
              (g, beta, A_log if gate else g, dt_bias if dt_bias is not None else g, dg_eff.contiguous(),
               dbeta_eff.contiguous(), dg, dbeta, da_part, dx_part, n_rows),
              dict(HV=HV, GATE=gate, HAS_DT_BIAS=dt_bias is not None, BETA_SCALE=beta_scale, BR=BR, BHV=BHV))
-    dA_log = col_sum(da_part, A_log.shape, A_log.dtype) if gate else None
-    ddt_bias = col_sum(dx_part, dt_bias.shape, dt_bias.dtype) if dt_bias is not None else None
+    dA_log = col_sum(da_part, A_log.shape, A_log.dtype, launches) if gate else None
+    ddt_bias = col_sum(dx_part, dt_bias.shape, dt_bias.dtype, launches) if dt_bias is not None else None
     return dg, dbeta, dA_log, ddt_bias
 
 

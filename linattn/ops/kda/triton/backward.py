@@ -33,7 +33,7 @@ import triton.language as tl
 
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.gated_delta_rule.triton.col_sum import col_sum
+from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_precision, exp2_fast, exp_fast,
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
@@ -516,6 +516,6 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, initial_state: Optional[torch.
                   LOWER_BOUND=float(lower_bound) if gate.startswith("lower_bound") else 0.0, num_warps=4))
     dq = _gva_sum(dq_hv, q) if G > 1 else dq_out
     dk = _gva_sum(dk_hv, k) if G > 1 else dk_out
-    dA_log = col_sum(dA, A_log.shape, A_log.dtype) if gate and A_log is not None else None
-    ddt_bias = col_sum(dbias, dt_bias.shape, dt_bias.dtype) if gate and dt_bias is not None else None
+    dA_log = col_sum(dA, A_log.shape, A_log.dtype, launches) if gate and A_log is not None else None
+    ddt_bias = col_sum(dbias, dt_bias.shape, dt_bias.dtype, launches) if gate and dt_bias is not None else None
     return dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias
