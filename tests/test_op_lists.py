@@ -9,7 +9,9 @@ backend accepting CPU tensors:
 - poisoned allocations are honoured by a replay (its outputs NaN: the stand-in launches write nothing);
 - nothing stale: a launch hook, the host path's options off, a call recording autograd (rms_norm_gated and
   causal_conv1d with an input requiring grad keep their autograd graph), another signature, and a weight the host
-  path copies (non-contiguous: never a list) each take the host path.
+  path copies (non-contiguous: never a list) each take the host path;
+- rms_norm_gated's backward (autograd's) repeats through the host path's handles (no JIT run), its dweight summed by
+  col_sum_kernel (no torch sum or cast).
 Numerics of a replay on fresh inputs against fp64: the GPU gate's layer_ops section (its repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
@@ -21,7 +23,7 @@ from linattn.ops.conv1d import api as ca, update as cu
 from linattn.ops.conv1d.triton import conv1d as C, update as U
 from linattn.ops.norm import api as na
 from linattn.ops.norm.triton import rms_norm_gated as N
-from linattn.ops.gated_delta_rule.triton.hostsim import _patched
+from linattn.ops.gated_delta_rule.triton.hostsim import _patched, count_torch_ops
 
 bf = torch.bfloat16
 entered = [0]
@@ -145,6 +147,19 @@ with fake_hopper(c_launcher=True) as drv, _patched(patches):
         y, final = conv(c_ins)
     out["conv_grad_fn"] = y.grad_fn is not None
     out["grad_lists"] = sum(isinstance(v, LaunchList) for L in (N.LISTS, C.LISTS) for v in L.lists.lists.values())
+    # the norm's backward (a training step's): its repeat goes through the host path's handles, no JIT run, and
+    # dweight comes from col_sum_kernel (no torch sum or cast)
+    dy = torch.randn_like(g_ins[0])
+    w = g_ins[2].requires_grad_(True)
+    for _ in range(2):
+        norm(g_ins).backward(dy)
+    del drv.launches[:]
+    y = norm(g_ins)
+    with count_jit_runs() as jit:
+        ops = count_torch_ops(lambda: y.backward(dy))
+    out["norm_bwd"] = dict(jit=jit[0], launches=[l[0] for l in drv.launches][1:],
+                           sums=[o for o in ops["device_ops"] if "sum" in o or "_to_copy" in o],
+                           dw=list(w.grad.shape), dw_dtype=str(w.grad.dtype))
     del drv.launches[:]
 print(json.dumps(out))
 """
@@ -165,3 +180,6 @@ def test_small_ops_replay_their_launch_lists():
     assert r["replay_entered"] == 0 and r["version_step"] == 1
     assert r["norm_grad_fn"] and r["conv_grad_fn"]
     assert r["grad_lists"] == 0
+    nb = r["norm_bwd"]
+    assert nb["jit"] == 0 and nb["launches"] == ["rms_norm_gated_bwd_kernel", "col_sum_kernel"], nb
+    assert nb["sums"] == [] and nb["dw"] == [32] and nb["dw_dtype"] == "torch.float32", nb

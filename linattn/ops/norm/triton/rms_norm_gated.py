@@ -3,7 +3,8 @@
 x, g and y are [R, D] rows; a program takes BR rows of one group of G columns (grid: row blocks, D // G groups),
 the whole group in one register tile, the math in fp32. The backward recomputes the norm from x and g (nothing is
 saved) and sums the dweight / dbias terms of a strided set of row blocks per program into fp32 partials (element-wise
-over the blocks, across rows once), reduced by torch (deterministic). With n = z * rstd, h = n * w + b:
+over the blocks, across rows once), reduced by col_sum_kernel (linattn/ops/col_sum.py; deterministic).
+With n = z * rstd, h = n * w + b:
     before the gate: y = h * act(g); dh = dy * act(g); dg = dy * h * act'(g); dz = dx
     gate first (z = x * act(g)): y = h; dh = dy; dx = dz * act(g); dg = dz * x * act'(g)
     dz = rstd * (dn - n * mean(dn * n)), dn = dh * w."""
@@ -11,14 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from linattn.ops.col_sum import col_sum
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
 from linattn.runtime.op_lists import OpLists
 
-# The forward runs once per layer and decode step with the same shapes: its launches go through the compiled
-# kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding,
-# and a repeat plain eager call of the public op replays its signature's launch list (LISTS, keyed by api.py's
+# The forward runs once per layer and decode step with the same shapes: its launches (and the backward's) go through
+# the compiled kernel's handle once a call signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's
+# binding, and a repeat plain eager call of the public op replays its signature's launch list (LISTS, keyed by api.py's
 # _CHECKED key).
 host_path = HostPath()
 launches = LaunchCache(host_path)
@@ -142,13 +144,12 @@ def rms_norm_gated_bwd(x, g, weight, bias, eps, group_size, activation, norm_bef
     dw_part = empty(P, D, dtype=torch.float32, device=x.device) if weight is not None else None
     db_part = empty(P, D, dtype=torch.float32, device=x.device) if bias is not None else None
     if R > 0:
-        rms_norm_gated_bwd_kernel[(P, ngroups)](
-            x2, g2, weight, bias, dy2, dx, dg, dw_part, db_part, R, D, group_size, eps, nrb, BR=BR, BG=BG,
-            num_warps=warps, **_flags(weight, bias, activation, norm_before_gate))
-        dw = dw_part.sum(0) if weight is not None else None
-        db = db_part.sum(0) if bias is not None else None
+        launches(rms_norm_gated_bwd_kernel, (P, ngroups),
+                 (x2, g2, weight, bias, dy2, dx, dg, dw_part, db_part, R, D, group_size, eps, nrb),
+                 dict(BR=BR, BG=BG, num_warps=warps, **_flags(weight, bias, activation, norm_before_gate)))
+        dw = col_sum(dw_part, weight.shape, weight.dtype, launches) if weight is not None else None
+        db = col_sum(db_part, bias.shape, bias.dtype, launches) if bias is not None else None
     else:
-        dw = torch.zeros(D, dtype=torch.float32, device=x.device) if weight is not None else None
-        db = torch.zeros(D, dtype=torch.float32, device=x.device) if bias is not None else None
-    return (dx.view(x.shape), dg.view(g.shape), dw.to(weight.dtype) if dw is not None else None,
-            db.to(bias.dtype) if db is not None else None)
+        dw = torch.zeros_like(weight) if weight is not None else None
+        db = torch.zeros_like(bias) if bias is not None else None
+    return dx.view(x.shape), dg.view(g.shape), dw, db
