@@ -5,7 +5,10 @@ caches and the launchers' Python all run). Run without TRITON_INTERPRET (a child
 for sm_90a once).
 
     python3 benchmarks/layer_decode_host.py [--layer gdn|kda] [--hidden 256 --head-dim 16] [--batch 1] [--mask]
-                                            [--dtype float32] [--cpu-checks] [--profile]
+                                            [--dtype float32] [--cpu-checks] [--profile] [--train T]
+
+--train T: a training step instead (the layer's forward on [batch, T, hidden] with autograd, then the backward of its
+output; no cache): what an eager training loop's host runs per layer.
 
 Prints per step: Triton launches (and how many went through the JIT's run), torch ops (aten; device = those that
 launch a GPU kernel), custom-op dispatches, host syncs (linattn/ops/gated_delta_rule/triton/hostsim.py's counter),
@@ -38,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--cpu-checks", action="store_true", help="keep the CPU-only value checks")
     ap.add_argument("--profile", action="store_true", help="also print cProfile's top 30 by cumulative time")
+    ap.add_argument("--train", type=int, default=0, metavar="T", help="time a training step on T tokens instead")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("run without TRITON_INTERPRET=1 (the stand-in driver compiles and records real launches)")
@@ -56,7 +60,7 @@ def main(argv=None) -> int:
     facts = DeviceFacts("cuda", "NVIDIA H200 (simulated)", (9, 0), H200_SMS, 232448, 0)
     patches = [(op_backends(op).backends["triton"], "supports", lambda **_: (True, "")) for op in
                ("causal_conv1d_update", "causal_conv1d", "rms_norm_gated", "fused_recurrent_gated_delta_rule",
-                "fused_recurrent_kda")]
+                "fused_recurrent_kda", "chunk_gated_delta_rule", "chunk_kda")]
     patches.append((launcher, "device_facts", lambda device=None: facts))
     if not a.cpu_checks:
         patches += [(validation, "check_gate_values", lambda *_, **__: None),
@@ -68,7 +72,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     kind = GatedDeltaNet if a.layer == "gdn" else KimiDeltaAttention
     layer = kind(hidden_size=a.hidden, head_dim=a.head_dim, num_heads=16, num_v_heads=32, expand_v=1,
-                 layer_idx=0).to(dtype).eval()
+                 layer_idx=0).to(dtype)
+    layer.train(a.train > 0)
     B = a.batch
     prompt, token = torch.randn(B, 16, a.hidden, dtype=dtype), torch.randn(B, 1, a.hidden, dtype=dtype)
     mask = None
@@ -77,11 +82,27 @@ def main(argv=None) -> int:
         if B > 1:
             mask[0, :3] = 0
     cache = RecurrentCache()
-    with torch.no_grad(), fake_hopper() as drv, _patched(patches):
-        layer(prompt, attention_mask=None if mask is None else mask[:, :16], past_key_values=cache, use_cache=True)
+    grad_mode = torch.enable_grad() if a.train else torch.no_grad()
+    with grad_mode, fake_hopper() as drv, _patched(patches):
+        if a.train:
+            xs = [torch.randn(B, a.train, a.hidden, dtype=dtype, requires_grad=True) for _ in range(2)]
+            dy = torch.randn(B, a.train, a.hidden, dtype=dtype)
+            turn = [0]
 
-        def step():
-            return layer(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            def step():
+                x = xs[turn[0] % 2]
+                turn[0] += 1
+                y = layer(x)[0]
+                y.backward(dy)
+                x.grad = None
+                for p in layer.parameters():
+                    p.grad = None
+        else:
+            layer(prompt, attention_mask=None if mask is None else mask[:, :16], past_key_values=cache,
+                  use_cache=True)
+
+            def step():
+                return layer(token, attention_mask=mask, past_key_values=cache, use_cache=True)
         step()
         step()
         del drv.launches[:]
@@ -104,7 +125,8 @@ def main(argv=None) -> int:
         prof.disable()
         del drv.launches[:]
     stats = pstats.Stats(prof)
-    print(f"{kind.__name__} decode step, batch {B}, hidden {a.hidden}, H16/HV32 head dim {a.head_dim}, {a.dtype}"
+    what = f"training step T{a.train}" if a.train else "decode step"
+    print(f"{kind.__name__} {what}, batch {B}, hidden {a.hidden}, H16/HV32 head dim {a.head_dim}, {a.dtype}"
           f"{', mask' if mask is not None else ''}{', CPU checks' if a.cpu_checks else ''}")
     print(f"  Triton launches {len(launches)} ({runs[0]} through the JIT's run): {', '.join(launches)}")
     print(f"  torch ops {ops['aten']} (device {ops['device']}: "
