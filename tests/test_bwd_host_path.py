@@ -127,8 +127,8 @@ def test_triton_backward_launch_list():
     same offset, the buffers in the same pattern) without a JIT run or a launch key, with and without states, and with
     FLA's in-kernel gate (two more launches: dA_log's and d dt_bias's column sums over the chunk slots); the recorded
     host path launches no torch device op; a call above BWD_LIST_MAX_TOKEN_HEADS records nothing; the host path's
-    options off make the replay decline; poisoned allocations are honoured (every gradient NaN: the stand-in driver runs no
-    kernel)."""
+    options off make the replay decline; poisoned allocations are honoured (every gradient NaN: the stand-in driver
+    runs no kernel)."""
     r = run_json_child(LIST_CHILD)
     seven = ["kkt_solve_kernel", "wu_kernel", "chunk_state_fwd_kernel", "chunk_dv_local_kernel",
              "chunk_state_bwd_kernel", "chunk_local_bwd_kernel", "chunk_wy_bwd_kernel"]

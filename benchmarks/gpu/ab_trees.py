@@ -42,7 +42,8 @@ KDA_ROWS = [  # (name, B, T)
     ("kda B8 T4096", 8, 4096),
     ("kda B4 T16384", 4, 16384),
 ]
-TRAIN_ROWS = [  # (name, op, backend, T, FLA's in-kernel gate): host-bound training steps at B1, H16/HV32 (KDA: H = HV = 32)
+# (name, op, backend, T, FLA's in-kernel gate): host-bound training steps at B1, H16/HV32 (KDA: H = HV = 32)
+TRAIN_ROWS = [
     ("train gdn triton T1024", "gdn", "triton", 1024, False),
     ("train gdn triton T1024 gate", "gdn", "triton", 1024, True),
     ("train gdn auto T1024", "gdn", "auto", 1024, False),
