@@ -11,7 +11,7 @@ backend accepting CPU tensors:
   causal_conv1d with an input requiring grad keep their autograd graph), another signature, and a weight the host
   path copies (non-contiguous: never a list) each take the host path;
 - rms_norm_gated's backward (autograd's) repeats through the host path's handles (no JIT run), its dweight summed by
-  col_sum_kernel (no torch sum or cast).
+  col_sum_kernel (no torch sum or cast); l2norm's forward and backward passes repeat through handles too.
 Numerics of a replay on fresh inputs against fp64: the GPU gate's layer_ops section (its repeat cases)."""
 from children import run_json_child   # tests/ is on sys.path
 from test_fwd_launch_list import COMMON
@@ -160,6 +160,17 @@ with fake_hopper(c_launcher=True) as drv, _patched(patches):
     out["norm_bwd"] = dict(jit=jit[0], launches=[l[0] for l in drv.launches][1:],
                            sums=[o for o in ops["device_ops"] if "sum" in o or "_to_copy" in o],
                            dw=list(w.grad.shape), dw_dtype=str(w.grad.dtype))
+    # l2norm's passes (q and k of every chunk op call with use_qk_l2norm_in_kernel) the same way
+    from linattn.ops.norm.triton import l2norm as L2
+    xq = torch.randn(3, 70, 2, 64, dtype=bf)
+    def l2_pair():
+        yq, rs = L2.l2norm_fwd(xq, 1e-6)
+        return L2.l2norm_bwd(xq, rs, torch.randn_like(xq))
+    l2_pair()
+    del drv.launches[:]
+    with count_jit_runs() as jit:
+        l2_pair()
+    out["l2norm"] = dict(jit=jit[0], launches=[l[0] for l in drv.launches])
     del drv.launches[:]
 print(json.dumps(out))
 """
@@ -183,3 +194,4 @@ def test_small_ops_replay_their_launch_lists():
     nb = r["norm_bwd"]
     assert nb["jit"] == 0 and nb["launches"] == ["rms_norm_gated_bwd_kernel", "col_sum_kernel"], nb
     assert nb["sums"] == [] and nb["dw"] == [32] and nb["dw_dtype"] == "torch.float32", nb
+    assert r["l2norm"] == dict(jit=0, launches=["l2norm_fwd_kernel", "l2norm_bwd_kernel"]), r["l2norm"]

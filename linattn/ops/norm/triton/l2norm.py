@@ -4,14 +4,18 @@ x and y are [R, D] rows; a program takes BR rows, each whole in one register til
     rstd = 1 / sqrt(sum(x^2) + eps);  y = x * rstd
     dx = rstd * (dy - y * sum(dy * y))
 The forward also stores rstd [R] (fp32) so that the backward reads x, rstd and dy once and writes dx once: one pass
-over the rows each way."""
+over the rows each way. Both run before and after every chunk op call with use_qk_l2norm_in_kernel (q and k): their
+launches go through the compiled kernel's handle once a launch signature has been seen (runtime/host_path.py's
+LaunchCache), not the JIT's binding."""
 import torch
 import triton
 import triton.language as tl
 
 from linattn.runtime.alloc import empty
-from linattn.runtime.host_path import cdiv, next_power_of_2
+from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
 
+host_path = HostPath()
+launches = LaunchCache(host_path)
 ROW_ELEMS = 4096             # elements of one program's [BR, BD] tile: BR rows of BD (D rounded up to 2^n) columns
 
 
@@ -55,7 +59,7 @@ def l2norm_fwd(x: torch.Tensor, eps: float):
     rstd = empty(R, dtype=torch.float32, device=x.device)
     if R:
         BR, BD = _blocks(D)
-        l2norm_fwd_kernel[(cdiv(R, BR),)](x, y, rstd, R, D, eps, BR=BR, BD=BD)
+        launches(l2norm_fwd_kernel, (cdiv(R, BR),), (x, y, rstd, R, D, eps), dict(BR=BR, BD=BD))
     return y, rstd
 
 
@@ -66,5 +70,5 @@ def l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.T
     dx = empty(*x.shape, dtype=x.dtype, device=x.device)
     if R:
         BR, BD = _blocks(D)
-        l2norm_bwd_kernel[(cdiv(R, BR),)](x, rstd, dy, dx, R, D, BR=BR, BD=BD)
+        launches(l2norm_bwd_kernel, (cdiv(R, BR),), (x, rstd, dy, dx, R, D), dict(BR=BR, BD=BD))
     return dx
