@@ -2,7 +2,8 @@
 the stand-in sm_90 driver (launches recorded, not made; a child process without TRITON_INTERPRET), a repeat call
 launches the same kernels, grids and arguments (each pointer the same tensor) through the compiled kernels' handles
 as the JIT path makes (host_path.options(plan_cache=False, handle=False)), with and without the final state, initial
-state, bias and varlen offsets; no JIT run once a signature was seen."""
+state, bias and varlen offsets; no JIT run once a signature was seen; the backward's dweight / dbias sums are
+col_sum_kernel launches on the same path."""
 from children import run_json_child   # tests/ is on sys.path
 
 CHILD = r"""
@@ -49,7 +50,7 @@ with fake_hopper() as drv, torch.no_grad():
         ins = [("x", x), ("w", w), ("b", b), ("h0", s0), ("cu", cu), ("dy", dy), ("dht", dht)]
         out[name] = same_as_jit(drv, lambda: C.conv1d_fwd(x, w, b, None, s0, final, True, cu),
                                 lambda r: ins + [("y", r[0]), ("final", r[1])])
-        # (the backward's partial sums are torch ops: not launches of the stand-in driver)
+        # (the backward's dweight / dbias partials summed by col_sum_kernel, through the same host path)
         out[name + "_bwd"] = same_as_jit(drv, lambda: C.conv1d_bwd(x, w, b, s0, True, cu, dy, dht),
                                          lambda r: ins + [("dx", r[0]), ("dh0", r[3])])
 print(json.dumps(out))
@@ -63,6 +64,7 @@ def test_conv1d_launches_through_the_handle():
     assert r["plain"]["launches"] == ["conv1d_fwd_kernel"], r
     assert r["states_bias"]["launches"] == ["conv1d_fwd_kernel", "conv1d_final_kernel"], r
     assert r["varlen"]["launches"] == ["conv1d_fwd_kernel", "conv1d_final_kernel"], r
-    assert r["plain_bwd"]["launches"] == ["conv1d_bwd_kernel"], r
-    assert r["states_bias_bwd"]["launches"] == r["varlen_bwd"]["launches"] == ["conv1d_bwd_kernel",
-                                                                               "conv1d_dh0_kernel"], r
+    assert r["plain_bwd"]["launches"] == ["conv1d_bwd_kernel", "col_sum_kernel"], r
+    assert r["states_bias_bwd"]["launches"] == ["conv1d_bwd_kernel", "col_sum_kernel", "col_sum_kernel",
+                                                "conv1d_dh0_kernel"], r
+    assert r["varlen_bwd"]["launches"] == ["conv1d_bwd_kernel", "col_sum_kernel", "conv1d_dh0_kernel"], r

@@ -6,12 +6,13 @@ backward (one kernel) recomputes the pre-activation (x, weight and the initial s
 block, da = dy silu'(a) for the block and its next W - 1 tokens goes through a per-program scratch in L2 and is read
 back at the W shifts of dx[t] = sum_i weight[:, W - 1 - i] * da[t + i] over the tokens t + i of t's sequence, plus
 the final state's gradient for a sequence's last W tokens; dweight and dbias are summed per program over a strided set
-of token blocks into fp32 partials (deterministic, reduced by torch). d initial_state comes from one small program
-per (D block, sequence), as does the final state."""
+of token blocks into fp32 partials (deterministic, reduced by col_sum_kernel, linattn/ops/col_sum.py, in the
+parameters' dtypes). d initial_state comes from one small program per (D block, sequence), as does the final state."""
 import torch
 import triton
 import triton.language as tl
 
+from linattn.ops.col_sum import col_sum
 from linattn.ops.conv1d.triton.common import load_src, preact, seq_of, silu_grad
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
@@ -252,15 +253,15 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
                  (x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride()),
                  dict(W=W, BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None,
                       HAS_H0=h0 is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None))
-        dw = dw_part.sum(0)
-        db = db_part.sum(0) if bias is not None else None
+        dw = col_sum(dw_part, (D, W), weight.dtype, launches)
+        db = col_sum(db_part, (D,), bias.dtype, launches) if bias is not None else None
     else:
-        dw = torch.zeros(D, W, dtype=torch.float32, device=x.device)
-        db = torch.zeros(D, dtype=torch.float32, device=x.device) if bias is not None else None
+        dw = torch.zeros(D, W, dtype=weight.dtype, device=x.device)
+        db = torch.zeros(D, dtype=bias.dtype, device=x.device) if bias is not None else None
     dh0 = None
     if h0 is not None:
         dh0 = empty(N, D, W, dtype=initial_state.dtype, device=x.device)
         launches(conv1d_dh0_kernel, (nd, N, 1), (x, w, bias, h0, cu_seqlens, dy, dht, dh0, T, D, *x.stride()),
                  dict(W=W, BW=BW, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_DHT=dht is not None,
                       IS_VARLEN=cu_seqlens is not None))
-    return dx, dw.to(weight.dtype), (db.to(bias.dtype) if db is not None else None), dh0
+    return dx, dw, db, dh0
