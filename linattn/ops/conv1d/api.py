@@ -75,10 +75,13 @@ def _setup_context(ctx, inputs, output):
     ctx.activation = activation
     ctx.output_final_state = output_final_state
     ctx.residual_dtype = None if residual is None else residual.dtype
+    ctx.set_materialize_grads(False)         # None, not a zero fill, for an output no loss reaches (the final state)
 
 
 def _backward(ctx, dy, dfinal):
     x, weight, bias, initial_state, cu_seqlens = ctx.saved_tensors
+    if dy is None:                           # only the final state reaches the loss
+        dy = torch.zeros_like(x)
     dfinal = dfinal if ctx.output_final_state else None
     dx, dw, db, dh0 = _conv_bwd(x, weight, bias, initial_state, ctx.activation, cu_seqlens, dy, dfinal)
     dres = None if ctx.residual_dtype is None else dy.to(ctx.residual_dtype)

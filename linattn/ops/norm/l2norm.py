@@ -42,9 +42,12 @@ def _(x, rstd, dy):
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], output[1])
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)         # rstd's gradient is None, not a zero-filled [rows] tensor per call
 
 
 def _backward(ctx, dy, _drstd):
+    if dy is None:                           # y reaches no loss
+        return None, None
     x, rstd = ctx.saved_tensors
     return _bwd(x, rstd, dy), None
 

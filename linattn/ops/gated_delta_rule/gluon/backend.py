@@ -133,9 +133,9 @@ def recompute_segments(q: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[to
 
 
 def _setup_context(ctx, inputs, output):
+    # (no gradient reaches the kept gcum and Tinv: None for them, as for any output no loss reaches, instead of
+    # zero-filled [T_tot, HV, 64] tensors; autograd.setup_context turns materialising off)
     autograd.setup_context(ctx, inputs, output, kept=output[2:])
-    # no gradient reaches gcum and Tinv: None for them instead of zero-filled [T_tot, HV, 64] tensors
-    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do, dfinal, *_):
