@@ -21,8 +21,9 @@ def _params(fn):
 def test_every_stage_kernel_registered_with_its_parameters():
     from linattn.ops import col_sum
     from linattn.ops.gated_delta_rule.triton import backward, chunk_output, chunk_state, intra_split
-    launched = {col_sum.col_sum_kernel, backward.chunk_dv_local_kernel, backward.chunk_state_bwd_kernel, backward.chunk_local_bwd_kernel,
-                backward.chunk_wy_bwd_kernel, intra_split.kkt_solve_kernel, intra_split.wu_kernel,
+    launched = {col_sum.col_sum_kernel, backward.chunk_dv_local_kernel, backward.chunk_state_bwd_kernel,
+                backward.chunk_local_bwd_kernel, backward.chunk_wy_bwd_kernel, intra_split.kkt_solve_kernel,
+                intra_split.wu_kernel,
                 chunk_state.chunk_state_fwd_kernel, chunk_output.chunk_output_kernel}
     seen = set()
     for name in TRITON:

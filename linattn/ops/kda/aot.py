@@ -116,7 +116,6 @@ _register("kda_bwd_triton_gva_sum_w4", "linattn.ops.kda.triton.backward", "kda_g
           "backward GVA: dq / dk summed over each key head's value heads", intended=("LDG",))
 
 
-
 def kda_intra_gluon_signature():
     """The argument types of kda_intra_gluon_kernel as the JIT sees them for kda_intra_gluon's launch (no gate:
     A_log and dt_bias None, constexpr)."""

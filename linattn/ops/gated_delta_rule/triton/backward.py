@@ -21,12 +21,12 @@ from typing import Hashable, Optional
 
 import torch
 
+from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_local import STAGES_LOCAL, WARPS_LOCAL, chunk_local_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.backward_wy import STAGES_WY, WARPS_WY, chunk_wy_bwd_kernel
 from linattn.ops.gated_delta_rule.triton.chunk_indices import make_chunk_plan
-from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import dot_precision
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, chunk_gated_delta_rule_fwd
 from linattn.ops.gated_delta_rule.triton.host import host_path, launches

@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.backward_dv_local import chunk_dv_local_kernel
 from linattn.ops.gated_delta_rule.triton.backward_state import chunk_state_bwd_kernel
-from linattn.ops.col_sum import col_sum
 from linattn.ops.gated_delta_rule.triton.common import (LOG2E, chunk_span, dot_precision, exp2_fast, exp_fast,
                                                         ftz_exp2, slot_chunk, softplus)
 from linattn.ops.gated_delta_rule.triton.forward import CHUNK, _pow2
