@@ -47,6 +47,9 @@ def test_gate_dry_run(tmp_path):
         assert sec["passed"] and sec["cases"] and all(c["passed"] for c in sec["cases"]), (name, sec)
     bwd = {c["case"]: c for c in res["sections"]["bwd"]["cases"]}
     assert set(bwd["varlen triton"]["errors"]) == {"o", "final_state", "q", "k", "v", "g", "beta", "initial_state"}
+    # one output in the loss: every gradient it reaches against fp64, q's (unconnected to the final state) exactly 0
+    assert set(bwd["one-output o triton"]["errors"]) == {"o", "q", "k", "v", "g", "beta", "initial_state"}
+    assert bwd["one-output final_state triton"]["unconnected_max_abs"] == {"q": 0.0}
 
 
 def _dry_section(section, tmp_path):
@@ -89,9 +92,10 @@ def test_gate_dry_run_fla_options(tmp_path):
 
 
 def test_gate_dry_run_layer_ops(tmp_path):
-    """The layer_ops section at tiny sizes: causal_conv1d's outputs and every gradient (fixed and varlen), its repeat
-    calls, the decode step's live rows, pool and padded rows, rms_norm_gated's output and gradients against fp64, and
-    the repeat calls of the update, the fused triple update and the norm (outputs and pools)."""
+    """The layer_ops section at tiny sizes: causal_conv1d's outputs and every gradient (fixed and varlen; with one
+    output alone in the loss), its repeat calls, the decode step's live rows, pool and padded rows, rms_norm_gated's
+    output and gradients against fp64, and the repeat calls of the update, the fused triple update and the norm
+    (outputs and pools)."""
     cases = _dry_section("layer_ops", tmp_path)
     grads = {"y", "final_state", "dx", "dweight", "dbias", "dresidual", "dinitial_state"}
     assert set(cases["causal_conv1d fwd+bwd varlen bf16"]["errors"]) == grads
@@ -104,7 +108,10 @@ def test_gate_dry_run_layer_ops(tmp_path):
                      ("norm", {"y0"})):
         case = cases[f"{op} repeat calls"]
         assert case["passed"] and len(case["errors"]) == 5 and all(set(e) == keys for e in case["errors"]), case
-    assert len(cases) == 11
+    assert set(cases["causal_conv1d fwd+bwd y alone in the loss"]["errors"]) == grads - {"final_state", "dresidual"}
+    alone = cases["causal_conv1d fwd+bwd final_state alone in the loss"]
+    assert alone["unconnected_max_abs"] == {"dweight": 0.0, "dbias": 0.0} and "dx" in alone["errors"]
+    assert len(cases) == 13
 
 
 def test_gate_case_lists_and_arguments(tmp_path):

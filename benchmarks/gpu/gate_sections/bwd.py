@@ -1,5 +1,6 @@
 """Gate section bwd: chunk_gated_delta_rule's forward + backward against autograd through chunk_reference in fp64
-on the GPU (every gradient, o and the final state), both backends where gluon runs; then torch.compile(fullgraph=True)
+on the GPU (every gradient, o and the final state), both backends where gluon runs; each output alone in the loss
+(the other's gradient None in the op's backward, as in a layer's training step); then torch.compile(fullgraph=True)
 and a CUDA-graph capture of forward + backward."""
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def bwd_sizes():
                                gate_dtype="bfloat16", beta_dtype="float32", h0=False),
                           dict(name="strong-decay", B=1, T=70, H=1, HV=2, K=32, V=32, l2norm=True,
                                strong_decay=True)],
+                    one_output=dict(name="one-output", B=1, T=90, H=1, HV=2, K=32, V=32, l2norm=True),
                     compile=dict(B=1, T=70, H=1, HV=2, K=32, V=32), graph_lengths=[1, 64, 5])
     return dict(gate=[dict(name="long-T65536", B=1, T=65536, H=16, HV=32, K=128, V=128),
                       dict(name="varlen-mixed", lengths=[1, 4096, 1, 777, 8192, 63, 64, 65, 1, 3000, 2048, 1],
@@ -32,6 +34,7 @@ def bwd_sizes():
                       # A_log's gradient (sum_t dg_t g_t per head) checked as one more output
                       dict(name="strong-decay-B2-T1000", B=2, T=1000, H=4, HV=8, K=128, V=128, l2norm=True,
                            strong_decay=True)],
+                one_output=dict(name="one-output-B2-T1000", B=2, T=1000, H=4, HV=8, K=128, V=128, l2norm=True),
                 compile=dict(B=2, T=1024, H=4, HV=8, K=128, V=128), graph_lengths=[1, 1000, 64, 3000, 1, 31])
 
 
@@ -97,6 +100,40 @@ def bwd_case(case, ref, do, dht, inp, cu, backend):
         got["dA_log"] = gate_sum(got["g"], inp["g"])
     errs, ok = base.errors(got, ref, inp["q"].dtype)
     return dict(shape=case, backend=backend, errors=errs, passed=ok, first_call_s=round(time.time() - t0, 2))
+
+
+def one_output_case(case, which, backend):
+    """Forward + backward with only `which` ("o" or "final_state") in the loss, as a layer's training step leaves the
+    final state out: the other output's gradient reaches the op's backward as None (no zero fill), NaN-poisoned
+    buffers; every gradient against autograd through chunk_reference in fp64 with the same single output. A gradient
+    the reference leaves unconnected (q's, with the final state alone) must be exactly zero."""
+    import linattn
+    from linattn.ops.gated_delta_rule.reference import chunk_reference
+    from linattn.runtime.alloc import poisoned_allocations
+    inp, cu = _bwd_inputs(case, seed=30)
+    l2 = case.get("l2norm", False)
+    k = 0 if which == "o" else 1
+    ref_in = {n: (None if t is None else t.detach().double().requires_grad_()) for n, t in inp.items()}
+    outs = chunk_reference(ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"], ref_in["beta"], None,
+                           ref_in["initial_state"], True, cu, l2)
+    gen = torch.Generator(device=outs[k].device).manual_seed(31)
+    up = torch.randn(outs[k].shape, generator=gen, device=outs[k].device, dtype=torch.float64)
+    leaves = [n for n in base.GRADS if ref_in[n] is not None]
+    ref_grads = torch.autograd.grad(outs[k], [ref_in[n] for n in leaves], up, allow_unused=True)
+    with poisoned_allocations():
+        got_outs = linattn.chunk_gated_delta_rule(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"],
+                                                  initial_state=inp["initial_state"], output_final_state=True,
+                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=l2, backend=backend)
+        got_grads = torch.autograd.grad(got_outs[k], [inp[n] for n in leaves], up.to(got_outs[k].dtype))
+    got, ref, unconnected = {which: got_outs[k].detach()}, {which: outs[k].detach()}, {}
+    for n, g, r in zip(leaves, got_grads, ref_grads):
+        if r is None:
+            unconnected[n] = float(g.abs().max())
+        else:
+            got[n], ref[n] = g, r
+    errs, ok = base.errors(got, ref, inp["q"].dtype)
+    ok = ok and all(v == 0.0 for v in unconnected.values())
+    return dict(shape=case, backend=backend, which=which, errors=errs, unconnected_max_abs=unconnected, passed=ok)
 
 
 def bwd_repeat_case(case, backend, calls=5):
@@ -243,6 +280,9 @@ def section(save):
             save(dict(cases=cases, incomplete=True))
         prepared.clear()
         base.free()
+    for which, b in _one_output_runs():
+        run(f"{sz['one_output']['name']} {which} {b}", one_output_case, sz["one_output"], which, b)
+        save(dict(cases=cases, incomplete=True))
     if not base.DRY:
         for case in REPEAT_CASES:
             for b in ("triton", "gluon"):
@@ -254,12 +294,18 @@ def section(save):
     return dict(cases=cases, reference="autograd through chunk_reference in fp64 on the same device, full problem")
 
 
+def _one_output_runs():
+    """(which output is in the loss, backend) of one_output_case: both outputs on each backend that runs."""
+    return [(w, b) for b in (("triton",) if base.DRY else ("triton", "gluon")) for w in ("o", "final_state")]
+
+
 def case_names():
     names = []
     for c in bwd_sizes()["gate"]:
         names += [f"{c['name']} fp64 reference", f"{c['name']} triton"]
         if not base.DRY and c["K"] == c["V"] == 128 and c.get("dtype") in (None, "bfloat16"):
             names.append(f"{c['name']} gluon")
+    names += [f"{bwd_sizes()['one_output']['name']} {w} {b}" for w, b in _one_output_runs()]
     return names + ([] if base.DRY else [f"{c['name']} {b}" for c in REPEAT_CASES for b in ("triton", "gluon")]
                     + ["torch.compile fullgraph fwd+bwd", "CUDA graph fwd+bwd varlen",
                        "CUDA graph fwd+bwd gluon B1 T4096 segments"])

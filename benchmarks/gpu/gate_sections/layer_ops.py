@@ -1,9 +1,9 @@
-"""Gate section layer_ops: the ops around the attention in a GDN / KDA layer, against their fp64 references on the
-GPU: causal_conv1d forward + backward (fixed length and varlen with cu_seqlens on the device, states, bias, residual,
-every gradient), its decode step causal_conv1d_update on a state pool with padded rows, rms_norm_gated forward +
-backward (per-head groups, both gate orders); repeat calls of one signature on fresh inputs of each op (the signature
-memo's path and the launch lists' replays, the last on a side stream); sync-free calls; a CUDA graph of the three
-replayed on new data."""
+"""Gate section layer_ops: the ops around the attention in a GDN / KDA layer, against their fp64 references on the GPU:
+causal_conv1d forward + backward (fixed length and varlen with cu_seqlens on the device, states, bias, residual,
+every gradient; y or the final state alone in the loss), its decode step causal_conv1d_update on a state pool with
+padded rows, rms_norm_gated forward + backward (per-head groups, both gate orders); repeat calls of one signature on
+fresh inputs of each op (the signature memo's path and the launch lists' replays, the last on a side stream);
+sync-free calls; a CUDA graph of the three replayed on new data."""
 from __future__ import annotations
 
 import torch
@@ -67,6 +67,43 @@ def conv_case(dtype, varlen: bool):
     ref = dict(y=y_ref, final_state=final_ref, **{f"d{n}": g for n, g in grads_ref.items()})
     errs, ok = base.errors(got, ref, dtype)
     return dict(errors=errs, passed=ok)
+
+
+def conv_one_output_case(which: str):
+    """causal_conv1d forward + backward with only `which` ("y" or "final_state") in the loss (the other output's
+    gradient reaches the backward as None), bf16, initial state and bias, on NaN-poisoned buffers, against autograd
+    through the fp64 reference with the same single output. A gradient the reference leaves unconnected (dweight and
+    dbias with the final state alone: it holds the last inputs) must be exactly zero."""
+    import linattn
+    from linattn.ops.conv1d.reference import causal_conv1d_reference
+    from linattn.runtime.alloc import poisoned_allocations
+    B, T, D, _, _, _, _ = _dims()
+    W, k = 4, 0 if which == "y" else 1
+    x = dict(x=_randn(B, T, D, dtype=torch.bfloat16), weight=_randn(D, W, dtype=torch.bfloat16) * 0.5,
+             bias=_randn(D, dtype=torch.bfloat16), initial_state=_randn(B, D, W, dtype=torch.bfloat16))
+    gen = torch.Generator(device=base.DEV)
+    gen.manual_seed(3)
+    up = torch.randn((B, T, D) if which == "y" else (B, D, W), device=base.DEV, generator=gen, dtype=torch.float64)
+
+    def run(fn, cast=None):
+        leaves = _leaves(x, cast)
+        out = fn(leaves["x"], leaves["weight"], leaves["bias"], initial_state=leaves["initial_state"],
+                 output_final_state=True, activation="silu")[k]
+        grads = torch.autograd.grad(out, list(leaves.values()), up.to(out.dtype), allow_unused=True)
+        return out.detach(), dict(zip(leaves, grads))
+
+    with poisoned_allocations():
+        out, grads = run(lambda *a, **kw: linattn.causal_conv1d(*a, **kw, backend="auto"))
+    out_ref, grads_ref = run(causal_conv1d_reference, torch.float64)
+    got, ref, unconnected = {which: out}, {which: out_ref}, {}
+    for n, r in grads_ref.items():
+        if r is None:
+            unconnected[f"d{n}"] = float(grads[n].abs().max()) if grads[n] is not None else None
+        else:
+            got[f"d{n}"], ref[f"d{n}"] = grads[n], r
+    errs, ok = base.errors(got, ref, torch.bfloat16)
+    ok = ok and all(v == 0.0 for v in unconnected.values())
+    return dict(errors=errs, unconnected_max_abs=unconnected, passed=ok)
 
 
 def conv_repeat_case():
@@ -283,6 +320,8 @@ def layer_ops_cases():
     for dt in (torch.bfloat16, torch.float32):
         out.append((f"causal_conv1d fwd+bwd {str(dt)[6:]}", conv_case, dict(dtype=dt, varlen=False)))
     out.append(("causal_conv1d fwd+bwd varlen bf16", conv_case, dict(dtype=torch.bfloat16, varlen=True)))
+    for which in ("y", "final_state"):
+        out.append((f"causal_conv1d fwd+bwd {which} alone in the loss", conv_one_output_case, dict(which=which)))
     out.append(("causal_conv1d repeat calls", conv_repeat_case, {}))
     for sd in (torch.float32, torch.bfloat16):
         out.append((f"causal_conv1d_update pool {str(sd)[6:]}", conv_update_case, dict(state_dtype=sd)))
