@@ -34,7 +34,9 @@ def bwd_sizes():
                       # A_log's gradient (sum_t dg_t g_t per head) checked as one more output
                       dict(name="strong-decay-B2-T1000", B=2, T=1000, H=4, HV=8, K=128, V=128, l2norm=True,
                            strong_decay=True)],
-                one_output=dict(name="one-output-B2-T1000", B=2, T=1000, H=4, HV=8, K=128, V=128, l2norm=True),
+                # T = 200: the final state alone reaches h0 through ~e^-23 of decay (about 1e-10; at T = 1000 about
+                # 1e-51, below fp32's range, so any fp32 backward gives 0 there)
+                one_output=dict(name="one-output-B2-T200", B=2, T=200, H=4, HV=8, K=128, V=128, l2norm=True),
                 compile=dict(B=2, T=1024, H=4, HV=8, K=128, V=128), graph_lengths=[1, 1000, 64, 3000, 1, 31])
 
 
