@@ -56,6 +56,33 @@ def test_conv_matches_fp64(device, W, varlen, dtype):
         assert_close(f"d{name}", grads[name], grads_ref[name], tol)
 
 
+# sequences across the backward's 128-token segments: a start on a segment's first token (128, 256), a 1-token and an
+# empty sequence at a segment's second token, a sequence ending inside the next segment's first W - 1 tokens (389)
+LONG_LENGTHS = [128, 1, 0, 127, 130, 3, 200]
+
+
+@pytest.mark.parametrize("W,varlen", [(4, False), (4, True), (1, True), (6, True)])
+def test_conv_backward_across_segments(device, W, varlen):
+    """Gradients when sequences are longer than the backward's token segments and their boundaries fall on, just
+    after and just before a segment's edge: dx of a segment's last tokens needs the next segment's first da, the
+    window of inputs is refilled at each sequence start, dweight / dbias summed over the segments once."""
+    g = torch.Generator(device="cpu").manual_seed(torch.seed() % 2**31)
+    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
+    if varlen:
+        cu, B, T, N = random_cu_seqlens(LONG_LENGTHS, device), 1, sum(LONG_LENGTHS), len(LONG_LENGTHS)
+    else:
+        cu, B, T, N = None, 2, 389, 2
+    inp = dict(x=r(B, T, D), weight=r(D, W) * 0.5, bias=r(D), residual=None, initial_state=r(N, D, W),
+               cu_seqlens=cu)
+    with poisoned_allocations():
+        y, final, grads = _run(inp, "triton", "silu")
+    y_ref, final_ref, grads_ref = _run(inp, "reference", "silu", cast=torch.float64)
+    assert_close("y", y, y_ref, TOL[torch.float32])
+    assert_close("final_state", final, final_ref, TOL[torch.float32])
+    for name in grads_ref:
+        assert_close(f"d{name}", grads[name], grads_ref[name], TOL[torch.float32])
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_conv_without_options(device, varlen):
     """No bias, no initial state, no residual, no activation, no final state."""

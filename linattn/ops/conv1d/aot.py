@@ -30,8 +30,9 @@ _OFF = dict(W=W, LOG_N=0, SILU=True, HAS_BIAS=False, HAS_H0=False, IS_VARLEN=Fal
 _register("conv1d_fwd_w4", "conv1d_fwd_kernel",
           dict(x=_X, weight=_X, bias=_X, residual=_X, h0=_X, cu_seqlens=_I64, y=_X, T="i32", N="i32", D="i32",
                stride_b="i32", stride_t="i32"),
-          dict(_OFF, stride_d=1, BT=32, BD=64, HAS_RES=False), 4, "forward")
+          dict(_OFF, stride_d=1, L=128, U=8, BD=256, HAS_RES=False), 1, "forward: the token stream")
 _register("conv1d_bwd_w4", "conv1d_bwd_kernel",
-          dict(x=_X, weight=_X, bias=_X, h0=_X, cu_seqlens=_I64, dy=_X, dht=_X, dx=_X, scratch=_F, dw_part=_F,
-               db_part=_F, T="i32", N="i32", D="i32", NTB="i32", stride_b="i32", stride_t="i32"),
-          dict(_OFF, stride_d=1, BW=4, BT=64, BD=32, HAS_DHT=False), 4, "backward: da, dx and the dweight partials")
+          dict(x=_X, weight=_X, bias=_X, h0=_X, cu_seqlens=_I64, dy=_X, dht=_X, dx=_X, dw_part=_F, db_part=_F,
+               T="i32", N="i32", D="i32", NSEG="i32", stride_b="i32", stride_t="i32"),
+          dict(_OFF, stride_d=1, L=128, U=8, BD=256, HAS_DHT=False), 1,
+          "backward: the token stream's da, dx and dweight partials")

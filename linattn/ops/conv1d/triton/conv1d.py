@@ -1,13 +1,15 @@
 """Triton kernels and launchers of `causal_conv1d`, forward and backward.
 
-Grid (D blocks, token blocks, batch rows). Under cu_seqlens every token finds its sequence by a binary search of
-the offsets on the device (common.seq_of), so no chunk table is built and nothing is read back on the host. The
-backward (one kernel) recomputes the pre-activation (x, weight and the initial state are all it keeps): per token
-block, da = dy silu'(a) for the block and its next W - 1 tokens goes through a per-program scratch in L2 and is read
-back at the W shifts of dx[t] = sum_i weight[:, W - 1 - i] * da[t + i] over the tokens t + i of t's sequence, plus
-the final state's gradient for a sequence's last W tokens; dweight and dbias are summed per program over a strided set
-of token blocks into fp32 partials (deterministic, reduced by col_sum_kernel, linattn/ops/col_sum.py, in the
-parameters' dtypes). d initial_state comes from one small program per (D block, sequence), as does the final state."""
+Both passes stream over tokens: a program holds BD channels of a segment of tokens and walks it U tokens a step, a
+window of the last W inputs (and, backward, of the last W da) in registers, so each input row is loaded once (plus
+the W - 1 rows either side of a segment). Grid (D blocks, segments, batch rows). Under cu_seqlens a segment finds
+its first token's sequence by a binary search of the offsets on the device (common.seq_of) and the walk moves to the
+next sequence where one ends, so no chunk table is built and nothing is read back on the host. The backward
+recomputes the pre-activation (x, weight and the initial state are all it keeps); da = dy silu'(a), dx(t) = sum_i
+weight[:, W - 1 - i] da(t + i) over the tokens t + i of t's sequence plus the final state's gradient for a sequence's
+last W tokens; dweight and dbias are summed per program over a strided set of segments into fp32 partials
+(deterministic, reduced by col_sum_kernel, linattn/ops/col_sum.py, in the parameters' dtypes). d initial_state comes
+from one small program per (D block, sequence), as does the final state."""
 import torch
 import triton
 import triton.language as tl
@@ -19,9 +21,14 @@ from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
 from linattn.runtime.op_lists import OpLists
 
-# tokens per block: the forward's (32 ran 6% faster than 64 on an H200 at the layer's shapes) and the backward's
-BT = 32
-BT_BWD = 64
+# Both passes stream over tokens in one-warp programs that hold 8 consecutive channels a thread (BD_STREAM = 256),
+# so that a token's row of a [U, BD] tile is in the thread that uses it; U tokens are loaded a step. The forward's
+# programs take one segment of L_FWD tokens each, the backward's a strided set of L_BWD-token segments (their
+# dweight / dbias partials summed over the set).
+BD_STREAM = 256
+U = 8
+L_FWD = 128
+L_BWD = 128
 # The forward and backward run once per layer and step with the same shapes: their launches go through the compiled
 # kernels' handles once a launch signature has been seen (runtime/host_path.LaunchCache), skipping the JIT's binding;
 # a repeat plain eager forward without autograd replays its signature's launch list (LISTS, keyed by api.py's
@@ -31,50 +38,129 @@ launches = LaunchCache(host_path)
 LISTS = OpLists(host_path)
 
 
-def _block_d(D: int, bwd: bool = False) -> int:
-    """Channels per block: 64, or 32 in the backward, whose first pass holds the pre-activation's input tiles and
-    the dweight products (168 registers at 64 x 64: three programs per SM; 32 channels ran 8% faster on an H200)."""
-    return min(32 if bwd else 64, next_power_of_2(D))
+def _block_d(D: int) -> int:
+    """Channels per program: 256 (8 a thread of one warp), fewer for a narrower D."""
+    return min(BD_STREAM, max(32, next_power_of_2(D)))
 
 
 def _log_n(N: int) -> int:
     return max(N - 1, 0).bit_length()
 
 
+
 @triton.jit
-def _tokens(cu_seqlens, i_b, t0, T, N, BT: tl.constexpr, LOG_N: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Token positions t0 .. t0 + BT - 1 (int64), their mask, and per token its sequence, start and end."""
-    t = (t0 + tl.arange(0, BT)).to(tl.int64)              # t0 + BT < T + 2 BT < 2^31
-    m_tok = t < T
+def _push(win, v, W: tl.constexpr):
+    """The window (a tuple of W [BD] rows) moved one token on: slot j takes slot j + 1, slot W - 1 takes v."""
+    out = ()
+    for j in tl.static_range(1, W):
+        out += (win[j],)
+    out += (v,)
+    return out
+
+
+@triton.jit
+def _window(x_row, h0, t, bos, n, o_d, D, stride_t, stride_d, W: tl.constexpr, HAS_H0: tl.constexpr):
+    """The window of inputs as it stands before token t, W [BD] fp32 rows: slot j = input(t - W + j) of the sequence
+    that starts at bos (x where t - W + j >= bos, else its initial state's column W + t - W + j - bos, or 0)."""
+    m_d = o_d < D
+    win = ()
+    for j in tl.static_range(W):
+        s = t - W + j
+        v = tl.load(x_row + s * stride_t + o_d * stride_d, mask=m_d & (s >= bos) & (s >= 0), other=0.).to(tl.float32)
+        if HAS_H0:
+            k = W + s - bos
+            v += tl.load(h0 + n * D * W + o_d * W + k, mask=m_d & (s < bos) & (k >= 0), other=0.).to(tl.float32)
+        win += (v,)
+    return win
+
+
+@triton.jit
+def _weights(weight, o_d, m_d, W: tl.constexpr):
+    """weight[:, j] for j < W as a tuple of [BD] fp32 rows."""
+    wt = ()
+    for j in tl.static_range(W):
+        wt += (tl.load(weight + o_d * W + j, mask=m_d, other=0.).to(tl.float32),)
+    return wt
+
+
+@triton.jit
+def _preact(wt, xwin, b, W: tl.constexpr):
+    a = b
+    for j in tl.static_range(W):
+        a += wt[j] * xwin[j]
+    return a
+
+
+@triton.jit
+def _rows(ptr, t0, hi, stride, o_d, m_d, U: tl.constexpr):
+    """The rows t0 .. t0 + U - 1 below hi of a [T, BD] view, one load each, all issued before any is used."""
+    out = ()
+    for i in tl.static_range(U):
+        out += (tl.load(ptr + (t0 + i) * stride + o_d, mask=m_d & (t0 + i < hi), other=0.),)
+    return out
+
+
+@triton.jit
+def _seq_at(cu_seqlens, s0, i_b, T, N, LOG_N: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The sequence holding token s0 (int64 scalar), its start and its end."""
     if IS_VARLEN:
-        n = seq_of(cu_seqlens, t, N, LOG_N)
-        bos = tl.load(cu_seqlens + n, mask=m_tok, other=0).to(tl.int64)
-        eos = tl.minimum(tl.load(cu_seqlens + n + 1, mask=m_tok, other=0).to(tl.int64), T)
+        n = tl.sum(seq_of(cu_seqlens, tl.full((1,), 0, tl.int64) + s0, N, LOG_N))
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.minimum(tl.load(cu_seqlens + n + 1).to(tl.int64), T)
     else:
-        n = tl.zeros_like(t) + i_b
-        bos = tl.zeros_like(t)
-        eos = tl.zeros_like(t) + T
-    return t, m_tok, n, bos, eos
+        n = s0 * 0 + i_b
+        bos = s0 * 0
+        eos = s0 * 0 + T
+    return n, bos, eos
+
+
+@triton.jit
+def _next_seq(cu_seqlens, n, t, T, N):
+    """At t, the end of sequence n: the next sequence that holds t (empty ones skipped) and its end."""
+    n += 1
+    while (n + 1 < N) & (tl.load(cu_seqlens + n + 1).to(tl.int64) <= t):
+        n += 1
+    return n, tl.minimum(tl.load(cu_seqlens + n + 1).to(tl.int64), T)
 
 
 @triton.jit
 def conv1d_fwd_kernel(x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, stride_b, stride_t, stride_d,
-                      W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, LOG_N: tl.constexpr,
+                      W: tl.constexpr, L: tl.constexpr, U: tl.constexpr, BD: tl.constexpr, LOG_N: tl.constexpr,
                       SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_H0: tl.constexpr,
                       IS_VARLEN: tl.constexpr):
-    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """The forward as a stream over the L tokens of segment program_id(1), U tokens a step: each input row loaded
+    once into the window of the last W inputs (xwin[j] = input(t - (W - 1) + j)), refilled from the initial state
+    where a sequence starts; y(t) = act(sum_j weight[:, j] xwin[j] + bias) (+ residual)."""
+    i_d, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t * BT, T, N, BT, LOG_N, IS_VARLEN)
     x_row = x + i_b.to(tl.int64) * stride_b
-    a = preact(x_row, h0, weight, bias, t, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
-    if SILU:
-        a = a * tl.sigmoid(a)
-    off = (i_b.to(tl.int64) * T + t)[:, None] * D + o_d[None, :]
-    m = m_tok[:, None] & m_d[None, :]
-    if HAS_RES:
-        a += tl.load(residual + off, mask=m, other=0.).to(tl.float32)
-    tl.store(y + off, a.to(y.dtype.element_ty), mask=m)
+    row = i_b.to(tl.int64) * T
+    wt = _weights(weight, o_d, m_d, W)
+    b = tl.zeros((BD,), dtype=tl.float32)
+    if HAS_BIAS:
+        b = tl.load(bias + o_d, mask=m_d, other=0.).to(tl.float32)
+    s0 = row * 0 + i_s * L
+    s1 = tl.minimum(s0 + L, T)
+    n, bos, eos = _seq_at(cu_seqlens, s0, i_b, T, N, LOG_N, IS_VARLEN)
+    xwin = _window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+    for t0 in range(s0, s1, U):
+        x_t = _rows(x_row, t0, s1, stride_t, o_d * stride_d, m_d, U)
+        if HAS_RES:
+            res_t = _rows(residual + row * D, t0, s1, D, o_d, m_d, U)
+        for i in tl.static_range(U):
+            t = t0 + i
+            if IS_VARLEN:
+                if (t == eos) & (t < T):
+                    n, eos = _next_seq(cu_seqlens, n, t, T, N)
+                    xwin = _window(x_row, h0, t, t, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+            xwin = _push(xwin, x_t[i].to(tl.float32), W)
+            a = _preact(wt, xwin, b, W)
+            if SILU:
+                a = a * tl.sigmoid(a)
+            if HAS_RES:
+                a += res_t[i].to(tl.float32)
+            tl.store(y + (row + t) * D + o_d, a.to(y.dtype.element_ty), mask=m_d & (t < s1))
 
 
 @triton.jit
@@ -99,68 +185,88 @@ def conv1d_final_kernel(x, h0, cu_seqlens, final, T, D, stride_b, stride_t, stri
              mask=m_k[:, None] & (o_d < D)[None, :])
 
 
+
+
 @triton.jit
-def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, NTB, stride_b,
-                      stride_t, stride_d, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+def _emit(dx, dht, wt, dwin, u, lo, hi, row, n, eos, o_d, m_d, D, W: tl.constexpr, HAS_DHT: tl.constexpr):
+    """dx(u) = sum_i weight[:, W - 1 - i] da(u + i) (wt[j] = weight[:, j], dwin[i] = da(u + i)), stored where
+    lo <= u < hi; plus the final state's gradient where u is one of its sequence's last W tokens."""
+    acc = wt[W - 1] * dwin[0]
+    for i in tl.static_range(1, W):
+        acc += wt[W - 1 - i] * dwin[i]
+    ok = (u >= lo) & (u < hi)
+    if HAS_DHT:
+        k = u - eos + W
+        acc += tl.load(dht + n * D * W + o_d * W + k, mask=m_d & ok & (k >= 0), other=0.).to(tl.float32)
+    tl.store(dx + (row + u) * D + o_d, acc.to(dx.dtype.element_ty), mask=m_d & ok)
+
+
+@triton.jit
+def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_part, T, N, D, NSEG, stride_b,
+                      stride_t, stride_d, W: tl.constexpr, L: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,
                       LOG_N: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
                       HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Backward over token blocks i_t = program_id(1) + k * num_programs(1): per block, da = dy silu'(a) (a the
-    pre-activation, recomputed) for its BT tokens and for the next W - 1 tokens (the halo, recomputed again by the
-    next block's program), written to this program's own [BT + BW, BD] fp32 scratch (L2-resident) and read back at
-    the W shifts of dx(t) = sum_i weight[:, W - 1 - i] da(t + i) over the tokens t + i of t's sequence, plus the
-    final state's gradient for a sequence's last W tokens; and this program's dweight / dbias partial sums
-    dweight[:, j] += sum_t da(t) input(t - (W - 1) + j), from the inputs the pre-activation loaded. Without SiLU da
-    is dy, read at the shifts directly."""
+    """The backward as a stream over tokens: segments i_s = program_id(1) + k * num_programs(1) of L tokens, each
+    walked forward U tokens a step (one load of each x and dy row, but the W - 1 rows either side of a segment).
+    Per token t: the pre-activation a(t) from the window of its W inputs (xwin[j] = input(t - (W - 1) + j)),
+    da(t) = dy(t) silu'(a(t)), the dweight / dbias partial sums, and dx(t - (W - 1)) from the window of the last W
+    da (dwin). A sequence's end flushes the window (da of later tokens are another sequence's: zero) and its start
+    refills xwin from its initial state. The W - 1 tokens after a segment are walked for their da only (dx of the
+    segment's last tokens)."""
     i_d, i_p, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G = tl.num_programs(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    o_w = tl.arange(0, BW)
-    r = tl.arange(0, BT)
-    c = tl.arange(0, BD)
     x_row = x + i_b.to(tl.int64) * stride_b
     row = i_b.to(tl.int64) * T
-    sc = scratch + ((i_b * G + i_p).to(tl.int64) * tl.num_programs(0) + i_d) * (BT + BW) * BD
-    dw_acc = tl.zeros((BD, BW), dtype=tl.float32)
+    wt = _weights(weight, o_d, m_d, W)
+    b = tl.zeros((BD,), dtype=tl.float32)
+    if HAS_BIAS:
+        b = tl.load(bias + o_d, mask=m_d, other=0.).to(tl.float32)
+    dw_acc = ()
+    for j in tl.static_range(W):
+        dw_acc += (tl.zeros((BD,), dtype=tl.float32),)
     db_acc = tl.zeros((BD,), dtype=tl.float32)
-    for i_t in range(i_p, NTB, G):
-        t, m_tok, n, bos, eos = _tokens(cu_seqlens, i_b, i_t * BT, T, N, BT, LOG_N, IS_VARLEN)
-        off = (row + t)[:, None] * D + o_d[None, :]
-        m = m_tok[:, None] & m_d[None, :]
-        b_da = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
-        if SILU:
-            a = preact(x_row, h0, weight, bias, t, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
-            b_da = b_da * silu_grad(a)
-            th, m_th, nh, bh, eh = _tokens(cu_seqlens, i_b, (i_t + 1) * BT, T, N, BW, LOG_N, IS_VARLEN)
-            ah = preact(x_row, h0, weight, bias, th, bh, nh, o_d, m_th, D, stride_t, stride_d, W, HAS_H0, HAS_BIAS)
-            dah = tl.load(dy + (row + th)[:, None] * D + o_d[None, :], mask=m_th[:, None] & m_d[None, :],
-                          other=0.).to(tl.float32) * silu_grad(ah)
-            tl.debug_barrier()                  # the previous block's reads of the scratch are done
-            tl.store(sc + r[:, None] * BD + c[None, :], b_da)
-            tl.store(sc + (BT + o_w)[:, None] * BD + c[None, :], dah)
-            tl.debug_barrier()                  # visible to every thread of the program
+    for i_s in range(i_p, NSEG, G):
+        s0 = row * 0 + i_s * L
+        s1 = tl.minimum(s0 + L, T)
+        n, bos, eos = _seq_at(cu_seqlens, s0, i_b, T, N, LOG_N, IS_VARLEN)
+        xwin = _window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+        dwin = ()
         for j in tl.static_range(W):
-            src = load_src(x_row, h0, t - (W - 1) + j, bos, n, o_d, m_tok, D, stride_t, stride_d, W, HAS_H0)
-            dw_acc += tl.where(o_w[None, :] == j, tl.sum(b_da * src, 0)[:, None], 0.)
-        db_acc += tl.sum(b_da, 0)
-        b_dx = tl.zeros((BT, BD), dtype=tl.float32)
-        for i in tl.static_range(W):
-            m_i = m_tok & (t + i < eos)
-            w = tl.load(weight + o_d * W + (W - 1 - i), mask=m_d, other=0.).to(tl.float32)
-            if SILU:
-                sh = tl.load(sc + (r + i)[:, None] * BD + c[None, :], mask=m_i[:, None], other=0.)
-            else:
-                sh = tl.load(dy + (row + t + i)[:, None] * D + o_d[None, :], mask=m_i[:, None] & m_d[None, :],
-                             other=0.).to(tl.float32)
-            b_dx += w[None, :] * sh
-        if HAS_DHT:
-            k = t - eos + W
-            m_k = m_tok & (k >= 0) & (t >= bos)
-            b_dx += tl.load(dht + (n * D * W + k)[:, None] + o_d[None, :] * W, mask=m_k[:, None] & m_d[None, :],
-                            other=0.).to(tl.float32)
-        tl.store(dx + off, b_dx.to(dx.dtype.element_ty), mask=m)
+            dwin += (tl.zeros((BD,), dtype=tl.float32),)
+        for t0 in range(s0, s1 + W - 1, U):
+            x_t = _rows(x_row, t0, T, stride_t, o_d * stride_d, m_d, U)
+            dy_t = _rows(dy + row * D, t0, T, D, o_d, m_d, U)
+            for i in tl.static_range(U):
+                t = t0 + i
+                if IS_VARLEN:
+                    if (t == eos) & (t < T):
+                        # flush the sequence's last W - 1 tokens, then start the next non-empty sequence
+                        for k in tl.static_range(W - 1):
+                            dwin = _push(dwin, tl.zeros((BD,), dtype=tl.float32), W)
+                            _emit(dx, dht, wt, dwin, t - (W - 1) + k, tl.maximum(s0, bos), s1, row, n, eos, o_d,
+                                  m_d, D, W, HAS_DHT)
+                        n, eos = _next_seq(cu_seqlens, n, t, T, N)
+                        bos = t
+                        xwin = _window(x_row, h0, t, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+                        dwin = _push(dwin, tl.zeros((BD,), dtype=tl.float32), W)   # its last da out too
+                xwin = _push(xwin, x_t[i].to(tl.float32), W)
+                da = dy_t[i].to(tl.float32)
+                if SILU:
+                    da = da * silu_grad(_preact(wt, xwin, b, W))
+                da_own = tl.where((t >= s0) & (t < s1), da, 0.)
+                acc = ()
+                for j in tl.static_range(W):
+                    acc += (dw_acc[j] + da_own * xwin[j],)
+                dw_acc = acc
+                db_acc += da_own
+                dwin = _push(dwin, da, W)
+                _emit(dx, dht, wt, dwin, t - (W - 1), tl.maximum(s0, bos), s1, row, n, eos, o_d, m_d, D, W,
+                      HAS_DHT)
     p = (i_b * G + i_p).to(tl.int64)
-    tl.store(dw_part + p * D * W + o_d[:, None] * W + o_w[None, :], dw_acc, mask=m_d[:, None] & (o_w < W)[None, :])
+    for j in tl.static_range(W):
+        tl.store(dw_part + p * D * W + o_d * W + j, dw_acc[j], mask=m_d)
     if HAS_BIAS:
         tl.store(db_part + p * D + o_d, db_acc, mask=m_d)
 
@@ -219,10 +325,11 @@ def conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, sil
     BD = _block_d(D)
     y = empty(B, T, D, dtype=x.dtype, device=x.device)
     if T > 0:
-        launches(conv1d_fwd_kernel, (cdiv(D, BD), cdiv(T, BT), B),
+        launches(conv1d_fwd_kernel, (cdiv(D, BD), cdiv(T, L_FWD), B),
                  (x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, *x.stride()),
-                 dict(W=W, BT=BT, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None,
-                      HAS_RES=residual is not None, HAS_H0=h0 is not None, IS_VARLEN=cu_seqlens is not None))
+                 dict(W=W, L=L_FWD, U=U, BD=BD, LOG_N=_log_n(N), SILU=silu,
+                      HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_H0=h0 is not None,
+                      IS_VARLEN=cu_seqlens is not None, num_warps=1))
     final = None
     if output_final_state:
         final = empty(N, D, W, dtype=x.dtype, device=x.device)
@@ -238,21 +345,20 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     h0 = initial_state.contiguous() if initial_state is not None else None
     dy = dy.contiguous()
     dht = dfinal.contiguous() if dfinal is not None else None
-    BD = _block_d(D, bwd=True)
+    BD = _block_d(D)
     BW = next_power_of_2(W)
-    nd, ntb = cdiv(D, BD), cdiv(T, BT_BWD)
-    # the first pass's programs along the token blocks: about 8 per SM, each summing its blocks' dweight / dbias terms
-    G = max(1, min(ntb, cdiv(8 * device_facts(x.device).num_sms, nd * B)))
+    nd, nseg = cdiv(D, BD), cdiv(T, L_BWD)
+    # programs along the segments: about 32 one-warp programs per SM, each summing its segments' dweight / dbias
+    G = max(1, min(nseg, cdiv(32 * device_facts(x.device).num_sms, nd * B)))
     dx = empty(B, T, D, dtype=x.dtype, device=x.device)
     dw_part = empty(B * G, D, W, dtype=torch.float32, device=x.device)
     db_part = empty(B * G, D, dtype=torch.float32, device=x.device) if bias is not None else None
     if T > 0:
-        # the program's own [BT + BW, BD] fp32 scratch for da (with SiLU): written and read back per block, in L2
-        scratch = empty(nd * G * B * (BT_BWD + BW) * BD, dtype=torch.float32, device=x.device) if silu else dy
         launches(conv1d_bwd_kernel, (nd, G, B),
-                 (x, w, bias, h0, cu_seqlens, dy, dht, dx, scratch, dw_part, db_part, T, N, D, ntb, *x.stride()),
-                 dict(W=W, BW=BW, BT=BT_BWD, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None,
-                      HAS_H0=h0 is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None))
+                 (x, w, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_part, T, N, D, nseg, *x.stride()),
+                 dict(W=W, L=L_BWD, U=U, BD=BD, LOG_N=_log_n(N), SILU=silu, HAS_BIAS=bias is not None,
+                      HAS_H0=h0 is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
+                      num_warps=1))
         dw = col_sum(dw_part, (D, W), weight.dtype, launches)
         db = col_sum(db_part, (D,), bias.dtype, launches) if bias is not None else None
     else:
