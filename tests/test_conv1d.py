@@ -83,6 +83,15 @@ def test_conv_backward_across_segments(device, W, varlen):
         assert_close(f"d{name}", grads[name], grads_ref[name], TOL[torch.float32])
 
 
+def test_forward_grid_fits_any_token_count():
+    """The forward's segments along the grid's second dimension stay within CUDA's 65535 for any T (one program per
+    segment), and no longer than needed."""
+    from linattn.ops.conv1d.triton.conv1d import L_FWD, _fwd_segment
+    for T in (1, 8192, L_FWD * 65535, L_FWD * 65535 + 1, 2**31 - 1):
+        L = _fwd_segment(T)
+        assert -(-T // L) <= 65535 and (L == L_FWD or -(-T // (L // 2)) > 65535), (T, L)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_conv_without_options(device, varlen):
     """No bias, no initial state, no residual, no activation, no final state."""

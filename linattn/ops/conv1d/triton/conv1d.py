@@ -22,7 +22,7 @@ from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of
 from linattn.runtime.op_lists import OpLists
 
 # Both passes stream over tokens in one-warp programs that hold 8 consecutive channels a thread (BD_STREAM = 256),
-# so that a token's row of a [U, BD] tile is in the thread that uses it; U tokens are loaded a step. The forward's
+# so that a token's row is one 16-byte load a thread; U tokens are loaded a step. The forward's
 # programs take one segment of L_FWD tokens each, the backward's a strided set of L_BWD-token segments (their
 # dweight / dbias partials summed over the set).
 BD_STREAM = 256
@@ -46,6 +46,13 @@ def _block_d(D: int) -> int:
 def _log_n(N: int) -> int:
     return max(N - 1, 0).bit_length()
 
+
+def _fwd_segment(T: int) -> int:
+    """Tokens per forward program: L_FWD, doubled until the segments fit the grid's second dimension (65535)."""
+    L = L_FWD
+    while cdiv(T, L) > 65535:
+        L *= 2
+    return L
 
 
 @triton.jit
@@ -325,9 +332,10 @@ def conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, sil
     BD = _block_d(D)
     y = empty(B, T, D, dtype=x.dtype, device=x.device)
     if T > 0:
-        launches(conv1d_fwd_kernel, (cdiv(D, BD), cdiv(T, L_FWD), B),
+        L = _fwd_segment(T)
+        launches(conv1d_fwd_kernel, (cdiv(D, BD), cdiv(T, L), B),
                  (x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, *x.stride()),
-                 dict(W=W, L=L_FWD, U=U, BD=BD, LOG_N=_log_n(N), SILU=silu,
+                 dict(W=W, L=L, U=U, BD=BD, LOG_N=_log_n(N), SILU=silu,
                       HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_H0=h0 is not None,
                       IS_VARLEN=cu_seqlens is not None, num_warps=1))
     final = None
