@@ -48,8 +48,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _lead(inputs: Dict) -> torch.Tensor:
-    """The input that names the row's device and dtype: q (the ops), x (the layer)."""
-    return inputs["q"] if "q" in inputs else inputs["x"]
+    """The input that names the row's device and dtype: q (the ops), x (the layer), else the first tensor."""
+    for name in ("q", "x"):
+        if name in inputs:
+            return inputs[name]
+    return next(v for v in inputs.values() if isinstance(v, torch.Tensor))
 
 
 def _collect(runner, outs, grads, mode) -> Dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from linattn.bench.base import BenchOp, Runner, Unavailable, delta_rule_inputs, gdn_flops  # noqa: F401  (re-exported: the bench's types)
 from linattn.bench.decode import GATED_DELTA_RULE_DECODE
+from linattn.bench.conv import CONV_GDN
 from linattn.bench.kda import KDA
 from linattn.bench.layer import LAYER_GDN, LAYER_KDA
 
@@ -230,6 +231,7 @@ BENCH_OPS["kda"] = KDA
 BENCH_OPS["chunk_kda"] = KDA
 BENCH_OPS["layer_gdn"] = LAYER_GDN
 BENCH_OPS["layer_kda"] = LAYER_KDA
+BENCH_OPS["conv_gdn"] = CONV_GDN
 
 
 def get_bench_op(name: str) -> BenchOp:

@@ -10,7 +10,8 @@ from linattn.bench.presets import CPU_PRESETS, PRESETS
 def add_arguments(p):
     p.add_argument("--op", default=None, help="bench op (linattn.bench.ops.BENCH_OPS; default gated_delta_rule, "
                    "or gated_delta_rule_decode with --modes decode; kda: chunk_kda against FLA's; layer_gdn / "
-                   "layer_kda: the GatedDeltaNet / KimiDeltaAttention layer against FLA's)")
+                   "layer_kda: the GatedDeltaNet / KimiDeltaAttention layer against FLA's; conv_gdn: the layer's three "
+                   "short convolutions against FLA's causal_conv1d)")
     p.add_argument("--backends", nargs="+", default=None,
                    help="linattn backends (triton, gluon, reference; auto for decode) and peers (fla, flashqla, sdpa); "
                    "default triton fla sdpa, and auto triton gluon fla with --modes decode")
@@ -19,7 +20,8 @@ def add_arguments(p):
                    "decode step after a prefill (--op layer_gdn or layer_kda), alone")
     p.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default: quick on a GPU, tiny on the "
                    "CPU; decode and decode_tiny with --modes decode; kda_production and kda_tiny with --op kda; "
-                   "layer and layer_tiny with --op layer_gdn, layer_kda and layer_kda_tiny with --op layer_kda; "
+                   "layer and layer_tiny with --op layer_gdn or conv_gdn, layer_kda and layer_kda_tiny with --op "
+                   "layer_kda; "
                    "layer_step / layer_kda_step and their _tiny forms with --modes step)")
     p.add_argument("--procs", type=int, default=None,
                    help="rounds of fresh processes: each backend runs once per round, alternated (default 3 on a "
