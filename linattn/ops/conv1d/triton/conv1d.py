@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from linattn.ops.col_sum import col_sum
-from linattn.ops.conv1d.triton.common import load_src, preact, seq_of, silu_grad
+from linattn.ops.conv1d.triton.common import seq_of, silu_grad, window
 from linattn.runtime.alloc import empty
 from linattn.runtime.device import device_facts
 from linattn.runtime.host_path import HostPath, LaunchCache, cdiv, next_power_of_2
@@ -63,22 +63,6 @@ def _push(win, v, W: tl.constexpr):
         out += (win[j],)
     out += (v,)
     return out
-
-
-@triton.jit
-def _window(x_row, h0, t, bos, n, o_d, D, stride_t, stride_d, W: tl.constexpr, HAS_H0: tl.constexpr):
-    """The window of inputs as it stands before token t, W [BD] fp32 rows: slot j = input(t - W + j) of the sequence
-    that starts at bos (x where t - W + j >= bos, else its initial state's column W + t - W + j - bos, or 0)."""
-    m_d = o_d < D
-    win = ()
-    for j in tl.static_range(W):
-        s = t - W + j
-        v = tl.load(x_row + s * stride_t + o_d * stride_d, mask=m_d & (s >= bos) & (s >= 0), other=0.).to(tl.float32)
-        if HAS_H0:
-            k = W + s - bos
-            v += tl.load(h0 + n * D * W + o_d * W + k, mask=m_d & (s < bos) & (k >= 0), other=0.).to(tl.float32)
-        win += (v,)
-    return win
 
 
 @triton.jit
@@ -150,7 +134,7 @@ def conv1d_fwd_kernel(x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, str
     s0 = row * 0 + i_s * L
     s1 = tl.minimum(s0 + L, T)
     n, bos, eos = _seq_at(cu_seqlens, s0, i_b, T, N, LOG_N, IS_VARLEN)
-    xwin = _window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+    xwin = window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
     for t0 in range(s0, s1, U):
         x_t = _rows(x_row, t0, s1, stride_t, o_d * stride_d, m_d, U)
         if HAS_RES:
@@ -160,7 +144,7 @@ def conv1d_fwd_kernel(x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, str
             if IS_VARLEN:
                 if (t == eos) & (t < T):
                     n, eos = _next_seq(cu_seqlens, n, t, T, N)
-                    xwin = _window(x_row, h0, t, t, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+                    xwin = window(x_row, h0, t, t, n, o_d, D, stride_t, stride_d, W, HAS_H0)
             xwin = _push(xwin, x_t[i].to(tl.float32), W)
             a = _preact(wt, xwin, b, W)
             if SILU:
@@ -172,26 +156,21 @@ def conv1d_fwd_kernel(x, weight, bias, residual, h0, cu_seqlens, y, T, N, D, str
 
 @triton.jit
 def conv1d_final_kernel(x, h0, cu_seqlens, final, T, D, stride_b, stride_t, stride_d, W: tl.constexpr,
-                        BW: tl.constexpr, BD: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """final[n, :, k] = input(eos - W + k) of sequence n, k < W."""
+                        BD: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """final[n, :, k] = input(eos - W + k) of sequence n, k < W: the window of inputs before its end."""
     i_d, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
-    k = tl.arange(0, BW).to(tl.int64)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.maximum(tl.minimum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), T), bos)
         x_row = x
     else:
-        bos = 0
-        eos = T
+        bos = i_n * 0
+        eos = bos + T
         x_row = x + i_n * stride_b
-    m_k = k < W
-    v = load_src(x_row, h0, eos - W + k, bos + tl.zeros_like(k), i_n + tl.zeros_like(k), o_d, m_k, D, stride_t,
-                 stride_d, W, HAS_H0)
-    tl.store(final + i_n * D * W + o_d[None, :] * W + k[:, None], v.to(final.dtype.element_ty),
-             mask=m_k[:, None] & (o_d < D)[None, :])
-
-
+    win = window(x_row, h0, eos, bos, i_n, o_d, D, stride_t, stride_d, W, HAS_H0)
+    for k in tl.static_range(W):
+        tl.store(final + i_n * D * W + o_d * W + k, win[k].to(final.dtype.element_ty), mask=o_d < D)
 
 
 @triton.jit
@@ -238,7 +217,7 @@ def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_
         s0 = row * 0 + i_s * L
         s1 = tl.minimum(s0 + L, T)
         n, bos, eos = _seq_at(cu_seqlens, s0, i_b, T, N, LOG_N, IS_VARLEN)
-        xwin = _window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+        xwin = window(x_row, h0, s0, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
         dwin = ()
         for j in tl.static_range(W):
             dwin += (tl.zeros((BD,), dtype=tl.float32),)
@@ -256,7 +235,7 @@ def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_
                                   m_d, D, W, HAS_DHT)
                         n, eos = _next_seq(cu_seqlens, n, t, T, N)
                         bos = t
-                        xwin = _window(x_row, h0, t, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
+                        xwin = window(x_row, h0, t, bos, n, o_d, D, stride_t, stride_d, W, HAS_H0)
                         dwin = _push(dwin, tl.zeros((BD,), dtype=tl.float32), W)   # its last da out too
                 xwin = _push(xwin, x_t[i].to(tl.float32), W)
                 da = dy_t[i].to(tl.float32)
@@ -280,37 +259,42 @@ def conv1d_bwd_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dx, dw_part, db_
 
 @triton.jit
 def conv1d_dh0_kernel(x, weight, bias, h0, cu_seqlens, dy, dht, dh0, T, D, stride_b, stride_t, stride_d,
-                      W: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
+                      W: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """dh0[n, :, k] = sum_{q < k} weight[:, k - 1 - q] * da[bos + q] (+ dht[n, :, k - L] where k >= L, L the
     sequence's length: a short sequence's final state keeps those initial columns)."""
     i_d, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    q = tl.arange(0, BW).to(tl.int64)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.maximum(tl.minimum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), T), bos)
         x_row = x
-        row = 0
+        row = i_n * 0
     else:
-        bos = 0
-        eos = T
+        bos = i_n * 0
+        eos = bos + T
         x_row = x + i_n * stride_b
         row = i_n * T
     L = eos - bos
-    m_q = (q < L) & (q < W - 1)
-    t = bos + q
-    da = tl.load(dy + (row + t)[:, None] * D + o_d[None, :], mask=m_q[:, None] & m_d[None, :], other=0.).to(tl.float32)
-    if SILU:
-        a = preact(x_row, h0, weight, bias, t, bos + tl.zeros_like(q), i_n + tl.zeros_like(q), o_d, m_q, D,
-                   stride_t, stride_d, W, True, HAS_BIAS)
-        da = da * silu_grad(a)
+    wt = _weights(weight, o_d, m_d, W)
+    b = tl.zeros((BD,), dtype=tl.float32)
+    if HAS_BIAS:
+        b = tl.load(bias + o_d, mask=m_d, other=0.).to(tl.float32)
+    da = ()                                       # da of the sequence's first W - 1 tokens (0 past its end)
+    for q in tl.static_range(W - 1):
+        d = tl.zeros((BD,), dtype=tl.float32)
+        if q < L:
+            t = bos + q
+            d = tl.load(dy + (row + t) * D + o_d, mask=m_d, other=0.).to(tl.float32)
+            if SILU:
+                d = d * silu_grad(_preact(wt, window(x_row, h0, t + 1, bos, i_n, o_d, D, stride_t, stride_d, W,
+                                                     True), b, W))
+        da += (d,)
     for k in tl.static_range(W):
-        m_w = m_q & (q < k)
-        w = tl.load(weight + o_d[None, :] * W + (k - 1 - q)[:, None], mask=m_w[:, None] & m_d[None, :],
-                    other=0.).to(tl.float32)
-        acc = tl.sum(w * da, 0)
+        acc = tl.zeros((BD,), dtype=tl.float32)
+        for q in tl.static_range(k):
+            acc += wt[k - 1 - q] * da[q]
         if HAS_DHT:
             kk = k - L
             acc += tl.load(dht + i_n * D * W + o_d * W + kk, mask=m_d & (kk >= 0) & (kk < W), other=0.).to(tl.float32)
@@ -343,7 +327,7 @@ def conv1d_fwd(x, weight, bias, residual, initial_state, output_final_state, sil
         final = empty(N, D, W, dtype=x.dtype, device=x.device)
         launches(conv1d_final_kernel, (cdiv(D, BD), N, 1),
                  (x, h0, cu_seqlens, final, T, D, *x.stride()),
-                 dict(W=W, BW=next_power_of_2(W), BD=BD, HAS_H0=h0 is not None, IS_VARLEN=cu_seqlens is not None))
+                 dict(W=W, BD=BD, HAS_H0=h0 is not None, IS_VARLEN=cu_seqlens is not None))
     return y, final
 
 
@@ -354,7 +338,6 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     dy = dy.contiguous()
     dht = dfinal.contiguous() if dfinal is not None else None
     BD = _block_d(D)
-    BW = next_power_of_2(W)
     nd, nseg = cdiv(D, BD), cdiv(T, L_BWD)
     # programs along the segments: about 32 one-warp programs per SM, each summing its segments' dweight / dbias
     G = max(1, min(nseg, cdiv(32 * device_facts(x.device).num_sms, nd * B)))
@@ -376,6 +359,6 @@ def conv1d_bwd(x, weight, bias, initial_state, silu, cu_seqlens, dy, dfinal):
     if h0 is not None:
         dh0 = empty(N, D, W, dtype=initial_state.dtype, device=x.device)
         launches(conv1d_dh0_kernel, (nd, N, 1), (x, w, bias, h0, cu_seqlens, dy, dht, dh0, T, D, *x.stride()),
-                 dict(W=W, BW=BW, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_DHT=dht is not None,
+                 dict(W=W, BD=BD, SILU=silu, HAS_BIAS=bias is not None, HAS_DHT=dht is not None,
                       IS_VARLEN=cu_seqlens is not None))
     return dx, dw, db, dh0
