@@ -6,6 +6,7 @@ backend (fp32 PyTorch) checks the anchor.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict
 
 import torch
@@ -63,9 +64,8 @@ def _args(inputs: Dict, mode: str):
 
 def _runner(name: str, conv, family: str, notes) -> Runner:
     def fn(**kw):
-        if kw["x_q"].requires_grad:
-            return tuple(conv(kw[f"x_{n}"], kw[f"w_{n}"]) for n in NAMES)
-        with torch.no_grad():                         # fwd: without autograd, as in inference
+        # fwd runs without autograd, as in inference
+        with contextlib.nullcontext() if kw["x_q"].requires_grad else torch.no_grad():
             return tuple(conv(kw[f"x_{n}"], kw[f"w_{n}"]) for n in NAMES)
     grads = tuple(f"d{p}_{n}" for n in NAMES for p in ("x", "w"))
     return Runner(name, fn, _args, tuple(f"y_{n}" for n in NAMES), grads, family=family, notes=notes)
